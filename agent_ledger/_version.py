@@ -1,0 +1,5 @@
+"""The single place the package version lives."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
