@@ -1,0 +1,104 @@
+"""The effect record and the values that flow in and out of ``begin``/``commit``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Generic, Literal, TypeAlias, TypeVar
+
+from agent_ledger.status import EffectStatus
+
+#: Any value JSON can represent. Args and results must be of this shape.
+JSONValue: TypeAlias = (
+    "bool | int | float | str | list[JSONValue] | tuple[JSONValue, ...] "
+    "| dict[str, JSONValue] | None"
+)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class EffectError:
+    """Why an effect failed, was denied or was canceled.
+
+    ``code`` is machine-readable: the exception's ``code`` attribute or class
+    name for handler failures, ``"denied"``/``"canceled"`` for decisions.
+    """
+
+    message: str
+    code: str | None = None
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}" if self.code else self.message
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """One tool call's receipt, as the store holds it.
+
+    Datetimes are timezone-aware UTC and come from the store's clock.
+    ``updated_at`` moves on status changes only; a duplicate call bumps
+    ``dedup_count`` and nothing else.
+    """
+
+    #: Store-assigned unique id (a UUID string).
+    id: str
+    #: SHA-256 hex of the call's identity; see ``agent_ledger.keys``.
+    idem_key: str
+    workflow_id: str
+    #: The caller's own id for this invocation (e.g. an LLM tool-call id). Not part of the key.
+    call_id: str | None
+    tool: str
+    status: EffectStatus
+    #: The call's args as canonical JSON text (sorted keys, compact).
+    args_canonical: str
+    #: The resource descriptor as canonical JSON text, when the call had one.
+    resource_id_canonical: str | None
+    #: The handler's return value, decoded from the stored JSON. ``None`` until succeeded.
+    result: JSONValue
+    error: EffectError | None
+    #: How many calls after the first asked for this same effect.
+    dedup_count: int
+    #: Fencing token: incremented by every claim (fresh, ready -> processing, takeover).
+    attempt: int
+    created_at: datetime
+    updated_at: datetime
+    completed_at: datetime | None
+    #: Last sign of life from the worker holding the current attempt.
+    heartbeat_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class BeginResult(Generic[T]):
+    """What ``begin()`` found.
+
+    ``cached`` is True when the effect already has a successful outcome:
+    ``cached_result`` holds it and the caller must not run the tool. When
+    ``cached`` is False the caller owns ``effect`` (its status is
+    ``processing`` and ``effect.attempt`` is the caller's fencing token): run
+    the tool, then ``commit()``. ``idempotency_status`` is ``"fresh"`` when
+    this call created the effect and ``"replayed"`` when it already existed
+    (including a takeover or an approved effect the caller now owns).
+    """
+
+    effect: Effect
+    cached: bool
+    idempotency_status: Literal["fresh", "replayed"]
+    cached_result: T | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CommitSucceeded:
+    """Outcome for ``commit()``: the tool succeeded with ``result`` (must be JSON)."""
+
+    result: JSONValue = field(default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class CommitFailed:
+    """Outcome for ``commit()``: the tool failed with ``error``."""
+
+    error: EffectError
+
+
+CommitOutcome: TypeAlias = CommitSucceeded | CommitFailed

@@ -1,0 +1,147 @@
+"""Every exception agent-ledger raises, under one base class.
+
+::
+
+    EffectLedgerError
+    ├── EffectFailedError            the recorded outcome is a failure
+    ├── EffectDeniedError            the effect was denied or canceled
+    ├── EffectTimeoutError           waiting for another caller took too long
+    ├── EffectLedgerValidationError  bad input; nothing was stored
+    ├── EffectStoreError             the backend failed (wraps the driver error)
+    └── EffectLedgerInvariantError   a store broke its contract (a bug)
+
+Handler exceptions are never wrapped: ``run()`` re-raises what the handler
+raised, after recording it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agent_ledger.effects import Effect
+
+__all__ = [
+    "EffectDeniedError",
+    "EffectFailedError",
+    "EffectLedgerError",
+    "EffectLedgerInvariantError",
+    "EffectLedgerValidationError",
+    "EffectStoreError",
+    "EffectTimeoutError",
+]
+
+
+class EffectLedgerError(Exception):
+    """Base class of every error raised by agent-ledger itself."""
+
+
+class EffectFailedError(EffectLedgerError):
+    """Raised when the effect's recorded outcome is a failure.
+
+    A replay of a failed effect raises this instead of running the handler
+    again: the first failure is the receipt. ``message`` and ``code`` are the
+    original error's.
+    """
+
+    def __init__(self, effect: Effect) -> None:
+        error = effect.error
+        self.effect = effect
+        self.message = error.message if error is not None else "effect failed"
+        self.code = error.code if error is not None else None
+        suffix = f" [{self.code}]" if self.code else ""
+        super().__init__(f"effect {effect.idem_key[:12]}… failed{suffix}: {self.message}")
+
+
+class EffectDeniedError(EffectLedgerError):
+    """Raised when the effect was denied by a human or canceled.
+
+    ``status`` is ``denied`` or ``canceled``; ``reason`` is what the decider
+    gave, if anything. The handler did not run (or its run was abandoned).
+    """
+
+    def __init__(self, effect: Effect) -> None:
+        self.effect = effect
+        self.status = effect.status
+        self.reason = effect.error.message if effect.error is not None else None
+        because = f": {self.reason}" if self.reason else ""
+        super().__init__(f"effect {effect.idem_key[:12]}… was {effect.status.value}{because}")
+
+
+class EffectTimeoutError(EffectLedgerError):
+    """Raised when waiting for another caller's outcome exceeded its limit.
+
+    The effect is left as it is: a later call with the same key picks it up
+    (replays the outcome, or waits again). ``waited_ms`` says how long this
+    call waited and ``status`` what it was waiting on.
+    """
+
+    def __init__(self, idem_key: str, status: str, waited_ms: float, limit_ms: int) -> None:
+        self.idem_key = idem_key
+        self.status = status
+        self.waited_ms = waited_ms
+        self.limit_ms = limit_ms
+        what = "approval" if status == "requires_approval" else "the worker running it"
+        super().__init__(
+            f"gave up after waiting {waited_ms:.0f} ms (limit {limit_ms} ms) for {what}; "
+            f"effect {idem_key[:12]}… is still {status}. Call again later to pick up its outcome, "
+            f"or raise the limit in ConcurrencyOptions."
+        )
+
+
+class EffectLedgerValidationError(EffectLedgerError, ValueError):
+    """Raised for bad input: a malformed call, non-JSON args or result, bad options.
+
+    Nothing stored changes when this is raised, with one documented exception:
+    a handler result that cannot be serialized is recorded as a failure first,
+    so the effect does not stay in ``processing``. ``field`` names the input
+    that was wrong.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        self.field = field
+        super().__init__(message)
+
+
+class EffectStoreError(EffectLedgerError):
+    """Raised when the store's backend failed; the driver error is ``__cause__``.
+
+    ``operation`` names the ledger step (``begin``, ``commit``, ...) and
+    ``idem_key``/``effect_id`` the effect it was about, so a log line is enough
+    to find the receipt.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        operation: str,
+        idem_key: str | None = None,
+        effect_id: str | None = None,
+    ) -> None:
+        self.operation = operation
+        self.idem_key = idem_key
+        self.effect_id = effect_id
+        about = idem_key or effect_id
+        where = f" (effect {about})" if about else ""
+        super().__init__(f"store {operation} failed{where}: {message}")
+
+
+class EffectLedgerInvariantError(EffectLedgerError):
+    """Raised when a store returned something its contract rules out.
+
+    This is a bug in a store (or a hand-edited database), never a user error.
+    """
+
+
+# Public module for every exception, so tracebacks say ``agent_ledger.X``.
+for _cls in (
+    EffectLedgerError,
+    EffectFailedError,
+    EffectDeniedError,
+    EffectTimeoutError,
+    EffectLedgerValidationError,
+    EffectStoreError,
+    EffectLedgerInvariantError,
+):
+    _cls.__module__ = "agent_ledger"
