@@ -1,0 +1,263 @@
+"""Run options, their defaults, and how per-call options merge over ledger defaults.
+
+Every field starts as :data:`UNSET`. Merging goes field by field, through
+nested options too: a field left unset falls through to the ledger's
+default and then to the built-in default; a field set explicitly, even to
+``None``, wins. ``None`` means "the built-in default" for ``concurrency`` and
+``stale``, and "wait indefinitely" for ``approval_timeout_ms``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Final, Literal, TypeAlias, TypeVar
+
+from agent_ledger.errors import EffectLedgerValidationError
+
+if TYPE_CHECKING:
+    from agent_ledger.calls import ToolCall
+    from agent_ledger.effects import Effect
+    from agent_ledger.stores.base import Store
+
+
+class _UnsetType(enum.Enum):
+    UNSET = "UNSET"
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+#: Marker for "not set here; fall through to the next level of defaults".
+UNSET: Final = _UnsetType.UNSET
+Unset: TypeAlias = Literal[_UnsetType.UNSET]
+
+#: Built-in default for ``StaleOptions.after_ms``; see ``StaleOptions``.
+DEFAULT_STALE_AFTER_MS: Final = 15_000
+
+
+def _check_ms(
+    value: object, name: str, *, allow_none: bool = False, positive: bool = False
+) -> None:
+    if value is UNSET or (allow_none and value is None):
+        return
+    if type(value) is not int:
+        kind = "an int or None" if allow_none else "an int"
+        raise EffectLedgerValidationError(
+            f"{name} must be {kind} (milliseconds), got {value!r}", field=name
+        )
+    if value < 0 or (positive and value == 0):
+        bound = "> 0" if positive else ">= 0"
+        raise EffectLedgerValidationError(f"{name} must be {bound}, got {value}", field=name)
+
+
+def _check_number(value: object, name: str, low: float, high: float | None) -> None:
+    if value is UNSET:
+        return
+    if type(value) not in (int, float):
+        raise EffectLedgerValidationError(f"{name} must be a number, got {value!r}", field=name)
+    number = float(value)  # type: ignore[arg-type]
+    if not (number >= low and (high is None or number <= high)):
+        span = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise EffectLedgerValidationError(f"{name} must be in {span}, got {value}", field=name)
+
+
+@dataclass(frozen=True, slots=True)
+class ConcurrencyOptions:
+    """How a caller waits while another caller holds the same effect.
+
+    Defaults: ``wait_timeout_ms=30_000``, ``approval_timeout_ms=None`` (wait
+    for a human indefinitely), polling from ``initial_interval_ms=50`` up to
+    ``max_interval_ms=1_000``, multiplying by ``backoff_multiplier=1.5`` with
+    ±``jitter_factor=0.3`` randomness. Stores that can notify (Memory,
+    Postgres) wake waiters early; polling is the fallback.
+    """
+
+    wait_timeout_ms: int | Unset = UNSET
+    approval_timeout_ms: int | Unset | None = UNSET
+    initial_interval_ms: int | Unset = UNSET
+    max_interval_ms: int | Unset = UNSET
+    backoff_multiplier: float | Unset = UNSET
+    jitter_factor: float | Unset = UNSET
+
+    def __post_init__(self) -> None:
+        _check_ms(self.wait_timeout_ms, "wait_timeout_ms")
+        _check_ms(self.approval_timeout_ms, "approval_timeout_ms", allow_none=True)
+        _check_ms(self.initial_interval_ms, "initial_interval_ms", positive=True)
+        _check_ms(self.max_interval_ms, "max_interval_ms", positive=True)
+        _check_number(self.backoff_multiplier, "backoff_multiplier", 1.0, None)
+        _check_number(self.jitter_factor, "jitter_factor", 0.0, 1.0)
+        _check_interval_order(self.initial_interval_ms, self.max_interval_ms)
+
+
+def _check_interval_order(initial: int | Unset, maximum: int | Unset) -> None:
+    if initial is not UNSET and maximum is not UNSET and initial > maximum:
+        raise EffectLedgerValidationError(
+            f"initial_interval_ms ({initial}) must not exceed max_interval_ms ({maximum})",
+            field="initial_interval_ms",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StaleOptions:
+    """When a ``processing`` effect counts as abandoned and may be taken over.
+
+    ``after_ms`` (default 15 000) is how long the holder may go without a
+    heartbeat; ``0`` disables takeover. ``run()`` heartbeats every
+    ``after_ms / 3`` while the handler runs, so only a dead (or blocked) worker
+    goes stale. The default is short enough that, after a crash, a caller
+    waiting with the default 30 s ``wait_timeout_ms`` takes the effect over
+    instead of timing out, and long enough to ride out GC pauses and a busy
+    event loop.
+    """
+
+    after_ms: int | Unset = UNSET
+
+    def __post_init__(self) -> None:
+        _check_ms(self.after_ms, "after_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """Per-call (or ledger-default) behaviour of ``run()``; see the module doc."""
+
+    requires_approval: bool | Unset = UNSET
+    concurrency: ConcurrencyOptions | Unset | None = UNSET
+    stale: StaleOptions | Unset | None = UNSET
+
+    def __post_init__(self) -> None:
+        if self.requires_approval is not UNSET and type(self.requires_approval) is not bool:
+            raise EffectLedgerValidationError(
+                f"requires_approval must be a bool, got {self.requires_approval!r}",
+                field="requires_approval",
+            )
+        for name, kind in (("concurrency", ConcurrencyOptions), ("stale", StaleOptions)):
+            value = getattr(self, name)
+            if value is not UNSET and value is not None and not isinstance(value, kind):
+                raise EffectLedgerValidationError(
+                    f"{name} must be a {kind.__name__} or None, got {value!r}", field=name
+                )
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerDefaults:
+    """Ledger-wide defaults that every ``run()`` starts from."""
+
+    run: RunOptions = RunOptions()
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerHooks:
+    """Policy and notification hooks for approvals.
+
+    ``requires_approval(call)`` decides, for fresh calls only, whether the
+    call must wait for a human (in addition to ``RunOptions.requires_approval``).
+    ``on_approval_required(effect)`` is awaited once, by the caller that moved
+    the effect into ``requires_approval``; an exception from it is logged and
+    does not abort the run.
+    """
+
+    requires_approval: Callable[[ToolCall], bool] | None = None
+    on_approval_required: Callable[[Effect], Awaitable[None]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EffectLedgerOptions:
+    """Everything an ``EffectLedger`` is built from."""
+
+    store: Store
+    defaults: LedgerDefaults = LedgerDefaults()
+    #: Largest canonical JSON args accepted; ``None`` means 1 MiB.
+    max_args_size_bytes: int | None = None
+    #: Hooks used when ``run()`` is not given its own.
+    hooks: LedgerHooks | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_args_size_bytes is not None:
+            _check_ms(self.max_args_size_bytes, "max_args_size_bytes", positive=True)
+
+
+# --- resolution -------------------------------------------------------------
+
+_Opt = TypeVar("_Opt", ConcurrencyOptions, StaleOptions)
+
+BUILTIN_CONCURRENCY: Final = ConcurrencyOptions(
+    wait_timeout_ms=30_000,
+    approval_timeout_ms=None,
+    initial_interval_ms=50,
+    max_interval_ms=1_000,
+    backoff_multiplier=1.5,
+    jitter_factor=0.3,
+)
+BUILTIN_STALE: Final = StaleOptions(after_ms=DEFAULT_STALE_AFTER_MS)
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedConcurrency:
+    wait_timeout_ms: int
+    approval_timeout_ms: int | None
+    initial_interval_ms: int
+    max_interval_ms: int
+    backoff_multiplier: float
+    jitter_factor: float
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedRunOptions:
+    """Run options with every field decided; what the ledger actually uses."""
+
+    requires_approval: bool
+    concurrency: ResolvedConcurrency
+    stale_after_ms: int
+
+
+def _overlay(base: _Opt, top: _Opt | Unset | None, builtin: _Opt) -> _Opt:
+    """``top``'s set fields over ``base``; explicit ``None`` resets to ``builtin``."""
+    if top is UNSET:
+        return base
+    if top is None:
+        return builtin
+    changes = {
+        f.name: getattr(top, f.name) for f in fields(top) if getattr(top, f.name) is not UNSET
+    }
+    if not changes:
+        return base
+    merged = {f.name: getattr(base, f.name) for f in fields(base)} | changes
+    return type(base)(**merged)
+
+
+def merge_run_options(base: RunOptions, top: RunOptions | None) -> RunOptions:
+    """``top`` over ``base``, field by field (nested options too)."""
+    if top is None:
+        return base
+    return RunOptions(
+        requires_approval=(
+            base.requires_approval if top.requires_approval is UNSET else top.requires_approval
+        ),
+        concurrency=_merge_nested(base.concurrency, top.concurrency, BUILTIN_CONCURRENCY),
+        stale=_merge_nested(base.stale, top.stale, BUILTIN_STALE),
+    )
+
+
+def _merge_nested(base: _Opt | Unset | None, top: _Opt | Unset | None, builtin: _Opt) -> _Opt:
+    start = builtin if base is UNSET or base is None else _overlay(builtin, base, builtin)
+    return _overlay(start, top, builtin)
+
+
+def resolve(options: RunOptions) -> ResolvedRunOptions:
+    """Fill every unset field from the built-in defaults and check the result."""
+    concurrency = _merge_nested(options.concurrency, UNSET, BUILTIN_CONCURRENCY)
+    stale = _merge_nested(options.stale, UNSET, BUILTIN_STALE)
+    # Each level was valid alone; the merge can still pair a large initial
+    # interval from one level with a small maximum from another.
+    _check_interval_order(concurrency.initial_interval_ms, concurrency.max_interval_ms)
+    c = ResolvedConcurrency(**{f.name: getattr(concurrency, f.name) for f in fields(concurrency)})
+    assert stale.after_ms is not UNSET
+    return ResolvedRunOptions(
+        requires_approval=(
+            False if options.requires_approval is UNSET else options.requires_approval
+        ),
+        concurrency=c,
+        stale_after_ms=stale.after_ms,
+    )
