@@ -1,0 +1,166 @@
+"""The contract every store implements.
+
+The ledger owns policy (which transition to ask for, waiting, hooks); a
+store owns atomicity. Each method below is one atomic step, so a SQL store
+can do it in one statement and one round trip. True/an effect means "this
+call made the change"; False/None means "the precondition did not hold,
+nothing changed" and is never an error. Backend failures raise
+:class:`~agent_ledger.errors.EffectStoreError` (never double-wrapped);
+a ``tx`` from another store raises ``EffectLedgerValidationError``.
+
+Clocks: every timestamp, and every staleness judgement, uses the *store's*
+clock (the database's for SQL stores), never the calling worker's.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from agent_ledger.effects import Effect, EffectError
+from agent_ledger.status import EffectStatus
+
+
+@dataclass(frozen=True, slots=True)
+class NewEffect:
+    """What ``begin`` inserts when the key is new."""
+
+    idem_key: str
+    workflow_id: str
+    call_id: str | None
+    tool: str
+    args_canonical: str
+    resource_id_canonical: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class BeginOutcome:
+    """``effect`` as stored after ``begin``; ``created`` tells insert from existing."""
+
+    effect: Effect
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimOutcome:
+    """``effect`` as stored after ``claim`` (None if no such key); ``claimed`` if this call won."""
+
+    effect: Effect | None
+    claimed: bool
+
+
+class Subscription(Protocol):
+    """Change notifications for one idem key, buffered from the moment of subscribing."""
+
+    async def wait(self, timeout_s: float) -> bool:
+        """Return True as soon as the effect changed since the last ``wait``
+        (or since subscribing), False after ``timeout_s`` without a change.
+
+        A store without notifications just sleeps and returns False: the
+        ledger's polling then does all the work.
+        """
+        ...
+
+
+@runtime_checkable
+class Store(Protocol):
+    """A place to keep effects; see the module doc for the shared rules."""
+
+    async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
+        """Insert-or-get, atomically.
+
+        If ``new.idem_key`` is unknown, insert it as ``processing`` with
+        ``attempt=1``, ``dedup_count=0`` and ``heartbeat_at=now`` and return
+        ``created=True``. Otherwise increment ``dedup_count`` (and nothing
+        else: a duplicate must never refresh liveness) and return the stored
+        effect with ``created=False``. Exactly one of any number of
+        concurrent begins for a key gets ``created=True``.
+        """
+        ...
+
+    async def claim(
+        self, idem_key: str, *, stale_after_ms: int, tx: object | None = None
+    ) -> ClaimOutcome:
+        """Take the effect over if it is claimable, atomically.
+
+        Claimable means ``ready``, or ``processing`` with ``heartbeat_at``
+        at least ``stale_after_ms`` old by the store's clock (never when
+        ``stale_after_ms`` is 0). Claiming sets ``processing``, increments
+        ``attempt`` and sets ``heartbeat_at=now``; concurrent claims of one
+        effect have exactly one winner. Returns the effect as it now stands
+        whether or not this call claimed it, so a waiter's poll costs one
+        round trip.
+        """
+        ...
+
+    async def heartbeat(self, effect_id: str, attempt: int) -> bool:
+        """Set ``heartbeat_at=now`` if the effect is ``processing`` at ``attempt``.
+
+        False means the caller no longer holds the effect (it was finished,
+        canceled, or taken over by a later attempt).
+        """
+        ...
+
+    async def complete(
+        self,
+        effect_id: str,
+        *,
+        attempt: int | None,
+        status: EffectStatus,
+        result_json: str | None,
+        error: EffectError | None,
+        tx: object | None = None,
+    ) -> bool:
+        """Compare-and-set ``processing`` -> ``status`` (succeeded, failed or canceled).
+
+        Applies only if the effect is ``processing`` and, when ``attempt`` is
+        given, still at that attempt (fencing: a late worker never
+        overwrites the winner). Records ``result_json`` (JSON text) or
+        ``error``, and ``completed_at=updated_at=now``. First commit wins;
+        every later one returns False. Wakes subscribers.
+        """
+        ...
+
+    async def transition(
+        self,
+        idem_key: str,
+        *,
+        target: EffectStatus,
+        error: EffectError | None = None,
+        tx: object | None = None,
+    ) -> Effect | None:
+        """Compare-and-set the effect to ``target`` from any status allowed by
+        ``agent_ledger.status.sources_of(target)``.
+
+        Used for request_approval, approve, deny and cancel. ``error``
+        records the reason for ``denied``/``canceled``; ``completed_at`` is
+        set when ``target`` is terminal. Returns the updated effect, or None
+        if the key is unknown or its status does not allow the move. Wakes
+        subscribers.
+        """
+        ...
+
+    async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
+        """The effect with this id, or None."""
+        ...
+
+    async def find(self, idem_key: str, *, tx: object | None = None) -> Effect | None:
+        """The effect with this idempotency key, or None."""
+        ...
+
+    def subscribe(self, idem_key: str) -> AbstractAsyncContextManager[Subscription]:
+        """Listen for changes to one key while the context is open."""
+        ...
+
+    def transaction(self) -> AbstractAsyncContextManager[object]:
+        """Open a transaction whose handle can be passed as ``tx``.
+
+        Writes made with it become visible to others, and wake subscribers,
+        only when the block exits normally; an exception rolls them back.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Release what the store itself opened (not what the user passed in)."""
+        ...

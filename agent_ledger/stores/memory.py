@@ -1,0 +1,332 @@
+"""An in-process store: for tests, prototypes and single-process tools.
+
+It keeps every effect until the process exits: no eviction, no TTL, no size
+cap, so memory grows with the number of distinct calls. Every step is a
+plain synchronous dict update inside one event loop, which makes each one
+atomic without a lock; only transactions (which span awaits) need one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
+
+import orjson
+
+from agent_ledger.clock import Clock, utc_now
+from agent_ledger.effects import Effect, EffectError
+from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.status import EffectStatus, can_transition, sources_of
+from agent_ledger.stores.base import BeginOutcome, ClaimOutcome, NewEffect
+
+__all__ = ["MemoryStore", "MemoryTransaction"]
+
+_PROCESSING = EffectStatus.PROCESSING
+_READY = EffectStatus.READY
+
+
+class _Row:
+    """The stored form of an effect; results stay JSON text like in a database."""
+
+    __slots__ = (
+        "attempt",
+        "call_id",
+        "completed_at",
+        "created_at",
+        "dedup_count",
+        "error",
+        "heartbeat_at",
+        "id",
+        "idem_key",
+        "new",
+        "result_json",
+        "status",
+        "updated_at",
+    )
+
+    def __init__(self, new: NewEffect, now: datetime) -> None:
+        self.id = str(uuid.uuid4())
+        self.idem_key = new.idem_key
+        self.new = new
+        self.status = _PROCESSING
+        self.result_json: str | None = None
+        self.error: EffectError | None = None
+        self.dedup_count = 0
+        self.attempt = 1
+        self.created_at = self.updated_at = self.heartbeat_at = now
+        self.completed_at: datetime | None = None
+
+    def snapshot(self) -> Effect:
+        # Decoding on every read hands each caller its own result object, as
+        # a database would: nobody can mutate another caller's receipt.
+        new = self.new
+        return Effect(
+            id=self.id,
+            idem_key=self.idem_key,
+            workflow_id=new.workflow_id,
+            call_id=new.call_id,
+            tool=new.tool,
+            status=self.status,
+            args_canonical=new.args_canonical,
+            resource_id_canonical=new.resource_id_canonical,
+            result=None if self.result_json is None else orjson.loads(self.result_json),
+            error=self.error,
+            dedup_count=self.dedup_count,
+            attempt=self.attempt,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+            completed_at=self.completed_at,
+            heartbeat_at=self.heartbeat_at,
+        )
+
+
+class MemoryTransaction:
+    """Handle from ``MemoryStore.transaction()``, to pass as ``tx``.
+
+    Keeps an undo log so an exception in the block restores every row it
+    touched, and holds back notifications until the block commits.
+    """
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+        self._undo: list[tuple[str, _Row | None]] = []
+        self._touched: set[str] = set()
+        self.active = True
+
+    def _remember(self, idem_key: str, row: _Row | None) -> None:
+        self._undo.append((idem_key, copy.copy(row) if row is not None else None))
+
+    def _rollback(self) -> None:
+        rows, ids = self._store._rows, self._store._ids
+        for idem_key, before in reversed(self._undo):
+            current = rows.pop(idem_key, None)
+            if current is not None:
+                ids.pop(current.id, None)
+            if before is not None:
+                rows[idem_key] = before
+                ids[before.id] = idem_key
+
+
+class _MemorySubscription:
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+
+    async def wait(self, timeout_s: float) -> bool:
+        if not self._event.is_set():
+            try:
+                async with asyncio.timeout(max(timeout_s, 0.0)):
+                    await self._event.wait()
+            except TimeoutError:
+                return False
+        self._event.clear()
+        return True
+
+
+class MemoryStore:
+    """Effects in a dict, with the same observable behaviour as the SQL stores.
+
+    ``clock`` is the store's clock (inject a ``ManualClock`` to test
+    takeover without sleeping). Transactions are serialized: while one is
+    open, other operations wait for it to end, just as a database makes a
+    second writer wait on the rows a transaction holds.
+    """
+
+    def __init__(self, *, clock: Clock = utc_now) -> None:
+        self._clock = clock
+        self._rows: dict[str, _Row] = {}
+        self._ids: dict[str, str] = {}  # effect id -> idem key
+        self._subscribers: dict[str, set[_MemorySubscription]] = {}
+        self._tx_lock = asyncio.Lock()
+        self._active_tx: MemoryTransaction | None = None
+
+    # -- transactions ----------------------------------------------------
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[MemoryTransaction]:
+        async with self._tx_lock:
+            tx = MemoryTransaction(self)
+            self._active_tx = tx
+            try:
+                yield tx
+            except BaseException:
+                # CancelledError too: a cancelled block must not half-apply.
+                tx._rollback()
+                raise
+            finally:
+                tx.active = False
+                self._active_tx = None
+        for idem_key in tx._touched:
+            self._notify(idem_key)
+
+    async def _enter(self, tx: object | None) -> MemoryTransaction | None:
+        """Check ``tx`` and wait out another task's open transaction."""
+        if tx is not None:
+            if not isinstance(tx, MemoryTransaction) or tx._store is not self:
+                raise EffectLedgerValidationError(
+                    "tx must be a handle from this MemoryStore's transaction()", field="tx"
+                )
+            if not tx.active:
+                raise EffectLedgerValidationError(
+                    "tx is a transaction that has already ended", field="tx"
+                )
+            return tx
+        while self._active_tx is not None:
+            async with self._tx_lock:
+                pass
+        return None
+
+    def _changed(self, row: _Row, tx: MemoryTransaction | None) -> None:
+        if tx is None:
+            self._notify(row.idem_key)
+        else:
+            tx._touched.add(row.idem_key)
+
+    def _notify(self, idem_key: str) -> None:
+        for subscription in self._subscribers.get(idem_key, ()):
+            subscription.notify()
+
+    # -- ledger steps ----------------------------------------------------
+
+    async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
+        mtx = await self._enter(tx)
+        row = self._rows.get(new.idem_key)
+        if mtx is not None:
+            mtx._remember(new.idem_key, row)
+        if row is None:
+            row = _Row(new, self._clock())
+            self._rows[new.idem_key] = row
+            self._ids[row.id] = new.idem_key
+            return BeginOutcome(row.snapshot(), created=True)
+        row.dedup_count += 1
+        return BeginOutcome(row.snapshot(), created=False)
+
+    async def claim(
+        self, idem_key: str, *, stale_after_ms: int, tx: object | None = None
+    ) -> ClaimOutcome:
+        mtx = await self._enter(tx)
+        row = self._rows.get(idem_key)
+        if row is None:
+            return ClaimOutcome(None, claimed=False)
+        now = self._clock()
+        claimable = row.status is _READY or (
+            row.status is _PROCESSING
+            and stale_after_ms > 0
+            and now - row.heartbeat_at >= timedelta(milliseconds=stale_after_ms)
+        )
+        if not claimable:
+            return ClaimOutcome(row.snapshot(), claimed=False)
+        if mtx is not None:
+            mtx._remember(idem_key, row)
+        row.status = _PROCESSING
+        row.attempt += 1
+        row.heartbeat_at = row.updated_at = now
+        self._changed(row, mtx)
+        return ClaimOutcome(row.snapshot(), claimed=True)
+
+    async def heartbeat(self, effect_id: str, attempt: int) -> bool:
+        await self._enter(None)
+        row = self._row_by_id(effect_id)
+        if row is None or row.status is not _PROCESSING or row.attempt != attempt:
+            return False
+        row.heartbeat_at = self._clock()
+        return True
+
+    async def complete(
+        self,
+        effect_id: str,
+        *,
+        attempt: int | None,
+        status: EffectStatus,
+        result_json: str | None,
+        error: EffectError | None,
+        tx: object | None = None,
+    ) -> bool:
+        if not (status.is_terminal and can_transition(_PROCESSING, status)):
+            raise EffectLedgerValidationError(
+                f"complete() finishes an effect; {status.value!r} is not a terminal status "
+                "reachable from processing",
+                field="status",
+            )
+        mtx = await self._enter(tx)
+        row = self._row_by_id(effect_id)
+        if row is None or row.status is not _PROCESSING:
+            return False
+        if attempt is not None and row.attempt != attempt:
+            return False
+        if mtx is not None:
+            mtx._remember(row.idem_key, row)
+        now = self._clock()
+        row.status = status
+        row.result_json = result_json
+        row.error = error
+        row.completed_at = row.updated_at = now
+        self._changed(row, mtx)
+        return True
+
+    async def transition(
+        self,
+        idem_key: str,
+        *,
+        target: EffectStatus,
+        error: EffectError | None = None,
+        tx: object | None = None,
+    ) -> Effect | None:
+        mtx = await self._enter(tx)
+        row = self._rows.get(idem_key)
+        if row is None or row.status not in sources_of(target):
+            return None
+        if mtx is not None:
+            mtx._remember(idem_key, row)
+        now = self._clock()
+        row.status = target
+        row.updated_at = now
+        if error is not None:
+            row.error = error
+        if target.is_terminal:
+            row.completed_at = now
+        self._changed(row, mtx)
+        return row.snapshot()
+
+    async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
+        await self._enter(tx)
+        row = self._row_by_id(effect_id)
+        return row.snapshot() if row is not None else None
+
+    async def find(self, idem_key: str, *, tx: object | None = None) -> Effect | None:
+        await self._enter(tx)
+        row = self._rows.get(idem_key)
+        return row.snapshot() if row is not None else None
+
+    def _row_by_id(self, effect_id: str) -> _Row | None:
+        idem_key = self._ids.get(effect_id)
+        return self._rows.get(idem_key) if idem_key is not None else None
+
+    # -- notifications ---------------------------------------------------
+
+    @asynccontextmanager
+    async def subscribe(self, idem_key: str) -> AsyncIterator[_MemorySubscription]:
+        subscription = _MemorySubscription()
+        self._subscribers.setdefault(idem_key, set()).add(subscription)
+        try:
+            yield subscription
+        finally:
+            subscribers = self._subscribers[idem_key]
+            subscribers.discard(subscription)
+            if not subscribers:
+                del self._subscribers[idem_key]
+
+    async def close(self) -> None:
+        """Nothing to release; present to satisfy the Store protocol."""
+
+    def __len__(self) -> int:
+        """How many effects the store holds."""
+        return len(self._rows)
