@@ -1,0 +1,71 @@
+"""agent-ledger: make AI agents' side effects run once, leave a receipt, and wait for approval.
+
+Start with :class:`EffectLedger` and ``await ledger.run(call, handler)``.
+"""
+
+from __future__ import annotations
+
+from agent_ledger._version import __version__
+from agent_ledger.calls import ResourceDescriptor, ToolCall
+from agent_ledger.clock import ManualClock
+from agent_ledger.effects import (
+    BeginResult,
+    CommitFailed,
+    CommitSucceeded,
+    Effect,
+    EffectError,
+    JSONValue,
+)
+from agent_ledger.errors import (
+    EffectDeniedError,
+    EffectFailedError,
+    EffectLedgerError,
+    EffectLedgerInvariantError,
+    EffectLedgerValidationError,
+    EffectStoreError,
+    EffectTimeoutError,
+)
+from agent_ledger.ledger import EffectLedger
+from agent_ledger.options import (
+    UNSET,
+    ConcurrencyOptions,
+    EffectLedgerOptions,
+    LedgerDefaults,
+    LedgerHooks,
+    RunOptions,
+    StaleOptions,
+)
+from agent_ledger.status import EffectStatus
+from agent_ledger.stores.base import Store
+from agent_ledger.stores.memory import MemoryStore
+
+__all__ = [
+    "UNSET",
+    "BeginResult",
+    "CommitFailed",
+    "CommitSucceeded",
+    "ConcurrencyOptions",
+    "Effect",
+    "EffectDeniedError",
+    "EffectError",
+    "EffectFailedError",
+    "EffectLedger",
+    "EffectLedgerError",
+    "EffectLedgerInvariantError",
+    "EffectLedgerOptions",
+    "EffectLedgerValidationError",
+    "EffectStatus",
+    "EffectStoreError",
+    "EffectTimeoutError",
+    "JSONValue",
+    "LedgerDefaults",
+    "LedgerHooks",
+    "ManualClock",
+    "MemoryStore",
+    "ResourceDescriptor",
+    "RunOptions",
+    "StaleOptions",
+    "Store",
+    "ToolCall",
+    "__version__",
+]

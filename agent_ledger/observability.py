@@ -1,0 +1,50 @@
+"""Logging and optional OpenTelemetry spans.
+
+Records go to the ``agent_ledger`` logger with ``effect_id``, ``idem_key``,
+``tool`` and ``workflow_id`` as record attributes (``extra``), so a JSON log
+formatter picks them up. When ``opentelemetry-api`` is importable, ``run()``
+is traced as an ``agent_ledger.run`` span; otherwise tracing costs nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
+
+logger = logging.getLogger("agent_ledger")
+
+
+def effect_fields(
+    *, idem_key: str, tool: str, workflow_id: str, effect_id: str | None = None
+) -> dict[str, str | None]:
+    """The ``extra`` mapping every ledger log record carries."""
+    return {"effect_id": effect_id, "idem_key": idem_key, "tool": tool, "workflow_id": workflow_id}
+
+
+def _load_tracer() -> Any:
+    try:
+        trace = importlib.import_module("opentelemetry.trace")
+    except ImportError:
+        return None
+    from agent_ledger._version import __version__
+
+    return trace.get_tracer("agent_ledger", __version__)
+
+
+_tracer: Any = _load_tracer()
+
+
+def span(name: str, attributes: Mapping[str, str]) -> AbstractContextManager[object]:
+    """An OpenTelemetry span when the API is installed, else a no-op context."""
+    if _tracer is None:
+        return nullcontext()
+    return _otel_span(name, attributes)
+
+
+@contextmanager
+def _otel_span(name: str, attributes: Mapping[str, str]) -> Iterator[object]:
+    with _tracer.start_as_current_span(name, attributes=dict(attributes)) as current:
+        yield current
