@@ -1,0 +1,64 @@
+"""The demo: an agent retries a payment tool five times; the card is charged once.
+
+Run it with ``python -m agent_ledger demo``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+from agent_ledger.calls import ToolCall
+from agent_ledger.effects import Effect
+from agent_ledger.ledger import EffectLedger
+from agent_ledger.options import EffectLedgerOptions
+from agent_ledger.receipt import render_receipt
+from agent_ledger.stores.base import Store
+
+RETRIES = 5
+
+
+class FakePaymentAPI:
+    """Stands in for a payment provider: every call to ``charge`` is a real charge."""
+
+    def __init__(self) -> None:
+        self.charges: list[dict[str, object]] = []
+        self._ids = itertools.count(1)
+
+    async def charge(self, amount_cents: int, currency: str) -> dict[str, object]:
+        charge = {
+            "charge_id": f"ch_{next(self._ids):04d}",
+            "amount": amount_cents,
+            "currency": currency,
+        }
+        self.charges.append(charge)
+        return charge
+
+
+async def run_demo(store: Store, emit: Callable[[str], None] = print) -> FakePaymentAPI:
+    """Play the agent: the same tool call, retried, through one ledger."""
+    api = FakePaymentAPI()
+    ledger = EffectLedger(EffectLedgerOptions(store=store))
+    call = ToolCall(
+        workflow_id="order-1042",
+        tool="payments.charge",
+        args={"amount_cents": 4_999, "currency": "eur", "customer": "cus_77"},
+        call_id="llm-call-1",
+    )
+
+    async def charge(effect: Effect) -> dict[str, object]:
+        return await api.charge(4_999, "eur")
+
+    emit(f"An agent calls payments.charge {RETRIES} times (it keeps retrying after timeouts):")
+    for attempt in range(1, RETRIES + 1):
+        before = len(api.charges)
+        result = await ledger.run(call, charge)
+        what = "charged the card" if len(api.charges) > before else "replayed the receipt"
+        emit(f"  try {attempt}: {what:<22} -> {result['charge_id']}")
+    times = "once" if len(api.charges) == 1 else f"{len(api.charges)} times"
+    emit(f"\nThe payment API was charged {times} for {RETRIES} tries.\n")
+    effect = await ledger.find_by_idem_key(ledger.idem_key(call))
+    assert effect is not None
+    emit("Receipt:")
+    emit(render_receipt(effect))
+    return api
