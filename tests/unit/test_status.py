@@ -1,0 +1,46 @@
+"""The state machine table."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from agent_ledger import EffectStatus as S
+from agent_ledger.status import TERMINAL, TRANSITIONS, can_transition, sources_of
+
+# Written out from the specification, independently of the table under test.
+ALLOWED = {
+    (S.PROCESSING, S.SUCCEEDED),
+    (S.PROCESSING, S.FAILED),
+    (S.PROCESSING, S.REQUIRES_APPROVAL),
+    (S.PROCESSING, S.CANCELED),
+    (S.REQUIRES_APPROVAL, S.READY),
+    (S.REQUIRES_APPROVAL, S.DENIED),
+    (S.REQUIRES_APPROVAL, S.CANCELED),
+    (S.READY, S.PROCESSING),
+    (S.READY, S.CANCELED),
+}
+
+
+@pytest.mark.parametrize(("source", "target"), list(itertools.product(S, S)))
+def test_transition_table_matches_the_specification(source: S, target: S) -> None:
+    """Exactly the specified transitions are allowed."""
+    assert can_transition(source, target) == ((source, target) in ALLOWED)
+
+
+def test_terminal_statuses_are_exactly_the_four_outcomes() -> None:
+    """succeeded, failed, denied and canceled have no way out."""
+    assert {S.SUCCEEDED, S.FAILED, S.DENIED, S.CANCELED} == TERMINAL
+    assert all(s.is_terminal == (s in TERMINAL) for s in S)
+
+
+def test_every_status_has_a_row() -> None:
+    """The table covers every status, so lookups never raise KeyError."""
+    assert set(TRANSITIONS) == set(S)
+
+
+@pytest.mark.parametrize("target", list(S))
+def test_sources_of_inverts_the_table(target: S) -> None:
+    """sources_of(target) is every status with an edge into target."""
+    assert sources_of(target) == {s for (s, t) in ALLOWED if t == target}
