@@ -1,0 +1,193 @@
+"""Approval flows: waiting for a human, policy hooks, notifications and races."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from agent_ledger import (
+    ConcurrencyOptions,
+    Effect,
+    EffectDeniedError,
+    EffectStatus,
+    EffectTimeoutError,
+    LedgerHooks,
+    RunOptions,
+    ToolCall,
+)
+from tests.harness import StoreHarness
+
+DEPLOY = ToolCall(workflow_id="release-9", tool="k8s.deploy", args={"image": "app:v2"})
+APPROVAL = RunOptions(
+    requires_approval=True,
+    concurrency=ConcurrencyOptions(initial_interval_ms=5, max_interval_ms=20),
+)
+
+
+async def wait_for_status(harness: StoreHarness, key: str, status: EffectStatus) -> Effect:
+    for _ in range(400):
+        effect = await harness.store.find(key)
+        if effect is not None and effect.status is status:
+            return effect
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"effect never reached {status}")
+
+
+async def test_approved_run_executes_once_after_approval(harness: StoreHarness) -> None:
+    """run() waits in requires_approval; approve() lets it run the handler exactly once."""
+    ledger = harness.ledger()
+    ran: list[int] = []
+
+    async def deploy(effect: Effect) -> str:
+        ran.append(effect.attempt)
+        return "deployed"
+
+    task = asyncio.create_task(ledger.run(DEPLOY, deploy, APPROVAL))
+    key = ledger.idem_key(DEPLOY)
+    await wait_for_status(harness, key, EffectStatus.REQUIRES_APPROVAL)
+    assert ran == []
+    assert await ledger.approve(key)
+    assert await asyncio.wait_for(task, 5) == "deployed"
+    assert ran == [2]  # the claim from ready is a new attempt
+    assert await ledger.run(DEPLOY, deploy, APPROVAL) == "deployed"
+    assert ran == [2]
+
+
+async def test_denied_run_raises_with_the_reason(harness: StoreHarness) -> None:
+    """deny() ends the wait with EffectDeniedError and the handler never runs."""
+    ledger = harness.ledger()
+    task = asyncio.create_task(ledger.run(DEPLOY, lambda e: "never", APPROVAL))
+    key = ledger.idem_key(DEPLOY)
+    await wait_for_status(harness, key, EffectStatus.REQUIRES_APPROVAL)
+    assert await ledger.deny(key, reason="change freeze")
+    with pytest.raises(EffectDeniedError, match="change freeze"):
+        await asyncio.wait_for(task, 5)
+
+
+async def test_approve_and_deny_race_has_one_winner(harness: StoreHarness) -> None:
+    """Concurrent approve() and deny() on one effect: exactly one returns True."""
+    for round_ in range(20):
+        ledger = harness.ledger()
+        call = ToolCall(workflow_id=f"race-{round_}", tool="t")
+        begun = await ledger.begin(call)
+        key = begun.effect.idem_key
+        assert await ledger.request_approval(key)
+        approved, denied = await asyncio.gather(ledger.approve(key), ledger.deny(key))
+        assert approved != denied
+        effect = await ledger.find_by_idem_key(key)
+        assert effect is not None
+        assert effect.status is (EffectStatus.READY if approved else EffectStatus.DENIED)
+
+
+async def test_policy_hook_decides_for_fresh_calls_only(harness: StoreHarness) -> None:
+    """requires_approval hook: applied when the effect is created, ignored on replays."""
+    asked: list[str] = []
+
+    def policy(call: ToolCall) -> bool:
+        asked.append(call.tool)
+        return call.tool.startswith("k8s.")
+
+    ledger = harness.ledger()
+    hooks = LedgerHooks(requires_approval=policy)
+    assert (
+        await ledger.run(ToolCall(workflow_id="w", tool="slack.post"), lambda e: 1, hooks=hooks)
+        == 1
+    )
+    task = asyncio.create_task(
+        ledger.run(DEPLOY, lambda e: 2, RunOptions(concurrency=APPROVAL.concurrency), hooks=hooks)
+    )
+    await wait_for_status(harness, ledger.idem_key(DEPLOY), EffectStatus.REQUIRES_APPROVAL)
+    await ledger.approve(ledger.idem_key(DEPLOY))
+    assert await asyncio.wait_for(task, 5) == 2
+    # A replay of the approved-and-done effect does not wait again.
+    assert await ledger.run(DEPLOY, lambda e: 3, hooks=hooks) == 2
+
+
+async def test_policy_hook_error_stores_nothing(harness: StoreHarness) -> None:
+    """A policy that raises aborts run() before anything is written."""
+
+    def broken(call: ToolCall) -> bool:
+        raise RuntimeError("policy service down")
+
+    ledger = harness.ledger()
+    with pytest.raises(RuntimeError, match="policy service down"):
+        await ledger.run(DEPLOY, lambda e: 1, hooks=LedgerHooks(requires_approval=broken))
+    assert await harness.raw_count() == 0
+
+
+async def test_on_approval_required_fires_once(harness: StoreHarness) -> None:
+    """The notification hook runs once per effect entering requires_approval, not per waiter."""
+    notified: list[Effect] = []
+
+    async def notify(effect: Effect) -> None:
+        notified.append(effect)
+
+    ledger = harness.ledger()
+    hooks = LedgerHooks(on_approval_required=notify)
+    tasks = [
+        asyncio.create_task(ledger.run(DEPLOY, lambda e: "ok", APPROVAL, hooks=hooks))
+        for _ in range(5)
+    ]
+    key = ledger.idem_key(DEPLOY)
+    await wait_for_status(harness, key, EffectStatus.REQUIRES_APPROVAL)
+    await asyncio.sleep(0.05)
+    assert len(notified) == 1 and notified[0].status is EffectStatus.REQUIRES_APPROVAL
+    await ledger.approve(key)
+    assert await asyncio.gather(*tasks) == ["ok"] * 5
+    assert len(notified) == 1
+
+
+async def test_failing_notification_is_logged_and_the_run_goes_on(
+    harness: StoreHarness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An exception in on_approval_required is logged with the effect and does not abort."""
+
+    async def broken(effect: Effect) -> None:
+        raise ConnectionError("pager unreachable")
+
+    ledger = harness.ledger()
+    hooks = LedgerHooks(on_approval_required=broken)
+    with caplog.at_level(logging.ERROR, logger="agent_ledger"):
+        task = asyncio.create_task(ledger.run(DEPLOY, lambda e: "ok", APPROVAL, hooks=hooks))
+        key = ledger.idem_key(DEPLOY)
+        await wait_for_status(harness, key, EffectStatus.REQUIRES_APPROVAL)
+        await ledger.approve(key)
+        assert await asyncio.wait_for(task, 5) == "ok"
+    [record] = [r for r in caplog.records if "on_approval_required" in r.getMessage()]
+    assert record.idem_key == key  # type: ignore[attr-defined]
+    assert record.exc_info is not None
+
+
+async def test_approval_timeout_leaves_the_effect_pending(harness: StoreHarness) -> None:
+    """approval_timeout_ms bounds the wait; the effect stays pending for a later run."""
+    ledger = harness.ledger()
+    options = RunOptions(
+        requires_approval=True,
+        concurrency=ConcurrencyOptions(approval_timeout_ms=100, initial_interval_ms=10),
+    )
+    with pytest.raises(EffectTimeoutError, match="approval") as info:
+        await ledger.run(DEPLOY, lambda e: "x", options)
+    assert info.value.status == "requires_approval"
+    key = ledger.idem_key(DEPLOY)
+    assert await ledger.approve(key)
+    assert await ledger.run(DEPLOY, lambda e: "later") == "later"
+
+
+async def test_request_approval_on_a_manual_effect_fires_the_ledger_hook(
+    harness: StoreHarness,
+) -> None:
+    """request_approval() moves processing -> requires_approval and notifies."""
+    from tests.harness import make_ledger
+
+    notified: list[str] = []
+
+    async def notify(effect: Effect) -> None:
+        notified.append(effect.idem_key)
+
+    ledger = make_ledger(harness.store, hooks=LedgerHooks(on_approval_required=notify))
+    begun = await ledger.begin(DEPLOY)
+    assert await ledger.request_approval(begun.effect.idem_key)
+    assert not await ledger.request_approval(begun.effect.idem_key)
+    assert notified == [begun.effect.idem_key]

@@ -1,0 +1,48 @@
+"""Cancellation: a cancelled handler is recorded, never left in processing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agent_ledger import Effect, EffectDeniedError, EffectStatus, ToolCall
+from tests.harness import StoreHarness
+
+CALL = ToolCall(workflow_id="wf", tool="slow.tool", args={})
+
+
+async def test_cancelled_handler_is_recorded_canceled(harness: StoreHarness) -> None:
+    """Cancelling run() mid-handler records canceled, then lets CancelledError propagate."""
+    ledger = harness.ledger()
+    started = asyncio.Event()
+
+    async def slow(effect: Effect) -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    task = asyncio.create_task(ledger.run(CALL, slow))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
+    assert effect is not None and effect.status is EffectStatus.CANCELED
+    assert effect.error is not None and effect.error.code == "cancelled"
+    assert "whether the side effect happened is unknown" in effect.error.message
+    with pytest.raises(EffectDeniedError):
+        await ledger.run(CALL, lambda e: "again")
+
+
+async def test_timeout_around_run_records_the_cancellation(harness: StoreHarness) -> None:
+    """asyncio.timeout() around run() is a cancellation like any other."""
+    ledger = harness.ledger()
+
+    async def slow(effect: Effect) -> None:
+        await asyncio.sleep(60)
+
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            await ledger.run(CALL, slow)
+    effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
+    assert effect is not None and effect.status is EffectStatus.CANCELED

@@ -1,0 +1,205 @@
+"""Model-based test: random begin/claim/commit/heartbeat/approve/deny/cancel/clock
+sequences from several logical workers, checked against a hand-written model
+after every step, on every store.
+
+Hypothesis rules are synchronous, so each machine owns an event loop and runs
+the store's coroutines on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from agent_ledger import EffectError, EffectStatus, ToolCall
+from agent_ledger.ledger import EffectLedger
+from agent_ledger.stores.base import NewEffect
+from tests.harness import STORE_KINDS, StoreHarness, make_ledger, open_harness
+
+S = EffectStatus
+KEYS = range(2)
+WORKERS = range(2)
+STALE_MS = 1_000
+
+
+@dataclass
+class ModelEffect:
+    status: S = S.PROCESSING
+    attempt: int = 1
+    dedup: int = 0
+    age_ms: float = 0.0
+    result: object = None
+    id: str = ""
+
+
+@dataclass
+class Model:
+    effects: dict[int, ModelEffect] = field(default_factory=dict)
+    # worker -> key -> (effect id, attempt) the worker believes it holds
+    tokens: dict[int, dict[int, tuple[str, int]]] = field(default_factory=dict)
+
+
+def new_effect(ledger: EffectLedger, key: int) -> NewEffect:
+    call = ToolCall(workflow_id="model", tool=f"tool-{key}", args={"k": key})
+    canon_key = ledger.idem_key(call)
+    return NewEffect(
+        idem_key=canon_key,
+        workflow_id=call.workflow_id,
+        call_id=None,
+        tool=call.tool,
+        args_canonical=f'{{"k":{key}}}',
+        resource_id_canonical=None,
+    )
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    kind = "memory"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.stack = AsyncExitStack()
+        self.harness: StoreHarness = self.run(
+            self.stack.enter_async_context(open_harness(self.kind))
+        )
+        self.ledger = make_ledger(self.harness.store)
+        self.model = Model()
+        self.news = {k: new_effect(self.ledger, k) for k in KEYS}
+
+    def run(self, coro):  # type: ignore[no-untyped-def]
+        return self.loop.run_until_complete(coro)
+
+    def teardown(self) -> None:
+        self.run(self.stack.aclose())
+        self.loop.close()
+
+    @initialize()
+    def start(self) -> None:
+        self.model = Model(tokens={w: {} for w in WORKERS})
+
+    @rule(worker=st.sampled_from(WORKERS), key=st.sampled_from(KEYS))
+    def begin(self, worker: int, key: int) -> None:
+        outcome = self.run(self.harness.store.begin(self.news[key]))
+        m = self.model.effects.get(key)
+        if m is None:
+            assert outcome.created
+            m = self.model.effects[key] = ModelEffect(id=outcome.effect.id)
+            self.model.tokens[worker][key] = (m.id, 1)
+        else:
+            assert not outcome.created
+            m.dedup += 1
+
+    @rule(
+        worker=st.sampled_from(WORKERS),
+        key=st.sampled_from(KEYS),
+        stale_ms=st.sampled_from([0, STALE_MS]),
+    )
+    def claim(self, worker: int, key: int, stale_ms: int) -> None:
+        outcome = self.run(
+            self.harness.store.claim(self.news[key].idem_key, stale_after_ms=stale_ms)
+        )
+        m = self.model.effects.get(key)
+        if m is None:
+            assert outcome.effect is None and not outcome.claimed
+            return
+        claimable = m.status is S.READY or (
+            m.status is S.PROCESSING and stale_ms > 0 and m.age_ms >= stale_ms
+        )
+        assert outcome.claimed == claimable
+        if claimable:
+            m.status, m.attempt, m.age_ms = S.PROCESSING, m.attempt + 1, 0.0
+            self.model.tokens[worker][key] = (m.id, m.attempt)
+
+    @rule(worker=st.sampled_from(WORKERS), key=st.sampled_from(KEYS), success=st.booleans())
+    def commit(self, worker: int, key: int, success: bool) -> None:
+        token = self.model.tokens[worker].get(key)
+        if token is None:
+            return
+        effect_id, attempt = token
+        status = S.SUCCEEDED if success else S.FAILED
+        result = f"w{worker}a{attempt}" if success else None
+        won = self.run(
+            self.harness.store.complete(
+                effect_id,
+                attempt=attempt,
+                status=status,
+                result_json=f'"{result}"' if success else None,
+                error=None if success else EffectError("boom", "E"),
+            )
+        )
+        m = self.model.effects[key]
+        expected = m.status is S.PROCESSING and m.attempt == attempt
+        assert won == expected, "fenced (older-attempt) commits must be rejected"
+        if won:
+            m.status, m.result = status, result
+
+    @rule(worker=st.sampled_from(WORKERS), key=st.sampled_from(KEYS))
+    def heartbeat(self, worker: int, key: int) -> None:
+        token = self.model.tokens[worker].get(key)
+        if token is None:
+            return
+        alive = self.run(self.harness.store.heartbeat(*token))
+        m = self.model.effects[key]
+        assert alive == (m.status is S.PROCESSING and m.attempt == token[1])
+        if alive:
+            m.age_ms = 0.0
+
+    @rule(
+        key=st.sampled_from(KEYS), action=st.sampled_from(["request", "approve", "deny", "cancel"])
+    )
+    def decide(self, key: int, action: str) -> None:
+        idem_key = self.news[key].idem_key
+        method = {
+            "request": self.ledger.request_approval,
+            "approve": self.ledger.approve,
+            "deny": self.ledger.deny,
+            "cancel": self.ledger.cancel,
+        }[action]
+        moved = self.run(method(idem_key))
+        m = self.model.effects.get(key)
+        allowed = {
+            "request": ({S.PROCESSING}, S.REQUIRES_APPROVAL),
+            "approve": ({S.REQUIRES_APPROVAL}, S.READY),
+            "deny": ({S.REQUIRES_APPROVAL}, S.DENIED),
+            "cancel": ({S.PROCESSING, S.REQUIRES_APPROVAL, S.READY}, S.CANCELED),
+        }[action]
+        expected = m is not None and m.status in allowed[0]
+        assert moved == expected
+        if moved and m is not None:
+            m.status = allowed[1]
+
+    @rule(ms=st.sampled_from([300, 700, 1_200]))
+    def advance_clock(self, ms: int) -> None:
+        self.run(self.harness.age(ms))
+        for m in self.model.effects.values():
+            m.age_ms += ms
+
+    @invariant()
+    def store_matches_model(self) -> None:
+        assert self.run(self.harness.raw_count()) == len(self.model.effects), "no effect is lost"
+        for key, m in self.model.effects.items():
+            effect = self.run(self.harness.store.find(self.news[key].idem_key))
+            assert effect is not None
+            assert (effect.status, effect.attempt, effect.dedup_count) == (
+                m.status,
+                m.attempt,
+                m.dedup,
+            )
+            assert effect.id == m.id
+            if m.status is S.SUCCEEDED:
+                assert effect.result == m.result
+            assert (effect.completed_at is not None) == m.status.is_terminal
+
+
+@pytest.mark.parametrize("kind", STORE_KINDS)
+def test_store_follows_the_model(kind: str) -> None:
+    """Random operation sequences never diverge from the model, on each store."""
+    machine = type(f"LedgerMachine_{kind}", (LedgerMachine,), {"kind": kind})
+    machine.TestCase.settings = settings(max_examples=200, stateful_step_count=30, deadline=None)  # type: ignore[attr-defined]
+    machine.TestCase().runTest()  # type: ignore[attr-defined]

@@ -1,0 +1,160 @@
+"""Liveness: stale effects are taken over, live ones never are, late commits are fenced."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agent_ledger import (
+    CommitSucceeded,
+    ConcurrencyOptions,
+    Effect,
+    EffectStatus,
+    EffectTimeoutError,
+    RunOptions,
+    StaleOptions,
+    ToolCall,
+)
+from tests.harness import StoreHarness
+
+CALL = ToolCall(workflow_id="wf", tool="deploy", args={"v": 1})
+STALE_MS = 1_000
+OPTIONS = RunOptions(
+    stale=StaleOptions(after_ms=STALE_MS),
+    concurrency=ConcurrencyOptions(wait_timeout_ms=300, initial_interval_ms=5, max_interval_ms=20),
+)
+
+
+async def test_stale_effect_is_taken_over_with_a_new_attempt(harness: StoreHarness) -> None:
+    """A processing effect silent for after_ms is claimed by the next caller, attempt 2."""
+    ledger = harness.ledger(OPTIONS)
+    crashed = await ledger.begin(CALL)  # a worker that begins, then dies
+    await harness.age(STALE_MS + 1)
+    seen: list[int] = []
+    assert await ledger.run(CALL, lambda e: seen.append(e.attempt) or "recovered") == "recovered"
+    assert seen == [2]
+    effect = await ledger.get_effect(crashed.effect.id)
+    assert effect is not None and (effect.status, effect.attempt) == (EffectStatus.SUCCEEDED, 2)
+
+
+async def test_fresh_effect_is_not_taken_over(harness: StoreHarness) -> None:
+    """Before after_ms has passed, a duplicate waits instead of claiming."""
+    ledger = harness.ledger(OPTIONS)
+    await ledger.begin(CALL)
+    await harness.age(STALE_MS - 200)
+    with pytest.raises(EffectTimeoutError):
+        await ledger.run(CALL, lambda e: "stolen")
+
+
+async def test_after_ms_zero_disables_takeover(harness: StoreHarness) -> None:
+    """With takeover disabled, even a very old effect is only waited on."""
+    options = RunOptions(
+        stale=StaleOptions(after_ms=0),
+        concurrency=ConcurrencyOptions(wait_timeout_ms=100, initial_interval_ms=5),
+    )
+    ledger = harness.ledger(options)
+    await ledger.begin(CALL)
+    await harness.age(10 * 60 * 60 * 1000)
+    with pytest.raises(EffectTimeoutError):
+        await ledger.run(CALL, lambda e: "stolen")
+
+
+async def test_duplicates_do_not_refresh_liveness(harness: StoreHarness) -> None:
+    """A duplicate begin on a dying effect must not keep it looking alive."""
+    ledger = harness.ledger(OPTIONS)
+    await ledger.begin(CALL)
+    await harness.age(STALE_MS - 100)
+    quick = RunOptions(concurrency=ConcurrencyOptions(wait_timeout_ms=0))
+    for _ in range(3):
+        with pytest.raises(EffectTimeoutError):
+            await ledger.begin(CALL, run_options=quick)
+    await harness.age(200)  # stale counted from the owner's last sign of life
+    assert await ledger.run(CALL, lambda e: e.attempt) == 2
+
+
+async def test_heartbeats_keep_a_long_handler_alive(harness: StoreHarness) -> None:
+    """While run() executes, heartbeats every after_ms/3 stop any takeover."""
+    after_ms = 300
+    options = RunOptions(
+        stale=StaleOptions(after_ms=after_ms),
+        concurrency=ConcurrencyOptions(wait_timeout_ms=0),
+    )
+    ledger = harness.ledger(options)
+    release = asyncio.Event()
+    executions = 0
+
+    async def long_job(effect: Effect) -> str:
+        nonlocal executions
+        executions += 1
+        await release.wait()
+        return "done"
+
+    owner = asyncio.create_task(ledger.run(CALL, long_job))
+    await asyncio.sleep(0.02)
+    for _ in range(6):  # 6 x 200 ms of store time: 4x the stale window in total
+        await harness.age(200)
+        await asyncio.sleep(after_ms / 3000 + 0.08)  # let a heartbeat land
+        with pytest.raises(EffectTimeoutError):
+            await ledger.run(CALL, long_job)
+    release.set()
+    assert await owner == "done"
+    assert executions == 1
+
+
+async def test_late_commit_from_an_older_attempt_is_fenced(harness: StoreHarness) -> None:
+    """After a takeover, the original worker's commit is rejected; the winner's stands."""
+    ledger = harness.ledger(OPTIONS)
+    old = await ledger.begin(CALL)
+    await harness.age(STALE_MS + 1)
+    new = await ledger.begin(CALL)
+    assert (new.effect.attempt, new.idempotency_status) == (2, "replayed")
+    assert not await ledger.heartbeat(old.effect.id, old.effect.attempt)
+    assert not await ledger.commit(old.effect.id, CommitSucceeded(result="old"), attempt=1)
+    assert await ledger.commit(new.effect.id, CommitSucceeded(result="new"), attempt=2)
+    effect = await ledger.get_effect(new.effect.id)
+    assert effect is not None and effect.result == "new"
+
+
+async def test_run_that_loses_its_commit_returns_the_winners_result(harness: StoreHarness) -> None:
+    """A slow run() overtaken by a takeover returns what the taker recorded."""
+    ledger = harness.ledger(RunOptions(stale=StaleOptions(after_ms=STALE_MS)))
+    release = asyncio.Event()
+    slow_ran = asyncio.Event()
+
+    async def slow(effect: Effect) -> str:
+        slow_ran.set()
+        await release.wait()
+        return "from the slow worker"
+
+    # The heartbeat interval (after_ms/3 of real time) is longer than this test,
+    # so the slow worker looks dead once the store clock moves past the window.
+    slow_task = asyncio.create_task(ledger.run(CALL, slow))
+    await slow_ran.wait()
+    await harness.age(STALE_MS + 1)
+    assert await ledger.run(CALL, lambda e: "from the taker") == "from the taker"
+    release.set()
+    assert await slow_task == "from the taker"
+    effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
+    assert effect is not None and (effect.result, effect.attempt) == ("from the taker", 2)
+
+
+async def test_concurrent_takeovers_have_one_winner(harness: StoreHarness) -> None:
+    """Many callers find the same stale effect; exactly one re-executes."""
+    ledger = harness.ledger(OPTIONS)
+    await ledger.begin(CALL)
+    await harness.age(STALE_MS + 1)
+    executions = 0
+
+    async def job(effect: Effect) -> int:
+        nonlocal executions
+        executions += 1
+        await asyncio.sleep(0.05)
+        return effect.attempt
+
+    slow_wait = RunOptions(
+        concurrency=ConcurrencyOptions(wait_timeout_ms=5_000, initial_interval_ms=5)
+    )
+    results = await asyncio.gather(*(ledger.run(CALL, job, slow_wait) for _ in range(20)))
+    assert executions == 1
+    assert set(results) == {2}

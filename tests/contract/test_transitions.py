@@ -1,0 +1,135 @@
+"""Every transition, allowed or not, through the public API of every store."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from agent_ledger import (
+    CommitFailed,
+    CommitSucceeded,
+    EffectError,
+    EffectLedger,
+    EffectStatus,
+    ToolCall,
+)
+from agent_ledger.status import can_transition
+from tests.harness import StoreHarness
+
+S = EffectStatus
+CALL = ToolCall(workflow_id="wf", tool="deploy", args={"v": 2})
+
+
+async def put_in(ledger: EffectLedger, status: S) -> tuple[str, str]:
+    """Drive a fresh effect into ``status`` using only the public API."""
+    begun = await ledger.begin(CALL)
+    key, effect_id = begun.effect.idem_key, begun.effect.id
+    if status is S.SUCCEEDED:
+        assert await ledger.commit(effect_id, CommitSucceeded(result=1))
+    elif status is S.FAILED:
+        assert await ledger.commit(effect_id, CommitFailed(error=EffectError("x")))
+    elif status is S.CANCELED:
+        assert await ledger.cancel(key)
+    elif status in (S.REQUIRES_APPROVAL, S.READY, S.DENIED):
+        assert await ledger.request_approval(key)
+        if status is S.READY:
+            assert await ledger.approve(key)
+        elif status is S.DENIED:
+            assert await ledger.deny(key)
+    found = await ledger.find_by_idem_key(key)
+    assert found is not None and found.status is status
+    return key, effect_id
+
+
+async def attempt(
+    harness: StoreHarness, ledger: EffectLedger, key: str, effect_id: str, target: S
+) -> bool:
+    """Ask for ``target`` the way the ledger would; True if the store moved."""
+    if target is S.SUCCEEDED:
+        return await ledger.commit(effect_id, CommitSucceeded(result=2))
+    if target is S.FAILED:
+        return await ledger.commit(effect_id, CommitFailed(error=EffectError("y")))
+    if target is S.REQUIRES_APPROVAL:
+        return await ledger.request_approval(key)
+    if target is S.READY:
+        return await ledger.approve(key)
+    if target is S.DENIED:
+        return await ledger.deny(key)
+    if target is S.CANCELED:
+        return await ledger.cancel(key)
+    # processing: only a claim gets there (ready -> processing, or a stale takeover,
+    # which is processing -> processing and tested in test_takeover).
+    return (await harness.store.claim(key, stale_after_ms=0)).claimed
+
+
+@pytest.mark.parametrize(("source", "target"), list(itertools.product(S, S)))
+async def test_store_allows_exactly_the_table(harness: StoreHarness, source: S, target: S) -> None:
+    """A requested move happens iff the table allows it; otherwise nothing changes."""
+    ledger = harness.ledger()
+    key, effect_id = await put_in(ledger, source)
+    before = await ledger.find_by_idem_key(key)
+    moved = await attempt(harness, ledger, key, effect_id, target)
+    after = await ledger.find_by_idem_key(key)
+    assert before is not None and after is not None
+    assert moved == can_transition(source, target)
+    if moved:
+        assert after.status is target
+        assert after.updated_at >= before.updated_at
+        assert (after.completed_at is not None) == target.is_terminal
+    else:
+        assert after == before
+
+
+async def test_terminal_effects_never_change(harness: StoreHarness) -> None:
+    """No API call moves a terminal effect, and its receipt stays identical."""
+    ledger = harness.ledger()
+    for status in (S.SUCCEEDED, S.FAILED, S.DENIED, S.CANCELED):
+        call = ToolCall(workflow_id=status.value, tool="t")
+        begun = await ledger.begin(call)
+        key = begun.effect.idem_key
+        if status is S.SUCCEEDED:
+            await ledger.commit(begun.effect.id, CommitSucceeded(result="r"))
+        elif status is S.FAILED:
+            await ledger.commit(begun.effect.id, CommitFailed(error=EffectError("e")))
+        elif status is S.DENIED:
+            await ledger.request_approval(key)
+            await ledger.deny(key)
+        else:
+            await ledger.cancel(key)
+        receipt = await ledger.find_by_idem_key(key)
+        results = [
+            await ledger.approve(key),
+            await ledger.deny(key),
+            await ledger.cancel(key),
+            await ledger.request_approval(key),
+            await ledger.commit(begun.effect.id, CommitSucceeded(result="other")),
+            (await harness.store.claim(key, stale_after_ms=1)).claimed,
+        ]
+        assert results == [False] * 6
+        assert await ledger.find_by_idem_key(key) == receipt
+
+
+async def test_approve_denied_and_deny_approved_return_false(harness: StoreHarness) -> None:
+    """Decisions are final: the other decision cannot overwrite them."""
+    ledger = harness.ledger()
+    key, _ = await put_in(ledger, S.DENIED)
+    assert not await ledger.approve(key)
+    other = ToolCall(workflow_id="wf2", tool="deploy")
+    begun = await ledger.begin(other)
+    await ledger.request_approval(begun.effect.idem_key)
+    assert await ledger.approve(begun.effect.idem_key)
+    assert not await ledger.deny(begun.effect.idem_key)
+
+
+async def test_admin_calls_on_unknown_keys_return_false(harness: StoreHarness) -> None:
+    """approve/deny/cancel/request_approval of a key never seen change nothing."""
+    ledger = harness.ledger()
+    unknown = "f" * 64
+    assert [
+        await ledger.approve(unknown),
+        await ledger.deny(unknown, reason="x"),
+        await ledger.cancel(unknown),
+        await ledger.request_approval(unknown),
+    ] == [False] * 4
+    assert await harness.raw_count() == 0
