@@ -1,0 +1,22 @@
+"""Type-checked by mypy (see pyproject), never run: locks the public types."""
+
+from __future__ import annotations
+
+from typing import assert_type
+
+from agent_ledger import BeginResult, Effect, EffectLedger, ToolCall
+
+
+async def check(ledger: EffectLedger, call: ToolCall) -> None:
+    async def async_handler(effect: Effect) -> dict[str, int]:
+        return {"n": effect.attempt}
+
+    def sync_handler(effect: Effect) -> list[str]:
+        return [effect.idem_key]
+
+    # run() returns what the handler returns, async or not.
+    assert_type(await ledger.run(call, async_handler), dict[str, int])
+    assert_type(await ledger.run(call, sync_handler), list[str])
+    assert_type(await ledger.begin(call), BeginResult[object])
+    assert_type(await ledger.find_by_idem_key("k"), Effect | None)
+    assert_type(ledger.idem_key(call), str)
