@@ -16,6 +16,10 @@ def _require_text(value: object, field_name: str) -> None:
         )
     if not value.strip():
         raise EffectLedgerValidationError(f"{field_name} must not be empty", field=field_name)
+    if "\x00" in value:
+        raise EffectLedgerValidationError(
+            f"{field_name} must not contain U+0000 (NUL)", field=field_name
+        )
 
 
 @dataclass(frozen=True, slots=True)

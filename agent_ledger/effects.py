@@ -17,6 +17,17 @@ JSONValue: TypeAlias = (
 T = TypeVar("T")
 
 
+def storable_text(text: str) -> str:
+    """``text`` with what no store can keep (NUL, lone surrogates) replaced by U+FFFD."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in text)
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class EffectError:
     """Why an effect failed, was denied or was canceled.
@@ -27,6 +38,13 @@ class EffectError:
 
     message: str
     code: str | None = None
+
+    def __post_init__(self) -> None:
+        # Errors are diagnostics: make any text storable rather than fail to
+        # record a failure. NUL and lone surrogates become U+FFFD.
+        object.__setattr__(self, "message", storable_text(str(self.message)))
+        if self.code is not None:
+            object.__setattr__(self, "code", storable_text(str(self.code)))
 
     def __str__(self) -> str:
         return f"[{self.code}] {self.message}" if self.code else self.message

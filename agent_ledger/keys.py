@@ -15,8 +15,8 @@ where ``mode`` and ``identity`` are, by precedence:
 
 Canonical JSON means: UTF-8, object keys sorted by code point, no
 whitespace, the JSON data model only (objects with string keys, arrays,
-strings, finite floats, integers within 64 bits, true/false/null); tuples
-encode as arrays. So two calls are the same effect exactly when their
+strings without U+0000, finite floats, integers within 64 bits,
+true/false/null); tuples encode as arrays. So two calls are the same effect exactly when their
 workflow, tool, mode and identity are equal as JSON values: dict order does
 not matter, ``1`` and ``1.0`` differ, ``call_id`` is ignored.
 
@@ -48,6 +48,11 @@ _INT_MIN: Final = -(2**63)
 _INT_MAX: Final = 2**64 - 1
 
 
+_NUL_REASON: Final = (
+    "strings must not contain U+0000 (NUL): PostgreSQL cannot store it, so no store accepts it"
+)
+
+
 class _NotJSON(Exception):
     """Internal: carries the reason and, while unwinding, the path to the value."""
 
@@ -60,7 +65,11 @@ def _check(value: object, depth: int) -> None:
     # Exact type checks on purpose: str/int subclasses (enums, custom types)
     # would encode in ways that depend on the library version.
     kind = type(value)
-    if kind is str or kind is bool or value is None:
+    if kind is str:
+        if "\x00" in value:  # type: ignore[operator]
+            raise _NotJSON(_NUL_REASON)
+        return
+    if kind is bool or value is None:
         return
     if kind is int:
         if not _INT_MIN <= value <= _INT_MAX:  # type: ignore[operator]
@@ -76,6 +85,8 @@ def _check(value: object, depth: int) -> None:
         for key, item in value.items():  # type: ignore[attr-defined]
             if type(key) is not str:
                 raise _NotJSON(f"object key {key!r} is a {type(key).__name__}, keys must be str")
+            if "\x00" in key:
+                raise _NotJSON(_NUL_REASON)
             try:
                 _check(item, depth + 1)
             except _NotJSON as exc:

@@ -5,16 +5,16 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 #: Text that is valid UTF-8 (no lone surrogates) and non-blank.
-texts = st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=12).filter(
-    lambda s: s.strip() != ""
-)
+texts = st.text(
+    st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), min_size=1, max_size=12
+).filter(lambda s: s.strip() != "")
 
 _scalars = (
     st.none()
     | st.booleans()
     | st.integers(min_value=-(2**63), max_value=2**64 - 1)
     | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(st.characters(exclude_categories=["Cs"]), max_size=12)
+    | st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=12)
 )
 
 #: Any JSON value: what args and results may be.
@@ -23,7 +23,11 @@ json_values = st.recursive(
     lambda inner: (
         st.lists(inner, max_size=4)
         | st.dictionaries(
-            st.text(st.characters(exclude_categories=["Cs"]), max_size=8), inner, max_size=4
+            st.text(
+                st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=8
+            ),
+            inner,
+            max_size=4,
         )
     ),
     max_leaves=12,
@@ -31,5 +35,7 @@ json_values = st.recursive(
 
 #: JSON objects: what args may be.
 json_objects = st.dictionaries(
-    st.text(st.characters(exclude_categories=["Cs"]), max_size=8), json_values, max_size=5
+    st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=8),
+    json_values,
+    max_size=5,
 )

@@ -16,6 +16,7 @@ from agent_ledger import EffectLedgerValidationError, ResourceDescriptor, ToolCa
         ({"workflow_id": "   ", "tool": "t"}, "workflow_id"),
         ({"workflow_id": 5, "tool": "t"}, "workflow_id"),
         ({"workflow_id": "w", "tool": ""}, "tool"),
+        ({"workflow_id": "w\x00", "tool": "t"}, "workflow_id"),
         ({"workflow_id": "w", "tool": None}, "tool"),
         ({"workflow_id": "w", "tool": "t", "args": [1, 2]}, "args"),
         ({"workflow_id": "w", "tool": "t", "call_id": ""}, "call_id"),

@@ -80,7 +80,7 @@ def test_call_id_is_not_part_of_the_key() -> None:
         (("a|b", "c"), ("a", "b|c")),
         (('a","b', "c"), ("a", 'b","c')),
         (("a", "b,c"), ("a,b", "c")),
-        (("a\x00", "b"), ("a", "\x00b")),
+        (("a\x01", "b"), ("a", "\x01b")),
     ],
 )
 def test_separators_inside_parts_cannot_collide(
@@ -173,6 +173,8 @@ class MyStr(str):
         ({"x": uuid.UUID(int=1)}, "UUID is not a JSON value"),
         ({"x": 2**64}, "does not fit in 64 bits"),
         ({"x": "\ud800"}, "surrogates not allowed"),
+        ({"x": ["a\x00"]}, "args['x'][0]: strings must not contain U+0000"),
+        ({"k\x00": 1}, "strings must not contain U+0000"),
     ],
 )
 def test_non_json_args_are_rejected_with_their_location(
