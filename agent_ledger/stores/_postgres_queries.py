@@ -1,0 +1,99 @@
+"""Every SQL statement PostgresStore runs, one per ledger step, in one place.
+
+``{effects}`` is the schema-qualified effects table, filled in once with
+``psycopg.sql.Identifier``; everything else is a ``%(name)s`` parameter,
+statuses included (they come from ``EffectStatus``, never retyped here).
+Each statement is one round trip and runs in autocommit unless the caller
+passed a transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Final, LiteralString
+
+#: The columns every query returns, in the order ``_effect_from_row`` reads them.
+EFFECT_COLUMNS: Final = (
+    "id::text AS id, idem_key, workflow_id, call_id, tool, status, args_canonical, "
+    "resource_id_canonical, result::text AS result, error->>'message' AS error_message, "
+    "error->>'code' AS error_code, dedup_count, attempt, created_at, updated_at, "
+    "completed_at, heartbeat_at"
+)
+_CTE_COLUMNS: Final = (
+    "c.id, c.idem_key, c.workflow_id, c.call_id, c.tool, c.status, c.args_canonical, "
+    "c.resource_id_canonical, c.result, c.error_message, c.error_code, c.dedup_count, "
+    "c.attempt, c.created_at, c.updated_at, c.completed_at, c.heartbeat_at"
+)
+
+# -- begin --
+# Insert-or-get in one statement. A new key is inserted as processing,
+# attempt 1; an existing one only gets dedup_count + 1 (never its heartbeat:
+# duplicates must not keep a dead worker's effect looking alive).
+# `xmax = 0` is true only for a freshly inserted row version, which tells
+# "created" from "existing" without a second query.
+BEGIN: Final[LiteralString] = (
+    "INSERT INTO {effects} AS e "
+    "(idem_key, workflow_id, call_id, tool, args_canonical, resource_id_canonical, status) "
+    "VALUES (%(idem_key)s, %(workflow_id)s, %(call_id)s, %(tool)s, %(args_canonical)s, "
+    "%(resource_id_canonical)s, %(processing)s) "
+    "ON CONFLICT (idem_key) DO UPDATE SET dedup_count = e.dedup_count + 1 "
+    "RETURNING " + EFFECT_COLUMNS + ", (xmax = 0) AS created"
+)
+
+# -- claim --
+# Take over a ready effect, or a processing one whose heartbeat is at least
+# stale_ms old by the database clock; +1 attempt fences the previous holder.
+# Concurrent claims serialize on the row lock and re-check the WHERE, so one
+# wins. If nothing was claimed, the same statement returns the row as it
+# stands, so a waiter's poll is one round trip either way.
+CLAIM: Final[LiteralString] = (
+    "WITH c AS ("
+    " UPDATE {effects} SET status = %(processing)s, attempt = attempt + 1,"
+    " heartbeat_at = clock_timestamp(), updated_at = clock_timestamp()"
+    " WHERE idem_key = %(idem_key)s AND (status = %(ready)s OR (status = %(processing)s"
+    " AND %(stale_ms)s > 0"
+    " AND heartbeat_at <= clock_timestamp() - %(stale_ms)s * interval '1 millisecond'))"
+    " RETURNING " + EFFECT_COLUMNS + ") "
+    "SELECT " + _CTE_COLUMNS + ", true AS claimed FROM c "
+    "UNION ALL "
+    "SELECT " + EFFECT_COLUMNS + ", false AS claimed FROM {effects} "
+    "WHERE idem_key = %(idem_key)s AND NOT EXISTS (SELECT 1 FROM c)"
+)
+
+# -- heartbeat --
+# Refresh liveness only for the holder: still processing, same attempt.
+HEARTBEAT: Final[LiteralString] = (
+    "UPDATE {effects} SET heartbeat_at = clock_timestamp() "
+    "WHERE id = %(id)s AND status = %(processing)s AND attempt = %(attempt)s"
+)
+
+# -- complete --
+# Compare-and-set processing -> succeeded/failed/canceled on (id, status,
+# attempt): the first commit wins, and a late commit from an older attempt
+# matches no row. A NULL attempt skips the fencing check (unfenced commit()).
+COMPLETE: Final[LiteralString] = (
+    "UPDATE {effects} SET status = %(status)s, result = %(result)s::jsonb,"
+    " error = %(error)s::jsonb, completed_at = clock_timestamp(), updated_at = clock_timestamp() "
+    "WHERE id = %(id)s AND status = %(processing)s"
+    " AND (%(attempt)s::integer IS NULL OR attempt = %(attempt)s::integer)"
+)
+
+# -- transition --
+# Compare-and-set by key from any allowed source status (request_approval,
+# approve, deny, cancel). The error (a decision's reason) is kept when given;
+# completed_at is set when the target is terminal.
+TRANSITION: Final[LiteralString] = (
+    "UPDATE {effects} SET status = %(target)s, updated_at = clock_timestamp(),"
+    " error = coalesce(%(error)s::jsonb, error),"
+    " completed_at = CASE WHEN %(terminal)s THEN clock_timestamp() ELSE completed_at END "
+    "WHERE idem_key = %(idem_key)s AND status = ANY(%(sources)s) "
+    "RETURNING " + EFFECT_COLUMNS
+)
+
+# -- get / find --
+GET: Final[LiteralString] = "SELECT " + EFFECT_COLUMNS + " FROM {effects} WHERE id = %(id)s"
+FIND: Final[LiteralString] = (
+    "SELECT " + EFFECT_COLUMNS + " FROM {effects} WHERE idem_key = %(idem_key)s"
+)
+
+# -- schema --
+SCHEMA_VERSION: Final[LiteralString] = "SELECT max(version) FROM {versions}"

@@ -1,0 +1,503 @@
+"""PostgreSQL store: the ledger's guarantees across processes, machines and restarts.
+
+Every ledger step is one SQL statement and one round trip, in autocommit
+unless the caller passes a transaction (``_postgres_queries`` has them all).
+Timestamps and staleness use the database clock. Waiters are woken by
+``LISTEN/NOTIFY`` through one listening connection per store, with the
+ledger's polling as the fallback, so a lost notification only costs latency.
+
+Needs ``pip install "agent-ledger[postgres]"`` and PostgreSQL 14 or later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any, Final, LiteralString
+
+import orjson
+import psycopg
+from psycopg import AsyncConnection, sql
+from psycopg_pool import AsyncConnectionPool
+
+from agent_ledger.effects import Effect, EffectError
+from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
+from agent_ledger.observability import logger
+from agent_ledger.status import EffectStatus, can_transition, sources_of
+from agent_ledger.stores import _postgres_queries as q
+from agent_ledger.stores.base import BeginOutcome, ClaimOutcome, NewEffect
+
+__all__ = ["SCHEMA_SQL", "SCHEMA_VERSION", "PostgresStore"]
+
+#: The schema this version of the library needs (see the marker table).
+SCHEMA_VERSION: Final = 1
+#: The text of ``schema.sql``; apply it with ``conn.execute(SCHEMA_SQL)``.
+# Typed LiteralString so `conn.execute(SCHEMA_SQL)` type-checks: it is our own file.
+SCHEMA_SQL: Final[LiteralString] = (
+    resources.files("agent_ledger.stores").joinpath("postgres_schema.sql").read_text("utf-8")
+)
+EFFECTS_TABLE: Final = "agent_ledger_effects"
+VERSIONS_TABLE: Final = "agent_ledger_schema_version"
+NOTIFY_CHANNEL: Final = "agent_ledger"
+
+_PROCESSING: Final = EffectStatus.PROCESSING.value
+_READY: Final = EffectStatus.READY.value
+_STATUS_BY_VALUE: Final = {s.value: s for s in EffectStatus}
+
+# Connection used by an operation: the caller's transaction, or the pool's.
+Connection = AsyncConnection[Any]
+
+
+def _effect_from_row(row: tuple[Any, ...]) -> Effect:
+    (id_, idem_key, workflow_id, call_id, tool, status, args, resource, result,
+     error_message, error_code, dedup_count, attempt, created, updated, completed,
+     heartbeat) = row[:17]  # fmt: skip
+    return Effect(
+        id=id_,
+        idem_key=idem_key,
+        workflow_id=workflow_id,
+        call_id=call_id,
+        tool=tool,
+        status=_STATUS_BY_VALUE[status],
+        args_canonical=args,
+        resource_id_canonical=resource,
+        result=None if result is None else orjson.loads(result),
+        error=None if error_message is None else EffectError(error_message, error_code),
+        dedup_count=dedup_count,
+        attempt=attempt,
+        created_at=_utc(created),
+        updated_at=_utc(updated),
+        completed_at=None if completed is None else _utc(completed),
+        heartbeat_at=_utc(heartbeat),
+    )
+
+
+def _utc(moment: datetime) -> datetime:
+    # psycopg returns timestamptz in the session's TimeZone; receipts are UTC.
+    return moment if moment.tzinfo is UTC else moment.astimezone(UTC)
+
+
+def _error_json(error: EffectError | None) -> str | None:
+    if error is None:
+        return None
+    return orjson.dumps({"message": error.message, "code": error.code}).decode()
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except (ValueError, TypeError, AttributeError):
+        return False
+    return True
+
+
+class PostgresStore:
+    """Effects in PostgreSQL, shared by every worker that uses the same database.
+
+    ``pool`` is the caller's ``psycopg_pool.AsyncConnectionPool`` (opened by
+    the caller, and closed by the caller unless the store was made with
+    :meth:`connect`). Pool connections are switched to autocommit for the
+    duration of each step, so every step is exactly one statement; create
+    the pool with ``kwargs={"autocommit": True}`` to skip even that.
+    ``schema`` is where the tables live (validated; only ever quoted as an
+    identifier).
+    """
+
+    def __init__(
+        self, pool: AsyncConnectionPool[Any], *, schema: str = "public", _owns_pool: bool = False
+    ) -> None:
+        if not isinstance(schema, str) or not schema or len(schema.encode()) > 63:
+            raise EffectLedgerValidationError(
+                f"schema must be a PostgreSQL identifier of 1 to 63 bytes, got {schema!r}",
+                field="schema",
+            )
+        self._pool = pool
+        self._owns_pool = _owns_pool
+        self.schema = schema
+        effects = sql.Identifier(schema, EFFECTS_TABLE)
+        versions = sql.Identifier(schema, VERSIONS_TABLE)
+
+        def compose(text: LiteralString) -> sql.Composed:
+            return sql.SQL(text).format(effects=effects, versions=versions)
+
+        self._begin = compose(q.BEGIN)
+        self._claim = compose(q.CLAIM)
+        self._heartbeat = compose(q.HEARTBEAT)
+        self._complete = compose(q.COMPLETE)
+        self._transition = compose(q.TRANSITION)
+        self._get = compose(q.GET)
+        self._find = compose(q.FIND)
+        self._schema_version = compose(q.SCHEMA_VERSION)
+        self._listener = _Listener(pool, schema)
+
+    @classmethod
+    async def connect(
+        cls, conninfo: str, *, schema: str = "public", min_size: int = 1, max_size: int = 10
+    ) -> PostgresStore:
+        """Open a pool of autocommit connections that the store owns and closes."""
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            conninfo, min_size=min_size, max_size=max_size, kwargs={"autocommit": True}, open=False
+        )
+        try:
+            await pool.open(wait=True)
+        except Exception as exc:
+            await pool.close()
+            raise EffectStoreError(f"{type(exc).__name__}: {exc}", operation="connect") from exc
+        return cls(pool, schema=schema, _owns_pool=True)
+
+    # -- schema ----------------------------------------------------------------
+
+    async def create_schema(self) -> None:
+        """Create the schema (if needed) and apply ``SCHEMA_SQL`` inside it; idempotent."""
+        with self._errors("create_schema"):
+            async with self._pool.connection() as conn, conn.transaction():
+                await conn.execute(
+                    sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
+                )
+                await conn.execute(
+                    sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(self.schema))
+                )
+                # Several workers may run this at start-up: take turns.
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtext('agent_ledger_schema'))")
+                await conn.execute(SCHEMA_SQL)
+
+    async def check_schema(self) -> int:
+        """The schema version in the database; raises with a fix if it is missing or old."""
+        with self._errors("check_schema"):
+            async with self._connection(None) as conn:
+                cursor = await conn.execute(self._schema_version)
+                row = await cursor.fetchone()
+        version = row[0] if row is not None else None
+        if version is None or version < SCHEMA_VERSION:
+            raise EffectStoreError(
+                f"schema {self.schema!r} is at version {version}, this library needs "
+                f"{SCHEMA_VERSION}: apply schema.sql (or await store.create_schema())",
+                operation="check_schema",
+            )
+        return int(version)
+
+    # -- ledger steps -----------------------------------------------------------
+
+    async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
+        params = {
+            "idem_key": new.idem_key,
+            "workflow_id": new.workflow_id,
+            "call_id": new.call_id,
+            "tool": new.tool,
+            "args_canonical": new.args_canonical,
+            "resource_id_canonical": new.resource_id_canonical,
+            "processing": _PROCESSING,
+        }
+        row = await self._fetch_one("begin", self._begin, params, tx, idem_key=new.idem_key)
+        if row is None:
+            raise EffectStoreError("INSERT ... RETURNING gave no row", operation="begin")
+        return BeginOutcome(_effect_from_row(row), created=bool(row[17]))
+
+    async def claim(
+        self, idem_key: str, *, stale_after_ms: int, tx: object | None = None
+    ) -> ClaimOutcome:
+        params = {
+            "idem_key": idem_key,
+            "processing": _PROCESSING,
+            "ready": _READY,
+            "stale_ms": stale_after_ms,
+        }
+        row = await self._fetch_one("claim", self._claim, params, tx, idem_key=idem_key)
+        if row is None:
+            return ClaimOutcome(None, claimed=False)
+        return ClaimOutcome(_effect_from_row(row), claimed=bool(row[17]))
+
+    async def heartbeat(self, effect_id: str, attempt: int) -> bool:
+        if not _is_uuid(effect_id):
+            return False
+        params = {"id": effect_id, "attempt": attempt, "processing": _PROCESSING}
+        return await self._execute("heartbeat", self._heartbeat, params, None, effect_id=effect_id)
+
+    async def complete(
+        self,
+        effect_id: str,
+        *,
+        attempt: int | None,
+        status: EffectStatus,
+        result_json: str | None,
+        error: EffectError | None,
+        tx: object | None = None,
+    ) -> bool:
+        if not (status.is_terminal and can_transition(EffectStatus.PROCESSING, status)):
+            raise EffectLedgerValidationError(
+                f"complete() finishes an effect; {status.value!r} is not a terminal status "
+                "reachable from processing",
+                field="status",
+            )
+        if not _is_uuid(effect_id):
+            return False
+        params = {
+            "id": effect_id,
+            "attempt": attempt,
+            "status": status.value,
+            "result": result_json,
+            "error": _error_json(error),
+            "processing": _PROCESSING,
+        }
+        return await self._execute("commit", self._complete, params, tx, effect_id=effect_id)
+
+    async def transition(
+        self,
+        idem_key: str,
+        *,
+        target: EffectStatus,
+        error: EffectError | None = None,
+        tx: object | None = None,
+    ) -> Effect | None:
+        params = {
+            "idem_key": idem_key,
+            "target": target.value,
+            "sources": [s.value for s in sources_of(target)],
+            "terminal": target.is_terminal,
+            "error": _error_json(error),
+        }
+        row = await self._fetch_one(target.value, self._transition, params, tx, idem_key=idem_key)
+        return None if row is None else _effect_from_row(row)
+
+    async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
+        if not _is_uuid(effect_id):
+            return None
+        row = await self._fetch_one("get", self._get, {"id": effect_id}, tx, effect_id=effect_id)
+        return None if row is None else _effect_from_row(row)
+
+    async def find(self, idem_key: str, *, tx: object | None = None) -> Effect | None:
+        params = {"idem_key": idem_key}
+        row = await self._fetch_one("find", self._find, params, tx, idem_key=idem_key)
+        return None if row is None else _effect_from_row(row)
+
+    # -- transactions and notifications -------------------------------------------
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Connection]:
+        """A pool connection inside ``BEGIN ... COMMIT``, to pass as ``tx``.
+
+        Your own psycopg ``AsyncConnection`` with an open transaction works
+        as ``tx`` too; then your code decides when it commits.
+        """
+        with self._errors("transaction"):
+            async with self._pool.connection() as conn, conn.transaction():
+                yield conn
+
+    @asynccontextmanager
+    async def subscribe(self, idem_key: str) -> AsyncIterator[_Subscription]:
+        subscription = _Subscription()
+        self._listener.add(idem_key, subscription)
+        try:
+            await self._listener.ensure_listening()
+            yield subscription
+        finally:
+            self._listener.remove(idem_key, subscription)
+
+    async def close(self) -> None:
+        """Stop the notification listener; close the pool if the store opened it."""
+        await self._listener.stop()
+        if self._owns_pool:
+            await self._pool.close()
+
+    # -- plumbing ---------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _connection(self, tx: object | None) -> AsyncIterator[Connection]:
+        if tx is not None:
+            if not isinstance(tx, AsyncConnection):
+                raise EffectLedgerValidationError(
+                    "tx must be a psycopg AsyncConnection (e.g. from store.transaction())",
+                    field="tx",
+                )
+            yield tx
+            return
+        async with self._pool.connection() as conn:
+            if conn.autocommit:
+                yield conn
+                return
+            # One statement needs no BEGIN/COMMIT round trips around it.
+            await conn.set_autocommit(True)
+            try:
+                yield conn
+            finally:
+                await conn.set_autocommit(False)
+
+    @contextmanager
+    def _errors(
+        self, operation: str, *, idem_key: str | None = None, effect_id: str | None = None
+    ) -> Iterator[None]:
+        """The one place driver errors become ``EffectStoreError``."""
+        try:
+            yield
+        except EffectLedgerError:
+            raise  # ours already: never double-wrap
+        except psycopg.errors.UndefinedTable as exc:
+            raise EffectStoreError(
+                f"the agent-ledger tables are missing from schema {self.schema!r}: apply "
+                "schema.sql there (or await store.create_schema())",
+                operation=operation,
+                idem_key=idem_key,
+                effect_id=effect_id,
+            ) from exc
+        except psycopg.Error as exc:
+            raise EffectStoreError(
+                f"{type(exc).__name__}: {exc}".strip(),
+                operation=operation,
+                idem_key=idem_key,
+                effect_id=effect_id,
+            ) from exc
+
+    async def _fetch_one(
+        self,
+        operation: str,
+        query: sql.Composed,
+        params: Mapping[str, object],
+        tx: object | None,
+        *,
+        idem_key: str | None = None,
+        effect_id: str | None = None,
+    ) -> tuple[Any, ...] | None:
+        with self._errors(operation, idem_key=idem_key, effect_id=effect_id):
+            async with self._connection(tx) as conn:
+                cursor = await conn.execute(query, params)
+                return await cursor.fetchone()
+
+    async def _execute(
+        self,
+        operation: str,
+        query: sql.Composed,
+        params: Mapping[str, object],
+        tx: object | None,
+        *,
+        effect_id: str | None = None,
+    ) -> bool:
+        with self._errors(operation, effect_id=effect_id):
+            async with self._connection(tx) as conn:
+                cursor = await conn.execute(query, params)
+                return cursor.rowcount == 1
+
+
+class _Subscription:
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+
+    async def wait(self, timeout_s: float) -> bool:
+        if not self._event.is_set():
+            try:
+                async with asyncio.timeout(max(timeout_s, 0.0)):
+                    await self._event.wait()
+            except TimeoutError:
+                return False
+        self._event.clear()
+        return True
+
+
+class _Listener:
+    """One ``LISTEN agent_ledger`` connection per store, shared by all its waiters.
+
+    Started by the first subscriber; reconnects with backoff after losing the
+    connection and then wakes every subscriber, since changes made while it
+    was away were not announced (their next poll catches up).
+    """
+
+    #: How long the first subscriber waits for LISTEN to be in place before
+    #: relying on polling alone.
+    READY_TIMEOUT_S: Final = 2.0
+
+    def __init__(self, pool: AsyncConnectionPool[Any], schema: str) -> None:
+        self._pool = pool
+        self._schema = schema
+        self._subscribers: dict[str, set[_Subscription]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._listening = asyncio.Event()
+
+    def add(self, idem_key: str, subscription: _Subscription) -> None:
+        self._subscribers.setdefault(idem_key, set()).add(subscription)
+
+    def remove(self, idem_key: str, subscription: _Subscription) -> None:
+        subscribers = self._subscribers.get(idem_key)
+        if subscribers is not None:
+            subscribers.discard(subscription)
+            if not subscribers:
+                del self._subscribers[idem_key]
+
+    async def ensure_listening(self) -> None:
+        if self._task is not None and not self._task.done():
+            return  # running, or reconnecting: polling covers the gap meanwhile
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        if not self._listening.is_set():
+            try:
+                async with asyncio.timeout(self.READY_TIMEOUT_S):
+                    await self._listening.wait()
+            except TimeoutError:
+                logger.warning("notification listener not ready; waiters fall back to polling")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._listening.clear()
+
+    def _wake(self, idem_key: str) -> None:
+        for subscription in self._subscribers.get(idem_key, ()):
+            subscription.notify()
+
+    def _wake_all(self) -> None:
+        for subscribers in self._subscribers.values():
+            for subscription in subscribers:
+                subscription.notify()
+
+    async def _connection_settings(self) -> tuple[str, dict[str, Any]]:
+        """The pool's conninfo and kwargs, which psycopg_pool also allows as (async) callables."""
+        conninfo: Any = self._pool.conninfo
+        kwargs: Any = self._pool.kwargs
+        if callable(conninfo):
+            conninfo = conninfo()
+            if inspect.isawaitable(conninfo):
+                conninfo = await conninfo
+        if callable(kwargs):
+            kwargs = kwargs()
+            if inspect.isawaitable(kwargs):
+                kwargs = await kwargs
+        return str(conninfo), dict(kwargs or {})
+
+    async def _run(self) -> None:
+        backoff_s = 0.05
+        prefix = self._schema + ":"
+        while True:
+            try:
+                conninfo, kwargs = await self._connection_settings()
+                conn = await AsyncConnection.connect(conninfo, **{**kwargs, "autocommit": True})
+                async with conn:
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL)))
+                    self._listening.set()
+                    backoff_s = 0.05
+                    self._wake_all()
+                    async for notice in conn.notifies():
+                        if notice.payload.startswith(prefix):
+                            self._wake(notice.payload[len(prefix) :])
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._listening.clear()
+                self._wake_all()  # let waiters poll while we are deaf
+                logger.warning(
+                    "notification listener lost its connection (%s); reconnecting in %.2f s",
+                    exc,
+                    backoff_s,
+                )
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, 5.0)

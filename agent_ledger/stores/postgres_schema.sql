@@ -1,0 +1,103 @@
+-- agent-ledger PostgreSQL schema, version 1 (PostgreSQL 14 or later).
+--
+-- Apply it with `psql -f schema.sql`, `await conn.execute(SCHEMA_SQL)` or
+-- `await store.create_schema()`. It is idempotent: applying it twice is a
+-- no-op. Objects are created in the first schema of the search_path
+-- (normally `public`); `PostgresStore(pool, schema="x")` looks in schema x,
+-- and `store.create_schema()` creates them there.
+--
+-- Upgrades: `agent_ledger_schema_version` records every version applied.
+-- A future version N ships `migrations/N.sql`, written to be applied once on
+-- top of N-1 and to insert its own row here; `PostgresStore.check_schema()`
+-- names the version it needs.
+
+-- ---------------------------------------------------------------------------
+-- Version marker
+-- ---------------------------------------------------------------------------
+CREATE TABLE IF NOT EXISTS agent_ledger_schema_version (
+    version     integer     PRIMARY KEY,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO agent_ledger_schema_version (version) VALUES (1) ON CONFLICT (version) DO NOTHING;
+
+-- ---------------------------------------------------------------------------
+-- Effects: one row per idempotency key, the receipt of one tool call
+-- ---------------------------------------------------------------------------
+CREATE TABLE IF NOT EXISTS agent_ledger_effects (
+    id                     uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
+    -- SHA-256 hex of the call's identity (see the README: "The idempotency key").
+    idem_key               text        NOT NULL,
+    workflow_id            text        NOT NULL,
+    -- The caller's own label for the invocation; not part of the key.
+    call_id                text,
+    tool                   text        NOT NULL,
+    -- Mirrors agent_ledger.status.EffectStatus; a test keeps the two equal.
+    --   processing         a worker holds the effect (attempt n) and runs the handler
+    --   succeeded          terminal: result is the receipt
+    --   failed             terminal: error says why
+    --   requires_approval  waiting for a human
+    --   ready              approved; the next claim runs the handler
+    --   denied             terminal: a human said no
+    --   canceled           terminal: canceled by an admin or a cancelled task
+    status                 text        NOT NULL
+        CONSTRAINT agent_ledger_effects_status_check CHECK (status IN (
+            'processing', 'succeeded', 'failed', 'requires_approval',
+            'ready', 'denied', 'canceled')),
+    -- Canonical JSON text, kept byte for byte (jsonb would reorder keys);
+    -- query it with args_canonical::jsonb.
+    args_canonical         text        NOT NULL,
+    resource_id_canonical  text,
+    result                 jsonb,
+    -- {"message": ..., "code": ...} for failed, denied and canceled effects.
+    error                  jsonb,
+    -- Calls after the first that asked for this same effect.
+    dedup_count            integer     NOT NULL DEFAULT 0 CHECK (dedup_count >= 0),
+    -- Fencing token: +1 on every claim (fresh, ready -> processing, takeover).
+    attempt                integer     NOT NULL DEFAULT 1 CHECK (attempt >= 1),
+    created_at             timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- Moves on status changes only.
+    updated_at             timestamptz NOT NULL DEFAULT clock_timestamp(),
+    completed_at           timestamptz,
+    -- Last sign of life from the worker holding the current attempt, by the
+    -- database clock. Staleness is judged against clock_timestamp(), never
+    -- against a worker's clock.
+    heartbeat_at           timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+CREATE UNIQUE INDEX IF NOT EXISTS agent_ledger_effects_idem_key_idx
+    ON agent_ledger_effects (idem_key);
+-- "What did this workflow do?", newest first.
+CREATE INDEX IF NOT EXISTS agent_ledger_effects_workflow_idx
+    ON agent_ledger_effects (workflow_id, created_at DESC);
+-- Pending work: effects in flight or waiting for a human (small: terminal rows are excluded).
+CREATE INDEX IF NOT EXISTS agent_ledger_effects_open_idx
+    ON agent_ledger_effects (status, heartbeat_at)
+    WHERE status IN ('processing', 'requires_approval', 'ready');
+
+-- ---------------------------------------------------------------------------
+-- Notifications: wake waiting callers when an effect changes status
+-- ---------------------------------------------------------------------------
+-- Channel `agent_ledger`, payload `<schema>:<idem_key>`. NOTIFY is
+-- transactional: a change made inside a transaction is announced at commit.
+-- The common case, a fresh effect finishing with nobody else asking for it
+-- (dedup_count = 0), needs no wake-up and sends none: NOTIFY serializes
+-- committing transactions, so it is kept off the hot path. Any caller that
+-- could be waiting has already incremented dedup_count, or is waiting on a
+-- decision (requires_approval/ready/denied/canceled), which always notifies.
+CREATE OR REPLACE FUNCTION agent_ledger_notify_change() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('agent_ledger', TG_TABLE_SCHEMA || ':' || NEW.idem_key);
+    RETURN NULL;
+END;
+$$;
+
+-- CREATE OR REPLACE TRIGGER (PostgreSQL 14+) never leaves a moment without it.
+CREATE OR REPLACE TRIGGER agent_ledger_effects_notify
+    AFTER UPDATE OF status ON agent_ledger_effects
+    FOR EACH ROW
+    WHEN (OLD.status IS DISTINCT FROM NEW.status
+          AND (NEW.dedup_count > 0
+               OR OLD.status <> 'processing'
+               OR NEW.status NOT IN ('succeeded', 'failed')))
+    EXECUTE FUNCTION agent_ledger_notify_change();

@@ -1,0 +1,1 @@
+agent_ledger/stores/postgres_schema.sql
