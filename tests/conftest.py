@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.harness import STORE_KINDS, StoreHarness, open_harness
+from tests.harness import STORE_KINDS, StoreHarness, drop_test_schema, open_harness
 
 settings.register_profile(
     "default",
@@ -29,3 +29,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 async def harness(request: pytest.FixtureRequest) -> AsyncIterator[StoreHarness]:
     async with open_harness(request.param) as h:
         yield h
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    drop_test_schema()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import os
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import pytest
 
@@ -19,6 +22,7 @@ from agent_ledger import (
 )
 from agent_ledger.stores.base import Store
 from agent_ledger.stores.memory import MemoryStore
+from agent_ledger.stores.postgres import PostgresStore
 
 
 class StoreHarness(Protocol):
@@ -65,8 +69,111 @@ def make_ledger(
     )
 
 
+# --- PostgreSQL -----------------------------------------------------------------
+
+DSN = os.environ.get("AGENT_LEDGER_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+REQUIRE_POSTGRES = os.environ.get("AGENT_LEDGER_REQUIRE_POSTGRES") == "1"
+#: One schema per test session, so parallel runs and leftovers never collide.
+TEST_SCHEMA = f"agent_ledger_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+
+
+@functools.cache
+def postgres_unavailable() -> str | None:
+    """Why Postgres tests cannot run here, or None if they can (checked once)."""
+    try:
+        import psycopg
+    except ImportError:
+        return "psycopg is not installed (pip install -e '.[postgres]')"
+    try:
+        with psycopg.connect(DSN, connect_timeout=5, autocommit=True) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        return f"PostgreSQL not reachable at {DSN}: {str(exc).strip().splitlines()[0]}"
+    return None
+
+
+def require_postgres() -> None:
+    """Skip (or, with AGENT_LEDGER_REQUIRE_POSTGRES=1, fail) without a server."""
+    reason = postgres_unavailable()
+    if reason is None:
+        return
+    if REQUIRE_POSTGRES:
+        pytest.fail(f"AGENT_LEDGER_REQUIRE_POSTGRES=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+_schema_ready = False
+
+
+async def ensure_test_schema() -> None:
+    global _schema_ready
+    if _schema_ready:
+        return
+    store = await PostgresStore.connect(DSN, schema=TEST_SCHEMA, min_size=1, max_size=2)
+    try:
+        await store.create_schema()
+    finally:
+        await store.close()
+    _schema_ready = True
+
+
+def drop_test_schema() -> None:
+    if not _schema_ready:
+        return
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(TEST_SCHEMA))
+        )
+
+
+@dataclass
+class PostgresHarness:
+    store: PostgresStore
+    #: The back door: its own connection, not the store's pool.
+    backdoor: Any
+    kind: str = "postgres"
+
+    def _table(self) -> Any:
+        from psycopg import sql
+
+        return sql.Identifier(TEST_SCHEMA, "agent_ledger_effects")
+
+    async def _sql(self, query: Any, *params: object) -> Any:
+        cursor = await self.backdoor.execute(query, params or None)
+        return await cursor.fetchone() if cursor.description else None
+
+    async def age(self, ms: float) -> None:
+        from psycopg import sql
+
+        await self._sql(
+            sql.SQL(
+                "UPDATE {} SET heartbeat_at = heartbeat_at - %s * interval '1 millisecond',"
+                " created_at = created_at - %s * interval '1 millisecond',"
+                " updated_at = updated_at - %s * interval '1 millisecond',"
+                " completed_at = completed_at - %s * interval '1 millisecond'"
+            ).format(self._table()),
+            ms,
+            ms,
+            ms,
+            ms,
+        )
+
+    async def raw_count(self) -> int:
+        from psycopg import sql
+
+        row = await self._sql(sql.SQL("SELECT count(*) FROM {}").format(self._table()))
+        return int(row[0])
+
+    def ledger(self, defaults: RunOptions | None = None) -> EffectLedger:
+        return make_ledger(self.store, defaults)
+
+
 STORE_KINDS = [
     pytest.param("memory", id="memory"),
+    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
 ]
 
 
@@ -74,5 +181,22 @@ STORE_KINDS = [
 async def open_harness(kind: str) -> AsyncIterator[StoreHarness]:
     if kind == "memory":
         yield MemoryHarness()
+        return
+    if kind == "postgres":
+        require_postgres()
+        await ensure_test_schema()
+        import psycopg
+
+        store = await PostgresStore.connect(DSN, schema=TEST_SCHEMA, min_size=1, max_size=8)
+        backdoor = await psycopg.AsyncConnection.connect(DSN, autocommit=True)
+        harness = PostgresHarness(store, backdoor)
+        try:
+            from psycopg import sql
+
+            await harness._sql(sql.SQL("TRUNCATE {}").format(harness._table()))
+            yield harness
+        finally:
+            await store.close()
+            await backdoor.close()
         return
     raise ValueError(f"unknown store kind {kind!r}")

@@ -19,7 +19,7 @@ from agent_ledger import (
 from tests.harness import StoreHarness
 
 CALL = ToolCall(workflow_id="wf", tool="deploy", args={"v": 1})
-STALE_MS = 1_000
+STALE_MS = 5_000
 OPTIONS = RunOptions(
     stale=StaleOptions(after_ms=STALE_MS),
     concurrency=ConcurrencyOptions(wait_timeout_ms=300, initial_interval_ms=5, max_interval_ms=20),
@@ -42,7 +42,7 @@ async def test_fresh_effect_is_not_taken_over(harness: StoreHarness) -> None:
     """Before after_ms has passed, a duplicate waits instead of claiming."""
     ledger = harness.ledger(OPTIONS)
     await ledger.begin(CALL)
-    await harness.age(STALE_MS - 200)
+    await harness.age(STALE_MS // 2)
     with pytest.raises(EffectTimeoutError):
         await ledger.run(CALL, lambda e: "stolen")
 
