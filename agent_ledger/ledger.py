@@ -30,6 +30,7 @@ from agent_ledger.errors import (
     EffectFailedError,
     EffectLedgerInvariantError,
     EffectLedgerValidationError,
+    EffectStoreError,
     EffectTimeoutError,
 )
 from agent_ledger.keys import DEFAULT_MAX_ARGS_SIZE_BYTES, canonical_json, canonicalize
@@ -55,6 +56,8 @@ _REQUIRES_APPROVAL: Final = EffectStatus.REQUIRES_APPROVAL
 
 #: Error code recorded when a handler's return value is not JSON.
 RESULT_NOT_SERIALIZABLE: Final = "result_not_serializable"
+#: Pauses between tries to record a handler's outcome after a store error.
+COMMIT_RETRY_DELAYS_S: Final = (0.05, 0.2, 1.0)
 #: Reason recorded when the task running a handler is cancelled.
 CANCELLED_WHILE_RUNNING: Final = (
     "the task running the handler was cancelled ({exc}); whether the side effect "
@@ -471,17 +474,55 @@ class EffectLedger:
         error: EffectError | None,
         tx: object | None,
     ) -> bool:
-        won = await self._store.complete(
-            effect.id,
-            attempt=effect.attempt,
-            status=status,
-            result_json=result_json,
-            error=error,
-            tx=tx,
-        )
+        won = await self._complete_with_retries(effect, status, result_json, error, tx)
         if not won:
             _log_warning("commit rejected: another attempt or a decision got there first", effect)
         return won
+
+    async def _complete_with_retries(
+        self,
+        effect: Effect,
+        status: EffectStatus,
+        result_json: str | None,
+        error: EffectError | None,
+        tx: object | None,
+    ) -> bool:
+        """Record a handler's outcome, retrying store errors a few times.
+
+        The side effect has happened by now; giving up at the first broken
+        connection would leave the effect in processing, and the next caller
+        would take it over and run the handler again. The compare-and-set is
+        safe to repeat: if an earlier try landed before its connection broke,
+        the retry matches no row and the stored effect shows our attempt and
+        status, which counts as ours. Inside a caller's transaction a failed
+        statement aborts the transaction, so there is nothing to retry.
+        """
+        delays = () if tx is not None else COMMIT_RETRY_DELAYS_S
+        for retry, delay in enumerate((*delays, None)):
+            try:
+                won = await self._store.complete(
+                    effect.id,
+                    attempt=effect.attempt,
+                    status=status,
+                    result_json=result_json,
+                    error=error,
+                    tx=tx,
+                )
+            except EffectStoreError:
+                if delay is None:
+                    raise
+                _log_warning(f"recording the outcome failed; retrying in {delay} s", effect)
+                await asyncio.sleep(delay)
+                continue
+            if not won and retry > 0:
+                stored = await self._store.get(effect.id, tx=tx)
+                won = (
+                    stored is not None
+                    and stored.status is status
+                    and stored.attempt == effect.attempt
+                )
+            return won
+        raise EffectLedgerInvariantError("unreachable: the last try either returns or raises")
 
     async def _record_abandoned(
         self, effect: Effect, exc: BaseException, tx: object | None

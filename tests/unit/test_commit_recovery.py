@@ -1,0 +1,79 @@
+"""The ledger keeps a handler's outcome when the store fails while recording it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agent_ledger import (
+    EffectLedger,
+    EffectLedgerOptions,
+    EffectStatus,
+    EffectStoreError,
+    MemoryStore,
+    ToolCall,
+)
+from agent_ledger import ledger as ledger_module
+
+CALL = ToolCall(workflow_id="wf", tool="payments.charge", args={"cents": 100})
+
+
+class FlakyCompleteStore(MemoryStore):
+    """A MemoryStore whose complete() raises like a dropped connection.
+
+    ``applied_then_fail``: the write lands, then the "connection" breaks, as when
+    the server committed but the reply was lost. Otherwise it fails before
+    writing.
+    """
+
+    def __init__(self, failures: int, *, applied_then_fail: bool) -> None:
+        super().__init__()
+        self.failures = failures
+        self.applied_then_fail = applied_then_fail
+        self.complete_calls = 0
+
+    async def complete(self, effect_id: str, **kwargs: Any) -> bool:
+        self.complete_calls += 1
+        if self.failures > 0:
+            self.failures -= 1
+            if self.applied_then_fail:
+                await super().complete(effect_id, **kwargs)
+            raise EffectStoreError("connection lost", operation="commit", effect_id=effect_id)
+        return await super().complete(effect_id, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ledger_module, "COMMIT_RETRY_DELAYS_S", (0.001, 0.001, 0.001))
+
+
+@pytest.mark.parametrize("applied_then_fail", [False, True])
+async def test_transient_commit_failure_is_retried(applied_then_fail: bool) -> None:
+    """One lost commit reply: run() still returns, the receipt says succeeded, one execution."""
+    store = FlakyCompleteStore(1, applied_then_fail=applied_then_fail)
+    ledger = EffectLedger(EffectLedgerOptions(store=store))
+    executions = 0
+
+    def charge(effect: object) -> str:
+        nonlocal executions
+        executions += 1
+        return "ch_1"
+
+    assert await ledger.run(CALL, charge) == "ch_1"
+    effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
+    assert effect is not None and (effect.status, effect.result) == (EffectStatus.SUCCEEDED, "ch_1")
+    assert executions == 1 and store.complete_calls == 2
+    assert await ledger.run(CALL, charge) == "ch_1" and executions == 1
+
+
+async def test_persistent_commit_failure_raises_the_store_error() -> None:
+    """When every try fails, run() raises EffectStoreError and the effect stays claimable."""
+    store = FlakyCompleteStore(10, applied_then_fail=False)
+    ledger = EffectLedger(EffectLedgerOptions(store=store))
+    with pytest.raises(EffectStoreError, match="connection lost") as info:
+        await ledger.run(CALL, lambda effect: "ch_1")
+    assert info.value.operation == "commit"
+    assert store.complete_calls == 1 + len(ledger_module.COMMIT_RETRY_DELAYS_S)
+    effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
+    assert effect is not None and effect.status is EffectStatus.PROCESSING
