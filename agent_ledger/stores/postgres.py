@@ -138,14 +138,24 @@ class PostgresStore:
 
     @classmethod
     async def connect(
-        cls, conninfo: str, *, schema: str = "public", min_size: int = 1, max_size: int = 10
+        cls,
+        conninfo: str,
+        *,
+        schema: str = "public",
+        min_size: int = 1,
+        max_size: int = 10,
+        timeout: float = 30.0,
     ) -> PostgresStore:
-        """Open a pool of autocommit connections that the store owns and closes."""
+        """Open a pool of autocommit connections that the store owns and closes.
+
+        Raises ``EffectStoreError`` if ``min_size`` connections cannot be made
+        within ``timeout`` seconds.
+        """
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             conninfo, min_size=min_size, max_size=max_size, kwargs={"autocommit": True}, open=False
         )
         try:
-            await pool.open(wait=True)
+            await pool.open(wait=True, timeout=timeout)
         except Exception as exc:
             await pool.close()
             raise EffectStoreError(f"{type(exc).__name__}: {exc}", operation="connect") from exc
@@ -157,14 +167,15 @@ class PostgresStore:
         """Create the schema (if needed) and apply ``SCHEMA_SQL`` inside it; idempotent."""
         with self._errors("create_schema"):
             async with self._pool.connection() as conn, conn.transaction():
+                # Several workers may run this at start-up, and even the IF NOT
+                # EXISTS forms race on the catalog: take turns, first thing.
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtext('agent_ledger_schema'))")
                 await conn.execute(
                     sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
                 )
                 await conn.execute(
                     sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(self.schema))
                 )
-                # Several workers may run this at start-up: take turns.
-                await conn.execute("SELECT pg_advisory_xact_lock(hashtext('agent_ledger_schema'))")
                 await conn.execute(SCHEMA_SQL)
 
     async def check_schema(self) -> int:
