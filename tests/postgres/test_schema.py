@@ -1,0 +1,135 @@
+"""schema.sql: one source of truth, idempotent, mirroring the enum, versioned."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from agent_ledger import EffectLedgerValidationError, EffectStatus, EffectStoreError, ToolCall
+from agent_ledger.stores.postgres import SCHEMA_SQL, SCHEMA_VERSION, PostgresStore
+from tests.harness import make_ledger
+
+ROOT_SCHEMA = Path(__file__).resolve().parents[2] / "schema.sql"
+
+
+@pytest.fixture
+async def scratch_schema(dsn: str) -> AsyncIterator[str]:
+    name = f"agent_ledger_scratch_{uuid.uuid4().hex[:8]}"
+    yield name
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+def test_root_schema_sql_is_the_packaged_text() -> None:
+    """The repo's schema.sql and SCHEMA_SQL are the same text, so they cannot drift."""
+    assert ROOT_SCHEMA.read_text(encoding="utf-8") == SCHEMA_SQL
+
+
+async def test_schema_sql_applies_twice_verbatim(dsn: str, scratch_schema: str) -> None:
+    """`conn.execute(SCHEMA_SQL)` works as documented, and a second time is a no-op."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(scratch_schema)))
+        await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(scratch_schema)))
+        await conn.execute(SCHEMA_SQL)
+        await conn.execute(SCHEMA_SQL)
+        cursor = await conn.execute("SELECT version FROM agent_ledger_schema_version")
+        assert await cursor.fetchall() == [(SCHEMA_VERSION,)]
+    store = await PostgresStore.connect(dsn, schema=scratch_schema)
+    try:
+        assert await store.check_schema() == SCHEMA_VERSION
+        assert await make_ledger(store).run(ToolCall(workflow_id="w", tool="t"), lambda e: 1) == 1
+    finally:
+        await store.close()
+
+
+async def test_create_schema_is_idempotent_and_concurrent_safe(
+    dsn: str, scratch_schema: str
+) -> None:
+    """Several workers calling create_schema() at start-up all succeed."""
+    import asyncio
+
+    stores = [await PostgresStore.connect(dsn, schema=scratch_schema) for _ in range(3)]
+    try:
+        await asyncio.gather(*(s.create_schema() for s in stores))
+        await stores[0].create_schema()
+        assert await stores[0].check_schema() == SCHEMA_VERSION
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def test_status_check_constraint_mirrors_the_enum(pg, dsn: str, schema: str) -> None:  # type: ignore[no-untyped-def]
+    """The CHECK constraint allows exactly the EffectStatus values."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cursor = await conn.execute(
+            "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c "
+            "JOIN pg_namespace n ON n.oid = c.connamespace "
+            "WHERE n.nspname = %s AND c.conname = 'agent_ledger_effects_status_check'",
+            (schema,),
+        )
+        row = await cursor.fetchone()
+    assert row is not None
+    allowed = set(__import__("re").findall(r"'(\w+)'::text", row[0]))
+    assert allowed == {s.value for s in EffectStatus}
+
+
+async def test_database_rejects_an_unknown_status(pg, dsn: str, schema: str) -> None:  # type: ignore[no-untyped-def]
+    """A hand-written bad status is refused by the database itself."""
+    ledger = make_ledger(pg.store)
+    begun = await ledger.begin(ToolCall(workflow_id="w", tool="t"))
+    with pytest.raises(psycopg.errors.CheckViolation):
+        await pg._sql(
+            sql.SQL("UPDATE {} SET status = 'paused' WHERE id = %s").format(pg._table()),
+            begun.effect.id,
+        )
+
+
+async def test_missing_tables_give_a_clear_store_error(dsn: str, scratch_schema: str) -> None:
+    """Using a schema without the tables says what to apply, with the operation and key."""
+    store = await PostgresStore.connect(dsn, schema=scratch_schema)
+    try:
+        ledger = make_ledger(store)
+        with pytest.raises(EffectStoreError, match=r"apply schema\.sql") as info:
+            await ledger.run(ToolCall(workflow_id="w", tool="t"), lambda e: 1)
+        assert info.value.operation == "begin"
+        assert info.value.idem_key == ledger.idem_key(ToolCall(workflow_id="w", tool="t"))
+        assert isinstance(info.value.__cause__, psycopg.errors.UndefinedTable)
+        with pytest.raises(EffectStoreError, match=r"tables are missing .* apply schema\.sql"):
+            await store.check_schema()
+    finally:
+        await store.close()
+
+
+async def test_hostile_schema_names_are_quoted_not_executed(dsn: str) -> None:
+    """A schema name full of SQL is only ever an identifier."""
+    name = 'x"; DROP TABLE pg_class; --'
+    store = await PostgresStore.connect(dsn, schema=name)
+    try:
+        await store.create_schema()
+        ledger = make_ledger(store)
+        assert await ledger.run(ToolCall(workflow_id="w", tool="t"), lambda e: "safe") == "safe"
+    finally:
+        await store.close()
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.mark.parametrize("name", ["", "x" * 64, None])
+def test_invalid_schema_names_are_rejected(name: object) -> None:
+    """Empty, over-long or non-string schema names fail at construction."""
+    with pytest.raises(EffectLedgerValidationError, match="schema"):
+        PostgresStore(None, schema=name)  # type: ignore[arg-type]
+
+
+async def test_unreachable_server_is_a_store_error() -> None:
+    """connect() to a port nobody listens on raises EffectStoreError naming the step."""
+    with pytest.raises(EffectStoreError) as info:
+        await PostgresStore.connect(
+            "postgresql://postgres@127.0.0.1:1/test", min_size=1, timeout=1.0
+        )
+    assert info.value.operation == "connect"

@@ -1,0 +1,142 @@
+"""Round trips per ledger step, counted on the wire (libpq trace), not assumed.
+
+Every frontend `Query` (simple protocol) or `Execute` (extended protocol)
+message is one statement sent to the server; BEGIN and COMMIT would show up
+as `Query` messages too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from psycopg import AsyncConnection, pq
+from psycopg_pool import AsyncConnectionPool
+
+from agent_ledger import CommitSucceeded, EffectLedger, RunOptions, StaleOptions, ToolCall
+from agent_ledger.stores.postgres import PostgresStore
+from tests.harness import make_ledger
+
+
+#: A frontend (client -> server) message that runs a statement.
+SENT_STATEMENT = re.compile(r"F\t\d+\t(Query|Execute)\t")
+
+
+@dataclass
+class Wire:
+    path: Path
+    fd: int
+    connections: list[AsyncConnection[Any]] = field(default_factory=list)
+    offset: int = 0
+
+    def attach(self, conn: AsyncConnection[Any]) -> None:
+        conn.pgconn.trace(self.fd)
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        self.connections.append(conn)
+
+    def _lines(self) -> list[str]:
+        # libpq buffers its trace; untrace flushes it, then tracing resumes.
+        for conn in self.connections:
+            conn.pgconn.untrace()
+            conn.pgconn.trace(self.fd)
+            conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        return self.path.read_text().splitlines()
+
+    def mark(self) -> None:
+        self.offset = len(self._lines())
+
+    def statements(self) -> list[str]:
+        """Statements sent since the last mark, as their trace lines."""
+        sent = [line for line in self._lines()[self.offset :] if SENT_STATEMENT.match(line)]
+        self.mark()
+        return sent
+
+
+@pytest.fixture(params=[True, False], ids=["autocommit-pool", "transactional-pool"])
+async def traced(
+    request: pytest.FixtureRequest, tmp_path: Path, dsn: str, schema: str, pg: Any
+) -> AsyncIterator[tuple[EffectLedger, Wire]]:
+    """A ledger on a one-connection pool whose every message is traced to a file."""
+    path = tmp_path / "libpq.trace"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    wire = Wire(path, fd)
+
+    async def configure(conn: AsyncConnection[Any]) -> None:
+        wire.attach(conn)
+
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        dsn,
+        min_size=1,
+        max_size=1,
+        kwargs={"autocommit": request.param},
+        configure=configure,
+        open=False,
+    )
+    await pool.open(wait=True)
+    store = PostgresStore(pool, schema=schema)
+    # after_ms=0: no heartbeat timer can add a statement to the count.
+    ledger = make_ledger(store, RunOptions(stale=StaleOptions(after_ms=0)))
+    try:
+        yield ledger, wire
+    finally:
+        await store.close()
+        await pool.close()
+        os.close(fd)
+
+
+CALL = ToolCall(workflow_id="wf", tool="count.me", args={"x": 1})
+
+
+async def count(wire: Wire, step: Callable[[], Any]) -> list[str]:
+    wire.mark()
+    await step()
+    return wire.statements()
+
+
+async def test_fresh_run_is_two_statements_and_replay_one(
+    traced: tuple[EffectLedger, Wire],
+) -> None:
+    """A fresh run() costs begin + commit; a replay costs begin; never a BEGIN/COMMIT."""
+    ledger, wire = traced
+    fresh = await count(wire, lambda: ledger.run(CALL, lambda e: {"ok": 1}))
+    assert len(fresh) == 2, fresh
+    replay = await count(wire, lambda: ledger.run(CALL, lambda e: {"ok": 2}))
+    assert len(replay) == 1, replay
+    for _ in range(6):  # after psycopg starts preparing statements, still the same
+        assert len(await count(wire, lambda: ledger.run(CALL, lambda e: 0))) == 1
+    other = ToolCall(workflow_id="wf", tool="count.me", args={"x": 2})
+    assert len(await count(wire, lambda: ledger.run(other, lambda e: 0))) == 2
+    assert not [line for line in wire._lines() if "BEGIN" in line or "COMMIT" in line]
+
+
+async def test_each_manual_and_admin_step_is_one_statement(
+    traced: tuple[EffectLedger, Wire],
+) -> None:
+    """begin, commit, heartbeat, request_approval, approve, deny, cancel, get, find: one each."""
+    ledger, wire = traced
+    begun = None
+
+    async def begin() -> None:
+        nonlocal begun
+        begun = await ledger.begin(CALL)
+
+    assert len(await count(wire, begin)) == 1
+    assert begun is not None
+    effect = begun.effect
+    assert len(await count(wire, lambda: ledger.heartbeat(effect.id, effect.attempt))) == 1
+    assert len(await count(wire, lambda: ledger.request_approval(effect.idem_key))) == 1
+    assert len(await count(wire, lambda: ledger.approve(effect.idem_key))) == 1
+    assert len(await count(wire, lambda: ledger.cancel(effect.idem_key))) == 1
+    assert len(await count(wire, lambda: ledger.get_effect(effect.id))) == 1
+    assert len(await count(wire, lambda: ledger.find_by_idem_key(effect.idem_key))) == 1
+    second = await ledger.begin(ToolCall(workflow_id="wf", tool="other"))
+    step = lambda: ledger.commit(second.effect.id, CommitSucceeded(result=1), attempt=1)  # noqa: E731
+    assert len(await count(wire, step)) == 1
+    third = await ledger.begin(ToolCall(workflow_id="wf", tool="third"))
+    await ledger.request_approval(third.effect.idem_key)
+    assert len(await count(wire, lambda: ledger.deny(third.effect.idem_key))) == 1

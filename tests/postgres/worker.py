@@ -1,0 +1,91 @@
+"""A worker process for cross-process tests: `python -m tests.postgres.worker MODE ...`.
+
+run:     run one call through the ledger; the handler appends "<pid> <attempt>" to
+         --log (that line is the side effect being counted), sleeps --sleep
+         seconds, and returns {"pid": ...}; prints the outcome as JSON.
+approve/deny: decide the effect with --idem-key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+
+import orjson
+
+from agent_ledger import (
+    ConcurrencyOptions,
+    Effect,
+    EffectLedger,
+    EffectLedgerError,
+    EffectLedgerOptions,
+    LedgerDefaults,
+    RunOptions,
+    StaleOptions,
+    ToolCall,
+)
+from agent_ledger.stores.postgres import PostgresStore
+
+CALL = ToolCall(workflow_id="cross-process", tool="side.effect", args={"n": 1})
+
+
+async def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=["run", "approve", "deny"])
+    parser.add_argument("--dsn", required=True)
+    parser.add_argument("--schema", required=True)
+    parser.add_argument("--log", default="")
+    parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--after-ms", type=int, default=15_000)
+    parser.add_argument("--start-at", type=float, default=0.0)
+    parser.add_argument("--approval", action="store_true")
+    parser.add_argument("--idem-key", default="")
+    args = parser.parse_args(argv)
+
+    store = await PostgresStore.connect(args.dsn, schema=args.schema, min_size=1, max_size=4)
+    ledger = EffectLedger(
+        EffectLedgerOptions(
+            store=store,
+            defaults=LedgerDefaults(
+                run=RunOptions(
+                    stale=StaleOptions(after_ms=args.after_ms),
+                    concurrency=ConcurrencyOptions(
+                        wait_timeout_ms=60_000, initial_interval_ms=20, max_interval_ms=200
+                    ),
+                )
+            ),
+        )
+    )
+    try:
+        if args.mode == "approve":
+            print(orjson.dumps(await ledger.approve(args.idem_key)).decode(), flush=True)
+            return 0
+        if args.mode == "deny":
+            print(orjson.dumps(await ledger.deny(args.idem_key, reason="no")).decode(), flush=True)
+            return 0
+
+        async def handler(effect: Effect) -> dict[str, int]:
+            with open(args.log, "a") as log:
+                log.write(f"{os.getpid()} {effect.attempt}\n")
+            await asyncio.sleep(args.sleep)
+            return {"pid": os.getpid(), "attempt": effect.attempt}
+
+        while time.time() < args.start_at:  # line the processes up for contention
+            await asyncio.sleep(0.001)
+        try:
+            result = await ledger.run(CALL, handler, RunOptions(requires_approval=args.approval))
+            print(orjson.dumps({"result": result}).decode(), flush=True)
+        except EffectLedgerError as exc:
+            print(
+                orjson.dumps({"error": type(exc).__name__, "text": str(exc)}).decode(), flush=True
+            )
+        return 0
+    finally:
+        await store.close()
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(sys.argv[1:])))
