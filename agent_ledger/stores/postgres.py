@@ -144,18 +144,18 @@ class PostgresStore:
         schema: str = "public",
         min_size: int = 1,
         max_size: int = 10,
-        timeout: float = 30.0,
+        connect_timeout: float = 30.0,
     ) -> PostgresStore:
         """Open a pool of autocommit connections that the store owns and closes.
 
         Raises ``EffectStoreError`` if ``min_size`` connections cannot be made
-        within ``timeout`` seconds.
+        within ``connect_timeout`` seconds.
         """
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             conninfo, min_size=min_size, max_size=max_size, kwargs={"autocommit": True}, open=False
         )
         try:
-            await pool.open(wait=True, timeout=timeout)
+            await pool.open(wait=True, timeout=connect_timeout)
         except Exception as exc:
             await pool.close()
             raise EffectStoreError(f"{type(exc).__name__}: {exc}", operation="connect") from exc

@@ -130,6 +130,6 @@ async def test_unreachable_server_is_a_store_error() -> None:
     """connect() to a port nobody listens on raises EffectStoreError naming the step."""
     with pytest.raises(EffectStoreError) as info:
         await PostgresStore.connect(
-            "postgresql://postgres@127.0.0.1:1/test", min_size=1, timeout=1.0
+            "postgresql://postgres@127.0.0.1:1/test", min_size=1, connect_timeout=1.0
         )
     assert info.value.operation == "connect"

@@ -22,7 +22,6 @@ from agent_ledger import CommitSucceeded, EffectLedger, RunOptions, StaleOptions
 from agent_ledger.stores.postgres import PostgresStore
 from tests.harness import make_ledger
 
-
 #: A frontend (client -> server) message that runs a statement.
 SENT_STATEMENT = re.compile(r"F\t\d+\t(Query|Execute)\t")
 

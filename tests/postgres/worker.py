@@ -68,13 +68,17 @@ async def main(argv: list[str]) -> int:
             return 0
 
         async def handler(effect: Effect) -> dict[str, int]:
-            with open(args.log, "a") as log:
-                log.write(f"{os.getpid()} {effect.attempt}\n")
+            # One O_APPEND write per execution: the side effect the tests count.
+            fd = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            try:
+                os.write(fd, f"{os.getpid()} {effect.attempt}\n".encode())
+            finally:
+                os.close(fd)
             await asyncio.sleep(args.sleep)
             return {"pid": os.getpid(), "attempt": effect.attempt}
 
-        while time.time() < args.start_at:  # line the processes up for contention
-            await asyncio.sleep(0.001)
+        # Line the processes up so they really contend.
+        await asyncio.sleep(max(0.0, args.start_at - time.time()))
         try:
             result = await ledger.run(CALL, handler, RunOptions(requires_approval=args.approval))
             print(orjson.dumps({"result": result}).decode(), flush=True)
