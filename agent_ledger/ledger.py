@@ -397,6 +397,8 @@ class EffectLedger:
                 effect = current
                 if effect.status.is_terminal:
                     return _Acquired(effect, owned=False)
+                if effect.status is _READY:
+                    continue  # approved since we last looked: claim it now, not after a sleep
                 approval_phase = effect.status is _REQUIRES_APPROVAL
                 now = loop.time()
                 if approval_phase is not waiting_for_approval:

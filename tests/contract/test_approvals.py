@@ -191,3 +191,20 @@ async def test_request_approval_on_a_manual_effect_fires_the_ledger_hook(
     assert await ledger.request_approval(begun.effect.idem_key)
     assert not await ledger.request_approval(begun.effect.idem_key)
     assert notified == [begun.effect.idem_key]
+
+
+async def test_approval_wakes_a_slow_polling_waiter_at_once(harness: StoreHarness) -> None:
+    """A waiter polling every 30 s runs the handler right after approve(), not 30 s later."""
+    ledger = harness.ledger()
+    slow = RunOptions(
+        requires_approval=True,
+        concurrency=ConcurrencyOptions(
+            initial_interval_ms=30_000, max_interval_ms=30_000, jitter_factor=0
+        ),
+    )
+    task = asyncio.create_task(ledger.run(DEPLOY, lambda e: "deployed", slow))
+    key = ledger.idem_key(DEPLOY)
+    await wait_for_status(harness, key, EffectStatus.REQUIRES_APPROVAL)
+    await asyncio.sleep(0.05)
+    assert await ledger.approve(key)
+    assert await asyncio.wait_for(task, 2) == "deployed"
