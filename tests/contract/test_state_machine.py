@@ -20,7 +20,13 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from agent_ledger import EffectError, EffectStatus, ToolCall
 from agent_ledger.ledger import EffectLedger
 from agent_ledger.stores.base import NewEffect
-from tests.harness import STORE_KINDS, StoreHarness, make_ledger, open_harness
+from tests.harness import (
+    STORE_KINDS,
+    StoreHarness,
+    make_ledger,
+    open_harness,
+    require_postgres,
+)
 
 S = EffectStatus
 KEYS = range(2)
@@ -65,9 +71,13 @@ class LedgerMachine(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.stack = AsyncExitStack()
-        self.harness: StoreHarness = self.run(
-            self.stack.enter_async_context(open_harness(self.kind))
-        )
+        try:
+            self.harness: StoreHarness = self.run(
+                self.stack.enter_async_context(open_harness(self.kind))
+            )
+        except BaseException:
+            self.loop.close()  # teardown() will not run for a machine that never started
+            raise
         self.ledger = make_ledger(self.harness.store)
         self.model = Model()
         self.news = {k: new_effect(self.ledger, k) for k in KEYS}
@@ -200,6 +210,8 @@ class LedgerMachine(RuleBasedStateMachine):
 @pytest.mark.parametrize("kind", STORE_KINDS)
 def test_store_follows_the_model(kind: str) -> None:
     """Random operation sequences never diverge from the model, on each store."""
+    if kind == "postgres":
+        require_postgres()
     machine = type(f"LedgerMachine_{kind}", (LedgerMachine,), {"kind": kind})
     machine.TestCase.settings = settings(max_examples=200, stateful_step_count=30, deadline=None)  # type: ignore[attr-defined]
     machine.TestCase().runTest()  # type: ignore[attr-defined]

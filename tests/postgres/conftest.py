@@ -37,4 +37,6 @@ async def schema() -> str:
 
 @pytest.fixture
 def dsn() -> str:
+    """The test DSN, once a server is known to answer there (else skip or fail)."""
+    require_postgres()
     return DSN

@@ -22,7 +22,9 @@ from tests.harness import make_ledger
 
 CALL = ToolCall(workflow_id="wf", tool="notify.me", args={})
 SLOW_POLL = RunOptions(
-    concurrency=ConcurrencyOptions(initial_interval_ms=30_000, max_interval_ms=30_000, jitter_factor=0),
+    concurrency=ConcurrencyOptions(
+        initial_interval_ms=30_000, max_interval_ms=30_000, jitter_factor=0
+    ),
     stale=StaleOptions(after_ms=0),
 )
 
@@ -75,12 +77,16 @@ async def test_notification_from_a_transaction_arrives_at_commit(pg: Any, dsn: s
     assert time.monotonic() - started < 2.0
 
 
-async def test_users_own_connection_as_tx_rolls_back_with_app_writes(pg: Any, dsn: str, schema: str) -> None:
+async def test_users_own_connection_as_tx_rolls_back_with_app_writes(
+    pg: Any, dsn: str, schema: str
+) -> None:
     """With the caller's psycopg connection as tx, the effect and the app's rows share a fate."""
     ledger = make_ledger(pg.store)
     orders = sql.Identifier(schema, "app_orders")
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
-        await admin.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (id text PRIMARY KEY)").format(orders))
+        await admin.execute(
+            sql.SQL("CREATE TABLE IF NOT EXISTS {} (id text PRIMARY KEY)").format(orders)
+        )
         await admin.execute(sql.SQL("TRUNCATE {}").format(orders))
 
     async with await psycopg.AsyncConnection.connect(dsn) as conn:

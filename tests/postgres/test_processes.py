@@ -23,7 +23,17 @@ REPO = Path(__file__).resolve().parents[2]
 
 def spawn(dsn: str, schema: str, mode: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.postgres.worker", mode, "--dsn", dsn, "--schema", schema, *args],
+        [
+            sys.executable,
+            "-m",
+            "tests.postgres.worker",
+            mode,
+            "--dsn",
+            dsn,
+            "--schema",
+            schema,
+            *args,
+        ],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -43,7 +53,9 @@ def executions(log: Path) -> list[tuple[int, int]]:
     return [(int(p), int(a)) for p, a in (line.split() for line in log.read_text().splitlines())]
 
 
-async def test_processes_racing_on_one_call_execute_once(pg: Any, dsn: str, schema: str, tmp_path: Path) -> None:
+async def test_processes_racing_on_one_call_execute_once(
+    pg: Any, dsn: str, schema: str, tmp_path: Path
+) -> None:
     """Six processes start the same call at the same instant: one handler run, one result."""
     log = tmp_path / "executions.log"
     start_at = str(time.time() + 3.0)
@@ -55,7 +67,9 @@ async def test_processes_racing_on_one_call_execute_once(pg: Any, dsn: str, sche
     assert len(executions(log)) == 1
     assert {orjson.dumps(o).decode() for o in outcomes} == {orjson.dumps(outcomes[0]).decode()}
     effect = await make_ledger(pg.store).find_by_idem_key(make_ledger(pg.store).idem_key(CALL))
-    assert effect is not None and effect.dedup_count == 5 and effect.status is EffectStatus.SUCCEEDED
+    assert (
+        effect is not None and effect.dedup_count == 5 and effect.status is EffectStatus.SUCCEEDED
+    )
 
 
 async def test_killed_worker_is_taken_over_by_another_process(

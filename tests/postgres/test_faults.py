@@ -1,0 +1,81 @@
+"""Broken connections: a clear error or a transparent retry, never a lost or doubled effect."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from agent_ledger import Effect, EffectStatus, ToolCall
+from tests.harness import make_ledger
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def kill_other_backends(dsn: str) -> int:
+    """Terminate every client backend of this database except the caller's."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cursor = await conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND backend_type = 'client backend'"
+        )
+        row = await cursor.fetchone()
+        return int(row[0]) if row else 0
+
+
+async def test_connection_killed_during_the_handler_still_records_once(pg: Any, dsn: str) -> None:
+    """The pool's connections die while the handler runs; the commit is retried and lands."""
+    ledger = make_ledger(pg.store)
+    call = ToolCall(workflow_id="wf", tool="charge", args={"n": 1})
+    executions = 0
+
+    async def charge(effect: Effect) -> str:
+        nonlocal executions
+        executions += 1
+        assert await kill_other_backends(dsn) >= 1
+        return "ch_1"
+
+    assert await ledger.run(call, charge) == "ch_1"
+    effect = await ledger.find_by_idem_key(ledger.idem_key(call))
+    assert effect is not None and (effect.status, effect.result) == (EffectStatus.SUCCEEDED, "ch_1")
+    assert await ledger.run(call, charge) == "ch_1"
+    assert executions == 1
+
+
+def run_pytest(env_overrides: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    import os
+
+    env = {**os.environ, **env_overrides}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "tests/postgres/test_schema.py", "-k", "applies_twice"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_without_a_server_postgres_tests_skip_with_a_reason() -> None:
+    """An unreachable DSN skips the Postgres tests with a one-line reason."""
+    done = run_pytest(
+        {
+            "AGENT_LEDGER_TEST_DSN": "postgresql://postgres@127.0.0.1:1/test",
+            "AGENT_LEDGER_REQUIRE_POSTGRES": "0",
+        }
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 skipped" in done.stdout and "PostgreSQL not reachable" in done.stdout
+
+
+def test_require_flag_turns_the_skip_into_a_failure() -> None:
+    """With AGENT_LEDGER_REQUIRE_POSTGRES=1 the same run fails loudly."""
+    done = run_pytest(
+        {
+            "AGENT_LEDGER_TEST_DSN": "postgresql://postgres@127.0.0.1:1/test",
+            "AGENT_LEDGER_REQUIRE_POSTGRES": "1",
+        }
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "AGENT_LEDGER_REQUIRE_POSTGRES=1 but PostgreSQL not reachable" in done.stdout
