@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from agent_ledger.effects import Effect, EffectError
-from agent_ledger.status import EffectStatus
+from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.status import EffectStatus, can_transition
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,3 +165,13 @@ class Store(Protocol):
     async def close(self) -> None:
         """Release what the store itself opened (not what the user passed in)."""
         ...
+
+
+def check_completion_status(status: EffectStatus) -> None:
+    """Raise unless ``status`` is one ``Store.complete`` may set (terminal, from processing)."""
+    if not (status.is_terminal and can_transition(EffectStatus.PROCESSING, status)):
+        raise EffectLedgerValidationError(
+            f"complete() finishes an effect; {status.value!r} is not a terminal status "
+            "reachable from processing",
+            field="status",
+        )

@@ -20,8 +20,14 @@ import orjson
 from agent_ledger.clock import Clock, utc_now
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerValidationError
-from agent_ledger.status import EffectStatus, can_transition, sources_of
-from agent_ledger.stores.base import BeginOutcome, ClaimOutcome, NewEffect
+from agent_ledger.status import EffectStatus, sources_of
+from agent_ledger.stores._subscriptions import Subscribers, Subscription
+from agent_ledger.stores.base import (
+    BeginOutcome,
+    ClaimOutcome,
+    NewEffect,
+    check_completion_status,
+)
 
 __all__ = ["MemoryStore", "MemoryTransaction"]
 
@@ -111,26 +117,6 @@ class MemoryTransaction:
                 ids[before.id] = idem_key
 
 
-class _MemorySubscription:
-    __slots__ = ("_event",)
-
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
-
-    def notify(self) -> None:
-        self._event.set()
-
-    async def wait(self, timeout_s: float) -> bool:
-        if not self._event.is_set():
-            try:
-                async with asyncio.timeout(max(timeout_s, 0.0)):
-                    await self._event.wait()
-            except TimeoutError:
-                return False
-        self._event.clear()
-        return True
-
-
 class MemoryStore:
     """Effects in a dict, with the same observable behaviour as the SQL stores.
 
@@ -144,7 +130,7 @@ class MemoryStore:
         self._clock = clock
         self._rows: dict[str, _Row] = {}
         self._ids: dict[str, str] = {}  # effect id -> idem key
-        self._subscribers: dict[str, set[_MemorySubscription]] = {}
+        self._subscribers = Subscribers()
         self._tx_lock = asyncio.Lock()
         self._active_tx: MemoryTransaction | None = None
 
@@ -191,8 +177,7 @@ class MemoryStore:
             tx._touched.add(row.idem_key)
 
     def _notify(self, idem_key: str) -> None:
-        for subscription in self._subscribers.get(idem_key, ()):
-            subscription.notify()
+        self._subscribers.wake(idem_key)
 
     # -- ledger steps ----------------------------------------------------
 
@@ -250,12 +235,7 @@ class MemoryStore:
         error: EffectError | None,
         tx: object | None = None,
     ) -> bool:
-        if not (status.is_terminal and can_transition(_PROCESSING, status)):
-            raise EffectLedgerValidationError(
-                f"complete() finishes an effect; {status.value!r} is not a terminal status "
-                "reachable from processing",
-                field="status",
-            )
+        check_completion_status(status)
         mtx = await self._enter(tx)
         row = self._row_by_id(effect_id)
         if row is None or row.status is not _PROCESSING:
@@ -313,16 +293,9 @@ class MemoryStore:
     # -- notifications ---------------------------------------------------
 
     @asynccontextmanager
-    async def subscribe(self, idem_key: str) -> AsyncIterator[_MemorySubscription]:
-        subscription = _MemorySubscription()
-        self._subscribers.setdefault(idem_key, set()).add(subscription)
-        try:
+    async def subscribe(self, idem_key: str) -> AsyncIterator[Subscription]:
+        with self._subscribers.subscription(idem_key) as subscription:
             yield subscription
-        finally:
-            subscribers = self._subscribers[idem_key]
-            subscribers.discard(subscription)
-            if not subscribers:
-                del self._subscribers[idem_key]
 
     async def close(self) -> None:
         """Nothing to release; present to satisfy the Store protocol."""

@@ -29,9 +29,15 @@ from psycopg_pool import AsyncConnectionPool
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
 from agent_ledger.observability import logger
-from agent_ledger.status import EffectStatus, can_transition, sources_of
+from agent_ledger.status import EffectStatus, sources_of
 from agent_ledger.stores import _postgres_queries as q
-from agent_ledger.stores.base import BeginOutcome, ClaimOutcome, NewEffect
+from agent_ledger.stores._subscriptions import Subscribers, Subscription
+from agent_ledger.stores.base import (
+    BeginOutcome,
+    ClaimOutcome,
+    NewEffect,
+    check_completion_status,
+)
 
 __all__ = ["SCHEMA_SQL", "SCHEMA_VERSION", "PostgresStore"]
 
@@ -240,12 +246,7 @@ class PostgresStore:
         error: EffectError | None,
         tx: object | None = None,
     ) -> bool:
-        if not (status.is_terminal and can_transition(EffectStatus.PROCESSING, status)):
-            raise EffectLedgerValidationError(
-                f"complete() finishes an effect; {status.value!r} is not a terminal status "
-                "reachable from processing",
-                field="status",
-            )
+        check_completion_status(status)
         if not _is_uuid(effect_id):
             return False
         params = {
@@ -301,14 +302,10 @@ class PostgresStore:
                 yield conn
 
     @asynccontextmanager
-    async def subscribe(self, idem_key: str) -> AsyncIterator[_Subscription]:
-        subscription = _Subscription()
-        self._listener.add(idem_key, subscription)
-        try:
+    async def subscribe(self, idem_key: str) -> AsyncIterator[Subscription]:
+        with self._listener.subscribers.subscription(idem_key) as subscription:
             await self._listener.ensure_listening()
             yield subscription
-        finally:
-            self._listener.remove(idem_key, subscription)
 
     async def close(self) -> None:
         """Stop the notification listener; close the pool if the store opened it."""
@@ -394,26 +391,6 @@ class PostgresStore:
                 return cursor.rowcount == 1
 
 
-class _Subscription:
-    __slots__ = ("_event",)
-
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
-
-    def notify(self) -> None:
-        self._event.set()
-
-    async def wait(self, timeout_s: float) -> bool:
-        if not self._event.is_set():
-            try:
-                async with asyncio.timeout(max(timeout_s, 0.0)):
-                    await self._event.wait()
-            except TimeoutError:
-                return False
-        self._event.clear()
-        return True
-
-
 class _Listener:
     """One ``LISTEN agent_ledger`` connection per store, shared by all its waiters.
 
@@ -429,19 +406,9 @@ class _Listener:
     def __init__(self, pool: AsyncConnectionPool[Any], schema: str) -> None:
         self._pool = pool
         self._schema = schema
-        self._subscribers: dict[str, set[_Subscription]] = {}
+        self.subscribers = Subscribers()
         self._task: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()
-
-    def add(self, idem_key: str, subscription: _Subscription) -> None:
-        self._subscribers.setdefault(idem_key, set()).add(subscription)
-
-    def remove(self, idem_key: str, subscription: _Subscription) -> None:
-        subscribers = self._subscribers.get(idem_key)
-        if subscribers is not None:
-            subscribers.discard(subscription)
-            if not subscribers:
-                del self._subscribers[idem_key]
 
     async def ensure_listening(self) -> None:
         if self._task is not None and not self._task.done():
@@ -461,15 +428,6 @@ class _Listener:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._listening.clear()
-
-    def _wake(self, idem_key: str) -> None:
-        for subscription in self._subscribers.get(idem_key, ()):
-            subscription.notify()
-
-    def _wake_all(self) -> None:
-        for subscribers in self._subscribers.values():
-            for subscription in subscribers:
-                subscription.notify()
 
     async def _connection_settings(self) -> tuple[str, dict[str, Any]]:
         """The pool's conninfo and kwargs, which psycopg_pool also allows as (async) callables."""
@@ -496,15 +454,15 @@ class _Listener:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL)))
                     self._listening.set()
                     backoff_s = 0.05
-                    self._wake_all()
+                    self.subscribers.wake_all()
                     async for notice in conn.notifies():
                         if notice.payload.startswith(prefix):
-                            self._wake(notice.payload[len(prefix) :])
+                            self.subscribers.wake(notice.payload[len(prefix) :])
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self._listening.clear()
-                self._wake_all()  # let waiters poll while we are deaf
+                self.subscribers.wake_all()  # let waiters poll while we are deaf
                 logger.warning(
                     "notification listener lost its connection (%s); reconnecting in %.2f s",
                     exc,
