@@ -84,6 +84,12 @@ class Effect:
     completed_at: datetime | None
     #: Last sign of life from the worker holding the current attempt.
     heartbeat_at: datetime
+    #: Who approved, denied or canceled the effect (as given to the ledger), if anyone.
+    decided_by: str | None = None
+    #: The approver's note (a denial's or cancellation's reason is ``error.message``).
+    decision_note: str | None = None
+    #: When that decision was recorded.
+    decided_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,10 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Final, TypeVar, overload
 
+from agent_ledger.audit import EffectPage, build_query, encode_cursor
 from agent_ledger.calls import ToolCall
 from agent_ledger.effects import (
     BeginResult,
@@ -24,6 +26,7 @@ from agent_ledger.effects import (
     CommitSucceeded,
     Effect,
     EffectError,
+    storable_text,
 )
 from agent_ledger.errors import (
     EffectDeniedError,
@@ -43,8 +46,8 @@ from agent_ledger.options import (
     merge_run_options,
     resolve,
 )
-from agent_ledger.status import EffectStatus
-from agent_ledger.stores.base import NewEffect, Store
+from agent_ledger.status import TERMINAL, EffectStatus
+from agent_ledger.stores.base import Decision, LedgerStats, NewEffect, Store
 
 __all__ = ["EffectLedger"]
 
@@ -268,31 +271,91 @@ class EffectLedger:
 
     async def request_approval(self, idem_key: str) -> bool:
         """Move a ``processing`` effect to ``requires_approval``; True if it moved."""
-        moved = await self._transition(idem_key, _REQUIRES_APPROVAL, None)
+        moved = await self._transition(idem_key, _REQUIRES_APPROVAL, None, None)
         if moved is not None:
             await self._notify_approval_required(moved, self._hooks)
         return moved is not None
 
-    async def approve(self, idem_key: str) -> bool:
+    async def approve(self, idem_key: str, by: str | None = None, note: str | None = None) -> bool:
         """Approve a pending effect (``requires_approval`` -> ``ready``); True if it moved.
 
-        A waiting ``run()`` then claims it and runs the handler.
+        ``by`` and ``note`` are kept on the receipt. A waiting ``run()`` then
+        claims the effect and runs the handler.
         """
-        return await self._transition(idem_key, _READY, None) is not None
+        decision = _decision(by, note)
+        return await self._transition(idem_key, _READY, None, decision) is not None
 
-    async def deny(self, idem_key: str, reason: str | None = None) -> bool:
+    async def deny(self, idem_key: str, reason: str | None = None, by: str | None = None) -> bool:
         """Deny a pending effect (-> ``denied``, terminal); True if it moved."""
         error = EffectError(message=_reason(reason, "denied"), code="denied")
-        return await self._transition(idem_key, EffectStatus.DENIED, error) is not None
+        decision = _decision(by, None)
+        return await self._transition(idem_key, EffectStatus.DENIED, error, decision) is not None
 
-    async def cancel(self, idem_key: str, reason: str | None = None) -> bool:
+    async def cancel(self, idem_key: str, reason: str | None = None, by: str | None = None) -> bool:
         """Cancel a non-terminal effect (-> ``canceled``, terminal); True if it moved.
 
         A handler already running is not interrupted, but its commit will be
         rejected and callers get ``EffectDeniedError``.
         """
         error = EffectError(message=_reason(reason, "canceled"), code="canceled")
-        return await self._transition(idem_key, EffectStatus.CANCELED, error) is not None
+        decision = _decision(by, None)
+        return await self._transition(idem_key, EffectStatus.CANCELED, error, decision) is not None
+
+    # -- audit -------------------------------------------------------------------
+
+    async def list_effects(
+        self,
+        workflow_id: str | None = None,
+        tool: str | None = None,
+        status: EffectStatus | str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> EffectPage:
+        """Effects matching every given filter, newest first, a page at a time.
+
+        Pass the returned ``next_cursor`` back as ``cursor`` for the next
+        page; pagination is by position (``created_at``, ``id``), so effects
+        created meanwhile never shift or repeat a page. ``since`` is
+        inclusive and ``until`` exclusive, on ``created_at``.
+        """
+        query = build_query(
+            workflow_id=workflow_id,
+            tool=tool,
+            status=status,
+            since=since,
+            until=until,
+            limit=limit,
+            cursor=cursor,
+        )
+        effects = await self._store.list_effects(query)
+        last = effects[-1] if len(effects) == query.limit else None
+        return EffectPage(effects, encode_cursor(last) if last is not None else None)
+
+    async def pending_approvals(self, limit: int = 100) -> list[Effect]:
+        """Effects waiting for a human, newest first."""
+        page = await self.list_effects(status=EffectStatus.REQUIRES_APPROVAL, limit=limit)
+        return page.effects
+
+    async def stats(self) -> LedgerStats:
+        """Counts by status and by tool, and how many calls were duplicates."""
+        return await self._store.stats()
+
+    async def purge(
+        self, older_than: timedelta, statuses: frozenset[EffectStatus] = TERMINAL
+    ) -> int:
+        """Delete terminal effects completed at least ``older_than`` ago; return how many.
+
+        Never removes an effect that could still change: asking for a
+        non-terminal status raises ``EffectLedgerValidationError``.
+        """
+        if not isinstance(older_than, timedelta) or older_than < timedelta(0):
+            raise EffectLedgerValidationError(
+                f"older_than must be a non-negative timedelta, got {older_than!r}",
+                field="older_than",
+            )
+        return await self._store.purge(older_than=older_than, statuses=frozenset(statuses))
 
     async def get_effect(self, effect_id: str) -> Effect | None:
         """The effect with this id, or None."""
@@ -543,10 +606,16 @@ class EffectLedger:
             )
 
     async def _transition(
-        self, idem_key: str, target: EffectStatus, error: EffectError | None
+        self,
+        idem_key: str,
+        target: EffectStatus,
+        error: EffectError | None,
+        decision: Decision | None,
     ) -> Effect | None:
         _require_str(idem_key, "idem_key")
-        moved = await self._store.transition(idem_key, target=target, error=error)
+        moved = await self._store.transition(
+            idem_key, target=target, error=error, decision=decision
+        )
         if moved is not None:
             _log_info(f"effect moved to {target.value}", moved)
         return moved
@@ -628,6 +697,17 @@ def _error_code(exc: BaseException) -> str:
     if code is None or isinstance(code, bool):
         return type(exc).__name__
     return code if isinstance(code, str) else str(code)
+
+
+def _decision(by: str | None, note: str | None) -> Decision:
+    for value, name in ((by, "by"), (note, "note")):
+        if value is not None and not isinstance(value, str):
+            raise EffectLedgerValidationError(
+                f"{name} must be a string or None, got {type(value).__name__}", field=name
+            )
+    return Decision(
+        by=storable_text(by) if by else None, note=storable_text(note) if note else None
+    )
 
 
 def _reason(reason: str | None, what: str) -> str:

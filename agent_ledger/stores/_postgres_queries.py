@@ -16,12 +16,13 @@ EFFECT_COLUMNS: Final = (
     "id::text AS id, idem_key, workflow_id, call_id, tool, status, args_canonical, "
     "resource_id_canonical, result::text AS result, error->>'message' AS error_message, "
     "error->>'code' AS error_code, dedup_count, attempt, created_at, updated_at, "
-    "completed_at, heartbeat_at"
+    "completed_at, heartbeat_at, decided_by, decision_note, decided_at"
 )
 _CTE_COLUMNS: Final = (
     "c.id, c.idem_key, c.workflow_id, c.call_id, c.tool, c.status, c.args_canonical, "
     "c.resource_id_canonical, c.result, c.error_message, c.error_code, c.dedup_count, "
-    "c.attempt, c.created_at, c.updated_at, c.completed_at, c.heartbeat_at"
+    "c.attempt, c.created_at, c.updated_at, c.completed_at, c.heartbeat_at, c.decided_by, "
+    "c.decision_note, c.decided_at"
 )
 
 # -- begin --
@@ -79,11 +80,14 @@ COMPLETE: Final[LiteralString] = (
 
 # -- transition --
 # Compare-and-set by key from any allowed source status (request_approval,
-# approve, deny, cancel). The error (a decision's reason) is kept when given;
-# completed_at is set when the target is terminal.
+# approve, deny, cancel). The error (a decision's reason) is kept when given,
+# and so is who decided; completed_at is set when the target is terminal.
 TRANSITION: Final[LiteralString] = (
     "UPDATE {effects} SET status = %(target)s, updated_at = clock_timestamp(),"
     " error = coalesce(%(error)s::jsonb, error),"
+    " decided_by = CASE WHEN %(decided)s THEN %(decided_by)s ELSE decided_by END,"
+    " decision_note = CASE WHEN %(decided)s THEN %(decision_note)s ELSE decision_note END,"
+    " decided_at = CASE WHEN %(decided)s THEN clock_timestamp() ELSE decided_at END,"
     " completed_at = CASE WHEN %(terminal)s THEN clock_timestamp() ELSE completed_at END "
     "WHERE idem_key = %(idem_key)s AND status = ANY(%(sources)s) "
     "RETURNING " + EFFECT_COLUMNS
@@ -93,6 +97,36 @@ TRANSITION: Final[LiteralString] = (
 GET: Final[LiteralString] = "SELECT " + EFFECT_COLUMNS + " FROM {effects} WHERE id = %(id)s"
 FIND: Final[LiteralString] = (
     "SELECT " + EFFECT_COLUMNS + " FROM {effects} WHERE idem_key = %(idem_key)s"
+)
+
+# -- list_effects --
+# The audit trail, newest first. Only the filters the caller gave are joined
+# into the WHERE clause (fragments below, never caller text), so each
+# combination can use its index; `before` is the keyset position.
+LIST: Final[LiteralString] = "SELECT " + EFFECT_COLUMNS + " FROM {effects}"
+LIST_FILTERS: Final[dict[str, LiteralString]] = {
+    "workflow_id": "workflow_id = %(workflow_id)s",
+    "tool": "tool = %(tool)s",
+    "status": "status = %(status)s",
+    "since": "created_at >= %(since)s",
+    "until": "created_at < %(until)s",
+    "before": "(created_at, id) < (%(before_at)s, %(before_id)s::uuid)",
+}
+LIST_ORDER: Final[LiteralString] = " ORDER BY created_at DESC, id DESC LIMIT %(limit)s"
+
+# -- stats --
+# One pass over the table: counts and duplicates per (status, tool).
+STATS: Final[LiteralString] = (
+    "SELECT status, tool, count(*), coalesce(sum(dedup_count), 0) FROM {effects} "
+    "GROUP BY status, tool"
+)
+
+# -- purge --
+# Retention: terminal effects (the caller passes only terminal statuses)
+# completed at least older_ms ago by the database clock.
+PURGE: Final[LiteralString] = (
+    "DELETE FROM {effects} WHERE status = ANY(%(statuses)s)"
+    " AND completed_at <= clock_timestamp() - %(older_ms)s * interval '1 millisecond'"
 )
 
 # -- schema --

@@ -14,8 +14,10 @@ clock (the database's for SQL stores), never the calling worker's.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
 from agent_ledger.effects import Effect, EffectError
@@ -49,6 +51,45 @@ class ClaimOutcome:
 
     effect: Effect | None
     claimed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A person's decision on an effect: recorded with approve, deny and cancel."""
+
+    by: str | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EffectQuery:
+    """Filters and a keyset position for listing effects, newest first.
+
+    Effects are ordered by ``(created_at, id)`` descending; ``before`` is the
+    ``(created_at, id)`` of the last effect of the previous page, so pages
+    stay stable while new effects arrive. ``since`` is inclusive, ``until``
+    exclusive, both on ``created_at``.
+    """
+
+    workflow_id: str | None = None
+    tool: str | None = None
+    status: EffectStatus | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    limit: int = 100
+    before: tuple[datetime, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerStats:
+    """Counts over every stored effect."""
+
+    total: int
+    #: Every status, including those with no effects (0).
+    by_status: Mapping[EffectStatus, int]
+    by_tool: Mapping[str, int]
+    #: Calls that were answered from an existing effect (sum of ``dedup_count``).
+    duplicates: int
 
 
 class Subscription(Protocol):
@@ -129,16 +170,18 @@ class Store(Protocol):
         *,
         target: EffectStatus,
         error: EffectError | None = None,
+        decision: Decision | None = None,
         tx: object | None = None,
     ) -> Effect | None:
         """Compare-and-set the effect to ``target`` from any status allowed by
         ``agent_ledger.status.sources_of(target)``.
 
         Used for request_approval, approve, deny and cancel. ``error``
-        records the reason for ``denied``/``canceled``; ``completed_at`` is
-        set when ``target`` is terminal. Returns the updated effect, or None
-        if the key is unknown or its status does not allow the move. Wakes
-        subscribers.
+        records the reason for ``denied``/``canceled``; ``decision``, when
+        given, is recorded as ``decided_by``/``decision_note`` with
+        ``decided_at=now``; ``completed_at`` is set when ``target`` is
+        terminal. Returns the updated effect, or None if the key is unknown
+        or its status does not allow the move. Wakes subscribers.
         """
         ...
 
@@ -148,6 +191,20 @@ class Store(Protocol):
 
     async def find(self, idem_key: str, *, tx: object | None = None) -> Effect | None:
         """The effect with this idempotency key, or None."""
+        ...
+
+    async def list_effects(self, query: EffectQuery) -> list[Effect]:
+        """Up to ``query.limit`` effects matching every given filter, newest first."""
+        ...
+
+    async def stats(self) -> LedgerStats:
+        """Counts by status and tool, and the total of duplicates."""
+        ...
+
+    async def purge(self, *, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:
+        """Delete effects in ``statuses`` (terminal ones only) completed at least
+        ``older_than`` ago by the store's clock, atomically; return how many.
+        """
         ...
 
     def subscribe(self, idem_key: str) -> AbstractAsyncContextManager[Subscription]:
@@ -174,4 +231,15 @@ def check_completion_status(status: EffectStatus) -> None:
             f"complete() finishes an effect; {status.value!r} is not a terminal status "
             "reachable from processing",
             field="status",
+        )
+
+
+def check_purge_statuses(statuses: frozenset[EffectStatus]) -> None:
+    """Raise unless ``statuses`` is a non-empty set of terminal statuses (purge never
+    removes an effect that could still change)."""
+    live = sorted(s.value for s in statuses if not s.is_terminal)
+    if not statuses or live:
+        raise EffectLedgerValidationError(
+            f"purge removes terminal effects only; not allowed: {live or 'an empty set'}",
+            field="statuses",
         )

@@ -25,8 +25,12 @@ from agent_ledger.stores._subscriptions import Subscribers, Subscription
 from agent_ledger.stores.base import (
     BeginOutcome,
     ClaimOutcome,
+    Decision,
+    EffectQuery,
+    LedgerStats,
     NewEffect,
     check_completion_status,
+    check_purge_statuses,
 )
 
 __all__ = ["MemoryStore", "MemoryTransaction"]
@@ -43,6 +47,9 @@ class _Row:
         "call_id",
         "completed_at",
         "created_at",
+        "decided_at",
+        "decided_by",
+        "decision_note",
         "dedup_count",
         "error",
         "heartbeat_at",
@@ -65,6 +72,9 @@ class _Row:
         self.attempt = 1
         self.created_at = self.updated_at = self.heartbeat_at = now
         self.completed_at: datetime | None = None
+        self.decided_by: str | None = None
+        self.decision_note: str | None = None
+        self.decided_at: datetime | None = None
 
     def snapshot(self) -> Effect:
         # Decoding on every read hands each caller its own result object, as
@@ -87,7 +97,22 @@ class _Row:
             updated_at=self.updated_at,
             completed_at=self.completed_at,
             heartbeat_at=self.heartbeat_at,
+            decided_by=self.decided_by,
+            decision_note=self.decision_note,
+            decided_at=self.decided_at,
         )
+
+
+def _matches(row: _Row, query: EffectQuery) -> bool:
+    new = row.new
+    return (
+        (query.workflow_id is None or new.workflow_id == query.workflow_id)
+        and (query.tool is None or new.tool == query.tool)
+        and (query.status is None or row.status is query.status)
+        and (query.since is None or row.created_at >= query.since)
+        and (query.until is None or row.created_at < query.until)
+        and (query.before is None or (row.created_at, row.id) < query.before)
+    )
 
 
 class MemoryTransaction:
@@ -258,6 +283,7 @@ class MemoryStore:
         *,
         target: EffectStatus,
         error: EffectError | None = None,
+        decision: Decision | None = None,
         tx: object | None = None,
     ) -> Effect | None:
         mtx = await self._enter(tx)
@@ -271,6 +297,8 @@ class MemoryStore:
         row.updated_at = now
         if error is not None:
             row.error = error
+        if decision is not None:
+            row.decided_by, row.decision_note, row.decided_at = decision.by, decision.note, now
         if target.is_terminal:
             row.completed_at = now
         self._changed(row, mtx)
@@ -285,6 +313,43 @@ class MemoryStore:
         await self._enter(tx)
         row = self._rows.get(idem_key)
         return row.snapshot() if row is not None else None
+
+    # -- audit -------------------------------------------------------------
+
+    async def list_effects(self, query: EffectQuery) -> list[Effect]:
+        await self._enter(None)
+        rows = [row for row in self._rows.values() if _matches(row, query)]
+        rows.sort(key=lambda row: (row.created_at, row.id), reverse=True)
+        return [row.snapshot() for row in rows[: query.limit]]
+
+    async def stats(self) -> LedgerStats:
+        await self._enter(None)
+        by_status = dict.fromkeys(EffectStatus, 0)
+        by_tool: dict[str, int] = {}
+        duplicates = 0
+        for row in self._rows.values():
+            by_status[row.status] += 1
+            by_tool[row.new.tool] = by_tool.get(row.new.tool, 0) + 1
+            duplicates += row.dedup_count
+        return LedgerStats(
+            total=len(self._rows), by_status=by_status, by_tool=by_tool, duplicates=duplicates
+        )
+
+    async def purge(self, *, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:
+        check_purge_statuses(statuses)
+        await self._enter(None)
+        cutoff = self._clock() - older_than
+        doomed = [
+            row
+            for row in self._rows.values()
+            if row.status in statuses
+            and row.completed_at is not None
+            and row.completed_at <= cutoff
+        ]
+        for row in doomed:
+            del self._rows[row.idem_key]
+            del self._ids[row.id]
+        return len(doomed)
 
     def _row_by_id(self, effect_id: str) -> _Row | None:
         idem_key = self._ids.get(effect_id)

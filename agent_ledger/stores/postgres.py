@@ -17,7 +17,7 @@ import inspect
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any, Final, LiteralString
 
@@ -35,8 +35,12 @@ from agent_ledger.stores._subscriptions import Subscribers, Subscription
 from agent_ledger.stores.base import (
     BeginOutcome,
     ClaimOutcome,
+    Decision,
+    EffectQuery,
+    LedgerStats,
     NewEffect,
     check_completion_status,
+    check_purge_statuses,
 )
 
 __all__ = ["SCHEMA_SQL", "SCHEMA_VERSION", "PostgresStore"]
@@ -56,6 +60,9 @@ _PROCESSING: Final = EffectStatus.PROCESSING.value
 _READY: Final = EffectStatus.READY.value
 _STATUS_BY_VALUE: Final = {s.value: s for s in EffectStatus}
 
+#: Columns of EFFECT_COLUMNS; a query may add one more (begin's and claim's flag).
+_EFFECT_WIDTH: Final = 20
+
 # Connection used by an operation: the caller's transaction, or the pool's.
 Connection = AsyncConnection[Any]
 
@@ -63,7 +70,7 @@ Connection = AsyncConnection[Any]
 def _effect_from_row(row: tuple[Any, ...]) -> Effect:
     (id_, idem_key, workflow_id, call_id, tool, status, args, resource, result,
      error_message, error_code, dedup_count, attempt, created, updated, completed,
-     heartbeat) = row[:17]  # fmt: skip
+     heartbeat, decided_by, decision_note, decided_at) = row[:_EFFECT_WIDTH]  # fmt: skip
     return Effect(
         id=id_,
         idem_key=idem_key,
@@ -81,6 +88,9 @@ def _effect_from_row(row: tuple[Any, ...]) -> Effect:
         updated_at=_utc(updated),
         completed_at=None if completed is None else _utc(completed),
         heartbeat_at=_utc(heartbeat),
+        decided_by=decided_by,
+        decision_note=decision_note,
+        decided_at=None if decided_at is None else _utc(decided_at),
     )
 
 
@@ -140,6 +150,9 @@ class PostgresStore:
         self._get = compose(q.GET)
         self._find = compose(q.FIND)
         self._schema_version = compose(q.SCHEMA_VERSION)
+        self._stats = compose(q.STATS)
+        self._purge = compose(q.PURGE)
+        self._effects = effects
         self._listener = _Listener(pool, schema)
 
     @classmethod
@@ -214,7 +227,7 @@ class PostgresStore:
         row = await self._fetch_one("begin", self._begin, params, tx, idem_key=new.idem_key)
         if row is None:
             raise EffectStoreError("INSERT ... RETURNING gave no row", operation="begin")
-        return BeginOutcome(_effect_from_row(row), created=bool(row[17]))
+        return BeginOutcome(_effect_from_row(row), created=bool(row[_EFFECT_WIDTH]))
 
     async def claim(
         self, idem_key: str, *, stale_after_ms: int, tx: object | None = None
@@ -228,7 +241,7 @@ class PostgresStore:
         row = await self._fetch_one("claim", self._claim, params, tx, idem_key=idem_key)
         if row is None:
             return ClaimOutcome(None, claimed=False)
-        return ClaimOutcome(_effect_from_row(row), claimed=bool(row[17]))
+        return ClaimOutcome(_effect_from_row(row), claimed=bool(row[_EFFECT_WIDTH]))
 
     async def heartbeat(self, effect_id: str, attempt: int) -> bool:
         if not _is_uuid(effect_id):
@@ -265,6 +278,7 @@ class PostgresStore:
         *,
         target: EffectStatus,
         error: EffectError | None = None,
+        decision: Decision | None = None,
         tx: object | None = None,
     ) -> Effect | None:
         params = {
@@ -273,6 +287,9 @@ class PostgresStore:
             "sources": [s.value for s in sources_of(target)],
             "terminal": target.is_terminal,
             "error": _error_json(error),
+            "decided": decision is not None,
+            "decided_by": decision.by if decision is not None else None,
+            "decision_note": decision.note if decision is not None else None,
         }
         row = await self._fetch_one(target.value, self._transition, params, tx, idem_key=idem_key)
         return None if row is None else _effect_from_row(row)
@@ -287,6 +304,64 @@ class PostgresStore:
         params = {"idem_key": idem_key}
         row = await self._fetch_one("find", self._find, params, tx, idem_key=idem_key)
         return None if row is None else _effect_from_row(row)
+
+    # -- audit --------------------------------------------------------------------
+
+    async def list_effects(self, query: EffectQuery) -> list[Effect]:
+        params: dict[str, object] = {"limit": query.limit}
+        filters: list[LiteralString] = []
+        for name in ("workflow_id", "tool", "since", "until"):
+            value = getattr(query, name)
+            if value is not None:
+                filters.append(q.LIST_FILTERS[name])
+                params[name] = value
+        if query.status is not None:
+            filters.append(q.LIST_FILTERS["status"])
+            params["status"] = query.status.value
+        if query.before is not None:
+            if not _is_uuid(query.before[1]):
+                raise EffectLedgerValidationError("cursor names no effect", field="cursor")
+            filters.append(q.LIST_FILTERS["before"])
+            params["before_at"], params["before_id"] = query.before
+        statement = sql.SQL(q.LIST).format(effects=self._effects)
+        if filters:
+            where = sql.SQL(" AND ").join(sql.SQL(f) for f in filters)
+            statement = statement + sql.SQL(" WHERE ") + where
+        statement = statement + sql.SQL(q.LIST_ORDER)
+        with self._errors("list_effects"):
+            async with self._connection(None) as conn:
+                cursor = await conn.execute(statement, params)
+                return [_effect_from_row(row) for row in await cursor.fetchall()]
+
+    async def stats(self) -> LedgerStats:
+        with self._errors("stats"):
+            async with self._connection(None) as conn:
+                cursor = await conn.execute(self._stats)
+                rows = await cursor.fetchall()
+        by_status = dict.fromkeys(EffectStatus, 0)
+        by_tool: dict[str, int] = {}
+        duplicates = 0
+        for status, tool, count, dedup in rows:
+            by_status[_STATUS_BY_VALUE[status]] += count
+            by_tool[tool] = by_tool.get(tool, 0) + count
+            duplicates += int(dedup)
+        return LedgerStats(
+            total=sum(by_status.values()),
+            by_status=by_status,
+            by_tool=by_tool,
+            duplicates=duplicates,
+        )
+
+    async def purge(self, *, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:
+        check_purge_statuses(statuses)
+        params = {
+            "statuses": [s.value for s in statuses],
+            "older_ms": older_than / timedelta(milliseconds=1),
+        }
+        with self._errors("purge"):
+            async with self._connection(None) as conn:
+                cursor = await conn.execute(self._purge, params)
+                return cursor.rowcount
 
     # -- transactions and notifications -------------------------------------------
 

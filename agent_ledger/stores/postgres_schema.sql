@@ -61,11 +61,18 @@ CREATE TABLE IF NOT EXISTS agent_ledger_effects (
     -- Last sign of life from the worker holding the current attempt, by the
     -- database clock. Staleness is judged against clock_timestamp(), never
     -- against a worker's clock.
-    heartbeat_at           timestamptz NOT NULL DEFAULT clock_timestamp()
+    heartbeat_at           timestamptz NOT NULL DEFAULT clock_timestamp(),
+    -- Who approved, denied or canceled it, their note, and when (as told to the ledger).
+    decided_by             text,
+    decision_note          text,
+    decided_at             timestamptz
 );
 
 CREATE UNIQUE INDEX IF NOT EXISTS agent_ledger_effects_idem_key_idx
     ON agent_ledger_effects (idem_key);
+-- The audit trail, newest first, paged by (created_at, id).
+CREATE INDEX IF NOT EXISTS agent_ledger_effects_created_idx
+    ON agent_ledger_effects (created_at DESC, id DESC);
 -- "What did this workflow do?", newest first.
 CREATE INDEX IF NOT EXISTS agent_ledger_effects_workflow_idx
     ON agent_ledger_effects (workflow_id, created_at DESC);

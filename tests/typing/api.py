@@ -20,3 +20,14 @@ async def check(ledger: EffectLedger, call: ToolCall) -> None:
     assert_type(await ledger.begin(call), BeginResult[object])
     assert_type(await ledger.find_by_idem_key("k"), Effect | None)
     assert_type(ledger.idem_key(call), str)
+
+
+def stores_implement_the_protocol(pool: object) -> None:
+    from psycopg_pool import AsyncConnectionPool
+
+    from agent_ledger import MemoryStore, Store
+    from agent_ledger.stores.postgres import PostgresStore
+
+    memory: Store = MemoryStore()
+    postgres: Store = PostgresStore(AsyncConnectionPool("", open=False))
+    del memory, postgres
