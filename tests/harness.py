@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import sqlite3
+import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
@@ -23,6 +27,7 @@ from agent_ledger import (
 from agent_ledger.stores.base import Store
 from agent_ledger.stores.memory import MemoryStore
 from agent_ledger.stores.postgres import PostgresStore
+from agent_ledger.stores.sqlite import SqliteStore
 
 
 class StoreHarness(Protocol):
@@ -171,8 +176,31 @@ class PostgresHarness:
         return make_ledger(self.store, defaults)
 
 
+@dataclass
+class SqliteHarness:
+    path: Path
+    kind: str = "sqlite"
+    clock: ManualClock = field(default_factory=ManualClock)
+    store: SqliteStore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.store = SqliteStore(self.path, clock=self.clock, synchronous="NORMAL")
+
+    async def age(self, ms: float) -> None:
+        self.clock.advance(ms=ms)
+
+    async def raw_count(self) -> int:
+        # The back door: a separate plain sqlite3 connection to the same file.
+        with contextlib.closing(sqlite3.connect(self.path)) as conn:
+            return int(conn.execute("SELECT count(*) FROM agent_ledger_effects").fetchone()[0])
+
+    def ledger(self, defaults: RunOptions | None = None) -> EffectLedger:
+        return make_ledger(self.store, defaults)
+
+
 STORE_KINDS = [
     pytest.param("memory", id="memory"),
+    pytest.param("sqlite", id="sqlite"),
     pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
 ]
 
@@ -181,6 +209,14 @@ STORE_KINDS = [
 async def open_harness(kind: str) -> AsyncIterator[StoreHarness]:
     if kind == "memory":
         yield MemoryHarness()
+        return
+    if kind == "sqlite":
+        with tempfile.TemporaryDirectory(prefix="agent-ledger-") as folder:
+            harness = SqliteHarness(Path(folder) / "ledger.db")
+            try:
+                yield harness
+            finally:
+                await harness.store.close()
         return
     if kind == "postgres":
         require_postgres()

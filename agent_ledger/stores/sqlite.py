@@ -1,0 +1,582 @@
+"""SQLite store: the durable default for one machine, no server needed.
+
+Built on the standard library's ``sqlite3`` with one dedicated thread per
+store that owns the connection, rather than on aiosqlite: that is all
+aiosqlite would give us (it also runs one thread per connection), it keeps
+the runtime dependencies to orjson alone, and it leaves transaction control
+(``BEGIN IMMEDIATE``) entirely in our hands.
+
+Safe for many tasks and many processes on one machine: WAL journaling (readers
+never block the writer), every read-modify-write step in a ``BEGIN IMMEDIATE``
+transaction (it takes the write lock up front, so two processes can never both
+decide they created or claimed an effect), and a busy timeout so contending
+writers queue instead of failing. ``synchronous=FULL`` by default, so a
+receipt that was committed survives a power cut, not just a crash.
+
+Waiters in the same process are woken at once; waiters in other processes
+poll (SQLite has no notifications). Every timestamp, and every staleness
+judgement, comes from the store's clock read under the write lock: on one
+machine all processes read the same system clock, and tests inject a
+``ManualClock``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import sqlite3
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager, contextmanager
+from datetime import UTC, datetime, timedelta
+from importlib import resources
+from pathlib import Path
+from typing import Any, Final, Literal, TypeVar
+
+import orjson
+
+from agent_ledger.clock import Clock, utc_now
+from agent_ledger.effects import Effect, EffectError
+from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
+from agent_ledger.status import EffectStatus, sources_of
+from agent_ledger.stores._subscriptions import Subscribers, Subscription
+from agent_ledger.stores.base import (
+    BeginOutcome,
+    ClaimOutcome,
+    Decision,
+    EffectQuery,
+    LedgerStats,
+    NewEffect,
+    check_completion_status,
+    check_purge_statuses,
+)
+
+__all__ = ["SQLITE_SCHEMA_SQL", "SqliteStore", "SqliteTransaction"]
+
+#: The SQLite schema; applied by ``SqliteStore`` when it opens a database.
+SQLITE_SCHEMA_SQL: Final = (
+    resources.files("agent_ledger.stores").joinpath("sqlite_schema.sql").read_text("utf-8")
+)
+
+_T = TypeVar("_T")
+_PROCESSING: Final = EffectStatus.PROCESSING.value
+_READY: Final = EffectStatus.READY.value
+_STATUS_BY_VALUE: Final = {s.value: s for s in EffectStatus}
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+_COLUMNS: Final = (
+    "id, idem_key, workflow_id, call_id, tool, status, args_canonical, resource_id_canonical, "
+    "result, error_message, error_code, dedup_count, attempt, created_us, updated_us, "
+    "completed_us, heartbeat_us, decided_by, decision_note, decided_us"
+)
+
+# -- the statements, one per ledger step (see the PostgreSQL ones for the contracts)
+_INSERT: Final = (
+    "INSERT INTO agent_ledger_effects (id, idem_key, workflow_id, call_id, tool, status,"
+    " args_canonical, resource_id_canonical, created_us, updated_us, heartbeat_us)"
+    " VALUES (:id, :idem_key, :workflow_id, :call_id, :tool, :processing, :args_canonical,"
+    " :resource_id_canonical, :now, :now, :now)"
+    " ON CONFLICT (idem_key) DO NOTHING"
+)
+_COUNT_DUPLICATE: Final = (
+    "UPDATE agent_ledger_effects SET dedup_count = dedup_count + 1 WHERE idem_key = :idem_key"
+)
+_CLAIM: Final = (
+    "UPDATE agent_ledger_effects SET status = :processing, attempt = attempt + 1,"
+    " heartbeat_us = :now, updated_us = :now"
+    " WHERE idem_key = :idem_key AND (status = :ready OR (status = :processing"
+    " AND :stale_us > 0 AND heartbeat_us <= :now - :stale_us))"
+)
+_HEARTBEAT: Final = (
+    "UPDATE agent_ledger_effects SET heartbeat_us = :now"
+    " WHERE id = :id AND status = :processing AND attempt = :attempt"
+)
+_COMPLETE: Final = (
+    "UPDATE agent_ledger_effects SET status = :status, result = :result,"
+    " error_message = :error_message, error_code = :error_code,"
+    " completed_us = :now, updated_us = :now"
+    " WHERE id = :id AND status = :processing AND (:attempt IS NULL OR attempt = :attempt)"
+)
+_TRANSITION: Final = (
+    "UPDATE agent_ledger_effects SET status = :target, updated_us = :now,"
+    " error_message = CASE WHEN :has_error THEN :error_message ELSE error_message END,"
+    " error_code = CASE WHEN :has_error THEN :error_code ELSE error_code END,"
+    " decided_by = CASE WHEN :decided THEN :decided_by ELSE decided_by END,"
+    " decision_note = CASE WHEN :decided THEN :decision_note ELSE decision_note END,"
+    " decided_us = CASE WHEN :decided THEN :now ELSE decided_us END,"
+    " completed_us = CASE WHEN :terminal THEN :now ELSE completed_us END"
+    " WHERE idem_key = :idem_key AND status IN (SELECT value FROM json_each(:sources))"
+)
+_FIND: Final = "SELECT " + _COLUMNS + " FROM agent_ledger_effects WHERE idem_key = ?"
+_GET: Final = "SELECT " + _COLUMNS + " FROM agent_ledger_effects WHERE id = ?"
+_LIST: Final = "SELECT " + _COLUMNS + " FROM agent_ledger_effects"
+_LIST_FILTERS: Final = {
+    "workflow_id": "workflow_id = :workflow_id",
+    "tool": "tool = :tool",
+    "status": "status = :status",
+    "since": "created_us >= :since",
+    "until": "created_us < :until",
+    "before": "(created_us < :before_us OR (created_us = :before_us AND id < :before_id))",
+}
+_LIST_ORDER: Final = " ORDER BY created_us DESC, id DESC LIMIT :limit"
+_STATS: Final = (
+    "SELECT status, tool, count(*), coalesce(sum(dedup_count), 0)"
+    " FROM agent_ledger_effects GROUP BY status, tool"
+)
+_PURGE: Final = (
+    "DELETE FROM agent_ledger_effects WHERE status IN (SELECT value FROM json_each(:statuses))"
+    " AND completed_us <= :cutoff"
+)
+
+
+def _to_us(moment: datetime) -> int:
+    return (moment - _EPOCH) // timedelta(microseconds=1)
+
+
+def _from_us(us: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=us)
+
+
+def _effect_from_row(row: tuple[Any, ...]) -> Effect:
+    (id_, idem_key, workflow_id, call_id, tool, status, args, resource, result,
+     error_message, error_code, dedup_count, attempt, created, updated, completed,
+     heartbeat, decided_by, decision_note, decided) = row  # fmt: skip
+    return Effect(
+        id=id_,
+        idem_key=idem_key,
+        workflow_id=workflow_id,
+        call_id=call_id,
+        tool=tool,
+        status=_STATUS_BY_VALUE[status],
+        args_canonical=args,
+        resource_id_canonical=resource,
+        result=None if result is None else orjson.loads(result),
+        error=None if error_message is None else EffectError(error_message, error_code),
+        dedup_count=dedup_count,
+        attempt=attempt,
+        created_at=_from_us(created),
+        updated_at=_from_us(updated),
+        completed_at=None if completed is None else _from_us(completed),
+        heartbeat_at=_from_us(heartbeat),
+        decided_by=decided_by,
+        decision_note=decision_note,
+        decided_at=None if decided is None else _from_us(decided),
+    )
+
+
+class SqliteTransaction:
+    """Handle from ``SqliteStore.transaction()``, to pass as ``tx``."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self._store = store
+        self._touched: set[str] = set()
+        self.active = True
+
+
+class SqliteStore:
+    """Effects in a SQLite file, durable and shared by every process on the machine.
+
+    ``path`` is the database file (``":memory:"`` is refused: use
+    MemoryStore). With ``create=False`` a missing file or schema raises
+    ``EffectStoreError`` instead of being created. Opening connects on the
+    store's own thread and waits for it: the constructor may block briefly,
+    like opening a file.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Clock = utc_now,
+        create: bool = True,
+        synchronous: Literal["FULL", "NORMAL"] = "FULL",
+        busy_timeout_ms: int = 30_000,
+    ) -> None:
+        if str(path) in ("", ":memory:"):
+            raise EffectLedgerValidationError(
+                "SqliteStore needs a file path; use MemoryStore for an in-memory ledger",
+                field="path",
+            )
+        if synchronous not in ("FULL", "NORMAL"):
+            raise EffectLedgerValidationError(
+                f"synchronous must be 'FULL' or 'NORMAL', got {synchronous!r}", field="synchronous"
+            )
+        self.path = Path(path)
+        self._clock = clock
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="agent-ledger-sqlite")
+        self._subscribers = Subscribers()
+        self._tx_lock = asyncio.Lock()
+        self._active_tx: SqliteTransaction | None = None
+        self._closed = False
+        opener = functools.partial(self._open, create, synchronous, busy_timeout_ms)
+        try:
+            self._conn: sqlite3.Connection = self._executor.submit(opener).result()
+        except BaseException:
+            self._executor.shutdown(wait=False)
+            raise
+
+    def _open(self, create: bool, synchronous: str, busy_timeout_ms: int) -> sqlite3.Connection:
+        with self._errors("open"):
+            if not create and not self.path.exists():
+                raise EffectStoreError(
+                    f"no ledger database at {self.path}: run `agent-ledger init` first",
+                    operation="open",
+                )
+            # isolation_level=None: we issue BEGIN IMMEDIATE ourselves.
+            conn = sqlite3.connect(
+                self.path,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=busy_timeout_ms / 1000,
+            )
+            try:
+                conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute(f"PRAGMA synchronous = {synchronous}")
+                if create:
+                    conn.executescript(SQLITE_SCHEMA_SQL)
+                elif (
+                    conn.execute(
+                        "SELECT 1 FROM sqlite_master WHERE name = 'agent_ledger_effects'"
+                    ).fetchone()
+                    is None
+                ):
+                    raise EffectStoreError(
+                        f"{self.path} has no agent-ledger tables: run `agent-ledger init` first",
+                        operation="open",
+                    )
+            except BaseException:
+                conn.close()
+                raise
+            return conn
+
+    # -- plumbing ---------------------------------------------------------------
+
+    @contextmanager
+    def _errors(
+        self, operation: str, *, idem_key: str | None = None, effect_id: str | None = None
+    ) -> Iterator[None]:
+        """The one place sqlite3 errors become ``EffectStoreError``."""
+        try:
+            yield
+        except EffectLedgerError:
+            raise
+        except sqlite3.Error as exc:
+            message = f"{type(exc).__name__}: {exc}"
+            if "no such table" in str(exc):
+                message = f"{self.path} has no agent-ledger tables: run `agent-ledger init` first"
+            raise EffectStoreError(
+                message, operation=operation, idem_key=idem_key, effect_id=effect_id
+            ) from exc
+
+    async def _enter(self, tx: object | None) -> SqliteTransaction | None:
+        if self._closed:
+            raise EffectStoreError("the store is closed", operation="use")
+        if tx is not None:
+            if not isinstance(tx, SqliteTransaction) or tx._store is not self:
+                raise EffectLedgerValidationError(
+                    "tx must be a handle from this SqliteStore's transaction()", field="tx"
+                )
+            if not tx.active:
+                raise EffectLedgerValidationError(
+                    "tx is a transaction that has already ended", field="tx"
+                )
+            return tx
+        # The connection is shared: while a transaction is open on it, any other
+        # statement would join that transaction. Wait for it to end.
+        while self._active_tx is not None:
+            async with self._tx_lock:
+                pass
+        return None
+
+    async def _run(
+        self,
+        operation: str,
+        work: Callable[[sqlite3.Connection, int], _T],
+        tx: SqliteTransaction | None,
+        *,
+        write: bool,
+        idem_key: str | None = None,
+        effect_id: str | None = None,
+    ) -> _T:
+        """Run ``work(conn, now_us)`` on the store's thread, atomically.
+
+        Outside a caller's transaction a writing step runs in its own
+        ``BEGIN IMMEDIATE`` transaction, so it holds the write lock from its
+        first read: the clock is read under that lock too.
+        """
+
+        def job() -> _T:
+            with self._errors(operation, idem_key=idem_key, effect_id=effect_id):
+                if tx is not None or not write:
+                    return work(self._conn, _to_us(self._clock()))
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    result = work(self._conn, _to_us(self._clock()))
+                except BaseException:
+                    self._conn.execute("ROLLBACK")
+                    raise
+                self._conn.execute("COMMIT")
+                return result
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, job)
+
+    def _changed(self, idem_key: str, tx: SqliteTransaction | None) -> None:
+        if tx is None:
+            self._subscribers.wake(idem_key)
+        else:
+            tx._touched.add(idem_key)
+
+    # -- ledger steps -----------------------------------------------------------
+
+    async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
+        stx = await self._enter(tx)
+        params = {
+            "id": str(uuid.uuid4()),
+            "idem_key": new.idem_key,
+            "workflow_id": new.workflow_id,
+            "call_id": new.call_id,
+            "tool": new.tool,
+            "args_canonical": new.args_canonical,
+            "resource_id_canonical": new.resource_id_canonical,
+            "processing": _PROCESSING,
+        }
+
+        def work(conn: sqlite3.Connection, now: int) -> BeginOutcome:
+            created = conn.execute(_INSERT, {**params, "now": now}).rowcount == 1
+            if not created:
+                conn.execute(_COUNT_DUPLICATE, params)
+            row = conn.execute(_FIND, (new.idem_key,)).fetchone()
+            return BeginOutcome(_effect_from_row(row), created=created)
+
+        return await self._run("begin", work, stx, write=True, idem_key=new.idem_key)
+
+    async def claim(
+        self, idem_key: str, *, stale_after_ms: int, tx: object | None = None
+    ) -> ClaimOutcome:
+        stx = await self._enter(tx)
+
+        def work(conn: sqlite3.Connection, now: int) -> ClaimOutcome:
+            params = {
+                "idem_key": idem_key,
+                "processing": _PROCESSING,
+                "ready": _READY,
+                "stale_us": stale_after_ms * 1000,
+                "now": now,
+            }
+            claimed = conn.execute(_CLAIM, params).rowcount == 1
+            row = conn.execute(_FIND, (idem_key,)).fetchone()
+            return ClaimOutcome(None if row is None else _effect_from_row(row), claimed=claimed)
+
+        outcome = await self._run("claim", work, stx, write=True, idem_key=idem_key)
+        if outcome.claimed:
+            self._changed(idem_key, stx)
+        return outcome
+
+    async def heartbeat(self, effect_id: str, attempt: int) -> bool:
+        await self._enter(None)
+
+        def work(conn: sqlite3.Connection, now: int) -> bool:
+            params = {"id": effect_id, "attempt": attempt, "processing": _PROCESSING, "now": now}
+            return conn.execute(_HEARTBEAT, params).rowcount == 1
+
+        return await self._run("heartbeat", work, None, write=True, effect_id=effect_id)
+
+    async def complete(
+        self,
+        effect_id: str,
+        *,
+        attempt: int | None,
+        status: EffectStatus,
+        result_json: str | None,
+        error: EffectError | None,
+        tx: object | None = None,
+    ) -> bool:
+        check_completion_status(status)
+        stx = await self._enter(tx)
+
+        def work(conn: sqlite3.Connection, now: int) -> str | None:
+            params = {
+                "id": effect_id,
+                "attempt": attempt,
+                "status": status.value,
+                "result": result_json,
+                "error_message": error.message if error is not None else None,
+                "error_code": error.code if error is not None else None,
+                "processing": _PROCESSING,
+                "now": now,
+            }
+            if conn.execute(_COMPLETE, params).rowcount != 1:
+                return None
+            row = conn.execute(
+                "SELECT idem_key FROM agent_ledger_effects WHERE id = ?", (effect_id,)
+            )
+            return str(row.fetchone()[0])
+
+        idem_key = await self._run("commit", work, stx, write=True, effect_id=effect_id)
+        if idem_key is None:
+            return False
+        self._changed(idem_key, stx)
+        return True
+
+    async def transition(
+        self,
+        idem_key: str,
+        *,
+        target: EffectStatus,
+        error: EffectError | None = None,
+        decision: Decision | None = None,
+        tx: object | None = None,
+    ) -> Effect | None:
+        stx = await self._enter(tx)
+
+        def work(conn: sqlite3.Connection, now: int) -> Effect | None:
+            params = {
+                "idem_key": idem_key,
+                "target": target.value,
+                "sources": orjson.dumps([s.value for s in sources_of(target)]).decode(),
+                "terminal": target.is_terminal,
+                "has_error": error is not None,
+                "error_message": error.message if error is not None else None,
+                "error_code": error.code if error is not None else None,
+                "decided": decision is not None,
+                "decided_by": decision.by if decision is not None else None,
+                "decision_note": decision.note if decision is not None else None,
+                "now": now,
+            }
+            if conn.execute(_TRANSITION, params).rowcount != 1:
+                return None
+            return _effect_from_row(conn.execute(_FIND, (idem_key,)).fetchone())
+
+        moved = await self._run(target.value, work, stx, write=True, idem_key=idem_key)
+        if moved is not None:
+            self._changed(idem_key, stx)
+        return moved
+
+    async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
+        stx = await self._enter(tx)
+
+        def work(conn: sqlite3.Connection, now: int) -> Effect | None:
+            row = conn.execute(_GET, (effect_id,)).fetchone()
+            return None if row is None else _effect_from_row(row)
+
+        return await self._run("get", work, stx, write=False, effect_id=effect_id)
+
+    async def find(self, idem_key: str, *, tx: object | None = None) -> Effect | None:
+        stx = await self._enter(tx)
+
+        def work(conn: sqlite3.Connection, now: int) -> Effect | None:
+            row = conn.execute(_FIND, (idem_key,)).fetchone()
+            return None if row is None else _effect_from_row(row)
+
+        return await self._run("find", work, stx, write=False, idem_key=idem_key)
+
+    # -- audit --------------------------------------------------------------------
+
+    async def list_effects(self, query: EffectQuery) -> list[Effect]:
+        await self._enter(None)
+        params: dict[str, object] = {"limit": query.limit}
+        filters: list[str] = []
+        for name in ("workflow_id", "tool"):
+            value = getattr(query, name)
+            if value is not None:
+                filters.append(_LIST_FILTERS[name])
+                params[name] = value
+        if query.status is not None:
+            filters.append(_LIST_FILTERS["status"])
+            params["status"] = query.status.value
+        for name in ("since", "until"):
+            moment = getattr(query, name)
+            if moment is not None:
+                filters.append(_LIST_FILTERS[name])
+                params[name] = _to_us(moment)
+        if query.before is not None:
+            filters.append(_LIST_FILTERS["before"])
+            params["before_us"], params["before_id"] = _to_us(query.before[0]), query.before[1]
+        # Only fixed fragments are joined; every value is a parameter.
+        statement = _LIST + (" WHERE " + " AND ".join(filters) if filters else "") + _LIST_ORDER
+
+        def work(conn: sqlite3.Connection, now: int) -> list[Effect]:
+            return [_effect_from_row(row) for row in conn.execute(statement, params)]
+
+        return await self._run("list_effects", work, None, write=False)
+
+    async def stats(self) -> LedgerStats:
+        await self._enter(None)
+
+        def work(conn: sqlite3.Connection, now: int) -> list[tuple[str, str, int, int]]:
+            return conn.execute(_STATS).fetchall()
+
+        rows = await self._run("stats", work, None, write=False)
+        by_status = dict.fromkeys(EffectStatus, 0)
+        by_tool: dict[str, int] = {}
+        duplicates = 0
+        for status, tool, count, dedup in rows:
+            by_status[_STATUS_BY_VALUE[status]] += count
+            by_tool[tool] = by_tool.get(tool, 0) + count
+            duplicates += dedup
+        return LedgerStats(
+            total=sum(by_status.values()),
+            by_status=by_status,
+            by_tool=by_tool,
+            duplicates=duplicates,
+        )
+
+    async def purge(self, *, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:
+        check_purge_statuses(statuses)
+        await self._enter(None)
+        names = orjson.dumps(sorted(s.value for s in statuses)).decode()
+
+        def work(conn: sqlite3.Connection, now: int) -> int:
+            cutoff = now - older_than // timedelta(microseconds=1)
+            return conn.execute(_PURGE, {"statuses": names, "cutoff": cutoff}).rowcount
+
+        return await self._run("purge", work, None, write=True)
+
+    # -- transactions and notifications -------------------------------------------
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[SqliteTransaction]:
+        """``BEGIN IMMEDIATE ... COMMIT`` around the block; other steps of this store wait."""
+        await self._enter(None)
+        async with self._tx_lock:
+            tx = SqliteTransaction(self)
+            self._active_tx = tx
+            try:
+                await self._run("transaction", _execute("BEGIN IMMEDIATE"), tx, write=False)
+                try:
+                    yield tx
+                except BaseException:
+                    await asyncio.shield(
+                        self._run("transaction", _execute("ROLLBACK"), tx, write=False)
+                    )
+                    raise
+                await self._run("transaction", _execute("COMMIT"), tx, write=False)
+            finally:
+                tx.active = False
+                self._active_tx = None
+        for idem_key in tx._touched:
+            self._subscribers.wake(idem_key)
+
+    @asynccontextmanager
+    async def subscribe(self, idem_key: str) -> AsyncIterator[Subscription]:
+        with self._subscribers.subscription(idem_key) as subscription:
+            yield subscription
+
+    async def close(self) -> None:
+        """Close the connection and stop the store's thread."""
+        if self._closed:
+            return
+        self._closed = True
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._conn.close)
+        self._executor.shutdown(wait=True)
+
+
+def _execute(statement: str) -> Callable[[sqlite3.Connection, int], None]:
+    def work(conn: sqlite3.Connection, now: int) -> None:
+        conn.execute(statement)
+
+    return work
