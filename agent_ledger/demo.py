@@ -49,14 +49,23 @@ async def run_demo(store: Store, emit: Callable[[str], None] = print) -> FakePay
     async def charge(effect: Effect) -> dict[str, object]:
         return await api.charge(4_999, "eur")
 
+    earlier = await ledger.find_by_idem_key(ledger.idem_key(call))
     emit(f"An agent calls payments.charge {RETRIES} times (it keeps retrying after timeouts):")
+    if earlier is not None:
+        emit("  (a receipt from an earlier run is already in the store)")
     for attempt in range(1, RETRIES + 1):
         before = len(api.charges)
         result = await ledger.run(call, charge)
         what = "charged the card" if len(api.charges) > before else "replayed the receipt"
         emit(f"  try {attempt}: {what:<22} -> {result['charge_id']}")
-    times = "once" if len(api.charges) == 1 else f"{len(api.charges)} times"
-    emit(f"\nThe payment API was charged {times} for {RETRIES} tries.\n")
+    if api.charges:
+        times = "once" if len(api.charges) == 1 else f"{len(api.charges)} times"
+        emit(f"\nThe payment API was charged {times} for {RETRIES} tries.\n")
+    else:
+        emit(
+            f"\nThe payment API was not charged at all for {RETRIES} tries: "
+            "the earlier run's receipt answered them.\n"
+        )
     effect = await ledger.find_by_idem_key(ledger.idem_key(call))
     assert effect is not None
     emit("Receipt:")

@@ -12,6 +12,8 @@ import asyncio
 import inspect
 import logging
 import random
+import re
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -47,7 +49,7 @@ from agent_ledger.options import (
     resolve,
 )
 from agent_ledger.status import TERMINAL, EffectStatus
-from agent_ledger.stores.base import Decision, LedgerStats, NewEffect, Store
+from agent_ledger.stores.base import Decision, EffectQuery, LedgerStats, NewEffect, Store
 
 __all__ = ["EffectLedger"]
 
@@ -366,6 +368,33 @@ class EffectLedger:
         """The effect with this idempotency key, or None."""
         _require_str(idem_key, "idem_key")
         return await self._store.find(idem_key)
+
+    async def lookup(self, ref: str) -> Effect | None:
+        """The effect ``ref`` names: its id, its idempotency key, or a unique prefix
+        of the key (at least 8 hex characters), as people copy them from a listing.
+
+        Returns None when nothing matches; a prefix that matches several
+        effects raises ``EffectLedgerValidationError`` listing how to narrow it.
+        """
+        _require_str(ref, "ref")
+        ref = ref.strip().lower()
+        if _looks_like_uuid(ref):
+            return await self._store.get(ref)
+        if not _HEX.fullmatch(ref) or len(ref) < MIN_KEY_PREFIX:
+            raise EffectLedgerValidationError(
+                f"{ref!r} is neither an effect id nor an idempotency key (or a prefix of one "
+                f"with at least {MIN_KEY_PREFIX} hex characters)",
+                field="ref",
+            )
+        if len(ref) == 64:
+            return await self._store.find(ref)
+        matches = await self._store.list_effects(EffectQuery(idem_key_prefix=ref, limit=2))
+        if len(matches) > 1:
+            raise EffectLedgerValidationError(
+                f"key prefix {ref!r} matches several effects; give more characters",
+                field="ref",
+            )
+        return matches[0] if matches else None
 
     def idem_key(self, call: ToolCall) -> str:
         """The idempotency key ``run(call, ...)`` would use (see ``agent_ledger.keys``)."""
@@ -697,6 +726,18 @@ def _error_code(exc: BaseException) -> str:
     if code is None or isinstance(code, bool):
         return type(exc).__name__
     return code if isinstance(code, str) else str(code)
+
+
+#: The shortest idempotency-key prefix ``lookup`` accepts.
+MIN_KEY_PREFIX: Final = 8
+_HEX: Final = re.compile(r"[0-9a-f]+")
+
+
+def _looks_like_uuid(text: str) -> bool:
+    try:
+        return str(uuid.UUID(text)) == text
+    except ValueError:
+        return False
 
 
 def _decision(by: str | None, note: str | None) -> Decision:

@@ -1,10 +1,140 @@
-"""Human-readable receipts: how an effect is shown to a person."""
+"""How an effect is shown to people and handed to other programs.
+
+``render_receipt`` is the human view; ``effect_to_record`` and
+``effect_from_record`` are the lossless machine view used by ``--json`` and
+``export`` (they round-trip: ``effect_from_record(effect_to_record(e)) == e``).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Final
+
 import orjson
 
-from agent_ledger.effects import Effect
+from agent_ledger.effects import Effect, EffectError, JSONValue
+from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.status import EffectStatus
+
+#: The fields of an exported record, in column order (CSV uses them as its header).
+RECORD_FIELDS: Final = (
+    "id",
+    "idem_key",
+    "workflow_id",
+    "call_id",
+    "tool",
+    "status",
+    "attempt",
+    "dedup_count",
+    "args",
+    "resource",
+    "result",
+    "error_message",
+    "error_code",
+    "created_at",
+    "updated_at",
+    "completed_at",
+    "heartbeat_at",
+    "decided_by",
+    "decision_note",
+    "decided_at",
+)
+_TIMES: Final = ("created_at", "updated_at", "completed_at", "heartbeat_at", "decided_at")
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
+
+
+def effect_to_record(effect: Effect) -> dict[str, JSONValue]:
+    """A JSON-ready dict of every field; args and resource decoded, times in ISO 8601."""
+    error = effect.error
+    return {
+        "id": effect.id,
+        "idem_key": effect.idem_key,
+        "workflow_id": effect.workflow_id,
+        "call_id": effect.call_id,
+        "tool": effect.tool,
+        "status": effect.status.value,
+        "attempt": effect.attempt,
+        "dedup_count": effect.dedup_count,
+        "args": orjson.loads(effect.args_canonical),
+        "resource": (
+            None
+            if effect.resource_id_canonical is None
+            else orjson.loads(effect.resource_id_canonical)
+        ),
+        "result": effect.result,
+        "error_message": None if error is None else error.message,
+        "error_code": None if error is None else error.code,
+        "created_at": _iso(effect.created_at),
+        "updated_at": _iso(effect.updated_at),
+        "completed_at": _iso(effect.completed_at),
+        "heartbeat_at": _iso(effect.heartbeat_at),
+        "decided_by": effect.decided_by,
+        "decision_note": effect.decision_note,
+        "decided_at": _iso(effect.decided_at),
+    }
+
+
+def effect_from_record(record: Mapping[str, object]) -> Effect:
+    """The inverse of ``effect_to_record`` (for tools that read an export back)."""
+    times = {name: _parse_time(record, name) for name in _TIMES}
+    message = record["error_message"]
+    resource = record["resource"]
+    created_at = _required(times["created_at"], "created_at")
+    updated_at = _required(times["updated_at"], "updated_at")
+    heartbeat_at = _required(times["heartbeat_at"], "heartbeat_at")
+    return Effect(
+        id=str(record["id"]),
+        idem_key=str(record["idem_key"]),
+        workflow_id=str(record["workflow_id"]),
+        call_id=None if record["call_id"] is None else str(record["call_id"]),
+        tool=str(record["tool"]),
+        status=EffectStatus(str(record["status"])),
+        args_canonical=orjson.dumps(record["args"], option=orjson.OPT_SORT_KEYS).decode(),
+        resource_id_canonical=(
+            None
+            if resource is None
+            else orjson.dumps(resource, option=orjson.OPT_SORT_KEYS).decode()
+        ),
+        result=record["result"],  # type: ignore[arg-type]
+        error=(
+            None
+            if message is None
+            else EffectError(
+                str(message), None if record["error_code"] is None else str(record["error_code"])
+            )
+        ),
+        dedup_count=int(str(record["dedup_count"])),
+        attempt=int(str(record["attempt"])),
+        created_at=created_at,
+        updated_at=updated_at,
+        completed_at=times["completed_at"],
+        heartbeat_at=heartbeat_at,
+        decided_by=None if record["decided_by"] is None else str(record["decided_by"]),
+        decision_note=None if record["decision_note"] is None else str(record["decision_note"]),
+        decided_at=times["decided_at"],
+    )
+
+
+def _parse_time(record: Mapping[str, object], name: str) -> datetime | None:
+    value = record[name]
+    if value is None:
+        return None
+    try:
+        return datetime.fromisoformat(str(value))
+    except ValueError:
+        raise EffectLedgerValidationError(
+            f"{name} is not an ISO 8601 time: {value!r}", field=name
+        ) from None
+
+
+def _required(moment: datetime | None, name: str) -> datetime:
+    if moment is None:
+        raise EffectLedgerValidationError(f"a record needs {name}", field=name)
+    return moment
 
 
 def render_receipt(effect: Effect) -> str:
@@ -29,12 +159,18 @@ def render_receipt(effect: Effect) -> str:
         ("outcome", outcome),
         ("attempts", str(effect.attempt)),
         ("duplicates", str(effect.dedup_count)),
-        ("created", effect.created_at.isoformat(timespec="milliseconds")),
-        (
-            "completed",
-            effect.completed_at.isoformat(timespec="milliseconds") if effect.completed_at else "-",
-        ),
+        ("created", _stamp(effect.created_at)),
+        ("completed", _stamp(effect.completed_at)),
         ("duration", duration),
     ]
+    if effect.decided_at is not None:
+        decision = f"{effect.status.value} by {effect.decided_by or 'unknown'}"
+        if effect.decision_note:
+            decision += f": {effect.decision_note}"
+        rows += [("decision", decision), ("decided", _stamp(effect.decided_at))]
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label.rjust(width)}  {value}" for label, value in rows)
+
+
+def _stamp(moment: datetime | None) -> str:
+    return "-" if moment is None else moment.isoformat(timespec="milliseconds")

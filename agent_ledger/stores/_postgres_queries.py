@@ -111,6 +111,9 @@ LIST_FILTERS: Final[dict[str, LiteralString]] = {
     "since": "created_at >= %(since)s",
     "until": "created_at < %(until)s",
     "before": "(created_at, id) < (%(before_at)s, %(before_id)s::uuid)",
+    # A range rather than LIKE, so the unique index on idem_key serves it
+    # under any collation: keys are lowercase hex and 'g' sorts after 'f'.
+    "idem_key_prefix": "idem_key >= %(idem_key_prefix)s AND idem_key < %(idem_key_prefix)s || 'g'",
 }
 LIST_ORDER: Final[LiteralString] = " ORDER BY created_at DESC, id DESC LIMIT %(limit)s"
 

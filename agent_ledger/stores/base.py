@@ -78,6 +78,8 @@ class EffectQuery:
     until: datetime | None = None
     limit: int = 100
     before: tuple[datetime, str] | None = None
+    #: Lowercase hex; matches effects whose idempotency key starts with it.
+    idem_key_prefix: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

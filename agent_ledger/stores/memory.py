@@ -112,6 +112,7 @@ def _matches(row: _Row, query: EffectQuery) -> bool:
         and (query.since is None or row.created_at >= query.since)
         and (query.until is None or row.created_at < query.until)
         and (query.before is None or (row.created_at, row.id) < query.before)
+        and (query.idem_key_prefix is None or row.idem_key.startswith(query.idem_key_prefix))
     )
 
 

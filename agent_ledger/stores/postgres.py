@@ -310,7 +310,7 @@ class PostgresStore:
     async def list_effects(self, query: EffectQuery) -> list[Effect]:
         params: dict[str, object] = {"limit": query.limit}
         filters: list[LiteralString] = []
-        for name in ("workflow_id", "tool", "since", "until"):
+        for name in ("workflow_id", "tool", "since", "until", "idem_key_prefix"):
             value = getattr(query, name)
             if value is not None:
                 filters.append(q.LIST_FILTERS[name])

@@ -119,6 +119,7 @@ _LIST_FILTERS: Final = {
     "since": "created_us >= :since",
     "until": "created_us < :until",
     "before": "(created_us < :before_us OR (created_us = :before_us AND id < :before_id))",
+    "idem_key_prefix": "idem_key >= :idem_key_prefix AND idem_key < :idem_key_prefix || 'g'",
 }
 _LIST_ORDER: Final = " ORDER BY created_us DESC, id DESC LIMIT :limit"
 _STATS: Final = (
@@ -479,7 +480,7 @@ class SqliteStore:
         await self._enter(None)
         params: dict[str, object] = {"limit": query.limit}
         filters: list[str] = []
-        for name in ("workflow_id", "tool"):
+        for name in ("workflow_id", "tool", "idem_key_prefix"):
             value = getattr(query, name)
             if value is not None:
                 filters.append(_LIST_FILTERS[name])

@@ -16,24 +16,15 @@ import pytest
 
 from agent_ledger import ConcurrencyOptions, EffectDeniedError, EffectStatus, RunOptions
 from tests.harness import make_ledger
-from tests.postgres.worker import CALL
+from tests.worker import CALL
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def spawn(dsn: str, schema: str, mode: str, *args: str) -> subprocess.Popen[str]:
+    url = f"{dsn}?schema={schema}"
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.postgres.worker",
-            mode,
-            "--dsn",
-            dsn,
-            "--schema",
-            schema,
-            *args,
-        ],
+        [sys.executable, "-m", "tests.worker", mode, "--url", url, *args],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

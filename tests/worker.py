@@ -1,4 +1,4 @@
-"""A worker process for cross-process tests: `python -m tests.postgres.worker MODE ...`.
+"""A worker process for cross-process tests: `python -m tests.worker MODE --url URL ...`.
 
 run:     run one call through the ledger; the handler appends "<pid> <attempt>" to
          --log (that line is the side effect being counted), sleeps --sleep
@@ -27,7 +27,7 @@ from agent_ledger import (
     StaleOptions,
     ToolCall,
 )
-from agent_ledger.stores.postgres import PostgresStore
+from agent_ledger.stores.url import open_store
 
 CALL = ToolCall(workflow_id="cross-process", tool="side.effect", args={"n": 1})
 
@@ -35,8 +35,7 @@ CALL = ToolCall(workflow_id="cross-process", tool="side.effect", args={"n": 1})
 async def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["run", "approve", "deny"])
-    parser.add_argument("--dsn", required=True)
-    parser.add_argument("--schema", required=True)
+    parser.add_argument("--url", required=True, help="a store URL, as open_store() takes")
     parser.add_argument("--log", default="")
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--after-ms", type=int, default=15_000)
@@ -45,7 +44,7 @@ async def main(argv: list[str]) -> int:
     parser.add_argument("--idem-key", default="")
     args = parser.parse_args(argv)
 
-    store = await PostgresStore.connect(args.dsn, schema=args.schema, min_size=1, max_size=4)
+    store = await open_store(args.url)
     ledger = EffectLedger(
         EffectLedgerOptions(
             store=store,

@@ -1,0 +1,484 @@
+"""``agent-ledger``: see what your agent did, and approve or deny from a shell.
+
+Exit codes: 0 ok; 1 not found, not transitioned, or the store failed;
+2 usage error (bad arguments, bad URL, bad input). Errors are one line on
+stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import io
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import IO, Any, Final
+
+import orjson
+
+from agent_ledger._version import __version__
+from agent_ledger.effects import Effect
+from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
+from agent_ledger.ledger import EffectLedger
+from agent_ledger.options import EffectLedgerOptions
+from agent_ledger.receipt import RECORD_FIELDS, effect_to_record, render_receipt
+from agent_ledger.status import TERMINAL, EffectStatus
+from agent_ledger.stores.base import Store
+from agent_ledger.stores.url import URL_ENV, default_url, open_store
+
+EXIT_OK: Final = 0
+EXIT_NOT_DONE: Final = 1
+EXIT_USAGE: Final = 2
+#: Human output is laid out to fit this many columns.
+WIDTH: Final = 100
+
+_DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w)")
+_UNITS: Final = {
+    "ms": timedelta(milliseconds=1),
+    "s": timedelta(seconds=1),
+    "m": timedelta(minutes=1),
+    "h": timedelta(hours=1),
+    "d": timedelta(days=1),
+    "w": timedelta(weeks=1),
+}
+_COLOURS: Final = {
+    EffectStatus.SUCCEEDED: "32",
+    EffectStatus.FAILED: "31",
+    EffectStatus.DENIED: "31",
+    EffectStatus.CANCELED: "90",
+    EffectStatus.REQUIRES_APPROVAL: "33",
+    EffectStatus.READY: "36",
+    EffectStatus.PROCESSING: "34",
+}
+
+
+class UsageError(Exception):
+    """Bad arguments that argparse itself cannot see; exit code 2."""
+
+
+def parse_duration(text: str) -> timedelta:
+    """``30d``, ``12h``, ``15m``, ``90s``, ``500ms``, ``2w``, or combinations like ``1h30m``."""
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise UsageError(f"not a duration: {text!r} (examples: 30d, 12h, 15m, 1h30m)")
+    return sum((int(n) * _UNITS[u] for n, u in parts), timedelta())
+
+
+def parse_moment(text: str) -> datetime:
+    """An ISO 8601 time (UTC when it has no offset), or a duration ago (``2h``)."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        try:
+            return datetime.now(UTC) - parse_duration(text)
+        except UsageError:
+            raise UsageError(
+                f"not a time: {text!r} (use ISO 8601 like 2026-01-31T12:00, or 2h for 2 hours ago)"
+            ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+# -- output ---------------------------------------------------------------------
+
+
+@dataclass
+class Output:
+    stream: IO[str]
+    colour: bool
+
+    def line(self, text: str = "") -> None:
+        self.stream.write(text + "\n")
+
+    def json(self, value: object) -> None:
+        self.stream.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+    def status(self, status: EffectStatus, width: int) -> str:
+        text = status.value.ljust(width)
+        return f"\x1b[{_COLOURS[status]}m{text}\x1b[0m" if self.colour else text
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def effects_table(out: Output, effects: Sequence[Effect]) -> None:
+    """One aligned line per effect, at most ``WIDTH`` columns."""
+    if not effects:
+        out.line("no effects")
+        return
+    headers = ("CREATED (UTC)", "STATUS", "TOOL", "WORKFLOW", "ATT", "DUP", "KEY")
+    rows = [
+        (
+            e.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"),
+            e.status,
+            e.tool,
+            e.workflow_id,
+            str(e.attempt),
+            str(e.dedup_count),
+            e.idem_key[:12],
+        )
+        for e in effects
+    ]
+    fixed = [max(len(headers[i]), *(len(str(r[i])) for r in rows)) for i in (0, 1, 4, 5, 6)]
+    flexible = WIDTH - sum(fixed) - 2 * (len(headers) - 1)
+    tool_w = min(max(len(r[2]) for r in rows), max(len(headers[2]), flexible // 2))
+    tool_w = max(tool_w, len(headers[2]))
+    flow_w = min(max(len(headers[3]), *(len(r[3]) for r in rows)), flexible - tool_w)
+    widths = (fixed[0], fixed[1], tool_w, flow_w, fixed[2], fixed[3], fixed[4])
+    out.line("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
+    for created, status, tool, flow, att, dup, key in rows:
+        cells = [
+            created.ljust(widths[0]),
+            out.status(status, widths[1]),
+            _clip(tool, widths[2]).ljust(widths[2]),
+            _clip(flow, widths[3]).ljust(widths[3]),
+            att.rjust(widths[4]),
+            dup.rjust(widths[5]),
+            key,
+        ]
+        out.line("  ".join(cells))
+
+
+# -- commands ---------------------------------------------------------------------
+
+
+@dataclass
+class Context:
+    args: argparse.Namespace
+    store: Store
+    ledger: EffectLedger
+    out: Output
+
+
+async def cmd_init(ctx: Context) -> int:
+    create_schema = getattr(ctx.store, "create_schema", None)
+    if create_schema is not None:
+        await create_schema()
+    ctx.out.line(f"ledger ready at {ctx.args.url}")
+    return EXIT_OK
+
+
+async def cmd_demo(ctx: Context) -> int:
+    from agent_ledger.demo import run_demo
+
+    api = await run_demo(ctx.store, ctx.out.line)
+    return EXIT_OK if len(api.charges) <= 1 else EXIT_NOT_DONE
+
+
+def _filters(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "workflow_id": args.workflow,
+        "tool": args.tool,
+        "status": args.status,
+        "since": parse_moment(args.since) if args.since else None,
+        "until": parse_moment(args.until) if args.until else None,
+    }
+
+
+async def cmd_list(ctx: Context) -> int:
+    args = ctx.args
+    page = await ctx.ledger.list_effects(**_filters(args), limit=args.limit, cursor=args.cursor)
+    if args.json:
+        ctx.out.json(
+            {
+                "effects": [effect_to_record(e) for e in page.effects],
+                "next_cursor": page.next_cursor,
+            }
+        )
+        return EXIT_OK
+    effects_table(ctx.out, page.effects)
+    if page.next_cursor is not None:
+        ctx.out.line(f"(more: add --cursor {page.next_cursor})")
+    return EXIT_OK
+
+
+async def cmd_pending(ctx: Context) -> int:
+    effects = await ctx.ledger.pending_approvals(limit=ctx.args.limit)
+    if ctx.args.json:
+        ctx.out.json([effect_to_record(e) for e in effects])
+    else:
+        effects_table(ctx.out, effects)
+    return EXIT_OK
+
+
+async def _resolve(ctx: Context) -> Effect | None:
+    effect = await ctx.ledger.lookup(ctx.args.ref)
+    if effect is None:
+        print(f"agent-ledger: no effect matches {ctx.args.ref!r}", file=sys.stderr)
+    return effect
+
+
+async def cmd_show(ctx: Context) -> int:
+    effect = await _resolve(ctx)
+    if effect is None:
+        return EXIT_NOT_DONE
+    if ctx.args.json:
+        ctx.out.json(effect_to_record(effect))
+    else:
+        ctx.out.line(render_receipt(effect))
+    return EXIT_OK
+
+
+async def _decide(ctx: Context, verb: str, act: Callable[[str], Any]) -> int:
+    effect = await _resolve(ctx)
+    if effect is None:
+        return EXIT_NOT_DONE
+    moved = await act(effect.idem_key)
+    after = await ctx.ledger.get_effect(effect.id) or effect
+    if ctx.args.json:
+        ctx.out.json({"transitioned": moved, "effect": effect_to_record(after)})
+    elif moved:
+        ctx.out.line(f"{effect.tool} ({effect.idem_key[:12]}) is now {after.status.value}")
+    else:
+        state = after.status.value
+        print(f"agent-ledger: cannot {verb} {effect.idem_key[:12]}: it is {state}", file=sys.stderr)
+    return EXIT_OK if moved else EXIT_NOT_DONE
+
+
+async def cmd_approve(ctx: Context) -> int:
+    args = ctx.args
+    return await _decide(
+        ctx, "approve", lambda key: ctx.ledger.approve(key, by=args.by, note=args.note)
+    )
+
+
+async def cmd_deny(ctx: Context) -> int:
+    args = ctx.args
+    return await _decide(
+        ctx, "deny", lambda key: ctx.ledger.deny(key, reason=args.reason, by=args.by)
+    )
+
+
+async def cmd_cancel(ctx: Context) -> int:
+    args = ctx.args
+    return await _decide(
+        ctx, "cancel", lambda key: ctx.ledger.cancel(key, reason=args.reason, by=args.by)
+    )
+
+
+async def cmd_export(ctx: Context) -> int:
+    args = ctx.args
+    filters = _filters(args)
+    records: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while True:
+        page = await ctx.ledger.list_effects(**filters, limit=1_000, cursor=cursor)
+        records += [effect_to_record(e) for e in page.effects]
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    text = _format_export(records, args.format)
+    if args.output in (None, "-"):
+        ctx.out.stream.write(text)
+    else:
+        await asyncio.to_thread(_write_file, args.output, text)
+        print(f"exported {_count(len(records), 'effect')} to {args.output}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _write_file(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8", newline="") as file:
+        file.write(text)
+
+
+def _format_export(records: list[dict[str, Any]], fmt: str) -> str:
+    if fmt == "json":
+        return orjson.dumps(records, option=orjson.OPT_INDENT_2).decode() + "\n"
+    if fmt == "jsonl":
+        return "".join(orjson.dumps(r).decode() + "\n" for r in records)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(RECORD_FIELDS)
+    for record in records:
+        writer.writerow(csv_cells(record))
+    return buffer.getvalue()
+
+
+#: Columns holding JSON values; CSV writes them as JSON text.
+CSV_JSON_COLUMNS: Final = frozenset({"args", "resource", "result"})
+
+
+def csv_cells(record: dict[str, Any]) -> list[str]:
+    """One CSV row: JSON columns as JSON text, other nulls as empty cells."""
+    cells = []
+    for name in RECORD_FIELDS:
+        value = record[name]
+        if name in CSV_JSON_COLUMNS:
+            cells.append(orjson.dumps(value).decode())
+        else:
+            cells.append("" if value is None else str(value))
+    return cells
+
+
+async def cmd_stats(ctx: Context) -> int:
+    stats = await ctx.ledger.stats()
+    if ctx.args.json:
+        ctx.out.json(
+            {
+                "total": stats.total,
+                "duplicates": stats.duplicates,
+                "by_status": {s.value: n for s, n in stats.by_status.items()},
+                "by_tool": dict(stats.by_tool),
+            }
+        )
+        return EXIT_OK
+    ctx.out.line(
+        f"{_count(stats.total, 'effect')}, "
+        f"{_count(stats.duplicates, 'duplicate call')} answered from receipts"
+    )
+    ctx.out.line()
+    width = max(len(s.value) for s in EffectStatus)
+    for status, count in stats.by_status.items():
+        ctx.out.line(f"  {ctx.out.status(status, width)}  {count:>8}")
+    if stats.by_tool:
+        ctx.out.line()
+        tool_width = min(max(len(t) for t in stats.by_tool), WIDTH - 14)
+        for tool, count in sorted(stats.by_tool.items(), key=lambda item: (-item[1], item[0])):
+            ctx.out.line(f"  {_clip(tool, tool_width).ljust(tool_width)}  {count:>8}")
+    return EXIT_OK
+
+
+async def cmd_purge(ctx: Context) -> int:
+    args = ctx.args
+    older_than = parse_duration(args.older_than)
+    statuses = frozenset(EffectStatus(s) for s in args.status) if args.status else TERMINAL
+    names = ", ".join(sorted(s.value for s in statuses))
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise UsageError(
+                f"purge deletes {names} effects completed over {args.older_than} ago; "
+                "add --yes to confirm"
+            )
+        question = f"Delete {names} effects completed over {args.older_than} ago? [y/N] "
+        answer = await asyncio.to_thread(input, question)
+        if answer.strip().lower() not in ("y", "yes"):
+            ctx.out.line("nothing deleted")
+            return EXIT_NOT_DONE
+    removed = await ctx.ledger.purge(older_than, statuses)
+    if args.json:
+        ctx.out.json({"removed": removed})
+    else:
+        ctx.out.line(f"removed {_count(removed, 'effect')}")
+    return EXIT_OK
+
+
+# -- parser and entry point -------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agent-ledger",
+        description="Inspect and decide effects in an agent-ledger store.",
+        epilog=f"The store URL defaults to ${URL_ENV}, else sqlite:///./agent_ledger.db.",
+    )
+    parser.add_argument("--version", action="version", version=f"agent-ledger {__version__}")
+    parser.add_argument(
+        "--url", default=None, help="memory://, sqlite:///PATH or postgresql://... (see README)"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, run: Callable[[Context], Any], help_: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_, description=help_)
+        sub.set_defaults(run=run)
+        if name not in ("init", "demo", "export"):
+            sub.add_argument("--json", action="store_true", help="machine-readable output")
+        return sub
+
+    def filters(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--workflow", help="only this workflow id")
+        sub.add_argument("--tool", help="only this tool")
+        sub.add_argument("--status", choices=[s.value for s in EffectStatus])
+        sub.add_argument("--since", help="created at or after: ISO time, or a duration ago (2h)")
+        sub.add_argument("--until", help="created before: ISO time, or a duration ago")
+
+    command("init", cmd_init, "create the store's tables (idempotent)")
+    command("demo", cmd_demo, "an agent retries a payment 5 times; the card is charged once")
+    sub = command("list", cmd_list, "effects, newest first")
+    filters(sub)
+    sub.add_argument("--limit", type=int, default=50)
+    sub.add_argument("--cursor", help="continue after a previous page")
+    sub = command("show", cmd_show, "one effect's full receipt")
+    sub.add_argument("ref", metavar="IDEM_KEY_OR_ID", help="id, key, or a key prefix (8+ chars)")
+    sub = command("pending", cmd_pending, "effects waiting for approval")
+    sub.add_argument("--limit", type=int, default=100)
+    sub = command("approve", cmd_approve, "approve a pending effect")
+    sub.add_argument("ref", metavar="KEY")
+    sub.add_argument("--by", help="who approves (kept on the receipt)")
+    sub.add_argument("--note", help="why (kept on the receipt)")
+    sub = command("deny", cmd_deny, "deny a pending effect")
+    sub.add_argument("ref", metavar="KEY")
+    sub.add_argument("--reason")
+    sub.add_argument("--by")
+    sub = command("cancel", cmd_cancel, "cancel an effect that has not finished")
+    sub.add_argument("ref", metavar="KEY")
+    sub.add_argument("--reason")
+    sub.add_argument("--by")
+    sub = command("export", cmd_export, "write effects as JSON, JSON lines or CSV")
+    filters(sub)
+    sub.add_argument("--format", choices=["json", "jsonl", "csv"], default="jsonl")
+    sub.add_argument("-o", "--output", help="file to write (default: stdout)")
+    command("stats", cmd_stats, "counts by status and tool")
+    sub = command("purge", cmd_purge, "delete old finished effects")
+    sub.add_argument("--older-than", required=True, help="e.g. 30d")
+    sub.add_argument(
+        "--status",
+        action="append",
+        choices=sorted(s.value for s in TERMINAL),
+        help="only these terminal statuses (repeatable; default: all terminal)",
+    )
+    sub.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    return parser
+
+
+async def _dispatch(args: argparse.Namespace, out: Output) -> int:
+    creating = args.command in ("init", "demo")
+    store = await open_store(args.url, create=creating)
+    try:
+        check_schema = getattr(store, "check_schema", None)
+        if check_schema is not None and not creating:
+            await check_schema()
+        ledger = EffectLedger(EffectLedgerOptions(store=store))
+        result: int = await args.run(Context(args, store, ledger, out))
+        return result
+    finally:
+        await store.close()
+
+
+def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None) -> int:
+    """Entry point of the ``agent-ledger`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.url = args.url or default_url()
+    stream = stdout if stdout is not None else sys.stdout
+    colour = stream.isatty() and not os.environ.get("NO_COLOR")
+    try:
+        return asyncio.run(_dispatch(args, Output(stream, colour)))
+    except (UsageError, EffectLedgerValidationError) as exc:
+        print(f"agent-ledger: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except EffectStoreError as exc:
+        print(f"agent-ledger: {exc}", file=sys.stderr)
+        return EXIT_NOT_DONE
+    except EffectLedgerError as exc:
+        print(f"agent-ledger: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_NOT_DONE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader (e.g. `| head`) went away: stop quietly, as Unix tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

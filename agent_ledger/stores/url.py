@@ -1,0 +1,84 @@
+"""Open any store from one URL, so tools and config files need a single setting.
+
+=============================================  ==================================
+``memory://``                                  a new ``MemoryStore``
+``sqlite:///relative/path.db``                 ``SqliteStore`` (three slashes: relative)
+``sqlite:////absolute/path.db``                ``SqliteStore`` (four slashes: absolute)
+``postgresql://user@host:5432/db?schema=x``    ``PostgresStore.connect`` (``schema``
+                                               defaults to ``public``; ``postgres://``
+                                               works too)
+=============================================  ==================================
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Final
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.stores.base import Store
+
+#: Where the CLI and the demo keep their ledger unless told otherwise.
+DEFAULT_URL: Final = "sqlite:///./agent_ledger.db"
+#: The environment variable that overrides ``DEFAULT_URL``.
+URL_ENV: Final = "AGENT_LEDGER_URL"
+
+
+def default_url() -> str:
+    """``$AGENT_LEDGER_URL`` if set, else ``sqlite:///./agent_ledger.db``."""
+    return os.environ.get(URL_ENV) or DEFAULT_URL
+
+
+async def open_store(url: str, *, create: bool = True) -> Store:
+    """Open the store ``url`` names (see the module doc). Close it with ``await store.close()``.
+
+    ``create=False`` makes a SQLite URL fail with a clear ``EffectStoreError``
+    when the file or its tables do not exist, instead of creating them; a
+    PostgreSQL store never creates its schema here (``create_schema()`` does).
+    """
+    if not isinstance(url, str) or "://" not in url:
+        raise EffectLedgerValidationError(
+            f"not a store URL: {url!r}; expected memory://, sqlite:///PATH or postgresql://...",
+            field="url",
+        )
+    scheme = url.split("://", 1)[0].lower()
+    if scheme == "memory":
+        from agent_ledger.stores.memory import MemoryStore
+
+        return MemoryStore()
+    if scheme == "sqlite":
+        from agent_ledger.stores.sqlite import SqliteStore
+
+        path = url[len("sqlite:///") :] if url.startswith("sqlite:///") else ""
+        if not path:
+            raise EffectLedgerValidationError(
+                f"SQLite URL {url!r} names no file; use sqlite:///relative.db or "
+                "sqlite:////absolute/path.db",
+                field="url",
+            )
+        return SqliteStore(path, create=create)
+    if scheme in ("postgresql", "postgres"):
+        try:
+            from agent_ledger.stores.postgres import PostgresStore
+        except ImportError:
+            raise EffectLedgerValidationError(
+                'PostgreSQL URLs need the extra: pip install "agent-ledger[postgres]"',
+                field="url",
+            ) from None
+        conninfo, schema = _split_schema(url)
+        return await PostgresStore.connect(conninfo, schema=schema, connect_timeout=10.0)
+    raise EffectLedgerValidationError(
+        f"unknown store URL scheme {scheme!r} in {url!r}; "
+        "expected memory://, sqlite:///PATH or postgresql://...",
+        field="url",
+    )
+
+
+def _split_schema(url: str) -> tuple[str, str]:
+    """Take our own ``schema`` parameter out of a PostgreSQL URL (libpq would reject it)."""
+    parts = urlsplit(url)
+    params = parse_qsl(parts.query, keep_blank_values=True)
+    schema = next((value for key, value in params if key == "schema"), "public")
+    rest = urlencode([(key, value) for key, value in params if key != "schema"])
+    return urlunsplit(parts._replace(query=rest)), schema
