@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import IO, Any, Final
+from typing import IO, Any, Final, TypeVar
 
 import orjson
 
@@ -30,6 +30,8 @@ from agent_ledger.receipt import RECORD_FIELDS, effect_to_record, render_receipt
 from agent_ledger.status import TERMINAL, EffectStatus
 from agent_ledger.stores.base import Store
 from agent_ledger.stores.url import URL_ENV, default_url, open_store
+
+_T = TypeVar("_T")
 
 EXIT_OK: Final = 0
 EXIT_NOT_DONE: Final = 1
@@ -160,9 +162,7 @@ class Context:
 
 
 async def cmd_init(ctx: Context) -> int:
-    create_schema = getattr(ctx.store, "create_schema", None)
-    if create_schema is not None:
-        await create_schema()
+    # The store's tables were created on opening (see _dispatch).
     ctx.out.line(f"ledger ready at {ctx.args.url}")
     return EXIT_OK
 
@@ -179,8 +179,8 @@ def _filters(args: argparse.Namespace) -> dict[str, Any]:
         "workflow_id": args.workflow,
         "tool": args.tool,
         "status": args.status,
-        "since": parse_moment(args.since) if args.since else None,
-        "until": parse_moment(args.until) if args.until else None,
+        "since": args.since,
+        "until": args.until,
     }
 
 
@@ -374,6 +374,23 @@ async def cmd_purge(ctx: Context) -> int:
 # -- parser and entry point -------------------------------------------------------------
 
 
+def _argument(parse: Callable[[str], _T]) -> Callable[[str], _T]:
+    """Adapt a parser so argparse reports its error as a usage error (exit 2)."""
+
+    def convert(text: str) -> _T:
+        try:
+            return parse(text)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
+
+def _duration_text(text: str) -> str:
+    parse_duration(text)
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agent-ledger",
@@ -397,8 +414,16 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--workflow", help="only this workflow id")
         sub.add_argument("--tool", help="only this tool")
         sub.add_argument("--status", choices=[s.value for s in EffectStatus])
-        sub.add_argument("--since", help="created at or after: ISO time, or a duration ago (2h)")
-        sub.add_argument("--until", help="created before: ISO time, or a duration ago")
+        sub.add_argument(
+            "--since",
+            type=_argument(parse_moment),
+            help="created at or after: ISO time, or a duration ago (2h)",
+        )
+        sub.add_argument(
+            "--until",
+            type=_argument(parse_moment),
+            help="created before: ISO time, or a duration ago",
+        )
 
     command("init", cmd_init, "create the store's tables (idempotent)")
     command("demo", cmd_demo, "an agent retries a payment 5 times; the card is charged once")
@@ -428,7 +453,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("-o", "--output", help="file to write (default: stdout)")
     command("stats", cmd_stats, "counts by status and tool")
     sub = command("purge", cmd_purge, "delete old finished effects")
-    sub.add_argument("--older-than", required=True, help="e.g. 30d")
+    sub.add_argument(
+        "--older-than", required=True, type=_argument(_duration_text), help="e.g. 30d, 12h"
+    )
     sub.add_argument(
         "--status",
         action="append",
@@ -443,9 +470,11 @@ async def _dispatch(args: argparse.Namespace, out: Output) -> int:
     creating = args.command in ("init", "demo")
     store = await open_store(args.url, create=creating)
     try:
-        check_schema = getattr(store, "check_schema", None)
-        if check_schema is not None and not creating:
-            await check_schema()
+        # SQLite creates its tables on opening; a server store is told to here,
+        # or checked, so a missing schema is one clear line.
+        prepare = getattr(store, "create_schema" if creating else "check_schema", None)
+        if prepare is not None:
+            await prepare()
         ledger = EffectLedger(EffectLedgerOptions(store=store))
         result: int = await args.run(Context(args, store, ledger, out))
         return result
