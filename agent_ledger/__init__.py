@@ -6,6 +6,7 @@ Start with :class:`EffectLedger` and ``await ledger.run(call, handler)``.
 from __future__ import annotations
 
 from agent_ledger._version import __version__
+from agent_ledger.audit import EffectPage
 from agent_ledger.calls import ResourceDescriptor, ToolCall
 from agent_ledger.clock import ManualClock
 from agent_ledger.effects import (
@@ -36,8 +37,10 @@ from agent_ledger.options import (
     StaleOptions,
 )
 from agent_ledger.status import EffectStatus
-from agent_ledger.stores.base import Store
+from agent_ledger.stores.base import LedgerStats, Store
 from agent_ledger.stores.memory import MemoryStore
+from agent_ledger.stores.sqlite import SqliteStore
+from agent_ledger.stores.url import open_store
 
 __all__ = [
     "UNSET",
@@ -54,18 +57,22 @@ __all__ = [
     "EffectLedgerInvariantError",
     "EffectLedgerOptions",
     "EffectLedgerValidationError",
+    "EffectPage",
     "EffectStatus",
     "EffectStoreError",
     "EffectTimeoutError",
     "JSONValue",
     "LedgerDefaults",
     "LedgerHooks",
+    "LedgerStats",
     "ManualClock",
     "MemoryStore",
     "ResourceDescriptor",
     "RunOptions",
+    "SqliteStore",
     "StaleOptions",
     "Store",
     "ToolCall",
     "__version__",
+    "open_store",
 ]

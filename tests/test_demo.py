@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from agent_ledger.demo import RETRIES, run_demo
 from agent_ledger.stores.memory import MemoryStore
@@ -21,11 +23,18 @@ async def test_demo_charges_once_for_every_retry() -> None:
     assert "duplicates  4" in text
 
 
-def test_demo_command_runs() -> None:
-    """`python -m agent_ledger demo` exits 0 and prints the receipt."""
+def test_demo_command_runs(tmp_path: Path) -> None:
+    """`python -m agent_ledger demo` exits 0, prints the receipt, and keeps it on disk."""
+    env = {k: v for k, v in os.environ.items() if k != "AGENT_LEDGER_URL"}
     done = subprocess.run(
-        [sys.executable, "-m", "agent_ledger", "demo"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "agent_ledger", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     assert "The payment API was charged once" in done.stdout
     assert "status  succeeded" in done.stdout
+    assert (tmp_path / "agent_ledger.db").exists()  # the embedded default store

@@ -4,5 +4,7 @@ from __future__ import annotations
 
 from agent_ledger.stores.base import Store
 from agent_ledger.stores.memory import MemoryStore
+from agent_ledger.stores.sqlite import SqliteStore
+from agent_ledger.stores.url import open_store
 
-__all__ = ["MemoryStore", "Store"]
+__all__ = ["MemoryStore", "SqliteStore", "Store", "open_store"]

@@ -7,8 +7,8 @@ import agent_ledger
 
 def test_all_is_sorted_and_importable() -> None:
     """__all__ lists real names, in sorted order."""
-    names = [n for n in agent_ledger.__all__ if n != "__version__"]
-    assert names == sorted(names, key=lambda n: (not n.isupper(), n))
+    names = [n for n in agent_ledger.__all__ if not n.startswith("__")]
+    assert names == sorted(names, key=lambda n: (not n.isupper(), n.islower(), n))
     for name in agent_ledger.__all__:
         assert hasattr(agent_ledger, name), name
 
