@@ -1,5 +1,9 @@
 """The demo: an agent retries a payment tool five times; the card is charged once.
 
+It also asks for a refund that policy sends to a person: the first run leaves
+it pending, and once someone runs ``agent-ledger approve``, the next run
+executes it.
+
 Run it with ``python -m agent_ledger demo``.
 """
 
@@ -8,10 +12,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
+import orjson
+
 from agent_ledger.calls import ToolCall
 from agent_ledger.effects import Effect
+from agent_ledger.errors import EffectDeniedError, EffectTimeoutError
 from agent_ledger.ledger import EffectLedger
-from agent_ledger.options import EffectLedgerOptions
+from agent_ledger.options import ConcurrencyOptions, EffectLedgerOptions, RunOptions
 from agent_ledger.receipt import render_receipt
 from agent_ledger.stores.base import Store
 
@@ -23,6 +30,7 @@ class FakePaymentAPI:
 
     def __init__(self) -> None:
         self.charges: list[dict[str, object]] = []
+        self.refunds = 0
         self._ids = itertools.count(1)
 
     async def charge(self, amount_cents: int, currency: str) -> dict[str, object]:
@@ -70,4 +78,36 @@ async def run_demo(store: Store, emit: Callable[[str], None] = print) -> FakePay
     assert effect is not None
     emit("Receipt:")
     emit(render_receipt(effect))
+    await _refund(ledger, api, effect, emit)
     return api
+
+
+async def _refund(
+    ledger: EffectLedger, api: FakePaymentAPI, charge: Effect, emit: Callable[[str], None]
+) -> None:
+    """A refund needs a human: the first run leaves it pending, a later one runs it."""
+    charge_id = charge.result["charge_id"] if isinstance(charge.result, dict) else None
+    refund = ToolCall(
+        workflow_id="order-1042",
+        tool="payments.refund",
+        args={"charge_id": charge_id, "amount_cents": 4_999},
+    )
+
+    async def do_refund(effect: Effect) -> dict[str, object]:
+        api.refunds += 1
+        return {"refund_id": "re_0001", "charge_id": charge_id}
+
+    emit("\nThe agent also asks to refund the order; policy says a person decides.")
+    # approval_timeout_ms=0: record the request and return at once instead of waiting.
+    no_wait = RunOptions(
+        requires_approval=True, concurrency=ConcurrencyOptions(approval_timeout_ms=0)
+    )
+    key = ledger.idem_key(refund)[:12]
+    try:
+        result = await ledger.run(refund, do_refund, no_wait)
+    except EffectTimeoutError:
+        emit(f"  waiting for approval: agent-ledger approve {key}   (or: agent-ledger deny {key})")
+    except EffectDeniedError as exc:
+        emit(f"  denied: {exc.reason}")
+    else:
+        emit(f"  approved, so it ran: {orjson.dumps(result).decode()}")

@@ -164,12 +164,20 @@ def render_receipt(effect: Effect) -> str:
         ("duration", duration),
     ]
     if effect.decided_at is not None:
-        decision = f"{effect.status.value} by {effect.decided_by or 'unknown'}"
+        decision = f"{_decision_kind(effect)} by {effect.decided_by or 'someone unnamed'}"
         if effect.decision_note:
             decision += f": {effect.decision_note}"
         rows += [("decision", decision), ("decided", _stamp(effect.decided_at))]
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label.rjust(width)}  {value}" for label, value in rows)
+
+
+def _decision_kind(effect: Effect) -> str:
+    # Decisions are made by approve, deny or cancel; only approval lets the
+    # effect go on to other statuses, so the current status tells which it was.
+    if effect.status in (EffectStatus.DENIED, EffectStatus.CANCELED):
+        return effect.status.value
+    return "approved"
 
 
 def _stamp(moment: datetime | None) -> str:

@@ -46,7 +46,8 @@ def test_list_show_and_stats(cli: Cli) -> None:
     listed = cli("list")
     assert listed.returncode == 0
     lines = listed.stdout.splitlines()
-    assert lines[0].startswith("CREATED (UTC)") and "payments.charge" in lines[1]
+    assert lines[0].startswith("CREATED (UTC)") and len(lines) == 3
+    assert {line.split()[3] for line in lines[1:]} == {"payments.charge", "payments.refund"}
     assert all(len(line) <= 100 for line in lines)
     assert "\x1b[" not in listed.stdout  # no colour when not a terminal
     shown = cli("show", DEMO_KEY_PREFIX)
@@ -55,7 +56,8 @@ def test_list_show_and_stats(cli: Cli) -> None:
     record = json.loads(cli("show", DEMO_KEY_PREFIX, "--json").stdout)
     assert record["status"] == "succeeded" and record["dedup_count"] == 4
     stats = json.loads(cli("stats", "--json").stdout)
-    assert stats["total"] == 1 and stats["duplicates"] == 4 and stats["by_status"]["succeeded"] == 1
+    assert (stats["total"], stats["duplicates"]) == (2, 4)
+    assert stats["by_status"]["succeeded"] == stats["by_status"]["requires_approval"] == 1
     listed_json = json.loads(cli("list", "--json", "--tool", "payments.charge").stdout)
     assert [e["tool"] for e in listed_json["effects"]] == ["payments.charge"]
     assert json.loads(cli("list", "--json", "--status", "failed").stdout)["effects"] == []
@@ -236,7 +238,9 @@ def test_purge_needs_confirmation_and_removes_old_terminal_effects(cli: Cli) -> 
     assert kept == {"removed": 0}
     removed = cli("purge", "--older-than", "0s", "--yes")
     assert removed.returncode == 0 and "removed 1 effect" in removed.stdout
-    assert json.loads(cli("stats", "--json").stdout)["total"] == 0
+    # The demo's refund still waits for approval: purge never touches it.
+    left = json.loads(cli("stats", "--json").stdout)
+    assert (left["total"], left["by_status"]["requires_approval"]) == (1, 1)
 
 
 def test_default_url_comes_from_the_environment(run_cli: Any, tmp_path: Path) -> None:
