@@ -66,3 +66,41 @@ def test_readme_test_command_is_what_ci_runs() -> None:
     ci = (README.parent / ".ci" / "run").read_text()
     assert re.search(r"^\s*pytest\b", README.read_text(), flags=re.M)
     assert re.search(r"^[^#\n]*\bpytest\b", ci, flags=re.M)
+
+
+SESSION = re.search(r"```console\n(.*?)```", README.read_text(), flags=re.S)
+#: Parts of the output that differ on every run: times, durations, effect ids.
+VOLATILE = [
+    (re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+\+00:00"), "<time>"),
+    (re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"), "<time>"),
+    (re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"), "<uuid>"),
+    (re.compile(r"\d+\.\d ms"), "<duration>"),
+]
+
+
+def _mask(text: str) -> str:
+    for pattern, placeholder in VOLATILE:
+        text = pattern.sub(placeholder, text)
+    return text
+
+
+def test_readme_cli_session_is_real_output(tmp_path: Path) -> None:
+    """Replaying the README's console session in a fresh folder prints the same thing."""
+    assert SESSION is not None
+    steps = re.split(r"^\$ (.*)$", SESSION.group(1), flags=re.M)[1:]
+    commands, expected = steps[0::2], steps[1::2]
+    assert len(commands) >= 5
+    bin_dir = str(Path(sys.executable).parent)
+    env = {k: v for k, v in os.environ.items() if k not in ("AGENT_LEDGER_URL", "NO_COLOR")}
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    for command, output in zip(commands, expected, strict=True):
+        done = subprocess.run(
+            ["bash", "-c", command],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, f"{command}: {done.stderr}"
+        assert _mask(done.stdout) == _mask(output.removeprefix("\n")), command
