@@ -38,6 +38,7 @@ from agent_ledger.errors import (
     EffectStoreError,
     EffectTimeoutError,
 )
+from agent_ledger.heartbeats import Heartbeats
 from agent_ledger.keys import DEFAULT_MAX_ARGS_SIZE_BYTES, canonical_json, canonicalize
 from agent_ledger.observability import effect_fields, logger, span
 from agent_ledger.options import (
@@ -104,6 +105,7 @@ class EffectLedger:
         self._resolved_defaults = resolve(self._defaults)
         self._max_args = options.max_args_size_bytes or DEFAULT_MAX_ARGS_SIZE_BYTES
         self._hooks = options.hooks if options.hooks is not None else LedgerHooks()
+        self._heartbeats = Heartbeats(self._store)
 
     @property
     def store(self) -> Store:
@@ -523,7 +525,7 @@ class EffectLedger:
         # Inside a transaction the row is invisible to other workers until
         # commit, so nobody can take it over and no heartbeat is needed.
         heartbeat = (
-            _Heartbeat(self._store, effect, opts.stale_after_ms)
+            self._heartbeats.start(effect, opts.stale_after_ms)
             if opts.stale_after_ms > 0 and tx is None
             else None
         )
@@ -671,54 +673,6 @@ class EffectLedger:
         if status is EffectStatus.DENIED or status is EffectStatus.CANCELED:
             raise EffectDeniedError(effect)
         raise EffectLedgerInvariantError(f"no recorded outcome for a {status.value} effect")
-
-
-class _Heartbeat:
-    """Refreshes ``heartbeat_at`` every ``stale_after_ms / 3`` while a handler runs.
-
-    Built on ``call_later`` rather than a task so that the common case, a
-    handler that returns before the first beat, costs no task at all. A beat
-    in flight when the handler ends is left to finish: it is fenced by
-    attempt and status, so it can do no harm.
-    """
-
-    __slots__ = ("_effect", "_handle", "_interval_s", "_loop", "_stopped", "_store", "_task")
-
-    def __init__(self, store: Store, effect: Effect, stale_after_ms: int) -> None:
-        self._store = store
-        self._effect = effect
-        self._interval_s = stale_after_ms / 3000.0
-        self._loop = asyncio.get_running_loop()
-        self._stopped = False
-        self._task: asyncio.Task[None] | None = None
-        self._handle = self._loop.call_later(self._interval_s, self._beat)
-
-    def _beat(self) -> None:
-        self._task = self._loop.create_task(self._send())
-
-    async def _send(self) -> None:
-        effect = self._effect
-        try:
-            alive = await self._store.heartbeat(effect.id, effect.attempt)
-        except Exception:
-            # A transient store error must not kill a healthy handler; the next
-            # beat retries, and the stale window is three beats long.
-            logger.warning("heartbeat failed; retrying", exc_info=True, extra=_fields(effect))
-            alive = True
-        if self._stopped:
-            return
-        if not alive:
-            _log_warning(
-                "lost the effect while its handler runs (taken over or canceled); "
-                "this attempt's commit will be rejected",
-                effect,
-            )
-            return
-        self._handle = self._loop.call_later(self._interval_s, self._beat)
-
-    def stop(self) -> None:
-        self._stopped = True
-        self._handle.cancel()
 
 
 def _error_code(exc: BaseException) -> str:
