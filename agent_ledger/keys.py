@@ -30,8 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 import orjson
 
@@ -124,9 +123,11 @@ def canonical_json(value: object, *, field: str, sort_keys: bool = True) -> byte
         raise EffectLedgerValidationError(f"{field}: {exc}", field=field) from None
 
 
-@dataclass(frozen=True, slots=True)
-class CanonicalCall:
-    """A call reduced to what the store records: its key and canonical texts."""
+class CanonicalCall(NamedTuple):
+    """A call reduced to what the store records: its key and canonical texts.
+
+    A NamedTuple rather than a dataclass: it is built on every ``run()``.
+    """
 
     idem_key: str
     args_canonical: str
