@@ -80,12 +80,16 @@ def _check(value: object, depth: int) -> None:
         return
     if depth >= MAX_DEPTH:
         raise _NotJSON(f"nested deeper than {MAX_DEPTH} levels")
+    # Containers: the common scalars are accepted inline, which saves a call
+    # per value on the hot path; anything else recurses (and reports its path).
     if kind is dict:
         for key, item in value.items():  # type: ignore[attr-defined]
             if type(key) is not str:
                 raise _NotJSON(f"object key {key!r} is a {type(key).__name__}, keys must be str")
             if "\x00" in key:
                 raise _NotJSON(_NUL_REASON)
+            if _plain_scalar(item):
+                continue
             try:
                 _check(item, depth + 1)
             except _NotJSON as exc:
@@ -94,6 +98,8 @@ def _check(value: object, depth: int) -> None:
         return
     if kind is list or kind is tuple:
         for index, item in enumerate(value):  # type: ignore[arg-type]
+            if _plain_scalar(item):
+                continue
             try:
                 _check(item, depth + 1)
             except _NotJSON as exc:
@@ -103,6 +109,14 @@ def _check(value: object, depth: int) -> None:
     raise _NotJSON(
         f"{kind.__name__} is not a JSON value (use dict, list, str, int, float, bool or None)"
     )
+
+
+def _plain_scalar(item: object) -> bool:
+    """True for values that are certainly valid: NUL-free str, bool, None, 64-bit int."""
+    kind = type(item)
+    if kind is str:
+        return "\x00" not in item  # type: ignore[operator]
+    return item is None or kind is bool or (kind is int and _INT_MIN <= item <= _INT_MAX)  # type: ignore[operator]
 
 
 def canonical_json(value: object, *, field: str, sort_keys: bool = True) -> bytes:

@@ -570,28 +570,16 @@ class EffectLedger:
         error: EffectError | None,
         tx: object | None,
     ) -> bool:
-        won = await self._complete_with_retries(effect, status, result_json, error, tx)
-        if not won:
-            _log_warning("commit rejected: another attempt or a decision got there first", effect)
-        return won
+        """Record a handler's outcome; True if this attempt's commit won.
 
-    async def _complete_with_retries(
-        self,
-        effect: Effect,
-        status: EffectStatus,
-        result_json: str | None,
-        error: EffectError | None,
-        tx: object | None,
-    ) -> bool:
-        """Record a handler's outcome, retrying store errors a few times.
-
-        The side effect has happened by now; giving up at the first broken
-        connection would leave the effect in processing, and the next caller
-        would take it over and run the handler again. The compare-and-set is
-        safe to repeat: if an earlier try landed before its connection broke,
-        the retry matches no row and the stored effect shows our attempt and
-        status, which counts as ours. Inside a caller's transaction a failed
-        statement aborts the transaction, so there is nothing to retry.
+        Store errors are retried a few times: the side effect has happened by
+        now, and giving up at the first broken connection would leave the
+        effect in processing for the next caller to take over and run again.
+        The compare-and-set is safe to repeat: if an earlier try landed before
+        its connection broke, the retry matches no row and the stored effect
+        shows our attempt and status, which counts as ours. Inside a caller's
+        transaction a failed statement aborts the transaction, so there is
+        nothing to retry.
         """
         delays = () if tx is not None else COMMIT_RETRY_DELAYS_S
         for retry, delay in enumerate((*delays, None)):
@@ -616,6 +604,10 @@ class EffectLedger:
                     stored is not None
                     and stored.status is status
                     and stored.attempt == effect.attempt
+                )
+            if not won:
+                _log_warning(
+                    "commit rejected: another attempt or a decision got there first", effect
                 )
             return won
         raise EffectLedgerInvariantError("unreachable: the last try either returns or raises")
