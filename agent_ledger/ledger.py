@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final, TypeVar, overload
 
+import orjson
+
 from agent_ledger.audit import EffectPage, build_query, encode_cursor
 from agent_ledger.calls import ToolCall
 from agent_ledger.effects import (
@@ -49,6 +51,7 @@ from agent_ledger.options import (
     merge_run_options,
     resolve,
 )
+from agent_ledger.polling import SharedPolls
 from agent_ledger.status import TERMINAL, EffectStatus
 from agent_ledger.stores.base import Decision, EffectQuery, LedgerStats, NewEffect, Store
 
@@ -78,6 +81,8 @@ class _Acquired:
     effect: Effect
     owned: bool
     fresh: bool = False
+    #: The effect came from another waiter's poll: copy its result before handing it out.
+    shared: bool = False
 
 
 class _Lost:
@@ -106,6 +111,7 @@ class EffectLedger:
         self._max_args = options.max_args_size_bytes or DEFAULT_MAX_ARGS_SIZE_BYTES
         self._hooks = options.hooks if options.hooks is not None else LedgerHooks()
         self._heartbeats = Heartbeats(self._store)
+        self._polls = SharedPolls(self._store)
 
     @property
     def store(self) -> Store:
@@ -177,7 +183,7 @@ class EffectLedger:
                 if outcome is not _LOST:
                     return outcome
                 acquired = await self._wait(new, acquired.effect, opts, tx)
-            return self._recorded_outcome(acquired.effect)
+            return _private(self._recorded_outcome(acquired.effect), acquired.shared)
 
     # -- driving the lifecycle by hand --------------------------------------
 
@@ -211,7 +217,7 @@ class EffectLedger:
                 cached=False,
                 idempotency_status="fresh" if acquired.fresh else "replayed",
             )
-        result = self._recorded_outcome(acquired.effect)
+        result = _private(self._recorded_outcome(acquired.effect), acquired.shared)
         return BeginResult(
             acquired.effect, cached=True, idempotency_status="replayed", cached_result=result
         )
@@ -475,22 +481,22 @@ class EffectLedger:
             while True:
                 # Polling after subscribing means no change between the
                 # caller's last read and this wait can be missed.
-                current: Effect | None
-                if effect.status is _READY or (effect.status is _PROCESSING and stale_after_ms > 0):
-                    claim = await self._store.claim(key, stale_after_ms=stale_after_ms, tx=tx)
-                    if claim.claimed and claim.effect is not None:
-                        _log_claimed(claim.effect)
-                        return _Acquired(claim.effect, owned=True)
-                    current = claim.effect
-                else:
-                    current = await self._store.find(key, tx=tx)
+                claimable = effect.status is _READY or (
+                    effect.status is _PROCESSING and stale_after_ms > 0
+                )
+                current, claimed, shared = await self._polls.poll(
+                    key, claim_stale_after_ms=stale_after_ms if claimable else None, tx=tx
+                )
+                if claimed and current is not None:
+                    _log_claimed(current)
+                    return _Acquired(current, owned=True)
                 if current is None:
                     raise EffectLedgerInvariantError(
                         f"effect {key} disappeared from the store while a caller waited on it"
                     )
                 effect = current
                 if effect.status.is_terminal:
-                    return _Acquired(effect, owned=False)
+                    return _Acquired(effect, owned=False, shared=shared)
                 if effect.status is _READY:
                     continue  # approved since we last looked: claim it now, not after a sleep
                 approval_phase = effect.status is _REQUIRES_APPROVAL
@@ -665,6 +671,13 @@ class EffectLedger:
         if status is EffectStatus.DENIED or status is EffectStatus.CANCELED:
             raise EffectDeniedError(effect)
         raise EffectLedgerInvariantError(f"no recorded outcome for a {status.value} effect")
+
+
+def _private(result: object, shared: bool) -> object:
+    """A caller's own copy of a result that other waiters received too."""
+    if shared and isinstance(result, dict | list):
+        return orjson.loads(orjson.dumps(result))
+    return result
 
 
 def _error_code(exc: BaseException) -> str:

@@ -1,0 +1,82 @@
+"""Single-flight polls: waiters in one process share one read of the same key.
+
+When an effect finishes, every caller waiting on it wakes at once. Without
+sharing, 50 waiters send 50 identical queries and the last one returns only
+after the other 49; with it, one query answers them all.
+
+A shared answer never hands out ownership: only the caller that sent a
+claim can win it. The others learn the effect's state and carry on (a
+claimed effect is ``processing`` to them, so they wait). If the sender is
+cancelled or its query fails, the others simply poll for themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from agent_ledger.effects import Effect
+from agent_ledger.stores.base import Store
+
+__all__ = ["SharedPolls"]
+
+
+class SharedPolls:
+    """The polls in flight for one ledger, by idempotency key."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._in_flight: dict[str, asyncio.Future[tuple[Effect | None, bool]]] = {}
+
+    async def poll(
+        self, idem_key: str, *, claim_stale_after_ms: int | None, tx: object | None
+    ) -> tuple[Effect | None, bool, bool]:
+        """Read the effect, claiming it when ``claim_stale_after_ms`` is given.
+
+        Returns ``(effect, claimed, shared)``: ``claimed`` only for the caller
+        whose own query claimed it, ``shared`` when the answer came from
+        another caller's query.
+        """
+        running = self._in_flight.get(idem_key)
+        if running is not None and tx is None and running.get_loop() is asyncio.get_running_loop():
+            try:
+                effect, _claimed_by_sender = await asyncio.shield(running)
+            except Exception:
+                pass  # the sender's poll failed or was abandoned: poll ourselves
+            else:
+                return effect, False, True
+        return await self._own_poll(idem_key, claim_stale_after_ms, tx)
+
+    async def _own_poll(
+        self, idem_key: str, claim_stale_after_ms: int | None, tx: object | None
+    ) -> tuple[Effect | None, bool, bool]:
+        # Inside a transaction the caller may see its own uncommitted writes:
+        # such a read is not for sharing.
+        future: asyncio.Future[tuple[Effect | None, bool]] | None = None
+        if tx is None and idem_key not in self._in_flight:
+            future = asyncio.get_running_loop().create_future()
+            self._in_flight[idem_key] = future
+        try:
+            if claim_stale_after_ms is not None:
+                outcome = await self._store.claim(
+                    idem_key, stale_after_ms=claim_stale_after_ms, tx=tx
+                )
+                result = (outcome.effect, outcome.claimed)
+            else:
+                result = (await self._store.find(idem_key, tx=tx), False)
+        except BaseException as exc:
+            if future is not None:
+                # Joiners must not inherit our cancellation: give them an
+                # ordinary exception, which sends them to poll themselves.
+                future.set_exception(_Abandoned(repr(exc)))
+                future.exception()  # mark retrieved: nobody may be waiting
+            raise
+        finally:
+            if future is not None:
+                del self._in_flight[idem_key]
+        if future is not None:
+            future.set_result(result)
+        return result[0], result[1], False
+
+
+class _Abandoned(Exception):
+    """The shared poll ended without an answer."""
