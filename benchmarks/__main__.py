@@ -1,0 +1,409 @@
+"""`python -m benchmarks [--store memory|sqlite|postgres|all] [--dsn DSN] [--quick]`.
+
+Prints one table per store (each ledger figure beside its floor, measured in
+the same run) and writes benchmarks/results/<date>-<store>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import platform
+import sqlite3
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from agent_ledger import MemoryStore, SqliteStore
+from benchmarks import scenarios as sc
+from benchmarks.floors import PostgresFloor, SqliteFloor, handler
+from benchmarks.timing import Figure
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DEFAULT_DSN = os.environ.get("AGENT_LEDGER_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+class Report:
+    """Rows of (what, ledger, floor, ratio, target, met) and the raw figures."""
+
+    def __init__(self, store: str) -> None:
+        self.store = store
+        self.rows: list[dict[str, Any]] = []
+
+    def add(
+        self,
+        what: str,
+        value: Figure | float | int,
+        *,
+        floor: Figure | None = None,
+        target: str = "",
+        met: bool | None = None,
+    ) -> None:
+        row: dict[str, Any] = {"what": what, "target": target, "met": met}
+        row["ledger"] = value.as_dict() if isinstance(value, Figure) else value
+        if floor is not None and isinstance(value, Figure):
+            row["floor"] = floor.as_dict()
+            row["ratio"] = value.median / floor.median
+        self.rows.append(row)
+
+    def print(self) -> None:
+        print(f"\n== {self.store} ==")
+        header = f"{'scenario':44} {'ledger':>22} {'floor':>14} {'ratio':>6}  target"
+        print(header)
+        print("-" * len(header))
+        for row in self.rows:
+            value = row["ledger"]
+            if isinstance(value, dict):
+                shown = f"{_num(value['median'])} (p95 {_num(value['p95'])}) {value['unit']}"
+            else:
+                shown = _num(value)
+            floor = _num(row["floor"]["median"]) if "floor" in row else ""
+            ratio = f"{row['ratio']:.2f}" if "ratio" in row else ""
+            mark = {True: "ok", False: "MISSED", None: ""}[row["met"]]
+            print(f"{row['what']:44} {shown:>22} {floor:>14} {ratio:>6}  {row['target']} {mark}")
+
+
+def _num(value: float) -> str:
+    if isinstance(value, int) or value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.2f}"
+
+
+def throughput_rows(
+    report: Report, label: str, figures: dict[str, Figure], target: float | None
+) -> None:
+    for kind in ("fresh", "replay"):
+        ledger, floor = figures[kind], figures[f"floor_{kind}"]
+        ok = None if target is None else ledger.median / floor.median >= target
+        report.add(
+            f"{kind} run, {label}",
+            ledger,
+            floor=floor,
+            target=f">= {target} x floor" if target else "",
+            met=ok,
+        )
+
+
+async def in_process_approver(ledger: Any) -> Any:
+    async def approve(key: str) -> float:
+        await ledger.approve(key)
+        return time.time()
+
+    return approve
+
+
+# -- per store ---------------------------------------------------------------------------
+
+
+async def bench_memory(sizes: sc.Sizes) -> Report:
+    report = Report("memory")
+    ledger = sc.make_ledger(MemoryStore())
+
+    async def direct(key: str) -> object:
+        return await handler(key)
+
+    for label, tasks in (("sequential", 1), (f"{sc.CONCURRENCY} tasks", sc.CONCURRENCY)):
+        figures = await sc.throughput(ledger, direct, direct, sizes, tasks)
+        throughput_rows(report, label, figures, None)
+    overhead = await sc.memory_overhead_us(sizes)
+    report.add(
+        "fresh run overhead over the bare handler",
+        overhead,
+        target="<= 15 us",
+        met=overhead.median <= 15,
+    )
+    contention = await sc.contended(sc.make_ledger(MemoryStore()), sizes)
+    report.add(
+        "contended: executions of 50 callers",
+        contention["executions_max"],
+        target="== 1",
+        met=contention["executions_max"] == 1,
+    )
+    wake = contention["wake_ms"]
+    report.add(
+        "contended: winner commit -> waiter return", wake, target="<= 1 ms", met=wake.p95 <= 1.0
+    )
+    approval = await sc.approval_wake(ledger, sizes, await in_process_approver(ledger))
+    report.add("approval wake, same process", approval)
+    report.add("RSS growth per 100k effects (MB)", await sc.memory_growth(sizes))
+    return report
+
+
+async def bench_sqlite(sizes: sc.Sizes) -> Report:
+    report = Report("sqlite")
+    with tempfile.TemporaryDirectory(prefix="agent-ledger-bench-") as folder:
+        store = SqliteStore(Path(folder) / "ledger.db")
+        floor = SqliteFloor(Path(folder) / "floor.db")
+        ledger = sc.make_ledger(store)
+        try:
+            for label, tasks in (("sequential", 1), (f"{sc.CONCURRENCY} tasks", sc.CONCURRENCY)):
+                figures = await sc.throughput(ledger, floor.fresh, floor.replay, sizes, tasks)
+                throughput_rows(report, label, figures, 0.7)
+            contention = await sc.contended(ledger, sizes)
+            report.add(
+                "contended: executions of 50 callers",
+                contention["executions_max"],
+                target="== 1",
+                met=contention["executions_max"] == 1,
+            )
+            report.add("contended: winner commit -> waiter return", contention["wake_ms"])
+            approval = await sc.approval_wake(ledger, sizes, await in_process_approver(ledger))
+            report.add("approval wake, same process", approval)
+            approver = sc.ApproverProcess(f"sqlite:///{Path(folder) / 'ledger.db'}")
+            try:
+                approval = await sc.approval_wake(ledger, sizes, approver.approve)
+            finally:
+                approver.close()
+            report.add("approval wake, other process (polling)", approval)
+            small, large = sizes.table_sizes
+            await _fill_sqlite(Path(folder) / "ledger.db", small)
+            at_small = await sc.begin_latency(store, 500)
+            await _fill_sqlite(Path(folder) / "ledger.db", large - small)
+            at_large = await sc.begin_latency(store, 500)
+            report.add(f"begin latency at {small:,} effects", at_small)
+            report.add(
+                f"begin latency at {large:,} effects",
+                at_large,
+                target="p50 <= 1.5 x smaller table",
+                met=at_large.median <= 1.5 * at_small.median,
+            )
+        finally:
+            await store.close()
+            floor.close()
+    return report
+
+
+async def _fill_sqlite(path: Path, rows: int) -> None:
+    def fill() -> None:
+        with sqlite3.connect(path) as conn:
+            prefix = uuid.uuid4().hex[:8]
+            conn.executemany(
+                "INSERT INTO agent_ledger_effects (id, idem_key, workflow_id, tool, status,"
+                " args_canonical, result, created_us, updated_us, completed_us, heartbeat_us)"
+                " VALUES (?, ?, 'filler', 'filler', 'succeeded', '{}', 'true', 0, 0, 0, 0)",
+                ((f"{prefix}-{i}", f"{prefix}{i:056x}") for i in range(rows)),
+            )
+
+    await asyncio.to_thread(fill)
+
+
+async def bench_postgres(sizes: sc.Sizes, dsn: str) -> Report:
+    import psycopg
+    from psycopg import sql
+    from psycopg_pool import AsyncConnectionPool
+
+    from agent_ledger.stores.postgres import PostgresStore
+    from benchmarks.wire import Wire
+
+    report = Report("postgres")
+    tag = uuid.uuid4().hex[:8]
+    schema, floor_schema = f"agent_ledger_bench_{tag}", f"agent_ledger_floor_{tag}"
+    pool = AsyncConnectionPool(
+        dsn, min_size=4, max_size=sc.CONCURRENCY + 4, kwargs={"autocommit": True}, open=False
+    )
+    await pool.open(wait=True)
+    store = PostgresStore(pool, schema=schema)
+    floor_store = PostgresStore(pool, schema=floor_schema)
+    try:
+        await store.create_schema()
+        await floor_store.create_schema()
+        floor = PostgresFloor(pool, f'"{floor_schema}".agent_ledger_effects')
+        ledger = sc.make_ledger(store)
+        for label, tasks in (("sequential", 1), (f"{sc.CONCURRENCY} tasks", sc.CONCURRENCY)):
+            figures = await sc.throughput(ledger, floor.fresh, floor.replay, sizes, tasks)
+            throughput_rows(report, label, figures, 0.7)
+
+        fresh_n, replay_n = await _statements(dsn, schema, Wire)
+        report.add("statements per fresh run (counted)", fresh_n, target="== 2", met=fresh_n == 2)
+        report.add("statements per replay (counted)", replay_n, target="== 1", met=replay_n == 1)
+
+        contention = await sc.contended(ledger, sizes)
+        report.add(
+            "contended: executions of 50 callers",
+            contention["executions_max"],
+            target="== 1",
+            met=contention["executions_max"] == 1,
+        )
+        wake = contention["wake_ms"]
+        report.add(
+            "contended: winner commit -> waiter return",
+            wake,
+            target="p50 <= 5, p95 <= 20 ms",
+            met=wake.median <= 5 and wake.p95 <= 20,
+        )
+        approval = await sc.approval_wake(ledger, sizes, await in_process_approver(ledger))
+        report.add(
+            "approval wake, same process",
+            approval,
+            target="p50 <= 10 ms",
+            met=approval.median <= 10,
+        )
+        approver = sc.ApproverProcess(f"{dsn}?schema={schema}")
+        try:
+            approval = await sc.approval_wake(ledger, sizes, approver.approve)
+        finally:
+            approver.close()
+        report.add(
+            "approval wake, other process",
+            approval,
+            target="p50 <= 10 ms",
+            met=approval.median <= 10,
+        )
+
+        for processes in (1, 2, 4):
+            rate = await asyncio.to_thread(
+                sc.scaling, f"{dsn}?schema={schema}", processes, sizes.scaling_calls
+            )
+            report.add(f"scaling: {processes} worker process(es), fresh calls/s", rate)
+
+        small, large = sizes.table_sizes
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            table = sql.Identifier(schema, "agent_ledger_effects")
+            await conn.execute(sql.SQL("TRUNCATE {}").format(table))
+            await _fill_postgres(conn, table, 0, small)
+            at_small = await sc.begin_latency(store, 1_000)
+            await _fill_postgres(conn, table, small, large)
+            at_large = await sc.begin_latency(store, 1_000)
+        report.add(f"begin latency at {small:,} effects", at_small)
+        report.add(
+            f"begin latency at {large:,} effects",
+            at_large,
+            target="p50 <= 1.5 x smaller table",
+            met=at_large.median <= 1.5 * at_small.median,
+        )
+    finally:
+        await store.close()
+        await floor_store.close()
+        await pool.close()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for name in (schema, floor_schema):
+                conn.execute(
+                    sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name))
+                )
+    return report
+
+
+async def _fill_postgres(conn: Any, table: Any, start: int, stop: int) -> None:
+    from psycopg import sql
+
+    await conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (idem_key, workflow_id, tool, status, args_canonical, result,"
+            " completed_at) SELECT md5(i::text) || md5((-i)::text), 'filler', 'filler',"
+            " 'succeeded', '{{}}', 'true'::jsonb, clock_timestamp()"
+            " FROM generate_series(%s::bigint, %s::bigint - 1) AS i"
+        ).format(table),
+        (start, stop),
+    )
+    await conn.execute(sql.SQL("ANALYZE {}").format(table))
+
+
+async def _statements(dsn: str, schema: str, wire_class: Any) -> tuple[int, int]:
+    from psycopg_pool import AsyncConnectionPool
+
+    from agent_ledger.stores.postgres import PostgresStore
+
+    with tempfile.TemporaryDirectory() as folder:
+        wire = wire_class(Path(folder) / "trace")
+        pool = AsyncConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=1,
+            kwargs={"autocommit": True},
+            configure=wire.attach,
+            open=False,
+        )
+        await pool.open(wait=True)
+        store = PostgresStore(pool, schema=schema)
+        try:
+            ledger = sc.make_ledger(store)
+            call = sc.calls_for(uuid.uuid4().hex[:8], 1)[0]
+            wire.mark()
+            await ledger.run(call, handler)
+            fresh = wire.count()
+            await ledger.run(call, handler)
+            replay = wire.count()
+        finally:
+            await store.close()
+            await pool.close()
+            wire.close()
+    return fresh, replay
+
+
+# -- entry point ------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "platform": platform.platform(),
+    }
+
+
+async def run(stores: list[str], dsn: str, quick: bool) -> list[Report]:
+    sizes = sc.Sizes.choose(quick)
+    reports = []
+    for store in stores:
+        started = time.perf_counter()
+        if store == "memory":
+            report = await bench_memory(sizes)
+        elif store == "sqlite":
+            report = await bench_sqlite(sizes)
+        else:
+            report = await bench_postgres(sizes, dsn)
+        report.print()
+        print(f"({time.perf_counter() - started:.0f} s)")
+        reports.append(report)
+    return reports
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--store", choices=["memory", "sqlite", "postgres", "all"], default="all")
+    parser.add_argument("--dsn", default=DEFAULT_DSN, help="PostgreSQL DSN (default: %(default)s)")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    parser.add_argument("--output", type=Path, default=RESULTS, help="folder for the JSON results")
+    args = parser.parse_args(argv)
+    stores = ["memory", "sqlite", "postgres"] if args.store == "all" else [args.store]
+    info = machine()
+    print(f"machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}")
+    reports = asyncio.run(run(stores, args.dsn, args.quick))
+    args.output.mkdir(parents=True, exist_ok=True)
+    date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
+    for report in reports:
+        path = args.output / f"{date}-{report.store}.json"
+        payload = {
+            "date": date,
+            "quick": args.quick,
+            "machine": info,
+            "store": report.store,
+            "rows": report.rows,
+        }
+        path.write_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2))
+        print(f"wrote {path}")
+    missed = [r["what"] for report in reports for r in report.rows if r["met"] is False]
+    if missed:
+        print(f"\ntargets missed: {', '.join(missed)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

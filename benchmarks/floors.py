@@ -1,0 +1,121 @@
+"""The floor under each store: the same physical work without the ledger.
+
+Each ledger figure is printed as a ratio to one of these, measured in the
+same run on the same machine and store, so the noise of a shared machine
+hits both sides alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from agent_ledger.stores.sqlite import SQLITE_SCHEMA_SQL
+
+
+async def handler(effect: object) -> dict[str, bool]:
+    """The handler every scenario runs: trivial, so the ledger's cost shows."""
+    return {"ok": True}
+
+
+class PostgresFloor:
+    """Raw psycopg through the ledger's own pool, on a copy of the ledger's table."""
+
+    #: Fresh floor, step 1: insert-or-get with a dedup count, telling created from existing.
+    INSERT = (
+        "INSERT INTO {t} AS e (idem_key, workflow_id, tool, args_canonical, status)"
+        " VALUES (%(k)s, 'bench', 'floor', '{{}}', 'processing')"
+        " ON CONFLICT (idem_key) DO UPDATE SET dedup_count = e.dedup_count + 1"
+        " RETURNING id, (xmax = 0)"
+    )
+    #: Fresh floor, step 2: the compare-and-set commit.
+    UPDATE = (
+        "UPDATE {t} SET status = 'succeeded', result = '{{\"ok\": true}}'::jsonb,"
+        " completed_at = clock_timestamp(), updated_at = clock_timestamp()"
+        " WHERE id = %(id)s AND status = 'processing'"
+    )
+    #: Replay floor: the single-row upsert that answers a duplicate.
+    UPSERT = (
+        "INSERT INTO {t} AS e (idem_key, workflow_id, tool, args_canonical, status)"
+        " VALUES (%(k)s, 'bench', 'floor', '{{}}', 'processing')"
+        " ON CONFLICT (idem_key) DO UPDATE SET dedup_count = e.dedup_count + 1"
+        " RETURNING id, status, result::text"
+    )
+
+    def __init__(self, pool: Any, table: str) -> None:
+        self.pool = pool
+        self.insert = self.INSERT.format(t=table)
+        self.update = self.UPDATE.format(t=table)
+        self.upsert = self.UPSERT.format(t=table)
+
+    async def fresh(self, key: str) -> None:
+        async with self.pool.connection() as conn:
+            cursor = await conn.execute(self.insert, {"k": key})
+            row = await cursor.fetchone()
+        async with self.pool.connection() as conn:
+            await conn.execute(self.update, {"id": row[0]})
+
+    async def replay(self, key: str) -> None:
+        async with self.pool.connection() as conn:
+            cursor = await conn.execute(self.upsert, {"k": key})
+            await cursor.fetchone()
+
+
+class SqliteFloor:
+    """Raw sqlite3 on one dedicated thread, the way SqliteStore uses it."""
+
+    def __init__(self, path: Path) -> None:
+        self.executor = ThreadPoolExecutor(1)
+        self.conn = self.executor.submit(self._open, path).result()
+
+    @staticmethod
+    def _open(path: Path) -> sqlite3.Connection:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.executescript(SQLITE_SCHEMA_SQL)
+        return conn
+
+    def _begin(self, key: str) -> str:
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        cursor = conn.execute(
+            "INSERT INTO agent_ledger_effects (id, idem_key, workflow_id, tool, status,"
+            " args_canonical, created_us, updated_us, heartbeat_us)"
+            " VALUES (?, ?, 'bench', 'floor', 'processing', '{}', 0, 0, 0)"
+            " ON CONFLICT (idem_key) DO NOTHING",
+            (str(uuid.uuid4()), key),
+        )
+        if cursor.rowcount != 1:
+            conn.execute(
+                "UPDATE agent_ledger_effects SET dedup_count = dedup_count + 1 WHERE idem_key = ?",
+                (key,),
+            )
+        row = conn.execute(
+            "SELECT id, status, result FROM agent_ledger_effects WHERE idem_key = ?", (key,)
+        ).fetchone()
+        conn.execute("COMMIT")
+        return str(row[0])
+
+    def _commit(self, effect_id: str) -> None:
+        self.conn.execute(
+            "UPDATE agent_ledger_effects SET status = 'succeeded', result = '{\"ok\":true}',"
+            " completed_us = 1, updated_us = 1 WHERE id = ? AND status = 'processing'",
+            (effect_id,),
+        )
+
+    async def fresh(self, key: str) -> None:
+        loop = asyncio.get_running_loop()
+        effect_id = await loop.run_in_executor(self.executor, self._begin, key)
+        await loop.run_in_executor(self.executor, self._commit, effect_id)
+
+    async def replay(self, key: str) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.executor, self._begin, key)
+
+    def close(self) -> None:
+        self.executor.submit(self.conn.close).result()
+        self.executor.shutdown()
