@@ -1,38 +1,78 @@
 """In-process fan-out of change notifications, shared by the stores that notify.
 
 A store calls :meth:`Subscribers.wake` when it learns that an effect changed
-(directly for MemoryStore, from ``LISTEN`` for PostgresStore); each waiter
-holds a :class:`Subscription` that remembers a wake-up until it is consumed,
-so a change between the waiter's poll and its wait is never missed.
+(directly for MemoryStore and SqliteStore, from ``LISTEN`` for
+PostgresStore); each waiter holds a :class:`Subscription` that remembers a
+wake-up until it is consumed, so a change between the waiter's poll and its
+wait is never missed. Everything here is on the wait path of every
+duplicate caller, so it avoids generator-based context managers and
+``asyncio.timeout``: a future and one timer handle per wait are enough.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
 
 
 class Subscription:
     """One waiter's view of one key's changes (implements ``stores.base.Subscription``)."""
 
-    __slots__ = ("_event",)
+    __slots__ = ("_changed", "_waiter")
 
     def __init__(self) -> None:
-        self._event = asyncio.Event()
+        self._changed = False
+        self._waiter: asyncio.Future[bool] | None = None
 
     def notify(self) -> None:
-        self._event.set()
+        self._changed = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(True)
 
     async def wait(self, timeout_s: float) -> bool:
-        if not self._event.is_set():
+        if not self._changed:
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            timer = loop.call_later(max(timeout_s, 0.0), _expire, waiter)
             try:
-                async with asyncio.timeout(max(timeout_s, 0.0)):
-                    await self._event.wait()
-            except TimeoutError:
-                return False
-        self._event.clear()
-        return True
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+        changed, self._changed = self._changed, False
+        return changed
+
+
+def _expire(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
+
+
+class Registration:
+    """``async with subscribers.subscribe(key) as subscription:``, registered meanwhile."""
+
+    __slots__ = ("_key", "_owner", "subscription")
+
+    def __init__(self, owner: Subscribers, idem_key: str) -> None:
+        self._owner = owner
+        self._key = idem_key
+        self.subscription = Subscription()
+
+    async def __aenter__(self) -> Subscription:
+        self._owner._by_key.setdefault(self._key, set()).add(self.subscription)
+        return self.subscription
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        subscribers = self._owner._by_key[self._key]
+        subscribers.discard(self.subscription)
+        if not subscribers:
+            del self._owner._by_key[self._key]
 
 
 class Subscribers:
@@ -41,17 +81,8 @@ class Subscribers:
     def __init__(self) -> None:
         self._by_key: dict[str, set[Subscription]] = {}
 
-    @contextmanager
-    def subscription(self, idem_key: str) -> Iterator[Subscription]:
-        subscription = Subscription()
-        self._by_key.setdefault(idem_key, set()).add(subscription)
-        try:
-            yield subscription
-        finally:
-            subscribers = self._by_key[idem_key]
-            subscribers.discard(subscription)
-            if not subscribers:
-                del self._by_key[idem_key]
+    def subscribe(self, idem_key: str) -> Registration:
+        return Registration(self, idem_key)
 
     def wake(self, idem_key: str) -> None:
         for subscription in self._by_key.get(idem_key, ()):

@@ -21,7 +21,7 @@ from agent_ledger.clock import Clock, utc_now
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.status import EffectStatus, sources_of
-from agent_ledger.stores._subscriptions import Subscribers, Subscription
+from agent_ledger.stores._subscriptions import Registration, Subscribers
 from agent_ledger.stores.base import (
     BeginOutcome,
     ClaimOutcome,
@@ -372,10 +372,8 @@ class MemoryStore:
 
     # -- notifications ---------------------------------------------------
 
-    @asynccontextmanager
-    async def subscribe(self, idem_key: str) -> AsyncIterator[Subscription]:
-        with self._subscribers.subscription(idem_key) as subscription:
-            yield subscription
+    def subscribe(self, idem_key: str) -> Registration:
+        return self._subscribers.subscribe(idem_key)
 
     async def close(self) -> None:
         """Nothing to release; present to satisfy the Store protocol."""

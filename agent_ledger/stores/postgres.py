@@ -378,7 +378,7 @@ class PostgresStore:
 
     @asynccontextmanager
     async def subscribe(self, idem_key: str) -> AsyncIterator[Subscription]:
-        with self._listener.subscribers.subscription(idem_key) as subscription:
+        async with self._listener.subscribers.subscribe(idem_key) as subscription:
             await self._listener.ensure_listening()
             yield subscription
 

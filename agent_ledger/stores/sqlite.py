@@ -41,7 +41,7 @@ from agent_ledger.clock import Clock, utc_now
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
 from agent_ledger.status import EffectStatus, sources_of
-from agent_ledger.stores._subscriptions import Subscribers, Subscription
+from agent_ledger.stores._subscriptions import Registration, Subscribers
 from agent_ledger.stores.base import (
     BeginOutcome,
     ClaimOutcome,
@@ -561,10 +561,8 @@ class SqliteStore:
         for idem_key in tx._touched:
             self._subscribers.wake(idem_key)
 
-    @asynccontextmanager
-    async def subscribe(self, idem_key: str) -> AsyncIterator[Subscription]:
-        with self._subscribers.subscription(idem_key) as subscription:
-            yield subscription
+    def subscribe(self, idem_key: str) -> Registration:
+        return self._subscribers.subscribe(idem_key)
 
     async def close(self) -> None:
         """Close the connection and stop the store's thread."""
