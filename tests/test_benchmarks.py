@@ -1,0 +1,44 @@
+"""The benchmark suite still runs end to end (quick mode). Timings are not asserted:
+performance goals live in benchmarks/, never in tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.harness import DSN, require_postgres
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(
+    "store", ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_benchmark_suite_runs_and_writes_results(store: str, tmp_path: Path) -> None:
+    """`python -m benchmarks --quick` prints a table and writes a JSON report per store."""
+    if store == "postgres":
+        require_postgres()
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--store", store, "--quick", "--dsn", DSN,
+         "--output", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"== {store} ==" in done.stdout
+    [report] = list(tmp_path.glob(f"*-{store}.json"))
+    payload = orjson.loads(report.read_bytes())
+    assert payload["store"] == store and payload["machine"]["cores"]
+    rows = {row["what"]: row for row in payload["rows"]}
+    fresh = rows["fresh run, sequential"]
+    assert fresh["ledger"]["samples"] >= 5 and fresh["ledger"]["median"] > 0
+    assert rows["contended: executions of 50 callers"]["ledger"] == 1
+    if store != "memory":
+        assert fresh["ratio"] > 0 and "floor" in fresh
+    if store == "postgres":
+        assert rows["statements per fresh run (counted)"]["ledger"] == 2
+        assert rows["statements per replay (counted)"]["ledger"] == 1
