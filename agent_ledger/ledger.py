@@ -173,10 +173,7 @@ class EffectLedger:
         hooks = self._hooks if hooks is None else hooks
         new = self._new_effect(call)
         needs_approval = opts.requires_approval or self._policy_requires_approval(call, hooks)
-        with span(
-            "agent_ledger.run",
-            {"agent_ledger.tool": call.tool, "agent_ledger.idem_key": new.idem_key},
-        ):
+        with span("agent_ledger.run", call.tool, new.idem_key):
             acquired = await self._acquire(new, opts, hooks, needs_approval, tx)
             while acquired.owned:
                 outcome = await self._execute(acquired.effect, handler, opts, tx)

@@ -12,7 +12,7 @@ import importlib
 import logging
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any
+from typing import Any, Final
 
 logger = logging.getLogger("agent_ledger")
 
@@ -37,11 +37,15 @@ def _load_tracer() -> Any:
 _tracer: Any = _load_tracer()
 
 
-def span(name: str, attributes: Mapping[str, str]) -> AbstractContextManager[object]:
-    """An OpenTelemetry span when the API is installed, else a no-op context."""
+_NO_SPAN: Final = nullcontext()
+
+
+def span(name: str, tool: str, idem_key: str) -> AbstractContextManager[object]:
+    """An OpenTelemetry span when the API is installed, else a shared no-op context
+    (``run()`` calls this every time: without tracing it allocates nothing)."""
     if _tracer is None:
-        return nullcontext()
-    return _otel_span(name, attributes)
+        return _NO_SPAN
+    return _otel_span(name, {"agent_ledger.tool": tool, "agent_ledger.idem_key": idem_key})
 
 
 @contextmanager

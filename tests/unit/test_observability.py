@@ -39,7 +39,7 @@ async def test_run_opens_a_span_when_a_tracer_is_available(monkeypatch: pytest.M
 def test_span_is_a_no_op_without_opentelemetry(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a tracer, span() costs a nullcontext and nothing else."""
     monkeypatch.setattr(observability, "_tracer", None)
-    with observability.span("x", {}) as value:
+    with observability.span("x", "tool", "key") as value:
         assert value is None
 
 
