@@ -34,7 +34,7 @@ class PostgresFloor:
     )
     #: Fresh floor, step 2: the compare-and-set commit.
     UPDATE = (
-        "UPDATE {t} SET status = 'succeeded', result = '{{\"ok\": true}}'::jsonb,"
+        "UPDATE {t} SET status = 'succeeded', result = '{{\"ok\": true}}'::json,"
         " completed_at = clock_timestamp(), updated_at = clock_timestamp()"
         " WHERE id = %(id)s AND status = 'processing'"
     )

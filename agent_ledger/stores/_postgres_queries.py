@@ -72,7 +72,7 @@ HEARTBEAT: Final[LiteralString] = (
 # attempt): the first commit wins, and a late commit from an older attempt
 # matches no row. A NULL attempt skips the fencing check (unfenced commit()).
 COMPLETE: Final[LiteralString] = (
-    "UPDATE {effects} SET status = %(status)s, result = %(result)s::jsonb,"
+    "UPDATE {effects} SET status = %(status)s, result = %(result)s::json,"
     " error = %(error)s::jsonb, completed_at = clock_timestamp(), updated_at = clock_timestamp() "
     "WHERE id = %(id)s AND status = %(processing)s"
     " AND (%(attempt)s::integer IS NULL OR attempt = %(attempt)s::integer)"

@@ -47,7 +47,12 @@ CREATE TABLE IF NOT EXISTS agent_ledger_effects (
     -- query it with args_canonical::jsonb.
     args_canonical         text        NOT NULL,
     resource_id_canonical  text,
-    result                 jsonb,
+    -- The handler's result. `json`, not `jsonb`, on purpose: jsonb rewrites
+    -- numbers (1e16 becomes 10000000000000000, -0.0 becomes 0, and the float
+    -- 6.051451965959453e+16 comes back as the integer 60514519659594530),
+    -- and a receipt must give back exactly what was recorded. `->`/`->>` work
+    -- on json too; cast with result::jsonb to use jsonb operators.
+    result                 json,
     -- {"message": ..., "code": ...} for failed, denied and canceled effects.
     error                  jsonb,
     -- Calls after the first that asked for this same effect.

@@ -230,3 +230,14 @@ async def test_unstorable_text_in_an_error_is_replaced_not_lost(harness: StoreHa
     effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
     assert effect is not None and effect.error is not None
     assert effect.error.message == "bad\ufffdbyte \ufffd here"
+
+
+@pytest.mark.parametrize("number", [1e16, -0.0, 6.051451965959453e16, 1.5e-300, 2.0, 1e300])
+async def test_floats_round_trip_exactly(harness: StoreHarness, number: float) -> None:
+    """A float result comes back as the same float, not as an int or a rounded decimal."""
+    ledger = harness.ledger()
+    call = ToolCall(workflow_id="w", tool="t", args={"n": repr(number)})
+    await ledger.run(call, lambda effect: {"x": number})
+    replayed = await ledger.run(call, lambda effect: None)
+    assert type(replayed["x"]) is float  # type: ignore[index]
+    assert repr(replayed["x"]) == repr(number)  # type: ignore[index]
