@@ -14,7 +14,17 @@ from collections.abc import AsyncIterator
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.harness import STORE_KINDS, StoreHarness, drop_test_schema, open_harness
+from tests.harness import (
+    DSN,
+    STORE_KINDS,
+    TEST_SCHEMA,
+    PostgresHarness,
+    StoreHarness,
+    drop_test_schema,
+    ensure_test_schema,
+    open_harness,
+    require_postgres,
+)
 
 settings.register_profile(
     "default",
@@ -31,5 +41,36 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[StoreHarness]
         yield h
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/postgres/ needs the server: mark it `postgres`."""
+    for item in items:
+        if "postgres" in item.path.parent.parts[-1:]:
+            item.add_marker(pytest.mark.postgres)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     drop_test_schema()
+
+
+@pytest.fixture
+async def pg() -> AsyncIterator[PostgresHarness]:
+    """A clean PostgresStore in this session's schema, plus its back door."""
+    require_postgres()
+    async with open_harness("postgres") as harness:
+        assert isinstance(harness, PostgresHarness)
+        yield harness
+
+
+@pytest.fixture
+async def schema() -> str:
+    """The name of this session's (created) test schema."""
+    require_postgres()
+    await ensure_test_schema()
+    return TEST_SCHEMA
+
+
+@pytest.fixture
+def dsn() -> str:
+    """The test DSN, once a server is known to answer there (else skip or fail)."""
+    require_postgres()
+    return DSN

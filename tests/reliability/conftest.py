@@ -1,0 +1,34 @@
+"""Reliability tests: faults, crashes, load and bad input (marked `slow`)."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+#: Every figure a reliability test reports lands here too, for docs/reliability.md.
+FIGURES = (
+    Path(os.environ.get("AGENT_LEDGER_FIGURES", ""))
+    if os.environ.get("AGENT_LEDGER_FIGURES")
+    else None
+)
+
+
+@pytest.fixture
+def rng() -> random.Random:
+    """A seeded random source; the seed is printed so a failure can be replayed."""
+    seed = int(os.environ.get("AGENT_LEDGER_SEED", random.randrange(1 << 30)))
+    print(f"AGENT_LEDGER_SEED={seed}")
+    return random.Random(seed)
+
+
+def report(scenario: str, **figures: Any) -> None:
+    """Print a scenario's figures (and append them to $AGENT_LEDGER_FIGURES if set)."""
+    print(f"RELIABILITY {scenario}: " + ", ".join(f"{k}={v}" for k, v in figures.items()))
+    if FIGURES is not None:
+        with FIGURES.open("ab") as file:
+            file.write(orjson.dumps({"scenario": scenario, **figures}) + b"\n")
