@@ -481,9 +481,19 @@ class EffectLedger:
                 claimable = effect.status is _READY or (
                     effect.status is _PROCESSING and stale_after_ms > 0
                 )
-                current, claimed, shared = await self._polls.poll(
-                    key, claim_stale_after_ms=stale_after_ms if claimable else None, tx=tx
-                )
+                try:
+                    current, claimed, shared = await self._polls.poll(
+                        key, claim_stale_after_ms=stale_after_ms if claimable else None, tx=tx
+                    )
+                    poll_error = None
+                except EffectStoreError as exc:
+                    # Waiting is retryable: a failed poll (a dropped connection,
+                    # a restarting server) is no news, and the next poll tries
+                    # again. Inside a transaction the error aborted it: give up.
+                    if tx is not None:
+                        raise
+                    _log_warning(f"poll failed while waiting ({exc}); retrying", effect)
+                    current, claimed, shared, poll_error = effect, False, False, exc
                 if claimed and current is not None:
                     _log_claimed(current)
                     return _Acquired(current, owned=True)
@@ -506,6 +516,8 @@ class EffectLedger:
                 limit_ms = c.approval_timeout_ms if approval_phase else c.wait_timeout_ms
                 waited_ms = (now - phase_started) * 1000.0
                 if limit_ms is not None and waited_ms >= limit_ms:
+                    if poll_error is not None:
+                        raise poll_error  # the store, not the other caller, is the problem
                     raise EffectTimeoutError(key, effect.status.value, waited_ms, limit_ms)
                 delay_ms = interval_ms * (1.0 + c.jitter_factor * random.uniform(-1.0, 1.0))
                 if limit_ms is not None:

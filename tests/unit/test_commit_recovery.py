@@ -77,3 +77,60 @@ async def test_persistent_commit_failure_raises_the_store_error() -> None:
     assert store.complete_calls == 1 + len(ledger_module.COMMIT_RETRY_DELAYS_S)
     effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
     assert effect is not None and effect.status is EffectStatus.PROCESSING
+
+
+class FlakyReads(MemoryStore):
+    """Reads fail like a dropped connection while ``failing`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing = False
+        self.failures = 0
+
+    async def find(self, idem_key: str, **kwargs: Any) -> Any:
+        if self.failing:
+            self.failures += 1
+            raise EffectStoreError("connection lost", operation="find", idem_key=idem_key)
+        return await super().find(idem_key, **kwargs)
+
+    async def claim(self, idem_key: str, **kwargs: Any) -> Any:
+        if self.failing:
+            self.failures += 1
+            raise EffectStoreError("connection lost", operation="claim", idem_key=idem_key)
+        return await super().claim(idem_key, **kwargs)
+
+
+async def test_waiter_survives_failing_polls() -> None:
+    """A duplicate caller whose polls fail for a while keeps waiting and gets the result."""
+    import asyncio
+
+    from agent_ledger import CommitSucceeded, ConcurrencyOptions, LedgerDefaults, RunOptions
+
+    store = FlakyReads()
+    fast = RunOptions(concurrency=ConcurrencyOptions(initial_interval_ms=5, max_interval_ms=10))
+    ledger = EffectLedger(EffectLedgerOptions(store=store, defaults=LedgerDefaults(run=fast)))
+    begun = await ledger.begin(CALL)
+    store.failing = True
+    waiter = asyncio.create_task(ledger.run(CALL, lambda e: "never"))
+    await asyncio.sleep(0.1)
+    assert store.failures >= 2 and not waiter.done()
+    store.failing = False
+    await ledger.commit(begun.effect.id, CommitSucceeded(result="done"))
+    assert await asyncio.wait_for(waiter, 2) == "done"
+
+
+async def test_polls_failing_until_the_deadline_raise_the_store_error() -> None:
+    """If the store keeps failing, the caller gets the store's error, not a timeout."""
+    from agent_ledger import ConcurrencyOptions, RunOptions
+
+    store = FlakyReads()
+    ledger = EffectLedger(EffectLedgerOptions(store=store))
+    await ledger.begin(CALL)
+    store.failing = True
+    options = RunOptions(
+        concurrency=ConcurrencyOptions(
+            wait_timeout_ms=100, initial_interval_ms=10, max_interval_ms=20
+        )
+    )
+    with pytest.raises(EffectStoreError, match="connection lost"):
+        await ledger.run(CALL, lambda e: "never", options)
