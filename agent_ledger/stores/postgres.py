@@ -15,11 +15,11 @@ import asyncio
 import contextlib
 import inspect
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
 from importlib import resources
-from typing import Any, Final, LiteralString
+from typing import Any, Final, LiteralString, TypeVar
 
 import orjson
 import psycopg
@@ -27,7 +27,12 @@ from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
 
 from agent_ledger.effects import Effect, EffectError
-from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
+from agent_ledger.errors import (
+    EffectLedgerError,
+    EffectLedgerInvariantError,
+    EffectLedgerValidationError,
+    EffectStoreError,
+)
 from agent_ledger.observability import logger
 from agent_ledger.status import EffectStatus, sources_of
 from agent_ledger.stores import _postgres_queries as q
@@ -59,6 +64,8 @@ NOTIFY_CHANNEL: Final = "agent_ledger"
 _PROCESSING: Final = EffectStatus.PROCESSING.value
 _READY: Final = EffectStatus.READY.value
 _STATUS_BY_VALUE: Final = {s.value: s for s in EffectStatus}
+
+_T = TypeVar("_T")
 
 #: Columns of EFFECT_COLUMNS; a query may add one more (begin's and claim's flag).
 _EFFECT_WIDTH: Final = 20
@@ -103,6 +110,12 @@ def _error_json(error: EffectError | None) -> str | None:
     if error is None:
         return None
     return orjson.dumps({"message": error.message, "code": error.code}).decode()
+
+
+def _connection_lost(exc: psycopg.OperationalError, conn: Connection) -> bool:
+    """Whether ``exc`` means the connection is gone (killed backend, server restart)."""
+    lost = (psycopg.errors.AdminShutdown, psycopg.errors.CrashShutdown)
+    return isinstance(exc, lost) or conn.broken or conn.closed
 
 
 def _is_uuid(text: str) -> bool:
@@ -224,7 +237,9 @@ class PostgresStore:
             "resource_id_canonical": new.resource_id_canonical,
             "processing": _PROCESSING,
         }
-        row = await self._fetch_one("begin", self._begin, params, tx, idem_key=new.idem_key)
+        row = await self._fetch_one(
+            "begin", self._begin, params, tx, retry_broken=True, idem_key=new.idem_key
+        )
         if row is None:
             raise EffectStoreError("INSERT ... RETURNING gave no row", operation="begin")
         return BeginOutcome(_effect_from_row(row), created=bool(row[_EFFECT_WIDTH]))
@@ -238,7 +253,9 @@ class PostgresStore:
             "ready": _READY,
             "stale_ms": stale_after_ms,
         }
-        row = await self._fetch_one("claim", self._claim, params, tx, idem_key=idem_key)
+        row = await self._fetch_one(
+            "claim", self._claim, params, tx, retry_broken=True, idem_key=idem_key
+        )
         if row is None:
             return ClaimOutcome(None, claimed=False)
         return ClaimOutcome(_effect_from_row(row), claimed=bool(row[_EFFECT_WIDTH]))
@@ -247,7 +264,9 @@ class PostgresStore:
         if not _is_uuid(effect_id):
             return False
         params = {"id": effect_id, "attempt": attempt, "processing": _PROCESSING}
-        return await self._execute("heartbeat", self._heartbeat, params, None, effect_id=effect_id)
+        return await self._execute(
+            "heartbeat", self._heartbeat, params, None, retry_broken=True, effect_id=effect_id
+        )
 
     async def complete(
         self,
@@ -297,12 +316,16 @@ class PostgresStore:
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
         if not _is_uuid(effect_id):
             return None
-        row = await self._fetch_one("get", self._get, {"id": effect_id}, tx, effect_id=effect_id)
+        row = await self._fetch_one(
+            "get", self._get, {"id": effect_id}, tx, retry_broken=True, effect_id=effect_id
+        )
         return None if row is None else _effect_from_row(row)
 
     async def find(self, idem_key: str, *, tx: object | None = None) -> Effect | None:
         params = {"idem_key": idem_key}
-        row = await self._fetch_one("find", self._find, params, tx, idem_key=idem_key)
+        row = await self._fetch_one(
+            "find", self._find, params, tx, retry_broken=True, idem_key=idem_key
+        )
         return None if row is None else _effect_from_row(row)
 
     # -- audit --------------------------------------------------------------------
@@ -443,13 +466,17 @@ class PostgresStore:
         params: Mapping[str, object],
         tx: object | None,
         *,
+        retry_broken: bool = False,
         idem_key: str | None = None,
         effect_id: str | None = None,
     ) -> tuple[Any, ...] | None:
-        with self._errors(operation, idem_key=idem_key, effect_id=effect_id):
-            async with self._connection(tx) as conn:
-                cursor = await conn.execute(query, params)
-                return await cursor.fetchone()
+        async def fetch(conn: Connection) -> tuple[Any, ...] | None:
+            cursor = await conn.execute(query, params)
+            return await cursor.fetchone()
+
+        return await self._statement(
+            operation, fetch, tx, retry_broken=retry_broken, idem_key=idem_key, effect_id=effect_id
+        )
 
     async def _execute(
         self,
@@ -458,12 +485,53 @@ class PostgresStore:
         params: Mapping[str, object],
         tx: object | None,
         *,
+        retry_broken: bool = False,
         effect_id: str | None = None,
     ) -> bool:
-        with self._errors(operation, effect_id=effect_id):
-            async with self._connection(tx) as conn:
-                cursor = await conn.execute(query, params)
-                return cursor.rowcount == 1
+        async def execute(conn: Connection) -> bool:
+            cursor = await conn.execute(query, params)
+            return cursor.rowcount == 1
+
+        return await self._statement(
+            operation, execute, tx, retry_broken=retry_broken, effect_id=effect_id
+        )
+
+    async def _statement(
+        self,
+        operation: str,
+        work: Callable[[Connection], Awaitable[_T]],
+        tx: object | None,
+        *,
+        retry_broken: bool,
+        idem_key: str | None = None,
+        effect_id: str | None = None,
+    ) -> _T:
+        """Run one statement, once more on a fresh connection if its connection broke.
+
+        After a server restart or a killed backend, every idle connection in
+        the pool is dead, and each would fail one step before the pool drops
+        it. ``retry_broken`` steps get a second try on another connection.
+        Only steps that are safe to repeat ask for it: reads and heartbeats
+        are idempotent; a repeated begin or claim whose first try landed
+        unseen finds the effect held by "someone else" and waits for the
+        stale window before taking it over, a delay and never a second
+        execution. Commits are retried by the ledger, which checks whether an
+        earlier try landed; decisions are not retried, so ``approve()`` never
+        reports False for an approval that was recorded.
+        """
+        with self._errors(operation, idem_key=idem_key, effect_id=effect_id):
+            for last_try in (not retry_broken or tx is not None, True):
+                async with self._connection(tx) as conn:
+                    try:
+                        return await work(conn)
+                    except psycopg.OperationalError as exc:
+                        if last_try or not _connection_lost(exc, conn):
+                            raise
+                # The pool's other idle connections probably died the same way:
+                # have it check them all (only now, after a failure), so the
+                # second try gets a live one.
+                await self._pool.check()
+            raise EffectLedgerInvariantError("unreachable: the last try returns or raises")
 
 
 class _Listener:

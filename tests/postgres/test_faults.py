@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -79,3 +80,29 @@ def test_require_flag_turns_the_skip_into_a_failure() -> None:
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "AGENT_LEDGER_REQUIRE_POSTGRES=1 but PostgreSQL not reachable" in done.stdout
+
+
+async def test_dead_pooled_connections_are_replaced_without_errors(dsn: str, schema: str) -> None:
+    """After every idle pooled connection is killed, the next steps still succeed."""
+    from agent_ledger.stores.postgres import PostgresStore
+
+    app = "agent_ledger_dead_pool"
+    store = await PostgresStore.connect(
+        f"{dsn}?application_name={app}", schema=schema, min_size=4, max_size=4
+    )
+    try:
+        ledger = make_ledger(store)
+        await asyncio.gather(*(ledger.find_by_idem_key("0" * 64) for _ in range(8)))
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            cursor = await conn.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = %s",
+                (app,),
+            )
+            row = await cursor.fetchone()
+            assert row is not None and row[0] >= 1
+        call = ToolCall(workflow_id="wf", tool="after.kill", args={})
+        assert await ledger.run(call, lambda e: "ok") == "ok"
+        assert await ledger.run(call, lambda e: "again") == "ok"
+    finally:
+        await store.close()
