@@ -27,15 +27,13 @@ BEATS_PER_WINDOW: Final = 3
 class Beat:
     """One running handler's entry; ``stop()`` it when the handler returns."""
 
-    __slots__ = ("_owner", "due", "effect", "interval_s", "lost")
+    __slots__ = ("_owner", "due", "effect", "interval_s")
 
     def __init__(self, owner: Heartbeats, effect: Effect, interval_s: float, due: float) -> None:
         self._owner = owner
         self.effect = effect
         self.interval_s = interval_s
         self.due = due
-        #: Set once a beat was refused: the effect was taken over or canceled.
-        self.lost = False
 
     def stop(self) -> None:
         self._owner._running.discard(self)
@@ -101,8 +99,7 @@ class Heartbeats:
             logger.warning("heartbeat failed; retrying", exc_info=True, extra=_fields(effect))
             return
         if not alive and beat in self._running:
-            beat.stop()
-            beat.lost = True
+            beat.stop()  # taken over or canceled: no point beating for it any more
             logger.warning(
                 "lost the effect while its handler runs (taken over or canceled); "
                 "this attempt's commit will be rejected: %s",

@@ -504,7 +504,7 @@ class EffectLedger:
                 effect = current
                 if effect.status.is_terminal:
                     return _Acquired(effect, owned=False, shared=shared)
-                if effect.status is _READY:
+                if effect.status is _READY and poll_error is None:
                     continue  # approved since we last looked: claim it now, not after a sleep
                 approval_phase = effect.status is _REQUIRES_APPROVAL
                 now = loop.time()

@@ -134,3 +134,26 @@ async def test_polls_failing_until_the_deadline_raise_the_store_error() -> None:
     )
     with pytest.raises(EffectStoreError, match="connection lost"):
         await ledger.run(CALL, lambda e: "never", options)
+
+
+async def test_failing_polls_on_a_ready_effect_back_off() -> None:
+    """A ready effect whose polls fail is not polled in a tight loop: the backoff holds."""
+    import asyncio
+
+    from agent_ledger import ConcurrencyOptions, RunOptions
+
+    store = FlakyReads()
+    ledger = EffectLedger(EffectLedgerOptions(store=store))
+    begun = await ledger.begin(CALL)
+    await ledger.request_approval(begun.effect.idem_key)
+    await ledger.approve(begun.effect.idem_key)
+    store.failing = True
+    options = RunOptions(
+        concurrency=ConcurrencyOptions(
+            wait_timeout_ms=300, initial_interval_ms=50, max_interval_ms=50
+        )
+    )
+    waiter = asyncio.create_task(ledger.run(CALL, lambda e: "x", options))
+    with pytest.raises(EffectStoreError):
+        await waiter
+    assert store.failures <= 15  # about 300 ms / 50 ms polls, not thousands
