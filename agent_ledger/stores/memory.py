@@ -21,6 +21,7 @@ from agent_ledger.clock import Clock, utc_now
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.status import EffectStatus, sources_of
+from agent_ledger.stores._rows import stats_from_groups
 from agent_ledger.stores._subscriptions import Registration, Subscribers
 from agent_ledger.stores.base import (
     BeginOutcome,
@@ -338,15 +339,8 @@ class MemoryStore:
     async def stats(self) -> LedgerStats:
         if self._active_tx is not None:
             await self._enter(None)
-        by_status = dict.fromkeys(EffectStatus, 0)
-        by_tool: dict[str, int] = {}
-        duplicates = 0
-        for row in self._rows.values():
-            by_status[row.status] += 1
-            by_tool[row.new.tool] = by_tool.get(row.new.tool, 0) + 1
-            duplicates += row.dedup_count
-        return LedgerStats(
-            total=len(self._rows), by_status=by_status, by_tool=by_tool, duplicates=duplicates
+        return stats_from_groups(
+            (row.status, row.new.tool, 1, row.dedup_count) for row in self._rows.values()
         )
 
     async def purge(self, *, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:

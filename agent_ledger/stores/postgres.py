@@ -36,6 +36,12 @@ from agent_ledger.errors import (
 from agent_ledger.observability import logger
 from agent_ledger.status import EffectStatus, sources_of
 from agent_ledger.stores import _postgres_queries as q
+from agent_ledger.stores._rows import (
+    EFFECT_WIDTH,
+    STATUS_BY_VALUE,
+    effect_from_row,
+    stats_from_groups,
+)
 from agent_ledger.stores._subscriptions import Subscribers, Subscription
 from agent_ledger.stores.base import (
     BeginOutcome,
@@ -63,42 +69,19 @@ NOTIFY_CHANNEL: Final = "agent_ledger"
 
 _PROCESSING: Final = EffectStatus.PROCESSING.value
 _READY: Final = EffectStatus.READY.value
-_STATUS_BY_VALUE: Final = {s.value: s for s in EffectStatus}
+_STATUS_BY_VALUE: Final = STATUS_BY_VALUE
 
 _T = TypeVar("_T")
 
 #: Columns of EFFECT_COLUMNS; a query may add one more (begin's and claim's flag).
-_EFFECT_WIDTH: Final = 20
+_EFFECT_WIDTH: Final = EFFECT_WIDTH
 
 # Connection used by an operation: the caller's transaction, or the pool's.
 Connection = AsyncConnection[Any]
 
 
 def _effect_from_row(row: tuple[Any, ...]) -> Effect:
-    (id_, idem_key, workflow_id, call_id, tool, status, args, resource, result,
-     error_message, error_code, dedup_count, attempt, created, updated, completed,
-     heartbeat, decided_by, decision_note, decided_at) = row[:_EFFECT_WIDTH]  # fmt: skip
-    return Effect(
-        id=id_,
-        idem_key=idem_key,
-        workflow_id=workflow_id,
-        call_id=call_id,
-        tool=tool,
-        status=_STATUS_BY_VALUE[status],
-        args_canonical=args,
-        resource_id_canonical=resource,
-        result=None if result is None else orjson.loads(result),
-        error=None if error_message is None else EffectError(error_message, error_code),
-        dedup_count=dedup_count,
-        attempt=attempt,
-        created_at=_utc(created),
-        updated_at=_utc(updated),
-        completed_at=None if completed is None else _utc(completed),
-        heartbeat_at=_utc(heartbeat),
-        decided_by=decided_by,
-        decision_note=decision_note,
-        decided_at=None if decided_at is None else _utc(decided_at),
-    )
+    return effect_from_row(row, _utc)
 
 
 def _utc(moment: datetime) -> datetime:
@@ -361,19 +344,7 @@ class PostgresStore:
             async with self._connection(None) as conn:
                 cursor = await conn.execute(self._stats)
                 rows = await cursor.fetchall()
-        by_status = dict.fromkeys(EffectStatus, 0)
-        by_tool: dict[str, int] = {}
-        duplicates = 0
-        for status, tool, count, dedup in rows:
-            by_status[_STATUS_BY_VALUE[status]] += count
-            by_tool[tool] = by_tool.get(tool, 0) + count
-            duplicates += int(dedup)
-        return LedgerStats(
-            total=sum(by_status.values()),
-            by_status=by_status,
-            by_tool=by_tool,
-            duplicates=duplicates,
-        )
+        return stats_from_groups((_STATUS_BY_VALUE[st], tool, n, d) for st, tool, n, d in rows)
 
     async def purge(self, *, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:
         check_purge_statuses(statuses)

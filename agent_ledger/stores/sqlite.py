@@ -41,6 +41,7 @@ from agent_ledger.clock import Clock, utc_now
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
 from agent_ledger.status import EffectStatus, sources_of
+from agent_ledger.stores._rows import STATUS_BY_VALUE, effect_from_row, stats_from_groups
 from agent_ledger.stores._subscriptions import Registration, Subscribers
 from agent_ledger.stores.base import (
     BeginOutcome,
@@ -63,7 +64,7 @@ SQLITE_SCHEMA_SQL: Final = (
 _T = TypeVar("_T")
 _PROCESSING: Final = EffectStatus.PROCESSING.value
 _READY: Final = EffectStatus.READY.value
-_STATUS_BY_VALUE: Final = {s.value: s for s in EffectStatus}
+_STATUS_BY_VALUE: Final = STATUS_BY_VALUE
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 _COLUMNS: Final = (
@@ -141,30 +142,7 @@ def _from_us(us: int) -> datetime:
 
 
 def _effect_from_row(row: tuple[Any, ...]) -> Effect:
-    (id_, idem_key, workflow_id, call_id, tool, status, args, resource, result,
-     error_message, error_code, dedup_count, attempt, created, updated, completed,
-     heartbeat, decided_by, decision_note, decided) = row  # fmt: skip
-    return Effect(
-        id=id_,
-        idem_key=idem_key,
-        workflow_id=workflow_id,
-        call_id=call_id,
-        tool=tool,
-        status=_STATUS_BY_VALUE[status],
-        args_canonical=args,
-        resource_id_canonical=resource,
-        result=None if result is None else orjson.loads(result),
-        error=None if error_message is None else EffectError(error_message, error_code),
-        dedup_count=dedup_count,
-        attempt=attempt,
-        created_at=_from_us(created),
-        updated_at=_from_us(updated),
-        completed_at=None if completed is None else _from_us(completed),
-        heartbeat_at=_from_us(heartbeat),
-        decided_by=decided_by,
-        decision_note=decision_note,
-        decided_at=None if decided is None else _from_us(decided),
-    )
+    return effect_from_row(row, _from_us)
 
 
 class SqliteTransaction:
@@ -511,19 +489,7 @@ class SqliteStore:
             return conn.execute(_STATS).fetchall()
 
         rows = await self._run("stats", work, None, write=False)
-        by_status = dict.fromkeys(EffectStatus, 0)
-        by_tool: dict[str, int] = {}
-        duplicates = 0
-        for status, tool, count, dedup in rows:
-            by_status[_STATUS_BY_VALUE[status]] += count
-            by_tool[tool] = by_tool.get(tool, 0) + count
-            duplicates += dedup
-        return LedgerStats(
-            total=sum(by_status.values()),
-            by_status=by_status,
-            by_tool=by_tool,
-            duplicates=duplicates,
-        )
+        return stats_from_groups((_STATUS_BY_VALUE[st], tool, n, d) for st, tool, n, d in rows)
 
     async def purge(self, *, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:
         check_purge_statuses(statuses)
