@@ -8,7 +8,6 @@ atomic without a lock; only transactions (which span awaits) need one.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import random
 from collections.abc import AsyncIterator
@@ -19,10 +18,10 @@ import orjson
 
 from agent_ledger.clock import Clock, utc_now
 from agent_ledger.effects import Effect, EffectError
-from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.status import EffectStatus, sources_of
 from agent_ledger.stores._rows import stats_from_groups
 from agent_ledger.stores._subscriptions import Registration, Subscribers
+from agent_ledger.stores._transactions import TransactionGate, TransactionHandle
 from agent_ledger.stores.base import (
     BeginOutcome,
     ClaimOutcome,
@@ -125,7 +124,7 @@ def _matches(row: _Row, query: EffectQuery) -> bool:
     )
 
 
-class MemoryTransaction:
+class MemoryTransaction(TransactionHandle):
     """Handle from ``MemoryStore.transaction()``, to pass as ``tx``.
 
     Keeps an undo log so an exception in the block restores every row it
@@ -133,16 +132,16 @@ class MemoryTransaction:
     """
 
     def __init__(self, store: MemoryStore) -> None:
-        self._store = store
+        super().__init__(store)
         self._undo: list[tuple[str, _Row | None]] = []
-        self._touched: set[str] = set()
-        self.active = True
 
     def _remember(self, idem_key: str, row: _Row | None) -> None:
         self._undo.append((idem_key, copy.copy(row) if row is not None else None))
 
     def _rollback(self) -> None:
-        rows, ids = self._store._rows, self._store._ids
+        store = self._store
+        assert isinstance(store, MemoryStore)
+        rows, ids = store._rows, store._ids
         for idem_key, before in reversed(self._undo):
             current = rows.pop(idem_key, None)
             if current is not None:
@@ -166,16 +165,15 @@ class MemoryStore:
         self._rows: dict[str, _Row] = {}
         self._ids: dict[str, str] = {}  # effect id -> idem key
         self._subscribers = Subscribers()
-        self._tx_lock = asyncio.Lock()
-        self._active_tx: MemoryTransaction | None = None
+        self._gate = TransactionGate(self, MemoryTransaction, "MemoryStore")
 
     # -- transactions ----------------------------------------------------
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[MemoryTransaction]:
-        async with self._tx_lock:
+        async with self._gate.lock:
             tx = MemoryTransaction(self)
-            self._active_tx = tx
+            self._gate.open(tx)
             try:
                 yield tx
             except BaseException:
@@ -183,27 +181,13 @@ class MemoryStore:
                 tx._rollback()
                 raise
             finally:
-                tx.active = False
-                self._active_tx = None
+                self._gate.close(tx)
         for idem_key in tx._touched:
             self._notify(idem_key)
 
     async def _enter(self, tx: object | None) -> MemoryTransaction | None:
         """Check ``tx`` and wait out another task's open transaction."""
-        if tx is not None:
-            if not isinstance(tx, MemoryTransaction) or tx._store is not self:
-                raise EffectLedgerValidationError(
-                    "tx must be a handle from this MemoryStore's transaction()", field="tx"
-                )
-            if not tx.active:
-                raise EffectLedgerValidationError(
-                    "tx is a transaction that has already ended", field="tx"
-                )
-            return tx
-        while self._active_tx is not None:
-            async with self._tx_lock:
-                pass
-        return None
+        return await self._gate.enter(tx)
 
     def _changed(self, row: _Row, tx: MemoryTransaction | None) -> None:
         if tx is None:
@@ -217,7 +201,7 @@ class MemoryStore:
     # -- ledger steps ----------------------------------------------------
 
     async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
-        mtx = None if tx is None and self._active_tx is None else await self._enter(tx)
+        mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
         row = self._rows.get(new.idem_key)
         if mtx is not None:
             mtx._remember(new.idem_key, row)
@@ -232,7 +216,7 @@ class MemoryStore:
     async def claim(
         self, idem_key: str, *, stale_after_ms: int, tx: object | None = None
     ) -> ClaimOutcome:
-        mtx = None if tx is None and self._active_tx is None else await self._enter(tx)
+        mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
         row = self._rows.get(idem_key)
         if row is None:
             return ClaimOutcome(None, claimed=False)
@@ -253,7 +237,7 @@ class MemoryStore:
         return ClaimOutcome(row.snapshot(), claimed=True)
 
     async def heartbeat(self, effect_id: str, attempt: int) -> bool:
-        if self._active_tx is not None:
+        if self._gate.active is not None:
             await self._enter(None)
         row = self._row_by_id(effect_id)
         if row is None or row.status is not _PROCESSING or row.attempt != attempt:
@@ -272,7 +256,7 @@ class MemoryStore:
         tx: object | None = None,
     ) -> bool:
         check_completion_status(status)
-        mtx = None if tx is None and self._active_tx is None else await self._enter(tx)
+        mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
         row = self._row_by_id(effect_id)
         if row is None or row.status is not _PROCESSING:
             return False
@@ -297,7 +281,7 @@ class MemoryStore:
         decision: Decision | None = None,
         tx: object | None = None,
     ) -> Effect | None:
-        mtx = None if tx is None and self._active_tx is None else await self._enter(tx)
+        mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
         row = self._rows.get(idem_key)
         if row is None or row.status not in sources_of(target):
             return None
@@ -316,13 +300,13 @@ class MemoryStore:
         return row.snapshot()
 
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
-        if tx is not None or self._active_tx is not None:
+        if tx is not None or self._gate.active is not None:
             await self._enter(tx)
         row = self._row_by_id(effect_id)
         return row.snapshot() if row is not None else None
 
     async def find(self, idem_key: str, *, tx: object | None = None) -> Effect | None:
-        if tx is not None or self._active_tx is not None:
+        if tx is not None or self._gate.active is not None:
             await self._enter(tx)
         row = self._rows.get(idem_key)
         return row.snapshot() if row is not None else None
@@ -330,14 +314,14 @@ class MemoryStore:
     # -- audit -------------------------------------------------------------
 
     async def list_effects(self, query: EffectQuery) -> list[Effect]:
-        if self._active_tx is not None:
+        if self._gate.active is not None:
             await self._enter(None)
         rows = [row for row in self._rows.values() if _matches(row, query)]
         rows.sort(key=lambda row: (row.created_at, row.id), reverse=True)
         return [row.snapshot() for row in rows[: query.limit]]
 
     async def stats(self) -> LedgerStats:
-        if self._active_tx is not None:
+        if self._gate.active is not None:
             await self._enter(None)
         return stats_from_groups(
             (row.status, row.new.tool, 1, row.dedup_count) for row in self._rows.values()
@@ -345,7 +329,7 @@ class MemoryStore:
 
     async def purge(self, *, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:
         check_purge_statuses(statuses)
-        if self._active_tx is not None:
+        if self._gate.active is not None:
             await self._enter(None)
         cutoff = self._clock() - older_than
         doomed = [

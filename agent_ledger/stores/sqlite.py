@@ -43,6 +43,7 @@ from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, 
 from agent_ledger.status import EffectStatus, sources_of
 from agent_ledger.stores._rows import STATUS_BY_VALUE, effect_from_row, stats_from_groups
 from agent_ledger.stores._subscriptions import Registration, Subscribers
+from agent_ledger.stores._transactions import TransactionGate, TransactionHandle
 from agent_ledger.stores.base import (
     BeginOutcome,
     ClaimOutcome,
@@ -145,13 +146,8 @@ def _effect_from_row(row: tuple[Any, ...]) -> Effect:
     return effect_from_row(row, _from_us)
 
 
-class SqliteTransaction:
+class SqliteTransaction(TransactionHandle):
     """Handle from ``SqliteStore.transaction()``, to pass as ``tx``."""
-
-    def __init__(self, store: SqliteStore) -> None:
-        self._store = store
-        self._touched: set[str] = set()
-        self.active = True
 
 
 class SqliteStore:
@@ -186,8 +182,7 @@ class SqliteStore:
         self._clock = clock
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="agent-ledger-sqlite")
         self._subscribers = Subscribers()
-        self._tx_lock = asyncio.Lock()
-        self._active_tx: SqliteTransaction | None = None
+        self._gate = TransactionGate(self, SqliteTransaction, "SqliteStore")
         self._closed = False
         opener = functools.partial(self._open, create, synchronous, busy_timeout_ms)
         try:
@@ -253,22 +248,9 @@ class SqliteStore:
     async def _enter(self, tx: object | None) -> SqliteTransaction | None:
         if self._closed:
             raise EffectStoreError("the store is closed", operation="use")
-        if tx is not None:
-            if not isinstance(tx, SqliteTransaction) or tx._store is not self:
-                raise EffectLedgerValidationError(
-                    "tx must be a handle from this SqliteStore's transaction()", field="tx"
-                )
-            if not tx.active:
-                raise EffectLedgerValidationError(
-                    "tx is a transaction that has already ended", field="tx"
-                )
-            return tx
         # The connection is shared: while a transaction is open on it, any other
-        # statement would join that transaction. Wait for it to end.
-        while self._active_tx is not None:
-            async with self._tx_lock:
-                pass
-        return None
+        # statement would join that transaction, so the gate makes it wait.
+        return await self._gate.enter(tx)
 
     async def _run(
         self,
@@ -508,9 +490,9 @@ class SqliteStore:
     async def transaction(self) -> AsyncIterator[SqliteTransaction]:
         """``BEGIN IMMEDIATE ... COMMIT`` around the block; other steps of this store wait."""
         await self._enter(None)
-        async with self._tx_lock:
+        async with self._gate.lock:
             tx = SqliteTransaction(self)
-            self._active_tx = tx
+            self._gate.open(tx)
             try:
                 await self._run("transaction", _execute("BEGIN IMMEDIATE"), tx, write=False)
                 try:
@@ -522,8 +504,7 @@ class SqliteStore:
                     raise
                 await self._run("transaction", _execute("COMMIT"), tx, write=False)
             finally:
-                tx.active = False
-                self._active_tx = None
+                self._gate.close(tx)
         for idem_key in tx._touched:
             self._subscribers.wake(idem_key)
 
