@@ -6,7 +6,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,32 +15,13 @@ import pytest
 
 from agent_ledger import ConcurrencyOptions, EffectDeniedError, EffectStatus, RunOptions
 from tests.harness import make_ledger
+from tests.processes import executions, finish
+from tests.processes import spawn as spawn_worker
 from tests.worker import CALL
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def spawn(dsn: str, schema: str, mode: str, *args: str) -> subprocess.Popen[str]:
-    url = f"{dsn}?schema={schema}"
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.worker", mode, "--url", url, *args],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def finish(process: subprocess.Popen[str], timeout: float = 60) -> Any:
-    out, err = process.communicate(timeout=timeout)
-    assert process.returncode == 0, err
-    return orjson.loads(out.strip().splitlines()[-1])
-
-
-def executions(log: Path) -> list[tuple[int, int]]:
-    if not log.exists():
-        return []
-    return [(int(p), int(a)) for p, a in (line.split() for line in log.read_text().splitlines())]
+    return spawn_worker(f"{dsn}?schema={schema}", mode, *args)
 
 
 async def test_processes_racing_on_one_call_execute_once(

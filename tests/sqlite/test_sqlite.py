@@ -8,42 +8,21 @@ import re
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
-import orjson
 import pytest
 
 from agent_ledger import EffectLedgerValidationError, EffectStatus, EffectStoreError, ToolCall
 from agent_ledger.stores.sqlite import SQLITE_SCHEMA_SQL, SqliteStore
 from tests.harness import make_ledger
+from tests.processes import executions, finish
+from tests.processes import spawn as spawn_worker
 from tests.worker import CALL
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def spawn(db: Path, mode: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.worker", mode, "--url", f"sqlite:///{db}", *args],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def finish(process: subprocess.Popen[str], timeout: float = 60) -> Any:
-    out, err = process.communicate(timeout=timeout)
-    assert process.returncode == 0, err
-    return orjson.loads(out.strip().splitlines()[-1])
-
-
-def executions(log: Path) -> list[tuple[int, int]]:
-    if not log.exists():
-        return []
-    return [(int(p), int(a)) for p, a in (line.split() for line in log.read_text().splitlines())]
+    return spawn_worker(f"sqlite:///{db}", mode, *args)
 
 
 async def test_processes_racing_on_one_file_execute_once(tmp_path: Path) -> None:
