@@ -71,7 +71,9 @@ class Load:
     async def one(self, i: int) -> None:
         async def handler(effect: Effect) -> dict[str, int]:
             self.executions[i] += 1
-            await asyncio.sleep(self.handler_s)
+            # Every tenth handler outlives a heartbeat interval (after_ms / 3 =
+            # 100 ms), so faults also land on heartbeats.
+            await asyncio.sleep(0.25 if i % 10 == 0 else self.handler_s)
             return {"i": i}
 
         try:
@@ -136,7 +138,8 @@ async def chaos_store(dsn: str, schema: str, max_size: int = 10) -> PostgresStor
 
 
 async def test_connections_killed_during_load(dsn: str, schema: str, rng: random.Random) -> None:
-    """pg_terminate_backend every 100 ms hits begin, commit, heartbeat and the listener."""
+    """pg_terminate_backend every 100 ms hits begin, commit, heartbeats (every tenth
+    handler runs 250 ms, past a heartbeat) and the listener."""
     store = await chaos_store(dsn, schema)
     load = Load(store, f"kill-{rng.randrange(1 << 30)}")
     n = 300
