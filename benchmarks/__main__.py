@@ -24,7 +24,7 @@ import orjson
 from agent_ledger import MemoryStore, SqliteStore
 from benchmarks import scenarios as sc
 from benchmarks.floors import PostgresFloor, SqliteFloor, handler
-from benchmarks.timing import Figure
+from benchmarks.timing import Figure, figure
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_DSN = os.environ.get("AGENT_LEDGER_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/test")
@@ -258,10 +258,13 @@ async def bench_postgres(sizes: sc.Sizes, dsn: str) -> Report:
         )
 
         for processes in (1, 2, 4):
-            rate = await asyncio.to_thread(
-                sc.scaling, f"{dsn}?schema={schema}", processes, sizes.scaling_calls
-            )
-            report.add(f"scaling: {processes} worker process(es), fresh calls/s", rate)
+            rates = [
+                await asyncio.to_thread(
+                    sc.scaling, f"{dsn}?schema={schema}", processes, sizes.scaling_calls
+                )
+                for _ in range(sizes.repetitions)
+            ]
+            report.add(f"scaling: {processes} worker process(es)", figure(rates, "calls/s"))
 
         small, large = sizes.table_sizes
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
