@@ -363,12 +363,27 @@ class PostgresStore:
     async def transaction(self) -> AsyncIterator[Connection]:
         """A pool connection inside ``BEGIN ... COMMIT``, to pass as ``tx``.
 
+        Failing to open or commit the transaction raises ``EffectStoreError``;
+        an error raised inside the block (your own SQL included) propagates
+        unchanged after the rollback.
+
         Your own psycopg ``AsyncConnection`` with an open transaction works
         as ``tx`` too; then your code decides when it commits.
         """
-        with self._errors("transaction"):
+        body_failed = False
+        try:
             async with self._pool.connection() as conn, conn.transaction():
-                yield conn
+                try:
+                    yield conn
+                except BaseException:
+                    body_failed = True
+                    raise
+        except psycopg.Error as exc:
+            if body_failed:
+                raise  # the caller's own statement failed: theirs to see unchanged
+            raise EffectStoreError(
+                f"{type(exc).__name__}: {exc}".strip(), operation="transaction"
+            ) from exc
 
     @asynccontextmanager
     async def subscribe(self, idem_key: str) -> AsyncIterator[Subscription]:

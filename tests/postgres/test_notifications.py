@@ -102,3 +102,10 @@ async def test_users_own_connection_as_tx_rolls_back_with_app_writes(
     assert await ledger.run(CALL, lambda e: "x") == "charged again"
     row = await pg._sql(sql.SQL("SELECT array_agg(id ORDER BY id) FROM {}").format(orders))
     assert row[0] == ["o-2"]
+
+
+async def test_errors_from_the_callers_own_sql_in_a_transaction_are_not_wrapped(pg: Any) -> None:
+    """Inside store.transaction(), the caller's failing SQL raises its own psycopg error."""
+    with pytest.raises(psycopg.errors.UndefinedTable):
+        async with pg.store.transaction() as tx:
+            await tx.execute("SELECT * FROM no_such_table_for_agent_ledger")
