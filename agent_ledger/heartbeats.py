@@ -96,7 +96,7 @@ class Heartbeats:
         except Exception:
             # A transient store error must not kill a healthy handler: the next
             # beat retries, and the stale window is three beats long.
-            logger.warning("heartbeat failed; retrying", exc_info=True, extra=_fields(effect))
+            logger.warning("heartbeat failed; retrying", exc_info=True, extra=effect_fields(effect))
             return
         if not alive and beat in self._running:
             beat.stop()  # taken over or canceled: no point beating for it any more
@@ -104,14 +104,5 @@ class Heartbeats:
                 "lost the effect while its handler runs (taken over or canceled); "
                 "this attempt's commit will be rejected: %s",
                 effect.tool,
-                extra=_fields(effect),
+                extra=effect_fields(effect),
             )
-
-
-def _fields(effect: Effect) -> dict[str, str | None]:
-    return effect_fields(
-        idem_key=effect.idem_key,
-        tool=effect.tool,
-        workflow_id=effect.workflow_id,
-        effect_id=effect.id,
-    )

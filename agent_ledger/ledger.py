@@ -640,7 +640,7 @@ class EffectLedger:
             logger.exception(
                 "could not record the cancelled run; the effect stays processing until "
                 "its stale window passes",
-                extra=_fields(effect),
+                extra=effect_fields(effect),
             )
 
     async def _transition(
@@ -667,7 +667,7 @@ class EffectLedger:
         except Exception:
             logger.exception(
                 "on_approval_required hook raised; the effect still waits for approval",
-                extra=_fields(effect),
+                extra=effect_fields(effect),
             )
 
     @staticmethod
@@ -736,27 +736,18 @@ def _require_str(value: object, name: str) -> None:
         )
 
 
-def _fields(effect: Effect) -> dict[str, str | None]:
-    return effect_fields(
-        idem_key=effect.idem_key,
-        tool=effect.tool,
-        workflow_id=effect.workflow_id,
-        effect_id=effect.id,
-    )
-
-
 def _log_debug(message: str, effect: Effect) -> None:
     if logger.isEnabledFor(logging.DEBUG):
-        logger.debug("%s: %s", message, effect.tool, extra=_fields(effect))
+        logger.debug("%s: %s", message, effect.tool, extra=effect_fields(effect))
 
 
 def _log_info(message: str, effect: Effect) -> None:
     if logger.isEnabledFor(logging.INFO):
-        logger.info("%s: %s", message, effect.tool, extra=_fields(effect))
+        logger.info("%s: %s", message, effect.tool, extra=effect_fields(effect))
 
 
 def _log_warning(message: str, effect: Effect) -> None:
-    logger.warning("%s: %s", message, effect.tool, extra=_fields(effect))
+    logger.warning("%s: %s", message, effect.tool, extra=effect_fields(effect))
 
 
 def _log_claimed(effect: Effect) -> None:

@@ -12,16 +12,22 @@ import importlib
 import logging
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from agent_ledger.effects import Effect
 
 logger = logging.getLogger("agent_ledger")
 
 
-def effect_fields(
-    *, idem_key: str, tool: str, workflow_id: str, effect_id: str | None = None
-) -> dict[str, str | None]:
-    """The ``extra`` mapping every ledger log record carries."""
-    return {"effect_id": effect_id, "idem_key": idem_key, "tool": tool, "workflow_id": workflow_id}
+def effect_fields(effect: Effect) -> dict[str, str | None]:
+    """The ``extra`` mapping every ledger log record about ``effect`` carries."""
+    return {
+        "effect_id": effect.id,
+        "idem_key": effect.idem_key,
+        "tool": effect.tool,
+        "workflow_id": effect.workflow_id,
+    }
 
 
 def _load_tracer() -> Any:
