@@ -27,7 +27,8 @@ class Wire:
         conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
         self.connections.append(conn)
 
-    def _lines(self) -> list[str]:
+    def lines(self) -> list[str]:
+        """Every trace line so far (flushed first)."""
         for conn in self.connections:  # libpq buffers its trace: untrace flushes it
             conn.pgconn.untrace()
             conn.pgconn.trace(self.fd)
@@ -35,13 +36,17 @@ class Wire:
         return self.path.read_text().splitlines()
 
     def mark(self) -> None:
-        self.offset = len(self._lines())
+        self.offset = len(self.lines())
 
-    def count(self) -> int:
-        lines = self._lines()
-        sent = sum(1 for line in lines[self.offset :] if SENT_STATEMENT.match(line))
+    def statements(self) -> list[str]:
+        """The statements sent since the last mark (their trace lines); marks again."""
+        lines = self.lines()
+        sent = [line for line in lines[self.offset :] if SENT_STATEMENT.match(line)]
         self.offset = len(lines)
         return sent
+
+    def count(self) -> int:
+        return len(self.statements())
 
     def close(self) -> None:
         os.close(self.fd)

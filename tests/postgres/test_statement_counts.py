@@ -7,53 +7,18 @@ as `Query` messages too.
 
 from __future__ import annotations
 
-import os
-import re
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from psycopg import AsyncConnection, pq
+from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from agent_ledger import CommitSucceeded, EffectLedger, RunOptions, StaleOptions, ToolCall
 from agent_ledger.stores.postgres import PostgresStore
+from benchmarks.wire import Wire
 from tests.harness import make_ledger
-
-#: A frontend (client -> server) message that runs a statement.
-SENT_STATEMENT = re.compile(r"F\t\d+\t(Query|Execute)\t")
-
-
-@dataclass
-class Wire:
-    path: Path
-    fd: int
-    connections: list[AsyncConnection[Any]] = field(default_factory=list)
-    offset: int = 0
-
-    def attach(self, conn: AsyncConnection[Any]) -> None:
-        conn.pgconn.trace(self.fd)
-        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
-        self.connections.append(conn)
-
-    def _lines(self) -> list[str]:
-        # libpq buffers its trace; untrace flushes it, then tracing resumes.
-        for conn in self.connections:
-            conn.pgconn.untrace()
-            conn.pgconn.trace(self.fd)
-            conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
-        return self.path.read_text().splitlines()
-
-    def mark(self) -> None:
-        self.offset = len(self._lines())
-
-    def statements(self) -> list[str]:
-        """Statements sent since the last mark, as their trace lines."""
-        sent = [line for line in self._lines()[self.offset :] if SENT_STATEMENT.match(line)]
-        self.mark()
-        return sent
 
 
 @pytest.fixture(params=[True, False], ids=["autocommit-pool", "transactional-pool"])
@@ -61,12 +26,10 @@ async def traced(
     request: pytest.FixtureRequest, tmp_path: Path, dsn: str, schema: str, pg: Any
 ) -> AsyncIterator[tuple[EffectLedger, Wire]]:
     """A ledger on a one-connection pool whose every message is traced to a file."""
-    path = tmp_path / "libpq.trace"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    wire = Wire(path, fd)
+    wire = Wire(tmp_path / "libpq.trace")
 
     async def configure(conn: AsyncConnection[Any]) -> None:
-        wire.attach(conn)
+        await wire.attach(conn)
 
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
         dsn,
@@ -85,7 +48,7 @@ async def traced(
     finally:
         await store.close()
         await pool.close()
-        os.close(fd)
+        wire.close()
 
 
 CALL = ToolCall(workflow_id="wf", tool="count.me", args={"x": 1})
@@ -110,7 +73,7 @@ async def test_fresh_run_is_two_statements_and_replay_one(
         assert len(await count(wire, lambda: ledger.run(CALL, lambda e: 0))) == 1
     other = ToolCall(workflow_id="wf", tool="count.me", args={"x": 2})
     assert len(await count(wire, lambda: ledger.run(other, lambda e: 0))) == 2
-    assert not [line for line in wire._lines() if "BEGIN" in line or "COMMIT" in line]
+    assert not [line for line in wire.lines() if "BEGIN" in line or "COMMIT" in line]
 
 
 async def test_each_manual_and_admin_step_is_one_statement(
