@@ -91,6 +91,16 @@ def throughput_rows(
         )
 
 
+def table_size_rows(report: Report, sizes: tuple[int, int], small: Figure, large: Figure) -> None:
+    report.add(f"begin latency at {sizes[0]:,} effects", small)
+    report.add(
+        f"begin latency at {sizes[1]:,} effects",
+        large,
+        target="p50 <= 1.5 x smaller table",
+        met=large.median <= 1.5 * small.median,
+    )
+
+
 async def in_process_approver(ledger: Any) -> Any:
     async def approve(key: str) -> float:
         await ledger.approve(key)
@@ -167,13 +177,7 @@ async def bench_sqlite(sizes: sc.Sizes) -> Report:
             at_small = await sc.begin_latency(store, 500)
             await _fill_sqlite(Path(folder) / "ledger.db", large - small)
             at_large = await sc.begin_latency(store, 500)
-            report.add(f"begin latency at {small:,} effects", at_small)
-            report.add(
-                f"begin latency at {large:,} effects",
-                at_large,
-                target="p50 <= 1.5 x smaller table",
-                met=at_large.median <= 1.5 * at_small.median,
-            )
+            table_size_rows(report, sizes.table_sizes, at_small, at_large)
         finally:
             await store.close()
             floor.close()
@@ -274,13 +278,7 @@ async def bench_postgres(sizes: sc.Sizes, dsn: str) -> Report:
             at_small = await sc.begin_latency(store, 1_000)
             await _fill_postgres(conn, table, small, large)
             at_large = await sc.begin_latency(store, 1_000)
-        report.add(f"begin latency at {small:,} effects", at_small)
-        report.add(
-            f"begin latency at {large:,} effects",
-            at_large,
-            target="p50 <= 1.5 x smaller table",
-            met=at_large.median <= 1.5 * at_small.median,
-        )
+        table_size_rows(report, sizes.table_sizes, at_small, at_large)
     finally:
         await store.close()
         await floor_store.close()
