@@ -1,7 +1,15 @@
 """Effect statuses and the one table of allowed transitions.
 
-Every other module (the ledger, each store, the SQL CHECK constraint test)
-derives what it needs from :data:`TRANSITIONS`; nothing else lists them.
+Every other module (the engine, each store, the schema tests) derives what
+it needs from :data:`TRANSITIONS`; nothing else lists them.
+
+Three kinds of step move an effect, and the table covers them all:
+
+* a **claim** moves it *into* ``processing`` and increments ``attempt`` (the
+  fencing token): from ``ready`` (an approved effect is run) or from
+  ``processing`` itself (a **takeover**: the holder stopped heartbeating);
+* a **completion** moves it from ``processing`` to an outcome;
+* a **decision** (request approval, approve, deny, cancel) is everything else.
 """
 
 from __future__ import annotations
@@ -38,7 +46,10 @@ _S = EffectStatus
 #: The state machine: each status mapped to the statuses it may move to.
 TRANSITIONS: Final[Mapping[EffectStatus, frozenset[EffectStatus]]] = MappingProxyType(
     {
-        _S.PROCESSING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.REQUIRES_APPROVAL, _S.CANCELED}),
+        _S.PROCESSING: frozenset(
+            # processing -> processing is a takeover: a claim with attempt + 1.
+            {_S.PROCESSING, _S.SUCCEEDED, _S.FAILED, _S.REQUIRES_APPROVAL, _S.CANCELED}
+        ),
         _S.REQUIRES_APPROVAL: frozenset({_S.READY, _S.DENIED, _S.CANCELED}),
         _S.READY: frozenset({_S.PROCESSING, _S.CANCELED}),
         _S.SUCCEEDED: frozenset(),
@@ -50,6 +61,21 @@ TRANSITIONS: Final[Mapping[EffectStatus, frozenset[EffectStatus]]] = MappingProx
 
 #: Statuses with no way out: the outcome is final.
 TERMINAL: Final[frozenset[EffectStatus]] = frozenset(s for s, out in TRANSITIONS.items() if not out)
+
+
+#: Statuses a claim takes an effect from (into ``processing``, attempt + 1).
+#: From ``processing`` only when the holder's heartbeat is stale: a takeover.
+CLAIMABLE: Final[frozenset[EffectStatus]] = frozenset(
+    s for s, out in TRANSITIONS.items() if _S.PROCESSING in out
+)
+#: The outcomes ``complete`` may record: terminal statuses reachable from processing.
+COMPLETIONS: Final[frozenset[EffectStatus]] = frozenset(
+    s for s in TRANSITIONS[_S.PROCESSING] if s in TERMINAL
+)
+#: What a decision may set: every target except ``processing``, which only a claim reaches.
+DECISION_TARGETS: Final[frozenset[EffectStatus]] = frozenset(
+    t for out in TRANSITIONS.values() for t in out if t is not _S.PROCESSING
+)
 
 
 def can_transition(source: EffectStatus, target: EffectStatus) -> bool:

@@ -58,9 +58,13 @@ async def attempt(
         return await ledger.deny(key)
     if target is S.CANCELED:
         return await ledger.cancel(key)
-    # processing: only a claim gets there (ready -> processing, or a stale takeover,
-    # which is processing -> processing and tested in test_takeover).
-    return (await harness.store.claim(key, stale_after_ms=0)).claimed
+    # processing: only a claim gets there: ready -> processing (an approved run), or
+    # processing -> processing (a takeover, once the holder's heartbeat is stale).
+    current = await ledger.find_by_idem_key(key)
+    assert current is not None
+    if current.status is S.PROCESSING:
+        await harness.age(60_000)
+    return (await harness.store.claim(key, stale_after_ms=1_000)).claimed
 
 
 @pytest.mark.parametrize(("source", "target"), list(itertools.product(S, S)))

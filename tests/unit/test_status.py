@@ -11,6 +11,7 @@ from agent_ledger.status import TERMINAL, TRANSITIONS, can_transition, sources_o
 
 # Written out from the specification, independently of the table under test.
 ALLOWED = {
+    (S.PROCESSING, S.PROCESSING),  # takeover of a stale holder
     (S.PROCESSING, S.SUCCEEDED),
     (S.PROCESSING, S.FAILED),
     (S.PROCESSING, S.REQUIRES_APPROVAL),
