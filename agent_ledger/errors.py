@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from agent_ledger.effects import Effect
+    from agent_ledger.status import EffectStatus
 
 __all__ = [
     "EffectDeniedError",
@@ -76,7 +77,9 @@ class EffectTimeoutError(EffectLedgerError):
     call waited and ``status`` what it was waiting on.
     """
 
-    def __init__(self, idem_key: str, status: str, waited_ms: float, limit_ms: int) -> None:
+    def __init__(
+        self, idem_key: str, status: EffectStatus, waited_ms: float, limit_ms: int
+    ) -> None:
         self.idem_key = idem_key
         self.status = status
         self.waited_ms = waited_ms
@@ -84,8 +87,8 @@ class EffectTimeoutError(EffectLedgerError):
         what = "approval" if status == "requires_approval" else "the worker running it"
         super().__init__(
             f"gave up after waiting {waited_ms:.0f} ms (limit {limit_ms} ms) for {what}; "
-            f"effect {idem_key[:12]}… is still {status}. Call again later to pick up its outcome, "
-            f"or raise the limit in ConcurrencyOptions."
+            f"effect {idem_key[:12]}… is still {status.value}. Call again later to pick up "
+            "its outcome, or raise the limit in ConcurrencyOptions."
         )
 
 
@@ -132,6 +135,14 @@ class EffectLedgerInvariantError(EffectLedgerError):
 
     This is a bug in a store (or a hand-edited database), never a user error.
     """
+
+
+def require_str(value: object, name: str) -> None:
+    """Raise ``EffectLedgerValidationError`` naming ``name`` unless ``value`` is a str."""
+    if not isinstance(value, str):
+        raise EffectLedgerValidationError(
+            f"{name} must be a string, got {type(value).__name__}", field=name
+        )
 
 
 # Public module for every exception, so tracebacks say ``agent_ledger.X``.

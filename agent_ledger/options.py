@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Final, Literal, TypeAlias, TypeVar
 
+from agent_ledger.backoff import Backoff
 from agent_ledger.errors import EffectLedgerValidationError
 
 if TYPE_CHECKING:
@@ -37,15 +38,20 @@ Unset: TypeAlias = Literal[_UnsetType.UNSET]
 DEFAULT_STALE_AFTER_MS: Final = 15_000
 
 
-def _check_ms(
-    value: object, name: str, *, allow_none: bool = False, positive: bool = False
+def _check_int(
+    value: object,
+    name: str,
+    *,
+    unit: str = "milliseconds",
+    allow_none: bool = False,
+    positive: bool = False,
 ) -> None:
     if value is UNSET or (allow_none and value is None):
         return
     if type(value) is not int:
         kind = "an int or None" if allow_none else "an int"
         raise EffectLedgerValidationError(
-            f"{name} must be {kind} (milliseconds), got {value!r}", field=name
+            f"{name} must be {kind} ({unit}), got {value!r}", field=name
         )
     if value < 0 or (positive and value == 0):
         bound = "> 0" if positive else ">= 0"
@@ -82,10 +88,10 @@ class ConcurrencyOptions:
     jitter_factor: float | Unset = UNSET
 
     def __post_init__(self) -> None:
-        _check_ms(self.wait_timeout_ms, "wait_timeout_ms")
-        _check_ms(self.approval_timeout_ms, "approval_timeout_ms", allow_none=True)
-        _check_ms(self.initial_interval_ms, "initial_interval_ms", positive=True)
-        _check_ms(self.max_interval_ms, "max_interval_ms", positive=True)
+        _check_int(self.wait_timeout_ms, "wait_timeout_ms")
+        _check_int(self.approval_timeout_ms, "approval_timeout_ms", allow_none=True)
+        _check_int(self.initial_interval_ms, "initial_interval_ms", positive=True)
+        _check_int(self.max_interval_ms, "max_interval_ms", positive=True)
         _check_number(self.backoff_multiplier, "backoff_multiplier", 1.0, None)
         _check_number(self.jitter_factor, "jitter_factor", 0.0, 1.0)
         _check_interval_order(self.initial_interval_ms, self.max_interval_ms)
@@ -115,7 +121,7 @@ class StaleOptions:
     after_ms: int | Unset = UNSET
 
     def __post_init__(self) -> None:
-        _check_ms(self.after_ms, "after_ms")
+        _check_int(self.after_ms, "after_ms")
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +181,7 @@ class EffectLedgerOptions:
 
     def __post_init__(self) -> None:
         if self.max_args_size_bytes is not None:
-            _check_ms(self.max_args_size_bytes, "max_args_size_bytes", positive=True)
+            _check_int(self.max_args_size_bytes, "max_args_size_bytes", unit="bytes", positive=True)
 
 
 # --- resolution -------------------------------------------------------------
@@ -201,6 +207,8 @@ class ResolvedConcurrency:
     max_interval_ms: int
     backoff_multiplier: float
     jitter_factor: float
+    #: The waiter's polling schedule, built once from the four fields above.
+    polls: Backoff
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +260,14 @@ def resolve(options: RunOptions) -> ResolvedRunOptions:
     # Each level was valid alone; the merge can still pair a large initial
     # interval from one level with a small maximum from another.
     _check_interval_order(concurrency.initial_interval_ms, concurrency.max_interval_ms)
-    c = ResolvedConcurrency(**{f.name: getattr(concurrency, f.name) for f in fields(concurrency)})
+    settings = {f.name: getattr(concurrency, f.name) for f in fields(concurrency)}
+    polls = Backoff(
+        initial_s=settings["initial_interval_ms"] / 1000.0,
+        multiplier=settings["backoff_multiplier"],
+        max_s=settings["max_interval_ms"] / 1000.0,
+        jitter=settings["jitter_factor"],
+    )
+    c = ResolvedConcurrency(**settings, polls=polls)
     assert stale.after_ms is not UNSET
     return ResolvedRunOptions(
         requires_approval=(
