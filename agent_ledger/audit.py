@@ -1,21 +1,31 @@
-"""Listing effects for people and tools: filters, pages and their cursors."""
+"""Reading the ledger for people and tools: lookups, filtered pages, stats, purge.
+
+Nothing here changes an effect's status; purge only removes effects whose
+outcome is final.
+"""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import re
+import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Final
 
 import orjson
 
 from agent_ledger.effects import Effect
-from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.errors import EffectLedgerValidationError, require_str
 from agent_ledger.status import EffectStatus
-from agent_ledger.stores.base import EffectQuery
+from agent_ledger.stores.base import EffectQuery, LedgerStats, Store
 
 #: The largest page ``list_effects`` returns.
 MAX_PAGE_SIZE = 1_000
+#: The shortest idempotency-key prefix ``lookup`` accepts.
+MIN_KEY_PREFIX: Final = 8
+_HEX: Final = re.compile(r"[0-9a-f]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,3 +101,81 @@ def parse_status(status: EffectStatus | str) -> EffectStatus:
         raise EffectLedgerValidationError(
             f"unknown status {status!r}; expected one of: {known}", field="status"
         ) from None
+
+
+class Audit:
+    """The read side of one ledger (and purge)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def list_effects(
+        self,
+        *,
+        workflow_id: str | None,
+        tool: str | None,
+        status: EffectStatus | str | None,
+        since: datetime | None,
+        until: datetime | None,
+        limit: int,
+        cursor: str | None,
+    ) -> EffectPage:
+        query = build_query(
+            workflow_id=workflow_id,
+            tool=tool,
+            status=status,
+            since=since,
+            until=until,
+            limit=limit,
+            cursor=cursor,
+        )
+        effects = await self._store.list_effects(query)
+        last = effects[-1] if len(effects) == query.limit else None
+        return EffectPage(effects, encode_cursor(last) if last is not None else None)
+
+    async def stats(self) -> LedgerStats:
+        return await self._store.stats()
+
+    async def purge(self, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:
+        if not isinstance(older_than, timedelta) or older_than < timedelta(0):
+            raise EffectLedgerValidationError(
+                f"older_than must be a non-negative timedelta, got {older_than!r}",
+                field="older_than",
+            )
+        return await self._store.purge(older_than=older_than, statuses=frozenset(statuses))
+
+    async def get_effect(self, effect_id: str) -> Effect | None:
+        require_str(effect_id, "effect_id")
+        return await self._store.get(effect_id)
+
+    async def find_by_idem_key(self, idem_key: str) -> Effect | None:
+        require_str(idem_key, "idem_key")
+        return await self._store.find(idem_key)
+
+    async def lookup(self, ref: str) -> Effect | None:
+        require_str(ref, "ref")
+        ref = ref.strip().lower()
+        if _looks_like_uuid(ref):
+            return await self._store.get(ref)
+        if not _HEX.fullmatch(ref) or len(ref) < MIN_KEY_PREFIX:
+            raise EffectLedgerValidationError(
+                f"{ref!r} is neither an effect id nor an idempotency key (or a prefix of one "
+                f"with at least {MIN_KEY_PREFIX} hex characters)",
+                field="ref",
+            )
+        if len(ref) == 64:
+            return await self._store.find(ref)
+        matches = await self._store.list_effects(EffectQuery(idem_key_prefix=ref, limit=2))
+        if len(matches) > 1:
+            raise EffectLedgerValidationError(
+                f"key prefix {ref!r} matches several effects; give more characters",
+                field="ref",
+            )
+        return matches[0] if matches else None
+
+
+def _looks_like_uuid(text: str) -> bool:
+    try:
+        return str(uuid.UUID(text)) == text
+    except ValueError:
+        return False

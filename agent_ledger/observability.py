@@ -30,6 +30,16 @@ def effect_fields(effect: Effect) -> dict[str, str | None]:
     }
 
 
+def log_effect(level: int, message: str, effect: Effect) -> None:
+    """Log ``message`` about ``effect`` at ``level`` with the effect's fields attached.
+
+    Checks the level first: the engine logs on its hot path, and a disabled
+    level must cost no formatting and no dict.
+    """
+    if logger.isEnabledFor(level):
+        logger.log(level, "%s: %s", message, effect.tool, extra=effect_fields(effect))
+
+
 def _load_tracer() -> Any:
     try:
         trace = importlib.import_module("opentelemetry.trace")

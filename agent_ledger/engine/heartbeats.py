@@ -36,7 +36,7 @@ class Beat:
         self.due = due
 
     def stop(self) -> None:
-        self._owner._running.discard(self)
+        self._owner.forget(self)
 
 
 class Heartbeats:
@@ -67,6 +67,10 @@ class Heartbeats:
             assert self._wake is not None
             self._wake.set()
         return beat
+
+    def forget(self, beat: Beat) -> None:
+        """Stop beating for ``beat`` (its handler returned, or it lost the effect)."""
+        self._running.discard(beat)
 
     async def _run(self, loop: asyncio.AbstractEventLoop) -> None:
         wake = self._wake

@@ -14,7 +14,8 @@ from agent_ledger import (
     MemoryStore,
     ToolCall,
 )
-from agent_ledger import ledger as ledger_module
+from agent_ledger.backoff import Backoff
+from agent_ledger.engine import lifecycle
 
 CALL = ToolCall(workflow_id="wf", tool="payments.charge", args={"cents": 100})
 
@@ -45,7 +46,7 @@ class FlakyCompleteStore(MemoryStore):
 
 @pytest.fixture(autouse=True)
 def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ledger_module, "COMMIT_RETRY_DELAYS_S", (0.001, 0.001, 0.001))
+    monkeypatch.setattr(lifecycle, "COMMIT_RETRY", Backoff(initial_s=0.001, max_s=0.001, tries=3))
 
 
 @pytest.mark.parametrize("applied_then_fail", [False, True])
@@ -74,7 +75,7 @@ async def test_persistent_commit_failure_raises_the_store_error() -> None:
     with pytest.raises(EffectStoreError, match="connection lost") as info:
         await ledger.run(CALL, lambda effect: "ch_1")
     assert info.value.operation == "commit"
-    assert store.complete_calls == 1 + len(ledger_module.COMMIT_RETRY_DELAYS_S)
+    assert store.complete_calls == 1 + 3  # the first try and the three retries patched in above
     effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
     assert effect is not None and effect.status is EffectStatus.PROCESSING
 

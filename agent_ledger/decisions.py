@@ -1,0 +1,101 @@
+"""People's decisions on effects: request approval, approve, deny, cancel.
+
+Each decision is one compare-and-set in the store (``Store.transition``),
+so two operators acting on the same stale screen cannot both win: the
+second gets False. Who decided, and their note or reason, go on the receipt.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from agent_ledger.effects import Effect, EffectError, storable_text
+from agent_ledger.errors import EffectLedgerValidationError, require_str
+from agent_ledger.observability import effect_fields, log_effect, logger
+from agent_ledger.options import LedgerHooks
+from agent_ledger.status import EffectStatus
+from agent_ledger.stores.base import Decision, Store
+
+__all__ = ["Decisions", "notify_approval_required"]
+
+
+class Decisions:
+    """The decision steps of one ledger."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def request_approval(self, idem_key: str, hooks: LedgerHooks) -> bool:
+        moved = await self._move(idem_key, EffectStatus.REQUIRES_APPROVAL, None, None)
+        if moved is not None:
+            await notify_approval_required(moved, hooks)
+        return moved is not None
+
+    async def approve(self, idem_key: str, *, by: str | None, note: str | None) -> bool:
+        decision = _decision(by, note)
+        return await self._move(idem_key, EffectStatus.READY, None, decision) is not None
+
+    async def deny(self, idem_key: str, *, reason: str | None, by: str | None) -> bool:
+        error = EffectError(message=_reason(reason, "denied"), code="denied")
+        decision = _decision(by, None)
+        return await self._move(idem_key, EffectStatus.DENIED, error, decision) is not None
+
+    async def cancel(self, idem_key: str, *, reason: str | None, by: str | None) -> bool:
+        error = EffectError(message=_reason(reason, "canceled"), code="canceled")
+        decision = _decision(by, None)
+        return await self._move(idem_key, EffectStatus.CANCELED, error, decision) is not None
+
+    async def _move(
+        self,
+        idem_key: str,
+        target: EffectStatus,
+        error: EffectError | None,
+        decision: Decision | None,
+    ) -> Effect | None:
+        require_str(idem_key, "idem_key")
+        moved = await self._store.transition(
+            idem_key, target=target, error=error, decision=decision
+        )
+        if moved is not None:
+            log_effect(logging.INFO, f"effect moved to {target.value}", moved)
+        return moved
+
+
+async def notify_approval_required(effect: Effect, hooks: LedgerHooks) -> None:
+    """Await ``hooks.on_approval_required(effect)``; its failure is logged, never raised.
+
+    The effect is already stored as waiting for approval: a broken
+    notification must not abort the caller, who would otherwise retry into
+    the same pending effect and never hear back.
+    """
+    hook = hooks.on_approval_required
+    if hook is None:
+        return
+    try:
+        await hook(effect)
+    except Exception:
+        logger.exception(
+            "on_approval_required hook raised; the effect still waits for approval",
+            extra=effect_fields(effect),
+        )
+
+
+def _decision(by: str | None, note: str | None) -> Decision:
+    for value, name in ((by, "by"), (note, "note")):
+        if value is not None and not isinstance(value, str):
+            raise EffectLedgerValidationError(
+                f"{name} must be a string or None, got {type(value).__name__}", field=name
+            )
+    return Decision(
+        by=storable_text(by) if by else None, note=storable_text(note) if note else None
+    )
+
+
+def _reason(reason: str | None, what: str) -> str:
+    if reason is None:
+        return what
+    if not isinstance(reason, str):
+        raise EffectLedgerValidationError(
+            f"reason must be a string or None, got {type(reason).__name__}", field="reason"
+        )
+    return reason or what

@@ -1,0 +1,376 @@
+"""An effect's life in one caller: prepare, acquire, execute, record.
+
+* **prepare** checks the call and options and computes the key, before
+  anything is stored (bad input stores nothing);
+* **acquire** inserts the effect or finds it; a caller that created it
+  owns it, any other waits (``waiting``) until it may claim it or it ends;
+* **execute** runs the handler of an owned effect, with heartbeats;
+* **record** commits the outcome, fenced by the attempt, retrying store
+  errors on the ``backoff.COMMIT_RETRY`` schedule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Final, NamedTuple
+
+import orjson
+
+from agent_ledger.backoff import COMMIT_RETRY
+from agent_ledger.calls import ToolCall
+from agent_ledger.decisions import notify_approval_required
+from agent_ledger.effects import (
+    BeginResult,
+    CommitFailed,
+    CommitOutcome,
+    CommitSucceeded,
+    Effect,
+    EffectError,
+)
+from agent_ledger.engine.heartbeats import Heartbeats
+from agent_ledger.engine.waiting import Acquired, Waiter
+from agent_ledger.errors import (
+    EffectDeniedError,
+    EffectFailedError,
+    EffectLedgerInvariantError,
+    EffectLedgerValidationError,
+    EffectStoreError,
+    require_str,
+)
+from agent_ledger.keys import DEFAULT_MAX_ARGS_SIZE_BYTES, canonical_json, canonicalize
+from agent_ledger.observability import effect_fields, log_effect, logger
+from agent_ledger.options import (
+    EffectLedgerOptions,
+    LedgerHooks,
+    ResolvedRunOptions,
+    RunOptions,
+    merge_run_options,
+    resolve,
+)
+from agent_ledger.status import EffectStatus
+from agent_ledger.stores.base import NewEffect, Store
+
+__all__ = ["CANCELLED_WHILE_RUNNING", "RESULT_NOT_SERIALIZABLE", "Acquired", "Engine", "Prepared"]
+
+#: Error code recorded when a handler's return value is not JSON.
+RESULT_NOT_SERIALIZABLE: Final = "result_not_serializable"
+#: Reason recorded when the task running a handler is cancelled.
+CANCELLED_WHILE_RUNNING: Final = (
+    "the task running the handler was cancelled ({exc}); whether the side effect "
+    "happened is unknown, so the effect is not retried automatically"
+)
+
+
+class Prepared(NamedTuple):
+    """A checked call, ready to acquire: what ``run()`` and ``begin()`` share."""
+
+    new: NewEffect
+    opts: ResolvedRunOptions
+    hooks: LedgerHooks
+    needs_approval: bool
+
+
+class _Recorded(NamedTuple):
+    """How executing an owned effect ended, when it did not raise."""
+
+    #: False: another attempt's commit (or a decision) got there first.
+    won: bool
+    #: The handler's own return value, when ``won``.
+    value: object = None
+
+
+_LOST: Final = _Recorded(won=False)
+
+
+class Engine:
+    """Runs effects for one ledger: at most one execution per idempotency key."""
+
+    def __init__(self, options: EffectLedgerOptions) -> None:
+        self._store: Store = options.store
+        self._defaults = options.defaults.run
+        self._resolved_defaults = resolve(self._defaults)
+        self._max_args = options.max_args_size_bytes or DEFAULT_MAX_ARGS_SIZE_BYTES
+        self.hooks = options.hooks if options.hooks is not None else LedgerHooks()
+        self._heartbeats = Heartbeats(self._store)
+        self._waiter = Waiter(self._store)
+
+    # -- prepare ---------------------------------------------------------------
+
+    def prepare(
+        self, call: ToolCall, run_options: RunOptions | None, hooks: LedgerHooks | None
+    ) -> Prepared:
+        """Check everything about a call before anything is stored."""
+        opts = self._run_options(run_options)
+        hooks = self.hooks if hooks is None else hooks
+        new = self.new_effect(call)
+        # Asked before begin(), so a policy that raises leaves nothing stored;
+        # the answer only matters if begin() creates the effect.
+        policy = hooks.requires_approval
+        needs_approval = opts.requires_approval or (policy is not None and bool(policy(call)))
+        return Prepared(new, opts, hooks, needs_approval)
+
+    def new_effect(self, call: ToolCall) -> NewEffect:
+        """The row ``begin`` would insert for ``call``, with its idempotency key."""
+        if not isinstance(call, ToolCall):
+            raise EffectLedgerValidationError(
+                f"call must be a ToolCall, got {type(call).__name__}", field="call"
+            )
+        canon = canonicalize(call, self._max_args)
+        return NewEffect(
+            idem_key=canon.idem_key,
+            workflow_id=call.workflow_id,
+            call_id=call.call_id,
+            tool=call.tool,
+            args_canonical=canon.args_canonical,
+            resource_id_canonical=canon.resource_id_canonical,
+        )
+
+    def _run_options(self, run_options: RunOptions | None) -> ResolvedRunOptions:
+        if run_options is None:
+            return self._resolved_defaults
+        if not isinstance(run_options, RunOptions):
+            raise EffectLedgerValidationError(
+                f"run_options must be a RunOptions, got {type(run_options).__name__}",
+                field="run_options",
+            )
+        return resolve(merge_run_options(self._defaults, run_options))
+
+    # -- run and begin -----------------------------------------------------------
+
+    async def run(
+        self, prepared: Prepared, handler: Callable[[Effect], object], tx: object | None
+    ) -> object:
+        """Acquire, execute while we own the effect, and return its outcome."""
+        acquired = await self.acquire(prepared, tx)
+        while acquired.owned:
+            recorded = await self.execute(acquired.effect, handler, prepared.opts, tx)
+            if recorded.won:
+                return recorded.value
+            # Our commit lost to another attempt: the winner's outcome decides.
+            acquired = await self._waiter.wait(
+                prepared.new.idem_key, acquired.effect, prepared.opts, tx
+            )
+        return recorded_outcome(acquired)
+
+    async def begin(self, prepared: Prepared, tx: object | None) -> BeginResult[object]:
+        """Acquire without a handler: the caller executes and commits."""
+        acquired = await self.acquire(prepared, tx)
+        if acquired.owned:
+            return BeginResult(
+                acquired.effect,
+                cached=False,
+                idempotency_status="fresh" if acquired.fresh else "replayed",
+            )
+        return BeginResult(
+            acquired.effect,
+            cached=True,
+            idempotency_status="replayed",
+            cached_result=recorded_outcome(acquired),
+        )
+
+    # -- acquire -------------------------------------------------------------------
+
+    async def acquire(self, prepared: Prepared, tx: object | None) -> Acquired:
+        """Own a ``processing`` effect, or reach a terminal one, waiting as needed."""
+        new = prepared.new
+        begun = await self._store.begin(new, tx=tx)
+        effect = begun.effect
+        if begun.created:
+            if not prepared.needs_approval:
+                log_effect(logging.DEBUG, "effect created", effect)
+                return Acquired(effect, owned=True, fresh=True)
+            moved = await self._store.transition(
+                new.idem_key, target=EffectStatus.REQUIRES_APPROVAL, tx=tx
+            )
+            if moved is not None:
+                effect = moved
+                log_effect(logging.INFO, "effect requires approval", effect)
+                await notify_approval_required(moved, prepared.hooks)
+        elif effect.status.is_terminal:
+            log_effect(logging.DEBUG, "effect replayed", effect)
+            return Acquired(effect, owned=False)
+        return await self._waiter.wait(new.idem_key, effect, prepared.opts, tx)
+
+    # -- execute and record ------------------------------------------------------------
+
+    async def execute(
+        self,
+        effect: Effect,
+        handler: Callable[[Effect], object],
+        opts: ResolvedRunOptions,
+        tx: object | None,
+    ) -> _Recorded:
+        """Run the handler for an owned effect and record what happened.
+
+        Returns the handler's value if our commit won, raises what the
+        handler raised (after recording it), or returns a lost record when
+        another attempt's commit won.
+        """
+        # Inside a transaction the row is invisible to other workers until
+        # commit, so nobody can take it over and no heartbeat is needed.
+        beat = (
+            self._heartbeats.start(effect, opts.stale_after_ms)
+            if opts.stale_after_ms > 0 and tx is None
+            else None
+        )
+        try:
+            value = handler(effect)
+            if inspect.isawaitable(value):
+                value = await value
+        except Exception as exc:
+            if beat is not None:
+                beat.stop()
+            error = EffectError(message=str(exc) or type(exc).__name__, code=_error_code(exc))
+            if await self.record(effect, EffectStatus.FAILED, None, error, tx):
+                log_effect(logging.INFO, "effect failed", effect)
+                raise
+            return _LOST
+        except BaseException as exc:
+            # CancelledError (and KeyboardInterrupt/SystemExit): record it so
+            # the effect does not sit in processing until the stale window.
+            if beat is not None:
+                beat.stop()
+            await self._record_abandoned(effect, exc, tx)
+            raise
+        if beat is not None:
+            beat.stop()
+        try:
+            result_json = canonical_json(value, field="result", sort_keys=False).decode()
+        except EffectLedgerValidationError as exc:
+            error = EffectError(message=str(exc), code=RESULT_NOT_SERIALIZABLE)
+            if await self.record(effect, EffectStatus.FAILED, None, error, tx):
+                raise
+            return _LOST
+        if await self.record(effect, EffectStatus.SUCCEEDED, result_json, None, tx):
+            log_effect(logging.DEBUG, "effect succeeded", effect)
+            return _Recorded(won=True, value=value)
+        return _LOST
+
+    async def record(
+        self,
+        effect: Effect,
+        status: EffectStatus,
+        result_json: str | None,
+        error: EffectError | None,
+        tx: object | None,
+    ) -> bool:
+        """Record a handler's outcome; True if this attempt's commit won.
+
+        Store errors are retried on the ``COMMIT_RETRY`` schedule: the side
+        effect has happened by now, and giving up at the first broken
+        connection would leave the effect in processing for the next caller
+        to take over and run again. The compare-and-set is safe to repeat: if
+        an earlier try landed before its connection broke, the retry matches
+        no row and the stored effect shows our attempt and status, which
+        counts as ours. Inside a caller's transaction a failed statement
+        aborts the transaction, so there is nothing to retry.
+        """
+        step = 0
+        while True:
+            try:
+                won = await self._store.complete(
+                    effect.id,
+                    attempt=effect.attempt,
+                    status=status,
+                    result_json=result_json,
+                    error=error,
+                    tx=tx,
+                )
+            except EffectStoreError:
+                if tx is not None or COMMIT_RETRY.gives_up_after(step):
+                    raise
+                delay = COMMIT_RETRY.delay(step)
+                log_effect(
+                    logging.WARNING,
+                    f"recording the outcome failed; retrying in {delay:.2f} s",
+                    effect,
+                )
+                await asyncio.sleep(delay)
+                step += 1
+                continue
+            if not won and step > 0:
+                stored = await self._store.get(effect.id, tx=tx)
+                won = (
+                    stored is not None
+                    and stored.status is status
+                    and stored.attempt == effect.attempt
+                )
+            if not won:
+                log_effect(
+                    logging.WARNING,
+                    "commit rejected: another attempt or a decision got there first",
+                    effect,
+                )
+            return won
+
+    async def _record_abandoned(
+        self, effect: Effect, exc: BaseException, tx: object | None
+    ) -> None:
+        error = EffectError(
+            message=CANCELLED_WHILE_RUNNING.format(exc=type(exc).__name__), code="cancelled"
+        )
+        try:
+            # Shielded: a second cancel must not interrupt the write itself.
+            await asyncio.shield(self.record(effect, EffectStatus.CANCELED, None, error, tx))
+        except Exception:
+            logger.exception(
+                "could not record the cancelled run; the effect stays processing until "
+                "its stale window passes",
+                extra=effect_fields(effect),
+            )
+
+    # -- manual commit -------------------------------------------------------------------
+
+    async def commit(
+        self, effect_id: str, outcome: CommitOutcome, *, attempt: int | None, tx: object | None
+    ) -> bool:
+        """``EffectLedger.commit``: check the outcome, then one fenced compare-and-set."""
+        require_str(effect_id, "effect_id")
+        if attempt is not None and (type(attempt) is not int or attempt < 1):
+            raise EffectLedgerValidationError(
+                f"attempt must be a positive int, got {attempt!r}", field="attempt"
+            )
+        if isinstance(outcome, CommitSucceeded):
+            result_json = canonical_json(outcome.result, field="result", sort_keys=False).decode()
+            status, error = EffectStatus.SUCCEEDED, None
+        elif isinstance(outcome, CommitFailed) and isinstance(outcome.error, EffectError):
+            result_json, status, error = None, EffectStatus.FAILED, outcome.error
+        else:
+            raise EffectLedgerValidationError(
+                "outcome must be CommitSucceeded(result=...) or "
+                f"CommitFailed(error=EffectError(...)), got {outcome!r}",
+                field="outcome",
+            )
+        return await self._store.complete(
+            effect_id, attempt=attempt, status=status, result_json=result_json, error=error, tx=tx
+        )
+
+
+def recorded_outcome(acquired: Acquired) -> object:
+    """The outcome a caller gets for an effect someone else finished.
+
+    A result that other waiters received too (a shared poll) is copied, so
+    no caller can mutate another's.
+    """
+    effect = acquired.effect
+    status = effect.status
+    if status is EffectStatus.SUCCEEDED:
+        result = effect.result
+        if acquired.shared and isinstance(result, dict | list):
+            return orjson.loads(orjson.dumps(result))
+        return result
+    if status is EffectStatus.FAILED:
+        raise EffectFailedError(effect)
+    if status is EffectStatus.DENIED or status is EffectStatus.CANCELED:
+        raise EffectDeniedError(effect)
+    raise EffectLedgerInvariantError(f"no recorded outcome for a {status.value} effect")
+
+
+def _error_code(exc: BaseException) -> str:
+    code = getattr(exc, "code", None)
+    if code is None or isinstance(code, bool):
+        return type(exc).__name__
+    return code if isinstance(code, str) else str(code)

@@ -1,0 +1,159 @@
+"""Waiting for an effect someone else holds, or a person has to decide.
+
+A waiter polls the store until the effect reaches an outcome or it may
+claim it: approved (``ready``), or ``processing`` with a stale heartbeat (a
+takeover). Notifications wake it early; polling is the fallback and the
+only source of truth. Three questions are kept apart here:
+
+* *may I claim it?* (:func:`claim_window`), from the status and the
+  caller's stale window;
+* *what does a failed poll mean?* (:meth:`Waiter._poll`): no news, unless
+  it happened inside the caller's transaction, which it aborted;
+* *how long may I still wait, and how long until the next poll?*
+  (:class:`WaitBudget`): waiting for a worker and waiting for a person are
+  separate phases, each with its own limit and a restarted backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Final, NamedTuple
+
+from agent_ledger.effects import Effect
+from agent_ledger.engine.polling import SharedPolls
+from agent_ledger.errors import EffectLedgerInvariantError, EffectStoreError, EffectTimeoutError
+from agent_ledger.observability import log_effect
+from agent_ledger.options import ResolvedConcurrency, ResolvedRunOptions
+from agent_ledger.status import CLAIMABLE, EffectStatus
+from agent_ledger.stores.base import Store
+
+__all__ = ["Acquired", "WaitBudget", "Waiter", "claim_window"]
+
+_PROCESSING: Final = EffectStatus.PROCESSING
+_READY: Final = EffectStatus.READY
+_REQUIRES_APPROVAL: Final = EffectStatus.REQUIRES_APPROVAL
+
+
+class Acquired(NamedTuple):
+    """Where acquiring (or waiting) ended: owning the effect, or at its outcome."""
+
+    effect: Effect
+    owned: bool
+    #: This caller created the effect (``begin`` reports it as ``fresh``).
+    fresh: bool = False
+    #: The effect came from another waiter's poll: copy its result before handing it out.
+    shared: bool = False
+
+
+class _Poll(NamedTuple):
+    effect: Effect
+    claimed: bool
+    shared: bool
+    #: The store error this poll hit; the effect is then the last one seen.
+    error: EffectStoreError | None
+
+
+def claim_window(status: EffectStatus, stale_after_ms: int) -> int | None:
+    """The stale window to claim with, or None when a poll should only read.
+
+    ``ready`` is always claimable; ``processing`` only when takeover is on
+    (``stale_after_ms > 0``), and then the store judges the heartbeat's age.
+    """
+    if status not in CLAIMABLE or (status is _PROCESSING and stale_after_ms <= 0):
+        return None
+    return stale_after_ms
+
+
+class WaitBudget:
+    """How long a waiter may still wait, and how long to sleep before its next poll.
+
+    Waiting for a person and waiting for a worker are separate phases: when
+    the phase changes (approved, now running elsewhere), the clock and the
+    backoff start over, so a long approval does not eat the worker's budget.
+    """
+
+    __slots__ = ("_approval", "_concurrency", "_loop", "_started", "_step")
+
+    def __init__(self, concurrency: ResolvedConcurrency) -> None:
+        self._concurrency = concurrency
+        self._loop = asyncio.get_running_loop()
+        self._approval: bool | None = None
+        self._started = 0.0
+        self._step = 0
+
+    def next_delay(
+        self, idem_key: str, status: EffectStatus, poll_error: EffectStoreError | None
+    ) -> float:
+        """Seconds to sleep before the next poll; raises when the budget is spent.
+
+        Past the limit, a waiter whose last poll failed raises that store
+        error (the store, not the other caller, is the problem); otherwise
+        ``EffectTimeoutError``.
+        """
+        c = self._concurrency
+        approval = status is _REQUIRES_APPROVAL
+        now = self._loop.time()
+        if approval is not self._approval:
+            self._approval, self._started, self._step = approval, now, 0
+        limit_ms = c.approval_timeout_ms if approval else c.wait_timeout_ms
+        waited_ms = (now - self._started) * 1000.0
+        if limit_ms is not None and waited_ms >= limit_ms:
+            if poll_error is not None:
+                raise poll_error
+            raise EffectTimeoutError(idem_key, status, waited_ms, limit_ms)
+        remaining_s = None if limit_ms is None else (limit_ms - waited_ms) / 1000.0
+        delay = c.polls.delay(self._step, remaining_s=remaining_s)
+        self._step += 1
+        return delay
+
+
+class Waiter:
+    """Waits on effects for one ledger; waiters on one key share their polls."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._polls = SharedPolls(store)
+
+    async def wait(
+        self, idem_key: str, effect: Effect, opts: ResolvedRunOptions, tx: object | None
+    ) -> Acquired:
+        """Poll (woken early by notifications) until we own the effect or it ends."""
+        budget = WaitBudget(opts.concurrency)
+        async with self._store.subscribe(idem_key) as changes:
+            while True:
+                # Polling after subscribing means no change between the
+                # caller's last read and this wait can be missed.
+                poll = await self._poll(idem_key, effect, opts.stale_after_ms, tx)
+                effect = poll.effect
+                if poll.claimed:
+                    # attempt 2+ from ready is an approval; from processing, a takeover.
+                    log_effect(logging.INFO, f"claimed effect (attempt {effect.attempt})", effect)
+                    return Acquired(effect, owned=True)
+                if effect.status.is_terminal:
+                    return Acquired(effect, owned=False, shared=poll.shared)
+                if effect.status is _READY and poll.error is None:
+                    continue  # approved since we last looked: claim it now, not after a sleep
+                await changes.wait(budget.next_delay(idem_key, effect.status, poll.error))
+
+    async def _poll(
+        self, idem_key: str, last_seen: Effect, stale_after_ms: int, tx: object | None
+    ) -> _Poll:
+        window = claim_window(last_seen.status, stale_after_ms)
+        try:
+            current, claimed, shared = await self._polls.poll(
+                idem_key, claim_stale_after_ms=window, tx=tx
+            )
+        except EffectStoreError as exc:
+            # Waiting is retryable: a failed poll (a dropped connection, a
+            # restarting server) is no news, and the next poll tries again.
+            # Inside a transaction the error aborted it: give up.
+            if tx is not None:
+                raise
+            log_effect(logging.WARNING, f"poll failed while waiting ({exc}); retrying", last_seen)
+            return _Poll(last_seen, claimed=False, shared=False, error=exc)
+        if current is None:
+            raise EffectLedgerInvariantError(
+                f"effect {idem_key} disappeared from the store while a caller waited on it"
+            )
+        return _Poll(current, claimed, shared, None)
