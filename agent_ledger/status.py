@@ -72,9 +72,12 @@ CLAIMABLE: Final[frozenset[EffectStatus]] = frozenset(
 COMPLETIONS: Final[frozenset[EffectStatus]] = frozenset(
     s for s in TRANSITIONS[_S.PROCESSING] if s in TERMINAL
 )
-#: What a decision may set: every target except ``processing``, which only a claim reaches.
-DECISION_TARGETS: Final[frozenset[EffectStatus]] = frozenset(
-    t for out in TRANSITIONS.values() for t in out if t is not _S.PROCESSING
+#: Outcomes only a handler's commit records: no decision claims success or failure.
+HANDLER_OUTCOMES: Final[frozenset[EffectStatus]] = frozenset({_S.SUCCEEDED, _S.FAILED})
+#: What a decision may set: every target but ``processing`` (only a claim reaches
+#: it) and the handler's own outcomes.
+DECISION_TARGETS: Final[frozenset[EffectStatus]] = (
+    frozenset(t for out in TRANSITIONS.values() for t in out) - {_S.PROCESSING} - HANDLER_OUTCOMES
 )
 
 

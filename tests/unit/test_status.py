@@ -7,7 +7,15 @@ import itertools
 import pytest
 
 from agent_ledger import EffectStatus as S
-from agent_ledger.status import TERMINAL, TRANSITIONS, can_transition, sources_of
+from agent_ledger.status import (
+    CLAIMABLE,
+    COMPLETIONS,
+    DECISION_TARGETS,
+    TERMINAL,
+    TRANSITIONS,
+    can_transition,
+    sources_of,
+)
 
 # Written out from the specification, independently of the table under test.
 ALLOWED = {
@@ -45,3 +53,18 @@ def test_every_status_has_a_row() -> None:
 def test_sources_of_inverts_the_table(target: S) -> None:
     """sources_of(target) is every status with an edge into target."""
     assert sources_of(target) == {s for (s, t) in ALLOWED if t == target}
+
+
+def test_claims_are_the_edges_into_processing() -> None:
+    """An approved run (ready) and a takeover (processing) are the only claims."""
+    assert {S.READY, S.PROCESSING} == CLAIMABLE == sources_of(S.PROCESSING)
+
+
+def test_completions_are_the_outcomes_reachable_from_processing() -> None:
+    assert {S.SUCCEEDED, S.FAILED, S.CANCELED} == COMPLETIONS
+
+
+def test_decisions_never_target_processing() -> None:
+    """Only a claim (attempt + 1) reaches processing; only a commit records an outcome."""
+    assert S.PROCESSING not in DECISION_TARGETS
+    assert {S.REQUIRES_APPROVAL, S.READY, S.DENIED, S.CANCELED} == DECISION_TARGETS
