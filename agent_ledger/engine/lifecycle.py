@@ -224,7 +224,7 @@ class Engine:
             if beat is not None:
                 beat.stop()
             error = EffectError(message=str(exc) or type(exc).__name__, code=_error_code(exc))
-            if await self.record(effect, EffectStatus.FAILED, None, error, tx):
+            if await self._record_landed(effect, EffectStatus.FAILED, None, error, tx):
                 log_effect(logging.INFO, "effect failed", effect)
                 raise
             return _LOST
@@ -241,10 +241,10 @@ class Engine:
             result_json = canonical_json(value, field="result", sort_keys=False).decode()
         except EffectLedgerValidationError as exc:
             error = EffectError(message=str(exc), code=RESULT_NOT_SERIALIZABLE)
-            if await self.record(effect, EffectStatus.FAILED, None, error, tx):
+            if await self._record_landed(effect, EffectStatus.FAILED, None, error, tx):
                 raise
             return _LOST
-        if await self.record(effect, EffectStatus.SUCCEEDED, result_json, None, tx):
+        if await self._record_landed(effect, EffectStatus.SUCCEEDED, result_json, None, tx):
             log_effect(logging.DEBUG, "effect succeeded", effect)
             return _Recorded(won=True, value=value)
         return _LOST
@@ -306,6 +306,42 @@ class Engine:
                 )
             return won
 
+    async def _record_landed(
+        self,
+        effect: Effect,
+        status: EffectStatus,
+        result_json: str | None,
+        error: EffectError | None,
+        tx: object | None,
+    ) -> bool:
+        """``record``, carried through to the end even if this task is cancelled meanwhile.
+
+        The handler has run by now: an outcome that is not recorded leaves the
+        effect in processing, and once the lease lapses another caller runs it
+        again. So the write runs in a task of its own, and a cancellation of
+        ours waits for it to land before it propagates.
+        """
+        write = asyncio.ensure_future(self.record(effect, status, result_json, error, tx))
+        interrupted: asyncio.CancelledError | None = None
+        while not write.done():
+            try:
+                await asyncio.shield(write)
+            except asyncio.CancelledError as exc:
+                if write.cancelled():
+                    raise  # the write itself was cancelled (the loop is closing)
+                interrupted = exc
+            except Exception:
+                pass  # the write's own error: raised below, or logged if we were cancelled
+        if interrupted is not None:
+            if write.exception() is not None:
+                logger.error(
+                    "recording the outcome failed while the run was being cancelled",
+                    exc_info=write.exception(),
+                    extra=effect_fields(effect),
+                )
+            raise interrupted
+        return write.result()
+
     async def _record_abandoned(
         self, effect: Effect, exc: BaseException, tx: object | None
     ) -> None:
@@ -313,8 +349,7 @@ class Engine:
             message=CANCELLED_WHILE_RUNNING.format(exc=type(exc).__name__), code="cancelled"
         )
         try:
-            # Shielded: a second cancel must not interrupt the write itself.
-            await asyncio.shield(self.record(effect, EffectStatus.CANCELED, None, error, tx))
+            await self._record_landed(effect, EffectStatus.CANCELED, None, error, tx)
         except Exception:
             logger.exception(
                 "could not record the cancelled run; the effect stays processing until "

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from agent_ledger import Effect, EffectDeniedError, EffectStatus, ToolCall
+from agent_ledger import Effect, EffectDeniedError, EffectFailedError, EffectStatus, ToolCall
 from tests.harness import StoreHarness
 
 CALL = ToolCall(workflow_id="wf", tool="slow.tool", args={})
@@ -46,3 +46,47 @@ async def test_timeout_around_run_records_the_cancellation(harness: StoreHarness
             await ledger.run(CALL, slow)
     effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
     assert effect is not None and effect.status is EffectStatus.CANCELED
+
+
+@pytest.mark.parametrize("outcome", ["returned", "raised"])
+async def test_cancelled_while_recording_the_outcome_still_records_it(
+    harness: StoreHarness, outcome: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler ran; a cancel that lands while its outcome is being written waits
+    for the write, then propagates. The effect is never left processing for a re-run."""
+    ledger = harness.ledger()
+    store = harness.store
+    original = store.complete
+    writing = asyncio.Event()
+
+    async def slow_write(*args: object, **kwargs: object) -> bool:
+        writing.set()
+        await asyncio.sleep(0.05)
+        return await original(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "complete", slow_write)
+    executions = 0
+
+    def charge(effect: Effect) -> str:
+        nonlocal executions
+        executions += 1
+        if outcome == "raised":
+            raise RuntimeError("card declined")
+        return "ch_1"
+
+    task = asyncio.create_task(ledger.run(CALL, charge))
+    await writing.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
+    assert effect is not None
+    expected = EffectStatus.SUCCEEDED if outcome == "returned" else EffectStatus.FAILED
+    assert effect.status is expected
+    monkeypatch.undo()
+    if outcome == "returned":
+        assert await ledger.run(CALL, charge) == "ch_1"
+    else:
+        with pytest.raises(EffectFailedError, match="card declined"):
+            await ledger.run(CALL, charge)
+    assert executions == 1
