@@ -10,6 +10,7 @@ import base64
 import binascii
 import re
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
@@ -136,13 +137,18 @@ class Audit:
     async def stats(self) -> LedgerStats:
         return await self._store.stats()
 
-    async def purge(self, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:
+    async def purge(self, older_than: timedelta, statuses: Iterable[EffectStatus | str]) -> int:
         if not isinstance(older_than, timedelta) or older_than < timedelta(0):
             raise EffectLedgerValidationError(
                 f"older_than must be a non-negative timedelta, got {older_than!r}",
                 field="older_than",
             )
-        return await self._store.purge(older_than=older_than, statuses=frozenset(statuses))
+        if isinstance(statuses, str) or not isinstance(statuses, Iterable):
+            raise EffectLedgerValidationError(
+                f"statuses must be a set of statuses, got {statuses!r}", field="statuses"
+            )
+        parsed = frozenset(parse_status(s) for s in statuses)
+        return await self._store.purge(older_than=older_than, statuses=parsed)
 
     async def get_effect(self, effect_id: str) -> Effect | None:
         require_str(effect_id, "effect_id")

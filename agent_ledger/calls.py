@@ -71,6 +71,9 @@ class ToolCall:
             raise EffectLedgerValidationError(
                 f"args must be a dict, got {type(self.args).__name__}", field="args"
             )
+        if type(self.args) is not dict:
+            # Any mapping (an OrderedDict, a MappingProxy) is taken as a plain dict.
+            object.__setattr__(self, "args", dict(self.args))
         if self.call_id is not None:
             _require_text(self.call_id, "call_id")
         if self.resource is not None and not isinstance(self.resource, ResourceDescriptor):

@@ -7,6 +7,7 @@ second gets False. Who decided, and their note or reason, go on the receipt.
 
 from __future__ import annotations
 
+import inspect
 import logging
 
 from agent_ledger.effects import Effect, EffectError, storable_text
@@ -62,7 +63,8 @@ class Decisions:
 
 
 async def notify_approval_required(effect: Effect, hooks: LedgerHooks) -> None:
-    """Await ``hooks.on_approval_required(effect)``; its failure is logged, never raised.
+    """Call ``hooks.on_approval_required(effect)`` (sync or async); its failure is
+    logged, never raised.
 
     The effect is already stored as waiting for approval: a broken
     notification must not abort the caller, who would otherwise retry into
@@ -72,7 +74,9 @@ async def notify_approval_required(effect: Effect, hooks: LedgerHooks) -> None:
     if hook is None:
         return
     try:
-        await hook(effect)
+        pending = hook(effect)
+        if inspect.isawaitable(pending):
+            await pending
     except Exception:
         logger.exception(
             "on_approval_required hook raised; the effect still waits for approval",

@@ -8,7 +8,7 @@ effects; :mod:`agent_ledger.decisions` records people's decisions;
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime, timedelta
 from typing import TypeVar, overload
 
@@ -228,7 +228,7 @@ class EffectLedger:
         return await self._audit.stats()
 
     async def purge(
-        self, older_than: timedelta, statuses: frozenset[EffectStatus] = TERMINAL
+        self, older_than: timedelta, statuses: Iterable[EffectStatus | str] = TERMINAL
     ) -> int:
         """Delete terminal effects completed at least ``older_than`` ago; return how many.
 

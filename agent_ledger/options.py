@@ -159,13 +159,23 @@ class LedgerHooks:
 
     ``requires_approval(call)`` decides, for fresh calls only, whether the
     call must wait for a human (in addition to ``RunOptions.requires_approval``).
-    ``on_approval_required(effect)`` is awaited once, by the caller that moved
-    the effect into ``requires_approval``; an exception from it is logged and
-    does not abort the run.
+    ``on_approval_required(effect)`` is called once (and awaited, if it is a
+    coroutine function), by the caller that moved the effect into
+    ``requires_approval``; an exception from it is logged and does not abort
+    the run.
     """
 
     requires_approval: Callable[[ToolCall], bool] | None = None
-    on_approval_required: Callable[[Effect], Awaitable[None]] | None = None
+    #: Sync or async: an awaitable it returns is awaited.
+    on_approval_required: Callable[[Effect], Awaitable[None] | None] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("requires_approval", "on_approval_required"):
+            hook = getattr(self, name)
+            if hook is not None and not callable(hook):
+                raise EffectLedgerValidationError(
+                    f"{name} must be a callable or None, got {hook!r}", field=name
+                )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,81 @@
+"""Small API surprises, each found by a user: hooks, purge statuses, mapping args."""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from datetime import timedelta
+from types import MappingProxyType
+
+import pytest
+
+from agent_ledger import (
+    ConcurrencyOptions,
+    Effect,
+    EffectLedger,
+    EffectLedgerOptions,
+    EffectLedgerValidationError,
+    EffectStatus,
+    LedgerHooks,
+    ManualClock,
+    MemoryStore,
+    RunOptions,
+    ToolCall,
+)
+
+
+async def test_a_sync_approval_hook_runs_and_is_not_reported_as_raising(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seen: list[str] = []
+
+    def notify(effect: Effect) -> None:
+        seen.append(effect.status.value)
+
+    ledger = EffectLedger(EffectLedgerOptions(store=MemoryStore()))
+    with caplog.at_level(logging.WARNING, logger="agent_ledger"):
+        hooks = LedgerHooks(on_approval_required=notify)
+        other = ToolCall(workflow_id="wf", tool="refund", args={"cents": 6})
+        options = RunOptions(
+            requires_approval=True,
+            concurrency=ConcurrencyOptions(approval_timeout_ms=10),
+        )
+        with pytest.raises(Exception, match="approval"):
+            await ledger.run(other, lambda e: "ok", options, hooks=hooks)
+    assert seen == ["requires_approval"]
+    assert not [r for r in caplog.records if "hook raised" in r.getMessage()]
+
+
+@pytest.mark.parametrize("name", ["requires_approval", "on_approval_required"])
+def test_hooks_that_are_not_callable_are_refused_at_once(name: str) -> None:
+    with pytest.raises(EffectLedgerValidationError, match=name) as info:
+        LedgerHooks(**{name: "yes please"})  # type: ignore[arg-type]
+    assert info.value.field == name
+
+
+async def test_purge_accepts_status_names_and_refuses_unknown_ones() -> None:
+    clock = ManualClock()
+    store = MemoryStore(clock=clock)
+    ledger = EffectLedger(EffectLedgerOptions(store=store))
+    await ledger.run(ToolCall(workflow_id="wf", tool="t", args={"n": 1}), lambda e: 1)
+    clock.advance(ms=120_000)
+    with pytest.raises(EffectLedgerValidationError, match="unknown status 'done'"):
+        await ledger.purge(timedelta(minutes=1), statuses={"done"})
+    with pytest.raises(EffectLedgerValidationError, match="statuses must be a set"):
+        await ledger.purge(timedelta(minutes=1), statuses="succeeded")
+    assert len(store) == 1
+    assert await ledger.purge(timedelta(minutes=1), statuses={"failed"}) == 0
+    assert await ledger.purge(timedelta(minutes=1), statuses={"succeeded"}) == 1
+    assert len(store) == 0
+
+
+@pytest.mark.parametrize("args", [OrderedDict(b=2, a=1), MappingProxyType({"a": 1, "b": 2})])
+async def test_any_mapping_of_args_runs_like_a_dict(args: object) -> None:
+    ledger = EffectLedger(EffectLedgerOptions(store=MemoryStore()))
+    call = ToolCall(workflow_id="wf", tool="t", args=args)  # type: ignore[arg-type]
+    assert type(call.args) is dict
+    assert await ledger.run(call, lambda e: "ran") == "ran"
+    same = ToolCall(workflow_id="wf", tool="t", args={"a": 1, "b": 2})
+    assert ledger.idem_key(same) == ledger.idem_key(call)
+    found = await ledger.find_by_idem_key(ledger.idem_key(call))
+    assert found is not None and found.status is EffectStatus.SUCCEEDED
