@@ -116,27 +116,52 @@ class StaleOptions:
     waiting with the default 30 s ``wait_timeout_ms`` takes the effect over
     instead of timing out, and long enough to ride out GC pauses and a busy
     event loop.
+
+    ``max_takeovers`` (default 3) bounds how often one effect may be taken
+    over. A handler that keeps outliving its lease (blocking the event loop,
+    say) would otherwise be re-run by every waiter, for ever; past the bound
+    the effect is recorded ``failed`` with code ``too_many_takeovers`` and
+    nobody runs it again. ``None`` removes the bound.
     """
 
     after_ms: int | Unset = UNSET
+    max_takeovers: int | Unset | None = UNSET
 
     def __post_init__(self) -> None:
         _check_int(self.after_ms, "after_ms")
+        _check_int(self.max_takeovers, "max_takeovers", unit="a count", allow_none=True)
+
+
+#: Where ``run()`` calls a plain (non-async) handler; see ``RunOptions``.
+SyncHandlers: TypeAlias = Literal["thread", "loop"]
 
 
 @dataclass(frozen=True, slots=True)
 class RunOptions:
-    """Per-call (or ledger-default) behaviour of ``run()``; see the module doc."""
+    """Per-call (or ledger-default) behaviour of ``run()``; see the module doc.
+
+    ``sync_handlers`` says where a plain (non-async) handler runs:
+    ``"thread"`` (the default) runs it in a worker thread, so a blocking
+    call inside it cannot stall the event loop, and with it the heartbeats
+    that keep the effect from being taken over; ``"loop"`` calls it on the
+    event loop, for handlers that must (they should return quickly).
+    """
 
     requires_approval: bool | Unset = UNSET
     concurrency: ConcurrencyOptions | Unset | None = UNSET
     stale: StaleOptions | Unset | None = UNSET
+    sync_handlers: SyncHandlers | Unset = UNSET
 
     def __post_init__(self) -> None:
         if self.requires_approval is not UNSET and type(self.requires_approval) is not bool:
             raise EffectLedgerValidationError(
                 f"requires_approval must be a bool, got {self.requires_approval!r}",
                 field="requires_approval",
+            )
+        if self.sync_handlers not in (UNSET, "thread", "loop"):
+            raise EffectLedgerValidationError(
+                f"sync_handlers must be 'thread' or 'loop', got {self.sync_handlers!r}",
+                field="sync_handlers",
             )
         for name, kind in (("concurrency", ConcurrencyOptions), ("stale", StaleOptions)):
             value = getattr(self, name)
@@ -206,7 +231,11 @@ BUILTIN_CONCURRENCY: Final = ConcurrencyOptions(
     backoff_multiplier=1.5,
     jitter_factor=0.3,
 )
-BUILTIN_STALE: Final = StaleOptions(after_ms=DEFAULT_STALE_AFTER_MS)
+#: Built-in default for ``StaleOptions.max_takeovers``.
+DEFAULT_MAX_TAKEOVERS: Final = 3
+BUILTIN_STALE: Final = StaleOptions(
+    after_ms=DEFAULT_STALE_AFTER_MS, max_takeovers=DEFAULT_MAX_TAKEOVERS
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +257,9 @@ class ResolvedRunOptions:
     requires_approval: bool
     concurrency: ResolvedConcurrency
     stale_after_ms: int
+    #: None: no bound.
+    max_takeovers: int | None
+    sync_in_thread: bool
 
 
 def _overlay(base: _Opt, top: _Opt | Unset | None, builtin: _Opt) -> _Opt:
@@ -255,6 +287,7 @@ def merge_run_options(base: RunOptions, top: RunOptions | None) -> RunOptions:
         ),
         concurrency=_merge_nested(base.concurrency, top.concurrency, BUILTIN_CONCURRENCY),
         stale=_merge_nested(base.stale, top.stale, BUILTIN_STALE),
+        sync_handlers=base.sync_handlers if top.sync_handlers is UNSET else top.sync_handlers,
     )
 
 
@@ -279,10 +312,13 @@ def resolve(options: RunOptions) -> ResolvedRunOptions:
     )
     c = ResolvedConcurrency(**settings, polls=polls)
     assert stale.after_ms is not UNSET
+    assert stale.max_takeovers is not UNSET
     return ResolvedRunOptions(
         requires_approval=(
             False if options.requires_approval is UNSET else options.requires_approval
         ),
         concurrency=c,
         stale_after_ms=stale.after_ms,
+        max_takeovers=stale.max_takeovers,
+        sync_in_thread=options.sync_handlers != "loop",
     )

@@ -57,6 +57,12 @@ __all__ = ["CANCELLED_WHILE_RUNNING", "RESULT_NOT_SERIALIZABLE", "Acquired", "En
 
 #: Error code recorded when a handler's return value is not JSON.
 RESULT_NOT_SERIALIZABLE: Final = "result_not_serializable"
+#: Reason recorded when an effect was taken over more than ``max_takeovers`` times.
+TOO_MANY_TAKEOVERS: Final = (
+    "taken over {n} times (max_takeovers={limit}): each holder stopped heartbeating "
+    "before it finished, so the handler may be blocking its event loop or outliving its "
+    "lease; not run again automatically. Check whether the side effect happened."
+)
 #: Reason recorded when the task running a handler is cancelled.
 CANCELLED_WHILE_RUNNING: Final = (
     "the task running the handler was cancelled ({exc}); whether the side effect "
@@ -150,9 +156,7 @@ class Engine:
             if recorded.won:
                 return recorded.value
             # Our commit lost to another attempt: the winner's outcome decides.
-            acquired = await self._waiter.wait(
-                prepared.new.idem_key, acquired.effect, prepared.opts, tx
-            )
+            acquired = await self._wait(prepared, acquired.effect, tx)
         return recorded_outcome(acquired)
 
     async def begin(self, prepared: Prepared, tx: object | None) -> BeginResult[object]:
@@ -192,7 +196,26 @@ class Engine:
         elif effect.status.is_terminal:
             log_effect(logging.DEBUG, "effect replayed", effect)
             return Acquired(effect, owned=False)
-        return await self._waiter.wait(new.idem_key, effect, prepared.opts, tx)
+        return await self._wait(prepared, effect, tx)
+
+    async def _wait(self, prepared: Prepared, effect: Effect, tx: object | None) -> Acquired:
+        """Wait for the effect; a claim past ``max_takeovers`` ends it as failed instead."""
+        acquired = await self._waiter.wait(prepared.new.idem_key, effect, prepared.opts, tx)
+        limit = prepared.opts.max_takeovers
+        claimed = acquired.effect
+        if not acquired.owned or limit is None or takeovers(claimed) <= limit:
+            return acquired
+        error = EffectError(
+            message=TOO_MANY_TAKEOVERS.format(n=takeovers(claimed), limit=limit),
+            code="too_many_takeovers",
+        )
+        if await self._record_landed(claimed, EffectStatus.FAILED, None, error, tx):
+            log_effect(logging.WARNING, "effect failed: too many takeovers", claimed)
+        stored = await self._store.get(claimed.id, tx=tx)
+        if stored is None or not stored.status.is_terminal:
+            # Someone decided meanwhile (a cancel): wait for where it ends.
+            return await self._wait(prepared, stored or claimed, tx)
+        return Acquired(stored, owned=False)
 
     # -- execute and record ------------------------------------------------------------
 
@@ -217,7 +240,12 @@ class Engine:
             else None
         )
         try:
-            value = handler(effect)
+            if opts.sync_in_thread and not inspect.iscoroutinefunction(handler):
+                # A plain function may block (a requests call, time.sleep): in a
+                # worker thread it cannot stall the loop and with it the heartbeats.
+                value = await asyncio.to_thread(handler, effect)
+            else:
+                value = handler(effect)
             if inspect.isawaitable(value):
                 value = await value
         except Exception as exc:
@@ -402,6 +430,16 @@ def recorded_outcome(acquired: Acquired) -> object:
     if status is EffectStatus.DENIED or status is EffectStatus.CANCELED:
         raise EffectDeniedError(effect)
     raise EffectLedgerInvariantError(f"no recorded outcome for a {status.value} effect")
+
+
+def takeovers(effect: Effect) -> int:
+    """How often ``effect`` was taken over from a holder that stopped heartbeating.
+
+    Every claim increments the attempt: the first run, an approved run (an
+    effect with a decision that is still live was approved), and takeovers.
+    """
+    approved = 1 if effect.decided_at is not None else 0
+    return max(effect.attempt - 1 - approved, 0)
 
 
 def _error_code(exc: BaseException) -> str:

@@ -10,6 +10,7 @@ from agent_ledger import (
     CommitSucceeded,
     ConcurrencyOptions,
     Effect,
+    EffectFailedError,
     EffectStatus,
     EffectTimeoutError,
     RunOptions,
@@ -158,3 +159,47 @@ async def test_concurrent_takeovers_have_one_winner(harness: StoreHarness) -> No
     results = await asyncio.gather(*(ledger.run(CALL, job, slow_wait) for _ in range(20)))
     assert executions == 1
     assert set(results) == {2}
+
+
+async def _take_over(harness: StoreHarness, times: int) -> None:
+    """Claim the effect ``times`` times from holders that died without a word."""
+    key = harness.ledger().idem_key(CALL)
+    for _ in range(times):
+        await harness.age(STALE_MS + 1)
+        assert (await harness.store.claim(key, stale_after_ms=STALE_MS)).claimed
+
+
+@pytest.mark.parametrize("limit", [0, 2])
+async def test_takeovers_past_the_bound_fail_the_effect_instead_of_running_it(
+    harness: StoreHarness, limit: int
+) -> None:
+    """A handler that keeps outliving its lease is not re-run for ever (issue 10, item 16)."""
+    options = RunOptions(
+        stale=StaleOptions(after_ms=STALE_MS, max_takeovers=limit),
+        concurrency=ConcurrencyOptions(wait_timeout_ms=300, initial_interval_ms=5),
+    )
+    ledger = harness.ledger(options)
+    await ledger.begin(CALL)
+    await _take_over(harness, limit)
+    await harness.age(STALE_MS + 1)
+    ran: list[int] = []
+    with pytest.raises(EffectFailedError, match="taken over") as info:
+        await ledger.run(CALL, lambda e: ran.append(e.attempt))
+    assert info.value.code == "too_many_takeovers" and ran == []
+    effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
+    assert effect is not None and effect.status is EffectStatus.FAILED
+    with pytest.raises(EffectFailedError):  # a receipt now: nobody runs it again
+        await ledger.run(CALL, lambda e: ran.append(e.attempt))
+    assert ran == []
+
+
+async def test_takeovers_within_the_bound_still_run(harness: StoreHarness) -> None:
+    options = RunOptions(
+        stale=StaleOptions(after_ms=STALE_MS, max_takeovers=3),
+        concurrency=ConcurrencyOptions(wait_timeout_ms=300, initial_interval_ms=5),
+    )
+    ledger = harness.ledger(options)
+    await ledger.begin(CALL)
+    await _take_over(harness, 2)
+    await harness.age(STALE_MS + 1)
+    assert await ledger.run(CALL, lambda e: e.attempt) == 4  # the third takeover
