@@ -1,0 +1,256 @@
+"""The README and every docs page say what the code does: their examples run as written.
+
+* Every ```python block runs in a fresh interpreter, twice in the same folder,
+  because a reader who copies an example runs it again.
+* Every ```console block is replayed in a fresh folder and must print what the
+  page shows, up to times, durations and ids.
+* The PostgreSQL page's shell set-up, example and audit SQL work together on
+  one schema.
+
+Fences the tests do not run: ```bash (install and test commands), ```text
+(signatures, diagrams) and ```sql (run only by the PostgreSQL page's test).
+Any other language fails ``test_every_fence_is_a_known_language``, so a typo
+cannot quietly turn a snippet off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from agent_ledger.status import TERMINAL, TRANSITIONS, EffectStatus
+from tests.harness import DSN, require_postgres
+
+if TYPE_CHECKING:
+    from psycopg import Connection
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+#: pymdownx.snippets includes (``--8<-- "path"``), resolved from the repository root
+#: as mkdocs.yml configures them, so the tests see what a reader sees.
+INCLUDE = re.compile(r'^--8<-- "([^"]+)"$', flags=re.M)
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", flags=re.M | re.S)
+KNOWN_FENCES = {"python", "console", "bash", "text", "sql"}
+#: The schema the PostgreSQL page's examples use; the tests drop it afterwards.
+DOCS_SCHEMA = "agent_ledger"
+
+
+def _text(page: Path) -> str:
+    return INCLUDE.sub(lambda m: (ROOT / m.group(1)).read_text(), page.read_text())
+
+
+def _name(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+def _blocks(page: Path, language: str) -> list[str]:
+    return [body for lang, body in FENCE.findall(_text(page)) if lang == language]
+
+
+SNIPPETS = [(page, i, code) for page in PAGES for i, code in enumerate(_blocks(page, "python"))]
+SESSIONS = [(page, i, body) for page in PAGES for i, body in enumerate(_blocks(page, "console"))]
+
+
+def _id(item: tuple[Path, int, str]) -> str:
+    return f"{_name(item[0])}:{item[1]}"
+
+
+def test_pages_have_snippets_and_sessions() -> None:
+    """The extraction works, so the parametrized tests below are not vacuous."""
+    assert len(PAGES) >= 10
+    assert len(SNIPPETS) >= 10
+    assert len(SESSIONS) >= 2
+    assert _blocks(ROOT / "README.md", "python"), "the README has a quick start"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_every_fence_is_a_known_language(page: Path) -> None:
+    """A block is run, replayed, or deliberately shown only; none is skipped by a typo."""
+    unknown = {lang for lang, _ in FENCE.findall(_text(page))} - KNOWN_FENCES
+    assert not unknown, f"{_name(page)}: fences {unknown}; use one of {sorted(KNOWN_FENCES)}"
+
+
+# -- python snippets ------------------------------------------------------------
+
+
+def _run_python(script: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        env={**os.environ, "DATABASE_URL": DSN},
+    )
+
+
+def _drop_docs_schema(conn: Connection[Any]) -> None:
+    from psycopg import sql
+
+    conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(DOCS_SCHEMA)))
+
+
+@contextmanager
+def _docs_schema() -> Iterator[Connection[Any]]:
+    """The docs' schema, empty, for this test alone; dropped afterwards.
+
+    Several checkouts may run the suite against one server at once, and the
+    schema name is fixed by the pages, so an advisory lock serializes them.
+    """
+    import psycopg
+
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(hashtext('agent_ledger docs tests'))")
+        _drop_docs_schema(conn)
+        try:
+            yield conn
+        finally:
+            _drop_docs_schema(conn)
+
+
+@pytest.mark.parametrize(("page", "index", "snippet"), SNIPPETS, ids=[_id(s) for s in SNIPPETS])
+def test_snippet_runs_twice(page: Path, index: int, snippet: str, tmp_path: Path) -> None:
+    """Each ```python block runs without error, and again in the same folder."""
+    script = tmp_path / "snippet.py"
+    script.write_text(snippet)
+    where = f"{_name(page)}, python block {index}"
+    needs_postgres = "PostgresStore" in snippet
+    if needs_postgres:
+        require_postgres()
+        assert f'schema="{DOCS_SCHEMA}"' in snippet, f"{where}: use schema={DOCS_SCHEMA!r}"
+    with _docs_schema() if needs_postgres else contextlib.nullcontext():
+        for run in ("first", "second"):
+            done = _run_python(script, tmp_path)
+            assert done.returncode == 0, f"{where}, {run} run:\n{snippet}\n{done.stderr}"
+
+
+# -- console sessions ----------------------------------------------------------
+
+#: Parts of the output that differ on every run: times, durations, effect ids.
+VOLATILE = [
+    (re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+\+00:00"), "<time>"),
+    (re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"), "<time>"),
+    (re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"), "<uuid>"),
+    (re.compile(r"\d+\.\d ms"), "<duration>"),
+]
+#: "Save this as `name`:" right before a python block puts that file in the session's folder.
+SAVED_AS = re.compile(r"Save this as `([^`]+)`:\n\n```python\n(.*?)^```$", flags=re.M | re.S)
+
+
+def _mask(text: str) -> str:
+    for pattern, placeholder in VOLATILE:
+        text = pattern.sub(placeholder, text)
+    return text
+
+
+@pytest.mark.parametrize(("page", "index", "session"), SESSIONS, ids=[_id(s) for s in SESSIONS])
+def test_console_session_is_real_output(
+    page: Path, index: int, session: str, tmp_path: Path
+) -> None:
+    """Replaying a ```console block in a fresh folder prints what the page shows."""
+    for name, code in SAVED_AS.findall(_text(page)):
+        (tmp_path / name).write_text(code)
+    steps = re.split(r"^\$ (.*)$", session, flags=re.M)[1:]
+    commands, expected = steps[0::2], steps[1::2]
+    assert commands, f"{_name(page)}: console block {index} has no `$ ` commands"
+    bin_dir = str(Path(sys.executable).parent)
+    env = {k: v for k, v in os.environ.items() if k not in ("AGENT_LEDGER_URL", "NO_COLOR")}
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    for command, output in zip(commands, expected, strict=True):
+        done = subprocess.run(
+            ["bash", "-c", command],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, f"{command}: {done.stderr}"
+        assert _mask(done.stdout) == _mask(output.removeprefix("\n")), command
+
+
+# -- what the pages claim ---------------------------------------------------------
+
+
+def test_readme_test_command_is_what_ci_runs() -> None:
+    """The README's test command is the one .ci/run executes."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"^\s*pytest\b", (ROOT / "README.md").read_text(), flags=re.M)
+    assert re.search(r"^[^#\n]*\bpytest\b", ci, flags=re.M)
+
+
+def test_readme_is_a_landing_page() -> None:
+    """The README stays short: the manual belongs in docs/."""
+    assert len((ROOT / "README.md").read_text().splitlines()) < 250
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_install_lines_install_this_project(page: Path) -> None:
+    """No install line names agent-ledger on the package index: that is another project."""
+    for line in _blocks(page, "bash"):
+        for command in line.splitlines():
+            assert not re.search(r"pip install\b.*\bagent[-_]ledger\b", command), command
+
+
+def test_state_machine_diagram_matches_the_transition_table() -> None:
+    """The diagram in concepts.md lists exactly the transitions of status.TRANSITIONS."""
+    diagram = next(b for b in _blocks(ROOT / "docs" / "concepts.md", "text") if "->" in b)
+    documented: dict[EffectStatus, frozenset[EffectStatus]] = {}
+    for line in diagram.strip().splitlines():
+        source, targets = line.split("->")
+        names = (re.sub(r"\(.*?\)", "", t).strip() for t in targets.split("|"))
+        documented[EffectStatus(source.strip())] = frozenset(EffectStatus(n) for n in names)
+    expected = {s: out for s, out in TRANSITIONS.items() if s not in TERMINAL}
+    assert documented == expected
+
+
+def test_postgres_page_sets_up_audits_and_cleans_one_schema(tmp_path: Path) -> None:
+    """The page's psql set-up, its example and its audit SQL all use the same schema."""
+    require_postgres()
+    if shutil.which("psql") is None:
+        pytest.skip("psql is not installed")
+    page = ROOT / "docs" / "postgres.md"
+    setup = [c for b in _blocks(page, "bash") for c in b.splitlines() if c.startswith("psql ")]
+    (example,) = _blocks(page, "python")
+    (audit,) = _blocks(page, "sql")
+    with _docs_schema() as conn:
+        for command in setup:
+            done = subprocess.run(
+                ["bash", "-c", command],
+                cwd=ROOT,
+                env={**os.environ, "DATABASE_URL": DSN},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == 0, f"{command}: {done.stderr}"
+        from psycopg import sql
+
+        version = conn.execute(
+            sql.SQL("SELECT max(version) FROM {}").format(
+                sql.Identifier(DOCS_SCHEMA, "agent_ledger_schema_version")
+            )
+        )
+        assert version.fetchone() == (1,), "psql put the tables in the docs' schema"
+
+        script = tmp_path / "example.py"
+        script.write_text(example)
+        done = _run_python(script, tmp_path)
+        assert done.returncode == 0, done.stderr
+
+        statements = [s for s in audit.split(";") if s.strip()]
+        assert len(statements) == 3
+        rows = conn.execute(statements[0]).fetchall()
+        assert [row[1] for row in rows] == ["stripe.charge"], "the audit query sees the example"
+        for statement in statements[1:]:
+            conn.execute(statement).fetchall()
