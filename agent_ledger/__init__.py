@@ -20,6 +20,7 @@ from agent_ledger.effects import (
 from agent_ledger.errors import (
     EffectDeniedError,
     EffectFailedError,
+    EffectInFlightError,
     EffectLedgerError,
     EffectLedgerInvariantError,
     EffectLedgerValidationError,
@@ -52,6 +53,7 @@ __all__ = [
     "EffectDeniedError",
     "EffectError",
     "EffectFailedError",
+    "EffectInFlightError",
     "EffectLedger",
     "EffectLedgerError",
     "EffectLedgerInvariantError",

@@ -6,6 +6,7 @@
     ├── EffectFailedError            the recorded outcome is a failure
     ├── EffectDeniedError            the effect was denied or canceled
     ├── EffectTimeoutError           waiting for another caller took too long
+    ├── EffectInFlightError          inside a transaction, someone else holds the effect
     ├── EffectLedgerValidationError  bad input; nothing was stored
     ├── EffectStoreError             the backend failed (wraps the driver error)
     └── EffectLedgerInvariantError   a store broke its contract (a bug)
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EffectDeniedError",
     "EffectFailedError",
+    "EffectInFlightError",
     "EffectLedgerError",
     "EffectLedgerInvariantError",
     "EffectLedgerValidationError",
@@ -92,6 +94,32 @@ class EffectTimeoutError(EffectLedgerError):
         )
 
 
+class EffectInFlightError(EffectLedgerError):
+    """Raised inside a caller's transaction when someone else holds the effect.
+
+    Waiting there would hold the transaction's locks against the holder (its
+    heartbeats and its commit would queue behind them) and could end in a
+    takeover of a live worker. So ``run(..., tx=...)`` and ``begin(..., tx=...)``
+    never wait: they raise this at once, and nothing is changed. ``status``
+    says what the effect is doing (``processing`` elsewhere, or waiting for
+    approval).
+    """
+
+    def __init__(self, idem_key: str, status: EffectStatus) -> None:
+        self.idem_key = idem_key
+        self.status = status
+        doing = (
+            "waiting for a person's approval"
+            if status == "requires_approval"
+            else "being run by another worker"
+        )
+        super().__init__(
+            f"effect {idem_key[:12]}… is {doing} ({status.value}); inside a transaction "
+            "the ledger does not wait for it or take it over. End the transaction first, "
+            "then call again without tx= to wait for its outcome."
+        )
+
+
 class EffectLedgerValidationError(EffectLedgerError, ValueError):
     """Raised for bad input: a malformed call, non-JSON args or result, bad options.
 
@@ -151,6 +179,7 @@ for _cls in (
     EffectFailedError,
     EffectDeniedError,
     EffectTimeoutError,
+    EffectInFlightError,
     EffectLedgerValidationError,
     EffectStoreError,
     EffectLedgerInvariantError,

@@ -35,6 +35,7 @@ from agent_ledger.engine.waiting import Acquired, Waiter
 from agent_ledger.errors import (
     EffectDeniedError,
     EffectFailedError,
+    EffectInFlightError,
     EffectLedgerInvariantError,
     EffectLedgerValidationError,
     EffectStoreError,
@@ -180,6 +181,8 @@ class Engine:
     async def acquire(self, prepared: Prepared, tx: object | None) -> Acquired:
         """Own a ``processing`` effect, or reach a terminal one, waiting as needed."""
         new = prepared.new
+        if tx is not None and prepared.needs_approval:
+            await self._refuse_new_approval_in_transaction(new, tx)
         begun = await self._store.begin(new, tx=tx)
         effect = begun.effect
         if begun.created:
@@ -198,8 +201,30 @@ class Engine:
             return Acquired(effect, owned=False)
         return await self._wait(prepared, effect, tx)
 
+    async def _refuse_new_approval_in_transaction(self, new: NewEffect, tx: object) -> None:
+        """An effect that needs approval cannot start inside a caller's transaction.
+
+        Nobody outside can see it, so nobody can approve it, until the
+        transaction commits; waiting for the approval inside it would wait
+        for ever. An existing effect (a replay) is fine.
+        """
+        if await self._store.find(new.idem_key, tx=tx) is None:
+            raise EffectLedgerValidationError(
+                f"{new.tool} needs approval, and an effect that needs approval cannot be "
+                "created inside a transaction (nobody can approve it before the transaction "
+                "commits). Call run() without tx=, or request the approval in its own step.",
+                field="tx",
+            )
+
     async def _wait(self, prepared: Prepared, effect: Effect, tx: object | None) -> Acquired:
-        """Wait for the effect; a claim past ``max_takeovers`` ends it as failed instead."""
+        """Wait for the effect; a claim past ``max_takeovers`` ends it as failed instead.
+
+        Inside a caller's transaction there is no waiting: an approved
+        effect is claimed at once, anything else held elsewhere raises
+        ``EffectInFlightError`` (see there for why).
+        """
+        if tx is not None:
+            return await self._claim_in_transaction(prepared, effect, tx)
         acquired = await self._waiter.wait(prepared.new.idem_key, effect, prepared.opts, tx)
         limit = prepared.opts.max_takeovers
         claimed = acquired.effect
@@ -216,6 +241,23 @@ class Engine:
             # Someone decided meanwhile (a cancel): wait for where it ends.
             return await self._wait(prepared, stored or claimed, tx)
         return Acquired(stored, owned=False)
+
+    async def _claim_in_transaction(
+        self, prepared: Prepared, effect: Effect, tx: object
+    ) -> Acquired:
+        key = prepared.new.idem_key
+        if effect.status is EffectStatus.READY:
+            # stale_after_ms=0: an approved effect is claimed, a held one never.
+            outcome = await self._store.claim(key, stale_after_ms=0, tx=tx)
+            if outcome.effect is None:
+                raise EffectLedgerInvariantError(f"effect {key} disappeared inside a transaction")
+            effect = outcome.effect
+            if outcome.claimed:
+                log_effect(logging.INFO, f"claimed effect (attempt {effect.attempt})", effect)
+                return Acquired(effect, owned=True)
+        if effect.status.is_terminal:
+            return Acquired(effect, owned=False)
+        raise EffectInFlightError(key, effect.status)
 
     # -- execute and record ------------------------------------------------------------
 

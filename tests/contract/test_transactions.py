@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
-from agent_ledger import CommitSucceeded, EffectLedgerValidationError, EffectStatus, ToolCall
+from agent_ledger import (
+    CommitSucceeded,
+    ConcurrencyOptions,
+    EffectInFlightError,
+    EffectLedgerValidationError,
+    EffectStatus,
+    EffectTimeoutError,
+    RunOptions,
+    ToolCall,
+)
 from tests.harness import StoreHarness
 
 CALL = ToolCall(workflow_id="wf", tool="ledger.post", args={"amount": 5})
@@ -68,3 +80,77 @@ async def test_foreign_transaction_handles_are_rejected(harness: StoreHarness) -
     with pytest.raises(EffectLedgerValidationError, match="tx"):
         await ledger.run(CALL, lambda e: 1, tx=object())
     assert await harness.raw_count() == 0
+
+
+# -- inside a transaction the ledger never waits (issue 10, items 1 and 8) -------------
+
+
+async def test_an_effect_held_elsewhere_fails_fast_inside_a_transaction(
+    harness: StoreHarness,
+) -> None:
+    """No waiting and no takeover with tx=: the holder keeps its effect and commits."""
+    ledger = harness.ledger()  # default options: a 30 s wait, a 15 s lease
+    holder = await ledger.begin(CALL)
+    ran: list[str] = []
+    started = time.monotonic()
+    with pytest.raises(EffectInFlightError, match="another worker") as info:
+        async with harness.store.transaction() as tx:
+            await ledger.run(CALL, lambda e: ran.append("b"), tx=tx)
+    assert time.monotonic() - started < 5.0
+    assert info.value.idem_key == holder.effect.idem_key
+    assert info.value.status is EffectStatus.PROCESSING
+    assert ran == []
+    assert await ledger.commit(
+        holder.effect.id, CommitSucceeded(result="a"), attempt=holder.effect.attempt
+    )
+    assert await ledger.run(CALL, lambda e: ran.append("c")) == "a"
+    assert ran == []
+
+
+async def test_a_stale_effect_is_not_taken_over_inside_a_transaction(
+    harness: StoreHarness,
+) -> None:
+    ledger = harness.ledger()
+    await ledger.begin(CALL)
+    await harness.age(10 * 60 * 1000)  # far past any lease
+    with pytest.raises(EffectInFlightError):
+        async with harness.store.transaction() as tx:
+            await ledger.begin(CALL, tx=tx)
+    effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
+    assert effect is not None and effect.attempt == 1
+
+
+async def test_a_new_approval_gated_effect_is_refused_inside_a_transaction(
+    harness: StoreHarness,
+) -> None:
+    """It could never be approved before the transaction commits: refuse, store nothing."""
+    ledger = harness.ledger()
+    async with harness.store.transaction() as tx:
+        with pytest.raises(EffectLedgerValidationError, match="needs approval") as info:
+            await ledger.run(CALL, lambda e: "x", RunOptions(requires_approval=True), tx=tx)
+    assert info.value.field == "tx"
+    assert await harness.raw_count() == 0
+
+
+async def test_pending_and_approved_effects_inside_a_transaction(harness: StoreHarness) -> None:
+    """Pending approval: fail fast. Approved: claimed and run inside the transaction."""
+    ledger = harness.ledger()
+    waiting = asyncio.create_task(
+        ledger.run(
+            CALL,
+            lambda e: "approved run",
+            RunOptions(
+                requires_approval=True,
+                concurrency=ConcurrencyOptions(approval_timeout_ms=50),
+            ),
+        )
+    )
+    with pytest.raises(EffectTimeoutError):
+        await waiting
+    with pytest.raises(EffectInFlightError, match="approval"):
+        async with harness.store.transaction() as tx:
+            await ledger.run(CALL, lambda e: "x", tx=tx)
+    assert await ledger.approve(ledger.idem_key(CALL), by="ops")
+    async with harness.store.transaction() as tx:
+        assert await ledger.run(CALL, lambda e: "in tx", tx=tx) == "in tx"
+    assert await ledger.run(CALL, lambda e: "again") == "in tx"
