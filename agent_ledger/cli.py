@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import IO, Any, Final, TypeVar
 
 import orjson
@@ -29,7 +30,7 @@ from agent_ledger.options import EffectLedgerOptions
 from agent_ledger.receipt import RECORD_FIELDS, effect_to_record, render_receipt
 from agent_ledger.status import TERMINAL, EffectStatus
 from agent_ledger.stores.base import Store
-from agent_ledger.stores.url import URL_ENV, default_url, open_store
+from agent_ledger.stores.url import URL_ENV, default_url, open_store, sqlite_folder
 
 _T = TypeVar("_T")
 
@@ -286,8 +287,33 @@ async def cmd_export(ctx: Context) -> int:
 
 
 def _write_file(path: str, text: str) -> None:
-    with open(path, "w", encoding="utf-8", newline="") as file:
-        file.write(text)
+    try:
+        with open(path, "w", encoding="utf-8", newline="") as file:
+            file.write(text)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _check_before_opening(args: argparse.Namespace) -> None:
+    """Usage errors that need no store, reported before one is opened (or created).
+
+    ``init`` and ``demo`` create the SQLite file's folder, as ``init`` promises
+    to make a store; other commands on a missing file say to run ``init``.
+    """
+    output = getattr(args, "output", None)
+    if output not in (None, "-"):
+        target = Path(output)
+        if target.is_dir():
+            raise UsageError(f"--output {output} is a directory; name a file inside it")
+        if not target.parent.is_dir():
+            raise UsageError(f"--output {output}: the folder {target.parent} does not exist")
+    if args.command in ("init", "demo"):
+        folder = sqlite_folder(args.url)
+        if folder is not None:
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UsageError(f"cannot create {folder}: {exc.strerror or exc}") from None
 
 
 def _format_export(records: list[dict[str, Any]], fmt: str) -> str:
@@ -391,6 +417,12 @@ def _duration_text(text: str) -> str:
     return text
 
 
+URL_HELP: Final = (
+    f"memory://, sqlite:///PATH or postgresql://... (default: ${URL_ENV}, "
+    "else sqlite:///./agent_ledger.db)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agent-ledger",
@@ -398,14 +430,15 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"The store URL defaults to ${URL_ENV}, else sqlite:///./agent_ledger.db.",
     )
     parser.add_argument("--version", action="version", version=f"agent-ledger {__version__}")
-    parser.add_argument(
-        "--url", default=None, help="memory://, sqlite:///PATH or postgresql://... (see README)"
-    )
+    parser.add_argument("--url", default=None, help=URL_HELP)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, run: Callable[[Context], Any], help_: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_, description=help_)
         sub.set_defaults(run=run)
+        # Accepted after the command too (`agent-ledger list --url ...`); SUPPRESS
+        # keeps an absent one from overwriting a --url given before the command.
+        sub.add_argument("--url", default=argparse.SUPPRESS, help=URL_HELP)
         if name not in ("init", "demo", "export"):
             sub.add_argument("--json", action="store_true", help="machine-readable output")
         return sub
@@ -435,18 +468,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("ref", metavar="IDEM_KEY_OR_ID", help="id, key, or a key prefix (8+ chars)")
     sub = command("pending", cmd_pending, "effects waiting for approval")
     sub.add_argument("--limit", type=int, default=100)
+    ref_help = "the effect: its id, its key, or a key prefix (8+ chars)"
     sub = command("approve", cmd_approve, "approve a pending effect")
-    sub.add_argument("ref", metavar="KEY")
+    sub.add_argument("ref", metavar="KEY", help=ref_help)
     sub.add_argument("--by", help="who approves (kept on the receipt)")
     sub.add_argument("--note", help="why (kept on the receipt)")
     sub = command("deny", cmd_deny, "deny a pending effect")
-    sub.add_argument("ref", metavar="KEY")
-    sub.add_argument("--reason")
-    sub.add_argument("--by")
+    sub.add_argument("ref", metavar="KEY", help=ref_help)
+    sub.add_argument("--reason", help="why not (kept on the receipt; callers see it)")
+    sub.add_argument("--by", help="who denies (kept on the receipt)")
     sub = command("cancel", cmd_cancel, "cancel an effect that has not finished")
-    sub.add_argument("ref", metavar="KEY")
-    sub.add_argument("--reason")
-    sub.add_argument("--by")
+    sub.add_argument("ref", metavar="KEY", help=ref_help)
+    sub.add_argument("--reason", help="why (kept on the receipt; callers see it)")
+    sub.add_argument("--by", help="who cancels (kept on the receipt)")
     sub = command("export", cmd_export, "write effects as JSON, JSON lines or CSV")
     filters(sub)
     sub.add_argument("--format", choices=["json", "jsonl", "csv"], default="jsonl")
@@ -490,6 +524,7 @@ def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None) -> in
     stream = stdout if stdout is not None else sys.stdout
     colour = stream.isatty() and not os.environ.get("NO_COLOR")
     try:
+        _check_before_opening(args)
         return asyncio.run(_dispatch(args, Output(stream, colour)))
     except (UsageError, EffectLedgerValidationError) as exc:
         print(f"agent-ledger: {exc}", file=sys.stderr)

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -73,6 +74,13 @@ async def open_store(url: str, *, create: bool = True) -> Store:
         "expected memory://, sqlite:///PATH or postgresql://...",
         field="url",
     )
+
+
+def sqlite_folder(url: str) -> Path | None:
+    """The folder a ``sqlite:///`` URL's file lives in, or None for other URLs."""
+    if not url.startswith("sqlite:///") or len(url) == len("sqlite:///"):
+        return None
+    return Path(url[len("sqlite:///") :]).parent
 
 
 def _split_schema(url: str) -> tuple[str, str]:

@@ -1,0 +1,52 @@
+"""CLI rough edges a user hit (issue 10, item 19): one clear line, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import SCRIPT
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("AGENT_LEDGER_URL", "NO_COLOR")}
+    return subprocess.run(
+        [SCRIPT, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize("target", ["missing/dir/f.json", "."])
+def test_export_to_a_bad_path_is_one_line_and_touches_nothing(tmp_path: Path, target: str) -> None:
+    done = run("--url", "sqlite:///./ledger.db", "export", "-o", target, cwd=tmp_path)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1
+    assert "--output" in done.stderr
+    assert not (tmp_path / "ledger.db").exists()  # rejected before any store was opened
+
+
+def test_url_is_accepted_after_the_command(tmp_path: Path) -> None:
+    assert run("init", "--url", "sqlite:///./after.db", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "after.db").exists()
+    done = run("--url", "sqlite:///./nowhere.db", "stats", "--url", "sqlite:///./after.db",
+               cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "nowhere.db").exists()  # the later --url wins
+
+
+def test_init_creates_the_folder_that_list_asks_for(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'missing' / 'dir' / 'x.db'}"
+    listed = run("--url", url, "list", cwd=tmp_path)
+    assert listed.returncode == 1 and "agent-ledger init" in listed.stderr
+    assert run("--url", url, "init", cwd=tmp_path).returncode == 0
+    assert run("--url", url, "list", cwd=tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize("command", ["approve", "deny", "cancel"])
+def test_decision_arguments_have_help(tmp_path: Path, command: str) -> None:
+    done = run(command, "--help", cwd=tmp_path)
+    assert done.returncode == 0
+    assert "id, its key, or a key prefix" in done.stdout  # the KEY argument
+    assert done.stdout.count("kept on the receipt") == 2  # --by and --note/--reason
