@@ -11,19 +11,22 @@ from __future__ import annotations
 
 from typing import Final, LiteralString
 
-#: The columns every query returns, in the order ``_effect_from_row`` reads them.
-EFFECT_COLUMNS: Final = (
-    "id::text AS id, idem_key, workflow_id, call_id, tool, status, args_canonical, "
-    "resource_id_canonical, result::text AS result, error->>'message' AS error_message, "
-    "error->>'code' AS error_code, dedup_count, attempt, created_at, updated_at, "
-    "completed_at, heartbeat_at, decided_by, decision_note, decided_at"
-)
-_CTE_COLUMNS: Final = (
-    "c.id, c.idem_key, c.workflow_id, c.call_id, c.tool, c.status, c.args_canonical, "
-    "c.resource_id_canonical, c.result, c.error_message, c.error_code, c.dedup_count, "
-    "c.attempt, c.created_at, c.updated_at, c.completed_at, c.heartbeat_at, c.decided_by, "
-    "c.decision_note, c.decided_at"
-)
+from agent_ledger.stores._columns import select_list
+
+# How PostgreSQL keeps the fields it does not keep as-is (see _columns): the
+# id is a uuid and the result json, both read back as text; the error is one
+# jsonb object, read back as its two parts.
+_EXPRESSIONS: Final = {
+    "id": "id::text AS id",
+    "result": "result::text AS result",
+    "error_message": "error->>'message' AS error_message",
+    "error_code": "error->>'code' AS error_code",
+}
+#: The columns every query returns, in the order ``effect_from_row`` reads them.
+#: Built only from the constant names in _columns and above, never from caller text.
+EFFECT_COLUMNS: Final = select_list(_EXPRESSIONS)
+# The same columns read back from claim's CTE `c`, where they already have their row names.
+_CTE_COLUMNS: Final = select_list(prefix="c.")
 
 # -- begin --
 # Insert-or-get in one statement. A new key is inserted as processing,

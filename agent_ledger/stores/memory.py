@@ -9,15 +9,18 @@ atomic without a lock; only transactions (which span awaits) need one.
 from __future__ import annotations
 
 import copy
-import random
+import operator
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
+from typing import Final
 
 import orjson
 
 from agent_ledger.clock import Clock, utc_now
 from agent_ledger.effects import Effect, EffectError
+from agent_ledger.fields import EFFECT_FIELDS
+from agent_ledger.ids import new_effect_id
 from agent_ledger.status import EffectStatus, sources_of
 from agent_ledger.stores._rows import stats_from_groups
 from agent_ledger.stores._subscriptions import Registration, Subscribers
@@ -39,40 +42,23 @@ _PROCESSING = EffectStatus.PROCESSING
 _READY = EffectStatus.READY
 
 
-def random_uuid() -> str:
-    """A random (version 4) UUID string, like ``str(uuid.uuid4())`` at a quarter of
-    the cost. Ids only need to be unique, not secret, so ``random`` is enough."""
-    bits = f"{random.getrandbits(128):032x}"
-    variant = "89ab"[int(bits[16], 16) & 3]
-    return f"{bits[:8]}-{bits[8:12]}-4{bits[13:16]}-{variant}{bits[17:20]}-{bits[20:]}"
+# MemoryStore keeps every field of the effect under its own name, except the
+# result, kept as JSON text like in a database (see _columns).
+_RESULT_AT: Final = EFFECT_FIELDS.index("result")
+_ROW_SLOTS: Final = (*EFFECT_FIELDS[:_RESULT_AT], "result_json", *EFFECT_FIELDS[_RESULT_AT + 1 :])
+_before_result = operator.attrgetter(*EFFECT_FIELDS[:_RESULT_AT])
+_after_result = operator.attrgetter(*EFFECT_FIELDS[_RESULT_AT + 1 :])
 
 
 class _Row:
-    """The stored form of an effect; results stay JSON text like in a database."""
+    """The stored form of an effect: its fields by name, the result as JSON text."""
 
-    __slots__ = (
-        "attempt",
-        "call_id",
-        "completed_at",
-        "created_at",
-        "decided_at",
-        "decided_by",
-        "decision_note",
-        "dedup_count",
-        "error",
-        "heartbeat_at",
-        "id",
-        "idem_key",
-        "new",
-        "result_json",
-        "status",
-        "updated_at",
-    )
+    __slots__ = _ROW_SLOTS
 
     def __init__(self, new: NewEffect, now: datetime) -> None:
-        self.id = random_uuid()
-        self.idem_key = new.idem_key
-        self.new = new
+        self.id = new_effect_id()
+        (self.idem_key, self.workflow_id, self.call_id, self.tool, self.args_canonical,
+         self.resource_id_canonical) = new  # fmt: skip
         self.status = _PROCESSING
         self.result_json: str | None = None
         self.error: EffectError | None = None
@@ -87,35 +73,15 @@ class _Row:
     def snapshot(self) -> Effect:
         # Decoding on every read hands each caller its own result object, as
         # a database would: nobody can mutate another caller's receipt.
-        new = self.new
-        return Effect(
-            id=self.id,
-            idem_key=self.idem_key,
-            workflow_id=new.workflow_id,
-            call_id=new.call_id,
-            tool=new.tool,
-            status=self.status,
-            args_canonical=new.args_canonical,
-            resource_id_canonical=new.resource_id_canonical,
-            result=None if self.result_json is None else orjson.loads(self.result_json),
-            error=self.error,
-            dedup_count=self.dedup_count,
-            attempt=self.attempt,
-            created_at=self.created_at,
-            updated_at=self.updated_at,
-            completed_at=self.completed_at,
-            heartbeat_at=self.heartbeat_at,
-            decided_by=self.decided_by,
-            decision_note=self.decision_note,
-            decided_at=self.decided_at,
-        )
+        # Positional: the slots are Effect's fields in its order (a test holds them equal).
+        result = None if self.result_json is None else orjson.loads(self.result_json)
+        return Effect(*(*_before_result(self), result, *_after_result(self)))
 
 
 def _matches(row: _Row, query: EffectQuery) -> bool:
-    new = row.new
     return (
-        (query.workflow_id is None or new.workflow_id == query.workflow_id)
-        and (query.tool is None or new.tool == query.tool)
+        (query.workflow_id is None or row.workflow_id == query.workflow_id)
+        and (query.tool is None or row.tool == query.tool)
         and (query.status is None or row.status is query.status)
         and (query.since is None or row.created_at >= query.since)
         and (query.until is None or row.created_at < query.until)
@@ -324,7 +290,7 @@ class MemoryStore:
         if self._gate.active is not None:
             await self._enter(None)
         return stats_from_groups(
-            (row.status, row.new.tool, 1, row.dedup_count) for row in self._rows.values()
+            (row.status, row.tool, 1, row.dedup_count) for row in self._rows.values()
         )
 
     async def purge(self, *, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:

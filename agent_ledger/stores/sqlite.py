@@ -40,7 +40,9 @@ import orjson
 from agent_ledger.clock import Clock, utc_now
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
+from agent_ledger.fields import TIME_FIELDS
 from agent_ledger.status import EffectStatus, sources_of
+from agent_ledger.stores._columns import select_list
 from agent_ledger.stores._rows import STATUS_BY_VALUE, effect_from_row, stats_from_groups
 from agent_ledger.stores._subscriptions import Registration, Subscribers
 from agent_ledger.stores._transactions import TransactionGate, TransactionHandle
@@ -68,11 +70,8 @@ _READY: Final = EffectStatus.READY.value
 _STATUS_BY_VALUE: Final = STATUS_BY_VALUE
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
-_COLUMNS: Final = (
-    "id, idem_key, workflow_id, call_id, tool, status, args_canonical, resource_id_canonical, "
-    "result, error_message, error_code, dedup_count, attempt, created_us, updated_us, "
-    "completed_us, heartbeat_us, decided_by, decision_note, decided_us"
-)
+# SQLite keeps every time as integer microseconds in a *_us column (see _columns).
+_COLUMNS: Final = select_list({name: name.removesuffix("_at") + "_us" for name in TIME_FIELDS})
 
 # -- the statements, one per ledger step (see the PostgreSQL ones for the contracts)
 _INSERT: Final = (
