@@ -93,28 +93,22 @@ def _matches(row: _Row, query: EffectQuery) -> bool:
 class MemoryTransaction(TransactionHandle):
     """Handle from ``MemoryStore.transaction()``, to pass as ``tx``.
 
-    Keeps an undo log so an exception in the block restores every row it
-    touched, and holds back notifications until the block commits.
+    Keeps an undo log, so the store can restore every row the block touched
+    if it raises, and (through the gate) holds back notifications until the
+    block commits.
     """
 
     def __init__(self, store: MemoryStore) -> None:
         super().__init__(store)
         self._undo: list[tuple[str, _Row | None]] = []
 
-    def _remember(self, idem_key: str, row: _Row | None) -> None:
+    def remember(self, idem_key: str, row: _Row | None) -> None:
+        """Note ``row`` as it was (None: absent) before this transaction changes it."""
         self._undo.append((idem_key, copy.copy(row) if row is not None else None))
 
-    def _rollback(self) -> None:
-        store = self._store
-        assert isinstance(store, MemoryStore)
-        rows, ids = store._rows, store._ids
-        for idem_key, before in reversed(self._undo):
-            current = rows.pop(idem_key, None)
-            if current is not None:
-                ids.pop(current.id, None)
-            if before is not None:
-                rows[idem_key] = before
-                ids[before.id] = idem_key
+    def undo_log(self) -> list[tuple[str, _Row | None]]:
+        """Every row as it was before each change, newest change last."""
+        return self._undo
 
 
 class MemoryStore:
@@ -131,7 +125,7 @@ class MemoryStore:
         self._rows: dict[str, _Row] = {}
         self._ids: dict[str, str] = {}  # effect id -> idem key
         self._subscribers = Subscribers()
-        self._gate = TransactionGate(self, MemoryTransaction, "MemoryStore")
+        self._gate = TransactionGate(self, MemoryTransaction, "MemoryStore", self._subscribers)
 
     # -- transactions ----------------------------------------------------
 
@@ -144,25 +138,26 @@ class MemoryStore:
                 yield tx
             except BaseException:
                 # CancelledError too: a cancelled block must not half-apply.
-                tx._rollback()
+                self._restore(tx.undo_log())
                 raise
             finally:
                 self._gate.close(tx)
-        for idem_key in tx._touched:
-            self._notify(idem_key)
+        self._gate.committed(tx)
 
     async def _enter(self, tx: object | None) -> MemoryTransaction | None:
         """Check ``tx`` and wait out another task's open transaction."""
         return await self._gate.enter(tx)
 
-    def _changed(self, row: _Row, tx: MemoryTransaction | None) -> None:
-        if tx is None:
-            self._notify(row.idem_key)
-        else:
-            tx._touched.add(row.idem_key)
-
-    def _notify(self, idem_key: str) -> None:
-        self._subscribers.wake(idem_key)
+    def _restore(self, undo_log: list[tuple[str, _Row | None]]) -> None:
+        """Put every row back as it was before a rolled-back transaction."""
+        rows, ids = self._rows, self._ids
+        for idem_key, before in reversed(undo_log):
+            current = rows.pop(idem_key, None)
+            if current is not None:
+                ids.pop(current.id, None)
+            if before is not None:
+                rows[idem_key] = before
+                ids[before.id] = idem_key
 
     # -- ledger steps ----------------------------------------------------
 
@@ -170,7 +165,7 @@ class MemoryStore:
         mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
         row = self._rows.get(new.idem_key)
         if mtx is not None:
-            mtx._remember(new.idem_key, row)
+            mtx.remember(new.idem_key, row)
         if row is None:
             row = _Row(new, self._clock())
             self._rows[new.idem_key] = row
@@ -195,11 +190,11 @@ class MemoryStore:
         if not claimable:
             return ClaimOutcome(row.snapshot(), claimed=False)
         if mtx is not None:
-            mtx._remember(idem_key, row)
+            mtx.remember(idem_key, row)
         row.status = _PROCESSING
         row.attempt += 1
         row.heartbeat_at = row.updated_at = now
-        self._changed(row, mtx)
+        self._gate.changed(row.idem_key, mtx)
         return ClaimOutcome(row.snapshot(), claimed=True)
 
     async def heartbeat(self, effect_id: str, attempt: int) -> bool:
@@ -229,13 +224,13 @@ class MemoryStore:
         if attempt is not None and row.attempt != attempt:
             return False
         if mtx is not None:
-            mtx._remember(row.idem_key, row)
+            mtx.remember(row.idem_key, row)
         now = self._clock()
         row.status = status
         row.result_json = result_json
         row.error = error
         row.completed_at = row.updated_at = now
-        self._changed(row, mtx)
+        self._gate.changed(row.idem_key, mtx)
         return True
 
     async def transition(
@@ -252,7 +247,7 @@ class MemoryStore:
         if row is None or row.status not in sources_of(target):
             return None
         if mtx is not None:
-            mtx._remember(idem_key, row)
+            mtx.remember(idem_key, row)
         now = self._clock()
         row.status = target
         row.updated_at = now
@@ -262,7 +257,7 @@ class MemoryStore:
             row.decided_by, row.decision_note, row.decided_at = decision.by, decision.note, now
         if target.is_terminal:
             row.completed_at = now
-        self._changed(row, mtx)
+        self._gate.changed(row.idem_key, mtx)
         return row.snapshot()
 
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:

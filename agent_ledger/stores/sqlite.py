@@ -181,7 +181,7 @@ class SqliteStore:
         self._clock = clock
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="agent-ledger-sqlite")
         self._subscribers = Subscribers()
-        self._gate = TransactionGate(self, SqliteTransaction, "SqliteStore")
+        self._gate = TransactionGate(self, SqliteTransaction, "SqliteStore", self._subscribers)
         self._closed = False
         opener = functools.partial(self._open, create, synchronous, busy_timeout_ms)
         try:
@@ -283,12 +283,6 @@ class SqliteStore:
 
         return await asyncio.get_running_loop().run_in_executor(self._executor, job)
 
-    def _changed(self, idem_key: str, tx: SqliteTransaction | None) -> None:
-        if tx is None:
-            self._subscribers.wake(idem_key)
-        else:
-            tx._touched.add(idem_key)
-
     # -- ledger steps -----------------------------------------------------------
 
     async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
@@ -332,7 +326,7 @@ class SqliteStore:
 
         outcome = await self._run("claim", work, stx, write=True, idem_key=idem_key)
         if outcome.claimed:
-            self._changed(idem_key, stx)
+            self._gate.changed(idem_key, stx)
         return outcome
 
     async def heartbeat(self, effect_id: str, attempt: int) -> bool:
@@ -378,7 +372,7 @@ class SqliteStore:
         idem_key = await self._run("commit", work, stx, write=True, effect_id=effect_id)
         if idem_key is None:
             return False
-        self._changed(idem_key, stx)
+        self._gate.changed(idem_key, stx)
         return True
 
     async def transition(
@@ -412,7 +406,7 @@ class SqliteStore:
 
         moved = await self._run(target.value, work, stx, write=True, idem_key=idem_key)
         if moved is not None:
-            self._changed(idem_key, stx)
+            self._gate.changed(idem_key, stx)
         return moved
 
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
@@ -504,8 +498,7 @@ class SqliteStore:
                 await self._run("transaction", _execute("COMMIT"), tx, write=False)
             finally:
                 self._gate.close(tx)
-        for idem_key in tx._touched:
-            self._subscribers.wake(idem_key)
+        self._gate.committed(tx)
 
     def subscribe(self, idem_key: str) -> Registration:
         return self._subscribers.subscribe(idem_key)
