@@ -40,9 +40,8 @@ import orjson
 from agent_ledger.clock import Clock, utc_now
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
-from agent_ledger.fields import TIME_FIELDS
 from agent_ledger.status import EffectStatus, sources_of
-from agent_ledger.stores._columns import select_list
+from agent_ledger.stores import _sqlite_queries as q
 from agent_ledger.stores._rows import STATUS_BY_VALUE, effect_from_row, stats_from_groups
 from agent_ledger.stores._subscriptions import Registration, Subscribers
 from agent_ledger.stores._transactions import TransactionGate, TransactionHandle
@@ -69,68 +68,6 @@ _PROCESSING: Final = EffectStatus.PROCESSING.value
 _READY: Final = EffectStatus.READY.value
 _STATUS_BY_VALUE: Final = STATUS_BY_VALUE
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
-
-# SQLite keeps every time as integer microseconds in a *_us column (see _columns).
-_COLUMNS: Final = select_list({name: name.removesuffix("_at") + "_us" for name in TIME_FIELDS})
-
-# -- the statements, one per ledger step (see the PostgreSQL ones for the contracts)
-_INSERT: Final = (
-    "INSERT INTO agent_ledger_effects (id, idem_key, workflow_id, call_id, tool, status,"
-    " args_canonical, resource_id_canonical, created_us, updated_us, heartbeat_us)"
-    " VALUES (:id, :idem_key, :workflow_id, :call_id, :tool, :processing, :args_canonical,"
-    " :resource_id_canonical, :now, :now, :now)"
-    " ON CONFLICT (idem_key) DO NOTHING"
-)
-_COUNT_DUPLICATE: Final = (
-    "UPDATE agent_ledger_effects SET dedup_count = dedup_count + 1 WHERE idem_key = :idem_key"
-)
-_CLAIM: Final = (
-    "UPDATE agent_ledger_effects SET status = :processing, attempt = attempt + 1,"
-    " heartbeat_us = :now, updated_us = :now"
-    " WHERE idem_key = :idem_key AND (status = :ready OR (status = :processing"
-    " AND :stale_us > 0 AND heartbeat_us <= :now - :stale_us))"
-)
-_HEARTBEAT: Final = (
-    "UPDATE agent_ledger_effects SET heartbeat_us = :now"
-    " WHERE id = :id AND status = :processing AND attempt = :attempt"
-)
-_COMPLETE: Final = (
-    "UPDATE agent_ledger_effects SET status = :status, result = :result,"
-    " error_message = :error_message, error_code = :error_code,"
-    " completed_us = :now, updated_us = :now"
-    " WHERE id = :id AND status = :processing AND (:attempt IS NULL OR attempt = :attempt)"
-)
-_TRANSITION: Final = (
-    "UPDATE agent_ledger_effects SET status = :target, updated_us = :now,"
-    " error_message = CASE WHEN :has_error THEN :error_message ELSE error_message END,"
-    " error_code = CASE WHEN :has_error THEN :error_code ELSE error_code END,"
-    " decided_by = CASE WHEN :decided THEN :decided_by ELSE decided_by END,"
-    " decision_note = CASE WHEN :decided THEN :decision_note ELSE decision_note END,"
-    " decided_us = CASE WHEN :decided THEN :now ELSE decided_us END,"
-    " completed_us = CASE WHEN :terminal THEN :now ELSE completed_us END"
-    " WHERE idem_key = :idem_key AND status IN (SELECT value FROM json_each(:sources))"
-)
-_FIND: Final = "SELECT " + _COLUMNS + " FROM agent_ledger_effects WHERE idem_key = ?"
-_GET: Final = "SELECT " + _COLUMNS + " FROM agent_ledger_effects WHERE id = ?"
-_LIST: Final = "SELECT " + _COLUMNS + " FROM agent_ledger_effects"
-_LIST_FILTERS: Final = {
-    "workflow_id": "workflow_id = :workflow_id",
-    "tool": "tool = :tool",
-    "status": "status = :status",
-    "since": "created_us >= :since",
-    "until": "created_us < :until",
-    "before": "(created_us < :before_us OR (created_us = :before_us AND id < :before_id))",
-    "idem_key_prefix": "idem_key >= :idem_key_prefix AND idem_key < :idem_key_prefix || 'g'",
-}
-_LIST_ORDER: Final = " ORDER BY created_us DESC, id DESC LIMIT :limit"
-_STATS: Final = (
-    "SELECT status, tool, count(*), coalesce(sum(dedup_count), 0)"
-    " FROM agent_ledger_effects GROUP BY status, tool"
-)
-_PURGE: Final = (
-    "DELETE FROM agent_ledger_effects WHERE status IN (SELECT value FROM json_each(:statuses))"
-    " AND completed_us <= :cutoff"
-)
 
 
 def _to_us(moment: datetime) -> int:
@@ -205,17 +142,12 @@ class SqliteStore:
                 timeout=busy_timeout_ms / 1000,
             )
             try:
-                conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-                conn.execute("PRAGMA journal_mode = WAL")
-                conn.execute(f"PRAGMA synchronous = {synchronous}")
+                conn.execute(q.BUSY_TIMEOUT.format(ms=int(busy_timeout_ms)))
+                conn.execute(q.JOURNAL_MODE)
+                conn.execute(q.SYNCHRONOUS.format(level=synchronous))
                 if create:
                     conn.executescript(SQLITE_SCHEMA_SQL)
-                elif (
-                    conn.execute(
-                        "SELECT 1 FROM sqlite_master WHERE name = 'agent_ledger_effects'"
-                    ).fetchone()
-                    is None
-                ):
+                elif conn.execute(q.HAS_EFFECTS_TABLE).fetchone() is None:
                     raise EffectStoreError(
                         f"{self.path} has no agent-ledger tables: run `agent-ledger init` first",
                         operation="open",
@@ -272,13 +204,13 @@ class SqliteStore:
             with self._errors(operation, idem_key=idem_key, effect_id=effect_id):
                 if tx is not None or not write:
                     return work(self._conn, _to_us(self._clock()))
-                self._conn.execute("BEGIN IMMEDIATE")
+                self._conn.execute(q.BEGIN_IMMEDIATE)
                 try:
                     result = work(self._conn, _to_us(self._clock()))
                 except BaseException:
-                    self._conn.execute("ROLLBACK")
+                    self._conn.execute(q.ROLLBACK)
                     raise
-                self._conn.execute("COMMIT")
+                self._conn.execute(q.COMMIT)
                 return result
 
         return await asyncio.get_running_loop().run_in_executor(self._executor, job)
@@ -299,10 +231,10 @@ class SqliteStore:
         }
 
         def work(conn: sqlite3.Connection, now: int) -> BeginOutcome:
-            created = conn.execute(_INSERT, {**params, "now": now}).rowcount == 1
+            created = conn.execute(q.INSERT, {**params, "now": now}).rowcount == 1
             if not created:
-                conn.execute(_COUNT_DUPLICATE, params)
-            row = conn.execute(_FIND, (new.idem_key,)).fetchone()
+                conn.execute(q.COUNT_DUPLICATE, params)
+            row = conn.execute(q.FIND, (new.idem_key,)).fetchone()
             return BeginOutcome(_effect_from_row(row), created=created)
 
         return await self._run("begin", work, stx, write=True, idem_key=new.idem_key)
@@ -320,8 +252,8 @@ class SqliteStore:
                 "stale_us": stale_after_ms * 1000,
                 "now": now,
             }
-            claimed = conn.execute(_CLAIM, params).rowcount == 1
-            row = conn.execute(_FIND, (idem_key,)).fetchone()
+            claimed = conn.execute(q.CLAIM, params).rowcount == 1
+            row = conn.execute(q.FIND, (idem_key,)).fetchone()
             return ClaimOutcome(None if row is None else _effect_from_row(row), claimed=claimed)
 
         outcome = await self._run("claim", work, stx, write=True, idem_key=idem_key)
@@ -334,7 +266,7 @@ class SqliteStore:
 
         def work(conn: sqlite3.Connection, now: int) -> bool:
             params = {"id": effect_id, "attempt": attempt, "processing": _PROCESSING, "now": now}
-            return conn.execute(_HEARTBEAT, params).rowcount == 1
+            return conn.execute(q.HEARTBEAT, params).rowcount == 1
 
         return await self._run("heartbeat", work, None, write=True, effect_id=effect_id)
 
@@ -362,12 +294,9 @@ class SqliteStore:
                 "processing": _PROCESSING,
                 "now": now,
             }
-            if conn.execute(_COMPLETE, params).rowcount != 1:
+            if conn.execute(q.COMPLETE, params).rowcount != 1:
                 return None
-            row = conn.execute(
-                "SELECT idem_key FROM agent_ledger_effects WHERE id = ?", (effect_id,)
-            )
-            return str(row.fetchone()[0])
+            return str(conn.execute(q.KEY_OF, (effect_id,)).fetchone()[0])
 
         idem_key = await self._run("commit", work, stx, write=True, effect_id=effect_id)
         if idem_key is None:
@@ -400,9 +329,9 @@ class SqliteStore:
                 "decision_note": decision.note if decision is not None else None,
                 "now": now,
             }
-            if conn.execute(_TRANSITION, params).rowcount != 1:
+            if conn.execute(q.TRANSITION, params).rowcount != 1:
                 return None
-            return _effect_from_row(conn.execute(_FIND, (idem_key,)).fetchone())
+            return _effect_from_row(conn.execute(q.FIND, (idem_key,)).fetchone())
 
         moved = await self._run(target.value, work, stx, write=True, idem_key=idem_key)
         if moved is not None:
@@ -413,7 +342,7 @@ class SqliteStore:
         stx = await self._enter(tx)
 
         def work(conn: sqlite3.Connection, now: int) -> Effect | None:
-            row = conn.execute(_GET, (effect_id,)).fetchone()
+            row = conn.execute(q.GET, (effect_id,)).fetchone()
             return None if row is None else _effect_from_row(row)
 
         return await self._run("get", work, stx, write=False, effect_id=effect_id)
@@ -422,7 +351,7 @@ class SqliteStore:
         stx = await self._enter(tx)
 
         def work(conn: sqlite3.Connection, now: int) -> Effect | None:
-            row = conn.execute(_FIND, (idem_key,)).fetchone()
+            row = conn.execute(q.FIND, (idem_key,)).fetchone()
             return None if row is None else _effect_from_row(row)
 
         return await self._run("find", work, stx, write=False, idem_key=idem_key)
@@ -436,21 +365,21 @@ class SqliteStore:
         for name in ("workflow_id", "tool", "idem_key_prefix"):
             value = getattr(query, name)
             if value is not None:
-                filters.append(_LIST_FILTERS[name])
+                filters.append(q.LIST_FILTERS[name])
                 params[name] = value
         if query.status is not None:
-            filters.append(_LIST_FILTERS["status"])
+            filters.append(q.LIST_FILTERS["status"])
             params["status"] = query.status.value
         for name in ("since", "until"):
             moment = getattr(query, name)
             if moment is not None:
-                filters.append(_LIST_FILTERS[name])
+                filters.append(q.LIST_FILTERS[name])
                 params[name] = _to_us(moment)
         if query.before is not None:
-            filters.append(_LIST_FILTERS["before"])
+            filters.append(q.LIST_FILTERS["before"])
             params["before_us"], params["before_id"] = _to_us(query.before[0]), query.before[1]
         # Only fixed fragments are joined; every value is a parameter.
-        statement = _LIST + (" WHERE " + " AND ".join(filters) if filters else "") + _LIST_ORDER
+        statement = q.LIST + (" WHERE " + " AND ".join(filters) if filters else "") + q.LIST_ORDER
 
         def work(conn: sqlite3.Connection, now: int) -> list[Effect]:
             return [_effect_from_row(row) for row in conn.execute(statement, params)]
@@ -461,7 +390,7 @@ class SqliteStore:
         await self._enter(None)
 
         def work(conn: sqlite3.Connection, now: int) -> list[tuple[str, str, int, int]]:
-            return conn.execute(_STATS).fetchall()
+            return conn.execute(q.STATS).fetchall()
 
         rows = await self._run("stats", work, None, write=False)
         return stats_from_groups((_STATUS_BY_VALUE[st], tool, n, d) for st, tool, n, d in rows)
@@ -473,7 +402,7 @@ class SqliteStore:
 
         def work(conn: sqlite3.Connection, now: int) -> int:
             cutoff = now - older_than // timedelta(microseconds=1)
-            return conn.execute(_PURGE, {"statuses": names, "cutoff": cutoff}).rowcount
+            return conn.execute(q.PURGE, {"statuses": names, "cutoff": cutoff}).rowcount
 
         return await self._run("purge", work, None, write=True)
 
@@ -487,15 +416,15 @@ class SqliteStore:
             tx = SqliteTransaction(self)
             self._gate.open(tx)
             try:
-                await self._run("transaction", _execute("BEGIN IMMEDIATE"), tx, write=False)
+                await self._run("transaction", _execute(q.BEGIN_IMMEDIATE), tx, write=False)
                 try:
                     yield tx
                 except BaseException:
                     await asyncio.shield(
-                        self._run("transaction", _execute("ROLLBACK"), tx, write=False)
+                        self._run("transaction", _execute(q.ROLLBACK), tx, write=False)
                     )
                     raise
-                await self._run("transaction", _execute("COMMIT"), tx, write=False)
+                await self._run("transaction", _execute(q.COMMIT), tx, write=False)
             finally:
                 self._gate.close(tx)
         self._gate.committed(tx)

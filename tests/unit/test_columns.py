@@ -11,7 +11,8 @@ from agent_ledger.fields import EFFECT_FIELDS, ERROR_PARTS, TIME_FIELDS
 from agent_ledger.receipt import RECORD_FIELDS, effect_from_record, effect_to_record
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _postgres_queries as pg
-from agent_ledger.stores import memory, sqlite
+from agent_ledger.stores import _sqlite_queries as sqlite_queries
+from agent_ledger.stores import memory
 from agent_ledger.stores._columns import ROW_COLUMNS
 from agent_ledger.stores._rows import EFFECT_WIDTH, effect_from_row
 
@@ -64,7 +65,7 @@ def test_select_lists_are_derived_per_dialect() -> None:
         "error->>'code' AS error_code, dedup_count, attempt, created_at, updated_at, "
         "completed_at, heartbeat_at, decided_by, decision_note, decided_at"
     )
-    assert sqlite._COLUMNS == (
+    assert sqlite_queries.EFFECT_COLUMNS == (
         "id, idem_key, workflow_id, call_id, tool, status, args_canonical, "
         "resource_id_canonical, result, error_message, error_code, dedup_count, attempt, "
         "created_us, updated_us, completed_us, heartbeat_us, decided_by, decision_note, "
