@@ -126,7 +126,7 @@ LIST_FILTERS: Final = {
     "status": "status = :status",
     "since": "created_us >= :since",
     "until": "created_us < :until",
-    "before": "(created_us < :before_us OR (created_us = :before_us AND id < :before_id))",
+    "before": "(created_us < :before_at OR (created_us = :before_at AND id < :before_id))",
     # A range rather than LIKE (which ignores case in SQLite), so the unique
     # index on idem_key serves it: keys are lowercase hex and 'g' sorts after 'f'.
     "idem_key_prefix": "idem_key >= :idem_key_prefix AND idem_key < :idem_key_prefix || 'g'",

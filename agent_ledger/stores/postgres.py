@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import inspect
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
 from importlib import resources
@@ -34,8 +34,15 @@ from agent_ledger.errors import (
     EffectStoreError,
 )
 from agent_ledger.observability import logger
-from agent_ledger.status import EffectStatus, sources_of
+from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _postgres_queries as q
+from agent_ledger.stores._params import (
+    Dialect,
+    begin_params,
+    commit_params,
+    list_params,
+    transition_params,
+)
 from agent_ledger.stores._rows import (
     EFFECT_WIDTH,
     STATUS_BY_VALUE,
@@ -93,6 +100,21 @@ def _error_json(error: EffectError | None) -> str | None:
     if error is None:
         return None
     return orjson.dumps({"message": error.message, "code": error.code}).decode()
+
+
+def _status_list(statuses: Iterable[EffectStatus]) -> list[str]:
+    return [s.value for s in statuses]
+
+
+def _error_param(error: EffectError | None) -> dict[str, object]:
+    return {"error": _error_json(error)}
+
+
+def _as_stored(moment: datetime) -> datetime:
+    return moment
+
+
+_DIALECT: Final = Dialect(statuses=_status_list, error=_error_param, moment=_as_stored)
 
 
 def _connection_lost(exc: psycopg.OperationalError, conn: Connection) -> bool:
@@ -211,15 +233,7 @@ class PostgresStore:
     # -- ledger steps -----------------------------------------------------------
 
     async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
-        params = {
-            "idem_key": new.idem_key,
-            "workflow_id": new.workflow_id,
-            "call_id": new.call_id,
-            "tool": new.tool,
-            "args_canonical": new.args_canonical,
-            "resource_id_canonical": new.resource_id_canonical,
-            "processing": _PROCESSING,
-        }
+        params = begin_params(new)
         row = await self._fetch_one(
             "begin", self._begin, params, tx, retry_broken=True, idem_key=new.idem_key
         )
@@ -264,14 +278,14 @@ class PostgresStore:
         check_completion_status(status)
         if not _is_uuid(effect_id):
             return False
-        params = {
-            "id": effect_id,
-            "attempt": attempt,
-            "status": status.value,
-            "result": result_json,
-            "error": _error_json(error),
-            "processing": _PROCESSING,
-        }
+        params = commit_params(
+            _DIALECT,
+            effect_id,
+            attempt=attempt,
+            status=status,
+            result_json=result_json,
+            error=error,
+        )
         return await self._execute("commit", self._complete, params, tx, effect_id=effect_id)
 
     async def transition(
@@ -283,16 +297,9 @@ class PostgresStore:
         decision: Decision | None = None,
         tx: object | None = None,
     ) -> Effect | None:
-        params = {
-            "idem_key": idem_key,
-            "target": target.value,
-            "sources": [s.value for s in sources_of(target)],
-            "terminal": target.is_terminal,
-            "error": _error_json(error),
-            "decided": decision is not None,
-            "decided_by": decision.by if decision is not None else None,
-            "decision_note": decision.note if decision is not None else None,
-        }
+        params = transition_params(
+            _DIALECT, idem_key, target=target, error=error, decision=decision
+        )
         row = await self._fetch_one(target.value, self._transition, params, tx, idem_key=idem_key)
         return None if row is None else _effect_from_row(row)
 
@@ -314,21 +321,10 @@ class PostgresStore:
     # -- audit --------------------------------------------------------------------
 
     async def list_effects(self, query: EffectQuery) -> list[Effect]:
-        params: dict[str, object] = {"limit": query.limit}
-        filters: list[LiteralString] = []
-        for name in ("workflow_id", "tool", "since", "until", "idem_key_prefix"):
-            value = getattr(query, name)
-            if value is not None:
-                filters.append(q.LIST_FILTERS[name])
-                params[name] = value
-        if query.status is not None:
-            filters.append(q.LIST_FILTERS["status"])
-            params["status"] = query.status.value
-        if query.before is not None:
-            if not _is_uuid(query.before[1]):
-                raise EffectLedgerValidationError("cursor names no effect", field="cursor")
-            filters.append(q.LIST_FILTERS["before"])
-            params["before_at"], params["before_id"] = query.before
+        if query.before is not None and not _is_uuid(query.before[1]):
+            raise EffectLedgerValidationError("cursor names no effect", field="cursor")
+        names, params = list_params(_DIALECT, query)
+        filters = [q.LIST_FILTERS[name] for name in names]
         statement = sql.SQL(q.LIST).format(effects=self._effects)
         if filters:
             where = sql.SQL(" AND ").join(sql.SQL(f) for f in filters)
@@ -349,7 +345,7 @@ class PostgresStore:
     async def purge(self, *, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:
         check_purge_statuses(statuses)
         params = {
-            "statuses": [s.value for s in statuses],
+            "statuses": _DIALECT.statuses(statuses),
             "older_ms": older_than / timedelta(milliseconds=1),
         }
         with self._errors("purge"):

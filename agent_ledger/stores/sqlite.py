@@ -27,7 +27,7 @@ import functools
 import os
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
@@ -40,8 +40,15 @@ import orjson
 from agent_ledger.clock import Clock, utc_now
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
-from agent_ledger.status import EffectStatus, sources_of
+from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _sqlite_queries as q
+from agent_ledger.stores._params import (
+    Dialect,
+    begin_params,
+    commit_params,
+    list_params,
+    transition_params,
+)
 from agent_ledger.stores._rows import STATUS_BY_VALUE, effect_from_row, stats_from_groups
 from agent_ledger.stores._subscriptions import Registration, Subscribers
 from agent_ledger.stores._transactions import TransactionGate, TransactionHandle
@@ -76,6 +83,23 @@ def _to_us(moment: datetime) -> int:
 
 def _from_us(us: int) -> datetime:
     return _EPOCH + timedelta(microseconds=us)
+
+
+def _error_columns(error: EffectError | None) -> dict[str, object]:
+    # has_error: a transition keeps the stored error unless given a new one.
+    return {
+        "has_error": error is not None,
+        "error_message": error.message if error is not None else None,
+        "error_code": error.code if error is not None else None,
+    }
+
+
+def _status_array(statuses: Iterable[EffectStatus]) -> str:
+    # A JSON array, which the statements read with json_each.
+    return orjson.dumps(sorted(s.value for s in statuses)).decode()
+
+
+_DIALECT: Final = Dialect(statuses=_status_array, error=_error_columns, moment=_to_us)
 
 
 def _effect_from_row(row: tuple[Any, ...]) -> Effect:
@@ -219,16 +243,7 @@ class SqliteStore:
 
     async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
         stx = await self._enter(tx)
-        params = {
-            "id": str(uuid.uuid4()),
-            "idem_key": new.idem_key,
-            "workflow_id": new.workflow_id,
-            "call_id": new.call_id,
-            "tool": new.tool,
-            "args_canonical": new.args_canonical,
-            "resource_id_canonical": new.resource_id_canonical,
-            "processing": _PROCESSING,
-        }
+        params = {**begin_params(new), "id": str(uuid.uuid4())}
 
         def work(conn: sqlite3.Connection, now: int) -> BeginOutcome:
             created = conn.execute(q.INSERT, {**params, "now": now}).rowcount == 1
@@ -284,16 +299,15 @@ class SqliteStore:
         stx = await self._enter(tx)
 
         def work(conn: sqlite3.Connection, now: int) -> str | None:
-            params = {
-                "id": effect_id,
-                "attempt": attempt,
-                "status": status.value,
-                "result": result_json,
-                "error_message": error.message if error is not None else None,
-                "error_code": error.code if error is not None else None,
-                "processing": _PROCESSING,
-                "now": now,
-            }
+            params = commit_params(
+                _DIALECT,
+                effect_id,
+                attempt=attempt,
+                status=status,
+                result_json=result_json,
+                error=error,
+            )
+            params["now"] = now
             if conn.execute(q.COMPLETE, params).rowcount != 1:
                 return None
             return str(conn.execute(q.KEY_OF, (effect_id,)).fetchone()[0])
@@ -316,19 +330,10 @@ class SqliteStore:
         stx = await self._enter(tx)
 
         def work(conn: sqlite3.Connection, now: int) -> Effect | None:
-            params = {
-                "idem_key": idem_key,
-                "target": target.value,
-                "sources": orjson.dumps([s.value for s in sources_of(target)]).decode(),
-                "terminal": target.is_terminal,
-                "has_error": error is not None,
-                "error_message": error.message if error is not None else None,
-                "error_code": error.code if error is not None else None,
-                "decided": decision is not None,
-                "decided_by": decision.by if decision is not None else None,
-                "decision_note": decision.note if decision is not None else None,
-                "now": now,
-            }
+            params = transition_params(
+                _DIALECT, idem_key, target=target, error=error, decision=decision
+            )
+            params["now"] = now
             if conn.execute(q.TRANSITION, params).rowcount != 1:
                 return None
             return _effect_from_row(conn.execute(q.FIND, (idem_key,)).fetchone())
@@ -360,24 +365,8 @@ class SqliteStore:
 
     async def list_effects(self, query: EffectQuery) -> list[Effect]:
         await self._enter(None)
-        params: dict[str, object] = {"limit": query.limit}
-        filters: list[str] = []
-        for name in ("workflow_id", "tool", "idem_key_prefix"):
-            value = getattr(query, name)
-            if value is not None:
-                filters.append(q.LIST_FILTERS[name])
-                params[name] = value
-        if query.status is not None:
-            filters.append(q.LIST_FILTERS["status"])
-            params["status"] = query.status.value
-        for name in ("since", "until"):
-            moment = getattr(query, name)
-            if moment is not None:
-                filters.append(q.LIST_FILTERS[name])
-                params[name] = _to_us(moment)
-        if query.before is not None:
-            filters.append(q.LIST_FILTERS["before"])
-            params["before_us"], params["before_id"] = _to_us(query.before[0]), query.before[1]
+        names, params = list_params(_DIALECT, query)
+        filters = [q.LIST_FILTERS[name] for name in names]
         # Only fixed fragments are joined; every value is a parameter.
         statement = q.LIST + (" WHERE " + " AND ".join(filters) if filters else "") + q.LIST_ORDER
 
@@ -398,7 +387,7 @@ class SqliteStore:
     async def purge(self, *, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:
         check_purge_statuses(statuses)
         await self._enter(None)
-        names = orjson.dumps(sorted(s.value for s in statuses)).decode()
+        names = _status_array(statuses)
 
         def work(conn: sqlite3.Connection, now: int) -> int:
             cutoff = now - older_than // timedelta(microseconds=1)
