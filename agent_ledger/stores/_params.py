@@ -15,13 +15,14 @@ from datetime import datetime
 from typing import Final
 
 from agent_ledger.effects import EffectError
-from agent_ledger.status import EffectStatus, sources_of
+from agent_ledger.status import CLAIMABLE, EffectStatus, sources_of
 from agent_ledger.stores.base import Decision, EffectQuery, NewEffect
 
 __all__ = [
     "LIST_FILTER_NAMES",
     "Dialect",
     "begin_params",
+    "claim_params",
     "commit_params",
     "list_params",
     "transition_params",
@@ -52,6 +53,17 @@ def begin_params(new: NewEffect) -> dict[str, object]:
         "args_canonical": new.args_canonical,
         "resource_id_canonical": new.resource_id_canonical,
         "processing": _PROCESSING,
+    }
+
+
+def claim_params(dialect: Dialect, idem_key: str, *, stale_after_ms: int) -> dict[str, object]:
+    """For the claim: the statuses it may take the effect from (``CLAIMABLE``), and
+    the staleness that lets it take ``processing`` over (0: never)."""
+    return {
+        "idem_key": idem_key,
+        "claimable": dialect.statuses(CLAIMABLE),
+        "processing": _PROCESSING,
+        "stale_ms": stale_after_ms,
     }
 
 

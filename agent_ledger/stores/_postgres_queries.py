@@ -44,17 +44,18 @@ BEGIN: Final[LiteralString] = (
 )
 
 # -- claim --
-# Take over a ready effect, or a processing one whose heartbeat is at least
-# stale_ms old by the database clock; +1 attempt fences the previous holder.
-# Concurrent claims serialize on the row lock and re-check the WHERE, so one
-# wins. If nothing was claimed, the same statement returns the row as it
-# stands, so a waiter's poll is one round trip either way.
+# Take the effect from any status in `claimable` (status.CLAIMABLE: ready, and
+# processing itself), but from processing only when its heartbeat is at least
+# stale_ms old by the database clock: a takeover. +1 attempt fences the
+# previous holder. Concurrent claims serialize on the row lock and re-check
+# the WHERE, so one wins. If nothing was claimed, the same statement returns
+# the row as it stands, so a waiter's poll is one round trip either way.
 CLAIM: Final[LiteralString] = (
     "WITH c AS ("
     " UPDATE {effects} SET status = %(processing)s, attempt = attempt + 1,"
     " heartbeat_at = clock_timestamp(), updated_at = clock_timestamp()"
-    " WHERE idem_key = %(idem_key)s AND (status = %(ready)s OR (status = %(processing)s"
-    " AND %(stale_ms)s > 0"
+    " WHERE idem_key = %(idem_key)s AND status = ANY(%(claimable)s)"
+    " AND (status <> %(processing)s OR (%(stale_ms)s > 0"
     " AND heartbeat_at <= clock_timestamp() - %(stale_ms)s * interval '1 millisecond'))"
     " RETURNING " + EFFECT_COLUMNS + ") "
     "SELECT " + _CTE_COLUMNS + ", true AS claimed FROM c "

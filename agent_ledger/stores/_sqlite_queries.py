@@ -63,16 +63,18 @@ COUNT_DUPLICATE: Final = (
 )
 
 # -- claim --
-# Take over a ready effect, or a processing one whose heartbeat is at least
-# stale_us old by the store's clock; +1 attempt fences the previous holder.
-# The write lock makes the check and the update one step, so of concurrent
-# claims exactly one changes a row (rowcount 1); FIND then reads the effect
-# as it stands, claimed or not.
+# Take the effect from any status in :claimable (status.CLAIMABLE as a JSON
+# array: ready, and processing itself), but from processing only when its
+# heartbeat is at least stale_ms old by the store's clock: a takeover. +1
+# attempt fences the previous holder. The write lock makes the check and the
+# update one step, so of concurrent claims exactly one changes a row
+# (rowcount 1); FIND then reads the effect as it stands, claimed or not.
 CLAIM: Final = (
     "UPDATE agent_ledger_effects SET status = :processing, attempt = attempt + 1,"
     " heartbeat_us = :now, updated_us = :now"
-    " WHERE idem_key = :idem_key AND (status = :ready OR (status = :processing"
-    " AND :stale_us > 0 AND heartbeat_us <= :now - :stale_us))"
+    " WHERE idem_key = :idem_key AND status IN (SELECT value FROM json_each(:claimable))"
+    " AND (status <> :processing OR (:stale_ms > 0"
+    " AND heartbeat_us <= :now - :stale_ms * 1000))"
 )
 
 # -- heartbeat --

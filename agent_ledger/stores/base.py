@@ -26,7 +26,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerValidationError
-from agent_ledger.status import EffectStatus, can_transition
+from agent_ledger.status import COMPLETIONS, DECISION_TARGETS, EffectStatus
 
 
 class NewEffect(NamedTuple):
@@ -228,12 +228,26 @@ class Store(Protocol):
 
 
 def check_completion_status(status: EffectStatus) -> None:
-    """Raise unless ``status`` is one ``Store.complete`` may set (terminal, from processing)."""
-    if not (status.is_terminal and can_transition(EffectStatus.PROCESSING, status)):
+    """Raise unless ``status`` is one ``Store.complete`` may set (``status.COMPLETIONS``)."""
+    if status not in COMPLETIONS:
         raise EffectLedgerValidationError(
             f"complete() finishes an effect; {status.value!r} is not a terminal status "
             "reachable from processing",
             field="status",
+        )
+
+
+def check_transition_target(target: EffectStatus) -> None:
+    """Raise unless ``target`` is one ``Store.transition`` may set (``status.DECISION_TARGETS``).
+
+    ``processing`` is refused: only ``claim`` moves an effect into processing,
+    since only a claim increments ``attempt``, the fencing token.
+    """
+    if target not in DECISION_TARGETS:
+        raise EffectLedgerValidationError(
+            f"transition() cannot set {target.value!r}: only claim() moves an effect into "
+            "processing",
+            field="target",
         )
 
 

@@ -21,7 +21,7 @@ from agent_ledger.clock import Clock, utc_now
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.fields import EFFECT_FIELDS
 from agent_ledger.ids import new_effect_id
-from agent_ledger.status import EffectStatus, sources_of
+from agent_ledger.status import CLAIMABLE, EffectStatus, sources_of
 from agent_ledger.stores._rows import stats_from_groups
 from agent_ledger.stores._subscriptions import Registration, Subscribers
 from agent_ledger.stores._transactions import TransactionGate, TransactionHandle
@@ -34,12 +34,12 @@ from agent_ledger.stores.base import (
     NewEffect,
     check_completion_status,
     check_purge_statuses,
+    check_transition_target,
 )
 
 __all__ = ["MemoryStore", "MemoryTransaction"]
 
 _PROCESSING = EffectStatus.PROCESSING
-_READY = EffectStatus.READY
 
 
 # MemoryStore keeps every field of the effect under its own name, except the
@@ -182,10 +182,13 @@ class MemoryStore:
         if row is None:
             return ClaimOutcome(None, claimed=False)
         now = self._clock()
-        claimable = row.status is _READY or (
-            row.status is _PROCESSING
-            and stale_after_ms > 0
-            and now - row.heartbeat_at >= timedelta(milliseconds=stale_after_ms)
+        # From processing itself only when the holder's heartbeat is stale: a takeover.
+        claimable = row.status in CLAIMABLE and (
+            row.status is not _PROCESSING
+            or (
+                stale_after_ms > 0
+                and now - row.heartbeat_at >= timedelta(milliseconds=stale_after_ms)
+            )
         )
         if not claimable:
             return ClaimOutcome(row.snapshot(), claimed=False)
@@ -242,6 +245,7 @@ class MemoryStore:
         decision: Decision | None = None,
         tx: object | None = None,
     ) -> Effect | None:
+        check_transition_target(target)
         mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
         row = self._rows.get(idem_key)
         if row is None or row.status not in sources_of(target):

@@ -39,6 +39,7 @@ from agent_ledger.stores import _postgres_queries as q
 from agent_ledger.stores._params import (
     Dialect,
     begin_params,
+    claim_params,
     commit_params,
     list_params,
     transition_params,
@@ -59,6 +60,7 @@ from agent_ledger.stores.base import (
     NewEffect,
     check_completion_status,
     check_purge_statuses,
+    check_transition_target,
 )
 
 __all__ = ["SCHEMA_SQL", "SCHEMA_VERSION", "PostgresStore"]
@@ -75,7 +77,6 @@ VERSIONS_TABLE: Final = "agent_ledger_schema_version"
 NOTIFY_CHANNEL: Final = "agent_ledger"
 
 _PROCESSING: Final = EffectStatus.PROCESSING.value
-_READY: Final = EffectStatus.READY.value
 _STATUS_BY_VALUE: Final = STATUS_BY_VALUE
 
 _T = TypeVar("_T")
@@ -244,12 +245,7 @@ class PostgresStore:
     async def claim(
         self, idem_key: str, *, stale_after_ms: int, tx: object | None = None
     ) -> ClaimOutcome:
-        params = {
-            "idem_key": idem_key,
-            "processing": _PROCESSING,
-            "ready": _READY,
-            "stale_ms": stale_after_ms,
-        }
+        params = claim_params(_DIALECT, idem_key, stale_after_ms=stale_after_ms)
         row = await self._fetch_one(
             "claim", self._claim, params, tx, retry_broken=True, idem_key=idem_key
         )
@@ -297,6 +293,7 @@ class PostgresStore:
         decision: Decision | None = None,
         tx: object | None = None,
     ) -> Effect | None:
+        check_transition_target(target)
         params = transition_params(
             _DIALECT, idem_key, target=target, error=error, decision=decision
         )

@@ -45,6 +45,7 @@ from agent_ledger.stores import _sqlite_queries as q
 from agent_ledger.stores._params import (
     Dialect,
     begin_params,
+    claim_params,
     commit_params,
     list_params,
     transition_params,
@@ -61,6 +62,7 @@ from agent_ledger.stores.base import (
     NewEffect,
     check_completion_status,
     check_purge_statuses,
+    check_transition_target,
 )
 
 __all__ = ["SQLITE_SCHEMA_SQL", "SqliteStore", "SqliteTransaction"]
@@ -72,7 +74,6 @@ SQLITE_SCHEMA_SQL: Final = (
 
 _T = TypeVar("_T")
 _PROCESSING: Final = EffectStatus.PROCESSING.value
-_READY: Final = EffectStatus.READY.value
 _STATUS_BY_VALUE: Final = STATUS_BY_VALUE
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -258,15 +259,10 @@ class SqliteStore:
         self, idem_key: str, *, stale_after_ms: int, tx: object | None = None
     ) -> ClaimOutcome:
         stx = await self._enter(tx)
+        params = claim_params(_DIALECT, idem_key, stale_after_ms=stale_after_ms)
 
         def work(conn: sqlite3.Connection, now: int) -> ClaimOutcome:
-            params = {
-                "idem_key": idem_key,
-                "processing": _PROCESSING,
-                "ready": _READY,
-                "stale_us": stale_after_ms * 1000,
-                "now": now,
-            }
+            params["now"] = now
             claimed = conn.execute(q.CLAIM, params).rowcount == 1
             row = conn.execute(q.FIND, (idem_key,)).fetchone()
             return ClaimOutcome(None if row is None else _effect_from_row(row), claimed=claimed)
@@ -327,6 +323,7 @@ class SqliteStore:
         decision: Decision | None = None,
         tx: object | None = None,
     ) -> Effect | None:
+        check_transition_target(target)
         stx = await self._enter(tx)
 
         def work(conn: sqlite3.Connection, now: int) -> Effect | None:

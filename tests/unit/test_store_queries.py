@@ -5,11 +5,18 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
+import orjson
+
 from agent_ledger.effects import EffectError
-from agent_ledger.status import EffectStatus
+from agent_ledger.status import CLAIMABLE, EffectStatus
 from agent_ledger.stores import _postgres_queries as pg
 from agent_ledger.stores import _sqlite_queries as lite
-from agent_ledger.stores._params import LIST_FILTER_NAMES, list_params, transition_params
+from agent_ledger.stores._params import (
+    LIST_FILTER_NAMES,
+    claim_params,
+    list_params,
+    transition_params,
+)
 from agent_ledger.stores.base import Decision, EffectQuery
 from agent_ledger.stores.postgres import _DIALECT as PG
 from agent_ledger.stores.sqlite import _DIALECT as LITE
@@ -63,3 +70,23 @@ def test_transition_params_cover_each_dialects_statement() -> None:
             decision=Decision(by="ana"),
         )
         assert _names(statement, style) <= set(params) | extra
+
+
+def test_no_statement_retypes_a_status() -> None:
+    """Statuses reach SQL as parameters from EffectStatus, never as literals."""
+    for module in (pg, lite):
+        for name, statement in vars(module).items():
+            if name.isupper() and isinstance(statement, str):
+                for status in EffectStatus:
+                    assert f"'{status.value}'" not in statement, (module.__name__, name)
+
+
+def test_claims_take_their_sources_from_claimable() -> None:
+    for dialect in (PG, LITE):
+        params = claim_params(dialect, "k", stale_after_ms=5)
+        assert params["processing"] == EffectStatus.PROCESSING.value
+        claimable = params["claimable"]
+        values = claimable if isinstance(claimable, list) else orjson.loads(str(claimable))
+        assert set(values) == {s.value for s in CLAIMABLE}
+    assert _names(pg.CLAIM, "pg") == set(claim_params(PG, "k", stale_after_ms=5))
+    assert _names(lite.CLAIM, "lite") == set(claim_params(LITE, "k", stale_after_ms=5)) | {"now"}
