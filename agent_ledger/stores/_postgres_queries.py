@@ -71,11 +71,11 @@ HEARTBEAT: Final[LiteralString] = (
     "WHERE id = %(id)s AND status = %(processing)s AND attempt = %(attempt)s"
 )
 
-# -- complete --
+# -- commit --
 # Compare-and-set processing -> succeeded/failed/canceled on (id, status,
 # attempt): the first commit wins, and a late commit from an older attempt
 # matches no row. A NULL attempt skips the fencing check (unfenced commit()).
-COMPLETE: Final[LiteralString] = (
+COMMIT: Final[LiteralString] = (
     "UPDATE {effects} SET status = %(status)s, result = %(result)s::json,"
     " error = %(error)s::jsonb, completed_at = clock_timestamp(), updated_at = clock_timestamp() "
     "WHERE id = %(id)s AND status = %(processing)s"

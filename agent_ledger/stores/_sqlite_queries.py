@@ -41,9 +41,9 @@ HAS_EFFECTS_TABLE: Final = "SELECT 1 FROM sqlite_master WHERE name = 'agent_ledg
 # -- transactions --
 # IMMEDIATE takes the write lock up front: two processes can never both read
 # "absent" or "claimable" and then both write.
-BEGIN_IMMEDIATE: Final = "BEGIN IMMEDIATE"
-COMMIT: Final = "COMMIT"
-ROLLBACK: Final = "ROLLBACK"
+TX_BEGIN: Final = "BEGIN IMMEDIATE"
+TX_COMMIT: Final = "COMMIT"
+TX_ROLLBACK: Final = "ROLLBACK"
 
 # -- begin --
 # Insert-or-get, in two statements under the write lock. A new key is inserted
@@ -84,12 +84,12 @@ HEARTBEAT: Final = (
     " WHERE id = :id AND status = :processing AND attempt = :attempt"
 )
 
-# -- complete --
+# -- commit --
 # Compare-and-set processing -> succeeded/failed/canceled on (id, status,
 # attempt): the first commit wins, and a late commit from an older attempt
 # matches no row. A NULL attempt skips the fencing check (unfenced commit()).
 # KEY_OF then names the key whose waiters to wake.
-COMPLETE: Final = (
+COMMIT: Final = (
     "UPDATE agent_ledger_effects SET status = :status, result = :result,"
     " error_message = :error_message, error_code = :error_code,"
     " completed_us = :now, updated_us = :now"

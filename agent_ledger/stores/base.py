@@ -147,7 +147,7 @@ class Store(Protocol):
         """
         ...
 
-    async def complete(
+    async def commit(
         self,
         effect_id: str,
         *,
@@ -165,6 +165,19 @@ class Store(Protocol):
         ``error``, and ``completed_at=updated_at=now``. First commit wins;
         every later one returns False. Wakes subscribers.
         """
+        ...
+
+    async def complete(
+        self,
+        effect_id: str,
+        *,
+        attempt: int | None,
+        status: EffectStatus,
+        result_json: str | None,
+        error: EffectError | None,
+        tx: object | None = None,
+    ) -> bool:  # removed at merge
+        """The old name of :meth:`commit`, kept only while ledger.py still calls it."""
         ...
 
     async def transition(
@@ -227,11 +240,11 @@ class Store(Protocol):
         ...
 
 
-def check_completion_status(status: EffectStatus) -> None:
-    """Raise unless ``status`` is one ``Store.complete`` may set (``status.COMPLETIONS``)."""
+def check_commit_status(status: EffectStatus) -> None:
+    """Raise unless ``status`` is one ``Store.commit`` may set (``status.COMPLETIONS``)."""
     if status not in COMPLETIONS:
         raise EffectLedgerValidationError(
-            f"complete() finishes an effect; {status.value!r} is not a terminal status "
+            f"commit() finishes an effect; {status.value!r} is not a terminal status "
             "reachable from processing",
             field="status",
         )

@@ -13,7 +13,7 @@ import operator
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Any, Final
 
 import orjson
 
@@ -32,7 +32,7 @@ from agent_ledger.stores.base import (
     EffectQuery,
     LedgerStats,
     NewEffect,
-    check_completion_status,
+    check_commit_status,
     check_purge_statuses,
     check_transition_target,
 )
@@ -209,7 +209,7 @@ class MemoryStore:
         row.heartbeat_at = self._clock()
         return True
 
-    async def complete(
+    async def commit(
         self,
         effect_id: str,
         *,
@@ -219,7 +219,7 @@ class MemoryStore:
         error: EffectError | None,
         tx: object | None = None,
     ) -> bool:
-        check_completion_status(status)
+        check_commit_status(status)
         mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
         row = self._row_by_id(effect_id)
         if row is None or row.status is not _PROCESSING:
@@ -235,6 +235,10 @@ class MemoryStore:
         row.completed_at = row.updated_at = now
         self._gate.changed(row.idem_key, mtx)
         return True
+
+    async def complete(self, effect_id: str, **kwargs: Any) -> bool:  # removed at merge
+        """The old name of :meth:`commit`, kept only while ledger.py still calls it."""
+        return await self.commit(effect_id, **kwargs)
 
     async def transition(
         self,

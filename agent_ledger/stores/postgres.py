@@ -58,7 +58,7 @@ from agent_ledger.stores.base import (
     EffectQuery,
     LedgerStats,
     NewEffect,
-    check_completion_status,
+    check_commit_status,
     check_purge_statuses,
     check_transition_target,
 )
@@ -164,7 +164,7 @@ class PostgresStore:
         self._begin = compose(q.BEGIN)
         self._claim = compose(q.CLAIM)
         self._heartbeat = compose(q.HEARTBEAT)
-        self._complete = compose(q.COMPLETE)
+        self._commit = compose(q.COMMIT)
         self._transition = compose(q.TRANSITION)
         self._get = compose(q.GET)
         self._find = compose(q.FIND)
@@ -261,7 +261,7 @@ class PostgresStore:
             "heartbeat", self._heartbeat, params, None, retry_broken=True, effect_id=effect_id
         )
 
-    async def complete(
+    async def commit(
         self,
         effect_id: str,
         *,
@@ -271,7 +271,7 @@ class PostgresStore:
         error: EffectError | None,
         tx: object | None = None,
     ) -> bool:
-        check_completion_status(status)
+        check_commit_status(status)
         if not _is_uuid(effect_id):
             return False
         params = commit_params(
@@ -282,7 +282,11 @@ class PostgresStore:
             result_json=result_json,
             error=error,
         )
-        return await self._execute("commit", self._complete, params, tx, effect_id=effect_id)
+        return await self._execute("commit", self._commit, params, tx, effect_id=effect_id)
+
+    async def complete(self, effect_id: str, **kwargs: Any) -> bool:  # removed at merge
+        """The old name of :meth:`commit`, kept only while ledger.py still calls it."""
+        return await self.commit(effect_id, **kwargs)
 
     async def transition(
         self,
@@ -297,7 +301,7 @@ class PostgresStore:
         params = transition_params(
             _DIALECT, idem_key, target=target, error=error, decision=decision
         )
-        row = await self._fetch_one(target.value, self._transition, params, tx, idem_key=idem_key)
+        row = await self._fetch_one("transition", self._transition, params, tx, idem_key=idem_key)
         return None if row is None else _effect_from_row(row)
 
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:

@@ -60,7 +60,7 @@ from agent_ledger.stores.base import (
     EffectQuery,
     LedgerStats,
     NewEffect,
-    check_completion_status,
+    check_commit_status,
     check_purge_statuses,
     check_transition_target,
 )
@@ -229,13 +229,13 @@ class SqliteStore:
             with self._errors(operation, idem_key=idem_key, effect_id=effect_id):
                 if tx is not None or not write:
                     return work(self._conn, _to_us(self._clock()))
-                self._conn.execute(q.BEGIN_IMMEDIATE)
+                self._conn.execute(q.TX_BEGIN)
                 try:
                     result = work(self._conn, _to_us(self._clock()))
                 except BaseException:
-                    self._conn.execute(q.ROLLBACK)
+                    self._conn.execute(q.TX_ROLLBACK)
                     raise
-                self._conn.execute(q.COMMIT)
+                self._conn.execute(q.TX_COMMIT)
                 return result
 
         return await asyncio.get_running_loop().run_in_executor(self._executor, job)
@@ -281,7 +281,7 @@ class SqliteStore:
 
         return await self._run("heartbeat", work, None, write=True, effect_id=effect_id)
 
-    async def complete(
+    async def commit(
         self,
         effect_id: str,
         *,
@@ -291,7 +291,7 @@ class SqliteStore:
         error: EffectError | None,
         tx: object | None = None,
     ) -> bool:
-        check_completion_status(status)
+        check_commit_status(status)
         stx = await self._enter(tx)
 
         def work(conn: sqlite3.Connection, now: int) -> str | None:
@@ -304,7 +304,7 @@ class SqliteStore:
                 error=error,
             )
             params["now"] = now
-            if conn.execute(q.COMPLETE, params).rowcount != 1:
+            if conn.execute(q.COMMIT, params).rowcount != 1:
                 return None
             return str(conn.execute(q.KEY_OF, (effect_id,)).fetchone()[0])
 
@@ -313,6 +313,10 @@ class SqliteStore:
             return False
         self._gate.changed(idem_key, stx)
         return True
+
+    async def complete(self, effect_id: str, **kwargs: Any) -> bool:  # removed at merge
+        """The old name of :meth:`commit`, kept only while ledger.py still calls it."""
+        return await self.commit(effect_id, **kwargs)
 
     async def transition(
         self,
@@ -335,7 +339,7 @@ class SqliteStore:
                 return None
             return _effect_from_row(conn.execute(q.FIND, (idem_key,)).fetchone())
 
-        moved = await self._run(target.value, work, stx, write=True, idem_key=idem_key)
+        moved = await self._run("transition", work, stx, write=True, idem_key=idem_key)
         if moved is not None:
             self._gate.changed(idem_key, stx)
         return moved
@@ -402,15 +406,15 @@ class SqliteStore:
             tx = SqliteTransaction(self)
             self._gate.open(tx)
             try:
-                await self._run("transaction", _execute(q.BEGIN_IMMEDIATE), tx, write=False)
+                await self._run("transaction", _execute(q.TX_BEGIN), tx, write=False)
                 try:
                     yield tx
                 except BaseException:
                     await asyncio.shield(
-                        self._run("transaction", _execute(q.ROLLBACK), tx, write=False)
+                        self._run("transaction", _execute(q.TX_ROLLBACK), tx, write=False)
                     )
                     raise
-                await self._run("transaction", _execute(q.COMMIT), tx, write=False)
+                await self._run("transaction", _execute(q.TX_COMMIT), tx, write=False)
             finally:
                 self._gate.close(tx)
         self._gate.committed(tx)
