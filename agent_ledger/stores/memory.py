@@ -314,6 +314,9 @@ class MemoryStore:
         return len(doomed)
 
     def _row_by_id(self, effect_id: str) -> _Row | None:
+        # _ids holds only ids from new_effect_id, so text that is not an effect
+        # id (ids.is_effect_id: canonical form only) finds nothing, as on every
+        # store, without paying for the check on every step.
         idem_key = self._ids.get(effect_id)
         return self._rows.get(idem_key) if idem_key is not None else None
 

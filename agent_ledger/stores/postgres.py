@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
@@ -33,6 +32,7 @@ from agent_ledger.errors import (
     EffectLedgerValidationError,
     EffectStoreError,
 )
+from agent_ledger.ids import is_effect_id
 from agent_ledger.observability import logger
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _postgres_queries as q
@@ -122,14 +122,6 @@ def _connection_lost(exc: psycopg.OperationalError, conn: Connection) -> bool:
     """Whether ``exc`` means the connection is gone (killed backend, server restart)."""
     lost = (psycopg.errors.AdminShutdown, psycopg.errors.CrashShutdown)
     return isinstance(exc, lost) or conn.broken or conn.closed
-
-
-def _is_uuid(text: str) -> bool:
-    try:
-        uuid.UUID(text)
-    except (ValueError, TypeError, AttributeError):
-        return False
-    return True
 
 
 class PostgresStore:
@@ -254,7 +246,7 @@ class PostgresStore:
         return ClaimOutcome(_effect_from_row(row), claimed=bool(row[_EFFECT_WIDTH]))
 
     async def heartbeat(self, effect_id: str, attempt: int) -> bool:
-        if not _is_uuid(effect_id):
+        if not is_effect_id(effect_id):
             return False
         params = {"id": effect_id, "attempt": attempt, "processing": _PROCESSING}
         return await self._execute(
@@ -272,7 +264,7 @@ class PostgresStore:
         tx: object | None = None,
     ) -> bool:
         check_commit_status(status)
-        if not _is_uuid(effect_id):
+        if not is_effect_id(effect_id):
             return False
         params = commit_params(
             _DIALECT,
@@ -305,7 +297,7 @@ class PostgresStore:
         return None if row is None else _effect_from_row(row)
 
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
-        if not _is_uuid(effect_id):
+        if not is_effect_id(effect_id):
             return None
         row = await self._fetch_one(
             "get", self._get, {"id": effect_id}, tx, retry_broken=True, effect_id=effect_id
@@ -322,7 +314,7 @@ class PostgresStore:
     # -- audit --------------------------------------------------------------------
 
     async def list_effects(self, query: EffectQuery) -> list[Effect]:
-        if query.before is not None and not _is_uuid(query.before[1]):
+        if query.before is not None and not is_effect_id(query.before[1]):
             raise EffectLedgerValidationError("cursor names no effect", field="cursor")
         names, params = list_params(_DIALECT, query)
         filters = [q.LIST_FILTERS[name] for name in names]

@@ -26,7 +26,6 @@ import asyncio
 import functools
 import os
 import sqlite3
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
@@ -40,6 +39,7 @@ import orjson
 from agent_ledger.clock import Clock, utc_now
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
+from agent_ledger.ids import is_effect_id, new_effect_id
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _sqlite_queries as q
 from agent_ledger.stores._params import (
@@ -244,7 +244,7 @@ class SqliteStore:
 
     async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
         stx = await self._enter(tx)
-        params = {**begin_params(new), "id": str(uuid.uuid4())}
+        params = {**begin_params(new), "id": new_effect_id()}
 
         def work(conn: sqlite3.Connection, now: int) -> BeginOutcome:
             created = conn.execute(q.INSERT, {**params, "now": now}).rowcount == 1
@@ -274,6 +274,8 @@ class SqliteStore:
 
     async def heartbeat(self, effect_id: str, attempt: int) -> bool:
         await self._enter(None)
+        if not is_effect_id(effect_id):
+            return False
 
         def work(conn: sqlite3.Connection, now: int) -> bool:
             params = {"id": effect_id, "attempt": attempt, "processing": _PROCESSING, "now": now}
@@ -293,6 +295,8 @@ class SqliteStore:
     ) -> bool:
         check_commit_status(status)
         stx = await self._enter(tx)
+        if not is_effect_id(effect_id):
+            return False
 
         def work(conn: sqlite3.Connection, now: int) -> str | None:
             params = commit_params(
@@ -346,6 +350,8 @@ class SqliteStore:
 
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
         stx = await self._enter(tx)
+        if not is_effect_id(effect_id):
+            return None
 
         def work(conn: sqlite3.Connection, now: int) -> Effect | None:
             row = conn.execute(q.GET, (effect_id,)).fetchone()

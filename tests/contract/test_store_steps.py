@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from agent_ledger import EffectLedgerValidationError, EffectStatus, ToolCall
+from agent_ledger import EffectLedgerValidationError, EffectStatus
+from agent_ledger.ids import is_effect_id
 from agent_ledger.status import CLAIMABLE
+from agent_ledger.stores.base import NewEffect
 from tests.contract.test_transitions import put_in
 from tests.harness import StoreHarness
 
 S = EffectStatus
-CALL = ToolCall(workflow_id="wf", tool="deploy", args={"v": 2})
+NEW = NewEffect("ab" * 32, "wf", None, "deploy", "{}", None)
 
 
 @pytest.mark.parametrize("source", [S.PROCESSING, S.READY, S.REQUIRES_APPROVAL])
@@ -45,3 +47,18 @@ async def test_claim_takes_exactly_the_claimable_statuses(harness: StoreHarness,
         assert after.status is S.PROCESSING and after.attempt == before.attempt + 1
     else:
         assert after == before
+
+
+async def test_only_the_canonical_id_names_an_effect(harness: StoreHarness) -> None:
+    """An id in any other spelling (uppercase, braces, no hyphens) names no effect."""
+    begun = await harness.store.begin(NEW)
+    effect = begun.effect
+    assert is_effect_id(effect.id)
+    assert await harness.store.get(effect.id) == effect
+    for other in (effect.id.upper(), "{" + effect.id + "}", effect.id.replace("-", "")):
+        assert await harness.store.get(other) is None
+        assert not await harness.store.heartbeat(other, effect.attempt)
+        assert not await harness.store.commit(
+            other, attempt=effect.attempt, status=S.SUCCEEDED, result_json="1", error=None
+        )
+    assert await harness.store.find(effect.idem_key) == effect
