@@ -38,6 +38,10 @@ SYNCHRONOUS: Final = "PRAGMA synchronous = {level}"
 # With create=False: is the effects table there? (The schema itself is sqlite_schema.sql.)
 HAS_EFFECTS_TABLE: Final = "SELECT 1 FROM sqlite_master WHERE name = 'agent_ledger_effects'"
 
+# -- schema --
+# The newest version sqlite_schema.sql has recorded in its marker table.
+SCHEMA_VERSION: Final = "SELECT max(version) FROM agent_ledger_schema_version"
+
 # -- transactions --
 # IMMEDIATE takes the write lock up front: two processes can never both read
 # "absent" or "claimable" and then both write.

@@ -112,6 +112,20 @@ class Subscription(Protocol):
 class Store(Protocol):
     """A place to keep effects; see the module doc for the shared rules."""
 
+    async def create_schema(self) -> None:
+        """Create what the store needs to keep effects (tables, indexes), if missing.
+
+        Idempotent and safe for several workers at once. A store with nothing
+        to create (MemoryStore) does nothing; SqliteStore already did it on
+        opening unless told ``create=False``.
+        """
+        ...
+
+    async def check_schema(self) -> int:
+        """The schema version the store finds; raise ``EffectStoreError`` saying how to
+        fix it if the schema is missing or older than this library needs."""
+        ...
+
     async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
         """Insert-or-get, atomically.
 

@@ -37,7 +37,11 @@ from agent_ledger.stores.base import (
     check_transition_target,
 )
 
-__all__ = ["MemoryStore", "MemoryTransaction"]
+__all__ = ["MEMORY_SCHEMA_VERSION", "MemoryStore", "MemoryTransaction"]
+
+#: What ``MemoryStore.check_schema`` reports: the version of the SQL schemas
+#: whose behaviour it mirrors. It has nothing to create or migrate.
+MEMORY_SCHEMA_VERSION: Final = 1
 
 _PROCESSING = EffectStatus.PROCESSING
 
@@ -126,6 +130,15 @@ class MemoryStore:
         self._ids: dict[str, str] = {}  # effect id -> idem key
         self._subscribers = Subscribers()
         self._gate = TransactionGate(self, MemoryTransaction, "MemoryStore", self._subscribers)
+
+    # -- schema ------------------------------------------------------------
+
+    async def create_schema(self) -> None:
+        """Nothing to create: the dicts exist from the start."""
+
+    async def check_schema(self) -> int:
+        """Always in place: ``MEMORY_SCHEMA_VERSION``."""
+        return MEMORY_SCHEMA_VERSION
 
     # -- transactions ----------------------------------------------------
 

@@ -65,7 +65,11 @@ from agent_ledger.stores.base import (
     check_transition_target,
 )
 
-__all__ = ["SQLITE_SCHEMA_SQL", "SqliteStore", "SqliteTransaction"]
+__all__ = ["SQLITE_SCHEMA_SQL", "SQLITE_SCHEMA_VERSION", "SqliteStore", "SqliteTransaction"]
+
+#: The schema this version of the library needs: the version sqlite_schema.sql
+#: records in ``agent_ledger_schema_version`` (a test holds the two equal).
+SQLITE_SCHEMA_VERSION: Final = 1
 
 #: The SQLite schema; applied by ``SqliteStore`` when it opens a database.
 SQLITE_SCHEMA_SQL: Final = (
@@ -181,6 +185,36 @@ class SqliteStore:
                 conn.close()
                 raise
             return conn
+
+    # -- schema -----------------------------------------------------------------
+
+    async def create_schema(self) -> None:
+        """Apply ``SQLITE_SCHEMA_SQL`` (idempotent). Opening with ``create=True``, the
+        default, has already done it; this is for a store opened with ``create=False``."""
+        await self._enter(None)
+
+        def work(conn: sqlite3.Connection, now: int) -> None:
+            conn.executescript(SQLITE_SCHEMA_SQL)
+
+        await self._run("create_schema", work, None, write=False)
+
+    async def check_schema(self) -> int:
+        """The schema version in the file; raises with a fix if it is missing or old."""
+        await self._enter(None)
+
+        def work(conn: sqlite3.Connection, now: int) -> int | None:
+            row = conn.execute(q.SCHEMA_VERSION).fetchone()
+            return None if row is None or row[0] is None else int(row[0])
+
+        version = await self._run("check_schema", work, None, write=False)
+        if version is None or version < SQLITE_SCHEMA_VERSION:
+            raise EffectStoreError(
+                f"{self.path} has agent-ledger schema version {version}, this library needs "
+                f"{SQLITE_SCHEMA_VERSION}: run `agent-ledger init` "
+                "(or await store.create_schema())",
+                operation="check_schema",
+            )
+        return version
 
     # -- plumbing ---------------------------------------------------------------
 

@@ -7,7 +7,7 @@ import pytest
 from agent_ledger import EffectLedgerValidationError, EffectStatus
 from agent_ledger.ids import is_effect_id
 from agent_ledger.status import CLAIMABLE
-from agent_ledger.stores.base import NewEffect
+from agent_ledger.stores.base import NewEffect, Store
 from tests.contract.test_transitions import put_in
 from tests.harness import StoreHarness
 
@@ -62,3 +62,15 @@ async def test_only_the_canonical_id_names_an_effect(harness: StoreHarness) -> N
             other, attempt=effect.attempt, status=S.SUCCEEDED, result_json="1", error=None
         )
     assert await harness.store.find(effect.idem_key) == effect
+
+
+async def test_schema_steps_are_part_of_every_store(harness: StoreHarness) -> None:
+    """create_schema() is idempotent on a live store; check_schema() reports the version."""
+    store = harness.store
+    assert isinstance(store, Store)
+    await store.create_schema()
+    await store.create_schema()
+    assert await store.check_schema() == 1
+    begun = await store.begin(NEW)
+    await store.create_schema()
+    assert await store.find(NEW.idem_key) == (await store.get(begun.effect.id))

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import sqlite3
 from pathlib import Path
 
 import pytest
 
 from agent_ledger import EffectStatus, EffectStoreError
-from agent_ledger.stores.sqlite import SqliteStore
+from agent_ledger.stores.sqlite import SQLITE_SCHEMA_SQL, SQLITE_SCHEMA_VERSION, SqliteStore
 
 
 async def test_store_errors_name_the_step_not_the_target(tmp_path: Path) -> None:
@@ -32,5 +33,37 @@ async def test_store_errors_name_the_step_not_the_target(tmp_path: Path) -> None
                 error=None,
             )
         assert info.value.operation == "commit"
+    finally:
+        await store.close()
+
+
+def test_schema_version_constant_is_what_the_schema_records() -> None:
+    [recorded] = re.findall(
+        r"INSERT OR IGNORE INTO agent_ledger_schema_version \(version, applied_us\)\s+"
+        r"VALUES \((\d+),",
+        SQLITE_SCHEMA_SQL,
+    )
+    assert int(recorded) == SQLITE_SCHEMA_VERSION
+
+
+async def test_check_schema_names_the_fix(tmp_path: Path) -> None:
+    """A missing or older schema says to run init; create_schema() fixes a store opened bare."""
+    db = tmp_path / "ledger.db"
+    sqlite3.connect(db).close()
+    store = SqliteStore(db, create=True)
+    try:
+        assert await store.check_schema() == SQLITE_SCHEMA_VERSION
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            conn.execute("DELETE FROM agent_ledger_schema_version")
+            conn.commit()
+        with pytest.raises(EffectStoreError, match=r"version None.*agent-ledger init") as info:
+            await store.check_schema()
+        assert info.value.operation == "check_schema"
+        await store.create_schema()
+        assert await store.check_schema() == SQLITE_SCHEMA_VERSION
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            conn.execute("DROP TABLE agent_ledger_schema_version")
+        with pytest.raises(EffectStoreError, match=r"no agent-ledger tables.*agent-ledger init"):
+            await store.check_schema()
     finally:
         await store.close()
