@@ -14,6 +14,44 @@ a ``tx`` from another store raises ``EffectLedgerValidationError``.
 
 Clocks: every timestamp, and every staleness judgement, uses the *store's*
 clock (the database's for SQL stores), never the calling worker's.
+
+Which steps are safe to repeat
+------------------------------
+A step whose reply is lost (the connection broke after the server acted)
+leaves the caller not knowing whether it happened. Repeating it blindly is
+safe only for some steps; :data:`STEP_REPEATABLE` says which, and
+PostgresStore's one retry on a fresh connection follows it. Each step keeps
+its name everywhere: the method, the ``operation`` of its errors, and here.
+
+=============== ======= =====================================================
+step            repeat  why
+=============== ======= =====================================================
+begin           yes     If the lost try inserted the effect, the repeat finds
+                        it held by "someone else" (``created=False``, one
+                        more duplicate counted) and waits out the stale
+                        window before taking it over: a delay, never a
+                        second execution.
+claim           yes     Likewise: a repeat after a lost winning claim finds
+                        the effect processing with a fresh heartbeat and
+                        waits for it to go stale: a delay, never two holders.
+heartbeat       yes     Setting ``heartbeat_at=now`` twice is setting it once.
+commit          no      A repeat after a landed commit matches no row and
+                        returns False, indistinguishable from losing to
+                        another attempt. The ledger retries it itself and
+                        then reads the effect (``get``): its own attempt and
+                        status there mean the lost try won.
+transition      no      A repeat after a landed decision returns None, so
+                        ``approve()`` would report False for an approval
+                        that was recorded. Decisions are not retried.
+get, find       yes     Reads.
+list_effects    yes     A read.
+stats           yes     A read.
+purge           no      A repeat deletes nothing the lost try deleted, so its
+                        count would be wrong; the caller sees the error and
+                        may run purge again knowingly.
+create_schema   yes     Idempotent by design (``IF NOT EXISTS``; serialized).
+check_schema    yes     A read.
+=============== ======= =====================================================
 """
 
 from __future__ import annotations
@@ -22,11 +60,35 @@ from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import NamedTuple, Protocol, runtime_checkable
+from types import MappingProxyType
+from typing import Final, NamedTuple, Protocol, runtime_checkable
 
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.status import COMPLETIONS, DECISION_TARGETS, EffectStatus
+
+#: Whether each store step may be repeated blindly after a lost reply; the
+#: module doc's table says why. Keys are the step names of :class:`Store`.
+STEP_REPEATABLE: Final[Mapping[str, bool]] = MappingProxyType(
+    {
+        "begin": True,
+        "claim": True,
+        "heartbeat": True,
+        "commit": False,
+        "transition": False,
+        "get": True,
+        "find": True,
+        "list_effects": True,
+        "stats": True,
+        "purge": False,
+        "create_schema": True,
+        "check_schema": True,
+    }
+)
+#: The steps a store may run again, on a fresh connection, after a lost reply.
+REPEATABLE_STEPS: Final[frozenset[str]] = frozenset(
+    step for step, repeatable in STEP_REPEATABLE.items() if repeatable
+)
 
 
 class NewEffect(NamedTuple):

@@ -52,6 +52,7 @@ from agent_ledger.stores._rows import (
 )
 from agent_ledger.stores._subscriptions import Subscribers, Subscription
 from agent_ledger.stores.base import (
+    REPEATABLE_STEPS,
     BeginOutcome,
     ClaimOutcome,
     Decision,
@@ -227,9 +228,7 @@ class PostgresStore:
 
     async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
         params = begin_params(new)
-        row = await self._fetch_one(
-            "begin", self._begin, params, tx, retry_broken=True, idem_key=new.idem_key
-        )
+        row = await self._fetch_one("begin", self._begin, params, tx, idem_key=new.idem_key)
         if row is None:
             raise EffectStoreError("INSERT ... RETURNING gave no row", operation="begin")
         return BeginOutcome(_effect_from_row(row), created=bool(row[_EFFECT_WIDTH]))
@@ -238,9 +237,7 @@ class PostgresStore:
         self, idem_key: str, *, stale_after_ms: int, tx: object | None = None
     ) -> ClaimOutcome:
         params = claim_params(_DIALECT, idem_key, stale_after_ms=stale_after_ms)
-        row = await self._fetch_one(
-            "claim", self._claim, params, tx, retry_broken=True, idem_key=idem_key
-        )
+        row = await self._fetch_one("claim", self._claim, params, tx, idem_key=idem_key)
         if row is None:
             return ClaimOutcome(None, claimed=False)
         return ClaimOutcome(_effect_from_row(row), claimed=bool(row[_EFFECT_WIDTH]))
@@ -249,9 +246,7 @@ class PostgresStore:
         if not is_effect_id(effect_id):
             return False
         params = {"id": effect_id, "attempt": attempt, "processing": _PROCESSING}
-        return await self._execute(
-            "heartbeat", self._heartbeat, params, None, retry_broken=True, effect_id=effect_id
-        )
+        return await self._execute("heartbeat", self._heartbeat, params, None, effect_id=effect_id)
 
     async def commit(
         self,
@@ -299,16 +294,12 @@ class PostgresStore:
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
         if not is_effect_id(effect_id):
             return None
-        row = await self._fetch_one(
-            "get", self._get, {"id": effect_id}, tx, retry_broken=True, effect_id=effect_id
-        )
+        row = await self._fetch_one("get", self._get, {"id": effect_id}, tx, effect_id=effect_id)
         return None if row is None else _effect_from_row(row)
 
     async def find(self, idem_key: str, *, tx: object | None = None) -> Effect | None:
         params = {"idem_key": idem_key}
-        row = await self._fetch_one(
-            "find", self._find, params, tx, retry_broken=True, idem_key=idem_key
-        )
+        row = await self._fetch_one("find", self._find, params, tx, idem_key=idem_key)
         return None if row is None else _effect_from_row(row)
 
     # -- audit --------------------------------------------------------------------
@@ -441,7 +432,6 @@ class PostgresStore:
         params: Mapping[str, object],
         tx: object | None,
         *,
-        retry_broken: bool = False,
         idem_key: str | None = None,
         effect_id: str | None = None,
     ) -> tuple[Any, ...] | None:
@@ -449,9 +439,7 @@ class PostgresStore:
             cursor = await conn.execute(query, params)
             return await cursor.fetchone()
 
-        return await self._statement(
-            operation, fetch, tx, retry_broken=retry_broken, idem_key=idem_key, effect_id=effect_id
-        )
+        return await self._statement(operation, fetch, tx, idem_key=idem_key, effect_id=effect_id)
 
     async def _execute(
         self,
@@ -460,16 +448,13 @@ class PostgresStore:
         params: Mapping[str, object],
         tx: object | None,
         *,
-        retry_broken: bool = False,
         effect_id: str | None = None,
     ) -> bool:
         async def execute(conn: Connection) -> bool:
             cursor = await conn.execute(query, params)
             return cursor.rowcount == 1
 
-        return await self._statement(
-            operation, execute, tx, retry_broken=retry_broken, effect_id=effect_id
-        )
+        return await self._statement(operation, execute, tx, effect_id=effect_id)
 
     async def _statement(
         self,
@@ -477,25 +462,21 @@ class PostgresStore:
         work: Callable[[Connection], Awaitable[_T]],
         tx: object | None,
         *,
-        retry_broken: bool,
         idem_key: str | None = None,
         effect_id: str | None = None,
     ) -> _T:
-        """Run one statement, once more on a fresh connection if its connection broke.
+        """Run one statement of step ``operation``; once more on a fresh connection
+        if its connection broke and the step is in ``REPEATABLE_STEPS``.
 
         After a server restart or a killed backend, every idle connection in
         the pool is dead, and each would fail one step before the pool drops
-        it. ``retry_broken`` steps get a second try on another connection.
-        Only steps that are safe to repeat ask for it: reads and heartbeats
-        are idempotent; a repeated begin or claim whose first try landed
-        unseen finds the effect held by "someone else" and waits for the
-        stale window before taking it over, a delay and never a second
-        execution. Commits are retried by the ledger, which checks whether an
-        earlier try landed; decisions are not retried, so ``approve()`` never
-        reports False for an approval that was recorded.
+        it. Which steps may take a second try, and why the others may not, is
+        the table in ``stores.base``. Inside a caller's transaction nothing is
+        retried: the failed statement has aborted that transaction.
         """
+        retry = operation in REPEATABLE_STEPS and tx is None
         with self._errors(operation, idem_key=idem_key, effect_id=effect_id):
-            for last_try in (not retry_broken or tx is not None, True):
+            for last_try in (not retry, True):
                 async with self._connection(tx) as conn:
                     try:
                         return await work(conn)
