@@ -205,11 +205,13 @@ class Store(Protocol):
     ) -> ClaimOutcome:
         """Take the effect over if it is claimable, atomically.
 
-        Claimable means ``ready``, or ``processing`` with ``heartbeat_at``
-        at least ``stale_after_ms`` old by the store's clock (never when
-        ``stale_after_ms`` is 0). Claiming sets ``processing``, increments
-        ``attempt`` and sets ``heartbeat_at=now``; concurrent claims of one
-        effect have exactly one winner. Returns the effect as it now stands
+        Claimable means a status in ``agent_ledger.status.CLAIMABLE``
+        (``ready``, or ``processing`` itself), and for ``processing`` (a
+        takeover) only with ``heartbeat_at`` at least ``stale_after_ms`` old
+        by the store's clock (never when ``stale_after_ms`` is 0). Claiming
+        sets ``processing``, increments ``attempt`` and sets
+        ``heartbeat_at=now``; concurrent claims of one effect have exactly
+        one winner. Returns the effect as it now stands
         whether or not this call claimed it, so a waiter's poll costs one
         round trip.
         """
@@ -274,6 +276,10 @@ class Store(Protocol):
         ``decided_at=now``; ``completed_at`` is set when ``target`` is
         terminal. Returns the updated effect, or None if the key is unknown
         or its status does not allow the move. Wakes subscribers.
+
+        ``target=processing`` raises ``EffectLedgerValidationError``
+        (``field="target"``) and changes nothing: only :meth:`claim` moves an
+        effect into processing, because only a claim increments ``attempt``.
         """
         ...
 
