@@ -504,11 +504,12 @@ async def _dispatch(args: argparse.Namespace, out: Output) -> int:
     creating = args.command in ("init", "demo")
     store = await open_store(args.url, create=creating)
     try:
-        # SQLite creates its tables on opening; a server store is told to here,
-        # or checked, so a missing schema is one clear line.
-        prepare = getattr(store, "create_schema" if creating else "check_schema", None)
-        if prepare is not None:
-            await prepare()
+        # init and demo create the schema; every other command checks it first,
+        # so a missing or old schema is one clear line (Store protocol steps).
+        if creating:
+            await store.create_schema()
+        else:
+            await store.check_schema()
         ledger = EffectLedger(EffectLedgerOptions(store=store))
         result: int = await args.run(Context(args, store, ledger, out))
         return result

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Final
 
@@ -15,66 +15,62 @@ import orjson
 
 from agent_ledger.effects import Effect, EffectError, JSONValue
 from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.fields import EFFECT_FIELDS, ERROR_PARTS, TIME_FIELDS
 from agent_ledger.status import EffectStatus
 
+# The export is the effect's fields (stores/_columns.py) with three changes,
+# all part of the released format, so CSV headers and JSON keys never move:
+# args and resource are named for what they hold (decoded JSON, not text),
+# the error is written as its message and code, and the two counters come
+# right after the status, attempt first.
+_EXPORT_NAMES: Final[Mapping[str, tuple[str, ...]]] = {
+    "args_canonical": ("args",),
+    "resource_id_canonical": ("resource",),
+    "error": ERROR_PARTS,
+}
+_COUNTERS: Final = ("attempt", "dedup_count")
+
+
+def _record_fields() -> tuple[str, ...]:
+    order = [name for name in EFFECT_FIELDS if name not in _COUNTERS]
+    after_status = order.index("status") + 1
+    order[after_status:after_status] = _COUNTERS
+    return tuple(part for name in order for part in _EXPORT_NAMES.get(name, (name,)))
+
+
 #: The fields of an exported record, in column order (CSV uses them as its header).
-RECORD_FIELDS: Final = (
-    "id",
-    "idem_key",
-    "workflow_id",
-    "call_id",
-    "tool",
-    "status",
-    "attempt",
-    "dedup_count",
-    "args",
-    "resource",
-    "result",
-    "error_message",
-    "error_code",
-    "created_at",
-    "updated_at",
-    "completed_at",
-    "heartbeat_at",
-    "decided_by",
-    "decision_note",
-    "decided_at",
-)
-_TIMES: Final = ("created_at", "updated_at", "completed_at", "heartbeat_at", "decided_at")
+RECORD_FIELDS: Final = _record_fields()
+_TIMES: Final = tuple(name for name in RECORD_FIELDS if name in TIME_FIELDS)
 
 
 def _iso(moment: datetime | None) -> str | None:
     return None if moment is None else moment.isoformat()
 
 
+def _decode(text: str | None) -> JSONValue:
+    return None if text is None else orjson.loads(text)
+
+
+def _time_encoder(name: str) -> Callable[[Effect], JSONValue]:
+    return lambda effect: _iso(getattr(effect, name))
+
+
+# How each record value is read from an effect, where it is not the field as-is.
+_ENCODERS: Final[Mapping[str, Callable[[Effect], JSONValue]]] = {
+    "status": lambda effect: effect.status.value,
+    "args": lambda effect: _decode(effect.args_canonical),
+    "resource": lambda effect: _decode(effect.resource_id_canonical),
+    "error_message": lambda effect: None if effect.error is None else effect.error.message,
+    "error_code": lambda effect: None if effect.error is None else effect.error.code,
+    **{name: _time_encoder(name) for name in _TIMES},
+}
+
+
 def effect_to_record(effect: Effect) -> dict[str, JSONValue]:
     """A JSON-ready dict of every field; args and resource decoded, times in ISO 8601."""
-    error = effect.error
     return {
-        "id": effect.id,
-        "idem_key": effect.idem_key,
-        "workflow_id": effect.workflow_id,
-        "call_id": effect.call_id,
-        "tool": effect.tool,
-        "status": effect.status.value,
-        "attempt": effect.attempt,
-        "dedup_count": effect.dedup_count,
-        "args": orjson.loads(effect.args_canonical),
-        "resource": (
-            None
-            if effect.resource_id_canonical is None
-            else orjson.loads(effect.resource_id_canonical)
-        ),
-        "result": effect.result,
-        "error_message": None if error is None else error.message,
-        "error_code": None if error is None else error.code,
-        "created_at": _iso(effect.created_at),
-        "updated_at": _iso(effect.updated_at),
-        "completed_at": _iso(effect.completed_at),
-        "heartbeat_at": _iso(effect.heartbeat_at),
-        "decided_by": effect.decided_by,
-        "decision_note": effect.decision_note,
-        "decided_at": _iso(effect.decided_at),
+        name: encode(effect) if (encode := _ENCODERS.get(name)) else getattr(effect, name)
+        for name in RECORD_FIELDS
     }
 
 

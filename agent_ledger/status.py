@@ -68,7 +68,7 @@ TERMINAL: Final[frozenset[EffectStatus]] = frozenset(s for s, out in TRANSITIONS
 CLAIMABLE: Final[frozenset[EffectStatus]] = frozenset(
     s for s, out in TRANSITIONS.items() if _S.PROCESSING in out
 )
-#: The outcomes ``complete`` may record: terminal statuses reachable from processing.
+#: The outcomes ``Store.commit`` may record: terminal statuses reachable from processing.
 COMPLETIONS: Final[frozenset[EffectStatus]] = frozenset(
     s for s in TRANSITIONS[_S.PROCESSING] if s in TERMINAL
 )

@@ -11,19 +11,22 @@ from __future__ import annotations
 
 from typing import Final, LiteralString
 
-#: The columns every query returns, in the order ``_effect_from_row`` reads them.
-EFFECT_COLUMNS: Final = (
-    "id::text AS id, idem_key, workflow_id, call_id, tool, status, args_canonical, "
-    "resource_id_canonical, result::text AS result, error->>'message' AS error_message, "
-    "error->>'code' AS error_code, dedup_count, attempt, created_at, updated_at, "
-    "completed_at, heartbeat_at, decided_by, decision_note, decided_at"
-)
-_CTE_COLUMNS: Final = (
-    "c.id, c.idem_key, c.workflow_id, c.call_id, c.tool, c.status, c.args_canonical, "
-    "c.resource_id_canonical, c.result, c.error_message, c.error_code, c.dedup_count, "
-    "c.attempt, c.created_at, c.updated_at, c.completed_at, c.heartbeat_at, c.decided_by, "
-    "c.decision_note, c.decided_at"
-)
+from agent_ledger.stores._columns import select_list
+
+# How PostgreSQL keeps the fields it does not keep as-is (see _columns): the
+# id is a uuid and the result json, both read back as text; the error is one
+# jsonb object, read back as its two parts.
+_EXPRESSIONS: Final = {
+    "id": "id::text AS id",
+    "result": "result::text AS result",
+    "error_message": "error->>'message' AS error_message",
+    "error_code": "error->>'code' AS error_code",
+}
+#: The columns every query returns, in the order ``effect_from_row`` reads them.
+#: Built only from the constant names in _columns and above, never from caller text.
+EFFECT_COLUMNS: Final = select_list(_EXPRESSIONS)
+# The same columns read back from claim's CTE `c`, where they already have their row names.
+_CTE_COLUMNS: Final = select_list(prefix="c.")
 
 # -- begin --
 # Insert-or-get in one statement. A new key is inserted as processing,
@@ -41,17 +44,18 @@ BEGIN: Final[LiteralString] = (
 )
 
 # -- claim --
-# Take over a ready effect, or a processing one whose heartbeat is at least
-# stale_ms old by the database clock; +1 attempt fences the previous holder.
-# Concurrent claims serialize on the row lock and re-check the WHERE, so one
-# wins. If nothing was claimed, the same statement returns the row as it
-# stands, so a waiter's poll is one round trip either way.
+# Take the effect from any status in `claimable` (status.CLAIMABLE: ready, and
+# processing itself), but from processing only when its heartbeat is at least
+# stale_ms old by the database clock: a takeover. +1 attempt fences the
+# previous holder. Concurrent claims serialize on the row lock and re-check
+# the WHERE, so one wins. If nothing was claimed, the same statement returns
+# the row as it stands, so a waiter's poll is one round trip either way.
 CLAIM: Final[LiteralString] = (
     "WITH c AS ("
     " UPDATE {effects} SET status = %(processing)s, attempt = attempt + 1,"
     " heartbeat_at = clock_timestamp(), updated_at = clock_timestamp()"
-    " WHERE idem_key = %(idem_key)s AND (status = %(ready)s OR (status = %(processing)s"
-    " AND %(stale_ms)s > 0"
+    " WHERE idem_key = %(idem_key)s AND status = ANY(%(claimable)s)"
+    " AND (status <> %(processing)s OR (%(stale_ms)s > 0"
     " AND heartbeat_at <= clock_timestamp() - %(stale_ms)s * interval '1 millisecond'))"
     " RETURNING " + EFFECT_COLUMNS + ") "
     "SELECT " + _CTE_COLUMNS + ", true AS claimed FROM c "
@@ -67,11 +71,11 @@ HEARTBEAT: Final[LiteralString] = (
     "WHERE id = %(id)s AND status = %(processing)s AND attempt = %(attempt)s"
 )
 
-# -- complete --
+# -- commit --
 # Compare-and-set processing -> succeeded/failed/canceled on (id, status,
 # attempt): the first commit wins, and a late commit from an older attempt
 # matches no row. A NULL attempt skips the fencing check (unfenced commit()).
-COMPLETE: Final[LiteralString] = (
+COMMIT: Final[LiteralString] = (
     "UPDATE {effects} SET status = %(status)s, result = %(result)s::json,"
     " error = %(error)s::jsonb, completed_at = clock_timestamp(), updated_at = clock_timestamp() "
     "WHERE id = %(id)s AND status = %(processing)s"

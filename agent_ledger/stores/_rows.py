@@ -9,46 +9,40 @@ from typing import Any, Final
 import orjson
 
 from agent_ledger.effects import Effect, EffectError
+from agent_ledger.fields import ERROR_PARTS, TIME_FIELDS
 from agent_ledger.status import EffectStatus
+from agent_ledger.stores._columns import ROW_COLUMNS
 from agent_ledger.stores.base import LedgerStats
 
-#: The columns, in order, that every SQL store's effect queries return.
-EFFECT_COLUMN_NAMES: Final = (
-    "id", "idem_key", "workflow_id", "call_id", "tool", "status", "args_canonical",
-    "resource_id_canonical", "result", "error_message", "error_code", "dedup_count",
-    "attempt", "created_at", "updated_at", "completed_at", "heartbeat_at", "decided_by",
-    "decision_note", "decided_at",
-)  # fmt: skip
-EFFECT_WIDTH: Final = len(EFFECT_COLUMN_NAMES)
+#: How many values of a row make the effect; a query may add one more after them
+#: (begin's ``created``, claim's ``claimed``).
+EFFECT_WIDTH: Final = len(ROW_COLUMNS)
 STATUS_BY_VALUE: Final = {s.value: s for s in EffectStatus}
+
+# Where effect_from_row finds what it converts, by position in ROW_COLUMNS.
+_STATUS: Final = ROW_COLUMNS.index("status")
+_RESULT: Final = ROW_COLUMNS.index("result")
+_ERROR: Final = ROW_COLUMNS.index(ERROR_PARTS[0])
+_TIMES: Final = tuple(ROW_COLUMNS.index(name) for name in sorted(TIME_FIELDS))
 
 
 def effect_from_row(row: tuple[Any, ...], to_time: Callable[[Any], datetime]) -> Effect:
-    """An ``Effect`` from the first ``EFFECT_WIDTH`` columns; ``to_time`` reads a stored time."""
-    (id_, idem_key, workflow_id, call_id, tool, status, args, resource, result,
-     error_message, error_code, dedup_count, attempt, created, updated, completed,
-     heartbeat, decided_by, decision_note, decided) = row[:EFFECT_WIDTH]  # fmt: skip
-    return Effect(
-        id=id_,
-        idem_key=idem_key,
-        workflow_id=workflow_id,
-        call_id=call_id,
-        tool=tool,
-        status=STATUS_BY_VALUE[status],
-        args_canonical=args,
-        resource_id_canonical=resource,
-        result=None if result is None else orjson.loads(result),
-        error=None if error_message is None else EffectError(error_message, error_code),
-        dedup_count=dedup_count,
-        attempt=attempt,
-        created_at=to_time(created),
-        updated_at=to_time(updated),
-        completed_at=None if completed is None else to_time(completed),
-        heartbeat_at=to_time(heartbeat),
-        decided_by=decided_by,
-        decision_note=decision_note,
-        decided_at=None if decided is None else to_time(decided),
-    )
+    """An ``Effect`` from the first ``EFFECT_WIDTH`` values of a row (``ROW_COLUMNS``
+    order); ``to_time`` reads a stored time.
+
+    Positional on purpose: the row is ``EFFECT_FIELDS`` in ``Effect``'s own
+    order (a test holds them equal), with ``error`` as its two parts.
+    """
+    values = list(row[:EFFECT_WIDTH])
+    for i in _TIMES:
+        if values[i] is not None:
+            values[i] = to_time(values[i])
+    values[_STATUS] = STATUS_BY_VALUE[values[_STATUS]]
+    if values[_RESULT] is not None:
+        values[_RESULT] = orjson.loads(values[_RESULT])
+    message, code = values[_ERROR], values[_ERROR + 1]
+    values[_ERROR : _ERROR + 2] = [None if message is None else EffectError(message, code)]
+    return Effect(*values)
 
 
 def stats_from_groups(groups: Iterable[tuple[EffectStatus, str, int, int]]) -> LedgerStats:

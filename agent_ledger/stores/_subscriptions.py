@@ -60,7 +60,7 @@ class Registration:
         self.subscription = Subscription()
 
     async def __aenter__(self) -> Subscription:
-        self._owner._by_key.setdefault(self._key, set()).add(self.subscription)
+        self._owner.add(self._key, self.subscription)
         return self.subscription
 
     async def __aexit__(
@@ -69,10 +69,7 @@ class Registration:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        subscribers = self._owner._by_key[self._key]
-        subscribers.discard(self.subscription)
-        if not subscribers:
-            del self._owner._by_key[self._key]
+        self._owner.discard(self._key, self.subscription)
 
 
 class Subscribers:
@@ -83,6 +80,17 @@ class Subscribers:
 
     def subscribe(self, idem_key: str) -> Registration:
         return Registration(self, idem_key)
+
+    def add(self, idem_key: str, subscription: Subscription) -> None:
+        """Register ``subscription`` for ``idem_key`` (``Registration`` does this on entry)."""
+        self._by_key.setdefault(idem_key, set()).add(subscription)
+
+    def discard(self, idem_key: str, subscription: Subscription) -> None:
+        """Unregister ``subscription``; forget the key once nobody listens to it."""
+        subscribers = self._by_key[idem_key]
+        subscribers.discard(subscription)
+        if not subscribers:
+            del self._by_key[idem_key]
 
     def wake(self, idem_key: str) -> None:
         for subscription in self._by_key.get(idem_key, ()):

@@ -4,14 +4,21 @@ Such a store cannot isolate an open transaction from other steps, so it
 serializes them: while a transaction is open, every other step of the same
 store waits for it to end, as a database makes a second writer wait on the
 rows a transaction holds. A step made *with* the handle goes straight in.
+
+The gate also owns "who hears about a change, and when": a change made
+outside a transaction wakes the key's waiters at once; one made inside a
+transaction wakes them only after the transaction commits (a rolled-back
+change never happened, so nobody is woken for it).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Generic, TypeVar
 
 from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.stores._subscriptions import Subscribers
 
 __all__ = ["TransactionGate", "TransactionHandle"]
 
@@ -25,17 +32,33 @@ class TransactionHandle:
         self._touched: set[str] = set()
         self.active = True
 
+    def belongs_to(self, store: object) -> bool:
+        """Whether this handle came from ``store``'s ``transaction()``."""
+        return self._store is store
+
+    def touch(self, idem_key: str) -> None:
+        """Note that ``idem_key`` changed inside this transaction."""
+        self._touched.add(idem_key)
+
+    def touched(self) -> Iterable[str]:
+        """The keys changed inside this transaction."""
+        return self._touched
+
 
 H = TypeVar("H", bound=TransactionHandle)
 
 
 class TransactionGate(Generic[H]):
-    """One store's open transaction, and the lock that makes other steps wait for it."""
+    """One store's open transaction, the lock that makes other steps wait for
+    it, and the wake-ups its changes owe their waiters."""
 
-    def __init__(self, store: object, handle_type: type[H], store_name: str) -> None:
+    def __init__(
+        self, store: object, handle_type: type[H], store_name: str, subscribers: Subscribers
+    ) -> None:
         self._store = store
         self._handle_type = handle_type
         self._store_name = store_name
+        self._subscribers = subscribers
         self.lock = asyncio.Lock()
         #: The open transaction, if any; stores read it for a lock-free fast path.
         self.active: H | None = None
@@ -43,7 +66,7 @@ class TransactionGate(Generic[H]):
     async def enter(self, tx: object | None) -> H | None:
         """Check ``tx``, or wait until no other task's transaction is open."""
         if tx is not None:
-            if not isinstance(tx, self._handle_type) or tx._store is not self._store:
+            if not isinstance(tx, self._handle_type) or not tx.belongs_to(self._store):
                 raise EffectLedgerValidationError(
                     f"tx must be a handle from this {self._store_name}'s transaction()", field="tx"
                 )
@@ -62,5 +85,21 @@ class TransactionGate(Generic[H]):
         self.active = handle
 
     def close(self, handle: H) -> None:
+        """The transaction ended, committed or not: its handle is no longer valid."""
         handle.active = False
         self.active = None
+
+    def changed(self, idem_key: str, tx: H | None) -> None:
+        """``idem_key`` changed: wake its waiters now, or when ``tx`` commits."""
+        if tx is None:
+            self._subscribers.wake(idem_key)
+        else:
+            tx.touch(idem_key)
+
+    def committed(self, handle: H) -> None:
+        """``handle``'s transaction committed: wake the waiters of every key it changed.
+
+        Call it after releasing ``lock``, so a woken waiter's poll need not wait.
+        """
+        for idem_key in handle.touched():
+            self._subscribers.wake(idem_key)

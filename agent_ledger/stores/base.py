@@ -14,6 +14,44 @@ a ``tx`` from another store raises ``EffectLedgerValidationError``.
 
 Clocks: every timestamp, and every staleness judgement, uses the *store's*
 clock (the database's for SQL stores), never the calling worker's.
+
+Which steps are safe to repeat
+------------------------------
+A step whose reply is lost (the connection broke after the server acted)
+leaves the caller not knowing whether it happened. Repeating it blindly is
+safe only for some steps; :data:`STEP_REPEATABLE` says which, and
+PostgresStore's one retry on a fresh connection follows it. Each step keeps
+its name everywhere: the method, the ``operation`` of its errors, and here.
+
+=============== ======= =====================================================
+step            repeat  why
+=============== ======= =====================================================
+begin           yes     If the lost try inserted the effect, the repeat finds
+                        it held by "someone else" (``created=False``, one
+                        more duplicate counted) and waits out the stale
+                        window before taking it over: a delay, never a
+                        second execution.
+claim           yes     Likewise: a repeat after a lost winning claim finds
+                        the effect processing with a fresh heartbeat and
+                        waits for it to go stale: a delay, never two holders.
+heartbeat       yes     Setting ``heartbeat_at=now`` twice is setting it once.
+commit          no      A repeat after a landed commit matches no row and
+                        returns False, indistinguishable from losing to
+                        another attempt. The ledger retries it itself and
+                        then reads the effect (``get``): its own attempt and
+                        status there mean the lost try won.
+transition      no      A repeat after a landed decision returns None, so
+                        ``approve()`` would report False for an approval
+                        that was recorded. Decisions are not retried.
+get, find       yes     Reads.
+list_effects    yes     A read.
+stats           yes     A read.
+purge           no      A repeat deletes nothing the lost try deleted, so its
+                        count would be wrong; the caller sees the error and
+                        may run purge again knowingly.
+create_schema   yes     Idempotent by design (``IF NOT EXISTS``; serialized).
+check_schema    yes     A read.
+=============== ======= =====================================================
 """
 
 from __future__ import annotations
@@ -22,11 +60,35 @@ from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import NamedTuple, Protocol, runtime_checkable
+from types import MappingProxyType
+from typing import Final, NamedTuple, Protocol, runtime_checkable
 
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerValidationError
-from agent_ledger.status import EffectStatus, can_transition
+from agent_ledger.status import COMPLETIONS, DECISION_TARGETS, EffectStatus
+
+#: Whether each store step may be repeated blindly after a lost reply; the
+#: module doc's table says why. Keys are the step names of :class:`Store`.
+STEP_REPEATABLE: Final[Mapping[str, bool]] = MappingProxyType(
+    {
+        "begin": True,
+        "claim": True,
+        "heartbeat": True,
+        "commit": False,
+        "transition": False,
+        "get": True,
+        "find": True,
+        "list_effects": True,
+        "stats": True,
+        "purge": False,
+        "create_schema": True,
+        "check_schema": True,
+    }
+)
+#: The steps a store may run again, on a fresh connection, after a lost reply.
+REPEATABLE_STEPS: Final[frozenset[str]] = frozenset(
+    step for step, repeatable in STEP_REPEATABLE.items() if repeatable
+)
 
 
 class NewEffect(NamedTuple):
@@ -112,6 +174,20 @@ class Subscription(Protocol):
 class Store(Protocol):
     """A place to keep effects; see the module doc for the shared rules."""
 
+    async def create_schema(self) -> None:
+        """Create what the store needs to keep effects (tables, indexes), if missing.
+
+        Idempotent and safe for several workers at once. A store with nothing
+        to create (MemoryStore) does nothing; SqliteStore already did it on
+        opening unless told ``create=False``.
+        """
+        ...
+
+    async def check_schema(self) -> int:
+        """The schema version the store finds; raise ``EffectStoreError`` saying how to
+        fix it if the schema is missing or older than this library needs."""
+        ...
+
     async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
         """Insert-or-get, atomically.
 
@@ -129,11 +205,13 @@ class Store(Protocol):
     ) -> ClaimOutcome:
         """Take the effect over if it is claimable, atomically.
 
-        Claimable means ``ready``, or ``processing`` with ``heartbeat_at``
-        at least ``stale_after_ms`` old by the store's clock (never when
-        ``stale_after_ms`` is 0). Claiming sets ``processing``, increments
-        ``attempt`` and sets ``heartbeat_at=now``; concurrent claims of one
-        effect have exactly one winner. Returns the effect as it now stands
+        Claimable means a status in ``agent_ledger.status.CLAIMABLE``
+        (``ready``, or ``processing`` itself), and for ``processing`` (a
+        takeover) only with ``heartbeat_at`` at least ``stale_after_ms`` old
+        by the store's clock (never when ``stale_after_ms`` is 0). Claiming
+        sets ``processing``, increments ``attempt`` and sets
+        ``heartbeat_at=now``; concurrent claims of one effect have exactly
+        one winner. Returns the effect as it now stands
         whether or not this call claimed it, so a waiter's poll costs one
         round trip.
         """
@@ -147,7 +225,7 @@ class Store(Protocol):
         """
         ...
 
-    async def complete(
+    async def commit(
         self,
         effect_id: str,
         *,
@@ -165,6 +243,19 @@ class Store(Protocol):
         ``error``, and ``completed_at=updated_at=now``. First commit wins;
         every later one returns False. Wakes subscribers.
         """
+        ...
+
+    async def complete(
+        self,
+        effect_id: str,
+        *,
+        attempt: int | None,
+        status: EffectStatus,
+        result_json: str | None,
+        error: EffectError | None,
+        tx: object | None = None,
+    ) -> bool:  # removed at merge
+        """The old name of :meth:`commit`, kept only while ledger.py still calls it."""
         ...
 
     async def transition(
@@ -185,6 +276,10 @@ class Store(Protocol):
         ``decided_at=now``; ``completed_at`` is set when ``target`` is
         terminal. Returns the updated effect, or None if the key is unknown
         or its status does not allow the move. Wakes subscribers.
+
+        ``target=processing`` raises ``EffectLedgerValidationError``
+        (``field="target"``) and changes nothing: only :meth:`claim` moves an
+        effect into processing, because only a claim increments ``attempt``.
         """
         ...
 
@@ -227,13 +322,27 @@ class Store(Protocol):
         ...
 
 
-def check_completion_status(status: EffectStatus) -> None:
-    """Raise unless ``status`` is one ``Store.complete`` may set (terminal, from processing)."""
-    if not (status.is_terminal and can_transition(EffectStatus.PROCESSING, status)):
+def check_commit_status(status: EffectStatus) -> None:
+    """Raise unless ``status`` is one ``Store.commit`` may set (``status.COMPLETIONS``)."""
+    if status not in COMPLETIONS:
         raise EffectLedgerValidationError(
-            f"complete() finishes an effect; {status.value!r} is not a terminal status "
+            f"commit() finishes an effect; {status.value!r} is not a terminal status "
             "reachable from processing",
             field="status",
+        )
+
+
+def check_transition_target(target: EffectStatus) -> None:
+    """Raise unless ``target`` is one ``Store.transition`` may set (``status.DECISION_TARGETS``).
+
+    ``processing`` is refused: only ``claim`` moves an effect into processing,
+    since only a claim increments ``attempt``, the fencing token.
+    """
+    if target not in DECISION_TARGETS:
+        raise EffectLedgerValidationError(
+            f"transition() cannot set {target.value!r}: only claim() moves an effect into "
+            "processing",
+            field="target",
         )
 
 

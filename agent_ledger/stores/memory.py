@@ -9,16 +9,19 @@ atomic without a lock; only transactions (which span awaits) need one.
 from __future__ import annotations
 
 import copy
-import random
+import operator
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
+from typing import Any, Final
 
 import orjson
 
 from agent_ledger.clock import Clock, utc_now
 from agent_ledger.effects import Effect, EffectError
-from agent_ledger.status import EffectStatus, sources_of
+from agent_ledger.fields import EFFECT_FIELDS
+from agent_ledger.ids import new_effect_id
+from agent_ledger.status import CLAIMABLE, EffectStatus, sources_of
 from agent_ledger.stores._rows import stats_from_groups
 from agent_ledger.stores._subscriptions import Registration, Subscribers
 from agent_ledger.stores._transactions import TransactionGate, TransactionHandle
@@ -29,50 +32,37 @@ from agent_ledger.stores.base import (
     EffectQuery,
     LedgerStats,
     NewEffect,
-    check_completion_status,
+    check_commit_status,
     check_purge_statuses,
+    check_transition_target,
 )
 
-__all__ = ["MemoryStore", "MemoryTransaction"]
+__all__ = ["MEMORY_SCHEMA_VERSION", "MemoryStore", "MemoryTransaction"]
+
+#: What ``MemoryStore.check_schema`` reports: the version of the SQL schemas
+#: whose behaviour it mirrors. It has nothing to create or migrate.
+MEMORY_SCHEMA_VERSION: Final = 1
 
 _PROCESSING = EffectStatus.PROCESSING
-_READY = EffectStatus.READY
 
 
-def random_uuid() -> str:
-    """A random (version 4) UUID string, like ``str(uuid.uuid4())`` at a quarter of
-    the cost. Ids only need to be unique, not secret, so ``random`` is enough."""
-    bits = f"{random.getrandbits(128):032x}"
-    variant = "89ab"[int(bits[16], 16) & 3]
-    return f"{bits[:8]}-{bits[8:12]}-4{bits[13:16]}-{variant}{bits[17:20]}-{bits[20:]}"
+# MemoryStore keeps every field of the effect under its own name, except the
+# result, kept as JSON text like in a database (see _columns).
+_RESULT_AT: Final = EFFECT_FIELDS.index("result")
+_ROW_SLOTS: Final = (*EFFECT_FIELDS[:_RESULT_AT], "result_json", *EFFECT_FIELDS[_RESULT_AT + 1 :])
+_before_result = operator.attrgetter(*EFFECT_FIELDS[:_RESULT_AT])
+_after_result = operator.attrgetter(*EFFECT_FIELDS[_RESULT_AT + 1 :])
 
 
 class _Row:
-    """The stored form of an effect; results stay JSON text like in a database."""
+    """The stored form of an effect: its fields by name, the result as JSON text."""
 
-    __slots__ = (
-        "attempt",
-        "call_id",
-        "completed_at",
-        "created_at",
-        "decided_at",
-        "decided_by",
-        "decision_note",
-        "dedup_count",
-        "error",
-        "heartbeat_at",
-        "id",
-        "idem_key",
-        "new",
-        "result_json",
-        "status",
-        "updated_at",
-    )
+    __slots__ = _ROW_SLOTS
 
     def __init__(self, new: NewEffect, now: datetime) -> None:
-        self.id = random_uuid()
-        self.idem_key = new.idem_key
-        self.new = new
+        self.id = new_effect_id()
+        (self.idem_key, self.workflow_id, self.call_id, self.tool, self.args_canonical,
+         self.resource_id_canonical) = new  # fmt: skip
         self.status = _PROCESSING
         self.result_json: str | None = None
         self.error: EffectError | None = None
@@ -87,35 +77,15 @@ class _Row:
     def snapshot(self) -> Effect:
         # Decoding on every read hands each caller its own result object, as
         # a database would: nobody can mutate another caller's receipt.
-        new = self.new
-        return Effect(
-            id=self.id,
-            idem_key=self.idem_key,
-            workflow_id=new.workflow_id,
-            call_id=new.call_id,
-            tool=new.tool,
-            status=self.status,
-            args_canonical=new.args_canonical,
-            resource_id_canonical=new.resource_id_canonical,
-            result=None if self.result_json is None else orjson.loads(self.result_json),
-            error=self.error,
-            dedup_count=self.dedup_count,
-            attempt=self.attempt,
-            created_at=self.created_at,
-            updated_at=self.updated_at,
-            completed_at=self.completed_at,
-            heartbeat_at=self.heartbeat_at,
-            decided_by=self.decided_by,
-            decision_note=self.decision_note,
-            decided_at=self.decided_at,
-        )
+        # Positional: the slots are Effect's fields in its order (a test holds them equal).
+        result = None if self.result_json is None else orjson.loads(self.result_json)
+        return Effect(*(*_before_result(self), result, *_after_result(self)))
 
 
 def _matches(row: _Row, query: EffectQuery) -> bool:
-    new = row.new
     return (
-        (query.workflow_id is None or new.workflow_id == query.workflow_id)
-        and (query.tool is None or new.tool == query.tool)
+        (query.workflow_id is None or row.workflow_id == query.workflow_id)
+        and (query.tool is None or row.tool == query.tool)
         and (query.status is None or row.status is query.status)
         and (query.since is None or row.created_at >= query.since)
         and (query.until is None or row.created_at < query.until)
@@ -127,28 +97,22 @@ def _matches(row: _Row, query: EffectQuery) -> bool:
 class MemoryTransaction(TransactionHandle):
     """Handle from ``MemoryStore.transaction()``, to pass as ``tx``.
 
-    Keeps an undo log so an exception in the block restores every row it
-    touched, and holds back notifications until the block commits.
+    Keeps an undo log, so the store can restore every row the block touched
+    if it raises, and (through the gate) holds back notifications until the
+    block commits.
     """
 
     def __init__(self, store: MemoryStore) -> None:
         super().__init__(store)
         self._undo: list[tuple[str, _Row | None]] = []
 
-    def _remember(self, idem_key: str, row: _Row | None) -> None:
+    def remember(self, idem_key: str, row: _Row | None) -> None:
+        """Note ``row`` as it was (None: absent) before this transaction changes it."""
         self._undo.append((idem_key, copy.copy(row) if row is not None else None))
 
-    def _rollback(self) -> None:
-        store = self._store
-        assert isinstance(store, MemoryStore)
-        rows, ids = store._rows, store._ids
-        for idem_key, before in reversed(self._undo):
-            current = rows.pop(idem_key, None)
-            if current is not None:
-                ids.pop(current.id, None)
-            if before is not None:
-                rows[idem_key] = before
-                ids[before.id] = idem_key
+    def undo_log(self) -> list[tuple[str, _Row | None]]:
+        """Every row as it was before each change, newest change last."""
+        return self._undo
 
 
 class MemoryStore:
@@ -165,7 +129,16 @@ class MemoryStore:
         self._rows: dict[str, _Row] = {}
         self._ids: dict[str, str] = {}  # effect id -> idem key
         self._subscribers = Subscribers()
-        self._gate = TransactionGate(self, MemoryTransaction, "MemoryStore")
+        self._gate = TransactionGate(self, MemoryTransaction, "MemoryStore", self._subscribers)
+
+    # -- schema ------------------------------------------------------------
+
+    async def create_schema(self) -> None:
+        """Nothing to create: the dicts exist from the start."""
+
+    async def check_schema(self) -> int:
+        """Always in place: ``MEMORY_SCHEMA_VERSION``."""
+        return MEMORY_SCHEMA_VERSION
 
     # -- transactions ----------------------------------------------------
 
@@ -178,25 +151,26 @@ class MemoryStore:
                 yield tx
             except BaseException:
                 # CancelledError too: a cancelled block must not half-apply.
-                tx._rollback()
+                self._restore(tx.undo_log())
                 raise
             finally:
                 self._gate.close(tx)
-        for idem_key in tx._touched:
-            self._notify(idem_key)
+        self._gate.committed(tx)
 
     async def _enter(self, tx: object | None) -> MemoryTransaction | None:
         """Check ``tx`` and wait out another task's open transaction."""
         return await self._gate.enter(tx)
 
-    def _changed(self, row: _Row, tx: MemoryTransaction | None) -> None:
-        if tx is None:
-            self._notify(row.idem_key)
-        else:
-            tx._touched.add(row.idem_key)
-
-    def _notify(self, idem_key: str) -> None:
-        self._subscribers.wake(idem_key)
+    def _restore(self, undo_log: list[tuple[str, _Row | None]]) -> None:
+        """Put every row back as it was before a rolled-back transaction."""
+        rows, ids = self._rows, self._ids
+        for idem_key, before in reversed(undo_log):
+            current = rows.pop(idem_key, None)
+            if current is not None:
+                ids.pop(current.id, None)
+            if before is not None:
+                rows[idem_key] = before
+                ids[before.id] = idem_key
 
     # -- ledger steps ----------------------------------------------------
 
@@ -204,7 +178,7 @@ class MemoryStore:
         mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
         row = self._rows.get(new.idem_key)
         if mtx is not None:
-            mtx._remember(new.idem_key, row)
+            mtx.remember(new.idem_key, row)
         if row is None:
             row = _Row(new, self._clock())
             self._rows[new.idem_key] = row
@@ -221,19 +195,22 @@ class MemoryStore:
         if row is None:
             return ClaimOutcome(None, claimed=False)
         now = self._clock()
-        claimable = row.status is _READY or (
-            row.status is _PROCESSING
-            and stale_after_ms > 0
-            and now - row.heartbeat_at >= timedelta(milliseconds=stale_after_ms)
+        # From processing itself only when the holder's heartbeat is stale: a takeover.
+        claimable = row.status in CLAIMABLE and (
+            row.status is not _PROCESSING
+            or (
+                stale_after_ms > 0
+                and now - row.heartbeat_at >= timedelta(milliseconds=stale_after_ms)
+            )
         )
         if not claimable:
             return ClaimOutcome(row.snapshot(), claimed=False)
         if mtx is not None:
-            mtx._remember(idem_key, row)
+            mtx.remember(idem_key, row)
         row.status = _PROCESSING
         row.attempt += 1
         row.heartbeat_at = row.updated_at = now
-        self._changed(row, mtx)
+        self._gate.changed(row.idem_key, mtx)
         return ClaimOutcome(row.snapshot(), claimed=True)
 
     async def heartbeat(self, effect_id: str, attempt: int) -> bool:
@@ -245,7 +222,7 @@ class MemoryStore:
         row.heartbeat_at = self._clock()
         return True
 
-    async def complete(
+    async def commit(
         self,
         effect_id: str,
         *,
@@ -255,7 +232,7 @@ class MemoryStore:
         error: EffectError | None,
         tx: object | None = None,
     ) -> bool:
-        check_completion_status(status)
+        check_commit_status(status)
         mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
         row = self._row_by_id(effect_id)
         if row is None or row.status is not _PROCESSING:
@@ -263,14 +240,18 @@ class MemoryStore:
         if attempt is not None and row.attempt != attempt:
             return False
         if mtx is not None:
-            mtx._remember(row.idem_key, row)
+            mtx.remember(row.idem_key, row)
         now = self._clock()
         row.status = status
         row.result_json = result_json
         row.error = error
         row.completed_at = row.updated_at = now
-        self._changed(row, mtx)
+        self._gate.changed(row.idem_key, mtx)
         return True
+
+    async def complete(self, effect_id: str, **kwargs: Any) -> bool:  # removed at merge
+        """The old name of :meth:`commit`, kept only while ledger.py still calls it."""
+        return await self.commit(effect_id, **kwargs)
 
     async def transition(
         self,
@@ -281,12 +262,13 @@ class MemoryStore:
         decision: Decision | None = None,
         tx: object | None = None,
     ) -> Effect | None:
+        check_transition_target(target)
         mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
         row = self._rows.get(idem_key)
         if row is None or row.status not in sources_of(target):
             return None
         if mtx is not None:
-            mtx._remember(idem_key, row)
+            mtx.remember(idem_key, row)
         now = self._clock()
         row.status = target
         row.updated_at = now
@@ -296,7 +278,7 @@ class MemoryStore:
             row.decided_by, row.decision_note, row.decided_at = decision.by, decision.note, now
         if target.is_terminal:
             row.completed_at = now
-        self._changed(row, mtx)
+        self._gate.changed(row.idem_key, mtx)
         return row.snapshot()
 
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
@@ -324,7 +306,7 @@ class MemoryStore:
         if self._gate.active is not None:
             await self._enter(None)
         return stats_from_groups(
-            (row.status, row.new.tool, 1, row.dedup_count) for row in self._rows.values()
+            (row.status, row.tool, 1, row.dedup_count) for row in self._rows.values()
         )
 
     async def purge(self, *, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:
@@ -345,6 +327,9 @@ class MemoryStore:
         return len(doomed)
 
     def _row_by_id(self, effect_id: str) -> _Row | None:
+        # _ids holds only ids from new_effect_id, so text that is not an effect
+        # id (ids.is_effect_id: canonical form only) finds nothing, as on every
+        # store, without paying for the check on every step.
         idem_key = self._ids.get(effect_id)
         return self._rows.get(idem_key) if idem_key is not None else None
 

@@ -14,8 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
 from importlib import resources
@@ -33,9 +32,18 @@ from agent_ledger.errors import (
     EffectLedgerValidationError,
     EffectStoreError,
 )
+from agent_ledger.ids import is_effect_id
 from agent_ledger.observability import logger
-from agent_ledger.status import EffectStatus, sources_of
+from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _postgres_queries as q
+from agent_ledger.stores._params import (
+    Dialect,
+    begin_params,
+    claim_params,
+    commit_params,
+    list_params,
+    transition_params,
+)
 from agent_ledger.stores._rows import (
     EFFECT_WIDTH,
     STATUS_BY_VALUE,
@@ -44,14 +52,16 @@ from agent_ledger.stores._rows import (
 )
 from agent_ledger.stores._subscriptions import Subscribers, Subscription
 from agent_ledger.stores.base import (
+    REPEATABLE_STEPS,
     BeginOutcome,
     ClaimOutcome,
     Decision,
     EffectQuery,
     LedgerStats,
     NewEffect,
-    check_completion_status,
+    check_commit_status,
     check_purge_statuses,
+    check_transition_target,
 )
 
 __all__ = ["SCHEMA_SQL", "SCHEMA_VERSION", "PostgresStore"]
@@ -68,7 +78,6 @@ VERSIONS_TABLE: Final = "agent_ledger_schema_version"
 NOTIFY_CHANNEL: Final = "agent_ledger"
 
 _PROCESSING: Final = EffectStatus.PROCESSING.value
-_READY: Final = EffectStatus.READY.value
 _STATUS_BY_VALUE: Final = STATUS_BY_VALUE
 
 _T = TypeVar("_T")
@@ -95,18 +104,25 @@ def _error_json(error: EffectError | None) -> str | None:
     return orjson.dumps({"message": error.message, "code": error.code}).decode()
 
 
+def _status_list(statuses: Iterable[EffectStatus]) -> list[str]:
+    return [s.value for s in statuses]
+
+
+def _error_param(error: EffectError | None) -> dict[str, object]:
+    return {"error": _error_json(error)}
+
+
+def _as_stored(moment: datetime) -> datetime:
+    return moment
+
+
+_DIALECT: Final = Dialect(statuses=_status_list, error=_error_param, moment=_as_stored)
+
+
 def _connection_lost(exc: psycopg.OperationalError, conn: Connection) -> bool:
     """Whether ``exc`` means the connection is gone (killed backend, server restart)."""
     lost = (psycopg.errors.AdminShutdown, psycopg.errors.CrashShutdown)
     return isinstance(exc, lost) or conn.broken or conn.closed
-
-
-def _is_uuid(text: str) -> bool:
-    try:
-        uuid.UUID(text)
-    except (ValueError, TypeError, AttributeError):
-        return False
-    return True
 
 
 class PostgresStore:
@@ -141,7 +157,7 @@ class PostgresStore:
         self._begin = compose(q.BEGIN)
         self._claim = compose(q.CLAIM)
         self._heartbeat = compose(q.HEARTBEAT)
-        self._complete = compose(q.COMPLETE)
+        self._commit = compose(q.COMMIT)
         self._transition = compose(q.TRANSITION)
         self._get = compose(q.GET)
         self._find = compose(q.FIND)
@@ -211,18 +227,8 @@ class PostgresStore:
     # -- ledger steps -----------------------------------------------------------
 
     async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
-        params = {
-            "idem_key": new.idem_key,
-            "workflow_id": new.workflow_id,
-            "call_id": new.call_id,
-            "tool": new.tool,
-            "args_canonical": new.args_canonical,
-            "resource_id_canonical": new.resource_id_canonical,
-            "processing": _PROCESSING,
-        }
-        row = await self._fetch_one(
-            "begin", self._begin, params, tx, retry_broken=True, idem_key=new.idem_key
-        )
+        params = begin_params(new)
+        row = await self._fetch_one("begin", self._begin, params, tx, idem_key=new.idem_key)
         if row is None:
             raise EffectStoreError("INSERT ... RETURNING gave no row", operation="begin")
         return BeginOutcome(_effect_from_row(row), created=bool(row[_EFFECT_WIDTH]))
@@ -230,28 +236,19 @@ class PostgresStore:
     async def claim(
         self, idem_key: str, *, stale_after_ms: int, tx: object | None = None
     ) -> ClaimOutcome:
-        params = {
-            "idem_key": idem_key,
-            "processing": _PROCESSING,
-            "ready": _READY,
-            "stale_ms": stale_after_ms,
-        }
-        row = await self._fetch_one(
-            "claim", self._claim, params, tx, retry_broken=True, idem_key=idem_key
-        )
+        params = claim_params(_DIALECT, idem_key, stale_after_ms=stale_after_ms)
+        row = await self._fetch_one("claim", self._claim, params, tx, idem_key=idem_key)
         if row is None:
             return ClaimOutcome(None, claimed=False)
         return ClaimOutcome(_effect_from_row(row), claimed=bool(row[_EFFECT_WIDTH]))
 
     async def heartbeat(self, effect_id: str, attempt: int) -> bool:
-        if not _is_uuid(effect_id):
+        if not is_effect_id(effect_id):
             return False
         params = {"id": effect_id, "attempt": attempt, "processing": _PROCESSING}
-        return await self._execute(
-            "heartbeat", self._heartbeat, params, None, retry_broken=True, effect_id=effect_id
-        )
+        return await self._execute("heartbeat", self._heartbeat, params, None, effect_id=effect_id)
 
-    async def complete(
+    async def commit(
         self,
         effect_id: str,
         *,
@@ -261,18 +258,22 @@ class PostgresStore:
         error: EffectError | None,
         tx: object | None = None,
     ) -> bool:
-        check_completion_status(status)
-        if not _is_uuid(effect_id):
+        check_commit_status(status)
+        if not is_effect_id(effect_id):
             return False
-        params = {
-            "id": effect_id,
-            "attempt": attempt,
-            "status": status.value,
-            "result": result_json,
-            "error": _error_json(error),
-            "processing": _PROCESSING,
-        }
-        return await self._execute("commit", self._complete, params, tx, effect_id=effect_id)
+        params = commit_params(
+            _DIALECT,
+            effect_id,
+            attempt=attempt,
+            status=status,
+            result_json=result_json,
+            error=error,
+        )
+        return await self._execute("commit", self._commit, params, tx, effect_id=effect_id)
+
+    async def complete(self, effect_id: str, **kwargs: Any) -> bool:  # removed at merge
+        """The old name of :meth:`commit`, kept only while ledger.py still calls it."""
+        return await self.commit(effect_id, **kwargs)
 
     async def transition(
         self,
@@ -283,52 +284,31 @@ class PostgresStore:
         decision: Decision | None = None,
         tx: object | None = None,
     ) -> Effect | None:
-        params = {
-            "idem_key": idem_key,
-            "target": target.value,
-            "sources": [s.value for s in sources_of(target)],
-            "terminal": target.is_terminal,
-            "error": _error_json(error),
-            "decided": decision is not None,
-            "decided_by": decision.by if decision is not None else None,
-            "decision_note": decision.note if decision is not None else None,
-        }
-        row = await self._fetch_one(target.value, self._transition, params, tx, idem_key=idem_key)
+        check_transition_target(target)
+        params = transition_params(
+            _DIALECT, idem_key, target=target, error=error, decision=decision
+        )
+        row = await self._fetch_one("transition", self._transition, params, tx, idem_key=idem_key)
         return None if row is None else _effect_from_row(row)
 
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
-        if not _is_uuid(effect_id):
+        if not is_effect_id(effect_id):
             return None
-        row = await self._fetch_one(
-            "get", self._get, {"id": effect_id}, tx, retry_broken=True, effect_id=effect_id
-        )
+        row = await self._fetch_one("get", self._get, {"id": effect_id}, tx, effect_id=effect_id)
         return None if row is None else _effect_from_row(row)
 
     async def find(self, idem_key: str, *, tx: object | None = None) -> Effect | None:
         params = {"idem_key": idem_key}
-        row = await self._fetch_one(
-            "find", self._find, params, tx, retry_broken=True, idem_key=idem_key
-        )
+        row = await self._fetch_one("find", self._find, params, tx, idem_key=idem_key)
         return None if row is None else _effect_from_row(row)
 
     # -- audit --------------------------------------------------------------------
 
     async def list_effects(self, query: EffectQuery) -> list[Effect]:
-        params: dict[str, object] = {"limit": query.limit}
-        filters: list[LiteralString] = []
-        for name in ("workflow_id", "tool", "since", "until", "idem_key_prefix"):
-            value = getattr(query, name)
-            if value is not None:
-                filters.append(q.LIST_FILTERS[name])
-                params[name] = value
-        if query.status is not None:
-            filters.append(q.LIST_FILTERS["status"])
-            params["status"] = query.status.value
-        if query.before is not None:
-            if not _is_uuid(query.before[1]):
-                raise EffectLedgerValidationError("cursor names no effect", field="cursor")
-            filters.append(q.LIST_FILTERS["before"])
-            params["before_at"], params["before_id"] = query.before
+        if query.before is not None and not is_effect_id(query.before[1]):
+            raise EffectLedgerValidationError("cursor names no effect", field="cursor")
+        names, params = list_params(_DIALECT, query)
+        filters = [q.LIST_FILTERS[name] for name in names]
         statement = sql.SQL(q.LIST).format(effects=self._effects)
         if filters:
             where = sql.SQL(" AND ").join(sql.SQL(f) for f in filters)
@@ -349,7 +329,7 @@ class PostgresStore:
     async def purge(self, *, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:
         check_purge_statuses(statuses)
         params = {
-            "statuses": [s.value for s in statuses],
+            "statuses": _DIALECT.statuses(statuses),
             "older_ms": older_than / timedelta(milliseconds=1),
         }
         with self._errors("purge"):
@@ -452,7 +432,6 @@ class PostgresStore:
         params: Mapping[str, object],
         tx: object | None,
         *,
-        retry_broken: bool = False,
         idem_key: str | None = None,
         effect_id: str | None = None,
     ) -> tuple[Any, ...] | None:
@@ -460,9 +439,7 @@ class PostgresStore:
             cursor = await conn.execute(query, params)
             return await cursor.fetchone()
 
-        return await self._statement(
-            operation, fetch, tx, retry_broken=retry_broken, idem_key=idem_key, effect_id=effect_id
-        )
+        return await self._statement(operation, fetch, tx, idem_key=idem_key, effect_id=effect_id)
 
     async def _execute(
         self,
@@ -471,16 +448,13 @@ class PostgresStore:
         params: Mapping[str, object],
         tx: object | None,
         *,
-        retry_broken: bool = False,
         effect_id: str | None = None,
     ) -> bool:
         async def execute(conn: Connection) -> bool:
             cursor = await conn.execute(query, params)
             return cursor.rowcount == 1
 
-        return await self._statement(
-            operation, execute, tx, retry_broken=retry_broken, effect_id=effect_id
-        )
+        return await self._statement(operation, execute, tx, effect_id=effect_id)
 
     async def _statement(
         self,
@@ -488,25 +462,21 @@ class PostgresStore:
         work: Callable[[Connection], Awaitable[_T]],
         tx: object | None,
         *,
-        retry_broken: bool,
         idem_key: str | None = None,
         effect_id: str | None = None,
     ) -> _T:
-        """Run one statement, once more on a fresh connection if its connection broke.
+        """Run one statement of step ``operation``; once more on a fresh connection
+        if its connection broke and the step is in ``REPEATABLE_STEPS``.
 
         After a server restart or a killed backend, every idle connection in
         the pool is dead, and each would fail one step before the pool drops
-        it. ``retry_broken`` steps get a second try on another connection.
-        Only steps that are safe to repeat ask for it: reads and heartbeats
-        are idempotent; a repeated begin or claim whose first try landed
-        unseen finds the effect held by "someone else" and waits for the
-        stale window before taking it over, a delay and never a second
-        execution. Commits are retried by the ledger, which checks whether an
-        earlier try landed; decisions are not retried, so ``approve()`` never
-        reports False for an approval that was recorded.
+        it. Which steps may take a second try, and why the others may not, is
+        the table in ``stores.base``. Inside a caller's transaction nothing is
+        retried: the failed statement has aborted that transaction.
         """
+        retry = operation in REPEATABLE_STEPS and tx is None
         with self._errors(operation, idem_key=idem_key, effect_id=effect_id):
-            for last_try in (not retry_broken or tx is not None, True):
+            for last_try in (not retry, True):
                 async with self._connection(tx) as conn:
                     try:
                         return await work(conn)

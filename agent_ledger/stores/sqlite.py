@@ -26,8 +26,7 @@ import asyncio
 import functools
 import os
 import sqlite3
-import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
@@ -40,7 +39,17 @@ import orjson
 from agent_ledger.clock import Clock, utc_now
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
-from agent_ledger.status import EffectStatus, sources_of
+from agent_ledger.ids import is_effect_id, new_effect_id
+from agent_ledger.status import EffectStatus
+from agent_ledger.stores import _sqlite_queries as q
+from agent_ledger.stores._params import (
+    Dialect,
+    begin_params,
+    claim_params,
+    commit_params,
+    list_params,
+    transition_params,
+)
 from agent_ledger.stores._rows import STATUS_BY_VALUE, effect_from_row, stats_from_groups
 from agent_ledger.stores._subscriptions import Registration, Subscribers
 from agent_ledger.stores._transactions import TransactionGate, TransactionHandle
@@ -51,11 +60,16 @@ from agent_ledger.stores.base import (
     EffectQuery,
     LedgerStats,
     NewEffect,
-    check_completion_status,
+    check_commit_status,
     check_purge_statuses,
+    check_transition_target,
 )
 
-__all__ = ["SQLITE_SCHEMA_SQL", "SqliteStore", "SqliteTransaction"]
+__all__ = ["SQLITE_SCHEMA_SQL", "SQLITE_SCHEMA_VERSION", "SqliteStore", "SqliteTransaction"]
+
+#: The schema this version of the library needs: the version sqlite_schema.sql
+#: records in ``agent_ledger_schema_version`` (a test holds the two equal).
+SQLITE_SCHEMA_VERSION: Final = 1
 
 #: The SQLite schema; applied by ``SqliteStore`` when it opens a database.
 SQLITE_SCHEMA_SQL: Final = (
@@ -64,74 +78,8 @@ SQLITE_SCHEMA_SQL: Final = (
 
 _T = TypeVar("_T")
 _PROCESSING: Final = EffectStatus.PROCESSING.value
-_READY: Final = EffectStatus.READY.value
 _STATUS_BY_VALUE: Final = STATUS_BY_VALUE
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
-
-_COLUMNS: Final = (
-    "id, idem_key, workflow_id, call_id, tool, status, args_canonical, resource_id_canonical, "
-    "result, error_message, error_code, dedup_count, attempt, created_us, updated_us, "
-    "completed_us, heartbeat_us, decided_by, decision_note, decided_us"
-)
-
-# -- the statements, one per ledger step (see the PostgreSQL ones for the contracts)
-_INSERT: Final = (
-    "INSERT INTO agent_ledger_effects (id, idem_key, workflow_id, call_id, tool, status,"
-    " args_canonical, resource_id_canonical, created_us, updated_us, heartbeat_us)"
-    " VALUES (:id, :idem_key, :workflow_id, :call_id, :tool, :processing, :args_canonical,"
-    " :resource_id_canonical, :now, :now, :now)"
-    " ON CONFLICT (idem_key) DO NOTHING"
-)
-_COUNT_DUPLICATE: Final = (
-    "UPDATE agent_ledger_effects SET dedup_count = dedup_count + 1 WHERE idem_key = :idem_key"
-)
-_CLAIM: Final = (
-    "UPDATE agent_ledger_effects SET status = :processing, attempt = attempt + 1,"
-    " heartbeat_us = :now, updated_us = :now"
-    " WHERE idem_key = :idem_key AND (status = :ready OR (status = :processing"
-    " AND :stale_us > 0 AND heartbeat_us <= :now - :stale_us))"
-)
-_HEARTBEAT: Final = (
-    "UPDATE agent_ledger_effects SET heartbeat_us = :now"
-    " WHERE id = :id AND status = :processing AND attempt = :attempt"
-)
-_COMPLETE: Final = (
-    "UPDATE agent_ledger_effects SET status = :status, result = :result,"
-    " error_message = :error_message, error_code = :error_code,"
-    " completed_us = :now, updated_us = :now"
-    " WHERE id = :id AND status = :processing AND (:attempt IS NULL OR attempt = :attempt)"
-)
-_TRANSITION: Final = (
-    "UPDATE agent_ledger_effects SET status = :target, updated_us = :now,"
-    " error_message = CASE WHEN :has_error THEN :error_message ELSE error_message END,"
-    " error_code = CASE WHEN :has_error THEN :error_code ELSE error_code END,"
-    " decided_by = CASE WHEN :decided THEN :decided_by ELSE decided_by END,"
-    " decision_note = CASE WHEN :decided THEN :decision_note ELSE decision_note END,"
-    " decided_us = CASE WHEN :decided THEN :now ELSE decided_us END,"
-    " completed_us = CASE WHEN :terminal THEN :now ELSE completed_us END"
-    " WHERE idem_key = :idem_key AND status IN (SELECT value FROM json_each(:sources))"
-)
-_FIND: Final = "SELECT " + _COLUMNS + " FROM agent_ledger_effects WHERE idem_key = ?"
-_GET: Final = "SELECT " + _COLUMNS + " FROM agent_ledger_effects WHERE id = ?"
-_LIST: Final = "SELECT " + _COLUMNS + " FROM agent_ledger_effects"
-_LIST_FILTERS: Final = {
-    "workflow_id": "workflow_id = :workflow_id",
-    "tool": "tool = :tool",
-    "status": "status = :status",
-    "since": "created_us >= :since",
-    "until": "created_us < :until",
-    "before": "(created_us < :before_us OR (created_us = :before_us AND id < :before_id))",
-    "idem_key_prefix": "idem_key >= :idem_key_prefix AND idem_key < :idem_key_prefix || 'g'",
-}
-_LIST_ORDER: Final = " ORDER BY created_us DESC, id DESC LIMIT :limit"
-_STATS: Final = (
-    "SELECT status, tool, count(*), coalesce(sum(dedup_count), 0)"
-    " FROM agent_ledger_effects GROUP BY status, tool"
-)
-_PURGE: Final = (
-    "DELETE FROM agent_ledger_effects WHERE status IN (SELECT value FROM json_each(:statuses))"
-    " AND completed_us <= :cutoff"
-)
 
 
 def _to_us(moment: datetime) -> int:
@@ -140,6 +88,23 @@ def _to_us(moment: datetime) -> int:
 
 def _from_us(us: int) -> datetime:
     return _EPOCH + timedelta(microseconds=us)
+
+
+def _error_columns(error: EffectError | None) -> dict[str, object]:
+    # has_error: a transition keeps the stored error unless given a new one.
+    return {
+        "has_error": error is not None,
+        "error_message": error.message if error is not None else None,
+        "error_code": error.code if error is not None else None,
+    }
+
+
+def _status_array(statuses: Iterable[EffectStatus]) -> str:
+    # A JSON array, which the statements read with json_each.
+    return orjson.dumps(sorted(s.value for s in statuses)).decode()
+
+
+_DIALECT: Final = Dialect(statuses=_status_array, error=_error_columns, moment=_to_us)
 
 
 def _effect_from_row(row: tuple[Any, ...]) -> Effect:
@@ -182,7 +147,7 @@ class SqliteStore:
         self._clock = clock
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="agent-ledger-sqlite")
         self._subscribers = Subscribers()
-        self._gate = TransactionGate(self, SqliteTransaction, "SqliteStore")
+        self._gate = TransactionGate(self, SqliteTransaction, "SqliteStore", self._subscribers)
         self._closed = False
         opener = functools.partial(self._open, create, synchronous, busy_timeout_ms)
         try:
@@ -206,17 +171,12 @@ class SqliteStore:
                 timeout=busy_timeout_ms / 1000,
             )
             try:
-                conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-                conn.execute("PRAGMA journal_mode = WAL")
-                conn.execute(f"PRAGMA synchronous = {synchronous}")
+                conn.execute(q.BUSY_TIMEOUT.format(ms=int(busy_timeout_ms)))
+                conn.execute(q.JOURNAL_MODE)
+                conn.execute(q.SYNCHRONOUS.format(level=synchronous))
                 if create:
                     conn.executescript(SQLITE_SCHEMA_SQL)
-                elif (
-                    conn.execute(
-                        "SELECT 1 FROM sqlite_master WHERE name = 'agent_ledger_effects'"
-                    ).fetchone()
-                    is None
-                ):
+                elif conn.execute(q.HAS_EFFECTS_TABLE).fetchone() is None:
                     raise EffectStoreError(
                         f"{self.path} has no agent-ledger tables: run `agent-ledger init` first",
                         operation="open",
@@ -225,6 +185,36 @@ class SqliteStore:
                 conn.close()
                 raise
             return conn
+
+    # -- schema -----------------------------------------------------------------
+
+    async def create_schema(self) -> None:
+        """Apply ``SQLITE_SCHEMA_SQL`` (idempotent). Opening with ``create=True``, the
+        default, has already done it; this is for a store opened with ``create=False``."""
+        await self._enter(None)
+
+        def work(conn: sqlite3.Connection, now: int) -> None:
+            conn.executescript(SQLITE_SCHEMA_SQL)
+
+        await self._run("create_schema", work, None, write=False)
+
+    async def check_schema(self) -> int:
+        """The schema version in the file; raises with a fix if it is missing or old."""
+        await self._enter(None)
+
+        def work(conn: sqlite3.Connection, now: int) -> int | None:
+            row = conn.execute(q.SCHEMA_VERSION).fetchone()
+            return None if row is None or row[0] is None else int(row[0])
+
+        version = await self._run("check_schema", work, None, write=False)
+        if version is None or version < SQLITE_SCHEMA_VERSION:
+            raise EffectStoreError(
+                f"{self.path} has agent-ledger schema version {version}, this library needs "
+                f"{SQLITE_SCHEMA_VERSION}: run `agent-ledger init` "
+                "(or await store.create_schema())",
+                operation="check_schema",
+            )
+        return version
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -273,43 +263,28 @@ class SqliteStore:
             with self._errors(operation, idem_key=idem_key, effect_id=effect_id):
                 if tx is not None or not write:
                     return work(self._conn, _to_us(self._clock()))
-                self._conn.execute("BEGIN IMMEDIATE")
+                self._conn.execute(q.TX_BEGIN)
                 try:
                     result = work(self._conn, _to_us(self._clock()))
                 except BaseException:
-                    self._conn.execute("ROLLBACK")
+                    self._conn.execute(q.TX_ROLLBACK)
                     raise
-                self._conn.execute("COMMIT")
+                self._conn.execute(q.TX_COMMIT)
                 return result
 
         return await asyncio.get_running_loop().run_in_executor(self._executor, job)
-
-    def _changed(self, idem_key: str, tx: SqliteTransaction | None) -> None:
-        if tx is None:
-            self._subscribers.wake(idem_key)
-        else:
-            tx._touched.add(idem_key)
 
     # -- ledger steps -----------------------------------------------------------
 
     async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
         stx = await self._enter(tx)
-        params = {
-            "id": str(uuid.uuid4()),
-            "idem_key": new.idem_key,
-            "workflow_id": new.workflow_id,
-            "call_id": new.call_id,
-            "tool": new.tool,
-            "args_canonical": new.args_canonical,
-            "resource_id_canonical": new.resource_id_canonical,
-            "processing": _PROCESSING,
-        }
+        params = {**begin_params(new), "id": new_effect_id()}
 
         def work(conn: sqlite3.Connection, now: int) -> BeginOutcome:
-            created = conn.execute(_INSERT, {**params, "now": now}).rowcount == 1
+            created = conn.execute(q.INSERT, {**params, "now": now}).rowcount == 1
             if not created:
-                conn.execute(_COUNT_DUPLICATE, params)
-            row = conn.execute(_FIND, (new.idem_key,)).fetchone()
+                conn.execute(q.COUNT_DUPLICATE, params)
+            row = conn.execute(q.FIND, (new.idem_key,)).fetchone()
             return BeginOutcome(_effect_from_row(row), created=created)
 
         return await self._run("begin", work, stx, write=True, idem_key=new.idem_key)
@@ -318,34 +293,31 @@ class SqliteStore:
         self, idem_key: str, *, stale_after_ms: int, tx: object | None = None
     ) -> ClaimOutcome:
         stx = await self._enter(tx)
+        params = claim_params(_DIALECT, idem_key, stale_after_ms=stale_after_ms)
 
         def work(conn: sqlite3.Connection, now: int) -> ClaimOutcome:
-            params = {
-                "idem_key": idem_key,
-                "processing": _PROCESSING,
-                "ready": _READY,
-                "stale_us": stale_after_ms * 1000,
-                "now": now,
-            }
-            claimed = conn.execute(_CLAIM, params).rowcount == 1
-            row = conn.execute(_FIND, (idem_key,)).fetchone()
+            params["now"] = now
+            claimed = conn.execute(q.CLAIM, params).rowcount == 1
+            row = conn.execute(q.FIND, (idem_key,)).fetchone()
             return ClaimOutcome(None if row is None else _effect_from_row(row), claimed=claimed)
 
         outcome = await self._run("claim", work, stx, write=True, idem_key=idem_key)
         if outcome.claimed:
-            self._changed(idem_key, stx)
+            self._gate.changed(idem_key, stx)
         return outcome
 
     async def heartbeat(self, effect_id: str, attempt: int) -> bool:
         await self._enter(None)
+        if not is_effect_id(effect_id):
+            return False
 
         def work(conn: sqlite3.Connection, now: int) -> bool:
             params = {"id": effect_id, "attempt": attempt, "processing": _PROCESSING, "now": now}
-            return conn.execute(_HEARTBEAT, params).rowcount == 1
+            return conn.execute(q.HEARTBEAT, params).rowcount == 1
 
         return await self._run("heartbeat", work, None, write=True, effect_id=effect_id)
 
-    async def complete(
+    async def commit(
         self,
         effect_id: str,
         *,
@@ -355,32 +327,34 @@ class SqliteStore:
         error: EffectError | None,
         tx: object | None = None,
     ) -> bool:
-        check_completion_status(status)
+        check_commit_status(status)
         stx = await self._enter(tx)
+        if not is_effect_id(effect_id):
+            return False
 
         def work(conn: sqlite3.Connection, now: int) -> str | None:
-            params = {
-                "id": effect_id,
-                "attempt": attempt,
-                "status": status.value,
-                "result": result_json,
-                "error_message": error.message if error is not None else None,
-                "error_code": error.code if error is not None else None,
-                "processing": _PROCESSING,
-                "now": now,
-            }
-            if conn.execute(_COMPLETE, params).rowcount != 1:
-                return None
-            row = conn.execute(
-                "SELECT idem_key FROM agent_ledger_effects WHERE id = ?", (effect_id,)
+            params = commit_params(
+                _DIALECT,
+                effect_id,
+                attempt=attempt,
+                status=status,
+                result_json=result_json,
+                error=error,
             )
-            return str(row.fetchone()[0])
+            params["now"] = now
+            if conn.execute(q.COMMIT, params).rowcount != 1:
+                return None
+            return str(conn.execute(q.KEY_OF, (effect_id,)).fetchone()[0])
 
         idem_key = await self._run("commit", work, stx, write=True, effect_id=effect_id)
         if idem_key is None:
             return False
-        self._changed(idem_key, stx)
+        self._gate.changed(idem_key, stx)
         return True
+
+    async def complete(self, effect_id: str, **kwargs: Any) -> bool:  # removed at merge
+        """The old name of :meth:`commit`, kept only while ledger.py still calls it."""
+        return await self.commit(effect_id, **kwargs)
 
     async def transition(
         self,
@@ -391,36 +365,30 @@ class SqliteStore:
         decision: Decision | None = None,
         tx: object | None = None,
     ) -> Effect | None:
+        check_transition_target(target)
         stx = await self._enter(tx)
 
         def work(conn: sqlite3.Connection, now: int) -> Effect | None:
-            params = {
-                "idem_key": idem_key,
-                "target": target.value,
-                "sources": orjson.dumps([s.value for s in sources_of(target)]).decode(),
-                "terminal": target.is_terminal,
-                "has_error": error is not None,
-                "error_message": error.message if error is not None else None,
-                "error_code": error.code if error is not None else None,
-                "decided": decision is not None,
-                "decided_by": decision.by if decision is not None else None,
-                "decision_note": decision.note if decision is not None else None,
-                "now": now,
-            }
-            if conn.execute(_TRANSITION, params).rowcount != 1:
+            params = transition_params(
+                _DIALECT, idem_key, target=target, error=error, decision=decision
+            )
+            params["now"] = now
+            if conn.execute(q.TRANSITION, params).rowcount != 1:
                 return None
-            return _effect_from_row(conn.execute(_FIND, (idem_key,)).fetchone())
+            return _effect_from_row(conn.execute(q.FIND, (idem_key,)).fetchone())
 
-        moved = await self._run(target.value, work, stx, write=True, idem_key=idem_key)
+        moved = await self._run("transition", work, stx, write=True, idem_key=idem_key)
         if moved is not None:
-            self._changed(idem_key, stx)
+            self._gate.changed(idem_key, stx)
         return moved
 
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
         stx = await self._enter(tx)
+        if not is_effect_id(effect_id):
+            return None
 
         def work(conn: sqlite3.Connection, now: int) -> Effect | None:
-            row = conn.execute(_GET, (effect_id,)).fetchone()
+            row = conn.execute(q.GET, (effect_id,)).fetchone()
             return None if row is None else _effect_from_row(row)
 
         return await self._run("get", work, stx, write=False, effect_id=effect_id)
@@ -429,7 +397,7 @@ class SqliteStore:
         stx = await self._enter(tx)
 
         def work(conn: sqlite3.Connection, now: int) -> Effect | None:
-            row = conn.execute(_FIND, (idem_key,)).fetchone()
+            row = conn.execute(q.FIND, (idem_key,)).fetchone()
             return None if row is None else _effect_from_row(row)
 
         return await self._run("find", work, stx, write=False, idem_key=idem_key)
@@ -438,26 +406,10 @@ class SqliteStore:
 
     async def list_effects(self, query: EffectQuery) -> list[Effect]:
         await self._enter(None)
-        params: dict[str, object] = {"limit": query.limit}
-        filters: list[str] = []
-        for name in ("workflow_id", "tool", "idem_key_prefix"):
-            value = getattr(query, name)
-            if value is not None:
-                filters.append(_LIST_FILTERS[name])
-                params[name] = value
-        if query.status is not None:
-            filters.append(_LIST_FILTERS["status"])
-            params["status"] = query.status.value
-        for name in ("since", "until"):
-            moment = getattr(query, name)
-            if moment is not None:
-                filters.append(_LIST_FILTERS[name])
-                params[name] = _to_us(moment)
-        if query.before is not None:
-            filters.append(_LIST_FILTERS["before"])
-            params["before_us"], params["before_id"] = _to_us(query.before[0]), query.before[1]
+        names, params = list_params(_DIALECT, query)
+        filters = [q.LIST_FILTERS[name] for name in names]
         # Only fixed fragments are joined; every value is a parameter.
-        statement = _LIST + (" WHERE " + " AND ".join(filters) if filters else "") + _LIST_ORDER
+        statement = q.LIST + (" WHERE " + " AND ".join(filters) if filters else "") + q.LIST_ORDER
 
         def work(conn: sqlite3.Connection, now: int) -> list[Effect]:
             return [_effect_from_row(row) for row in conn.execute(statement, params)]
@@ -468,7 +420,7 @@ class SqliteStore:
         await self._enter(None)
 
         def work(conn: sqlite3.Connection, now: int) -> list[tuple[str, str, int, int]]:
-            return conn.execute(_STATS).fetchall()
+            return conn.execute(q.STATS).fetchall()
 
         rows = await self._run("stats", work, None, write=False)
         return stats_from_groups((_STATUS_BY_VALUE[st], tool, n, d) for st, tool, n, d in rows)
@@ -476,11 +428,11 @@ class SqliteStore:
     async def purge(self, *, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:
         check_purge_statuses(statuses)
         await self._enter(None)
-        names = orjson.dumps(sorted(s.value for s in statuses)).decode()
+        names = _status_array(statuses)
 
         def work(conn: sqlite3.Connection, now: int) -> int:
             cutoff = now - older_than // timedelta(microseconds=1)
-            return conn.execute(_PURGE, {"statuses": names, "cutoff": cutoff}).rowcount
+            return conn.execute(q.PURGE, {"statuses": names, "cutoff": cutoff}).rowcount
 
         return await self._run("purge", work, None, write=True)
 
@@ -494,19 +446,18 @@ class SqliteStore:
             tx = SqliteTransaction(self)
             self._gate.open(tx)
             try:
-                await self._run("transaction", _execute("BEGIN IMMEDIATE"), tx, write=False)
+                await self._run("transaction", _execute(q.TX_BEGIN), tx, write=False)
                 try:
                     yield tx
                 except BaseException:
                     await asyncio.shield(
-                        self._run("transaction", _execute("ROLLBACK"), tx, write=False)
+                        self._run("transaction", _execute(q.TX_ROLLBACK), tx, write=False)
                     )
                     raise
-                await self._run("transaction", _execute("COMMIT"), tx, write=False)
+                await self._run("transaction", _execute(q.TX_COMMIT), tx, write=False)
             finally:
                 self._gate.close(tx)
-        for idem_key in tx._touched:
-            self._subscribers.wake(idem_key)
+        self._gate.committed(tx)
 
     def subscribe(self, idem_key: str) -> Registration:
         return self._subscribers.subscribe(idem_key)

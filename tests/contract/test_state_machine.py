@@ -139,7 +139,7 @@ class LedgerMachine(RuleBasedStateMachine):
         status = S.SUCCEEDED if success else S.FAILED
         result = f"w{worker}a{attempt}" if success else None
         won = self.run(
-            self.harness.store.complete(
+            self.harness.store.commit(
                 effect_id,
                 attempt=attempt,
                 status=status,

@@ -21,7 +21,7 @@ CALL = ToolCall(workflow_id="wf", tool="payments.charge", args={"cents": 100})
 
 
 class FlakyCompleteStore(MemoryStore):
-    """A MemoryStore whose complete() raises like a dropped connection.
+    """A MemoryStore whose commit() raises like a dropped connection.
 
     ``applied_then_fail``: the write lands, then the "connection" breaks, as when
     the server committed but the reply was lost. Otherwise it fails before
@@ -34,14 +34,14 @@ class FlakyCompleteStore(MemoryStore):
         self.applied_then_fail = applied_then_fail
         self.complete_calls = 0
 
-    async def complete(self, effect_id: str, **kwargs: Any) -> bool:
+    async def commit(self, effect_id: str, **kwargs: Any) -> bool:
         self.complete_calls += 1
         if self.failures > 0:
             self.failures -= 1
             if self.applied_then_fail:
-                await super().complete(effect_id, **kwargs)
+                await super().commit(effect_id, **kwargs)
             raise EffectStoreError("connection lost", operation="commit", effect_id=effect_id)
-        return await super().complete(effect_id, **kwargs)
+        return await super().commit(effect_id, **kwargs)
 
 
 @pytest.fixture(autouse=True)

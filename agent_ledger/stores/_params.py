@@ -1,0 +1,143 @@
+"""The parameters both SQL stores send with their statements, built once.
+
+The statements differ by dialect (``_postgres_queries``, ``_sqlite_queries``)
+but take the same named parameters, so each dict is assembled here; a
+:class:`Dialect` supplies the only differences: how a list of statuses, an
+error and a moment are passed. Each builder returns a fresh dict, which the
+store may extend (SQLite adds ``now``, its clock reading).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final
+
+from agent_ledger.effects import EffectError
+from agent_ledger.status import CLAIMABLE, EffectStatus, sources_of
+from agent_ledger.stores.base import Decision, EffectQuery, NewEffect
+
+__all__ = [
+    "LIST_FILTER_NAMES",
+    "Dialect",
+    "begin_params",
+    "claim_params",
+    "commit_params",
+    "list_params",
+    "transition_params",
+]
+
+_PROCESSING: Final = EffectStatus.PROCESSING.value
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """How one SQL store passes the values whose form depends on its driver and schema."""
+
+    #: A set of statuses as one parameter (a list for ``= ANY``, JSON text for ``json_each``).
+    statuses: Callable[[Iterable[EffectStatus]], object]
+    #: An error (or None) as the parameters its columns take.
+    error: Callable[[EffectError | None], dict[str, object]]
+    #: A moment as its column stores it.
+    moment: Callable[[datetime], object]
+
+
+def begin_params(new: NewEffect) -> dict[str, object]:
+    """For begin's insert: the new effect's values, inserted as ``processing``."""
+    return {
+        "idem_key": new.idem_key,
+        "workflow_id": new.workflow_id,
+        "call_id": new.call_id,
+        "tool": new.tool,
+        "args_canonical": new.args_canonical,
+        "resource_id_canonical": new.resource_id_canonical,
+        "processing": _PROCESSING,
+    }
+
+
+def claim_params(dialect: Dialect, idem_key: str, *, stale_after_ms: int) -> dict[str, object]:
+    """For the claim: the statuses it may take the effect from (``CLAIMABLE``), and
+    the staleness that lets it take ``processing`` over (0: never)."""
+    return {
+        "idem_key": idem_key,
+        "claimable": dialect.statuses(CLAIMABLE),
+        "processing": _PROCESSING,
+        "stale_ms": stale_after_ms,
+    }
+
+
+def commit_params(
+    dialect: Dialect,
+    effect_id: str,
+    *,
+    attempt: int | None,
+    status: EffectStatus,
+    result_json: str | None,
+    error: EffectError | None,
+) -> dict[str, object]:
+    """For the commit compare-and-set (``processing`` -> ``status`` at ``attempt``)."""
+    return {
+        "id": effect_id,
+        "attempt": attempt,
+        "status": status.value,
+        "result": result_json,
+        "processing": _PROCESSING,
+        **dialect.error(error),
+    }
+
+
+def transition_params(
+    dialect: Dialect,
+    idem_key: str,
+    *,
+    target: EffectStatus,
+    error: EffectError | None,
+    decision: Decision | None,
+) -> dict[str, object]:
+    """For the transition compare-and-set: from any of ``sources_of(target)`` to ``target``."""
+    return {
+        "idem_key": idem_key,
+        "target": target.value,
+        "sources": dialect.statuses(sources_of(target)),
+        "terminal": target.is_terminal,
+        **dialect.error(error),
+        "decided": decision is not None,
+        "decided_by": decision.by if decision is not None else None,
+        "decision_note": decision.note if decision is not None else None,
+    }
+
+
+#: The list filters, in the order their fragments are joined; each dialect's
+#: ``LIST_FILTERS`` maps these names to its SQL.
+LIST_FILTER_NAMES: Final = (
+    "workflow_id", "tool", "status", "since", "until", "before", "idem_key_prefix",
+)  # fmt: skip
+
+
+def list_params(dialect: Dialect, query: EffectQuery) -> tuple[list[str], dict[str, object]]:
+    """The filters ``query`` uses (names from ``LIST_FILTER_NAMES``) and their parameters.
+
+    Only filters the caller gave are returned, so the store joins only those
+    fixed fragments (never caller text) and each combination can use its index.
+    """
+    params: dict[str, object] = {"limit": query.limit}
+    names: list[str] = []
+    for name in ("workflow_id", "tool", "idem_key_prefix"):
+        value = getattr(query, name)
+        if value is not None:
+            names.append(name)
+            params[name] = value
+    if query.status is not None:
+        names.append("status")
+        params["status"] = query.status.value
+    for name in ("since", "until"):
+        moment = getattr(query, name)
+        if moment is not None:
+            names.append(name)
+            params[name] = dialect.moment(moment)
+    if query.before is not None:
+        names.append("before")
+        params["before_at"], params["before_id"] = dialect.moment(query.before[0]), query.before[1]
+    names.sort(key=LIST_FILTER_NAMES.index)
+    return names, params

@@ -1,0 +1,155 @@
+"""Every SQL statement SqliteStore runs, one per ledger step, in one place.
+
+Each statement is a ``:name`` parameter query (``?`` for the single-key
+lookups); statuses are parameters too (they come from ``EffectStatus``,
+never retyped here). Times are integer microseconds since the Unix epoch
+(``*_us`` columns, see ``_columns``); ``:now`` is the store's clock, read by
+``SqliteStore._run`` under the write lock.
+
+Atomicity comes from the transaction around each step, not from the
+statement: outside a caller's transaction, every writing step runs in its
+own ``BEGIN IMMEDIATE`` transaction, which takes the database's write lock
+before the first read. So a step's statements (an ``UPDATE`` and the
+``SELECT`` that reads the result back, say) see no other writer in
+between, in this process or any other.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from agent_ledger.fields import TIME_FIELDS
+from agent_ledger.stores._columns import select_list
+
+# How SQLite keeps the fields it does not keep as-is (see _columns): every time
+# is integer microseconds in a *_us column; the error is already two columns.
+_EXPRESSIONS: Final = {name: name.removesuffix("_at") + "_us" for name in TIME_FIELDS}
+#: The columns every effect query returns, in the order ``effect_from_row`` reads them.
+EFFECT_COLUMNS: Final = select_list(_EXPRESSIONS)
+
+# -- opening a database --
+# PRAGMAs take no parameters: the values are formatted in as checked integers
+# or one of two fixed words (SqliteStore validates `synchronous`).
+# busy_timeout makes a writer that finds the database locked wait for it
+# instead of failing at once; WAL lets readers run beside the one writer.
+BUSY_TIMEOUT: Final = "PRAGMA busy_timeout = {ms:d}"
+JOURNAL_MODE: Final = "PRAGMA journal_mode = WAL"
+SYNCHRONOUS: Final = "PRAGMA synchronous = {level}"
+# With create=False: is the effects table there? (The schema itself is sqlite_schema.sql.)
+HAS_EFFECTS_TABLE: Final = "SELECT 1 FROM sqlite_master WHERE name = 'agent_ledger_effects'"
+
+# -- schema --
+# The newest version sqlite_schema.sql has recorded in its marker table.
+SCHEMA_VERSION: Final = "SELECT max(version) FROM agent_ledger_schema_version"
+
+# -- transactions --
+# IMMEDIATE takes the write lock up front: two processes can never both read
+# "absent" or "claimable" and then both write.
+TX_BEGIN: Final = "BEGIN IMMEDIATE"
+TX_COMMIT: Final = "COMMIT"
+TX_ROLLBACK: Final = "ROLLBACK"
+
+# -- begin --
+# Insert-or-get, in two statements under the write lock. A new key is inserted
+# as processing, attempt 1 (the column defaults); for an existing one the
+# insert does nothing (rowcount 0), and COUNT_DUPLICATE adds 1 to
+# dedup_count and nothing else (never the heartbeat: duplicates must not keep
+# a dead worker's effect looking alive). FIND then reads the effect back.
+INSERT: Final = (
+    "INSERT INTO agent_ledger_effects (id, idem_key, workflow_id, call_id, tool, status,"
+    " args_canonical, resource_id_canonical, created_us, updated_us, heartbeat_us)"
+    " VALUES (:id, :idem_key, :workflow_id, :call_id, :tool, :processing, :args_canonical,"
+    " :resource_id_canonical, :now, :now, :now)"
+    " ON CONFLICT (idem_key) DO NOTHING"
+)
+COUNT_DUPLICATE: Final = (
+    "UPDATE agent_ledger_effects SET dedup_count = dedup_count + 1 WHERE idem_key = :idem_key"
+)
+
+# -- claim --
+# Take the effect from any status in :claimable (status.CLAIMABLE as a JSON
+# array: ready, and processing itself), but from processing only when its
+# heartbeat is at least stale_ms old by the store's clock: a takeover. +1
+# attempt fences the previous holder. The write lock makes the check and the
+# update one step, so of concurrent claims exactly one changes a row
+# (rowcount 1); FIND then reads the effect as it stands, claimed or not.
+CLAIM: Final = (
+    "UPDATE agent_ledger_effects SET status = :processing, attempt = attempt + 1,"
+    " heartbeat_us = :now, updated_us = :now"
+    " WHERE idem_key = :idem_key AND status IN (SELECT value FROM json_each(:claimable))"
+    " AND (status <> :processing OR (:stale_ms > 0"
+    " AND heartbeat_us <= :now - :stale_ms * 1000))"
+)
+
+# -- heartbeat --
+# Refresh liveness only for the holder: still processing, same attempt.
+HEARTBEAT: Final = (
+    "UPDATE agent_ledger_effects SET heartbeat_us = :now"
+    " WHERE id = :id AND status = :processing AND attempt = :attempt"
+)
+
+# -- commit --
+# Compare-and-set processing -> succeeded/failed/canceled on (id, status,
+# attempt): the first commit wins, and a late commit from an older attempt
+# matches no row. A NULL attempt skips the fencing check (unfenced commit()).
+# KEY_OF then names the key whose waiters to wake.
+COMMIT: Final = (
+    "UPDATE agent_ledger_effects SET status = :status, result = :result,"
+    " error_message = :error_message, error_code = :error_code,"
+    " completed_us = :now, updated_us = :now"
+    " WHERE id = :id AND status = :processing AND (:attempt IS NULL OR attempt = :attempt)"
+)
+KEY_OF: Final = "SELECT idem_key FROM agent_ledger_effects WHERE id = ?"
+
+# -- transition --
+# Compare-and-set by key from any allowed source status (request_approval,
+# approve, deny, cancel); :sources is a JSON array of status values. The
+# error (a decision's reason) is kept when given, and so is who decided;
+# completed_us is set when the target is terminal. FIND reads the result back.
+TRANSITION: Final = (
+    "UPDATE agent_ledger_effects SET status = :target, updated_us = :now,"
+    " error_message = CASE WHEN :has_error THEN :error_message ELSE error_message END,"
+    " error_code = CASE WHEN :has_error THEN :error_code ELSE error_code END,"
+    " decided_by = CASE WHEN :decided THEN :decided_by ELSE decided_by END,"
+    " decision_note = CASE WHEN :decided THEN :decision_note ELSE decision_note END,"
+    " decided_us = CASE WHEN :decided THEN :now ELSE decided_us END,"
+    " completed_us = CASE WHEN :terminal THEN :now ELSE completed_us END"
+    " WHERE idem_key = :idem_key AND status IN (SELECT value FROM json_each(:sources))"
+)
+
+# -- get / find --
+GET: Final = "SELECT " + EFFECT_COLUMNS + " FROM agent_ledger_effects WHERE id = ?"
+FIND: Final = "SELECT " + EFFECT_COLUMNS + " FROM agent_ledger_effects WHERE idem_key = ?"
+
+# -- list_effects --
+# The audit trail, newest first. Only the filters the caller gave are joined
+# into the WHERE clause (fragments below, never caller text), so each
+# combination can use its index; `before` is the keyset position.
+LIST: Final = "SELECT " + EFFECT_COLUMNS + " FROM agent_ledger_effects"
+LIST_FILTERS: Final = {
+    "workflow_id": "workflow_id = :workflow_id",
+    "tool": "tool = :tool",
+    "status": "status = :status",
+    "since": "created_us >= :since",
+    "until": "created_us < :until",
+    "before": "(created_us < :before_at OR (created_us = :before_at AND id < :before_id))",
+    # A range rather than LIKE (which ignores case in SQLite), so the unique
+    # index on idem_key serves it: keys are lowercase hex and 'g' sorts after 'f'.
+    "idem_key_prefix": "idem_key >= :idem_key_prefix AND idem_key < :idem_key_prefix || 'g'",
+}
+LIST_ORDER: Final = " ORDER BY created_us DESC, id DESC LIMIT :limit"
+
+# -- stats --
+# One pass over the table: counts and duplicates per (status, tool).
+STATS: Final = (
+    "SELECT status, tool, count(*), coalesce(sum(dedup_count), 0)"
+    " FROM agent_ledger_effects GROUP BY status, tool"
+)
+
+# -- purge --
+# Retention: terminal effects (the caller passes only terminal statuses, as a
+# JSON array) completed at or before :cutoff by the store's clock.
+PURGE: Final = (
+    "DELETE FROM agent_ledger_effects WHERE status IN (SELECT value FROM json_each(:statuses))"
+    " AND completed_us <= :cutoff"
+)

@@ -1,0 +1,76 @@
+"""Store steps called directly: the contract of the Store protocol on every store."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_ledger import EffectLedgerValidationError, EffectStatus
+from agent_ledger.ids import is_effect_id
+from agent_ledger.status import CLAIMABLE
+from agent_ledger.stores.base import NewEffect, Store
+from tests.contract.test_transitions import put_in
+from tests.harness import StoreHarness
+
+S = EffectStatus
+NEW = NewEffect("ab" * 32, "wf", None, "deploy", "{}", None)
+
+
+@pytest.mark.parametrize("source", [S.PROCESSING, S.READY, S.REQUIRES_APPROVAL])
+async def test_transition_refuses_processing(harness: StoreHarness, source: S) -> None:
+    """Only a claim moves an effect into processing; transition() says so and changes nothing."""
+    ledger = harness.ledger()
+    key, _ = await put_in(ledger, source)
+    before = await harness.store.find(key)
+    with pytest.raises(EffectLedgerValidationError) as info:
+        await harness.store.transition(key, target=S.PROCESSING)
+    assert info.value.field == "target"
+    assert "only claim()" in str(info.value) and "processing" in str(info.value)
+    assert await harness.store.find(key) == before
+
+
+@pytest.mark.parametrize("source", list(S))
+async def test_claim_takes_exactly_the_claimable_statuses(harness: StoreHarness, source: S) -> None:
+    """A claim moves an effect iff its status is in CLAIMABLE (processing: once stale)."""
+    ledger = harness.ledger()
+    key, _ = await put_in(ledger, source)
+    before = await harness.store.find(key)
+    assert before is not None
+    fresh = await harness.store.claim(key, stale_after_ms=60_000)
+    assert fresh.claimed == (source in CLAIMABLE and source is not S.PROCESSING)
+    if source is S.PROCESSING:
+        assert not (await harness.store.claim(key, stale_after_ms=0)).claimed
+        await harness.age(120_000)
+        assert (await harness.store.claim(key, stale_after_ms=60_000)).claimed
+    after = await harness.store.find(key)
+    assert after is not None
+    if source in CLAIMABLE:
+        assert after.status is S.PROCESSING and after.attempt == before.attempt + 1
+    else:
+        assert after == before
+
+
+async def test_only_the_canonical_id_names_an_effect(harness: StoreHarness) -> None:
+    """An id in any other spelling (uppercase, braces, no hyphens) names no effect."""
+    begun = await harness.store.begin(NEW)
+    effect = begun.effect
+    assert is_effect_id(effect.id)
+    assert await harness.store.get(effect.id) == effect
+    for other in (effect.id.upper(), "{" + effect.id + "}", effect.id.replace("-", "")):
+        assert await harness.store.get(other) is None
+        assert not await harness.store.heartbeat(other, effect.attempt)
+        assert not await harness.store.commit(
+            other, attempt=effect.attempt, status=S.SUCCEEDED, result_json="1", error=None
+        )
+    assert await harness.store.find(effect.idem_key) == effect
+
+
+async def test_schema_steps_are_part_of_every_store(harness: StoreHarness) -> None:
+    """create_schema() is idempotent on a live store; check_schema() reports the version."""
+    store = harness.store
+    assert isinstance(store, Store)
+    await store.create_schema()
+    await store.create_schema()
+    assert await store.check_schema() == 1
+    begun = await store.begin(NEW)
+    await store.create_schema()
+    assert await store.find(NEW.idem_key) == (await store.get(begun.effect.id))

@@ -1,0 +1,40 @@
+"""Effect ids: canonical UUID strings, the same test on every store."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from agent_ledger.ids import is_effect_id, new_effect_id
+
+
+def test_new_ids_are_canonical_version_4_uuids() -> None:
+    ids = {new_effect_id() for _ in range(2000)}
+    assert len(ids) == 2000
+    for text in ids:
+        assert is_effect_id(text) and uuid.UUID(text).version == 4
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "0B0E4F5E-1111-4222-8333-444455556666",  # uppercase
+        "0b0e4f5e111142228333444455556666",  # no hyphens
+        "{0b0e4f5e-1111-4222-8333-444455556666}",
+        "urn:uuid:0b0e4f5e-1111-4222-8333-444455556666",
+        " 0b0e4f5e-1111-4222-8333-444455556666",
+        "",
+        "not-a-uuid",
+        None,
+        42,
+        b"0b0e4f5e-1111-4222-8333-444455556666",
+    ],
+)
+def test_only_the_canonical_form_is_an_effect_id(text: object) -> None:
+    assert not is_effect_id(text)
+
+
+def test_the_canonical_form_is_an_effect_id() -> None:
+    assert is_effect_id("0b0e4f5e-1111-4222-8333-444455556666")
+    assert is_effect_id(str(uuid.uuid4()))
