@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -19,6 +18,7 @@ import orjson
 
 from agent_ledger.effects import Effect
 from agent_ledger.errors import EffectLedgerValidationError, require_str
+from agent_ledger.ids import is_effect_id
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores.base import EffectQuery, LedgerStats, Store
 
@@ -161,7 +161,7 @@ class Audit:
     async def lookup(self, ref: str) -> Effect | None:
         require_str(ref, "ref")
         ref = ref.strip().lower()
-        if _looks_like_uuid(ref):
+        if is_effect_id(ref):
             return await self._store.get(ref)
         if not _HEX.fullmatch(ref) or len(ref) < MIN_KEY_PREFIX:
             raise EffectLedgerValidationError(
@@ -178,10 +178,3 @@ class Audit:
                 field="ref",
             )
         return matches[0] if matches else None
-
-
-def _looks_like_uuid(text: str) -> bool:
-    try:
-        return str(uuid.UUID(text)) == text
-    except ValueError:
-        return False

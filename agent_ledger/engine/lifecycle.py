@@ -341,7 +341,7 @@ class Engine:
         step = 0
         while True:
             try:
-                won = await self._store.complete(
+                won = await self._store.commit(
                     effect.id,
                     attempt=effect.attempt,
                     status=status,
@@ -449,7 +449,7 @@ class Engine:
                 f"CommitFailed(error=EffectError(...)), got {outcome!r}",
                 field="outcome",
             )
-        return await self._store.complete(
+        return await self._store.commit(
             effect_id, attempt=attempt, status=status, result_json=result_json, error=error, tx=tx
         )
 

@@ -245,19 +245,6 @@ class Store(Protocol):
         """
         ...
 
-    async def complete(
-        self,
-        effect_id: str,
-        *,
-        attempt: int | None,
-        status: EffectStatus,
-        result_json: str | None,
-        error: EffectError | None,
-        tx: object | None = None,
-    ) -> bool:  # removed at merge
-        """The old name of :meth:`commit`, kept only while ledger.py still calls it."""
-        ...
-
     async def transition(
         self,
         idem_key: str,

@@ -13,7 +13,7 @@ import operator
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Final
 
 import orjson
 
@@ -248,10 +248,6 @@ class MemoryStore:
         row.completed_at = row.updated_at = now
         self._gate.changed(row.idem_key, mtx)
         return True
-
-    async def complete(self, effect_id: str, **kwargs: Any) -> bool:  # removed at merge
-        """The old name of :meth:`commit`, kept only while ledger.py still calls it."""
-        return await self.commit(effect_id, **kwargs)
 
     async def transition(
         self,

@@ -25,6 +25,7 @@ import psycopg
 from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
 
+from agent_ledger.backoff import LISTENER_RECONNECT
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import (
     EffectLedgerError,
@@ -270,10 +271,6 @@ class PostgresStore:
             error=error,
         )
         return await self._execute("commit", self._commit, params, tx, effect_id=effect_id)
-
-    async def complete(self, effect_id: str, **kwargs: Any) -> bool:  # removed at merge
-        """The old name of :meth:`commit`, kept only while ledger.py still calls it."""
-        return await self.commit(effect_id, **kwargs)
 
     async def transition(
         self,
@@ -543,7 +540,7 @@ class _Listener:
         return str(conninfo), dict(kwargs or {})
 
     async def _run(self) -> None:
-        backoff_s = 0.05
+        failures = 0  # in a row: the step of the LISTENER_RECONNECT schedule
         prefix = self._schema + ":"
         while True:
             try:
@@ -552,7 +549,7 @@ class _Listener:
                 async with conn:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL)))
                     self._listening.set()
-                    backoff_s = 0.05
+                    failures = 0
                     self.subscribers.wake_all()
                     async for notice in conn.notifies():
                         if notice.payload.startswith(prefix):
@@ -562,10 +559,11 @@ class _Listener:
             except Exception as exc:
                 self._listening.clear()
                 self.subscribers.wake_all()  # let waiters poll while we are deaf
+                delay_s = LISTENER_RECONNECT.delay(failures)
+                failures += 1
                 logger.warning(
                     "notification listener lost its connection (%s); reconnecting in %.2f s",
                     exc,
-                    backoff_s,
+                    delay_s,
                 )
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, 5.0)
+                await asyncio.sleep(delay_s)

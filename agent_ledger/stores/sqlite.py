@@ -352,10 +352,6 @@ class SqliteStore:
         self._gate.changed(idem_key, stx)
         return True
 
-    async def complete(self, effect_id: str, **kwargs: Any) -> bool:  # removed at merge
-        """The old name of :meth:`commit`, kept only while ledger.py still calls it."""
-        return await self.commit(effect_id, **kwargs)
-
     async def transition(
         self,
         idem_key: str,

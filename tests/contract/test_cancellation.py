@@ -56,7 +56,7 @@ async def test_cancelled_while_recording_the_outcome_still_records_it(
     for the write, then propagates. The effect is never left processing for a re-run."""
     ledger = harness.ledger()
     store = harness.store
-    original = store.complete
+    original = store.commit
     writing = asyncio.Event()
 
     async def slow_write(*args: object, **kwargs: object) -> bool:
@@ -64,7 +64,7 @@ async def test_cancelled_while_recording_the_outcome_still_records_it(
         await asyncio.sleep(0.05)
         return await original(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(store, "complete", slow_write)
+    monkeypatch.setattr(store, "commit", slow_write)
     executions = 0
 
     def charge(effect: Effect) -> str:

@@ -53,14 +53,14 @@ async def main(
     store = await open_store(url)
     current: dict[str, int] = {"i": -1}
     if point == "commit":
-        original = store.complete
+        original = store.commit
 
         async def complete(*args: Any, **kwargs: Any) -> bool:
             if current["i"] == crash_at:
                 die()
             return await original(*args, **kwargs)
 
-        store.complete = complete  # type: ignore[method-assign]
+        store.commit = complete  # type: ignore[method-assign]
     if point == "before":
         original_begin = store.begin
 

@@ -12,7 +12,7 @@ from agent_ledger.stores.postgres import PostgresStore
 from agent_ledger.stores.sqlite import SqliteStore
 
 #: Protocol methods that are not ledger steps (or are an alias due to go).
-NOT_STEPS = {"close", "complete", "subscribe", "transaction"}
+NOT_STEPS = {"close", "subscribe", "transaction"}
 
 
 def _steps(cls: type) -> set[str]:
