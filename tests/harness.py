@@ -31,8 +31,12 @@ from agent_ledger.stores.sqlite import SqliteStore
 
 
 class StoreHarness(Protocol):
-    kind: str
-    store: Store
+    # Read-only members, so a harness may hold a concrete store (MemoryStore, ...).
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def store(self) -> Store: ...
 
     async def age(self, ms: float) -> None:
         """Make every stored timestamp ``ms`` older, as if that much time passed."""
@@ -225,12 +229,12 @@ async def open_harness(kind: str) -> AsyncIterator[StoreHarness]:
 
         store = await PostgresStore.connect(DSN, schema=TEST_SCHEMA, min_size=1, max_size=8)
         backdoor = await psycopg.AsyncConnection.connect(DSN, autocommit=True)
-        harness = PostgresHarness(store, backdoor)
+        pg_harness = PostgresHarness(store, backdoor)
         try:
             from psycopg import sql
 
-            await harness._sql(sql.SQL("TRUNCATE {}").format(harness._table()))
-            yield harness
+            await pg_harness._sql(sql.SQL("TRUNCATE {}").format(pg_harness._table()))
+            yield pg_harness
         finally:
             await store.close()
             await backdoor.close()

@@ -9,8 +9,10 @@ the store's coroutines on it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import pytest
 from hypothesis import settings
@@ -29,6 +31,7 @@ from tests.harness import (
 )
 
 S = EffectStatus
+T = TypeVar("T")
 KEYS = range(2)
 WORKERS = range(2)
 STALE_MS = 1_000
@@ -82,7 +85,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.model = Model()
         self.news = {k: new_effect(self.ledger, k) for k in KEYS}
 
-    def run(self, coro):  # type: ignore[no-untyped-def]
+    def run(self, coro: Awaitable[T]) -> T:
         return self.loop.run_until_complete(coro)
 
     def teardown(self) -> None:

@@ -12,7 +12,7 @@ from psycopg import sql
 
 from agent_ledger import EffectLedgerValidationError, EffectStatus, EffectStoreError, ToolCall
 from agent_ledger.stores.postgres import SCHEMA_SQL, SCHEMA_VERSION, PostgresStore
-from tests.harness import make_ledger
+from tests.harness import PostgresHarness, make_ledger
 
 ROOT_SCHEMA = Path(__file__).resolve().parents[2] / "schema.sql"
 
@@ -63,7 +63,9 @@ async def test_create_schema_is_idempotent_and_concurrent_safe(
             await s.close()
 
 
-async def test_status_check_constraint_mirrors_the_enum(pg, dsn: str, schema: str) -> None:  # type: ignore[no-untyped-def]
+async def test_status_check_constraint_mirrors_the_enum(
+    pg: PostgresHarness, dsn: str, schema: str
+) -> None:
     """The CHECK constraint allows exactly the EffectStatus values."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         cursor = await conn.execute(
@@ -78,7 +80,9 @@ async def test_status_check_constraint_mirrors_the_enum(pg, dsn: str, schema: st
     assert allowed == {s.value for s in EffectStatus}
 
 
-async def test_database_rejects_an_unknown_status(pg, dsn: str, schema: str) -> None:  # type: ignore[no-untyped-def]
+async def test_database_rejects_an_unknown_status(
+    pg: PostgresHarness, dsn: str, schema: str
+) -> None:
     """A hand-written bad status is refused by the database itself."""
     ledger = make_ledger(pg.store)
     begun = await ledger.begin(ToolCall(workflow_id="w", tool="t"))

@@ -68,14 +68,14 @@ async def test_soak(pg: Any, dsn: str, schema: str, tmp_path: Path, rng: random.
     mismatched = 0
     dedup_total = 0
     for n in keys:
-        effect = await ledger.find_by_idem_key(ledger.idem_key(call_for(n)))
-        assert effect is not None and effect.status.is_terminal
-        dedup_total += effect.dedup_count
+        stored = await ledger.find_by_idem_key(ledger.idem_key(call_for(n)))
+        assert stored is not None and stored.status.is_terminal
+        dedup_total += stored.dedup_count
         expected_failed = n % 20 == 0
-        assert effect.status is (EffectStatus.FAILED if expected_failed else EffectStatus.SUCCEEDED)
+        assert stored.status is (EffectStatus.FAILED if expected_failed else EffectStatus.SUCCEEDED)
         for outcome in (o for o in outcomes if o["n"] == n):
             if ("failed" in outcome) != expected_failed or (
-                not expected_failed and outcome["result"] != effect.result
+                not expected_failed and outcome["result"] != stored.result
             ):
                 mismatched += 1
     stats = await ledger.stats()
