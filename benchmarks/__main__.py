@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from agent_ledger import MemoryStore, SqliteStore
+from agent_ledger.testing import StatementCounter
 from benchmarks import scenarios as sc
 from benchmarks.floors import PostgresFloor, SqliteFloor, handler
 from benchmarks.timing import Figure, figure
@@ -204,7 +205,6 @@ async def bench_postgres(sizes: sc.Sizes, dsn: str) -> Report:
     from psycopg_pool import AsyncConnectionPool
 
     from agent_ledger.stores.postgres import PostgresStore
-    from benchmarks.wire import Wire
 
     report = Report("postgres")
     tag = uuid.uuid4().hex[:8]
@@ -224,7 +224,7 @@ async def bench_postgres(sizes: sc.Sizes, dsn: str) -> Report:
             figures = await sc.throughput(ledger, floor.fresh, floor.replay, sizes, tasks)
             throughput_rows(report, label, figures, 0.7)
 
-        fresh_n, replay_n = await _statements(dsn, schema, Wire)
+        fresh_n, replay_n = await _statements(dsn, schema)
         report.add("statements per fresh run (counted)", fresh_n, target="== 2", met=fresh_n == 2)
         report.add("statements per replay (counted)", replay_n, target="== 1", met=replay_n == 1)
 
@@ -306,13 +306,13 @@ async def _fill_postgres(conn: Any, table: Any, start: int, stop: int) -> None:
     await conn.execute(sql.SQL("ANALYZE {}").format(table))
 
 
-async def _statements(dsn: str, schema: str, wire_class: Any) -> tuple[int, int]:
+async def _statements(dsn: str, schema: str) -> tuple[int, int]:
     from psycopg_pool import AsyncConnectionPool
 
     from agent_ledger.stores.postgres import PostgresStore
 
     with tempfile.TemporaryDirectory() as folder:
-        wire = wire_class(Path(folder) / "trace")
+        wire = StatementCounter(Path(folder) / "trace")
         pool = AsyncConnectionPool(
             dsn,
             min_size=1,

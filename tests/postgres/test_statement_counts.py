@@ -17,16 +17,16 @@ from psycopg_pool import AsyncConnectionPool
 
 from agent_ledger import CommitSucceeded, EffectLedger, RunOptions, StaleOptions, ToolCall
 from agent_ledger.stores.postgres import PostgresStore
-from benchmarks.wire import Wire
+from agent_ledger.testing import StatementCounter
 from tests.harness import make_ledger
 
 
 @pytest.fixture(params=[True, False], ids=["autocommit-pool", "transactional-pool"])
 async def traced(
     request: pytest.FixtureRequest, tmp_path: Path, dsn: str, schema: str, pg: Any
-) -> AsyncIterator[tuple[EffectLedger, Wire]]:
+) -> AsyncIterator[tuple[EffectLedger, StatementCounter]]:
     """A ledger on a one-connection pool whose every message is traced to a file."""
-    wire = Wire(tmp_path / "libpq.trace")
+    wire = StatementCounter(tmp_path / "libpq.trace")
 
     async def configure(conn: AsyncConnection[Any]) -> None:
         await wire.attach(conn)
@@ -54,14 +54,14 @@ async def traced(
 CALL = ToolCall(workflow_id="wf", tool="count.me", args={"x": 1})
 
 
-async def count(wire: Wire, step: Callable[[], Any]) -> list[str]:
+async def count(wire: StatementCounter, step: Callable[[], Any]) -> list[str]:
     wire.mark()
     await step()
     return wire.statements()
 
 
 async def test_fresh_run_is_two_statements_and_replay_one(
-    traced: tuple[EffectLedger, Wire],
+    traced: tuple[EffectLedger, StatementCounter],
 ) -> None:
     """A fresh run() costs begin + commit; a replay costs begin; never a BEGIN/COMMIT."""
     ledger, wire = traced
@@ -77,7 +77,7 @@ async def test_fresh_run_is_two_statements_and_replay_one(
 
 
 async def test_each_manual_and_admin_step_is_one_statement(
-    traced: tuple[EffectLedger, Wire],
+    traced: tuple[EffectLedger, StatementCounter],
 ) -> None:
     """begin, commit, heartbeat, request_approval, approve, deny, cancel, get, find: one each."""
     ledger, wire = traced
