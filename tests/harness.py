@@ -16,18 +16,12 @@ from typing import Any, Protocol
 
 import pytest
 
-from agent_ledger import (
-    EffectLedger,
-    EffectLedgerOptions,
-    LedgerDefaults,
-    LedgerHooks,
-    ManualClock,
-    RunOptions,
-)
+from agent_ledger import EffectLedger, ManualClock, RunOptions
 from agent_ledger.stores.base import Store
 from agent_ledger.stores.memory import MemoryStore
 from agent_ledger.stores.postgres import PostgresStore
 from agent_ledger.stores.sqlite import SqliteStore
+from agent_ledger.testing import build_ledger
 
 
 class StoreHarness(Protocol):
@@ -65,17 +59,7 @@ class MemoryHarness:
         return len(self.store._rows)
 
     def ledger(self, defaults: RunOptions | None = None) -> EffectLedger:
-        return make_ledger(self.store, defaults)
-
-
-def make_ledger(
-    store: Store, defaults: RunOptions | None = None, hooks: LedgerHooks | None = None
-) -> EffectLedger:
-    return EffectLedger(
-        EffectLedgerOptions(
-            store=store, defaults=LedgerDefaults(run=defaults or RunOptions()), hooks=hooks
-        )
-    )
+        return build_ledger(self.store, defaults=defaults)
 
 
 # --- PostgreSQL -----------------------------------------------------------------
@@ -177,7 +161,7 @@ class PostgresHarness:
         return int(row[0])
 
     def ledger(self, defaults: RunOptions | None = None) -> EffectLedger:
-        return make_ledger(self.store, defaults)
+        return build_ledger(self.store, defaults=defaults)
 
 
 @dataclass
@@ -199,7 +183,7 @@ class SqliteHarness:
             return int(conn.execute("SELECT count(*) FROM agent_ledger_effects").fetchone()[0])
 
     def ledger(self, defaults: RunOptions | None = None) -> EffectLedger:
-        return make_ledger(self.store, defaults)
+        return build_ledger(self.store, defaults=defaults)
 
 
 STORE_KINDS = [

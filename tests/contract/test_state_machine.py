@@ -22,10 +22,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from agent_ledger import EffectError, EffectStatus, ToolCall
 from agent_ledger.ledger import EffectLedger
 from agent_ledger.stores.base import NewEffect
+from agent_ledger.testing import build_ledger
 from tests.harness import (
     STORE_KINDS,
     StoreHarness,
-    make_ledger,
     open_harness,
     require_postgres,
 )
@@ -81,7 +81,7 @@ class LedgerMachine(RuleBasedStateMachine):
         except BaseException:
             self.loop.close()  # teardown() will not run for a machine that never started
             raise
-        self.ledger = make_ledger(self.harness.store)
+        self.ledger = build_ledger(self.harness.store)
         self.model = Model()
         self.news = {k: new_effect(self.ledger, k) for k in KEYS}
 

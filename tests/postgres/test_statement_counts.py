@@ -17,8 +17,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from agent_ledger import CommitSucceeded, EffectLedger, RunOptions, StaleOptions, ToolCall
 from agent_ledger.stores.postgres import PostgresStore
-from agent_ledger.testing import StatementCounter
-from tests.harness import make_ledger
+from agent_ledger.testing import StatementCounter, build_ledger
 
 
 @pytest.fixture(params=[True, False], ids=["autocommit-pool", "transactional-pool"])
@@ -42,7 +41,7 @@ async def traced(
     await pool.open(wait=True)
     store = PostgresStore(pool, schema=schema)
     # after_ms=0: no heartbeat timer can add a statement to the count.
-    ledger = make_ledger(store, RunOptions(stale=StaleOptions(after_ms=0)))
+    ledger = build_ledger(store, defaults=RunOptions(stale=StaleOptions(after_ms=0)))
     try:
         yield ledger, wire
     finally:

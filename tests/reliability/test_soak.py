@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from agent_ledger import EffectStatus
-from tests.harness import make_ledger
+from agent_ledger.testing import build_ledger
 from tests.reliability.conftest import report
 from tests.reliability.soak_worker import call_for
 
@@ -29,7 +29,7 @@ CALLS = int(os.environ.get("AGENT_LEDGER_SOAK_CALLS", "2000"))  # per process
 async def test_soak(pg: Any, dsn: str, schema: str, tmp_path: Path, rng: random.Random) -> None:
     """Exactly one execution per key, every caller got the recorded outcome, counts add up."""
     url, log, seed = f"{dsn}?schema={schema}", tmp_path / "soak.jsonl", rng.randrange(1 << 20)
-    ledger = make_ledger(pg.store)
+    ledger = build_ledger(pg.store)
     started = time.monotonic()
     workers = [
         subprocess.Popen(
