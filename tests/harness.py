@@ -1,4 +1,9 @@
-"""Store harnesses: a store under test plus a back door into what it holds."""
+"""Store harnesses: a store under test plus a back door into what it holds.
+
+psycopg is imported only where a Postgres harness is opened, so the Memory and
+SQLite tiers run (and the Postgres ones skip) where the `postgres` extra is
+not installed.
+"""
 
 from __future__ import annotations
 
@@ -12,16 +17,18 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
 from agent_ledger import EffectLedger, ManualClock, RunOptions
 from agent_ledger.stores.base import Store
 from agent_ledger.stores.memory import MemoryStore
-from agent_ledger.stores.postgres import PostgresStore
 from agent_ledger.stores.sqlite import SqliteStore
 from agent_ledger.testing import build_ledger
+
+if TYPE_CHECKING:
+    from agent_ledger.stores.postgres import PostgresStore
 
 
 class StoreHarness(Protocol):
@@ -70,13 +77,27 @@ REQUIRE_POSTGRES = os.environ.get("AGENT_LEDGER_REQUIRE_POSTGRES") == "1"
 TEST_SCHEMA = f"agent_ledger_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
 
 
+PSYCOPG_MISSING = "psycopg is not installed (pip install -e '.[postgres]')"
+
+
+@functools.cache
+def psycopg_installed() -> bool:
+    """Whether the `postgres` extra (psycopg and its pool) can be imported."""
+    try:
+        import psycopg  # noqa: F401
+        import psycopg_pool  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 @functools.cache
 def postgres_unavailable() -> str | None:
     """Why Postgres tests cannot run here, or None if they can (checked once)."""
-    try:
-        import psycopg
-    except ImportError:
-        return "psycopg is not installed (pip install -e '.[postgres]')"
+    if not psycopg_installed():
+        return PSYCOPG_MISSING
+    import psycopg
+
     try:
         with psycopg.connect(DSN, connect_timeout=5, autocommit=True) as conn:
             conn.execute("SELECT 1")
@@ -102,6 +123,8 @@ async def ensure_test_schema() -> None:
     global _schema_ready
     if _schema_ready:
         return
+    from agent_ledger.stores.postgres import PostgresStore
+
     store = await PostgresStore.connect(DSN, schema=TEST_SCHEMA, min_size=1, max_size=2)
     try:
         await store.create_schema()
@@ -210,6 +233,8 @@ async def open_harness(kind: str) -> AsyncIterator[StoreHarness]:
         require_postgres()
         await ensure_test_schema()
         import psycopg
+
+        from agent_ledger.stores.postgres import PostgresStore
 
         store = await PostgresStore.connect(DSN, schema=TEST_SCHEMA, min_size=1, max_size=8)
         backdoor = await psycopg.AsyncConnection.connect(DSN, autocommit=True)
