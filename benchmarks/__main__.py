@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from agent_ledger import MemoryStore, SqliteStore
+from agent_ledger.testing import StatementCounter, build_ledger
 from benchmarks import scenarios as sc
 from benchmarks.floors import PostgresFloor, SqliteFloor, handler
 from benchmarks.timing import Figure, figure
@@ -114,7 +115,7 @@ async def in_process_approver(ledger: Any) -> Any:
 
 async def bench_memory(sizes: sc.Sizes) -> Report:
     report = Report("memory")
-    ledger = sc.make_ledger(MemoryStore())
+    ledger = build_ledger(MemoryStore())
 
     async def direct(key: str) -> object:
         return await handler(key)
@@ -129,7 +130,7 @@ async def bench_memory(sizes: sc.Sizes) -> Report:
         target="<= 15 us",
         met=overhead.median <= 15,
     )
-    contention = await sc.contended(sc.make_ledger(MemoryStore()), sizes)
+    contention = await sc.contended(build_ledger(MemoryStore()), sizes)
     report.add(
         "contended: executions of 50 callers",
         contention["executions_max"],
@@ -151,7 +152,7 @@ async def bench_sqlite(sizes: sc.Sizes) -> Report:
     with tempfile.TemporaryDirectory(prefix="agent-ledger-bench-") as folder:
         store = SqliteStore(Path(folder) / "ledger.db")
         floor = SqliteFloor(Path(folder) / "floor.db")
-        ledger = sc.make_ledger(store)
+        ledger = build_ledger(store)
         try:
             for label, tasks in (("sequential", 1), (f"{sc.CONCURRENCY} tasks", sc.CONCURRENCY)):
                 figures = await sc.throughput(ledger, floor.fresh, floor.replay, sizes, tasks)
@@ -204,7 +205,6 @@ async def bench_postgres(sizes: sc.Sizes, dsn: str) -> Report:
     from psycopg_pool import AsyncConnectionPool
 
     from agent_ledger.stores.postgres import PostgresStore
-    from benchmarks.wire import Wire
 
     report = Report("postgres")
     tag = uuid.uuid4().hex[:8]
@@ -219,12 +219,12 @@ async def bench_postgres(sizes: sc.Sizes, dsn: str) -> Report:
         await store.create_schema()
         await floor_store.create_schema()
         floor = PostgresFloor(pool, f'"{floor_schema}".agent_ledger_effects')
-        ledger = sc.make_ledger(store)
+        ledger = build_ledger(store)
         for label, tasks in (("sequential", 1), (f"{sc.CONCURRENCY} tasks", sc.CONCURRENCY)):
             figures = await sc.throughput(ledger, floor.fresh, floor.replay, sizes, tasks)
             throughput_rows(report, label, figures, 0.7)
 
-        fresh_n, replay_n = await _statements(dsn, schema, Wire)
+        fresh_n, replay_n = await _statements(dsn, schema)
         report.add("statements per fresh run (counted)", fresh_n, target="== 2", met=fresh_n == 2)
         report.add("statements per replay (counted)", replay_n, target="== 1", met=replay_n == 1)
 
@@ -306,13 +306,13 @@ async def _fill_postgres(conn: Any, table: Any, start: int, stop: int) -> None:
     await conn.execute(sql.SQL("ANALYZE {}").format(table))
 
 
-async def _statements(dsn: str, schema: str, wire_class: Any) -> tuple[int, int]:
+async def _statements(dsn: str, schema: str) -> tuple[int, int]:
     from psycopg_pool import AsyncConnectionPool
 
     from agent_ledger.stores.postgres import PostgresStore
 
     with tempfile.TemporaryDirectory() as folder:
-        wire = wire_class(Path(folder) / "trace")
+        wire = StatementCounter(Path(folder) / "trace")
         pool = AsyncConnectionPool(
             dsn,
             min_size=1,
@@ -324,7 +324,7 @@ async def _statements(dsn: str, schema: str, wire_class: Any) -> tuple[int, int]
         await pool.open(wait=True)
         store = PostgresStore(pool, schema=schema)
         try:
-            ledger = sc.make_ledger(store)
+            ledger = build_ledger(store)
             call = sc.calls_for(uuid.uuid4().hex[:8], 1)[0]
             wire.mark()
             await ledger.run(call, handler)

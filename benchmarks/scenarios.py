@@ -16,14 +16,13 @@ from typing import Any
 
 from agent_ledger import (
     EffectLedger,
-    EffectLedgerOptions,
     EffectStatus,
-    LedgerDefaults,
     MemoryStore,
     RunOptions,
     ToolCall,
 )
 from agent_ledger.stores.base import NewEffect, Store
+from agent_ledger.testing import build_ledger
 from benchmarks.floors import handler
 from benchmarks.timing import Figure, figure, percentile, repeat
 
@@ -46,12 +45,6 @@ class Sizes:
         if quick:
             return cls(300, 5, 50, 10, (10_000, 100_000), 20_000, 300)
         return cls(2_000, 5, 50, 20, (10_000, 1_000_000), 100_000, 2_000)
-
-
-def make_ledger(store: Store, **run: Any) -> EffectLedger:
-    return EffectLedger(
-        EffectLedgerOptions(store=store, defaults=LedgerDefaults(run=RunOptions(**run)))
-    )
 
 
 def calls_for(run_id: str, n: int) -> list[ToolCall]:
@@ -269,7 +262,7 @@ def rss_bytes() -> int:
 
 async def memory_growth(sizes: Sizes) -> float:
     """RSS growth in MB per 100k effects kept by MemoryStore."""
-    ledger = make_ledger(MemoryStore())
+    ledger = build_ledger(MemoryStore())
     calls = calls_for("rss", sizes.rss_effects)
     gc.collect()
     before = rss_bytes()
@@ -286,7 +279,7 @@ async def memory_overhead_us(sizes: Sizes) -> Figure:
     values: list[float] = []
 
     async def measure(rep: int) -> float:
-        ledger = make_ledger(MemoryStore())
+        ledger = build_ledger(MemoryStore())
         calls = calls_for(uuid.uuid4().hex[:8], sizes.calls * 5)
         gc.collect()
         started = time.perf_counter()

@@ -9,7 +9,9 @@ check what is really stored.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -23,6 +25,7 @@ from tests.harness import (
     drop_test_schema,
     ensure_test_schema,
     open_harness,
+    psycopg_installed,
     require_postgres,
 )
 
@@ -46,6 +49,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "postgres" in item.path.parent.parts[-1:]:
             item.add_marker(pytest.mark.postgres)
+
+
+#: A top-level import that needs the `postgres` extra.
+_IMPORTS_PSYCOPG = re.compile(
+    r"^(?:import|from)\s+(?:psycopg\w*|agent_ledger\.stores\.postgres)\b", re.MULTILINE
+)
+
+
+class _NeedsPsycopg(pytest.Module):
+    """A test module that imports psycopg at the top, where psycopg is not installed.
+
+    Importing it would be a collection error; instead it is skipped with the
+    same reason as every other Postgres test (or, with
+    AGENT_LEDGER_REQUIRE_POSTGRES=1, reported as an error), by the same check.
+    """
+
+    def collect(self) -> Iterable[pytest.Item | pytest.Collector]:
+        require_postgres()  # always skips or fails here: psycopg is missing
+        return super().collect()
+
+
+def pytest_pycollect_makemodule(
+    module_path: Path, parent: pytest.Collector
+) -> pytest.Module | None:
+    if psycopg_installed() or not _IMPORTS_PSYCOPG.search(module_path.read_text()):
+        return None
+    return _NeedsPsycopg.from_parent(parent, path=module_path)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -1,4 +1,9 @@
-"""Store harnesses: a store under test plus a back door into what it holds."""
+"""Store harnesses: a store under test plus a back door into what it holds.
+
+psycopg is imported only where a Postgres harness is opened, so the Memory and
+SQLite tiers run (and the Postgres ones skip) where the `postgres` extra is
+not installed.
+"""
 
 from __future__ import annotations
 
@@ -12,27 +17,27 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
-from agent_ledger import (
-    EffectLedger,
-    EffectLedgerOptions,
-    LedgerDefaults,
-    LedgerHooks,
-    ManualClock,
-    RunOptions,
-)
+from agent_ledger import EffectLedger, ManualClock, RunOptions
 from agent_ledger.stores.base import Store
 from agent_ledger.stores.memory import MemoryStore
-from agent_ledger.stores.postgres import PostgresStore
 from agent_ledger.stores.sqlite import SqliteStore
+from agent_ledger.testing import build_ledger
+
+if TYPE_CHECKING:
+    from agent_ledger.stores.postgres import PostgresStore
 
 
 class StoreHarness(Protocol):
-    kind: str
-    store: Store
+    # Read-only members, so a harness may hold a concrete store (MemoryStore, ...).
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def store(self) -> Store: ...
 
     async def age(self, ms: float) -> None:
         """Make every stored timestamp ``ms`` older, as if that much time passed."""
@@ -58,20 +63,10 @@ class MemoryHarness:
         self.clock.advance(ms=ms)
 
     async def raw_count(self) -> int:
-        return len(self.store._rows)
+        return len(self.store)
 
     def ledger(self, defaults: RunOptions | None = None) -> EffectLedger:
-        return make_ledger(self.store, defaults)
-
-
-def make_ledger(
-    store: Store, defaults: RunOptions | None = None, hooks: LedgerHooks | None = None
-) -> EffectLedger:
-    return EffectLedger(
-        EffectLedgerOptions(
-            store=store, defaults=LedgerDefaults(run=defaults or RunOptions()), hooks=hooks
-        )
-    )
+        return build_ledger(self.store, defaults=defaults)
 
 
 # --- PostgreSQL -----------------------------------------------------------------
@@ -82,13 +77,27 @@ REQUIRE_POSTGRES = os.environ.get("AGENT_LEDGER_REQUIRE_POSTGRES") == "1"
 TEST_SCHEMA = f"agent_ledger_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
 
 
+PSYCOPG_MISSING = "psycopg is not installed (pip install -e '.[postgres]')"
+
+
+@functools.cache
+def psycopg_installed() -> bool:
+    """Whether the `postgres` extra (psycopg and its pool) can be imported."""
+    try:
+        import psycopg  # noqa: F401
+        import psycopg_pool  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 @functools.cache
 def postgres_unavailable() -> str | None:
     """Why Postgres tests cannot run here, or None if they can (checked once)."""
-    try:
-        import psycopg
-    except ImportError:
-        return "psycopg is not installed (pip install -e '.[postgres]')"
+    if not psycopg_installed():
+        return PSYCOPG_MISSING
+    import psycopg
+
     try:
         with psycopg.connect(DSN, connect_timeout=5, autocommit=True) as conn:
             conn.execute("SELECT 1")
@@ -114,6 +123,8 @@ async def ensure_test_schema() -> None:
     global _schema_ready
     if _schema_ready:
         return
+    from agent_ledger.stores.postgres import PostgresStore
+
     store = await PostgresStore.connect(DSN, schema=TEST_SCHEMA, min_size=1, max_size=2)
     try:
         await store.create_schema()
@@ -173,7 +184,7 @@ class PostgresHarness:
         return int(row[0])
 
     def ledger(self, defaults: RunOptions | None = None) -> EffectLedger:
-        return make_ledger(self.store, defaults)
+        return build_ledger(self.store, defaults=defaults)
 
 
 @dataclass
@@ -195,7 +206,7 @@ class SqliteHarness:
             return int(conn.execute("SELECT count(*) FROM agent_ledger_effects").fetchone()[0])
 
     def ledger(self, defaults: RunOptions | None = None) -> EffectLedger:
-        return make_ledger(self.store, defaults)
+        return build_ledger(self.store, defaults=defaults)
 
 
 STORE_KINDS = [
@@ -223,14 +234,16 @@ async def open_harness(kind: str) -> AsyncIterator[StoreHarness]:
         await ensure_test_schema()
         import psycopg
 
+        from agent_ledger.stores.postgres import PostgresStore
+
         store = await PostgresStore.connect(DSN, schema=TEST_SCHEMA, min_size=1, max_size=8)
         backdoor = await psycopg.AsyncConnection.connect(DSN, autocommit=True)
-        harness = PostgresHarness(store, backdoor)
+        pg_harness = PostgresHarness(store, backdoor)
         try:
             from psycopg import sql
 
-            await harness._sql(sql.SQL("TRUNCATE {}").format(harness._table()))
-            yield harness
+            await pg_harness._sql(sql.SQL("TRUNCATE {}").format(pg_harness._table()))
+            yield pg_harness
         finally:
             await store.close()
             await backdoor.close()

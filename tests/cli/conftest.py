@@ -11,9 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg import sql
 
 from tests.harness import DSN, require_postgres
 
@@ -51,6 +49,9 @@ def cli(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cli]:
     try:
         yield Cli(f"{DSN}?schema={schema}", tmp_path)
     finally:
+        import psycopg
+        from psycopg import sql
+
         with psycopg.connect(DSN, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 

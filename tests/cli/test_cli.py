@@ -17,8 +17,8 @@ from agent_ledger import ConcurrencyOptions, EffectStatus, RunOptions, ToolCall
 from agent_ledger.cli import CSV_JSON_COLUMNS
 from agent_ledger.receipt import RECORD_FIELDS, effect_from_record
 from agent_ledger.stores.url import open_store
+from agent_ledger.testing import build_ledger
 from tests.cli.conftest import Cli
-from tests.harness import make_ledger
 
 DEMO_KEY_PREFIX = "af4eff7e"  # the demo call's idempotency key starts with this
 
@@ -75,7 +75,7 @@ def test_long_names_are_clipped_to_fit(cli: Cli) -> None:
 async def _make(url: str, call: ToolCall, result: object = "ok") -> None:
     store = await open_store(url)
     try:
-        await make_ledger(store).run(call, lambda e: result)
+        await build_ledger(store).run(call, lambda e: result)
     finally:
         await store.close()
 
@@ -111,7 +111,7 @@ def test_approve_from_the_cli_wakes_a_waiting_run(cli: Cli) -> None:
     async def scenario() -> tuple[Any, float]:
         store = await open_store(cli.url)
         try:
-            ledger = make_ledger(store)
+            ledger = build_ledger(store)
             options = RunOptions(
                 requires_approval=True,
                 concurrency=ConcurrencyOptions(initial_interval_ms=50, max_interval_ms=200),
@@ -162,7 +162,7 @@ def test_deny_and_cancel_record_reasons(cli: Cli) -> None:
     async def pending(tool: str) -> str:
         store = await open_store(cli.url)
         try:
-            ledger = make_ledger(store)
+            ledger = build_ledger(store)
             begun = await ledger.begin(ToolCall(workflow_id="w", tool=tool))
             if tool == "to.deny":
                 await ledger.request_approval(begun.effect.idem_key)
@@ -198,7 +198,7 @@ def test_export_round_trips_in_every_format(cli: Cli, tmp_path: Path) -> None:
     async def stored() -> list[Any]:
         store = await open_store(cli.url)
         try:
-            return (await make_ledger(store).list_effects()).effects
+            return (await build_ledger(store).list_effects()).effects
         finally:
             await store.close()
 

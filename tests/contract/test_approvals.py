@@ -179,14 +179,14 @@ async def test_request_approval_on_a_manual_effect_fires_the_ledger_hook(
     harness: StoreHarness,
 ) -> None:
     """request_approval() moves processing -> requires_approval and notifies."""
-    from tests.harness import make_ledger
+    from agent_ledger.testing import build_ledger
 
     notified: list[str] = []
 
     async def notify(effect: Effect) -> None:
         notified.append(effect.idem_key)
 
-    ledger = make_ledger(harness.store, hooks=LedgerHooks(on_approval_required=notify))
+    ledger = build_ledger(harness.store, hooks=LedgerHooks(on_approval_required=notify))
     begun = await ledger.begin(DEPLOY)
     assert await ledger.request_approval(begun.effect.idem_key)
     assert not await ledger.request_approval(begun.effect.idem_key)

@@ -9,7 +9,9 @@ import pytest
 from agent_ledger import (
     CommitFailed,
     CommitSucceeded,
+    Effect,
     EffectError,
+    EffectLedger,
     EffectLedgerValidationError,
     EffectStatus,
     ToolCall,
@@ -18,8 +20,12 @@ from tests.harness import StoreHarness
 
 
 async def make(
-    ledger, workflow: str, tool: str, i: int, status: EffectStatus = EffectStatus.SUCCEEDED
-):  # type: ignore[no-untyped-def]
+    ledger: EffectLedger,
+    workflow: str,
+    tool: str,
+    i: int,
+    status: EffectStatus = EffectStatus.SUCCEEDED,
+) -> Effect:
     """Create one effect in the given status through the public API."""
     begun = await ledger.begin(ToolCall(workflow_id=workflow, tool=tool, args={"i": i}))
     effect = begun.effect
@@ -29,7 +35,9 @@ async def make(
         await ledger.commit(effect.id, CommitFailed(error=EffectError("x")))
     elif status is EffectStatus.REQUIRES_APPROVAL:
         await ledger.request_approval(effect.idem_key)
-    return await ledger.get_effect(effect.id)
+    stored = await ledger.get_effect(effect.id)
+    assert stored is not None
+    return stored
 
 
 async def test_list_is_newest_first_and_filters_combine(harness: StoreHarness) -> None:
@@ -58,12 +66,12 @@ async def test_since_and_until_bound_created_at(harness: StoreHarness) -> None:
     old = await make(ledger, "w", "t", 1)
     await harness.age(60_000)
     new = await make(ledger, "w", "t", 2)
-    old = await ledger.get_effect(old.id)  # re-read: aging may have moved its timestamps
-    assert old is not None and new is not None
+    reread = await ledger.get_effect(old.id)  # re-read: aging may have moved its timestamps
+    assert reread is not None and new is not None
     recent = (await ledger.list_effects(since=new.created_at)).effects
     assert [e.id for e in recent] == [new.id]
     earlier = (await ledger.list_effects(until=new.created_at)).effects
-    assert [e.id for e in earlier] == [old.id]
+    assert [e.id for e in earlier] == [reread.id]
 
 
 async def test_pages_are_stable_while_new_effects_arrive(harness: StoreHarness) -> None:

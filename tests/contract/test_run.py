@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from datetime import UTC
+from typing import cast
 
 import pytest
 
@@ -64,7 +66,8 @@ async def test_plain_function_handlers_work(harness: StoreHarness) -> None:
     """A sync handler is called directly and its value recorded."""
     ledger = harness.ledger()
     assert await ledger.run(CALL, lambda effect: ["sync", effect.attempt]) == ["sync", 1]
-    assert await ledger.run(CALL, lambda effect: "ignored") == ["sync", 1]
+    # A replay returns the first run's result, whatever the type of this handler.
+    assert cast(object, await ledger.run(CALL, lambda effect: "ignored")) == ["sync", 1]
 
 
 async def test_handler_receives_the_owned_effect(harness: StoreHarness) -> None:
@@ -153,16 +156,16 @@ async def test_tuples_come_back_as_lists_on_replay(harness: StoreHarness) -> Non
     """Results are stored as JSON, so a replay decodes arrays as lists."""
     ledger = harness.ledger()
     assert await ledger.run(CALL, lambda effect: (1, 2)) == (1, 2)
-    assert await ledger.run(CALL, lambda effect: None) == [1, 2]
+    assert cast(object, await ledger.run(CALL, lambda effect: None)) == [1, 2]
 
 
 async def test_replayed_results_are_independent_copies(harness: StoreHarness) -> None:
     """Mutating a returned result does not change the stored receipt."""
     ledger = harness.ledger()
     await ledger.run(CALL, lambda effect: {"items": [1]})
-    replay = await ledger.run(CALL, lambda effect: None)
-    replay["items"].append(2)  # type: ignore[index]
-    assert await ledger.run(CALL, lambda effect: None) == {"items": [1]}
+    replay = cast(dict[str, list[int]], await ledger.run(CALL, lambda effect: None))
+    replay["items"].append(2)
+    assert cast(object, await ledger.run(CALL, lambda effect: None)) == {"items": [1]}
 
 
 async def test_denied_effect_raises_effect_denied(harness: StoreHarness) -> None:
@@ -204,7 +207,7 @@ async def test_distinct_calls_are_distinct_effects(harness: StoreHarness) -> Non
     assert await harness.raw_count() == 4
 
 
-def _raiser(exc: BaseException):  # type: ignore[no-untyped-def]
+def _raiser(exc: BaseException) -> Callable[[Effect], Awaitable[None]]:
     async def handler(effect: Effect) -> None:
         await asyncio.sleep(0)
         raise exc
@@ -238,6 +241,6 @@ async def test_floats_round_trip_exactly(harness: StoreHarness, number: float) -
     ledger = harness.ledger()
     call = ToolCall(workflow_id="w", tool="t", args={"n": repr(number)})
     await ledger.run(call, lambda effect: {"x": number})
-    replayed = await ledger.run(call, lambda effect: None)
-    assert type(replayed["x"]) is float  # type: ignore[index]
-    assert repr(replayed["x"]) == repr(number)  # type: ignore[index]
+    replayed = cast(dict[str, object], await ledger.run(call, lambda effect: None))
+    assert type(replayed["x"]) is float
+    assert repr(replayed["x"]) == repr(number)

@@ -9,8 +9,10 @@ the store's coroutines on it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import pytest
 from hypothesis import settings
@@ -20,15 +22,16 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from agent_ledger import EffectError, EffectStatus, ToolCall
 from agent_ledger.ledger import EffectLedger
 from agent_ledger.stores.base import NewEffect
+from agent_ledger.testing import build_ledger
 from tests.harness import (
     STORE_KINDS,
     StoreHarness,
-    make_ledger,
     open_harness,
     require_postgres,
 )
 
 S = EffectStatus
+T = TypeVar("T")
 KEYS = range(2)
 WORKERS = range(2)
 STALE_MS = 1_000
@@ -78,11 +81,11 @@ class LedgerMachine(RuleBasedStateMachine):
         except BaseException:
             self.loop.close()  # teardown() will not run for a machine that never started
             raise
-        self.ledger = make_ledger(self.harness.store)
+        self.ledger = build_ledger(self.harness.store)
         self.model = Model()
         self.news = {k: new_effect(self.ledger, k) for k in KEYS}
 
-    def run(self, coro):  # type: ignore[no-untyped-def]
+    def run(self, coro: Awaitable[T]) -> T:
         return self.loop.run_until_complete(coro)
 
     def teardown(self) -> None:

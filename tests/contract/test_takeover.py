@@ -33,7 +33,12 @@ async def test_stale_effect_is_taken_over_with_a_new_attempt(harness: StoreHarne
     crashed = await ledger.begin(CALL)  # a worker that begins, then dies
     await harness.age(STALE_MS + 1)
     seen: list[int] = []
-    assert await ledger.run(CALL, lambda e: seen.append(e.attempt) or "recovered") == "recovered"
+
+    def recover(effect: Effect) -> str:
+        seen.append(effect.attempt)
+        return "recovered"
+
+    assert await ledger.run(CALL, recover) == "recovered"
     assert seen == [2]
     effect = await ledger.get_effect(crashed.effect.id)
     assert effect is not None and (effect.status, effect.attempt) == (EffectStatus.SUCCEEDED, 2)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import pytest
 
 from agent_ledger import (
     CommitSucceeded,
     ConcurrencyOptions,
+    Effect,
     EffectInFlightError,
     EffectLedgerValidationError,
     EffectStatus,
@@ -92,10 +94,18 @@ async def test_an_effect_held_elsewhere_fails_fast_inside_a_transaction(
     ledger = harness.ledger()  # default options: a 30 s wait, a 15 s lease
     holder = await ledger.begin(CALL)
     ran: list[str] = []
+
+    def handler(tag: str) -> Callable[[Effect], str]:
+        def run(effect: Effect) -> str:
+            ran.append(tag)
+            return tag
+
+        return run
+
     started = time.monotonic()
     with pytest.raises(EffectInFlightError, match="another worker") as info:
         async with harness.store.transaction() as tx:
-            await ledger.run(CALL, lambda e: ran.append("b"), tx=tx)
+            await ledger.run(CALL, handler("b"), tx=tx)
     assert time.monotonic() - started < 5.0
     assert info.value.idem_key == holder.effect.idem_key
     assert info.value.status is EffectStatus.PROCESSING
@@ -103,7 +113,7 @@ async def test_an_effect_held_elsewhere_fails_fast_inside_a_transaction(
     assert await ledger.commit(
         holder.effect.id, CommitSucceeded(result="a"), attempt=holder.effect.attempt
     )
-    assert await ledger.run(CALL, lambda e: ran.append("c")) == "a"
+    assert await ledger.run(CALL, handler("c")) == "a"
     assert ran == []
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 
 from agent_ledger import Effect, EffectStatus, ToolCall
-from tests.harness import make_ledger
+from agent_ledger.testing import build_ledger
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,7 +30,7 @@ async def kill_other_backends(dsn: str) -> int:
 
 async def test_connection_killed_during_the_handler_still_records_once(pg: Any, dsn: str) -> None:
     """The pool's connections die while the handler runs; the commit is retried and lands."""
-    ledger = make_ledger(pg.store)
+    ledger = build_ledger(pg.store)
     call = ToolCall(workflow_id="wf", tool="charge", args={"n": 1})
     executions = 0
 
@@ -91,7 +91,7 @@ async def test_dead_pooled_connections_are_replaced_without_errors(dsn: str, sch
         f"{dsn}?application_name={app}", schema=schema, min_size=4, max_size=4
     )
     try:
-        ledger = make_ledger(store)
+        ledger = build_ledger(store)
         await asyncio.gather(*(ledger.find_by_idem_key("0" * 64) for _ in range(8)))
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             cursor = await conn.execute(

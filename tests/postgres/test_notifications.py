@@ -18,7 +18,7 @@ from agent_ledger import (
     StaleOptions,
     ToolCall,
 )
-from tests.harness import make_ledger
+from agent_ledger.testing import build_ledger
 
 CALL = ToolCall(workflow_id="wf", tool="notify.me", args={})
 SLOW_POLL = RunOptions(
@@ -41,7 +41,7 @@ async def terminate_listeners(dsn: str) -> int:
 
 async def test_waiter_wakes_after_the_listener_connection_is_killed(pg: Any, dsn: str) -> None:
     """pg_terminate_backend on the listener: it reconnects and waiters still wake quickly."""
-    ledger = make_ledger(pg.store, SLOW_POLL)
+    ledger = build_ledger(pg.store, defaults=SLOW_POLL)
     release = asyncio.Event()
 
     async def gated(effect: Effect) -> str:
@@ -64,7 +64,7 @@ async def test_waiter_wakes_after_the_listener_connection_is_killed(pg: Any, dsn
 
 async def test_notification_from_a_transaction_arrives_at_commit(pg: Any, dsn: str) -> None:
     """A commit made inside a transaction wakes waiters only when the transaction commits."""
-    ledger = make_ledger(pg.store, SLOW_POLL)
+    ledger = build_ledger(pg.store, defaults=SLOW_POLL)
     begun = await ledger.begin(CALL)
     waiter = asyncio.create_task(ledger.run(CALL, lambda e: "never"))
     await asyncio.sleep(0.2)
@@ -81,7 +81,7 @@ async def test_users_own_connection_as_tx_rolls_back_with_app_writes(
     pg: Any, dsn: str, schema: str
 ) -> None:
     """With the caller's psycopg connection as tx, the effect and the app's rows share a fate."""
-    ledger = make_ledger(pg.store)
+    ledger = build_ledger(pg.store)
     orders = sql.Identifier(schema, "app_orders")
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
         await admin.execute(

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from agent_ledger import ConcurrencyOptions, EffectDeniedError, EffectStatus, RunOptions
-from tests.harness import make_ledger
+from agent_ledger.testing import build_ledger
 from tests.processes import executions, finish
 from tests.processes import spawn as spawn_worker
 from tests.worker import CALL
@@ -37,7 +37,7 @@ async def test_processes_racing_on_one_call_execute_once(
     outcomes = [await asyncio.to_thread(finish, w) for w in workers]
     assert len(executions(log)) == 1
     assert {orjson.dumps(o).decode() for o in outcomes} == {orjson.dumps(outcomes[0]).decode()}
-    effect = await make_ledger(pg.store).find_by_idem_key(make_ledger(pg.store).idem_key(CALL))
+    effect = await build_ledger(pg.store).find_by_idem_key(build_ledger(pg.store).idem_key(CALL))
     assert (
         effect is not None and effect.dedup_count == 5 and effect.status is EffectStatus.SUCCEEDED
     )
@@ -64,7 +64,7 @@ async def test_killed_worker_is_taken_over_by_another_process(
     assert outcome == {"result": {"pid": taker.pid, "attempt": 2}}
     assert time.monotonic() - started < 30
     assert executions(log) == [(victim.pid, 1), (taker.pid, 2)]
-    ledger = make_ledger(pg.store)
+    ledger = build_ledger(pg.store)
     effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
     assert effect is not None and (effect.status, effect.attempt) == (EffectStatus.SUCCEEDED, 2)
 
@@ -73,7 +73,7 @@ SLOW_POLL = ConcurrencyOptions(initial_interval_ms=30_000, max_interval_ms=30_00
 
 
 async def wait_for_status(pg: Any, status: EffectStatus) -> None:
-    ledger = make_ledger(pg.store)
+    ledger = build_ledger(pg.store)
     for _ in range(500):
         effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
         if effect is not None and effect.status is status:
@@ -87,7 +87,7 @@ async def test_decision_from_another_process_wakes_the_waiter(
     pg: Any, dsn: str, schema: str, decision: str
 ) -> None:
     """approve/deny in another process wakes run() at once, although it polls every 30 s."""
-    ledger = make_ledger(pg.store)
+    ledger = build_ledger(pg.store)
     options = RunOptions(requires_approval=True, concurrency=SLOW_POLL)
     waiting = asyncio.create_task(ledger.run(CALL, lambda e: "deployed", options))
     await wait_for_status(pg, EffectStatus.REQUIRES_APPROVAL)

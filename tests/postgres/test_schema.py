@@ -12,7 +12,8 @@ from psycopg import sql
 
 from agent_ledger import EffectLedgerValidationError, EffectStatus, EffectStoreError, ToolCall
 from agent_ledger.stores.postgres import SCHEMA_SQL, SCHEMA_VERSION, PostgresStore
-from tests.harness import make_ledger
+from agent_ledger.testing import build_ledger
+from tests.harness import PostgresHarness
 
 ROOT_SCHEMA = Path(__file__).resolve().parents[2] / "schema.sql"
 
@@ -42,7 +43,7 @@ async def test_schema_sql_applies_twice_verbatim(dsn: str, scratch_schema: str) 
     store = await PostgresStore.connect(dsn, schema=scratch_schema)
     try:
         assert await store.check_schema() == SCHEMA_VERSION
-        assert await make_ledger(store).run(ToolCall(workflow_id="w", tool="t"), lambda e: 1) == 1
+        assert await build_ledger(store).run(ToolCall(workflow_id="w", tool="t"), lambda e: 1) == 1
     finally:
         await store.close()
 
@@ -63,7 +64,9 @@ async def test_create_schema_is_idempotent_and_concurrent_safe(
             await s.close()
 
 
-async def test_status_check_constraint_mirrors_the_enum(pg, dsn: str, schema: str) -> None:  # type: ignore[no-untyped-def]
+async def test_status_check_constraint_mirrors_the_enum(
+    pg: PostgresHarness, dsn: str, schema: str
+) -> None:
     """The CHECK constraint allows exactly the EffectStatus values."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         cursor = await conn.execute(
@@ -78,9 +81,11 @@ async def test_status_check_constraint_mirrors_the_enum(pg, dsn: str, schema: st
     assert allowed == {s.value for s in EffectStatus}
 
 
-async def test_database_rejects_an_unknown_status(pg, dsn: str, schema: str) -> None:  # type: ignore[no-untyped-def]
+async def test_database_rejects_an_unknown_status(
+    pg: PostgresHarness, dsn: str, schema: str
+) -> None:
     """A hand-written bad status is refused by the database itself."""
-    ledger = make_ledger(pg.store)
+    ledger = build_ledger(pg.store)
     begun = await ledger.begin(ToolCall(workflow_id="w", tool="t"))
     with pytest.raises(psycopg.errors.CheckViolation):
         await pg._sql(
@@ -93,7 +98,7 @@ async def test_missing_tables_give_a_clear_store_error(dsn: str, scratch_schema:
     """Using a schema without the tables says what to apply, with the operation and key."""
     store = await PostgresStore.connect(dsn, schema=scratch_schema)
     try:
-        ledger = make_ledger(store)
+        ledger = build_ledger(store)
         with pytest.raises(EffectStoreError, match=r"apply schema\.sql") as info:
             await ledger.run(ToolCall(workflow_id="w", tool="t"), lambda e: 1)
         assert info.value.operation == "begin"
@@ -111,7 +116,7 @@ async def test_hostile_schema_names_are_quoted_not_executed(dsn: str) -> None:
     store = await PostgresStore.connect(dsn, schema=name)
     try:
         await store.create_schema()
-        ledger = make_ledger(store)
+        ledger = build_ledger(store)
         assert await ledger.run(ToolCall(workflow_id="w", tool="t"), lambda e: "safe") == "safe"
     finally:
         await store.close()

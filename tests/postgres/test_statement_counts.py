@@ -17,16 +17,15 @@ from psycopg_pool import AsyncConnectionPool
 
 from agent_ledger import CommitSucceeded, EffectLedger, RunOptions, StaleOptions, ToolCall
 from agent_ledger.stores.postgres import PostgresStore
-from benchmarks.wire import Wire
-from tests.harness import make_ledger
+from agent_ledger.testing import StatementCounter, build_ledger
 
 
 @pytest.fixture(params=[True, False], ids=["autocommit-pool", "transactional-pool"])
 async def traced(
     request: pytest.FixtureRequest, tmp_path: Path, dsn: str, schema: str, pg: Any
-) -> AsyncIterator[tuple[EffectLedger, Wire]]:
+) -> AsyncIterator[tuple[EffectLedger, StatementCounter]]:
     """A ledger on a one-connection pool whose every message is traced to a file."""
-    wire = Wire(tmp_path / "libpq.trace")
+    wire = StatementCounter(tmp_path / "libpq.trace")
 
     async def configure(conn: AsyncConnection[Any]) -> None:
         await wire.attach(conn)
@@ -42,7 +41,7 @@ async def traced(
     await pool.open(wait=True)
     store = PostgresStore(pool, schema=schema)
     # after_ms=0: no heartbeat timer can add a statement to the count.
-    ledger = make_ledger(store, RunOptions(stale=StaleOptions(after_ms=0)))
+    ledger = build_ledger(store, defaults=RunOptions(stale=StaleOptions(after_ms=0)))
     try:
         yield ledger, wire
     finally:
@@ -54,14 +53,14 @@ async def traced(
 CALL = ToolCall(workflow_id="wf", tool="count.me", args={"x": 1})
 
 
-async def count(wire: Wire, step: Callable[[], Any]) -> list[str]:
+async def count(wire: StatementCounter, step: Callable[[], Any]) -> list[str]:
     wire.mark()
     await step()
     return wire.statements()
 
 
 async def test_fresh_run_is_two_statements_and_replay_one(
-    traced: tuple[EffectLedger, Wire],
+    traced: tuple[EffectLedger, StatementCounter],
 ) -> None:
     """A fresh run() costs begin + commit; a replay costs begin; never a BEGIN/COMMIT."""
     ledger, wire = traced
@@ -77,7 +76,7 @@ async def test_fresh_run_is_two_statements_and_replay_one(
 
 
 async def test_each_manual_and_admin_step_is_one_statement(
-    traced: tuple[EffectLedger, Wire],
+    traced: tuple[EffectLedger, StatementCounter],
 ) -> None:
     """begin, commit, heartbeat, request_approval, approve, deny, cancel, get, find: one each."""
     ledger, wire = traced

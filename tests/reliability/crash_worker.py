@@ -15,7 +15,7 @@ import asyncio
 import os
 import signal
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import orjson
 
@@ -29,6 +29,8 @@ from agent_ledger import (
     ToolCall,
     open_store,
 )
+from agent_ledger.stores.base import Store
+from agent_ledger.testing import FaultyStore
 
 
 def log(path: str, **record: Any) -> None:
@@ -39,39 +41,28 @@ def log(path: str, **record: Any) -> None:
         os.close(fd)
 
 
-def die() -> None:
+def die() -> NoReturn:
     os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("unreachable: SIGKILL cannot be caught")
 
 
 def call_for(i: int) -> ToolCall:
     return ToolCall(workflow_id="crash-suite", tool="side.effect", args={"i": i})
 
 
+def arm_crash(store: FaultyStore[Store], point: str) -> None:
+    """Die at ``point`` of the next run: `commit` before the outcome reaches the store,
+    `before` once begin has landed (its "error" is the SIGKILL)."""
+    if point == "commit":
+        store.fail("commit", when="before", error=die)
+    elif point == "before":
+        store.fail("begin", when="after", error=die)
+
+
 async def main(
     url: str, path: str, first: int, count: int, crash_at: int, point: str, after_ms: int
 ) -> None:
-    store = await open_store(url)
-    current: dict[str, int] = {"i": -1}
-    if point == "commit":
-        original = store.commit
-
-        async def complete(*args: Any, **kwargs: Any) -> bool:
-            if current["i"] == crash_at:
-                die()
-            return await original(*args, **kwargs)
-
-        store.commit = complete  # type: ignore[method-assign]
-    if point == "before":
-        original_begin = store.begin
-
-        async def begin(*args: Any, **kwargs: Any) -> Any:
-            outcome = await original_begin(*args, **kwargs)
-            if current["i"] == crash_at:
-                die()
-            return outcome
-
-        store.begin = begin  # type: ignore[method-assign]
-
+    store = FaultyStore(await open_store(url))
     ledger = EffectLedger(
         EffectLedgerOptions(
             store=store,
@@ -79,7 +70,8 @@ async def main(
         )
     )
     for i in range(first, first + count):
-        current["i"] = i
+        if i == crash_at:
+            arm_crash(store, point)
 
         async def handler(effect: Effect, i: int = i) -> dict[str, Any]:
             log(path, event="executed", i=i, attempt=effect.attempt)

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from agent_ledger import EffectStatus
-from tests.harness import make_ledger
+from agent_ledger.testing import build_ledger
 from tests.reliability.conftest import report
 from tests.reliability.crash_worker import call_for
 
@@ -53,7 +53,7 @@ async def test_sigkill_at_random_points(
 
     events = [orjson.loads(line) for line in log.read_text().splitlines()]
     executions = Counter(e["i"] for e in events if e["event"] == "executed")
-    ledger = make_ledger(pg.store)
+    ledger = build_ledger(pg.store)
     stored = {
         i: await ledger.find_by_idem_key(ledger.idem_key(call_for(i)))
         for i in range(WORKERS * SLICE)

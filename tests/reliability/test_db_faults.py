@@ -30,7 +30,7 @@ from agent_ledger import (
     ToolCall,
 )
 from agent_ledger.stores.postgres import PostgresStore
-from tests.harness import make_ledger
+from agent_ledger.testing import build_ledger
 from tests.reliability.conftest import report
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -58,7 +58,7 @@ class Load:
     """Runs calls (with duplicates) and records what each caller saw and ran."""
 
     def __init__(self, store: PostgresStore, tag: str, handler_s: float = 0.01) -> None:
-        self.ledger = make_ledger(store, OPTIONS)
+        self.ledger = build_ledger(store, defaults=OPTIONS)
         self.tag = tag
         self.handler_s = handler_s
         self.executions: Counter[int] = Counter()

@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from agent_ledger import EffectStatus
-from tests.harness import make_ledger
+from agent_ledger.testing import build_ledger
 from tests.reliability.conftest import report
 from tests.reliability.soak_worker import call_for
 
@@ -29,7 +29,7 @@ CALLS = int(os.environ.get("AGENT_LEDGER_SOAK_CALLS", "2000"))  # per process
 async def test_soak(pg: Any, dsn: str, schema: str, tmp_path: Path, rng: random.Random) -> None:
     """Exactly one execution per key, every caller got the recorded outcome, counts add up."""
     url, log, seed = f"{dsn}?schema={schema}", tmp_path / "soak.jsonl", rng.randrange(1 << 20)
-    ledger = make_ledger(pg.store)
+    ledger = build_ledger(pg.store)
     started = time.monotonic()
     workers = [
         subprocess.Popen(
@@ -68,14 +68,14 @@ async def test_soak(pg: Any, dsn: str, schema: str, tmp_path: Path, rng: random.
     mismatched = 0
     dedup_total = 0
     for n in keys:
-        effect = await ledger.find_by_idem_key(ledger.idem_key(call_for(n)))
-        assert effect is not None and effect.status.is_terminal
-        dedup_total += effect.dedup_count
+        stored = await ledger.find_by_idem_key(ledger.idem_key(call_for(n)))
+        assert stored is not None and stored.status.is_terminal
+        dedup_total += stored.dedup_count
         expected_failed = n % 20 == 0
-        assert effect.status is (EffectStatus.FAILED if expected_failed else EffectStatus.SUCCEEDED)
+        assert stored.status is (EffectStatus.FAILED if expected_failed else EffectStatus.SUCCEEDED)
         for outcome in (o for o in outcomes if o["n"] == n):
             if ("failed" in outcome) != expected_failed or (
-                not expected_failed and outcome["result"] != effect.result
+                not expected_failed and outcome["result"] != stored.result
             ):
                 mismatched += 1
     stats = await ledger.stats()

@@ -10,12 +10,13 @@ import sqlite3
 import subprocess
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from agent_ledger import EffectLedgerValidationError, EffectStatus, EffectStoreError, ToolCall
 from agent_ledger.stores.sqlite import SQLITE_SCHEMA_SQL, SqliteStore
-from tests.harness import make_ledger
+from agent_ledger.testing import build_ledger
 from tests.processes import executions, finish
 from tests.processes import spawn as spawn_worker
 from tests.worker import CALL
@@ -39,7 +40,7 @@ async def test_processes_racing_on_one_file_execute_once(tmp_path: Path) -> None
     assert all(o == outcomes[0] for o in outcomes)
     store = SqliteStore(db)
     try:
-        effect = await store.find(make_ledger(store).idem_key(CALL))
+        effect = await store.find(build_ledger(store).idem_key(CALL))
         assert effect is not None and (effect.status, effect.dedup_count) == (
             EffectStatus.SUCCEEDED,
             5,
@@ -68,13 +69,14 @@ async def test_receipts_survive_a_restart(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
     call = ToolCall(workflow_id="w", tool="email.send", args={"to": "ada@example.com"})
     first = SqliteStore(db)
-    assert await make_ledger(first).run(call, lambda e: {"sent": True}) == {"sent": True}
-    before = await first.find(make_ledger(first).idem_key(call))
+    assert await build_ledger(first).run(call, lambda e: {"sent": True}) == {"sent": True}
+    before = await first.find(build_ledger(first).idem_key(call))
     await first.close()
     second = SqliteStore(db)
     try:
-        ledger = make_ledger(second)
-        assert await ledger.run(call, lambda e: {"sent": "again"}) == {"sent": True}
+        ledger = build_ledger(second)
+        replayed = await ledger.run(call, lambda e: {"sent": "again"})
+        assert cast(object, replayed) == {"sent": True}
         after = await second.find(ledger.idem_key(call))
         assert before is not None and after is not None
         assert after.id == before.id and after.completed_at == before.completed_at

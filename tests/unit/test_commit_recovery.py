@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from agent_ledger import (
@@ -16,32 +14,26 @@ from agent_ledger import (
 )
 from agent_ledger.backoff import Backoff
 from agent_ledger.engine import lifecycle
+from agent_ledger.testing import FaultyStore
 
 CALL = ToolCall(workflow_id="wf", tool="payments.charge", args={"cents": 100})
 
 
-class FlakyCompleteStore(MemoryStore):
-    """A MemoryStore whose commit() raises like a dropped connection.
+def flaky_commit(failures: int, *, applied_then_fail: bool) -> FaultyStore[MemoryStore]:
+    """A MemoryStore whose commit() raises like a dropped connection ``failures`` times.
 
     ``applied_then_fail``: the write lands, then the "connection" breaks, as when
     the server committed but the reply was lost. Otherwise it fails before
-    writing.
+    writing. The error names the step as the real stores do (``commit``).
     """
-
-    def __init__(self, failures: int, *, applied_then_fail: bool) -> None:
-        super().__init__()
-        self.failures = failures
-        self.applied_then_fail = applied_then_fail
-        self.complete_calls = 0
-
-    async def commit(self, effect_id: str, **kwargs: Any) -> bool:
-        self.complete_calls += 1
-        if self.failures > 0:
-            self.failures -= 1
-            if self.applied_then_fail:
-                await super().commit(effect_id, **kwargs)
-            raise EffectStoreError("connection lost", operation="commit", effect_id=effect_id)
-        return await super().commit(effect_id, **kwargs)
+    store = FaultyStore(MemoryStore())
+    store.fail(
+        "commit",
+        times=failures,
+        when="after" if applied_then_fail else "before",
+        error=lambda: EffectStoreError("connection lost", operation="commit"),
+    )
+    return store
 
 
 @pytest.fixture(autouse=True)
@@ -52,7 +44,7 @@ def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("applied_then_fail", [False, True])
 async def test_transient_commit_failure_is_retried(applied_then_fail: bool) -> None:
     """One lost commit reply: run() still returns, the receipt says succeeded, one execution."""
-    store = FlakyCompleteStore(1, applied_then_fail=applied_then_fail)
+    store = flaky_commit(1, applied_then_fail=applied_then_fail)
     ledger = EffectLedger(EffectLedgerOptions(store=store))
     executions = 0
 
@@ -64,41 +56,20 @@ async def test_transient_commit_failure_is_retried(applied_then_fail: bool) -> N
     assert await ledger.run(CALL, charge) == "ch_1"
     effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
     assert effect is not None and (effect.status, effect.result) == (EffectStatus.SUCCEEDED, "ch_1")
-    assert executions == 1 and store.complete_calls == 2
+    assert executions == 1 and store.calls["commit"] == 2
     assert await ledger.run(CALL, charge) == "ch_1" and executions == 1
 
 
 async def test_persistent_commit_failure_raises_the_store_error() -> None:
     """When every try fails, run() raises EffectStoreError and the effect stays claimable."""
-    store = FlakyCompleteStore(10, applied_then_fail=False)
+    store = flaky_commit(10, applied_then_fail=False)
     ledger = EffectLedger(EffectLedgerOptions(store=store))
     with pytest.raises(EffectStoreError, match="connection lost") as info:
         await ledger.run(CALL, lambda effect: "ch_1")
     assert info.value.operation == "commit"
-    assert store.complete_calls == 1 + 3  # the first try and the three retries patched in above
+    assert store.calls["commit"] == 1 + 3  # the first try and the three retries patched in above
     effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
     assert effect is not None and effect.status is EffectStatus.PROCESSING
-
-
-class FlakyReads(MemoryStore):
-    """Reads fail like a dropped connection while ``failing`` is set."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.failing = False
-        self.failures = 0
-
-    async def find(self, idem_key: str, **kwargs: Any) -> Any:
-        if self.failing:
-            self.failures += 1
-            raise EffectStoreError("connection lost", operation="find", idem_key=idem_key)
-        return await super().find(idem_key, **kwargs)
-
-    async def claim(self, idem_key: str, **kwargs: Any) -> Any:
-        if self.failing:
-            self.failures += 1
-            raise EffectStoreError("connection lost", operation="claim", idem_key=idem_key)
-        return await super().claim(idem_key, **kwargs)
 
 
 async def test_waiter_survives_failing_polls() -> None:
@@ -107,15 +78,15 @@ async def test_waiter_survives_failing_polls() -> None:
 
     from agent_ledger import CommitSucceeded, ConcurrencyOptions, LedgerDefaults, RunOptions
 
-    store = FlakyReads()
+    store = FaultyStore(MemoryStore())
     fast = RunOptions(concurrency=ConcurrencyOptions(initial_interval_ms=5, max_interval_ms=10))
     ledger = EffectLedger(EffectLedgerOptions(store=store, defaults=LedgerDefaults(run=fast)))
     begun = await ledger.begin(CALL)
-    store.failing = True
+    store.fail("find", "claim", times=None)  # reads fail like a dropped connection
     waiter = asyncio.create_task(ledger.run(CALL, lambda e: "never"))
     await asyncio.sleep(0.1)
-    assert store.failures >= 2 and not waiter.done()
-    store.failing = False
+    assert store.failures.total() >= 2 and not waiter.done()
+    store.heal()
     await ledger.commit(begun.effect.id, CommitSucceeded(result="done"))
     assert await asyncio.wait_for(waiter, 2) == "done"
 
@@ -124,10 +95,10 @@ async def test_polls_failing_until_the_deadline_raise_the_store_error() -> None:
     """If the store keeps failing, the caller gets the store's error, not a timeout."""
     from agent_ledger import ConcurrencyOptions, RunOptions
 
-    store = FlakyReads()
+    store = FaultyStore(MemoryStore())
     ledger = EffectLedger(EffectLedgerOptions(store=store))
     await ledger.begin(CALL)
-    store.failing = True
+    store.fail("find", "claim", times=None)  # reads fail like a dropped connection
     options = RunOptions(
         concurrency=ConcurrencyOptions(
             wait_timeout_ms=100, initial_interval_ms=10, max_interval_ms=20
@@ -143,12 +114,12 @@ async def test_failing_polls_on_a_ready_effect_back_off() -> None:
 
     from agent_ledger import ConcurrencyOptions, RunOptions
 
-    store = FlakyReads()
+    store = FaultyStore(MemoryStore())
     ledger = EffectLedger(EffectLedgerOptions(store=store))
     begun = await ledger.begin(CALL)
     await ledger.request_approval(begun.effect.idem_key)
     await ledger.approve(begun.effect.idem_key)
-    store.failing = True
+    store.fail("find", "claim", times=None)  # reads fail like a dropped connection
     options = RunOptions(
         concurrency=ConcurrencyOptions(
             wait_timeout_ms=300, initial_interval_ms=50, max_interval_ms=50
@@ -157,4 +128,4 @@ async def test_failing_polls_on_a_ready_effect_back_off() -> None:
     waiter = asyncio.create_task(ledger.run(CALL, lambda e: "x", options))
     with pytest.raises(EffectStoreError):
         await waiter
-    assert store.failures <= 15  # about 300 ms / 50 ms polls, not thousands
+    assert store.failures.total() <= 15  # about 300 ms / 50 ms polls, not thousands

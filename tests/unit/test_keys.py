@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import random
 import uuid
 from enum import Enum
 
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from agent_ledger import EffectLedgerValidationError, ResourceDescriptor, ToolCall
+from agent_ledger import EffectLedgerValidationError, JSONValue, ResourceDescriptor, ToolCall
 from agent_ledger.keys import MAX_DEPTH, canonical_json, canonicalize, idempotency_key
 from tests.strategies import json_objects, json_values, texts
 
@@ -110,18 +111,20 @@ def test_int_and_float_are_different_values() -> None:
 
 
 @given(st.dictionaries(texts, json_values, max_size=8), st.randoms())
-def test_key_is_invariant_under_dict_order(args: dict[str, object], rnd) -> None:  # type: ignore[no-untyped-def]
+def test_key_is_invariant_under_dict_order(args: dict[str, JSONValue], rnd: random.Random) -> None:
     """Insertion order of args (at every level) never changes the key."""
     items = list(args.items())
     rnd.shuffle(items)
     shuffled = dict(items)
-    one = ToolCall(workflow_id="w", tool="t", args=args)  # type: ignore[arg-type]
-    two = ToolCall(workflow_id="w", tool="t", args=shuffled)  # type: ignore[arg-type]
+    one = ToolCall(workflow_id="w", tool="t", args=args)
+    two = ToolCall(workflow_id="w", tool="t", args=shuffled)
     assert idempotency_key(one) == idempotency_key(two)
 
 
 @given(texts, texts, json_objects, texts, texts, json_objects)
-def test_distinct_calls_have_distinct_keys(w1, t1, a1, w2, t2, a2) -> None:  # type: ignore[no-untyped-def]
+def test_distinct_calls_have_distinct_keys(
+    w1: str, t1: str, a1: dict[str, JSONValue], w2: str, t2: str, a2: dict[str, JSONValue]
+) -> None:
     """Calls that differ as JSON values get different keys."""
     same = (w1, t1, orjson.dumps(a1, option=orjson.OPT_SORT_KEYS)) == (
         w2,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from agent_ledger import (
@@ -66,6 +68,7 @@ def test_requires_approval_false_per_call_overrides_ledger_true() -> None:
     assert resolve(merged).requires_approval is False
 
 
+# The `type: ignore[arg-type]` values below are wrong on purpose: the runtime check is under test.
 @pytest.mark.parametrize(
     ("make", "field"),
     [
@@ -80,22 +83,22 @@ def test_requires_approval_false_per_call_overrides_ledger_true() -> None:
         (lambda: ConcurrencyOptions(backoff_multiplier=0.5), "backoff_multiplier"),
         (lambda: ConcurrencyOptions(jitter_factor=1.5), "jitter_factor"),
         (lambda: ConcurrencyOptions(jitter_factor=-0.1), "jitter_factor"),
-        (lambda: ConcurrencyOptions(wait_timeout_ms="30s"), "wait_timeout_ms"),
+        (lambda: ConcurrencyOptions(wait_timeout_ms="30s"), "wait_timeout_ms"),  # type: ignore[arg-type]
         (lambda: ConcurrencyOptions(wait_timeout_ms=True), "wait_timeout_ms"),
-        (lambda: ConcurrencyOptions(wait_timeout_ms=1.5), "wait_timeout_ms"),
+        (lambda: ConcurrencyOptions(wait_timeout_ms=1.5), "wait_timeout_ms"),  # type: ignore[arg-type]
         (lambda: ConcurrencyOptions(backoff_multiplier=float("nan")), "backoff_multiplier"),
         (lambda: StaleOptions(after_ms=-1), "after_ms"),
-        (lambda: StaleOptions(after_ms=None), "after_ms"),
-        (lambda: RunOptions(requires_approval="yes"), "requires_approval"),
-        (lambda: RunOptions(concurrency={"wait_timeout_ms": 1}), "concurrency"),
-        (lambda: RunOptions(stale=5), "stale"),
+        (lambda: StaleOptions(after_ms=None), "after_ms"),  # type: ignore[arg-type]
+        (lambda: RunOptions(requires_approval="yes"), "requires_approval"),  # type: ignore[arg-type]
+        (lambda: RunOptions(concurrency={"wait_timeout_ms": 1}), "concurrency"),  # type: ignore[arg-type]
+        (lambda: RunOptions(stale=5), "stale"),  # type: ignore[arg-type]
         (
             lambda: EffectLedgerOptions(store=MemoryStore(), max_args_size_bytes=0),
             "max_args_size_bytes",
         ),
     ],
 )
-def test_invalid_options_name_the_field(make, field: str) -> None:  # type: ignore[no-untyped-def]
+def test_invalid_options_name_the_field(make: Callable[[], object], field: str) -> None:
     """Each invalid value raises EffectLedgerValidationError naming its field."""
     with pytest.raises(EffectLedgerValidationError) as info:
         make()

@@ -37,4 +37,4 @@ async def test_a_positional_decision_field_is_a_type_error() -> None:
 
     ledger = EffectLedger(EffectLedgerOptions(store=MemoryStore()))
     with pytest.raises(TypeError):
-        await ledger.approve("f" * 64, "alice")  # type: ignore[misc]
+        await ledger.approve("f" * 64, "alice")  # type: ignore[call-arg]

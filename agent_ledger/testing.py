@@ -1,0 +1,366 @@
+"""Test utilities: for applications that use agent-ledger, and for its own tests.
+
+- :class:`ManualClock` moves only when told to, so staleness and takeover can be
+  tested without sleeping (give it to ``MemoryStore(clock=...)`` or
+  ``SqliteStore(..., clock=...)``).
+- :class:`FaultyStore` wraps any store and fails chosen steps on demand, so a
+  test can simulate an outage, a slow server or a lost reply without
+  subclassing a store (and without depending on its private methods).
+- :func:`build_ledger` builds an :class:`EffectLedger` in one call, because a
+  test wants a store and maybe some defaults, not three nested option objects.
+- :class:`StatementCounter` counts the statements a PostgreSQL client really
+  sent, from libpq's own trace, so a round-trip budget is measured rather
+  than assumed. psycopg is imported only when it is used: this module imports
+  without the ``postgres`` extra.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
+
+from agent_ledger.clock import ManualClock
+from agent_ledger.effects import Effect, EffectError
+from agent_ledger.errors import EffectStoreError
+from agent_ledger.ledger import EffectLedger
+from agent_ledger.options import EffectLedgerOptions, LedgerDefaults, LedgerHooks, RunOptions
+from agent_ledger.status import EffectStatus
+from agent_ledger.stores.base import (
+    BeginOutcome,
+    ClaimOutcome,
+    Decision,
+    EffectQuery,
+    LedgerStats,
+    NewEffect,
+    Store,
+    Subscription,
+)
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+
+__all__ = [
+    "STORE_STEPS",
+    "FaultyStore",
+    "ManualClock",
+    "StatementCounter",
+    "build_ledger",
+]
+
+#: The store steps a :class:`FaultyStore` can fail or slow down: every ``Store``
+#: method that reaches the backend. ``subscribe``, ``transaction`` and ``close``
+#: are forwarded but not faultable: a failure inside a transaction shows up on
+#: the steps run with its ``tx``.
+STORE_STEPS: Final = (
+    "begin",
+    "claim",
+    "heartbeat",
+    "commit",
+    "transition",
+    "get",
+    "find",
+    "list_effects",
+    "stats",
+    "purge",
+    "create_schema",
+    "check_schema",
+)
+
+StoreT = TypeVar("StoreT", bound=Store)
+R = TypeVar("R")
+
+#: ``"before"``: the step fails without reaching the store (an outage).
+#: ``"after"``: the step is applied, then fails (a lost reply: the server
+#: committed, the connection broke before the answer arrived).
+When = Literal["before", "after"]
+
+
+@dataclass
+class _Fault:
+    #: Calls still to fail; None fails every call until ``heal()``.
+    remaining: int | None
+    when: When
+    error: Callable[[], BaseException] | None
+
+
+class FaultyStore(Generic[StoreT]):
+    """A store that forwards every call to ``inner``, failing the steps it is told to.
+
+    Why a wrapper rather than a subclass: it works the same for every store
+    (Memory, SQLite, PostgreSQL, a user's own), the store under test keeps its
+    real behaviour, and a fault is configured in the test that needs it::
+
+        store = FaultyStore(MemoryStore())
+        store.fail("commit", when="after")  # the next commit lands, its reply is lost
+        ledger = build_ledger(store)
+
+    Faults raise :class:`~agent_ledger.errors.EffectStoreError` ("connection
+    lost", ``operation`` = the step) unless ``error`` gives another exception.
+    ``calls`` counts every call per step (failed ones included) and
+    ``failures`` the injected faults per step.
+    """
+
+    def __init__(self, inner: StoreT) -> None:
+        self.inner: StoreT = inner
+        self.calls: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()
+        self._faults: dict[str, _Fault] = {}
+        self._delays: dict[str, float] = {}
+
+    # --- configuration -------------------------------------------------------
+
+    def fail(
+        self,
+        *steps: str,
+        times: int | None = 1,
+        when: When = "before",
+        error: Callable[[], BaseException] | None = None,
+    ) -> None:
+        """Fail the next ``times`` calls of each step (every call if ``times`` is None).
+
+        ``when="after"`` applies the step first, then raises: the caller
+        cannot tell whether it landed, which is what retries must survive.
+        ``error`` builds the exception to raise (a fresh one per failure).
+        A later ``fail`` of the same step replaces the earlier one.
+        """
+        if times is not None and times < 1:
+            raise ValueError(f"times must be at least 1 (or None for 'until healed'), not {times}")
+        if when not in ("before", "after"):
+            raise ValueError(f"when must be 'before' or 'after', not {when!r}")
+        for step in _checked(steps):
+            self._faults[step] = _Fault(times, when, error)
+
+    def slow(self, *steps: str, seconds: float) -> None:
+        """Delay every call of each step by ``seconds`` before it reaches the store,
+        like a round trip to a busy server (0 removes the delay)."""
+        for step in _checked(steps):
+            if seconds > 0:
+                self._delays[step] = seconds
+            else:
+                self._delays.pop(step, None)
+
+    def heal(self, *steps: str) -> None:
+        """Stop failing the given steps (every step if none are given); delays stay."""
+        for step in _checked(steps) if steps else tuple(self._faults):
+            self._faults.pop(step, None)
+
+    # --- the Store protocol, forwarded -----------------------------------------
+
+    async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
+        return await self._step(
+            "begin", lambda: self.inner.begin(new, tx=tx), idem_key=new.idem_key
+        )
+
+    async def claim(
+        self, idem_key: str, *, stale_after_ms: int, tx: object | None = None
+    ) -> ClaimOutcome:
+        return await self._step(
+            "claim",
+            lambda: self.inner.claim(idem_key, stale_after_ms=stale_after_ms, tx=tx),
+            idem_key=idem_key,
+        )
+
+    async def heartbeat(self, effect_id: str, attempt: int) -> bool:
+        return await self._step(
+            "heartbeat", lambda: self.inner.heartbeat(effect_id, attempt), effect_id=effect_id
+        )
+
+    async def commit(
+        self,
+        effect_id: str,
+        *,
+        attempt: int | None,
+        status: EffectStatus,
+        result_json: str | None,
+        error: EffectError | None,
+        tx: object | None = None,
+    ) -> bool:
+        return await self._step(
+            "commit",
+            lambda: self.inner.commit(
+                effect_id,
+                attempt=attempt,
+                status=status,
+                result_json=result_json,
+                error=error,
+                tx=tx,
+            ),
+            effect_id=effect_id,
+        )
+
+    async def transition(
+        self,
+        idem_key: str,
+        *,
+        target: EffectStatus,
+        error: EffectError | None = None,
+        decision: Decision | None = None,
+        tx: object | None = None,
+    ) -> Effect | None:
+        return await self._step(
+            "transition",
+            lambda: self.inner.transition(
+                idem_key, target=target, error=error, decision=decision, tx=tx
+            ),
+            idem_key=idem_key,
+        )
+
+    async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
+        return await self._step(
+            "get", lambda: self.inner.get(effect_id, tx=tx), effect_id=effect_id
+        )
+
+    async def find(self, idem_key: str, *, tx: object | None = None) -> Effect | None:
+        return await self._step("find", lambda: self.inner.find(idem_key, tx=tx), idem_key=idem_key)
+
+    async def list_effects(self, query: EffectQuery) -> list[Effect]:
+        return await self._step("list_effects", lambda: self.inner.list_effects(query))
+
+    async def stats(self) -> LedgerStats:
+        return await self._step("stats", self.inner.stats)
+
+    async def purge(self, *, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:
+        return await self._step(
+            "purge", lambda: self.inner.purge(older_than=older_than, statuses=statuses)
+        )
+
+    async def create_schema(self) -> None:
+        await self._step("create_schema", self.inner.create_schema)
+
+    async def check_schema(self) -> int:
+        return await self._step("check_schema", self.inner.check_schema)
+
+    def subscribe(self, idem_key: str) -> AbstractAsyncContextManager[Subscription]:
+        return self.inner.subscribe(idem_key)
+
+    def transaction(self) -> AbstractAsyncContextManager[object]:
+        return self.inner.transaction()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    # --- the one place a fault happens ------------------------------------------
+
+    async def _step(
+        self,
+        step: str,
+        call: Callable[[], Awaitable[R]],
+        *,
+        idem_key: str | None = None,
+        effect_id: str | None = None,
+    ) -> R:
+        self.calls[step] += 1
+        delay = self._delays.get(step)
+        if delay is not None:
+            await asyncio.sleep(delay)
+        fault = self._take_fault(step)
+        if fault is None:
+            return await call()
+        if fault.when == "after":
+            await call()
+        self.failures[step] += 1
+        if fault.error is not None:
+            raise fault.error()
+        raise EffectStoreError(
+            "connection lost (injected by FaultyStore)",
+            operation=step,
+            idem_key=idem_key,
+            effect_id=effect_id,
+        )
+
+    def _take_fault(self, step: str) -> _Fault | None:
+        fault = self._faults.get(step)
+        if fault is None or fault.remaining is None:
+            return fault
+        fault.remaining -= 1
+        if fault.remaining == 0:
+            del self._faults[step]
+        return fault
+
+
+def _checked(steps: tuple[str, ...]) -> tuple[str, ...]:
+    """The steps, once each is known: a typo must fail the test, not inject nothing."""
+    unknown = [s for s in steps if s not in STORE_STEPS]
+    if unknown or not steps:
+        raise ValueError(f"unknown store steps {unknown or '(none given)'}; known: {STORE_STEPS}")
+    return steps
+
+
+def build_ledger(
+    store: Store, *, defaults: RunOptions | None = None, hooks: LedgerHooks | None = None
+) -> EffectLedger:
+    """An :class:`EffectLedger` on ``store``, with ``defaults`` for every ``run()``
+    and ``hooks`` when ``run()`` is not given its own."""
+    return EffectLedger(
+        EffectLedgerOptions(
+            store=store, defaults=LedgerDefaults(run=defaults or RunOptions()), hooks=hooks
+        )
+    )
+
+
+#: A frontend message that runs a statement: simple Query, or extended-protocol Execute.
+_SENT_STATEMENT = re.compile(r"F\t\d+\t(Query|Execute)\t")
+
+
+class StatementCounter:
+    """Count the statements PostgreSQL connections sent, from libpq's trace of the protocol.
+
+    Attach it to every connection of a pool (``configure=counter.attach``),
+    then ``mark()`` before a step and ``count()`` (or ``statements()``) after
+    it. Every frontend ``Query`` (simple protocol) or ``Execute`` (extended
+    protocol) message is one statement; BEGIN and COMMIT show up as ``Query``.
+    Reading libpq's own trace, rather than wrapping the driver, counts what
+    really went over the wire. Needs psycopg (the ``postgres`` extra).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        self.connections: list[AsyncConnection[Any]] = []
+        self.offset = 0
+
+    async def attach(self, conn: AsyncConnection[Any]) -> None:
+        """Trace ``conn`` from now on (async, to fit a pool's ``configure=``)."""
+        _trace(conn, self.fd)
+        self.connections.append(conn)
+
+    def lines(self) -> list[str]:
+        """Every trace line so far (flushed first)."""
+        for conn in self.connections:  # libpq buffers its trace: untrace flushes it
+            conn.pgconn.untrace()
+            _trace(conn, self.fd)
+        return self.path.read_text().splitlines()
+
+    def mark(self) -> None:
+        """Start counting from here."""
+        self.offset = len(self.lines())
+
+    def statements(self) -> list[str]:
+        """The statements sent since the last mark (their trace lines); marks again."""
+        lines = self.lines()
+        sent = [line for line in lines[self.offset :] if _SENT_STATEMENT.match(line)]
+        self.offset = len(lines)
+        return sent
+
+    def count(self) -> int:
+        """How many statements were sent since the last mark; marks again."""
+        return len(self.statements())
+
+    def close(self) -> None:
+        """Close the trace file (the connections are the caller's)."""
+        os.close(self.fd)
+
+
+def _trace(conn: AsyncConnection[Any], fd: int) -> None:
+    from psycopg import pq
+
+    conn.pgconn.trace(fd)
+    conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
