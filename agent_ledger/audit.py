@@ -20,7 +20,7 @@ from agent_ledger.effects import Effect
 from agent_ledger.errors import EffectLedgerValidationError, require_str
 from agent_ledger.ids import is_effect_id
 from agent_ledger.status import EffectStatus
-from agent_ledger.stores.base import EffectQuery, LedgerStats, Store
+from agent_ledger.stores.base import EffectQuery, LedgerStats, SchemaCheck, Store
 
 #: The largest page ``list_effects`` returns.
 MAX_PAGE_SIZE = 1_000
@@ -107,8 +107,9 @@ def parse_status(status: EffectStatus | str) -> EffectStatus:
 class Audit:
     """The read side of one ledger (and purge)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, schema: SchemaCheck) -> None:
         self._store = store
+        self._schema = schema
 
     async def list_effects(
         self,
@@ -130,11 +131,13 @@ class Audit:
             limit=limit,
             cursor=cursor,
         )
+        await self._schema.ensure()
         effects = await self._store.list_effects(query)
         last = effects[-1] if len(effects) == query.limit else None
         return EffectPage(effects, encode_cursor(last) if last is not None else None)
 
     async def stats(self) -> LedgerStats:
+        await self._schema.ensure()
         return await self._store.stats()
 
     async def purge(self, older_than: timedelta, statuses: Iterable[EffectStatus | str]) -> int:
@@ -148,18 +151,22 @@ class Audit:
                 f"statuses must be a set of statuses, got {statuses!r}", field="statuses"
             )
         parsed = frozenset(parse_status(s) for s in statuses)
+        await self._schema.ensure()
         return await self._store.purge(older_than=older_than, statuses=parsed)
 
     async def get_effect(self, effect_id: str) -> Effect | None:
         require_str(effect_id, "effect_id")
+        await self._schema.ensure()
         return await self._store.get(effect_id)
 
     async def find_by_idem_key(self, idem_key: str) -> Effect | None:
         require_str(idem_key, "idem_key")
+        await self._schema.ensure()
         return await self._store.find(idem_key)
 
     async def lookup(self, ref: str) -> Effect | None:
         require_str(ref, "ref")
+        await self._schema.ensure()
         ref = ref.strip().lower()
         if is_effect_id(ref):
             return await self._store.get(ref)

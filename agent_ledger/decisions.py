@@ -15,7 +15,7 @@ from agent_ledger.errors import EffectLedgerValidationError, require_str
 from agent_ledger.observability import effect_fields, log_effect, logger
 from agent_ledger.options import LedgerHooks
 from agent_ledger.status import EffectStatus
-from agent_ledger.stores.base import Decision, Store
+from agent_ledger.stores.base import Decision, SchemaCheck, Store
 
 __all__ = ["Decisions", "notify_approval_required"]
 
@@ -23,8 +23,9 @@ __all__ = ["Decisions", "notify_approval_required"]
 class Decisions:
     """The decision steps of one ledger."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, schema: SchemaCheck) -> None:
         self._store = store
+        self._schema = schema
 
     async def request_approval(self, idem_key: str, hooks: LedgerHooks) -> bool:
         moved = await self._move(idem_key, EffectStatus.REQUIRES_APPROVAL, None, None)
@@ -54,6 +55,7 @@ class Decisions:
         decision: Decision | None,
     ) -> Effect | None:
         require_str(idem_key, "idem_key")
+        await self._schema.ensure()
         moved = await self._store.transition(
             idem_key, target=target, error=error, decision=decision
         )

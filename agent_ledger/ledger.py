@@ -43,8 +43,8 @@ class EffectLedger:
             )
         self._store: Store = options.store
         self._engine = Engine(options)
-        self._decisions = Decisions(self._store)
-        self._audit = Audit(self._store)
+        self._decisions = Decisions(self._store, self._engine.schema)
+        self._audit = Audit(self._store, self._engine.schema)
 
     @property
     def store(self) -> Store:
@@ -155,6 +155,7 @@ class EffectLedger:
         do not expect ``commit()`` to be accepted.
         """
         require_str(effect_id, "effect_id")
+        await self._engine.schema.ensure()
         return await self._store.heartbeat(effect_id, attempt)
 
     # -- decisions -------------------------------------------------------------------

@@ -37,6 +37,12 @@ settings.register_profile(
 settings.register_profile("ci", parent=settings.get_profile("default"), derandomize=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
+# Every PostgreSQL connection this test run makes (worker subprocesses too, which
+# inherit the environment) carries one application_name, so fault tests that
+# terminate backends terminate only this run's: never another run's on the same
+# server.
+os.environ.setdefault("PGAPPNAME", f"agent_ledger_tests_{os.getpid()}")
+
 
 @pytest.fixture(params=STORE_KINDS)
 async def harness(request: pytest.FixtureRequest) -> AsyncIterator[StoreHarness]:

@@ -52,7 +52,7 @@ from agent_ledger.options import (
     resolve,
 )
 from agent_ledger.status import EffectStatus
-from agent_ledger.stores.base import NewEffect, Store
+from agent_ledger.stores.base import NewEffect, SchemaCheck, Store
 
 __all__ = ["CANCELLED_WHILE_RUNNING", "RESULT_NOT_SERIALIZABLE", "Acquired", "Engine", "Prepared"]
 
@@ -103,6 +103,8 @@ class Engine:
         self.hooks = options.hooks if options.hooks is not None else LedgerHooks()
         self._heartbeats = Heartbeats(self._store)
         self._waiter = Waiter(self._store)
+        #: Shared with decisions and audit: the schema is checked on first use.
+        self.schema = SchemaCheck(self._store)
 
     # -- prepare ---------------------------------------------------------------
 
@@ -181,6 +183,8 @@ class Engine:
     async def acquire(self, prepared: Prepared, tx: object | None) -> Acquired:
         """Own a ``processing`` effect, or reach a terminal one, waiting as needed."""
         new = prepared.new
+        if not self.schema.ok:
+            await self.schema.ensure()
         if tx is not None and prepared.needs_approval:
             await self._refuse_new_approval_in_transaction(new, tx)
         begun = await self._store.begin(new, tx=tx)
@@ -434,6 +438,7 @@ class Engine:
     ) -> bool:
         """``EffectLedger.commit``: check the outcome, then one fenced compare-and-set."""
         require_str(effect_id, "effect_id")
+        await self.schema.ensure()
         if attempt is not None and (type(attempt) is not int or attempt < 1):
             raise EffectLedgerValidationError(
                 f"attempt must be a positive int, got {attempt!r}", field="attempt"

@@ -309,6 +309,27 @@ class Store(Protocol):
         ...
 
 
+class SchemaCheck:
+    """Checks a store's schema version once, on the ledger's first use of it.
+
+    A database migrated by a newer release, or never given the tables, fails
+    the first call with one message naming the found and needed versions,
+    instead of a confusing SQL error deep inside some step. ``ok`` is read on
+    every call, so checking costs one attribute read after the first time.
+    """
+
+    __slots__ = ("_store", "ok")
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.ok = False
+
+    async def ensure(self) -> None:
+        if not self.ok:
+            await self._store.check_schema()
+            self.ok = True
+
+
 def check_commit_status(status: EffectStatus) -> None:
     """Raise unless ``status`` is one ``Store.commit`` may set (``status.COMPLETIONS``)."""
     if status not in COMPLETIONS:

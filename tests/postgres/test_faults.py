@@ -17,12 +17,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 async def kill_other_backends(dsn: str) -> int:
-    """Terminate every client backend of this database except the caller's."""
+    """Terminate this test run's other backends (same application_name) in this database."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         cursor = await conn.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-            "AND backend_type = 'client backend'"
+            "AND backend_type = 'client backend' "
+            "AND application_name = current_setting('application_name')"
         )
         row = await cursor.fetchone()
         return int(row[0]) if row else 0

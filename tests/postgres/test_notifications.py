@@ -33,7 +33,8 @@ async def terminate_listeners(dsn: str) -> int:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         cursor = await conn.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE query LIKE 'LISTEN %%' AND pid <> pg_backend_pid()"
+            "WHERE query LIKE 'LISTEN %%' AND pid <> pg_backend_pid() "
+            "AND application_name = current_setting('application_name')"
         )
         row = await cursor.fetchone()
         return int(row[0]) if row else 0

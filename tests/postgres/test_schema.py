@@ -99,10 +99,16 @@ async def test_missing_tables_give_a_clear_store_error(dsn: str, scratch_schema:
     store = await PostgresStore.connect(dsn, schema=scratch_schema)
     try:
         ledger = build_ledger(store)
+        call = ToolCall(workflow_id="w", tool="t")
+        # The ledger checks the schema first (one clear line before any step)...
         with pytest.raises(EffectStoreError, match=r"apply schema\.sql") as info:
-            await ledger.run(ToolCall(workflow_id="w", tool="t"), lambda e: 1)
+            await ledger.run(call, lambda e: 1)
+        assert info.value.operation == "check_schema"
+        # ...and a store step on its own names its operation and key.
+        with pytest.raises(EffectStoreError, match=r"apply schema\.sql") as info:
+            await store.begin(ledger._engine.new_effect(call))
         assert info.value.operation == "begin"
-        assert info.value.idem_key == ledger.idem_key(ToolCall(workflow_id="w", tool="t"))
+        assert info.value.idem_key == ledger.idem_key(call)
         assert isinstance(info.value.__cause__, psycopg.errors.UndefinedTable)
         with pytest.raises(EffectStoreError, match=r"tables are missing .* apply schema\.sql"):
             await store.check_schema()
@@ -138,3 +144,29 @@ async def test_unreachable_server_is_a_store_error() -> None:
             "postgresql://postgres@127.0.0.1:1/test", min_size=1, connect_timeout=1.0
         )
     assert info.value.operation == "connect"
+
+
+async def test_the_ledger_checks_the_schema_version_on_first_use(
+    dsn: str, scratch_schema: str
+) -> None:
+    """A missing or older schema fails the ledger's first call with both versions named,
+    and nothing is written (issue 10, item 15)."""
+    store = await PostgresStore.connect(dsn, schema=scratch_schema)
+    try:
+        ledger = build_ledger(store)
+        call = ToolCall(workflow_id="wf", tool="t", args={})
+        with pytest.raises(EffectStoreError, match=r"tables are missing") as missing:
+            await ledger.run(call, lambda e: "ran")
+        assert missing.value.operation == "check_schema"
+        await store.create_schema()
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            versions = sql.Identifier(scratch_schema, "agent_ledger_schema_version")
+            await conn.execute(sql.SQL("DELETE FROM {}").format(versions))
+            await conn.execute(sql.SQL("INSERT INTO {} (version) VALUES (0)").format(versions))
+        older = build_ledger(store)  # a fresh ledger checks again
+        with pytest.raises(EffectStoreError, match=r"version 0, this library needs 1") as info:
+            await older.approve("f" * 64)
+        assert info.value.operation == "check_schema"
+        assert (await store.stats()).total == 0
+    finally:
+        await store.close()

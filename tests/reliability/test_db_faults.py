@@ -206,7 +206,13 @@ async def server_started_at(dsn: str) -> Any:
 
 
 async def test_server_restart_mid_load(dsn: str, schema: str, rng: random.Random) -> None:
-    """The server restarts while calls run; afterwards everything is recorded once."""
+    """The server restarts while calls run; afterwards everything is recorded once.
+
+    It restarts whatever server AGENT_LEDGER_TEST_DSN points at, so it runs only
+    when AGENT_LEDGER_TEST_RESTART_SERVER=1 says that is fine (.ci/run sets it).
+    """
+    if os.environ.get("AGENT_LEDGER_TEST_RESTART_SERVER") != "1":
+        pytest.skip("restarts the PostgreSQL server: set AGENT_LEDGER_TEST_RESTART_SERVER=1")
     if not os.path.isdir("/etc/postgresql") or os.geteuid() != 0:
         pytest.skip("restarting the server needs a local cluster and root")
     store = await chaos_store(dsn, schema)
