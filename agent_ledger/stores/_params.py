@@ -29,6 +29,7 @@ __all__ = [
 ]
 
 _PROCESSING: Final = EffectStatus.PROCESSING.value
+_REQUIRES_APPROVAL: Final = EffectStatus.REQUIRES_APPROVAL.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +45,8 @@ class Dialect:
 
 
 def begin_params(new: NewEffect) -> dict[str, object]:
-    """For begin's insert: the new effect's values, inserted as ``processing``."""
+    """For begin's insert: the new effect's values, inserted as ``processing``, or as
+    ``requires_approval`` when it must wait for a person."""
     return {
         "idem_key": new.idem_key,
         "workflow_id": new.workflow_id,
@@ -52,7 +54,7 @@ def begin_params(new: NewEffect) -> dict[str, object]:
         "tool": new.tool,
         "args_canonical": new.args_canonical,
         "resource_id_canonical": new.resource_id_canonical,
-        "processing": _PROCESSING,
+        "status": _REQUIRES_APPROVAL if new.requires_approval else _PROCESSING,
     }
 
 

@@ -29,16 +29,18 @@ EFFECT_COLUMNS: Final = select_list(_EXPRESSIONS)
 _CTE_COLUMNS: Final = select_list(prefix="c.")
 
 # -- begin --
-# Insert-or-get in one statement. A new key is inserted as processing,
-# attempt 1; an existing one only gets dedup_count + 1 (never its heartbeat:
-# duplicates must not keep a dead worker's effect looking alive).
+# Insert-or-get in one statement. A new key is inserted as processing (or,
+# for a call that needs approval, straight into requires_approval: never
+# claimable before a person decides), attempt 1; an existing one only gets
+# dedup_count + 1 (never its heartbeat: duplicates must not keep a dead
+# worker's effect looking alive).
 # `xmax = 0` is true only for a freshly inserted row version, which tells
 # "created" from "existing" without a second query.
 BEGIN: Final[LiteralString] = (
     "INSERT INTO {effects} AS e "
     "(idem_key, workflow_id, call_id, tool, args_canonical, resource_id_canonical, status) "
     "VALUES (%(idem_key)s, %(workflow_id)s, %(call_id)s, %(tool)s, %(args_canonical)s, "
-    "%(resource_id_canonical)s, %(processing)s) "
+    "%(resource_id_canonical)s, %(status)s) "
     "ON CONFLICT (idem_key) DO UPDATE SET dedup_count = e.dedup_count + 1 "
     "RETURNING " + EFFECT_COLUMNS + ", (xmax = 0) AS created"
 )

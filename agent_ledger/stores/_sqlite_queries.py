@@ -51,14 +51,15 @@ TX_ROLLBACK: Final = "ROLLBACK"
 
 # -- begin --
 # Insert-or-get, in two statements under the write lock. A new key is inserted
-# as processing, attempt 1 (the column defaults); for an existing one the
+# as processing, or straight into requires_approval for a call that needs
+# approval, attempt 1 (the column defaults); for an existing one the
 # insert does nothing (rowcount 0), and COUNT_DUPLICATE adds 1 to
 # dedup_count and nothing else (never the heartbeat: duplicates must not keep
 # a dead worker's effect looking alive). FIND then reads the effect back.
 INSERT: Final = (
     "INSERT INTO agent_ledger_effects (id, idem_key, workflow_id, call_id, tool, status,"
     " args_canonical, resource_id_canonical, created_us, updated_us, heartbeat_us)"
-    " VALUES (:id, :idem_key, :workflow_id, :call_id, :tool, :processing, :args_canonical,"
+    " VALUES (:id, :idem_key, :workflow_id, :call_id, :tool, :status, :args_canonical,"
     " :resource_id_canonical, :now, :now, :now)"
     " ON CONFLICT (idem_key) DO NOTHING"
 )

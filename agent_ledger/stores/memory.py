@@ -44,6 +44,7 @@ __all__ = ["MEMORY_SCHEMA_VERSION", "MemoryStore", "MemoryTransaction"]
 MEMORY_SCHEMA_VERSION: Final = 1
 
 _PROCESSING = EffectStatus.PROCESSING
+_REQUIRES_APPROVAL = EffectStatus.REQUIRES_APPROVAL
 
 
 # MemoryStore keeps every field of the effect under its own name, except the
@@ -62,8 +63,8 @@ class _Row:
     def __init__(self, new: NewEffect, now: datetime) -> None:
         self.id = new_effect_id()
         (self.idem_key, self.workflow_id, self.call_id, self.tool, self.args_canonical,
-         self.resource_id_canonical) = new  # fmt: skip
-        self.status = _PROCESSING
+         self.resource_id_canonical, _) = new  # fmt: skip
+        self.status = _REQUIRES_APPROVAL if new.requires_approval else _PROCESSING
         self.result_json: str | None = None
         self.error: EffectError | None = None
         self.dedup_count = 0
