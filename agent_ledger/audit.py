@@ -24,6 +24,9 @@ from agent_ledger.stores.base import EffectQuery, LedgerStats, SchemaCheck, Stor
 
 #: The largest page ``list_effects`` returns.
 MAX_PAGE_SIZE = 1_000
+#: The oldest cutoff ``purge`` accepts (about 1000 years): beyond it, date
+#: arithmetic overflows in every store.
+MAX_PURGE_AGE: Final = timedelta(days=365_000)
 #: The shortest idempotency-key prefix ``lookup`` accepts.
 MIN_KEY_PREFIX: Final = 8
 _HEX: Final = re.compile(r"[0-9a-f]+")
@@ -151,6 +154,11 @@ class Audit:
                 f"statuses must be a set of statuses, got {statuses!r}", field="statuses"
             )
         parsed = frozenset(parse_status(s) for s in statuses)
+        if older_than > MAX_PURGE_AGE:
+            raise EffectLedgerValidationError(
+                f"older_than must be at most {MAX_PURGE_AGE.days} days, got {older_than!r}",
+                field="older_than",
+            )
         await self._schema.ensure()
         return await self._store.purge(older_than=older_than, statuses=parsed)
 

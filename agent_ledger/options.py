@@ -10,6 +10,7 @@ default and then to the built-in default; a field set explicitly, even to
 from __future__ import annotations
 
 import enum
+import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Final, Literal, TypeAlias, TypeVar
@@ -201,6 +202,12 @@ class LedgerHooks:
                 raise EffectLedgerValidationError(
                     f"{name} must be a callable or None, got {hook!r}", field=name
                 )
+        if inspect.iscoroutinefunction(self.requires_approval):
+            raise EffectLedgerValidationError(
+                "requires_approval must be a plain function returning a bool, not an "
+                "async def: it is asked before anything is stored, synchronously",
+                field="requires_approval",
+            )
 
 
 @dataclass(frozen=True, slots=True)

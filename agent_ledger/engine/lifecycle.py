@@ -113,12 +113,21 @@ class Engine:
     ) -> Prepared:
         """Check everything about a call before anything is stored."""
         opts = self._run_options(run_options)
-        hooks = self.hooks if hooks is None else hooks
+        if hooks is None:
+            hooks = self.hooks
+        elif not isinstance(hooks, LedgerHooks):
+            raise EffectLedgerValidationError(
+                f"hooks must be a LedgerHooks, got {type(hooks).__name__}", field="hooks"
+            )
         new = self.new_effect(call)
         # Asked before begin(), so a policy that raises leaves nothing stored;
         # the answer only matters if begin() creates the effect.
         policy = hooks.requires_approval
-        needs_approval = opts.requires_approval or (policy is not None and bool(policy(call)))
+        needs_approval = opts.requires_approval or (
+            policy is not None and _policy_says_yes(policy, call)
+        )
+        if needs_approval:
+            new = new._replace(requires_approval=True)
         return Prepared(new, opts, hooks, needs_approval)
 
     def new_effect(self, call: ToolCall) -> NewEffect:
@@ -153,6 +162,12 @@ class Engine:
         self, prepared: Prepared, handler: Callable[[Effect], object], tx: object | None
     ) -> object:
         """Acquire, execute while we own the effect, and return its outcome."""
+        if not callable(handler):
+            # Checked before anything is stored: a handler that cannot be
+            # called would otherwise be recorded as the effect's failure.
+            raise EffectLedgerValidationError(
+                f"handler must be callable, got {type(handler).__name__}", field="handler"
+            )
         acquired = await self.acquire(prepared, tx)
         while acquired.owned:
             recorded = await self.execute(acquired.effect, handler, prepared.opts, tx)
@@ -184,22 +199,18 @@ class Engine:
         """Own a ``processing`` effect, or reach a terminal one, waiting as needed."""
         new = prepared.new
         if not self.schema.ok:
-            await self.schema.ensure()
+            await self.schema.ensure(tx)
         if tx is not None and prepared.needs_approval:
             await self._refuse_new_approval_in_transaction(new, tx)
         begun = await self._store.begin(new, tx=tx)
         effect = begun.effect
         if begun.created:
-            if not prepared.needs_approval:
+            if effect.status is not EffectStatus.REQUIRES_APPROVAL:
                 log_effect(logging.DEBUG, "effect created", effect)
                 return Acquired(effect, owned=True, fresh=True)
-            moved = await self._store.transition(
-                new.idem_key, target=EffectStatus.REQUIRES_APPROVAL, tx=tx
-            )
-            if moved is not None:
-                effect = moved
-                log_effect(logging.INFO, "effect requires approval", effect)
-                await notify_approval_required(moved, prepared.hooks)
+            # Inserted waiting for a person, in the same atomic step.
+            log_effect(logging.INFO, "effect requires approval", effect)
+            await notify_approval_required(effect, prepared.hooks)
         elif effect.status.is_terminal:
             log_effect(logging.DEBUG, "effect replayed", effect)
             return Acquired(effect, owned=False)
@@ -289,7 +300,7 @@ class Engine:
             if opts.sync_in_thread and not inspect.iscoroutinefunction(handler):
                 # A plain function may block (a requests call, time.sleep): in a
                 # worker thread it cannot stall the loop and with it the heartbeats.
-                value = await asyncio.to_thread(handler, effect)
+                value = await asyncio.to_thread(_call_in_thread, handler, effect)
             else:
                 value = handler(effect)
             if inspect.isawaitable(value):
@@ -297,7 +308,7 @@ class Engine:
         except Exception as exc:
             if beat is not None:
                 beat.stop()
-            error = EffectError(message=str(exc) or type(exc).__name__, code=_error_code(exc))
+            error = _error_of(exc)
             if await self._record_landed(effect, EffectStatus.FAILED, None, error, tx):
                 log_effect(logging.INFO, "effect failed", effect)
                 raise
@@ -438,7 +449,7 @@ class Engine:
     ) -> bool:
         """``EffectLedger.commit``: check the outcome, then one fenced compare-and-set."""
         require_str(effect_id, "effect_id")
-        await self.schema.ensure()
+        await self.schema.ensure(tx)
         if attempt is not None and (type(attempt) is not int or attempt < 1):
             raise EffectLedgerValidationError(
                 f"attempt must be a positive int, got {attempt!r}", field="attempt"
@@ -487,6 +498,45 @@ def takeovers(effect: Effect) -> int:
     """
     approved = 1 if effect.decided_at is not None else 0
     return max(effect.attempt - 1 - approved, 0)
+
+
+def _policy_says_yes(policy: Callable[[ToolCall], object], call: ToolCall) -> bool:
+    answer = policy(call)
+    if inspect.isawaitable(answer):
+        if inspect.iscoroutine(answer):
+            answer.close()  # never awaited: no "was never awaited" warning
+        raise EffectLedgerValidationError(
+            "requires_approval must be a plain function returning a bool; it returned an "
+            "awaitable (an async def?), which would read as True for every call",
+            field="requires_approval",
+        )
+    return bool(answer)
+
+
+def _call_in_thread(handler: Callable[[Effect], object], effect: Effect) -> object:
+    try:
+        return handler(effect)
+    except StopIteration as exc:
+        # A StopIteration cannot cross into an asyncio future (the await would
+        # hang); like PEP 479 does for coroutines, make it a RuntimeError.
+        raise RuntimeError(f"handler raised StopIteration: {exc!r}") from exc
+
+
+def _error_of(exc: BaseException) -> EffectError:
+    """The ``EffectError`` to record for a handler's exception, whatever it does.
+
+    A broken ``__str__`` or ``code`` must not stop the failure from being
+    recorded: the effect would stay processing and be run again.
+    """
+    try:
+        message = str(exc) or type(exc).__name__
+    except Exception:
+        message = f"{type(exc).__name__} (its message could not be read)"
+    try:
+        code = _error_code(exc)
+    except Exception:
+        code = type(exc).__name__
+    return EffectError(message=message, code=code)
 
 
 def _error_code(exc: BaseException) -> str:

@@ -100,6 +100,10 @@ class NewEffect(NamedTuple):
     tool: str
     args_canonical: str
     resource_id_canonical: str | None
+    #: Insert it waiting for a person (``requires_approval``) instead of
+    #: ``processing``: one atomic step, so no crash, error or cancellation
+    #: between two steps can leave an approval-gated effect claimable.
+    requires_approval: bool = False
 
 
 class BeginOutcome(NamedTuple):
@@ -191,7 +195,8 @@ class Store(Protocol):
     async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
         """Insert-or-get, atomically.
 
-        If ``new.idem_key`` is unknown, insert it as ``processing`` with
+        If ``new.idem_key`` is unknown, insert it as ``processing`` (or
+        ``requires_approval`` when ``new.requires_approval``) with
         ``attempt=1``, ``dedup_count=0`` and ``heartbeat_at=now`` and return
         ``created=True``. Otherwise increment ``dedup_count`` (and nothing
         else: a duplicate must never refresh liveness) and return the stored
@@ -324,8 +329,14 @@ class SchemaCheck:
         self._store = store
         self.ok = False
 
-    async def ensure(self) -> None:
-        if not self.ok:
+    async def ensure(self, tx: object | None = None) -> None:
+        """Check unless done; inside a caller's transaction, leave it to a later call.
+
+        ``check_schema`` runs outside any transaction, and on the stores that
+        serialize transactions (Memory, SQLite) such a step waits for the open
+        one to end: from inside it, it would wait for itself.
+        """
+        if not self.ok and tx is None:
             await self._store.check_schema()
             self.ok = True
 

@@ -79,3 +79,40 @@ async def test_any_mapping_of_args_runs_like_a_dict(args: object) -> None:
     assert ledger.idem_key(same) == ledger.idem_key(call)
     found = await ledger.find_by_idem_key(ledger.idem_key(call))
     assert found is not None and found.status is EffectStatus.SUCCEEDED
+
+
+async def test_hooks_of_the_wrong_type_are_refused_before_anything_is_stored() -> None:
+    store = MemoryStore()
+    ledger = EffectLedger(EffectLedgerOptions(store=store))
+    call = ToolCall(workflow_id="wf", tool="t")
+    with pytest.raises(EffectLedgerValidationError, match="hooks must be a LedgerHooks"):
+        await ledger.run(call, lambda e: 1, hooks={})  # type: ignore[call-overload]
+    assert len(store) == 0
+
+
+def test_an_async_approval_policy_is_refused() -> None:
+    """A coroutine is truthy: an async policy would gate every call."""
+
+    async def policy(call: ToolCall) -> bool:
+        return False
+
+    with pytest.raises(EffectLedgerValidationError, match="not an async def"):
+        LedgerHooks(requires_approval=policy)  # type: ignore[arg-type]
+
+
+async def test_a_policy_returning_an_awaitable_is_refused_before_anything_is_stored() -> None:
+    async def decide(call: ToolCall) -> bool:
+        return False
+
+    store = MemoryStore()
+    hooks = LedgerHooks(requires_approval=lambda call: decide(call))  # type: ignore[arg-type,return-value]
+    ledger = EffectLedger(EffectLedgerOptions(store=store, hooks=hooks))
+    with pytest.raises(EffectLedgerValidationError, match="returned an awaitable"):
+        await ledger.run(ToolCall(workflow_id="wf", tool="t"), lambda e: 1)
+    assert len(store) == 0
+
+
+async def test_purging_further_back_than_dates_go_is_a_clear_error() -> None:
+    ledger = EffectLedger(EffectLedgerOptions(store=MemoryStore()))
+    with pytest.raises(EffectLedgerValidationError, match="older_than must be at most"):
+        await ledger.purge(timedelta(days=999_999_999))
