@@ -9,7 +9,6 @@ gives the same answer whichever store holds it.
 
 from __future__ import annotations
 
-import random
 import uuid
 
 __all__ = ["is_effect_id", "new_effect_id"]
@@ -26,8 +25,11 @@ def is_effect_id(text: object) -> bool:
 
 
 def new_effect_id() -> str:
-    """A random (version 4) UUID string, like ``str(uuid.uuid4())`` at a quarter of
-    the cost. Ids only need to be unique, not secret, so ``random`` is enough."""
-    bits = f"{random.getrandbits(128):032x}"
-    variant = "89ab"[int(bits[16], 16) & 3]
-    return f"{bits[:8]}-{bits[8:12]}-4{bits[13:16]}-{variant}{bits[17:20]}-{bits[20:]}"
+    """A random (version 4) UUID string from the operating system's randomness.
+
+    Not from the ``random`` module: an application that calls
+    ``random.seed(42)`` (common in ML code), a forked worker that inherits its
+    parent's generator, or a test framework that seeds it would make two
+    processes hand out the same ids. Ids must be unique across processes.
+    """
+    return str(uuid.uuid4())
