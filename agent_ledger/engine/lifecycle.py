@@ -341,6 +341,8 @@ class Engine:
         result_json: str | None,
         error: EffectError | None,
         tx: object | None,
+        *,
+        maybe_landed: bool = False,
     ) -> bool:
         """Record a handler's outcome; True if this attempt's commit won.
 
@@ -350,8 +352,9 @@ class Engine:
         to take over and run again. The compare-and-set is safe to repeat: if
         an earlier try landed before its connection broke, the retry matches
         no row and the stored effect shows our attempt and status, which
-        counts as ours. Inside a caller's transaction a failed statement
-        aborts the transaction, so there is nothing to retry.
+        counts as ours (``maybe_landed`` asks for that check from the first
+        try, after an interrupted write). Inside a caller's transaction a
+        failed statement aborts the transaction, so there is nothing to retry.
         """
         step = 0
         while True:
@@ -376,7 +379,7 @@ class Engine:
                 await asyncio.sleep(delay)
                 step += 1
                 continue
-            if not won and step > 0:
+            if not won and (step > 0 or maybe_landed):
                 stored = await self._store.get(effect.id, tx=tx)
                 won = (
                     stored is not None
@@ -403,29 +406,34 @@ class Engine:
 
         The handler has run by now: an outcome that is not recorded leaves the
         effect in processing, and once the lease lapses another caller runs it
-        again. So the write runs in a task of its own, and a cancellation of
-        ours waits for it to land before it propagates.
+        again. The write is awaited directly (no task on the hot path); if a
+        cancellation interrupts it, it may or may not have landed, so a fresh
+        write runs to the end in a task of its own (repeating it is safe:
+        ``record`` reads back whether the interrupted one landed) and the
+        cancellation propagates after it.
         """
-        write = asyncio.ensure_future(self.record(effect, status, result_json, error, tx))
-        interrupted: asyncio.CancelledError | None = None
+        try:
+            return await self.record(effect, status, result_json, error, tx)
+        except asyncio.CancelledError as exc:
+            interrupted = exc
+        write = asyncio.ensure_future(
+            self.record(effect, status, result_json, error, tx, maybe_landed=True)
+        )
         while not write.done():
             try:
                 await asyncio.shield(write)
-            except asyncio.CancelledError as exc:
+            except asyncio.CancelledError:
                 if write.cancelled():
                     raise  # the write itself was cancelled (the loop is closing)
-                interrupted = exc
             except Exception:
-                pass  # the write's own error: raised below, or logged if we were cancelled
-        if interrupted is not None:
-            if write.exception() is not None:
-                logger.error(
-                    "recording the outcome failed while the run was being cancelled",
-                    exc_info=write.exception(),
-                    extra=effect_fields(effect),
-                )
-            raise interrupted
-        return write.result()
+                pass  # the write's own error: logged below
+        if not write.cancelled() and write.exception() is not None:
+            logger.error(
+                "recording the outcome failed while the run was being cancelled",
+                exc_info=write.exception(),
+                extra=effect_fields(effect),
+            )
+        raise interrupted
 
     async def _record_abandoned(
         self, effect: Effect, exc: BaseException, tx: object | None

@@ -90,3 +90,30 @@ async def test_cancelled_while_recording_the_outcome_still_records_it(
         with pytest.raises(EffectFailedError, match="card declined"):
             await ledger.run(CALL, charge)
     assert executions == 1
+
+
+async def test_a_write_that_landed_before_the_cancel_is_recognised_as_ours(
+    harness: StoreHarness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The commit lands, the cancel interrupts its reply: the repeated write finds the
+    effect already ours (read back), not "rejected by another attempt"."""
+    ledger = harness.ledger()
+    store = harness.store
+    original = store.commit
+    replying = asyncio.Event()
+
+    async def slow_reply(*args: object, **kwargs: object) -> bool:
+        won = await original(*args, **kwargs)  # type: ignore[arg-type]
+        replying.set()
+        await asyncio.sleep(0.05)
+        return won
+
+    monkeypatch.setattr(store, "commit", slow_reply)
+    task = asyncio.create_task(ledger.run(CALL, lambda e: "ch_1"))
+    await replying.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
+    assert effect is not None and (effect.status, effect.attempt) == (EffectStatus.SUCCEEDED, 1)
+    assert not [r for r in caplog.records if "commit rejected" in r.getMessage()]
