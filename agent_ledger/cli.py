@@ -118,14 +118,15 @@ def effects_table(out: Output, effects: Sequence[Effect]) -> None:
     if not effects:
         out.line("no effects")
         return
-    headers = ("CREATED (UTC)", "STATUS", "TOOL", "WORKFLOW", "ATT", "DUP", "KEY")
+    # RUNS is how often a handler ran (executions), not the fencing attempt.
+    headers = ("CREATED (UTC)", "STATUS", "TOOL", "WORKFLOW", "RUNS", "DUP", "KEY")
     rows = [
         (
             e.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"),
             e.status,
             e.tool,
             e.workflow_id,
-            str(e.attempt),
+            str(e.executions),
             str(e.dedup_count),
             e.idem_key[:12],
         )
@@ -359,7 +360,9 @@ async def cmd_stats(ctx: Context) -> int:
         return EXIT_OK
     ctx.out.line(
         f"{_count(stats.total, 'effect')}, "
-        f"{_count(stats.duplicates, 'duplicate call')} answered from receipts"
+        # Not "answered from receipts": a repeat may have waited for, or even
+        # run, an effect that was pending approval when it first arrived.
+        f"{_count(stats.duplicates, 'repeated call')} found an existing effect"
     )
     ctx.out.line()
     width = max(len(s.value) for s in EffectStatus)

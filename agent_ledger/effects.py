@@ -77,7 +77,8 @@ class Effect:
     error: EffectError | None
     #: How many calls after the first asked for this same effect.
     dedup_count: int
-    #: Fencing token: incremented by every claim (fresh, ready -> processing, takeover).
+    #: Fencing token: incremented by every claim (fresh, ready -> processing,
+    #: takeover) and by an approval-gated insert. Not a count of runs: see ``executions``.
     attempt: int
     created_at: datetime
     updated_at: datetime
@@ -90,6 +91,17 @@ class Effect:
     decision_note: str | None = None
     #: When that decision was recorded.
     decided_at: datetime | None = None
+    #: When the last execution started (the claim that handed it to a handler);
+    #: None if no handler ever ran. ``completed_at - started_at`` is the run,
+    #: apart from any wait for approval.
+    started_at: datetime | None = None
+    #: How many times a handler was started for this effect: 1 normally, more
+    #: after takeovers, 0 while it waits for approval or if it was denied.
+    executions: int = 0
+    #: The current holder's lease in ms (its stale window, recorded when it
+    #: claimed the effect): another caller may take the effect over only
+    #: after this long without a heartbeat. 0: never.
+    lease_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,8 @@ EFFECT_FIELDS: Final = (
     "id", "idem_key", "workflow_id", "call_id", "tool", "status", "args_canonical",
     "resource_id_canonical", "result", "error", "dedup_count", "attempt", "created_at",
     "updated_at", "completed_at", "heartbeat_at", "decided_by", "decision_note", "decided_at",
+    # Schema version 2, last so that exports keep their columns where they were.
+    "started_at", "executions", "lease_ms",
 )  # fmt: skip
 
 #: The fields that hold a moment (named ``*_at``; a test checks they are the datetimes).

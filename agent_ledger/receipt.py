@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Final
 
 import orjson
@@ -76,12 +76,12 @@ def effect_to_record(effect: Effect) -> dict[str, JSONValue]:
 
 def effect_from_record(record: Mapping[str, object]) -> Effect:
     """The inverse of ``effect_to_record`` (for tools that read an export back)."""
-    times = {name: _parse_time(record, name) for name in _TIMES}
+    times = {name: _parse_time(record, name) for name in _TIMES if name in record}
     message = record["error_message"]
     resource = record["resource"]
-    created_at = _required(times["created_at"], "created_at")
-    updated_at = _required(times["updated_at"], "updated_at")
-    heartbeat_at = _required(times["heartbeat_at"], "heartbeat_at")
+    created_at = _required(times.get("created_at"), "created_at")
+    updated_at = _required(times.get("updated_at"), "updated_at")
+    heartbeat_at = _required(times.get("heartbeat_at"), "heartbeat_at")
     return Effect(
         id=str(record["id"]),
         idem_key=str(record["idem_key"]),
@@ -107,11 +107,26 @@ def effect_from_record(record: Mapping[str, object]) -> Effect:
         attempt=int(str(record["attempt"])),
         created_at=created_at,
         updated_at=updated_at,
-        completed_at=times["completed_at"],
+        completed_at=times.get("completed_at"),
         heartbeat_at=heartbeat_at,
         decided_by=None if record["decided_by"] is None else str(record["decided_by"]),
         decision_note=None if record["decision_note"] is None else str(record["decision_note"]),
-        decided_at=times["decided_at"],
+        decided_at=times.get("decided_at"),
+        # Exports written before schema version 2 lack the last three fields.
+        started_at=times.get("started_at"),
+        executions=_count(record, "executions"),
+        lease_ms=_count(record, "lease_ms"),
+    )
+
+
+def _count(record: Mapping[str, object], name: str) -> int:
+    value = record.get(name, 0)
+    if type(value) is int and value >= 0:
+        return value
+    if isinstance(value, str) and value.isdigit():  # CSV cells are text
+        return int(value)
+    raise EffectLedgerValidationError(
+        f"{name} must be a count (an int >= 0), got {value!r}", field=name
     )
 
 
@@ -134,15 +149,14 @@ def _required(moment: datetime | None, name: str) -> datetime:
 
 
 def render_receipt(effect: Effect) -> str:
-    """A multi-line, aligned description of one effect, for terminals and logs."""
-    duration = (
-        f"{(effect.completed_at - effect.created_at).total_seconds() * 1000:.1f} ms"
-        if effect.completed_at is not None
-        else "-"
-    )
-    outcome = (
-        orjson.dumps(effect.result).decode() if effect.error is None else f"error: {effect.error}"
-    )
+    """A multi-line, aligned description of one effect, for terminals and logs.
+
+    What a reader would otherwise misread is spelled out: an effect with no
+    outcome yet says ``pending`` (not ``null``, which is what a handler that
+    returned None left); ``executions`` counts handler runs (the attempt is
+    the fencing token, and an approval adds one without running anything);
+    the run time excludes any wait for a person, which is shown apart.
+    """
     rows = [
         ("effect", effect.id),
         ("idem key", effect.idem_key),
@@ -152,20 +166,43 @@ def render_receipt(effect: Effect) -> str:
         ("status", effect.status.value),
         ("args", effect.args_canonical),
         ("resource", effect.resource_id_canonical or "-"),
-        ("outcome", outcome),
-        ("attempts", str(effect.attempt)),
+        ("outcome", _outcome(effect)),
+        ("executions", str(effect.executions)),
+        ("fencing token", f"attempt {effect.attempt}"),
         ("duplicates", str(effect.dedup_count)),
         ("created", _stamp(effect.created_at)),
-        ("completed", _stamp(effect.completed_at)),
-        ("duration", duration),
     ]
     if effect.decided_at is not None:
         decision = f"{_decision_kind(effect)} by {effect.decided_by or 'someone unnamed'}"
         if effect.decision_note:
             decision += f": {effect.decision_note}"
         rows += [("decision", decision), ("decided", _stamp(effect.decided_at))]
+        if _decision_kind(effect) == "approved":
+            rows.append(("approval wait", _elapsed(effect.decided_at - effect.created_at)))
+    rows += [("started", _stamp(effect.started_at)), ("completed", _stamp(effect.completed_at))]
+    if effect.started_at is not None and effect.completed_at is not None:
+        rows.append(("run time", _elapsed(effect.completed_at - effect.started_at)))
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label.rjust(width)}  {value}" for label, value in rows)
+
+
+def _outcome(effect: Effect) -> str:
+    if not effect.status.is_terminal:
+        return "pending"
+    if effect.error is not None:
+        return f"error: {effect.error}"
+    return orjson.dumps(effect.result).decode()
+
+
+def _elapsed(span: timedelta) -> str:
+    seconds = max(span.total_seconds(), 0.0)
+    if seconds < 1.0:
+        return f"{seconds * 1000:.1f} ms"
+    if seconds < 120.0:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if hours else f"{minutes} min {secs} s"
 
 
 def _decision_kind(effect: Effect) -> str:

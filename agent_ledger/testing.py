@@ -160,11 +160,18 @@ class FaultyStore(Generic[StoreT]):
         )
 
     async def claim(
-        self, idem_key: str, *, stale_after_ms: int, tx: object | None = None
+        self,
+        idem_key: str,
+        *,
+        stale_after_ms: int,
+        lease_ms: int | None = None,
+        tx: object | None = None,
     ) -> ClaimOutcome:
         return await self._step(
             "claim",
-            lambda: self.inner.claim(idem_key, stale_after_ms=stale_after_ms, tx=tx),
+            lambda: self.inner.claim(
+                idem_key, stale_after_ms=stale_after_ms, lease_ms=lease_ms, tx=tx
+            ),
             idem_key=idem_key,
         )
 

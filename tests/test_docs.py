@@ -141,7 +141,7 @@ VOLATILE = [
     (re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+\+00:00"), "<time>"),
     (re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"), "<time>"),
     (re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"), "<uuid>"),
-    (re.compile(r"\d+\.\d ms"), "<duration>"),
+    (re.compile(r"\d+\.\d m?s\b"), "<duration>"),
 ]
 #: "Save this as `name`:" right before a python block puts that file in the session's folder.
 SAVED_AS = re.compile(r"Save this as `([^`]+)`:\n\n```python\n(.*?)^```$", flags=re.M | re.S)
@@ -236,12 +236,14 @@ def test_postgres_page_sets_up_audits_and_cleans_one_schema(tmp_path: Path) -> N
             assert done.returncode == 0, f"{command}: {done.stderr}"
         from psycopg import sql
 
+        from agent_ledger.stores.postgres import SCHEMA_VERSION
+
         version = conn.execute(
             sql.SQL("SELECT max(version) FROM {}").format(
                 sql.Identifier(DOCS_SCHEMA, "agent_ledger_schema_version")
             )
         )
-        assert version.fetchone() == (1,), "psql put the tables in the docs' schema"
+        assert version.fetchone() == (SCHEMA_VERSION,), "psql put the tables in the docs' schema"
 
         script = tmp_path / "example.py"
         script.write_text(example)

@@ -126,8 +126,9 @@ class Engine:
         needs_approval = opts.requires_approval or (
             policy is not None and _policy_says_yes(policy, call)
         )
-        if needs_approval:
-            new = new._replace(requires_approval=True)
+        # The creator's lease is recorded with the effect: others judge its
+        # heartbeat by it, never by their own (maybe shorter) window.
+        new = new._replace(requires_approval=needs_approval, lease_ms=opts.stale_after_ms)
         return Prepared(new, opts, hooks, needs_approval)
 
     def new_effect(self, call: ToolCall) -> NewEffect:
@@ -262,8 +263,12 @@ class Engine:
     ) -> Acquired:
         key = prepared.new.idem_key
         if effect.status is EffectStatus.READY:
-            # stale_after_ms=0: an approved effect is claimed, a held one never.
-            outcome = await self._store.claim(key, stale_after_ms=0, tx=tx)
+            # stale_after_ms=0: an approved effect is claimed, a held one never;
+            # should the caller leave it processing (begin() without commit()),
+            # its own lease applies once the transaction commits.
+            outcome = await self._store.claim(
+                key, stale_after_ms=0, lease_ms=prepared.opts.stale_after_ms, tx=tx
+            )
             if outcome.effect is None:
                 raise EffectLedgerInvariantError(f"effect {key} disappeared inside a transaction")
             effect = outcome.effect
@@ -501,11 +506,11 @@ def recorded_outcome(acquired: Acquired) -> object:
 def takeovers(effect: Effect) -> int:
     """How often ``effect`` was taken over from a holder that stopped heartbeating.
 
-    Every claim increments the attempt: the first run, an approved run (an
-    effect with a decision that is still live was approved), and takeovers.
+    Every execution but the first began with a takeover: the only ways into
+    ``processing`` are the insert, the claim of an approved effect (before
+    any run) and a takeover.
     """
-    approved = 1 if effect.decided_at is not None else 0
-    return max(effect.attempt - 1 - approved, 0)
+    return max(effect.executions - 1, 0)
 
 
 def _policy_says_yes(policy: Callable[[ToolCall], object], call: ToolCall) -> bool:

@@ -55,17 +55,25 @@ def begin_params(new: NewEffect) -> dict[str, object]:
         "args_canonical": new.args_canonical,
         "resource_id_canonical": new.resource_id_canonical,
         "status": _REQUIRES_APPROVAL if new.requires_approval else _PROCESSING,
+        # An effect inserted as processing is handed to its creator's handler.
+        "executions": 0 if new.requires_approval else 1,
+        "lease_ms": new.lease_ms,
     }
 
 
-def claim_params(dialect: Dialect, idem_key: str, *, stale_after_ms: int) -> dict[str, object]:
-    """For the claim: the statuses it may take the effect from (``CLAIMABLE``), and
-    the staleness that lets it take ``processing`` over (0: never)."""
+def claim_params(
+    dialect: Dialect, idem_key: str, *, stale_after_ms: int, lease_ms: int | None
+) -> dict[str, object]:
+    """For the claim: the statuses it may take the effect from (``CLAIMABLE``),
+    the caller's stale window (at least this much staleness lets it take
+    ``processing`` over; 0: never), and the lease it records if it wins
+    (``None``: the stale window)."""
     return {
         "idem_key": idem_key,
         "claimable": dialect.statuses(CLAIMABLE),
         "processing": _PROCESSING,
         "stale_ms": stale_after_ms,
+        "lease_ms": stale_after_ms if lease_ms is None else lease_ms,
     }
 
 

@@ -31,34 +31,42 @@ _CTE_COLUMNS: Final = select_list(prefix="c.")
 # -- begin --
 # Insert-or-get in one statement. A new key is inserted as processing (or,
 # for a call that needs approval, straight into requires_approval: never
-# claimable before a person decides), attempt 1; an existing one only gets
+# claimable before a person decides), attempt 1, with its creator's lease;
+# as processing it is the first execution. An existing one only gets
 # dedup_count + 1 (never its heartbeat: duplicates must not keep a dead
 # worker's effect looking alive).
 # `xmax = 0` is true only for a freshly inserted row version, which tells
 # "created" from "existing" without a second query.
 BEGIN: Final[LiteralString] = (
     "INSERT INTO {effects} AS e "
-    "(idem_key, workflow_id, call_id, tool, args_canonical, resource_id_canonical, status) "
+    "(idem_key, workflow_id, call_id, tool, args_canonical, resource_id_canonical, status,"
+    " lease_ms, executions, started_at) "
     "VALUES (%(idem_key)s, %(workflow_id)s, %(call_id)s, %(tool)s, %(args_canonical)s, "
-    "%(resource_id_canonical)s, %(status)s) "
+    "%(resource_id_canonical)s, %(status)s, %(lease_ms)s, %(executions)s,"
+    " CASE WHEN %(executions)s > 0 THEN clock_timestamp() END) "
     "ON CONFLICT (idem_key) DO UPDATE SET dedup_count = e.dedup_count + 1 "
     "RETURNING " + EFFECT_COLUMNS + ", (xmax = 0) AS created"
 )
 
 # -- claim --
 # Take the effect from any status in `claimable` (status.CLAIMABLE: ready, and
-# processing itself), but from processing only when its heartbeat is at least
-# stale_ms old by the database clock: a takeover. +1 attempt fences the
-# previous holder. Concurrent claims serialize on the row lock and re-check
-# the WHERE, so one wins. If nothing was claimed, the same statement returns
-# the row as it stands, so a waiter's poll is one round trip either way.
+# processing itself), but from processing only when its heartbeat is older
+# than the holder's lease, and than the caller's stale_ms, by the database
+# clock: a takeover (0 on either side: never). +1 attempt fences the previous
+# holder; the caller's lease_ms becomes the new holder's lease. Concurrent
+# claims serialize on the row lock and re-check the WHERE, so one wins. If
+# nothing was claimed, the same statement returns the row as it stands, so a
+# waiter's poll is one round trip either way.
 CLAIM: Final[LiteralString] = (
     "WITH c AS ("
     " UPDATE {effects} SET status = %(processing)s, attempt = attempt + 1,"
-    " heartbeat_at = clock_timestamp(), updated_at = clock_timestamp()"
+    " executions = executions + 1, lease_ms = %(lease_ms)s,"
+    " heartbeat_at = clock_timestamp(), started_at = clock_timestamp(),"
+    " updated_at = clock_timestamp()"
     " WHERE idem_key = %(idem_key)s AND status = ANY(%(claimable)s)"
-    " AND (status <> %(processing)s OR (%(stale_ms)s > 0"
-    " AND heartbeat_at <= clock_timestamp() - %(stale_ms)s * interval '1 millisecond'))"
+    " AND (status <> %(processing)s OR (%(stale_ms)s > 0 AND lease_ms > 0"
+    " AND heartbeat_at <= clock_timestamp()"
+    " - greatest(lease_ms, %(stale_ms)s) * interval '1 millisecond'))"
     " RETURNING " + EFFECT_COLUMNS + ") "
     "SELECT " + _CTE_COLUMNS + ", true AS claimed FROM c "
     "UNION ALL "

@@ -51,16 +51,19 @@ TX_ROLLBACK: Final = "ROLLBACK"
 
 # -- begin --
 # Insert-or-get, in two statements under the write lock. A new key is inserted
-# as processing, or straight into requires_approval for a call that needs
-# approval, attempt 1 (the column defaults); for an existing one the
+# as processing (the first execution), or straight into requires_approval
+# for a call that needs approval, attempt 1 (the column default), with its
+# creator's lease; for an existing one the
 # insert does nothing (rowcount 0), and COUNT_DUPLICATE adds 1 to
 # dedup_count and nothing else (never the heartbeat: duplicates must not keep
 # a dead worker's effect looking alive). FIND then reads the effect back.
 INSERT: Final = (
     "INSERT INTO agent_ledger_effects (id, idem_key, workflow_id, call_id, tool, status,"
-    " args_canonical, resource_id_canonical, created_us, updated_us, heartbeat_us)"
+    " args_canonical, resource_id_canonical, lease_ms, executions, created_us, updated_us,"
+    " heartbeat_us, started_us)"
     " VALUES (:id, :idem_key, :workflow_id, :call_id, :tool, :status, :args_canonical,"
-    " :resource_id_canonical, :now, :now, :now)"
+    " :resource_id_canonical, :lease_ms, :executions, :now, :now, :now,"
+    " CASE WHEN :executions > 0 THEN :now END)"
     " ON CONFLICT (idem_key) DO NOTHING"
 )
 COUNT_DUPLICATE: Final = (
@@ -70,16 +73,19 @@ COUNT_DUPLICATE: Final = (
 # -- claim --
 # Take the effect from any status in :claimable (status.CLAIMABLE as a JSON
 # array: ready, and processing itself), but from processing only when its
-# heartbeat is at least stale_ms old by the store's clock: a takeover. +1
-# attempt fences the previous holder. The write lock makes the check and the
+# heartbeat is older than the holder's lease, and than the caller's stale_ms,
+# by the store's clock: a takeover (0 on either side: never). +1 attempt
+# fences the previous holder; the caller's lease_ms becomes the new holder's
+# lease. The write lock makes the check and the
 # update one step, so of concurrent claims exactly one changes a row
 # (rowcount 1); FIND then reads the effect as it stands, claimed or not.
 CLAIM: Final = (
     "UPDATE agent_ledger_effects SET status = :processing, attempt = attempt + 1,"
-    " heartbeat_us = :now, updated_us = :now"
+    " executions = executions + 1, lease_ms = :lease_ms,"
+    " heartbeat_us = :now, started_us = :now, updated_us = :now"
     " WHERE idem_key = :idem_key AND status IN (SELECT value FROM json_each(:claimable))"
-    " AND (status <> :processing OR (:stale_ms > 0"
-    " AND heartbeat_us <= :now - :stale_ms * 1000))"
+    " AND (status <> :processing OR (:stale_ms > 0 AND lease_ms > 0"
+    " AND heartbeat_us <= :now - max(lease_ms, :stale_ms) * 1000))"
 )
 
 # -- heartbeat --

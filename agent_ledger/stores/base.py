@@ -65,6 +65,7 @@ from typing import Final, NamedTuple, Protocol, runtime_checkable
 
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.options import DEFAULT_STALE_AFTER_MS
 from agent_ledger.status import COMPLETIONS, DECISION_TARGETS, EffectStatus
 
 #: Whether each store step may be repeated blindly after a lost reply; the
@@ -104,6 +105,9 @@ class NewEffect(NamedTuple):
     #: ``processing``: one atomic step, so no crash, error or cancellation
     #: between two steps can leave an approval-gated effect claimable.
     requires_approval: bool = False
+    #: The creator's lease in ms (its stale window; 0: never taken over),
+    #: recorded with the effect so that others judge staleness by it.
+    lease_ms: int = DEFAULT_STALE_AFTER_MS
 
 
 class BeginOutcome(NamedTuple):
@@ -157,7 +161,9 @@ class LedgerStats:
     #: Every status, including those with no effects (0).
     by_status: Mapping[EffectStatus, int]
     by_tool: Mapping[str, int]
-    #: Calls that were answered from an existing effect (sum of ``dedup_count``).
+    #: Calls that found an existing effect (sum of ``dedup_count``): mostly
+    #: answered from its receipt, but a repeat may also have waited for it, or
+    #: run it once it was approved.
     duplicates: int
 
 
@@ -197,7 +203,9 @@ class Store(Protocol):
 
         If ``new.idem_key`` is unknown, insert it as ``processing`` (or
         ``requires_approval`` when ``new.requires_approval``) with
-        ``attempt=1``, ``dedup_count=0`` and ``heartbeat_at=now`` and return
+        ``attempt=1``, ``dedup_count=0``, ``heartbeat_at=now`` and
+        ``lease_ms=new.lease_ms``; as processing it also gets
+        ``executions=1`` and ``started_at=now`` (0 and None otherwise). Return
         ``created=True``. Otherwise increment ``dedup_count`` (and nothing
         else: a duplicate must never refresh liveness) and return the stored
         effect with ``created=False``. Exactly one of any number of
@@ -206,17 +214,25 @@ class Store(Protocol):
         ...
 
     async def claim(
-        self, idem_key: str, *, stale_after_ms: int, tx: object | None = None
+        self,
+        idem_key: str,
+        *,
+        stale_after_ms: int,
+        lease_ms: int | None = None,
+        tx: object | None = None,
     ) -> ClaimOutcome:
         """Take the effect over if it is claimable, atomically.
 
         Claimable means a status in ``agent_ledger.status.CLAIMABLE``
-        (``ready``, or ``processing`` itself), and for ``processing`` (a
-        takeover) only with ``heartbeat_at`` at least ``stale_after_ms`` old
-        by the store's clock (never when ``stale_after_ms`` is 0). Claiming
-        sets ``processing``, increments ``attempt`` and sets
-        ``heartbeat_at=now``; concurrent claims of one effect have exactly
-        one winner. Returns the effect as it now stands
+        (``ready``, or ``processing`` itself). ``processing`` (a takeover)
+        only when neither side turned takeovers off (``stale_after_ms`` and
+        the holder's ``lease_ms`` both above 0) and ``heartbeat_at`` is at
+        least the longer of the two old, by the store's clock: the holder's
+        lease is never shortened by a caller's smaller window. Claiming sets
+        ``processing``, increments ``attempt`` and ``executions``, sets
+        ``heartbeat_at=started_at=now`` and records ``lease_ms`` (by default
+        ``stale_after_ms``) as the new holder's lease; concurrent claims of one effect have
+        exactly one winner. Returns the effect as it now stands
         whether or not this call claimed it, so a waiter's poll costs one
         round trip.
         """

@@ -41,7 +41,7 @@ __all__ = ["MEMORY_SCHEMA_VERSION", "MemoryStore", "MemoryTransaction"]
 
 #: What ``MemoryStore.check_schema`` reports: the version of the SQL schemas
 #: whose behaviour it mirrors. It has nothing to create or migrate.
-MEMORY_SCHEMA_VERSION: Final = 1
+MEMORY_SCHEMA_VERSION: Final = 2
 
 _PROCESSING = EffectStatus.PROCESSING
 _REQUIRES_APPROVAL = EffectStatus.REQUIRES_APPROVAL
@@ -63,8 +63,11 @@ class _Row:
     def __init__(self, new: NewEffect, now: datetime) -> None:
         self.id = new_effect_id()
         (self.idem_key, self.workflow_id, self.call_id, self.tool, self.args_canonical,
-         self.resource_id_canonical, _) = new  # fmt: skip
+         self.resource_id_canonical, _, self.lease_ms) = new  # fmt: skip
         self.status = _REQUIRES_APPROVAL if new.requires_approval else _PROCESSING
+        # Inserted as processing, it is handed to its creator's handler.
+        self.executions = 0 if new.requires_approval else 1
+        self.started_at: datetime | None = None if new.requires_approval else now
         self.result_json: str | None = None
         self.error: EffectError | None = None
         self.dedup_count = 0
@@ -189,19 +192,27 @@ class MemoryStore:
         return BeginOutcome(row.snapshot(), created=False)
 
     async def claim(
-        self, idem_key: str, *, stale_after_ms: int, tx: object | None = None
+        self,
+        idem_key: str,
+        *,
+        stale_after_ms: int,
+        lease_ms: int | None = None,
+        tx: object | None = None,
     ) -> ClaimOutcome:
         mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
         row = self._rows.get(idem_key)
         if row is None:
             return ClaimOutcome(None, claimed=False)
         now = self._clock()
-        # From processing itself only when the holder's heartbeat is stale: a takeover.
+        # From processing itself only when the holder's heartbeat is older than
+        # its lease (and the caller's window): a takeover. 0 on either side: never.
         claimable = row.status in CLAIMABLE and (
             row.status is not _PROCESSING
             or (
                 stale_after_ms > 0
-                and now - row.heartbeat_at >= timedelta(milliseconds=stale_after_ms)
+                and row.lease_ms > 0
+                and now - row.heartbeat_at
+                >= timedelta(milliseconds=max(row.lease_ms, stale_after_ms))
             )
         )
         if not claimable:
@@ -210,7 +221,9 @@ class MemoryStore:
             mtx.remember(idem_key, row)
         row.status = _PROCESSING
         row.attempt += 1
-        row.heartbeat_at = row.updated_at = now
+        row.executions += 1
+        row.lease_ms = stale_after_ms if lease_ms is None else lease_ms
+        row.heartbeat_at = row.started_at = row.updated_at = now
         self._gate.changed(row.idem_key, mtx)
         return ClaimOutcome(row.snapshot(), claimed=True)
 

@@ -68,7 +68,7 @@ from agent_ledger.stores.base import (
 __all__ = ["SCHEMA_SQL", "SCHEMA_VERSION", "PostgresStore"]
 
 #: The schema this version of the library needs (see the marker table).
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 #: The text of ``schema.sql``; apply it with ``conn.execute(SCHEMA_SQL)``.
 # Typed LiteralString so `conn.execute(SCHEMA_SQL)` type-checks: it is our own file.
 SCHEMA_SQL: Final[LiteralString] = (
@@ -235,9 +235,14 @@ class PostgresStore:
         return BeginOutcome(_effect_from_row(row), created=bool(row[_EFFECT_WIDTH]))
 
     async def claim(
-        self, idem_key: str, *, stale_after_ms: int, tx: object | None = None
+        self,
+        idem_key: str,
+        *,
+        stale_after_ms: int,
+        lease_ms: int | None = None,
+        tx: object | None = None,
     ) -> ClaimOutcome:
-        params = claim_params(_DIALECT, idem_key, stale_after_ms=stale_after_ms)
+        params = claim_params(_DIALECT, idem_key, stale_after_ms=stale_after_ms, lease_ms=lease_ms)
         row = await self._fetch_one("claim", self._claim, params, tx, idem_key=idem_key)
         if row is None:
             return ClaimOutcome(None, claimed=False)

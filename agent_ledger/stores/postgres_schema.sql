@@ -1,4 +1,4 @@
--- agent-ledger PostgreSQL schema, version 1 (PostgreSQL 14 or later).
+-- agent-ledger PostgreSQL schema, version 2 (PostgreSQL 14 or later).
 --
 -- Apply it with `psql -f schema.sql`, `await conn.execute(SCHEMA_SQL)` or
 -- `await store.create_schema()`. It is idempotent: applying it twice is a
@@ -6,10 +6,13 @@
 -- (normally `public`); `PostgresStore(pool, schema="x")` looks in schema x,
 -- and `store.create_schema()` creates them there.
 --
--- Upgrades: `agent_ledger_schema_version` records every version applied.
--- A future version N ships `migrations/N.sql`, written to be applied once on
--- top of N-1 and to insert its own row here; `PostgresStore.check_schema()`
--- names the version it needs.
+-- Upgrades: the file is every version in order. Version 1 creates the
+-- tables; each later version is a section at the end that changes them once,
+-- guarded by its row in `agent_ledger_schema_version`. Applying the whole
+-- file (`create_schema()`, `agent-ledger init`, or psql) therefore creates a
+-- new database or upgrades an old one to the newest version, and does nothing
+-- on a current one. A released version's section is never edited.
+-- `PostgresStore.check_schema()` names the version it needs.
 
 -- ---------------------------------------------------------------------------
 -- Version marker
@@ -113,3 +116,47 @@ CREATE OR REPLACE TRIGGER agent_ledger_effects_notify
                OR OLD.status <> 'processing'
                OR NEW.status NOT IN ('succeeded', 'failed')))
     EXECUTE FUNCTION agent_ledger_notify_change();
+
+-- ===========================================================================
+-- Version 2: the holder's lease, handler executions, when the last run began
+-- ===========================================================================
+-- Until version 1 a waiter judged another worker's heartbeat against its own
+-- stale window, so a caller with a short window took over a live worker that
+-- had asked for a long one. Now each holder records its lease when it claims
+-- the effect, and a takeover needs a heartbeat older than that lease.
+-- `attempt` stays the fencing token; `executions` counts the times a handler
+-- was started (an approval adds an attempt but runs nothing), and
+-- `started_at` separates the time spent waiting for a person from the run.
+--
+-- Rows written before version 2 get the default lease (the library's default
+-- stale window), and an estimate of their executions and start: an effect
+-- with a decision that went on to run was approved, so it ran attempt - 1
+-- times, from about when it was approved.
+DO $version_2$
+BEGIN
+    IF EXISTS (SELECT 1 FROM agent_ledger_schema_version WHERE version = 2) THEN
+        RETURN;
+    END IF;
+    ALTER TABLE agent_ledger_effects
+        -- The current holder's lease (its stale window) in ms: it may be taken
+        -- over only after this long without a heartbeat. 0: never.
+        ADD COLUMN lease_ms integer NOT NULL DEFAULT 15000 CHECK (lease_ms >= 0),
+        -- How many times a handler was started for this effect.
+        ADD COLUMN executions integer NOT NULL DEFAULT 0 CHECK (executions >= 0),
+        -- When the last execution started (the claim that handed it to a handler).
+        ADD COLUMN started_at timestamptz;
+    UPDATE agent_ledger_effects SET
+        executions = CASE
+            WHEN status IN ('requires_approval', 'ready', 'denied') THEN 0
+            WHEN decided_at IS NOT NULL THEN greatest(attempt - 1, 0)
+            ELSE attempt
+        END,
+        started_at = CASE
+            WHEN status IN ('requires_approval', 'ready', 'denied') THEN NULL
+            WHEN decided_at IS NOT NULL AND status <> 'canceled' THEN decided_at
+            WHEN decided_at IS NOT NULL AND attempt <= 1 THEN NULL
+            ELSE created_at
+        END;
+    INSERT INTO agent_ledger_schema_version (version) VALUES (2);
+END
+$version_2$;

@@ -65,16 +65,72 @@ from agent_ledger.stores.base import (
     check_transition_target,
 )
 
-__all__ = ["SQLITE_SCHEMA_SQL", "SQLITE_SCHEMA_VERSION", "SqliteStore", "SqliteTransaction"]
+__all__ = [
+    "SQLITE_MIGRATIONS",
+    "SQLITE_SCHEMA_SQL",
+    "SQLITE_SCHEMA_VERSION",
+    "SqliteStore",
+    "SqliteTransaction",
+]
 
-#: The schema this version of the library needs: the version sqlite_schema.sql
-#: records in ``agent_ledger_schema_version`` (a test holds the two equal).
-SQLITE_SCHEMA_VERSION: Final = 1
+#: The schema this version of the library needs: the newest version its schema
+#: files record in ``agent_ledger_schema_version`` (a test holds the two equal).
+SQLITE_SCHEMA_VERSION: Final = 2
 
 #: The SQLite schema; applied by ``SqliteStore`` when it opens a database.
 SQLITE_SCHEMA_SQL: Final = (
     resources.files("agent_ledger.stores").joinpath("sqlite_schema.sql").read_text("utf-8")
 )
+#: The versions after 1, each applied once on top of the one before: the text
+#: of ``sqlite_schema_<N>.sql`` by N.
+SQLITE_MIGRATIONS: Final = {
+    version: resources.files("agent_ledger.stores")
+    .joinpath(f"sqlite_schema_{version}.sql")
+    .read_text("utf-8")
+    for version in range(2, SQLITE_SCHEMA_VERSION + 1)
+}
+
+
+def _apply_schema(conn: sqlite3.Connection) -> None:
+    """Create version 1 if missing, then apply each later version the file lacks.
+
+    Each upgrade runs under the write lock (``BEGIN IMMEDIATE``) and re-reads
+    the version first, so processes opening an old file at once upgrade it
+    exactly once; a failed upgrade rolls back and leaves the file as it was.
+    """
+    conn.executescript(SQLITE_SCHEMA_SQL)
+    for version, script in SQLITE_MIGRATIONS.items():
+        if _version(conn) >= version:
+            continue
+        conn.execute(q.TX_BEGIN)
+        try:
+            if _version(conn) < version:
+                for statement in _statements(script):
+                    conn.execute(statement)
+            conn.execute(q.TX_COMMIT)
+        except BaseException:
+            conn.execute(q.TX_ROLLBACK)
+            raise
+
+
+def _version(conn: sqlite3.Connection) -> int:
+    row = conn.execute(q.SCHEMA_VERSION).fetchone()
+    return 0 if row is None or row[0] is None else int(row[0])
+
+
+def _statements(script: str) -> Iterator[str]:
+    # executescript would commit the open transaction first (Python < 3.12),
+    # so a migration runs statement by statement; sqlite3 itself says where
+    # each one ends.
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            yield pending
+            pending = ""
+    if pending.strip():
+        raise ValueError(f"incomplete statement at the end of a migration: {pending!r}")
+
 
 _T = TypeVar("_T")
 _PROCESSING: Final = EffectStatus.PROCESSING.value
@@ -175,7 +231,7 @@ class SqliteStore:
                 conn.execute(q.JOURNAL_MODE)
                 conn.execute(q.SYNCHRONOUS.format(level=synchronous))
                 if create:
-                    conn.executescript(SQLITE_SCHEMA_SQL)
+                    _apply_schema(conn)
                 elif conn.execute(q.HAS_EFFECTS_TABLE).fetchone() is None:
                     raise EffectStoreError(
                         f"{self.path} has no agent-ledger tables: run `agent-ledger init` first",
@@ -189,12 +245,15 @@ class SqliteStore:
     # -- schema -----------------------------------------------------------------
 
     async def create_schema(self) -> None:
-        """Apply ``SQLITE_SCHEMA_SQL`` (idempotent). Opening with ``create=True``, the
-        default, has already done it; this is for a store opened with ``create=False``."""
+        """Create the tables, or upgrade them to this library's version (idempotent).
+
+        Opening with ``create=True``, the default, has already done it; this
+        is for a store opened with ``create=False``.
+        """
         await self._enter(None)
 
         def work(conn: sqlite3.Connection, now: int) -> None:
-            conn.executescript(SQLITE_SCHEMA_SQL)
+            _apply_schema(conn)
 
         await self._run("create_schema", work, None, write=False)
 
@@ -290,10 +349,15 @@ class SqliteStore:
         return await self._run("begin", work, stx, write=True, idem_key=new.idem_key)
 
     async def claim(
-        self, idem_key: str, *, stale_after_ms: int, tx: object | None = None
+        self,
+        idem_key: str,
+        *,
+        stale_after_ms: int,
+        lease_ms: int | None = None,
+        tx: object | None = None,
     ) -> ClaimOutcome:
         stx = await self._enter(tx)
-        params = claim_params(_DIALECT, idem_key, stale_after_ms=stale_after_ms)
+        params = claim_params(_DIALECT, idem_key, stale_after_ms=stale_after_ms, lease_ms=lease_ms)
 
         def work(conn: sqlite3.Connection, now: int) -> ClaimOutcome:
             params["now"] = now

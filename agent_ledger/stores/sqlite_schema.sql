@@ -1,7 +1,9 @@
 -- agent-ledger SQLite schema, version 1 (SQLite 3.35 or later).
 --
 -- SqliteStore applies it when it opens a database (create=True, the
--- default); it is idempotent. Timestamps are integer microseconds since the
+-- default); it is idempotent. Later versions are sqlite_schema_<N>.sql,
+-- applied once each, in order, on top of this (see SqliteStore.create_schema);
+-- a released version's file is never edited. Timestamps are integer microseconds since the
 -- Unix epoch, UTC, so they compare exactly. Mirrors the PostgreSQL schema
 -- (schema.sql); the comments there describe each column.
 

@@ -46,13 +46,19 @@ async def test_approved_run_executes_once_after_approval(harness: StoreHarness) 
 
     task = asyncio.create_task(ledger.run(DEPLOY, deploy, APPROVAL))
     key = ledger.idem_key(DEPLOY)
-    await wait_for_status(harness, key, EffectStatus.REQUIRES_APPROVAL)
+    pending = await wait_for_status(harness, key, EffectStatus.REQUIRES_APPROVAL)
+    assert (pending.executions, pending.started_at) == (0, None)
     assert ran == []
     assert await ledger.approve(key)
     assert await asyncio.wait_for(task, 5) == "deployed"
     assert ran == [2]  # the claim from ready is a new attempt
     assert await ledger.run(DEPLOY, deploy, APPROVAL) == "deployed"
     assert ran == [2]
+    # One execution, though two attempts; it started after the decision.
+    done = await harness.store.find(key)
+    assert done is not None and (done.executions, done.attempt) == (1, 2)
+    assert done.decided_at is not None and done.started_at is not None
+    assert done.decided_at <= done.started_at <= (done.completed_at or done.started_at)
 
 
 async def test_denied_run_raises_with_the_reason(harness: StoreHarness) -> None:

@@ -35,6 +35,8 @@ T = TypeVar("T")
 KEYS = range(2)
 WORKERS = range(2)
 STALE_MS = 1_000
+#: Leases and claim windows the workers use: off, short, and longer than short.
+WINDOWS = [0, STALE_MS, 2 * STALE_MS]
 
 
 @dataclass
@@ -45,6 +47,9 @@ class ModelEffect:
     age_ms: float = 0.0
     result: object = None
     id: str = ""
+    #: The holder's lease, as recorded at the insert or the last claim.
+    lease_ms: int = STALE_MS
+    executions: int = 1
 
 
 @dataclass
@@ -96,13 +101,18 @@ class LedgerMachine(RuleBasedStateMachine):
     def start(self) -> None:
         self.model = Model(tokens={w: {} for w in WORKERS})
 
-    @rule(worker=st.sampled_from(WORKERS), key=st.sampled_from(KEYS))
-    def begin(self, worker: int, key: int) -> None:
-        outcome = self.run(self.harness.store.begin(self.news[key]))
+    @rule(
+        worker=st.sampled_from(WORKERS),
+        key=st.sampled_from(KEYS),
+        lease_ms=st.sampled_from(WINDOWS),
+    )
+    def begin(self, worker: int, key: int, lease_ms: int) -> None:
+        new = self.news[key]._replace(lease_ms=lease_ms)
+        outcome = self.run(self.harness.store.begin(new))
         m = self.model.effects.get(key)
         if m is None:
             assert outcome.created
-            m = self.model.effects[key] = ModelEffect(id=outcome.effect.id)
+            m = self.model.effects[key] = ModelEffect(id=outcome.effect.id, lease_ms=lease_ms)
             self.model.tokens[worker][key] = (m.id, 1)
         else:
             # A replay: the store answers with exactly the recorded state.
@@ -115,7 +125,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(
         worker=st.sampled_from(WORKERS),
         key=st.sampled_from(KEYS),
-        stale_ms=st.sampled_from([0, STALE_MS]),
+        stale_ms=st.sampled_from(WINDOWS),
     )
     def claim(self, worker: int, key: int, stale_ms: int) -> None:
         outcome = self.run(
@@ -125,12 +135,18 @@ class LedgerMachine(RuleBasedStateMachine):
         if m is None:
             assert outcome.effect is None and not outcome.claimed
             return
+        # A takeover needs the holder's lease to have run out: a caller's
+        # shorter window never shortens it, and 0 on either side means never.
         claimable = m.status is S.READY or (
-            m.status is S.PROCESSING and stale_ms > 0 and m.age_ms >= stale_ms
+            m.status is S.PROCESSING
+            and stale_ms > 0
+            and m.lease_ms > 0
+            and m.age_ms >= max(stale_ms, m.lease_ms)
         )
         assert outcome.claimed == claimable
         if claimable:
             m.status, m.attempt, m.age_ms = S.PROCESSING, m.attempt + 1, 0.0
+            m.lease_ms, m.executions = stale_ms, m.executions + 1
             self.model.tokens[worker][key] = (m.id, m.attempt)
 
     @rule(worker=st.sampled_from(WORKERS), key=st.sampled_from(KEYS), success=st.booleans())
@@ -203,11 +219,14 @@ class LedgerMachine(RuleBasedStateMachine):
         for key, m in self.model.effects.items():
             effect = self.run(self.harness.store.find(self.news[key].idem_key))
             assert effect is not None
-            assert (effect.status, effect.attempt, effect.dedup_count) == (
-                m.status,
-                m.attempt,
-                m.dedup,
-            )
+            assert (
+                effect.status,
+                effect.attempt,
+                effect.dedup_count,
+                effect.lease_ms,
+                effect.executions,
+            ) == (m.status, m.attempt, m.dedup, m.lease_ms, m.executions)
+            assert (effect.started_at is not None) == (m.executions > 0)
             assert effect.id == m.id
             if m.status is S.SUCCEEDED:
                 assert effect.result == m.result

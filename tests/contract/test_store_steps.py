@@ -8,6 +8,7 @@ from agent_ledger import EffectLedgerValidationError, EffectStatus
 from agent_ledger.ids import is_effect_id
 from agent_ledger.status import CLAIMABLE
 from agent_ledger.stores.base import NewEffect, Store
+from agent_ledger.stores.memory import MEMORY_SCHEMA_VERSION as SCHEMA_VERSION
 from tests.contract.test_transitions import put_in
 from tests.harness import StoreHarness
 
@@ -70,7 +71,7 @@ async def test_schema_steps_are_part_of_every_store(harness: StoreHarness) -> No
     assert isinstance(store, Store)
     await store.create_schema()
     await store.create_schema()
-    assert await store.check_schema() == 1
+    assert await store.check_schema() == SCHEMA_VERSION
     begun = await store.begin(NEW)
     await store.create_schema()
     assert await store.find(NEW.idem_key) == (await store.get(begun.effect.id))

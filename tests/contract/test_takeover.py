@@ -208,3 +208,65 @@ async def test_takeovers_within_the_bound_still_run(harness: StoreHarness) -> No
     await _take_over(harness, 2)
     await harness.age(STALE_MS + 1)
     assert await ledger.run(CALL, lambda e: e.attempt) == 4  # the third takeover
+
+
+def _window(after_ms: int) -> RunOptions:
+    return RunOptions(
+        stale=StaleOptions(after_ms=after_ms),
+        concurrency=ConcurrencyOptions(
+            wait_timeout_ms=300, initial_interval_ms=5, max_interval_ms=20
+        ),
+    )
+
+
+async def test_a_shorter_window_never_shortens_the_holders_lease(harness: StoreHarness) -> None:
+    """The holder's lease is recorded with the effect: a caller with a smaller
+    after_ms waits it out instead of taking over a worker that asked for longer."""
+    ledger = harness.ledger()
+    held = await ledger.begin(CALL, run_options=_window(STALE_MS))
+    assert held.effect.lease_ms == STALE_MS
+    await harness.age(STALE_MS // 2)
+    with pytest.raises(EffectTimeoutError):
+        await ledger.run(CALL, lambda e: "stolen", _window(1_000))
+    await harness.age(STALE_MS // 2 + 1)
+    assert await ledger.run(CALL, lambda e: e.attempt, _window(1_000)) == 2
+    taken = await ledger.get_effect(held.effect.id)
+    assert taken is not None
+    # The taker's own lease is what others now judge it by.
+    assert (taken.lease_ms, taken.executions) == (1_000, 2)
+
+
+async def test_a_longer_window_waits_longer_than_the_lease(harness: StoreHarness) -> None:
+    """Staleness needs the longer of the two: a patient caller is never hurried."""
+    ledger = harness.ledger()
+    await ledger.begin(CALL, run_options=_window(1_000))
+    await harness.age(2_000)
+    with pytest.raises(EffectTimeoutError):
+        await ledger.run(CALL, lambda e: "early", _window(STALE_MS))
+    await harness.age(STALE_MS)
+    assert await ledger.run(CALL, lambda e: "late", _window(STALE_MS)) == "late"
+
+
+async def test_a_holder_that_turned_takeover_off_is_never_taken_over(
+    harness: StoreHarness,
+) -> None:
+    ledger = harness.ledger()
+    held = await ledger.begin(CALL, run_options=_window(0))
+    assert held.effect.lease_ms == 0
+    await harness.age(10 * 60 * 60 * 1000)
+    with pytest.raises(EffectTimeoutError):
+        await ledger.run(CALL, lambda e: "stolen", _window(1_000))
+
+
+async def test_executions_count_handler_runs_not_attempts(harness: StoreHarness) -> None:
+    """A fresh run is one execution; a takeover adds one; the attempt (the
+    fencing token) moves with every claim."""
+    ledger = harness.ledger(OPTIONS)
+    fresh = await ledger.begin(CALL)
+    assert (fresh.effect.executions, fresh.effect.attempt) == (1, 1)
+    assert fresh.effect.started_at == fresh.effect.created_at
+    await harness.age(STALE_MS + 1)
+    taken = await ledger.begin(CALL)
+    assert (taken.effect.executions, taken.effect.attempt) == (2, 2)
+    assert taken.effect.started_at is not None
+    assert taken.effect.started_at > fresh.effect.started_at

@@ -39,7 +39,8 @@ async def test_schema_sql_applies_twice_verbatim(dsn: str, scratch_schema: str) 
         await conn.execute(SCHEMA_SQL)
         await conn.execute(SCHEMA_SQL)
         cursor = await conn.execute("SELECT version FROM agent_ledger_schema_version")
-        assert await cursor.fetchall() == [(SCHEMA_VERSION,)]
+        # Every version, in order: the file creates version 1 and upgrades it.
+        assert await cursor.fetchall() == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
     store = await PostgresStore.connect(dsn, schema=scratch_schema)
     try:
         assert await store.check_schema() == SCHEMA_VERSION
@@ -164,7 +165,9 @@ async def test_the_ledger_checks_the_schema_version_on_first_use(
             await conn.execute(sql.SQL("DELETE FROM {}").format(versions))
             await conn.execute(sql.SQL("INSERT INTO {} (version) VALUES (0)").format(versions))
         older = build_ledger(store)  # a fresh ledger checks again
-        with pytest.raises(EffectStoreError, match=r"version 0, this library needs 1") as info:
+        with pytest.raises(
+            EffectStoreError, match=rf"version 0, this library needs {SCHEMA_VERSION}"
+        ) as info:
             await older.approve("f" * 64)
         assert info.value.operation == "check_schema"
         assert (await store.stats()).total == 0

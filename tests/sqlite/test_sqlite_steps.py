@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 from agent_ledger import EffectStatus, EffectStoreError
-from agent_ledger.stores.sqlite import SQLITE_SCHEMA_SQL, SQLITE_SCHEMA_VERSION, SqliteStore
+from agent_ledger.stores.sqlite import (
+    SQLITE_MIGRATIONS,
+    SQLITE_SCHEMA_SQL,
+    SQLITE_SCHEMA_VERSION,
+    SqliteStore,
+)
 
 
 async def test_store_errors_name_the_step_not_the_target(tmp_path: Path) -> None:
@@ -38,12 +43,14 @@ async def test_store_errors_name_the_step_not_the_target(tmp_path: Path) -> None
 
 
 def test_schema_version_constant_is_what_the_schema_records() -> None:
-    [recorded] = re.findall(
-        r"INSERT OR IGNORE INTO agent_ledger_schema_version \(version, applied_us\)\s+"
-        r"VALUES \((\d+),",
-        SQLITE_SCHEMA_SQL,
-    )
-    assert int(recorded) == SQLITE_SCHEMA_VERSION
+    """Each schema file records its own version, and the newest is the one needed."""
+    scripts = {1: SQLITE_SCHEMA_SQL, **SQLITE_MIGRATIONS}
+    for version, script in scripts.items():
+        recorded = re.findall(
+            r"INTO agent_ledger_schema_version \(version, applied_us\)\s+VALUES \((\d+),", script
+        )
+        assert [int(v) for v in recorded] == [version]
+    assert max(scripts) == SQLITE_SCHEMA_VERSION
 
 
 async def test_check_schema_names_the_fix(tmp_path: Path) -> None:
@@ -59,8 +66,6 @@ async def test_check_schema_names_the_fix(tmp_path: Path) -> None:
         with pytest.raises(EffectStoreError, match=r"version None.*agent-ledger init") as info:
             await store.check_schema()
         assert info.value.operation == "check_schema"
-        await store.create_schema()
-        assert await store.check_schema() == SQLITE_SCHEMA_VERSION
         with contextlib.closing(sqlite3.connect(db)) as conn:
             conn.execute("DROP TABLE agent_ledger_schema_version")
         with pytest.raises(EffectStoreError, match=r"no agent-ledger tables.*agent-ledger init"):

@@ -63,13 +63,15 @@ def test_select_lists_are_derived_per_dialect() -> None:
         "id::text AS id, idem_key, workflow_id, call_id, tool, status, args_canonical, "
         "resource_id_canonical, result::text AS result, error->>'message' AS error_message, "
         "error->>'code' AS error_code, dedup_count, attempt, created_at, updated_at, "
-        "completed_at, heartbeat_at, decided_by, decision_note, decided_at"
+        "completed_at, heartbeat_at, decided_by, decision_note, decided_at, "
+        # Schema version 2 appended its columns.
+        "started_at, executions, lease_ms"
     )
     assert sqlite_queries.EFFECT_COLUMNS == (
         "id, idem_key, workflow_id, call_id, tool, status, args_canonical, "
         "resource_id_canonical, result, error_message, error_code, dedup_count, attempt, "
         "created_us, updated_us, completed_us, heartbeat_us, decided_by, decision_note, "
-        "decided_us"
+        "decided_us, started_us, executions, lease_ms"
     )
 
 
@@ -96,6 +98,8 @@ def test_export_format_is_unchanged() -> None:
         "dedup_count", "args", "resource", "result", "error_message", "error_code",
         "created_at", "updated_at", "completed_at", "heartbeat_at", "decided_by",
         "decision_note", "decided_at",
+        # Added with schema version 2, after every column that was there before.
+        "started_at", "executions", "lease_ms",
     )  # fmt: skip
     record = effect_to_record(FULL)
     assert tuple(record) == RECORD_FIELDS

@@ -14,10 +14,15 @@ import pytest
 
 from agent_ledger.status import COMPLETIONS, TERMINAL, EffectStatus
 from agent_ledger.stores.postgres import SCHEMA_SQL
-from agent_ledger.stores.sqlite import SQLITE_SCHEMA_SQL
+from agent_ledger.stores.sqlite import SQLITE_MIGRATIONS, SQLITE_SCHEMA_SQL
 
 S = EffectStatus
-SCHEMAS = {"postgres": SCHEMA_SQL, "sqlite": SQLITE_SCHEMA_SQL}
+SCHEMAS = {
+    "postgres": SCHEMA_SQL,
+    "sqlite": "\n".join([SQLITE_SCHEMA_SQL, *SQLITE_MIGRATIONS.values()]),
+}
+#: Where each schema's version 2 begins.
+VERSION_2 = {"postgres": "Version 2:", "sqlite": "schema, version 2"}
 # `status IN (...)`, `status NOT IN (...)`, `status <> '...'` (with OLD./NEW. too).
 LIST = re.compile(r"\bstatus\s+(NOT\s+IN|IN|<>|=)\s*\(?((?:\s*'[^']*'\s*,?)+)\)?", re.IGNORECASE)
 
@@ -64,7 +69,18 @@ def test_the_notify_trigger_skips_only_a_handlers_own_outcome() -> None:
     assert all(s in COMPLETIONS for s in (S.SUCCEEDED, S.FAILED))
 
 
-@pytest.mark.parametrize(("kind", "count"), [("postgres", 4), ("sqlite", 2)])
+@pytest.mark.parametrize("kind", SCHEMAS)
+def test_version_2_estimates_no_run_where_no_handler_could_have_run(kind: str) -> None:
+    """Rows from before version 2 get executions 0 and no start while waiting for,
+    or after being refused by, a person; a canceled effect's decision is not
+    taken for an approval."""
+    schema = SCHEMAS[kind]
+    lists = [(op, v) for _, op, v in status_lists(schema[schema.index(VERSION_2[kind]) :])]
+    never_ran = values({S.REQUIRES_APPROVAL, S.READY, S.DENIED})
+    assert lists == [("IN", never_ran), ("IN", never_ran), ("<>", values({S.CANCELED}))]
+
+
+@pytest.mark.parametrize(("kind", "count"), [("postgres", 7), ("sqlite", 5)])
 def test_no_status_list_goes_unchecked(kind: str, count: int) -> None:
     """Pinned: a new status list in a schema needs its own test above."""
     assert len(status_lists(SCHEMAS[kind])) == count

@@ -83,10 +83,12 @@ def test_no_statement_retypes_a_status() -> None:
 
 def test_claims_take_their_sources_from_claimable() -> None:
     for dialect in (PG, LITE):
-        params = claim_params(dialect, "k", stale_after_ms=5)
+        params = claim_params(dialect, "k", stale_after_ms=5, lease_ms=None)
         assert params["processing"] == EffectStatus.PROCESSING.value
         claimable = params["claimable"]
         values = claimable if isinstance(claimable, list) else orjson.loads(str(claimable))
         assert set(values) == {s.value for s in CLAIMABLE}
-    assert _names(pg.CLAIM, "pg") == set(claim_params(PG, "k", stale_after_ms=5))
-    assert _names(lite.CLAIM, "lite") == set(claim_params(LITE, "k", stale_after_ms=5)) | {"now"}
+    assert _names(pg.CLAIM, "pg") == set(claim_params(PG, "k", stale_after_ms=5, lease_ms=None))
+    assert _names(lite.CLAIM, "lite") == set(
+        claim_params(LITE, "k", stale_after_ms=5, lease_ms=None)
+    ) | {"now"}

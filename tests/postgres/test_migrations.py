@@ -1,0 +1,171 @@
+"""Upgrading a real PostgreSQL schema written at version 1 to version 2.
+
+``tests/fixtures/postgres_schema_v1.sql`` is ``schema.sql`` as released at
+version 1, byte for byte. A scratch schema is built from it and filled with
+one row per kind of history a version 1 ledger could leave; today's
+``create_schema()`` (or applying today's ``schema.sql``) must upgrade it
+once, keep every effect, and estimate the new columns as documented.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from agent_ledger import Effect, EffectStatus, EffectStoreError, ToolCall
+from agent_ledger.options import DEFAULT_STALE_AFTER_MS
+from agent_ledger.stores.memory import MemoryStore
+from agent_ledger.stores.postgres import SCHEMA_SQL, SCHEMA_VERSION, PostgresStore
+from agent_ledger.testing import build_ledger
+
+V1_SCHEMA = (Path(__file__).resolve().parents[1] / "fixtures" / "postgres_schema_v1.sql").read_text(
+    encoding="utf-8"
+)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+HALF = timedelta(milliseconds=500)
+
+# (key, status, attempt, decided, expected executions, expected start)
+HISTORIES = [
+    ("ran-once", "succeeded", 1, False, 1, "created"),
+    ("taken-over", "succeeded", 3, False, 3, "created"),
+    ("approved-then-ran", "succeeded", 2, True, 1, "decided"),
+    ("approved-then-failed", "failed", 2, True, 1, "decided"),
+    ("running", "processing", 1, False, 1, "created"),
+    ("waiting-for-a-person", "requires_approval", 1, False, 0, None),
+    ("approved-not-run", "ready", 1, True, 0, None),
+    ("denied", "denied", 1, True, 0, None),
+    ("canceled-while-waiting", "canceled", 1, True, 0, None),
+    ("canceled-while-running", "canceled", 2, True, 1, "created"),
+]
+
+
+def _code(sql_text: str) -> str:
+    lines = (line.split("--", 1)[0].rstrip() for line in sql_text.splitlines())
+    return "\n".join(line for line in lines if line)
+
+
+def _call(name: str) -> ToolCall:
+    return ToolCall(workflow_id="w", tool="t", args={"name": name})
+
+
+@pytest.fixture
+async def v1_schema(dsn: str) -> AsyncIterator[str]:
+    """A schema holding a version 1 ledger with every kind of history."""
+    name = f"agent_ledger_v1_{uuid.uuid4().hex[:8]}"
+    running_key = build_ledger(MemoryStore()).idem_key(_call("running"))
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+        await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(name)))
+        await conn.execute(V1_SCHEMA)
+        for i, (key, status, attempt, decided, _, _) in enumerate(HISTORIES):
+            created = T0 + timedelta(seconds=i)
+            await conn.execute(
+                "INSERT INTO agent_ledger_effects (idem_key, workflow_id, tool, status,"
+                " args_canonical, result, attempt, created_at, updated_at, heartbeat_at,"
+                " decided_at, completed_at) VALUES (%s, 'w', 't', %s, '{}', %s, %s, %s, %s,"
+                " %s, %s, %s)",
+                (
+                    running_key if key == "running" else key,
+                    status,
+                    '"kept"' if status == "succeeded" else None,
+                    attempt,
+                    created,
+                    created,
+                    created,  # long ago: the running effect's holder is dead
+                    created + HALF if decided else None,
+                    created + 2 * HALF if status in ("succeeded", "failed", "denied") else None,
+                ),
+            )
+    yield name
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+async def _versions(dsn: str, schema: str) -> list[int]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        table = sql.Identifier(schema, "agent_ledger_schema_version")
+        cursor = await conn.execute(sql.SQL("SELECT version FROM {} ORDER BY 1").format(table))
+        return [v for (v,) in await cursor.fetchall()]
+
+
+def test_version_1_is_never_edited_in_place() -> None:
+    """schema.sql still executes exactly the released version 1 statements, then
+    version 2's section."""
+    assert _code(SCHEMA_SQL).startswith(_code(V1_SCHEMA) + "\n")
+    assert SCHEMA_VERSION == 2
+
+
+async def test_create_schema_upgrades_a_version_1_schema_and_keeps_every_effect(
+    dsn: str, v1_schema: str
+) -> None:
+    store = await PostgresStore.connect(dsn, schema=v1_schema)
+    try:
+        with pytest.raises(EffectStoreError, match=r"version 1, this library needs 2"):
+            await store.check_schema()
+        await store.create_schema()
+        await store.create_schema()
+        assert await store.check_schema() == 2
+        assert await _versions(dsn, v1_schema) == [1, 2]
+        ledger = build_ledger(store)
+        effects = (await ledger.list_effects(limit=100)).effects
+        assert len(effects) == len(HISTORIES), "no effect is lost"
+        by_key = {e.idem_key: e for e in effects}
+        by_key["running"] = by_key.pop(ledger.idem_key(_call("running")))
+        for i, (key, status, attempt, _, executions, start) in enumerate(HISTORIES):
+            effect = by_key[key]
+            assert (effect.status.value, effect.attempt) == (status, attempt)
+            assert effect.executions == executions, key
+            assert effect.lease_ms == DEFAULT_STALE_AFTER_MS
+            created = T0 + timedelta(seconds=i)
+            expected = {None: None, "created": created, "decided": created + HALF}[start]
+            assert effect.started_at == expected, key
+            if status == "succeeded":
+                assert effect.result == "kept"
+        # The old holder is judged by the default lease, and is long dead.
+        runs: list[str] = []
+
+        def ran(effect: Effect) -> object:
+            runs.append("ran")
+            return 7
+
+        assert await ledger.run(_call("running"), ran) == 7
+        assert runs == ["ran"]
+        taken = await ledger.find_by_idem_key(ledger.idem_key(_call("running")))
+        assert taken is not None
+        assert (taken.status, taken.attempt, taken.executions) == (EffectStatus.SUCCEEDED, 2, 2)
+    finally:
+        await store.close()
+
+
+async def test_applying_todays_schema_sql_upgrades_too(dsn: str, v1_schema: str) -> None:
+    """What psql users do: apply the file again (twice: the second is a no-op)."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(v1_schema)))
+        await conn.execute(SCHEMA_SQL)
+        await conn.execute(SCHEMA_SQL)
+    assert await _versions(dsn, v1_schema) == [1, 2]
+    store = await PostgresStore.connect(dsn, schema=v1_schema)
+    try:
+        assert await store.check_schema() == 2
+        assert await build_ledger(store).run(_call("fresh"), lambda e: "ok") == "ok"
+    finally:
+        await store.close()
+
+
+async def test_concurrent_create_schema_on_a_version_1_schema_upgrades_once(
+    dsn: str, v1_schema: str
+) -> None:
+    stores = [await PostgresStore.connect(dsn, schema=v1_schema) for _ in range(3)]
+    try:
+        await asyncio.gather(*(s.create_schema() for s in stores))
+        assert await _versions(dsn, v1_schema) == [1, 2]
+    finally:
+        for store in stores:
+            await store.close()

@@ -1,0 +1,231 @@
+"""Upgrading a real SQLite database written at schema version 1 to version 2.
+
+``tests/fixtures/sqlite_schema_v1.sql`` is the schema as released at version
+1, kept byte for byte: the database is built from it, filled with one row per
+kind of history a version 1 ledger could leave, and then opened by today's
+store, which must upgrade it once, keep every effect, and estimate the new
+columns as the migration documents.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from agent_ledger import Effect, EffectStatus, EffectStoreError, RunOptions, StaleOptions, ToolCall
+from agent_ledger.options import DEFAULT_STALE_AFTER_MS
+from agent_ledger.stores.memory import MEMORY_SCHEMA_VERSION, MemoryStore
+from agent_ledger.stores.sqlite import (
+    SQLITE_MIGRATIONS,
+    SQLITE_SCHEMA_SQL,
+    SQLITE_SCHEMA_VERSION,
+    SqliteStore,
+)
+from agent_ledger.testing import build_ledger
+
+V1_SCHEMA = (Path(__file__).resolve().parents[1] / "fixtures" / "sqlite_schema_v1.sql").read_text(
+    encoding="utf-8"
+)
+SECOND = 1_000_000  # µs
+T0 = 1_700_000_000 * SECOND
+
+# (key, status, attempt, decided, expected executions, expected start) for a
+# version 1 row: every way an effect could have got where it is.
+HISTORIES = [
+    ("ran-once", "succeeded", 1, False, 1, "created"),
+    ("taken-over", "succeeded", 3, False, 3, "created"),
+    ("approved-then-ran", "succeeded", 2, True, 1, "decided"),
+    ("approved-then-failed", "failed", 2, True, 1, "decided"),
+    ("running", "processing", 1, False, 1, "created"),
+    ("waiting-for-a-person", "requires_approval", 1, False, 0, None),
+    ("approved-not-run", "ready", 1, True, 0, None),
+    ("denied", "denied", 1, True, 0, None),
+    ("canceled-while-waiting", "canceled", 1, True, 0, None),
+    ("canceled-while-running", "canceled", 2, True, 1, "created"),
+]
+
+
+def _code(sql_text: str) -> str:
+    """The SQL without comments or blank lines: what a database executes."""
+    lines = (line.split("--", 1)[0].rstrip() for line in sql_text.splitlines())
+    return "\n".join(line for line in lines if line)
+
+
+def _version_1_database(path: Path) -> None:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.executescript(V1_SCHEMA)
+        for i, (key, status, attempt, decided, _, _) in enumerate(HISTORIES):
+            created = T0 + i * SECOND
+            conn.execute(
+                "INSERT INTO agent_ledger_effects (id, idem_key, workflow_id, tool, status,"
+                " args_canonical, result, attempt, created_us, updated_us, heartbeat_us,"
+                " decided_us, completed_us) VALUES (?, ?, 'w', 't', ?, '{}', ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    f"00000000-0000-4000-8000-{i:012d}",
+                    key,
+                    status,
+                    '"kept"' if status == "succeeded" else None,
+                    attempt,
+                    created,
+                    created,
+                    created,
+                    created + SECOND // 2 if decided else None,
+                    created + SECOND if status in ("succeeded", "failed", "denied") else None,
+                ),
+            )
+        conn.commit()
+
+
+def _versions(path: Path) -> list[int]:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        rows = conn.execute("SELECT version FROM agent_ledger_schema_version ORDER BY 1")
+        return [v for (v,) in rows]
+
+
+def test_version_1_is_never_edited_in_place() -> None:
+    """The packaged version 1 script executes exactly the released statements."""
+    assert _code(SQLITE_SCHEMA_SQL) == _code(V1_SCHEMA)
+
+
+def test_every_store_needs_the_same_version() -> None:
+    assert SQLITE_SCHEMA_VERSION == MEMORY_SCHEMA_VERSION == 2
+    assert set(SQLITE_MIGRATIONS) == {2}
+
+
+async def test_opening_a_version_1_file_upgrades_it_and_keeps_every_effect(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "v1.db"
+    _version_1_database(db)
+    store = SqliteStore(db)
+    try:
+        assert await store.check_schema() == 2
+        assert _versions(db) == [1, 2]
+        by_key = {
+            e.idem_key: e for e in (await build_ledger(store).list_effects(limit=100)).effects
+        }
+        assert set(by_key) == {h[0] for h in HISTORIES}, "no effect is lost"
+        for i, (key, status, attempt, _, executions, start) in enumerate(HISTORIES):
+            effect = by_key[key]
+            assert (effect.status.value, effect.attempt) == (status, attempt)
+            assert effect.executions == executions, key
+            assert effect.lease_ms == DEFAULT_STALE_AFTER_MS
+            created = T0 + i * SECOND
+            expected_start = {None: None, "created": created, "decided": created + SECOND // 2}
+            started = effect.started_at
+            assert (None if started is None else round(started.timestamp() * SECOND)) == (
+                expected_start[start]
+            ), key
+    finally:
+        await store.close()
+
+
+async def test_an_upgraded_file_keeps_working(tmp_path: Path) -> None:
+    """Old receipts replay, a pending approval runs once approved, an old
+    holder is judged by the default lease."""
+    db = tmp_path / "v1.db"
+    _version_1_database(db)
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        # Make the old running effect's holder look long dead.
+        conn.execute(
+            "UPDATE agent_ledger_effects SET idem_key = ?, heartbeat_us = 0 WHERE idem_key = ?",
+            (build_ledger(MemoryStore()).idem_key(_call("running")), "running"),
+        )
+        conn.commit()
+    store = SqliteStore(db)
+    ledger = build_ledger(store)
+    try:
+        runs: list[str] = []
+
+        def ran(effect: Effect) -> object:
+            runs.append("ran")
+            return "new"
+
+        result = await ledger.run(_call("running"), ran)
+        assert (result, runs) == ("new", ["ran"])
+        effect = await ledger.find_by_idem_key(ledger.idem_key(_call("running")))
+        assert effect is not None
+        assert (effect.executions, effect.attempt, effect.status) == (2, 2, EffectStatus.SUCCEEDED)
+        fresh = await ledger.run(
+            _call("fresh"), lambda e: "ok", RunOptions(stale=StaleOptions(after_ms=900))
+        )
+        assert fresh == "ok"
+        stored = await ledger.find_by_idem_key(ledger.idem_key(_call("fresh")))
+        assert stored is not None and (stored.executions, stored.lease_ms) == (1, 900)
+    finally:
+        await store.close()
+
+
+def _call(name: str) -> ToolCall:
+    return ToolCall(workflow_id="w", tool="t", args={"name": name})
+
+
+async def test_a_bare_open_names_the_old_version_and_create_schema_upgrades(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "v1.db"
+    _version_1_database(db)
+    store = SqliteStore(db, create=False)
+    try:
+        with pytest.raises(EffectStoreError, match=r"version 1, this library needs 2.*init"):
+            await store.check_schema()
+        assert _versions(db) == [1]
+        await store.create_schema()
+        await store.create_schema()
+        assert await store.check_schema() == 2
+        assert _versions(db) == [1, 2]
+    finally:
+        await store.close()
+
+
+def test_processes_opening_an_old_file_at_once_upgrade_it_once(tmp_path: Path) -> None:
+    db = tmp_path / "v1.db"
+    _version_1_database(db)
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def open_it() -> None:
+        try:
+            start.wait()
+            SqliteStore(db)._executor.shutdown()  # opening is what upgrades
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_it) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert _versions(db) == [1, 2]
+
+
+async def test_a_failed_upgrade_rolls_back_and_says_why(tmp_path: Path) -> None:
+    """A file the upgrade cannot apply to is left exactly as it was."""
+    db = tmp_path / "v1.db"
+    _version_1_database(db)
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        # Someone added a column of the same name by hand: version 2's second
+        # ALTER fails after its first succeeded.
+        conn.execute("ALTER TABLE agent_ledger_effects ADD COLUMN executions TEXT")
+        conn.commit()
+    with pytest.raises(EffectStoreError, match=r"duplicate column name: executions"):
+        SqliteStore(db)
+    assert _versions(db) == [1]
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(agent_ledger_effects)")]
+        assert "lease_ms" not in columns, "the first ALTER was rolled back too"
+        assert not conn.in_transaction
+    # The file is usable by anyone who fixes it by hand.
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("ALTER TABLE agent_ledger_effects DROP COLUMN executions")
+        conn.commit()
+    store = SqliteStore(db)
+    try:
+        assert await store.check_schema() == 2
+    finally:
+        await store.close()

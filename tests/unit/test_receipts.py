@@ -1,0 +1,95 @@
+"""The human receipt says what happened without inviting a misreading."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from agent_ledger import Effect, EffectError, EffectStatus
+from agent_ledger.receipt import render_receipt
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+BASE = Effect(
+    id="00000000-0000-4000-8000-000000000000", idem_key="ab" * 32, workflow_id="w",
+    call_id=None, tool="t", status=EffectStatus.PROCESSING, args_canonical="{}",
+    resource_id_canonical=None, result=None, error=None, dedup_count=0, attempt=1,
+    created_at=T0, updated_at=T0, completed_at=None, heartbeat_at=T0, started_at=T0,
+    executions=1, lease_ms=15_000,
+)  # fmt: skip
+
+
+def rows(effect: Effect) -> dict[str, str]:
+    """The receipt's rows by label (labels are right-aligned, two spaces before the value)."""
+    lines = render_receipt(effect).splitlines()
+    return {label: value.strip() for label, value in (ln.strip().split("  ", 1) for ln in lines)}
+
+
+@pytest.mark.parametrize(
+    "status", [EffectStatus.PROCESSING, EffectStatus.REQUIRES_APPROVAL, EffectStatus.READY]
+)
+def test_an_effect_without_an_outcome_says_pending(status: EffectStatus) -> None:
+    assert rows(dataclasses.replace(BASE, status=status))["outcome"] == "pending"
+
+
+def test_a_handler_that_returned_none_shows_null() -> None:
+    done = dataclasses.replace(BASE, status=EffectStatus.SUCCEEDED, completed_at=T0)
+    assert rows(done)["outcome"] == "null"
+    failed = dataclasses.replace(
+        BASE, status=EffectStatus.FAILED, completed_at=T0, error=EffectError("boom", "E")
+    )
+    assert rows(failed)["outcome"] == "error: [E] boom"
+
+
+def test_an_approved_run_shows_one_execution_and_its_wait_apart() -> None:
+    """attempt 2 (the approval's claim) is the fencing token, not a second run;
+    the run time leaves out the 3 s spent waiting for a person."""
+    decided = T0 + timedelta(seconds=3)
+    effect = dataclasses.replace(
+        BASE,
+        status=EffectStatus.SUCCEEDED,
+        attempt=2,
+        executions=1,
+        decided_at=decided,
+        decided_by="ada",
+        started_at=decided,
+        completed_at=decided + timedelta(milliseconds=12.5),
+    )
+    shown = rows(effect)
+    assert shown["executions"] == "1"
+    assert shown["fencing token"] == "attempt 2"
+    assert shown["approval wait"] == "3.0 s"
+    assert shown["run time"] == "12.5 ms"
+    assert shown["decision"] == "approved by ada"
+    assert "attempts" not in shown and "duration" not in shown
+
+
+def test_a_denied_effect_has_no_run_and_no_approval_wait() -> None:
+    effect = dataclasses.replace(
+        BASE,
+        status=EffectStatus.DENIED,
+        executions=0,
+        started_at=None,
+        decided_at=T0 + timedelta(minutes=5),
+        completed_at=T0 + timedelta(minutes=5),
+        error=EffectError("no", "denied"),
+    )
+    shown = rows(effect)
+    assert shown["executions"] == "0"
+    assert shown["started"] == "-"
+    assert "run time" not in shown and "approval wait" not in shown
+
+
+@pytest.mark.parametrize(
+    ("span", "text"),
+    [
+        (timedelta(milliseconds=0.4), "0.4 ms"),
+        (timedelta(seconds=59.94), "59.9 s"),
+        (timedelta(minutes=7, seconds=3), "7 min 3 s"),
+        (timedelta(hours=26, minutes=5), "26 h 5 min"),
+    ],
+)
+def test_long_spans_read_in_their_own_units(span: timedelta, text: str) -> None:
+    effect = dataclasses.replace(BASE, status=EffectStatus.SUCCEEDED, completed_at=T0 + span)
+    assert rows(effect)["run time"] == text
