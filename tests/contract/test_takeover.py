@@ -273,4 +273,4 @@ async def test_executions_count_handler_runs_not_attempts(harness: StoreHarness)
     taken = await ledger.begin(CALL)
     assert (taken.effect.executions, taken.effect.attempt) == (2, 2)
     assert taken.effect.started_at is not None
-    assert taken.effect.started_at > fresh.effect.started_at
+    assert taken.effect.started_at > started
