@@ -17,6 +17,7 @@ from agent_ledger import (
     RunOptions,
     ToolCall,
 )
+from tests.approvals import make_pending
 from tests.harness import StoreHarness
 
 DEPLOY = ToolCall(workflow_id="release-9", tool="k8s.deploy", args={"image": "app:v2"})
@@ -71,9 +72,7 @@ async def test_approve_and_deny_race_has_one_winner(harness: StoreHarness) -> No
     for round_ in range(20):
         ledger = harness.ledger()
         call = ToolCall(workflow_id=f"race-{round_}", tool="t")
-        begun = await ledger.begin(call)
-        key = begun.effect.idem_key
-        assert await ledger.request_approval(key)
+        key = (await make_pending(ledger, call)).idem_key
         approved, denied = await asyncio.gather(ledger.approve(key), ledger.deny(key))
         assert approved != denied
         effect = await ledger.find_by_idem_key(key)
