@@ -503,6 +503,10 @@ def takeovers(effect: Effect) -> int:
 
     Every claim increments the attempt: the first run, an approved run (an
     effect with a decision that is still live was approved), and takeovers.
+    At most one claim is an approved run: ``ready`` is claimed once, and an
+    approval taken back (``ready -> requires_approval``) and given again
+    claims nothing in between. A running effect cannot be sent back for
+    approval, so no approval follows a claim.
     """
     approved = 1 if effect.decided_at is not None else 0
     return max(effect.attempt - 1 - approved, 0)

@@ -1,4 +1,5 @@
-"""Model-based test: random begin/claim/commit/heartbeat/approve/deny/cancel/clock
+"""Model-based test: random begin (plain or approval-gated)/claim/commit/heartbeat/
+approve/deny/cancel/request-approval/clock
 sequences from several logical workers, checked against a hand-written model
 after every step, on every store.
 
@@ -96,14 +97,19 @@ class LedgerMachine(RuleBasedStateMachine):
     def start(self) -> None:
         self.model = Model(tokens={w: {} for w in WORKERS})
 
-    @rule(worker=st.sampled_from(WORKERS), key=st.sampled_from(KEYS))
-    def begin(self, worker: int, key: int) -> None:
-        outcome = self.run(self.harness.store.begin(self.news[key]))
+    @rule(worker=st.sampled_from(WORKERS), key=st.sampled_from(KEYS), gated=st.booleans())
+    def begin(self, worker: int, key: int, gated: bool) -> None:
+        new = self.news[key]._replace(requires_approval=gated)
+        outcome = self.run(self.harness.store.begin(new))
         m = self.model.effects.get(key)
         if m is None:
             assert outcome.created
-            m = self.model.effects[key] = ModelEffect(id=outcome.effect.id)
-            self.model.tokens[worker][key] = (m.id, 1)
+            if gated:  # waits for a person: nobody holds it
+                m = ModelEffect(status=S.REQUIRES_APPROVAL, id=outcome.effect.id)
+                self.model.effects[key] = m
+            else:
+                m = self.model.effects[key] = ModelEffect(id=outcome.effect.id)
+                self.model.tokens[worker][key] = (m.id, 1)
         else:
             # A replay: the store answers with exactly the recorded state.
             assert not outcome.created
@@ -181,7 +187,8 @@ class LedgerMachine(RuleBasedStateMachine):
         moved = self.run(method(idem_key))
         m = self.model.effects.get(key)
         allowed = {
-            "request": ({S.PROCESSING}, S.REQUIRES_APPROVAL),
+            # Never from processing: a running handler cannot be sent back.
+            "request": ({S.READY}, S.REQUIRES_APPROVAL),
             "approve": ({S.REQUIRES_APPROVAL}, S.READY),
             "deny": ({S.REQUIRES_APPROVAL}, S.DENIED),
             "cancel": ({S.PROCESSING, S.REQUIRES_APPROVAL, S.READY}, S.CANCELED),
