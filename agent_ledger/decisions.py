@@ -28,6 +28,9 @@ class Decisions:
         self._schema = schema
 
     async def request_approval(self, idem_key: str, hooks: LedgerHooks) -> bool:
+        # ready -> requires_approval only: the transition table refuses a
+        # running effect (see agent_ledger.status), so the store's
+        # compare-and-set does too.
         moved = await self._move(idem_key, EffectStatus.REQUIRES_APPROVAL, None, None)
         if moved is not None:
             await notify_approval_required(moved, hooks)

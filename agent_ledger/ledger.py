@@ -161,7 +161,17 @@ class EffectLedger:
     # -- decisions -------------------------------------------------------------------
 
     async def request_approval(self, idem_key: str) -> bool:
-        """Move a ``processing`` effect to ``requires_approval``; True if it moved."""
+        """Take an approval back: ``ready`` -> ``requires_approval``; True if it moved.
+
+        Only an approved effect that nobody has claimed yet can be sent back
+        for another look; every other status returns False. A ``processing``
+        effect in particular is refused: its handler is already running, so
+        an approval could not stop it, and it would only make the running
+        handler's commit fail and the handler run again after the approval.
+        To have a call wait for a person before it runs, create it that way:
+        ``RunOptions(requires_approval=True)`` or the ``requires_approval``
+        policy hook. The ``on_approval_required`` hook is called when it moved.
+        """
         return await self._decisions.request_approval(idem_key, self._engine.hooks)
 
     async def approve(

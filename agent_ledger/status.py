@@ -10,6 +10,13 @@ Three kinds of step move an effect, and the table covers them all:
   ``processing`` itself (a **takeover**: the holder stopped heartbeating);
 * a **completion** moves it from ``processing`` to an outcome;
 * a **decision** (request approval, approve, deny, cancel) is everything else.
+
+A running effect (``processing``) can never be sent back for approval: its
+handler is already executing, so the approval could not stop it, and its
+commit would then be refused and the handler run a second time after the
+approval. Effects that need approval are inserted as ``requires_approval``;
+``request_approval`` only sends an approved, not yet claimed effect
+(``ready``) back for another look.
 """
 
 from __future__ import annotations
@@ -46,12 +53,11 @@ _S = EffectStatus
 #: The state machine: each status mapped to the statuses it may move to.
 TRANSITIONS: Final[Mapping[EffectStatus, frozenset[EffectStatus]]] = MappingProxyType(
     {
-        _S.PROCESSING: frozenset(
-            # processing -> processing is a takeover: a claim with attempt + 1.
-            {_S.PROCESSING, _S.SUCCEEDED, _S.FAILED, _S.REQUIRES_APPROVAL, _S.CANCELED}
-        ),
+        # processing -> processing is a takeover: a claim with attempt + 1.
+        _S.PROCESSING: frozenset({_S.PROCESSING, _S.SUCCEEDED, _S.FAILED, _S.CANCELED}),
         _S.REQUIRES_APPROVAL: frozenset({_S.READY, _S.DENIED, _S.CANCELED}),
-        _S.READY: frozenset({_S.PROCESSING, _S.CANCELED}),
+        # ready -> requires_approval: an approval taken back before anyone claimed it.
+        _S.READY: frozenset({_S.PROCESSING, _S.REQUIRES_APPROVAL, _S.CANCELED}),
         _S.SUCCEEDED: frozenset(),
         _S.FAILED: frozenset(),
         _S.DENIED: frozenset(),

@@ -508,7 +508,7 @@ def takeovers(effect: Effect) -> int:
 
     Every execution but the first began with a takeover: the only ways into
     ``processing`` are the insert, the claim of an approved effect (before
-    any run) and a takeover.
+    any run: a running effect cannot be sent back for approval) and a takeover.
     """
     return max(effect.executions - 1, 0)
 

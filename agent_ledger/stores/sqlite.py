@@ -27,7 +27,7 @@ import functools
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
 from importlib import resources
@@ -40,6 +40,7 @@ from agent_ledger.clock import Clock, utc_now
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
 from agent_ledger.ids import is_effect_id, new_effect_id
+from agent_ledger.observability import logger
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _sqlite_queries as q
 from agent_ledger.stores._params import (
@@ -325,10 +326,12 @@ class SqliteStore:
                 self._conn.execute(q.TX_BEGIN)
                 try:
                     result = work(self._conn, _to_us(self._clock()))
+                    self._conn.execute(q.TX_COMMIT)
                 except BaseException:
-                    self._conn.execute(q.TX_ROLLBACK)
+                    # A failed COMMIT too: it leaves the transaction open, and
+                    # with it the write lock, for every later step to trip on.
+                    _roll_back(self._conn)
                     raise
-                self._conn.execute(q.TX_COMMIT)
                 return result
 
         return await asyncio.get_running_loop().run_in_executor(self._executor, job)
@@ -500,24 +503,49 @@ class SqliteStore:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[SqliteTransaction]:
-        """``BEGIN IMMEDIATE ... COMMIT`` around the block; other steps of this store wait."""
+        """``BEGIN IMMEDIATE ... COMMIT`` around the block; other steps of this store wait.
+
+        However the block ends short of a successful COMMIT (an error, a failed
+        COMMIT, a cancellation at any await), the transaction is rolled back
+        and the write lock released. A cancellation does not wait for that: a
+        statement the store's thread has started (a ``BEGIN IMMEDIATE`` still
+        waiting for the lock, say) cannot be interrupted, so the rollback is
+        queued behind it on the same thread, ahead of any later step. A
+        cancellation that arrives while COMMIT runs leaves the outcome to the
+        COMMIT: the block may have been committed.
+        """
         await self._enter(None)
         async with self._gate.lock:
             tx = SqliteTransaction(self)
             self._gate.open(tx)
             try:
                 await self._run("transaction", _execute(q.TX_BEGIN), tx, write=False)
-                try:
-                    yield tx
-                except BaseException:
-                    await asyncio.shield(
-                        self._run("transaction", _execute(q.TX_ROLLBACK), tx, write=False)
-                    )
-                    raise
-                await self._run("transaction", _execute(q.TX_COMMIT), tx, write=False)
+                yield tx
+                await self._run("transaction", _commit_or_roll_back, tx, write=False)
+            except asyncio.CancelledError:
+                self._end_transaction()
+                raise
+            except BaseException:
+                # Wait for the rollback, so whoever handles the error finds the
+                # lock released; a second cancellation only stops the waiting.
+                await asyncio.shield(asyncio.wrap_future(self._end_transaction()))
+                raise
             finally:
                 self._gate.close(tx)
         self._gate.committed(tx)
+
+    def _end_transaction(self) -> Future[None]:
+        """Queue a rollback of whatever transaction the connection is in, if any.
+
+        Submitted without an await, so no cancellation can come between the
+        decision and the queueing; the store's one thread runs jobs in order,
+        so it runs after every statement already queued (the BEGIN, COMMIT or
+        statement a cancelled caller stopped waiting for) and before any later
+        step. Its own failure is logged: nobody may be waiting for it.
+        """
+        done = self._executor.submit(_roll_back, self._conn)
+        done.add_done_callback(_log_failed_rollback)
+        return done
 
     def subscribe(self, idem_key: str) -> Registration:
         return self._subscribers.subscribe(idem_key)
@@ -530,6 +558,29 @@ class SqliteStore:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self._conn.close)
         self._executor.shutdown(wait=True)
+
+
+def _roll_back(conn: sqlite3.Connection) -> None:
+    """End the connection's transaction, if it is in one, without committing it."""
+    if conn.in_transaction:
+        conn.execute(q.TX_ROLLBACK)
+
+
+def _commit_or_roll_back(conn: sqlite3.Connection, now: int) -> None:
+    """COMMIT; if that fails, roll back (a failed COMMIT leaves the transaction open)."""
+    try:
+        conn.execute(q.TX_COMMIT)
+    except BaseException:
+        _roll_back(conn)
+        raise
+
+
+def _log_failed_rollback(done: Future[None]) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        logger.error(
+            "SqliteStore could not roll back a transaction that did not commit",
+            exc_info=done.exception(),
+        )
 
 
 def _execute(statement: str) -> Callable[[sqlite3.Connection, int], None]:

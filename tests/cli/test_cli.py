@@ -18,6 +18,7 @@ from agent_ledger.cli import CSV_JSON_COLUMNS
 from agent_ledger.receipt import RECORD_FIELDS, effect_from_record
 from agent_ledger.stores.url import open_store
 from agent_ledger.testing import build_ledger
+from tests.approvals import make_pending
 from tests.cli.conftest import Cli
 
 DEMO_KEY_PREFIX = "af4eff7e"  # the demo call's idempotency key starts with this
@@ -163,10 +164,10 @@ def test_deny_and_cancel_record_reasons(cli: Cli) -> None:
         store = await open_store(cli.url)
         try:
             ledger = build_ledger(store)
-            begun = await ledger.begin(ToolCall(workflow_id="w", tool=tool))
+            call = ToolCall(workflow_id="w", tool=tool)
             if tool == "to.deny":
-                await ledger.request_approval(begun.effect.idem_key)
-            return begun.effect.idem_key
+                return (await make_pending(ledger, call)).idem_key
+            return (await ledger.begin(call)).effect.idem_key
         finally:
             await store.close()
 

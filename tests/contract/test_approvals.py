@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from agent_ledger import (
+    CommitSucceeded,
     ConcurrencyOptions,
     Effect,
     EffectDeniedError,
@@ -15,8 +16,10 @@ from agent_ledger import (
     EffectTimeoutError,
     LedgerHooks,
     RunOptions,
+    StaleOptions,
     ToolCall,
 )
+from tests.approvals import make_pending
 from tests.harness import StoreHarness
 
 DEPLOY = ToolCall(workflow_id="release-9", tool="k8s.deploy", args={"image": "app:v2"})
@@ -77,9 +80,7 @@ async def test_approve_and_deny_race_has_one_winner(harness: StoreHarness) -> No
     for round_ in range(20):
         ledger = harness.ledger()
         call = ToolCall(workflow_id=f"race-{round_}", tool="t")
-        begun = await ledger.begin(call)
-        key = begun.effect.idem_key
-        assert await ledger.request_approval(key)
+        key = (await make_pending(ledger, call)).idem_key
         approved, denied = await asyncio.gather(ledger.approve(key), ledger.deny(key))
         assert approved != denied
         effect = await ledger.find_by_idem_key(key)
@@ -181,10 +182,50 @@ async def test_approval_timeout_leaves_the_effect_pending(harness: StoreHarness)
     assert await ledger.run(DEPLOY, lambda e: "later") == "later"
 
 
-async def test_request_approval_on_a_manual_effect_fires_the_ledger_hook(
+async def test_request_approval_refuses_a_running_effect(harness: StoreHarness) -> None:
+    """A running handler is not sent back for approval: it runs once and its commit lands
+    (issue 10, item 3)."""
+    ledger = harness.ledger()
+    started, release = asyncio.Event(), asyncio.Event()
+    ran: list[int] = []
+
+    async def deploy(effect: Effect) -> str:
+        ran.append(effect.attempt)
+        started.set()
+        await release.wait()
+        return "deployed"
+
+    task = asyncio.create_task(ledger.run(DEPLOY, deploy))
+    await asyncio.wait_for(started.wait(), 5)
+    key = ledger.idem_key(DEPLOY)
+    assert not await ledger.request_approval(key)
+    running = await ledger.find_by_idem_key(key)
+    assert running is not None and running.status is EffectStatus.PROCESSING
+    release.set()
+    assert await asyncio.wait_for(task, 5) == "deployed"
+    effect = await ledger.find_by_idem_key(key)
+    assert effect is not None
+    assert (effect.status, effect.result, effect.attempt) == (EffectStatus.SUCCEEDED, "deployed", 1)
+    assert not await ledger.approve(key)
+    assert await ledger.run(DEPLOY, deploy) == "deployed"
+    assert ran == [1]
+
+
+async def test_request_approval_refuses_an_effect_owned_through_begin(
     harness: StoreHarness,
 ) -> None:
-    """request_approval() moves processing -> requires_approval and notifies."""
+    """A begin() worker's effect is running too: request_approval() returns False."""
+    ledger = harness.ledger()
+    begun = await ledger.begin(DEPLOY)
+    assert not await ledger.request_approval(begun.effect.idem_key)
+    assert await ledger.commit(
+        begun.effect.id, CommitSucceeded(result="done"), attempt=begun.effect.attempt
+    )
+
+
+async def test_request_approval_takes_back_an_unclaimed_approval(harness: StoreHarness) -> None:
+    """ready -> requires_approval, the hook is called; approved again, it runs once and
+    counts no takeover."""
     from agent_ledger.testing import build_ledger
 
     notified: list[str] = []
@@ -193,10 +234,26 @@ async def test_request_approval_on_a_manual_effect_fires_the_ledger_hook(
         notified.append(effect.idem_key)
 
     ledger = build_ledger(harness.store, hooks=LedgerHooks(on_approval_required=notify))
-    begun = await ledger.begin(DEPLOY)
-    assert await ledger.request_approval(begun.effect.idem_key)
-    assert not await ledger.request_approval(begun.effect.idem_key)
-    assert notified == [begun.effect.idem_key]
+    key = (await make_pending(ledger, DEPLOY)).idem_key
+    assert await ledger.approve(key, by="ada")
+    assert await ledger.request_approval(key)
+    assert not await ledger.request_approval(key)
+    assert notified == [key, key]  # when it was created, and when it was sent back
+    pending = await ledger.find_by_idem_key(key)
+    assert pending is not None and pending.status is EffectStatus.REQUIRES_APPROVAL
+    assert await ledger.approve(key, by="grace")
+    ran: list[int] = []
+
+    def deploy(effect: Effect) -> str:
+        ran.append(effect.attempt)
+        return "deployed"
+
+    # max_takeovers=0: counting the second approval as a takeover would fail the effect.
+    strict = RunOptions(stale=StaleOptions(max_takeovers=0))
+    assert await ledger.run(DEPLOY, deploy, strict) == "deployed"
+    assert ran == [2]
+    done = await ledger.find_by_idem_key(key)
+    assert done is not None and done.decided_by == "grace"
 
 
 async def test_approval_wakes_a_slow_polling_waiter_at_once(harness: StoreHarness) -> None:

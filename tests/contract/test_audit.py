@@ -16,6 +16,7 @@ from agent_ledger import (
     EffectStatus,
     ToolCall,
 )
+from tests.approvals import make_pending
 from tests.harness import StoreHarness
 
 
@@ -27,14 +28,14 @@ async def make(
     status: EffectStatus = EffectStatus.SUCCEEDED,
 ) -> Effect:
     """Create one effect in the given status through the public API."""
-    begun = await ledger.begin(ToolCall(workflow_id=workflow, tool=tool, args={"i": i}))
-    effect = begun.effect
+    call = ToolCall(workflow_id=workflow, tool=tool, args={"i": i})
+    if status is EffectStatus.REQUIRES_APPROVAL:
+        return await make_pending(ledger, call)
+    effect = (await ledger.begin(call)).effect
     if status is EffectStatus.SUCCEEDED:
         await ledger.commit(effect.id, CommitSucceeded(result=i))
     elif status is EffectStatus.FAILED:
         await ledger.commit(effect.id, CommitFailed(error=EffectError("x")))
-    elif status is EffectStatus.REQUIRES_APPROVAL:
-        await ledger.request_approval(effect.idem_key)
     stored = await ledger.get_effect(effect.id)
     assert stored is not None
     return stored

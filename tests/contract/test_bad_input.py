@@ -14,6 +14,7 @@ from agent_ledger import (
     RunOptions,
     ToolCall,
 )
+from tests.approvals import make_pending
 from tests.harness import StoreHarness
 
 
@@ -106,10 +107,9 @@ async def test_sql_looking_text_is_stored_verbatim(harness: StoreHarness) -> Non
     assert effect is not None
     assert (effect.workflow_id, effect.tool, effect.call_id) == (SQLISH, SQLISH, SQLISH)
     assert effect.result == {SQLISH: [SQLISH]}
-    begun = await ledger.begin(ToolCall(workflow_id="w2", tool="t"))
-    await ledger.request_approval(begun.effect.idem_key)
-    assert await ledger.deny(begun.effect.idem_key, reason=SQLISH)
-    denied = await ledger.find_by_idem_key(begun.effect.idem_key)
+    pending = await make_pending(ledger, ToolCall(workflow_id="w2", tool="t"))
+    assert await ledger.deny(pending.idem_key, reason=SQLISH)
+    denied = await ledger.find_by_idem_key(pending.idem_key)
     assert denied is not None and denied.error is not None and denied.error.message == SQLISH
 
 

@@ -17,6 +17,7 @@ from agent_ledger import (
     EffectStatus,
     ToolCall,
 )
+from tests.approvals import make_pending
 from tests.harness import StoreHarness
 
 CALL = ToolCall(workflow_id="order-1", tool="stripe.charge", args={"amount": 1000})
@@ -171,9 +172,8 @@ async def test_replayed_results_are_independent_copies(harness: StoreHarness) ->
 async def test_denied_effect_raises_effect_denied(harness: StoreHarness) -> None:
     """After deny(), run() raises EffectDeniedError with the reason and never runs."""
     ledger = harness.ledger()
-    begun = await ledger.begin(CALL)
-    assert await ledger.request_approval(begun.effect.idem_key)
-    assert await ledger.deny(begun.effect.idem_key, reason="over budget")
+    pending = await make_pending(ledger, CALL)
+    assert await ledger.deny(pending.idem_key, reason="over budget")
     handler = Counter()
     with pytest.raises(EffectDeniedError) as info:
         await ledger.run(CALL, handler)

@@ -1,4 +1,5 @@
-"""Model-based test: random begin/claim/commit/heartbeat/approve/deny/cancel/clock
+"""Model-based test: random begin (plain or approval-gated)/claim/commit/heartbeat/
+approve/deny/cancel/request-approval/clock
 sequences from several logical workers, checked against a hand-written model
 after every step, on every store.
 
@@ -105,15 +106,26 @@ class LedgerMachine(RuleBasedStateMachine):
         worker=st.sampled_from(WORKERS),
         key=st.sampled_from(KEYS),
         lease_ms=st.sampled_from(WINDOWS),
+        gated=st.booleans(),
     )
-    def begin(self, worker: int, key: int, lease_ms: int) -> None:
-        new = self.news[key]._replace(lease_ms=lease_ms)
+    def begin(self, worker: int, key: int, lease_ms: int, gated: bool) -> None:
+        new = self.news[key]._replace(lease_ms=lease_ms, requires_approval=gated)
         outcome = self.run(self.harness.store.begin(new))
         m = self.model.effects.get(key)
         if m is None:
             assert outcome.created
-            m = self.model.effects[key] = ModelEffect(id=outcome.effect.id, lease_ms=lease_ms)
-            self.model.tokens[worker][key] = (m.id, 1)
+            if gated:  # waits for a person: nobody holds it, nothing ran
+                m = ModelEffect(
+                    status=S.REQUIRES_APPROVAL,
+                    id=outcome.effect.id,
+                    lease_ms=lease_ms,
+                    executions=0,
+                )
+                self.model.effects[key] = m
+            else:
+                m = ModelEffect(id=outcome.effect.id, lease_ms=lease_ms)
+                self.model.effects[key] = m
+                self.model.tokens[worker][key] = (m.id, 1)
         else:
             # A replay: the store answers with exactly the recorded state.
             assert not outcome.created
@@ -197,7 +209,8 @@ class LedgerMachine(RuleBasedStateMachine):
         moved = self.run(method(idem_key))
         m = self.model.effects.get(key)
         allowed = {
-            "request": ({S.PROCESSING}, S.REQUIRES_APPROVAL),
+            # Never from processing: a running handler cannot be sent back.
+            "request": ({S.READY}, S.REQUIRES_APPROVAL),
             "approve": ({S.REQUIRES_APPROVAL}, S.READY),
             "deny": ({S.REQUIRES_APPROVAL}, S.DENIED),
             "cancel": ({S.PROCESSING, S.REQUIRES_APPROVAL, S.READY}, S.CANCELED),

@@ -15,6 +15,7 @@ from agent_ledger import (
     ToolCall,
 )
 from agent_ledger.status import can_transition
+from tests.approvals import make_pending
 from tests.harness import StoreHarness
 
 S = EffectStatus
@@ -23,6 +24,16 @@ CALL = ToolCall(workflow_id="wf", tool="deploy", args={"v": 2})
 
 async def put_in(ledger: EffectLedger, status: S) -> tuple[str, str]:
     """Drive a fresh effect into ``status`` using only the public API."""
+    if status in (S.REQUIRES_APPROVAL, S.READY, S.DENIED):
+        pending = await make_pending(ledger, CALL)
+        key, effect_id = pending.idem_key, pending.id
+        if status is S.READY:
+            assert await ledger.approve(key)
+        elif status is S.DENIED:
+            assert await ledger.deny(key)
+        found = await ledger.find_by_idem_key(key)
+        assert found is not None and found.status is status
+        return key, effect_id
     begun = await ledger.begin(CALL)
     key, effect_id = begun.effect.idem_key, begun.effect.id
     if status is S.SUCCEEDED:
@@ -31,12 +42,6 @@ async def put_in(ledger: EffectLedger, status: S) -> tuple[str, str]:
         assert await ledger.commit(effect_id, CommitFailed(error=EffectError("x")))
     elif status is S.CANCELED:
         assert await ledger.cancel(key)
-    elif status in (S.REQUIRES_APPROVAL, S.READY, S.DENIED):
-        assert await ledger.request_approval(key)
-        if status is S.READY:
-            assert await ledger.approve(key)
-        elif status is S.DENIED:
-            assert await ledger.deny(key)
     found = await ledger.find_by_idem_key(key)
     assert found is not None and found.status is status
     return key, effect_id
@@ -90,16 +95,17 @@ async def test_terminal_effects_never_change(harness: StoreHarness) -> None:
     ledger = harness.ledger()
     for status in (S.SUCCEEDED, S.FAILED, S.DENIED, S.CANCELED):
         call = ToolCall(workflow_id=status.value, tool="t")
-        begun = await ledger.begin(call)
-        key = begun.effect.idem_key
-        if status is S.SUCCEEDED:
-            await ledger.commit(begun.effect.id, CommitSucceeded(result="r"))
-        elif status is S.FAILED:
-            await ledger.commit(begun.effect.id, CommitFailed(error=EffectError("e")))
-        elif status is S.DENIED:
-            await ledger.request_approval(key)
-            await ledger.deny(key)
+        if status is S.DENIED:
+            effect = await make_pending(ledger, call)
+            await ledger.deny(effect.idem_key)
         else:
+            effect = (await ledger.begin(call)).effect
+        key = effect.idem_key
+        if status is S.SUCCEEDED:
+            await ledger.commit(effect.id, CommitSucceeded(result="r"))
+        elif status is S.FAILED:
+            await ledger.commit(effect.id, CommitFailed(error=EffectError("e")))
+        elif status is S.CANCELED:
             await ledger.cancel(key)
         receipt = await ledger.find_by_idem_key(key)
         results = [
@@ -107,7 +113,7 @@ async def test_terminal_effects_never_change(harness: StoreHarness) -> None:
             await ledger.deny(key),
             await ledger.cancel(key),
             await ledger.request_approval(key),
-            await ledger.commit(begun.effect.id, CommitSucceeded(result="other")),
+            await ledger.commit(effect.id, CommitSucceeded(result="other")),
             (await harness.store.claim(key, stale_after_ms=1)).claimed,
         ]
         assert results == [False] * 6
@@ -119,11 +125,9 @@ async def test_approve_denied_and_deny_approved_return_false(harness: StoreHarne
     ledger = harness.ledger()
     key, _ = await put_in(ledger, S.DENIED)
     assert not await ledger.approve(key)
-    other = ToolCall(workflow_id="wf2", tool="deploy")
-    begun = await ledger.begin(other)
-    await ledger.request_approval(begun.effect.idem_key)
-    assert await ledger.approve(begun.effect.idem_key)
-    assert not await ledger.deny(begun.effect.idem_key)
+    other = await make_pending(ledger, ToolCall(workflow_id="wf2", tool="deploy"))
+    assert await ledger.approve(other.idem_key)
+    assert not await ledger.deny(other.idem_key)
 
 
 async def test_admin_calls_on_unknown_keys_return_false(harness: StoreHarness) -> None:

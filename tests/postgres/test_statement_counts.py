@@ -18,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 from agent_ledger import CommitSucceeded, EffectLedger, RunOptions, StaleOptions, ToolCall
 from agent_ledger.stores.postgres import PostgresStore
 from agent_ledger.testing import StatementCounter, build_ledger
+from tests.approvals import make_pending
 
 
 @pytest.fixture(params=[True, False], ids=["autocommit-pool", "transactional-pool"])
@@ -95,14 +96,13 @@ async def test_each_manual_and_admin_step_is_one_statement(
     assert begun is not None
     effect = begun.effect
     assert len(await count(wire, lambda: ledger.heartbeat(effect.id, effect.attempt))) == 1
-    assert len(await count(wire, lambda: ledger.request_approval(effect.idem_key))) == 1
-    assert len(await count(wire, lambda: ledger.approve(effect.idem_key))) == 1
     assert len(await count(wire, lambda: ledger.cancel(effect.idem_key))) == 1
     assert len(await count(wire, lambda: ledger.get_effect(effect.id))) == 1
     assert len(await count(wire, lambda: ledger.find_by_idem_key(effect.idem_key))) == 1
     second = await ledger.begin(ToolCall(workflow_id="wf", tool="other"))
     step = lambda: ledger.commit(second.effect.id, CommitSucceeded(result=1), attempt=1)  # noqa: E731
     assert len(await count(wire, step)) == 1
-    third = await ledger.begin(ToolCall(workflow_id="wf", tool="third"))
-    await ledger.request_approval(third.effect.idem_key)
-    assert len(await count(wire, lambda: ledger.deny(third.effect.idem_key))) == 1
+    pending = await make_pending(ledger, ToolCall(workflow_id="wf", tool="third"))
+    assert len(await count(wire, lambda: ledger.approve(pending.idem_key))) == 1
+    assert len(await count(wire, lambda: ledger.request_approval(pending.idem_key))) == 1
+    assert len(await count(wire, lambda: ledger.deny(pending.idem_key))) == 1

@@ -15,6 +15,7 @@ from agent_ledger import (
 from agent_ledger.backoff import Backoff
 from agent_ledger.engine import lifecycle
 from agent_ledger.testing import FaultyStore
+from tests.approvals import make_pending
 
 CALL = ToolCall(workflow_id="wf", tool="payments.charge", args={"cents": 100})
 
@@ -116,9 +117,8 @@ async def test_failing_polls_on_a_ready_effect_back_off() -> None:
 
     store = FaultyStore(MemoryStore())
     ledger = EffectLedger(EffectLedgerOptions(store=store))
-    begun = await ledger.begin(CALL)
-    await ledger.request_approval(begun.effect.idem_key)
-    await ledger.approve(begun.effect.idem_key)
+    key = (await make_pending(ledger, CALL)).idem_key
+    await ledger.approve(key)
     store.fail("find", "claim", times=None)  # reads fail like a dropped connection
     options = RunOptions(
         concurrency=ConcurrencyOptions(

@@ -18,6 +18,7 @@ from agent_ledger import (
     ToolCall,
 )
 from agent_ledger.testing import FaultyStore
+from tests.approvals import make_pending
 
 CALL = ToolCall(workflow_id="wf", tool="t", args={})
 
@@ -77,8 +78,7 @@ async def test_a_shared_read_never_grants_ownership() -> None:
     """When a poll claims a ready effect, only the caller that sent it runs the handler."""
     store = slow_reads()
     ledger = ledger_on(store)
-    begun = await ledger.begin(CALL)
-    await ledger.request_approval(begun.effect.idem_key)
+    key = (await make_pending(ledger, CALL)).idem_key
     executions = 0
 
     async def handler(effect: object) -> str:
@@ -92,6 +92,6 @@ async def test_a_shared_read_never_grants_ownership() -> None:
     )
     waiters = [asyncio.create_task(ledger.run(CALL, handler, approve_fast)) for _ in range(10)]
     await asyncio.sleep(0.2)
-    await ledger.approve(begun.effect.idem_key)
+    await ledger.approve(key)
     assert await asyncio.wait_for(asyncio.gather(*waiters), 10) == ["ran"] * 10
     assert executions == 1

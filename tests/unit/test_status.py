@@ -22,12 +22,12 @@ ALLOWED = {
     (S.PROCESSING, S.PROCESSING),  # takeover of a stale holder
     (S.PROCESSING, S.SUCCEEDED),
     (S.PROCESSING, S.FAILED),
-    (S.PROCESSING, S.REQUIRES_APPROVAL),
     (S.PROCESSING, S.CANCELED),
     (S.REQUIRES_APPROVAL, S.READY),
     (S.REQUIRES_APPROVAL, S.DENIED),
     (S.REQUIRES_APPROVAL, S.CANCELED),
     (S.READY, S.PROCESSING),
+    (S.READY, S.REQUIRES_APPROVAL),  # an approval taken back before the effect was claimed
     (S.READY, S.CANCELED),
 }
 
