@@ -48,6 +48,13 @@ SCHEMA_VERSION: Final = "SELECT max(version) FROM agent_ledger_schema_version"
 TX_BEGIN: Final = "BEGIN IMMEDIATE"
 TX_COMMIT: Final = "COMMIT"
 TX_ROLLBACK: Final = "ROLLBACK"
+# When a transaction that held the write lock for held_us ends: nobody could
+# heartbeat meanwhile, so the effects held since before it keep the lease they
+# had when it began (see stores/_transactions.py). Uses the open index.
+PAUSE_LEASES: Final = (
+    "UPDATE agent_ledger_effects SET heartbeat_us = heartbeat_us + :held_us"
+    " WHERE status = :processing AND heartbeat_us < :opened_us"
+)
 
 # -- begin --
 # Insert-or-get, in two statements under the write lock. A new key is inserted

@@ -5,6 +5,17 @@ serializes them: while a transaction is open, every other step of the same
 store waits for it to end, as a database makes a second writer wait on the
 rows a transaction holds. A step made *with* the handle goes straight in.
 
+A transaction held that way also stops every other worker's heartbeats, so
+time spent behind it must not count against anyone's lease: when a
+transaction that held the store for at least :data:`LEASE_PAUSE_AFTER_MS`
+ends (committed or not), each store moves the heartbeat of every effect that
+was processing before it began forward by its duration, as if the lease clock
+had stopped while nobody could heartbeat. Otherwise the first poll after a
+long transaction would find a live worker "silent" and take it over, ahead of
+the heartbeats queued behind the same transaction. A dead worker's takeover is
+delayed by as much; PostgreSQL, which locks rows rather than the store, needs
+none of this.
+
 The gate also owns "who hears about a change, and when": a change made
 outside a transaction wakes the key's waiters at once; one made inside a
 transaction wakes them only after the transaction commits (a rolled-back
@@ -15,12 +26,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.stores._subscriptions import Subscribers
 
-__all__ = ["TransactionGate", "TransactionHandle"]
+__all__ = ["LEASE_PAUSE_AFTER_MS", "TransactionGate", "TransactionHandle"]
+
+#: A transaction that held the store at least this long pauses the leases of
+#: effects held elsewhere (see the module doc). Shorter ones delay a heartbeat
+#: by less than the two spare beats every lease has, so they skip the work.
+LEASE_PAUSE_AFTER_MS: Final = 50
 
 
 class TransactionHandle:

@@ -24,7 +24,11 @@ from agent_ledger.ids import new_effect_id
 from agent_ledger.status import CLAIMABLE, EffectStatus, sources_of
 from agent_ledger.stores._rows import stats_from_groups
 from agent_ledger.stores._subscriptions import Registration, Subscribers
-from agent_ledger.stores._transactions import TransactionGate, TransactionHandle
+from agent_ledger.stores._transactions import (
+    LEASE_PAUSE_AFTER_MS,
+    TransactionGate,
+    TransactionHandle,
+)
 from agent_ledger.stores.base import (
     BeginOutcome,
     ClaimOutcome,
@@ -151,6 +155,7 @@ class MemoryStore:
         async with self._gate.lock:
             tx = MemoryTransaction(self)
             self._gate.open(tx)
+            opened = self._clock()
             try:
                 yield tx
             except BaseException:
@@ -158,8 +163,20 @@ class MemoryStore:
                 self._restore(tx.undo_log())
                 raise
             finally:
+                self._pause_leases(opened)
                 self._gate.close(tx)
         self._gate.committed(tx)
+
+    def _pause_leases(self, opened: datetime) -> None:
+        """Nobody could heartbeat while the transaction held the store: move the
+        heartbeat of every effect held since before it by its duration
+        (``_transactions`` says why)."""
+        held_for = self._clock() - opened
+        if held_for < timedelta(milliseconds=LEASE_PAUSE_AFTER_MS):
+            return
+        for row in self._rows.values():
+            if row.status is _PROCESSING and row.heartbeat_at < opened:
+                row.heartbeat_at += held_for
 
     async def _enter(self, tx: object | None) -> MemoryTransaction | None:
         """Check ``tx`` and wait out another task's open transaction."""

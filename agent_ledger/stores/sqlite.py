@@ -53,7 +53,11 @@ from agent_ledger.stores._params import (
 )
 from agent_ledger.stores._rows import STATUS_BY_VALUE, effect_from_row, stats_from_groups
 from agent_ledger.stores._subscriptions import Registration, Subscribers
-from agent_ledger.stores._transactions import TransactionGate, TransactionHandle
+from agent_ledger.stores._transactions import (
+    LEASE_PAUSE_AFTER_MS,
+    TransactionGate,
+    TransactionHandle,
+)
 from agent_ledger.stores.base import (
     BeginOutcome,
     ClaimOutcome,
@@ -170,6 +174,9 @@ def _effect_from_row(row: tuple[Any, ...]) -> Effect:
 
 class SqliteTransaction(TransactionHandle):
     """Handle from ``SqliteStore.transaction()``, to pass as ``tx``."""
+
+    #: When its BEGIN took the write lock (store clock, µs); None until then.
+    opened_us: int | None = None
 
 
 class SqliteStore:
@@ -519,22 +526,22 @@ class SqliteStore:
             tx = SqliteTransaction(self)
             self._gate.open(tx)
             try:
-                await self._run("transaction", _execute(q.TX_BEGIN), tx, write=False)
+                await self._run("transaction", _begin_transaction(tx), tx, write=False)
                 yield tx
-                await self._run("transaction", _commit_or_roll_back, tx, write=False)
+                await self._run("transaction", _commit_or_roll_back(tx), tx, write=False)
             except asyncio.CancelledError:
-                self._end_transaction()
+                self._end_transaction(tx)
                 raise
             except BaseException:
                 # Wait for the rollback, so whoever handles the error finds the
                 # lock released; a second cancellation only stops the waiting.
-                await asyncio.shield(asyncio.wrap_future(self._end_transaction()))
+                await asyncio.shield(asyncio.wrap_future(self._end_transaction(tx)))
                 raise
             finally:
                 self._gate.close(tx)
         self._gate.committed(tx)
 
-    def _end_transaction(self) -> Future[None]:
+    def _end_transaction(self, tx: SqliteTransaction) -> Future[None]:
         """Queue a rollback of whatever transaction the connection is in, if any.
 
         Submitted without an await, so no cancellation can come between the
@@ -543,7 +550,13 @@ class SqliteStore:
         statement a cancelled caller stopped waiting for) and before any later
         step. Its own failure is logged: nobody may be waiting for it.
         """
-        done = self._executor.submit(_roll_back, self._conn)
+
+        def job() -> None:
+            _roll_back(self._conn)
+            if tx.opened_us is not None:  # the BEGIN ran: it held the lock until now
+                _pause_leases(self._conn, tx.opened_us, _to_us(self._clock()))
+
+        done = self._executor.submit(job)
         done.add_done_callback(_log_failed_rollback)
         return done
 
@@ -566,13 +579,39 @@ def _roll_back(conn: sqlite3.Connection) -> None:
         conn.execute(q.TX_ROLLBACK)
 
 
-def _commit_or_roll_back(conn: sqlite3.Connection, now: int) -> None:
-    """COMMIT; if that fails, roll back (a failed COMMIT leaves the transaction open)."""
-    try:
-        conn.execute(q.TX_COMMIT)
-    except BaseException:
-        _roll_back(conn)
-        raise
+def _begin_transaction(tx: SqliteTransaction) -> Callable[[sqlite3.Connection, int], None]:
+    def work(conn: sqlite3.Connection, now: int) -> None:
+        conn.execute(q.TX_BEGIN)
+        tx.opened_us = now
+
+    return work
+
+
+def _commit_or_roll_back(tx: SqliteTransaction) -> Callable[[sqlite3.Connection, int], None]:
+    """COMMIT, pausing other holders' leases for as long as the transaction held
+    the lock; if that fails, roll back (a failed COMMIT leaves the transaction open)."""
+
+    def work(conn: sqlite3.Connection, now: int) -> None:
+        try:
+            if tx.opened_us is not None:
+                _pause_leases(conn, tx.opened_us, now)
+            conn.execute(q.TX_COMMIT)
+        except BaseException:
+            _roll_back(conn)
+            raise
+
+    return work
+
+
+def _pause_leases(conn: sqlite3.Connection, opened_us: int, now_us: int) -> None:
+    """Nobody could heartbeat while a transaction held the write lock: move the
+    heartbeat of every effect held since before it by its duration (see
+    ``_transactions``). Inside the transaction when it commits, on its own
+    after a rollback (the lock was held either way)."""
+    held_us = now_us - opened_us
+    if held_us >= LEASE_PAUSE_AFTER_MS * 1000:
+        params = {"held_us": held_us, "opened_us": opened_us, "processing": _PROCESSING}
+        conn.execute(q.PAUSE_LEASES, params)
 
 
 def _log_failed_rollback(done: Future[None]) -> None:
@@ -581,10 +620,3 @@ def _log_failed_rollback(done: Future[None]) -> None:
             "SqliteStore could not roll back a transaction that did not commit",
             exc_info=done.exception(),
         )
-
-
-def _execute(statement: str) -> Callable[[sqlite3.Connection, int], None]:
-    def work(conn: sqlite3.Connection, now: int) -> None:
-        conn.execute(statement)
-
-    return work

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -17,11 +18,13 @@ from agent_ledger import (
     EffectStatus,
     EffectTimeoutError,
     RunOptions,
+    StaleOptions,
     ToolCall,
 )
 from tests.harness import StoreHarness
 
 CALL = ToolCall(workflow_id="wf", tool="ledger.post", args={"amount": 5})
+OTHER = ToolCall(workflow_id="wf", tool="ledger.post", args={"amount": 6})
 
 
 class Abort(Exception):
@@ -164,3 +167,34 @@ async def test_pending_and_approved_effects_inside_a_transaction(harness: StoreH
     async with harness.store.transaction() as tx:
         assert await ledger.run(CALL, lambda e: "in tx", tx=tx) == "in tx"
     assert await ledger.run(CALL, lambda e: "again") == "in tx"
+
+
+@pytest.mark.parametrize("rolled_back", [False, True], ids=["committed", "rolled-back"])
+async def test_a_long_transaction_on_an_embedded_store_pauses_other_leases(
+    harness: StoreHarness, rolled_back: bool
+) -> None:
+    """On Memory/SQLite a transaction stops every other worker's heartbeats, so
+    its duration must not count against their leases: right after it, a
+    waiter must not take over a worker that was alive when it began."""
+    if harness.kind == "postgres":
+        pytest.skip("PostgreSQL locks rows, not the store: heartbeats go on beside a transaction")
+    lease = RunOptions(
+        stale=StaleOptions(after_ms=1_000),
+        concurrency=ConcurrencyOptions(wait_timeout_ms=200, initial_interval_ms=5),
+    )
+    ledger = harness.ledger(lease)
+    held = await ledger.begin(CALL)  # a live worker: heartbeating, in its own eyes
+    await harness.age(500)
+    with contextlib.suppress(Abort):
+        async with harness.store.transaction() as tx:
+            await ledger.run(OTHER, lambda e: "inside", tx=tx)
+            await harness.age(3_000)  # held the store for 3 leases
+            if rolled_back:
+                raise Abort
+    with pytest.raises(EffectTimeoutError):
+        await ledger.run(CALL, lambda e: "stolen")
+    # The lease still runs out for a worker that is really gone.
+    await harness.age(501)
+    assert await ledger.run(CALL, lambda e: e.attempt) == 2
+    taken = await ledger.get_effect(held.effect.id)
+    assert taken is not None and taken.executions == 2
