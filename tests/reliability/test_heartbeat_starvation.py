@@ -54,19 +54,22 @@ async def test_handlers_holding_the_pool_do_not_starve_heartbeats(dsn: str, sche
     ]
     executions: Counter[int] = Counter()
     ran_by: dict[int, list[str]] = {}
-    holding = 0
-    all_held = asyncio.Event()
+    running, holding, most_held = 0, 0, 0
+    all_running = asyncio.Event()
 
     async def owner_handler(effect: Effect, i: int) -> dict[str, Any]:
-        nonlocal holding
+        nonlocal running, holding, most_held
         executions[i] += 1
         ran_by.setdefault(i, []).append(f"owner#{effect.attempt}")
+        running += 1
+        if running == POOL:
+            all_running.set()  # every begin is done: the pool is the handlers' now
         async with pool.connection() as conn:
             await conn.execute("SELECT 1")  # the application's own query
             holding += 1
-            if holding == POOL:
-                all_held.set()
+            most_held = max(most_held, holding)
             await asyncio.sleep(HOLD_S)
+            holding -= 1
         return {"i": i, "by": "owner"}
 
     async def other_handler(effect: Effect, i: int) -> dict[str, Any]:
@@ -75,7 +78,7 @@ async def test_handlers_holding_the_pool_do_not_starve_heartbeats(dsn: str, sche
         return {"i": i, "by": "other"}
 
     async def duplicate(i: int) -> Any:
-        await all_held.wait()
+        await all_running.wait()
         return await other.run(calls[i], functools.partial(other_handler, i=i))
 
     started = time.monotonic()
@@ -98,6 +101,7 @@ async def test_handlers_holding_the_pool_do_not_starve_heartbeats(dsn: str, sche
         pool=POOL,
         lease_ms=LEASE_MS,
         held_s=HOLD_S,
+        connections_held_at_once=most_held,
         executions_per_key=[executions[i] for i in range(POOL)],
         ran_by=[ran_by.get(i) for i in range(POOL)],
         live_effects_taken_over=len(taken_over),
