@@ -69,10 +69,10 @@ class CancelAt:
     and ``CancelledError`` is raised where the coroutine waits on it).
     """
 
-    def __init__(self, k: int | None) -> None:
+    def __init__(self, k: int) -> None:
         self.k = k
         self.suspensions = 0
-        #: Where the k-th suspension happened: the innermost agent_ledger frame.
+        #: Where the k-th suspension happened (see ``ledger_frame``).
         self.site = ""
 
     @types.coroutine
