@@ -20,7 +20,7 @@ import asyncio
 import os
 import re
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -38,6 +38,8 @@ from agent_ledger.stores.base import (
     ClaimOutcome,
     Decision,
     EffectQuery,
+    HeartbeatOutcome,
+    Held,
     LedgerStats,
     NewEffect,
     Store,
@@ -168,9 +170,11 @@ class FaultyStore(Generic[StoreT]):
             idem_key=idem_key,
         )
 
-    async def heartbeat(self, effect_id: str, attempt: int) -> bool:
+    async def heartbeat(self, held: Sequence[Held]) -> HeartbeatOutcome:
+        # A fault fails the whole batch, as a lost connection would.
+        effect_id = held[0].effect_id if len(held) == 1 else None
         return await self._step(
-            "heartbeat", lambda: self.inner.heartbeat(effect_id, attempt), effect_id=effect_id
+            "heartbeat", lambda: self.inner.heartbeat(held), effect_id=effect_id
         )
 
     async def commit(

@@ -67,10 +67,28 @@ CLAIM: Final[LiteralString] = (
 )
 
 # -- heartbeat --
-# Refresh liveness only for the holder: still processing, same attempt.
+# One statement for every effect a ledger runs: `ids` and `attempts` are
+# parallel arrays, one (id, attempt) pair per effect. Liveness is refreshed
+# only for the holder (still processing, same attempt). A row another
+# transaction has locked is skipped (SKIP LOCKED), not waited for, so one
+# locked row cannot hold up the whole batch; rows are locked in the same
+# mode the UPDATE would take. The final SELECT reads the statement's
+# snapshot: every pair still held as last committed, with `refreshed` false
+# for the skipped ones (busy: send again next time). A pair missing from
+# the answer is no longer held.
 HEARTBEAT: Final[LiteralString] = (
-    "UPDATE {effects} SET heartbeat_at = clock_timestamp() "
-    "WHERE id = %(id)s AND status = %(processing)s AND attempt = %(attempt)s"
+    "WITH held AS ("
+    " SELECT h.id, h.attempt FROM unnest(%(ids)s::uuid[], %(attempts)s::int[]) AS h(id, attempt)"
+    "), free AS ("
+    " SELECT e.id FROM {effects} AS e JOIN held ON e.id = held.id AND e.attempt = held.attempt"
+    " WHERE e.status = %(processing)s FOR NO KEY UPDATE OF e SKIP LOCKED"
+    "), beat AS ("
+    " UPDATE {effects} AS e SET heartbeat_at = clock_timestamp() FROM free"
+    " WHERE e.id = free.id RETURNING e.id"
+    ") "
+    "SELECT e.id::text, e.attempt, e.id IN (SELECT id FROM beat) AS refreshed "
+    "FROM {effects} AS e JOIN held ON e.id = held.id AND e.attempt = held.attempt "
+    "WHERE e.status = %(processing)s"
 )
 
 # -- commit --

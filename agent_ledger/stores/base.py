@@ -34,7 +34,8 @@ begin           yes     If the lost try inserted the effect, the repeat finds
 claim           yes     Likewise: a repeat after a lost winning claim finds
                         the effect processing with a fresh heartbeat and
                         waits for it to go stale: a delay, never two holders.
-heartbeat       yes     Setting ``heartbeat_at=now`` twice is setting it once.
+heartbeat       yes     Setting ``heartbeat_at=now`` twice is setting it once,
+                        for each effect of the batch.
 commit          no      A repeat after a landed commit matches no row and
                         returns False, indistinguishable from losing to
                         another attempt. The ledger retries it itself and
@@ -56,7 +57,7 @@ check_schema    yes     A read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -118,6 +119,29 @@ class ClaimOutcome(NamedTuple):
 
     effect: Effect | None
     claimed: bool
+
+
+class Held(NamedTuple):
+    """An effect a worker holds: its id, at the attempt it claimed (the fencing token)."""
+
+    effect_id: str
+    attempt: int
+
+
+class HeartbeatOutcome(NamedTuple):
+    """What ``heartbeat`` found for each effect of a batch.
+
+    An effect of the batch in neither set is no longer held by the caller
+    (finished, canceled, taken over by a later attempt, or unknown).
+    """
+
+    #: Still held; ``heartbeat_at`` is now the store's current time.
+    refreshed: frozenset[Held]
+    #: Still held as last committed, but another transaction had its row
+    #: locked, so it was skipped rather than waited for: one locked row must
+    #: not hold up every other effect of the batch. Not refreshed this time;
+    #: send it again next time. Always empty on stores without row locks.
+    busy: frozenset[Held] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,11 +246,19 @@ class Store(Protocol):
         """
         ...
 
-    async def heartbeat(self, effect_id: str, attempt: int) -> bool:
-        """Set ``heartbeat_at=now`` if the effect is ``processing`` at ``attempt``.
+    async def heartbeat(self, held: Sequence[Held]) -> HeartbeatOutcome:
+        """Set ``heartbeat_at=now`` on each effect of ``held`` that is still
+        ``processing`` at its attempt, in one atomic step for the whole batch.
 
-        False means the caller no longer holds the effect (it was finished,
-        canceled, or taken over by a later attempt).
+        One call per tick for every effect a ledger runs, so heartbeats cost
+        one statement (SQL stores) however many handlers run. An effect that
+        is no longer held (finished, canceled, taken over by a later attempt,
+        an unknown id) is in neither set of the outcome. A store whose rows
+        can be locked by other transactions (PostgreSQL) skips a locked row
+        and reports it ``busy`` instead of waiting for it. An empty batch
+        returns an empty outcome without touching the backend.
+        PostgresStore sends it on a connection of its own, never a pool
+        connection, so heartbeats do not wait behind the application.
         """
         ...
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import operator
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Final
@@ -30,6 +30,8 @@ from agent_ledger.stores.base import (
     ClaimOutcome,
     Decision,
     EffectQuery,
+    HeartbeatOutcome,
+    Held,
     LedgerStats,
     NewEffect,
     check_commit_status,
@@ -214,14 +216,17 @@ class MemoryStore:
         self._gate.changed(row.idem_key, mtx)
         return ClaimOutcome(row.snapshot(), claimed=True)
 
-    async def heartbeat(self, effect_id: str, attempt: int) -> bool:
+    async def heartbeat(self, held: Sequence[Held]) -> HeartbeatOutcome:
         if self._gate.active is not None:
             await self._enter(None)
-        row = self._row_by_id(effect_id)
-        if row is None or row.status is not _PROCESSING or row.attempt != attempt:
-            return False
-        row.heartbeat_at = self._clock()
-        return True
+        now = self._clock()
+        refreshed = []
+        for one in held:
+            row = self._row_by_id(one.effect_id)
+            if row is not None and row.status is _PROCESSING and row.attempt == one.attempt:
+                row.heartbeat_at = now
+                refreshed.append(one)
+        return HeartbeatOutcome(frozenset(refreshed))
 
     async def commit(
         self,

@@ -14,7 +14,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
 from importlib import resources
@@ -58,6 +66,8 @@ from agent_ledger.stores.base import (
     ClaimOutcome,
     Decision,
     EffectQuery,
+    HeartbeatOutcome,
+    Held,
     LedgerStats,
     NewEffect,
     check_commit_status,
@@ -243,11 +253,25 @@ class PostgresStore:
             return ClaimOutcome(None, claimed=False)
         return ClaimOutcome(_effect_from_row(row), claimed=bool(row[_EFFECT_WIDTH]))
 
-    async def heartbeat(self, effect_id: str, attempt: int) -> bool:
-        if not is_effect_id(effect_id):
-            return False
-        params = {"id": effect_id, "attempt": attempt, "processing": _PROCESSING}
-        return await self._execute("heartbeat", self._heartbeat, params, None, effect_id=effect_id)
+    async def heartbeat(self, held: Sequence[Held]) -> HeartbeatOutcome:
+        batch = [one for one in held if is_effect_id(one.effect_id)]
+        if not batch:
+            return HeartbeatOutcome(frozenset())
+        params = {
+            "ids": [one.effect_id for one in batch],
+            "attempts": [one.attempt for one in batch],
+            "processing": _PROCESSING,
+        }
+
+        async def beat(conn: Connection) -> list[tuple[Any, ...]]:
+            cursor = await conn.execute(self._heartbeat, params)
+            return await cursor.fetchall()
+
+        effect_id = batch[0].effect_id if len(batch) == 1 else None
+        rows = await self._statement("heartbeat", beat, None, effect_id=effect_id)
+        refreshed = frozenset(Held(id_, attempt) for id_, attempt, fresh in rows if fresh)
+        busy = frozenset(Held(id_, attempt) for id_, attempt, fresh in rows if not fresh)
+        return HeartbeatOutcome(refreshed, busy)
 
     async def commit(
         self,
