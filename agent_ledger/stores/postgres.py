@@ -5,6 +5,8 @@ unless the caller passes a transaction (``_postgres_queries`` has them all).
 Timestamps and staleness use the database clock. Waiters are woken by
 ``LISTEN/NOTIFY`` through one listening connection per store, with the
 ledger's polling as the fallback, so a lost notification only costs latency.
+Heartbeats go out on one more connection of the store's own, never a pool
+connection: a handler that holds the whole pool must not starve them.
 
 Needs ``pip install "agent-ledger[postgres]"`` and PostgreSQL 14 or later.
 """
@@ -177,6 +179,7 @@ class PostgresStore:
         self._purge = compose(q.PURGE)
         self._effects = effects
         self._listener = _Listener(pool, schema)
+        self._beats = _ReservedConnection(pool)
 
     @classmethod
     async def connect(
@@ -268,7 +271,8 @@ class PostgresStore:
             return await cursor.fetchall()
 
         effect_id = batch[0].effect_id if len(batch) == 1 else None
-        rows = await self._statement("heartbeat", beat, None, effect_id=effect_id)
+        with self._errors("heartbeat", effect_id=effect_id):
+            rows = await self._beats.run(beat)
         refreshed = frozenset(Held(id_, attempt) for id_, attempt, fresh in rows if fresh)
         busy = frozenset(Held(id_, attempt) for id_, attempt, fresh in rows if not fresh)
         return HeartbeatOutcome(refreshed, busy)
@@ -393,8 +397,13 @@ class PostgresStore:
             yield subscription
 
     async def close(self) -> None:
-        """Stop the notification listener; close the pool if the store opened it."""
+        """Stop the notification listener and close the heartbeat connection; close
+        the pool if the store opened it.
+
+        Using the store again afterwards opens them again as needed.
+        """
         await self._listener.stop()
+        await self._beats.close()
         if self._owns_pool:
             await self._pool.close()
 
@@ -549,26 +558,12 @@ class _Listener:
                 await task
         self._listening.clear()
 
-    async def _connection_settings(self) -> tuple[str, dict[str, Any]]:
-        """The pool's conninfo and kwargs, which psycopg_pool also allows as (async) callables."""
-        conninfo: Any = self._pool.conninfo
-        kwargs: Any = self._pool.kwargs
-        if callable(conninfo):
-            conninfo = conninfo()
-            if inspect.isawaitable(conninfo):
-                conninfo = await conninfo
-        if callable(kwargs):
-            kwargs = kwargs()
-            if inspect.isawaitable(kwargs):
-                kwargs = await kwargs
-        return str(conninfo), dict(kwargs or {})
-
     async def _run(self) -> None:
         failures = 0  # in a row: the step of the LISTENER_RECONNECT schedule
         prefix = self._schema + ":"
         while True:
             try:
-                conninfo, kwargs = await self._connection_settings()
+                conninfo, kwargs = await _connection_settings(self._pool)
                 conn = await AsyncConnection.connect(conninfo, **{**kwargs, "autocommit": True})
                 async with conn:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL)))
@@ -591,3 +586,84 @@ class _Listener:
                     delay_s,
                 )
                 await asyncio.sleep(delay_s)
+
+
+class _ReservedConnection:
+    """One connection per store, outside the pool, for heartbeats alone.
+
+    Heartbeats must never wait for a pool connection: a handler that holds
+    every connection of the application's pool (the same pool the store
+    uses) would starve them, and the effect it runs would be taken over
+    while alive. One batched statement per tick needs only one connection.
+
+    Opened at the first heartbeat, from the pool's conninfo, kwargs and
+    connection class (like the listener's; the pool's ``configure`` callback
+    is not run on it), in autocommit. A statement that fails because the
+    connection was lost is repeated once on a fresh one (heartbeats are safe
+    to repeat, see ``stores.base``); a statement that is interrupted
+    (cancelled, timed out) leaves the connection in an unknown state, so it
+    is closed and the next heartbeat connects afresh. ``close()`` closes it.
+    """
+
+    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+        self._pool = pool
+        self._conn: Connection | None = None
+        # One statement at a time on the one connection.
+        self._lock = asyncio.Lock()
+
+    async def run(self, work: Callable[[Connection], Awaitable[_T]]) -> _T:
+        """``work(conn)`` on the reserved connection; once more on a fresh one if it was lost."""
+        async with self._lock:
+            for last_try in (False, True):
+                conn = self._conn
+                if conn is None or conn.closed or conn.broken:
+                    conn = self._conn = await self._connect()
+                try:
+                    return await work(conn)
+                except psycopg.OperationalError as exc:
+                    lost = _connection_lost(exc, conn)
+                    await self._discard()
+                    if last_try or not lost:
+                        raise
+                except psycopg.Error:
+                    raise  # the server refused the statement; the connection is fine
+                except BaseException:
+                    # Interrupted mid-statement (CancelledError included, as
+                    # psycopg_pool treats it): the connection may still be
+                    # busy with it, so it is closed and the next run connects.
+                    await self._discard()
+                    raise
+            raise EffectLedgerInvariantError("unreachable: the last try returns or raises")
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._discard()
+
+    async def _connect(self) -> Connection:
+        conninfo, kwargs = await _connection_settings(self._pool)
+        connection_class = self._pool.connection_class
+        conn: Connection = await connection_class.connect(
+            conninfo, **{**kwargs, "autocommit": True}
+        )
+        return conn
+
+    async def _discard(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+
+async def _connection_settings(pool: AsyncConnectionPool[Any]) -> tuple[str, dict[str, Any]]:
+    """The pool's conninfo and kwargs, which psycopg_pool also allows as (async) callables."""
+    conninfo: Any = pool.conninfo
+    kwargs: Any = pool.kwargs
+    if callable(conninfo):
+        conninfo = conninfo()
+        if inspect.isawaitable(conninfo):
+            conninfo = await conninfo
+    if callable(kwargs):
+        kwargs = kwargs()
+        if inspect.isawaitable(kwargs):
+            kwargs = await kwargs
+    return str(conninfo), dict(kwargs or {})

@@ -7,6 +7,7 @@ as `Query` messages too.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,14 @@ import pytest
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from agent_ledger import CommitSucceeded, EffectLedger, RunOptions, StaleOptions, ToolCall
+from agent_ledger import (
+    CommitSucceeded,
+    Effect,
+    EffectLedger,
+    RunOptions,
+    StaleOptions,
+    ToolCall,
+)
 from agent_ledger.stores.postgres import PostgresStore
 from agent_ledger.testing import StatementCounter, build_ledger
 
@@ -24,18 +32,27 @@ from agent_ledger.testing import StatementCounter, build_ledger
 async def traced(
     request: pytest.FixtureRequest, tmp_path: Path, dsn: str, schema: str, pg: Any
 ) -> AsyncIterator[tuple[EffectLedger, StatementCounter]]:
-    """A ledger on a one-connection pool whose every message is traced to a file."""
+    """A ledger on a one-connection pool whose every message is traced to a file.
+
+    Traced from the connection class, not the pool's ``configure``, so the
+    store's own heartbeat connection (made from the pool's connection class)
+    is counted too.
+    """
     wire = StatementCounter(tmp_path / "libpq.trace")
 
-    async def configure(conn: AsyncConnection[Any]) -> None:
-        await wire.attach(conn)
+    class Traced(AsyncConnection[Any]):
+        @classmethod
+        async def connect(cls, *args: Any, **kwargs: Any) -> Traced:
+            conn = await super().connect(*args, **kwargs)
+            await wire.attach(conn)
+            return conn
 
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
         dsn,
         min_size=1,
         max_size=1,
         kwargs={"autocommit": request.param},
-        configure=configure,
+        connection_class=Traced,
         open=False,
     )
     await pool.open(wait=True)
@@ -106,3 +123,30 @@ async def test_each_manual_and_admin_step_is_one_statement(
     third = await ledger.begin(ToolCall(workflow_id="wf", tool="third"))
     await ledger.request_approval(third.effect.idem_key)
     assert len(await count(wire, lambda: ledger.deny(third.effect.idem_key))) == 1
+
+
+async def test_one_heartbeat_statement_per_tick_for_every_running_handler(
+    traced: tuple[EffectLedger, StatementCounter],
+) -> None:
+    """Five handlers alive for about five ticks cost about five statements, not 25."""
+    ledger, wire = traced
+    options = RunOptions(stale=StaleOptions(after_ms=600))  # a tick every 200 ms
+    release = asyncio.Event()
+    started = 0
+
+    async def long_job(effect: Effect) -> int:
+        nonlocal started
+        started += 1
+        await release.wait()
+        return effect.attempt
+
+    calls = [ToolCall(workflow_id="wf", tool="tick", args={"n": n}) for n in range(5)]
+    runs = [asyncio.create_task(ledger.run(call, long_job, options)) for call in calls]
+    while started < len(calls):
+        await asyncio.sleep(0.005)
+    wire.mark()
+    await asyncio.sleep(1.1)
+    ticks = wire.count()
+    release.set()
+    assert await asyncio.gather(*runs) == [1] * len(calls)
+    assert 4 <= ticks <= 7, ticks
