@@ -156,17 +156,28 @@ class FaultyStore(Generic[StoreT]):
 
     # --- the Store protocol, forwarded -----------------------------------------
 
-    async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
+    async def begin(
+        self, new: NewEffect, *, tx: object | None = None, lock_timeout_ms: int | None = None
+    ) -> BeginOutcome:
         return await self._step(
-            "begin", lambda: self.inner.begin(new, tx=tx), idem_key=new.idem_key
+            "begin",
+            lambda: self.inner.begin(new, tx=tx, lock_timeout_ms=lock_timeout_ms),
+            idem_key=new.idem_key,
         )
 
     async def claim(
-        self, idem_key: str, *, stale_after_ms: int, tx: object | None = None
+        self,
+        idem_key: str,
+        *,
+        stale_after_ms: int,
+        tx: object | None = None,
+        lock_timeout_ms: int | None = None,
     ) -> ClaimOutcome:
         return await self._step(
             "claim",
-            lambda: self.inner.claim(idem_key, stale_after_ms=stale_after_ms, tx=tx),
+            lambda: self.inner.claim(
+                idem_key, stale_after_ms=stale_after_ms, tx=tx, lock_timeout_ms=lock_timeout_ms
+            ),
             idem_key=idem_key,
         )
 

@@ -202,7 +202,9 @@ class Engine:
             await self.schema.ensure(tx)
         if tx is not None and prepared.needs_approval:
             await self._refuse_new_approval_in_transaction(new, tx)
-        begun = await self._store.begin(new, tx=tx)
+        begun = await self._store.begin(
+            new, tx=tx, lock_timeout_ms=prepared.opts.tx_lock_timeout_ms
+        )
         effect = begun.effect
         if begun.created:
             if effect.status is not EffectStatus.REQUIRES_APPROVAL:
@@ -263,7 +265,9 @@ class Engine:
         key = prepared.new.idem_key
         if effect.status is EffectStatus.READY:
             # stale_after_ms=0: an approved effect is claimed, a held one never.
-            outcome = await self._store.claim(key, stale_after_ms=0, tx=tx)
+            outcome = await self._store.claim(
+                key, stale_after_ms=0, tx=tx, lock_timeout_ms=prepared.opts.tx_lock_timeout_ms
+            )
             if outcome.effect is None:
                 raise EffectLedgerInvariantError(f"effect {key} disappeared inside a transaction")
             effect = outcome.effect

@@ -15,6 +15,19 @@ a ``tx`` from another store raises ``EffectLedgerValidationError``.
 Clocks: every timestamp, and every staleness judgement, uses the *store's*
 clock (the database's for SQL stores), never the calling worker's.
 
+Steps inside a caller's transaction
+-----------------------------------
+A step given ``tx`` runs inside the caller's transaction, and any lock it
+takes is held until that transaction ends. So inside one, ``begin`` never
+writes an existing effect, and ``begin`` and ``claim`` wait at most
+``lock_timeout_ms`` (None: ``options.DEFAULT_TX_LOCK_TIMEOUT_MS``) for a lock
+another transaction holds on the key, such as an uncommitted insert or claim
+of it. Past that they raise ``EffectInFlightError`` (``status=None``), change
+nothing, and leave the caller's transaction usable. Without ``tx``,
+``lock_timeout_ms`` is ignored. MemoryStore and SqliteStore ignore it too:
+their transactions exclude every other writer from the start, so nothing
+inside one waits.
+
 Which steps are safe to repeat
 ------------------------------
 A step whose reply is lost (the connection broke after the server acted)
@@ -181,7 +194,8 @@ class LedgerStats:
     #: Every status, including those with no effects (0).
     by_status: Mapping[EffectStatus, int]
     by_tool: Mapping[str, int]
-    #: Calls that were answered from an existing effect (sum of ``dedup_count``).
+    #: Calls that were answered from an existing effect, outside transactions
+    #: (sum of ``dedup_count``).
     duplicates: int
 
 
@@ -216,7 +230,9 @@ class Store(Protocol):
         fix it if the schema is missing or older than this library needs."""
         ...
 
-    async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
+    async def begin(
+        self, new: NewEffect, *, tx: object | None = None, lock_timeout_ms: int | None = None
+    ) -> BeginOutcome:
         """Insert-or-get, atomically.
 
         If ``new.idem_key`` is unknown, insert it as ``processing`` (or
@@ -226,11 +242,22 @@ class Store(Protocol):
         else: a duplicate must never refresh liveness) and return the stored
         effect with ``created=False``. Exactly one of any number of
         concurrent begins for a key gets ``created=True``.
+
+        With ``tx``, an existing effect is only read, never written (its
+        ``dedup_count`` stays as it is): a write would lock its row until the
+        caller's transaction ends, and the holder's heartbeats and commit
+        would queue behind that lock. ``lock_timeout_ms``: see "Steps inside
+        a caller's transaction" in the module doc.
         """
         ...
 
     async def claim(
-        self, idem_key: str, *, stale_after_ms: int, tx: object | None = None
+        self,
+        idem_key: str,
+        *,
+        stale_after_ms: int,
+        tx: object | None = None,
+        lock_timeout_ms: int | None = None,
     ) -> ClaimOutcome:
         """Take the effect over if it is claimable, atomically.
 
@@ -242,7 +269,8 @@ class Store(Protocol):
         ``heartbeat_at=now``; concurrent claims of one effect have exactly
         one winner. Returns the effect as it now stands
         whether or not this call claimed it, so a waiter's poll costs one
-        round trip.
+        round trip. ``lock_timeout_ms``: see "Steps inside a caller's
+        transaction" in the module doc.
         """
         ...
 

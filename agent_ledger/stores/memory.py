@@ -177,21 +177,29 @@ class MemoryStore:
 
     # -- ledger steps ----------------------------------------------------
 
-    async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
+    async def begin(
+        self, new: NewEffect, *, tx: object | None = None, lock_timeout_ms: int | None = None
+    ) -> BeginOutcome:
         mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
         row = self._rows.get(new.idem_key)
-        if mtx is not None:
-            mtx.remember(new.idem_key, row)
         if row is None:
+            if mtx is not None:
+                mtx.remember(new.idem_key, row)
             row = _Row(new, self._clock())
             self._rows[new.idem_key] = row
             self._ids[row.id] = new.idem_key
             return BeginOutcome(row.snapshot(), created=True)
-        row.dedup_count += 1
+        if tx is None:  # inside a transaction an existing effect is only read (Store.begin)
+            row.dedup_count += 1
         return BeginOutcome(row.snapshot(), created=False)
 
     async def claim(
-        self, idem_key: str, *, stale_after_ms: int, tx: object | None = None
+        self,
+        idem_key: str,
+        *,
+        stale_after_ms: int,
+        tx: object | None = None,
+        lock_timeout_ms: int | None = None,
     ) -> ClaimOutcome:
         mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
         row = self._rows.get(idem_key)

@@ -33,11 +33,13 @@ from typing import Any, Final, LiteralString, TypeVar
 import orjson
 import psycopg
 from psycopg import AsyncConnection, sql
+from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 from agent_ledger.backoff import LISTENER_RECONNECT
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import (
+    EffectInFlightError,
     EffectLedgerError,
     EffectLedgerInvariantError,
     EffectLedgerValidationError,
@@ -45,6 +47,7 @@ from agent_ledger.errors import (
 )
 from agent_ledger.ids import is_effect_id
 from agent_ledger.observability import logger
+from agent_ledger.options import DEFAULT_TX_LOCK_TIMEOUT_MS
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _postgres_queries as q
 from agent_ledger.stores._params import (
@@ -168,6 +171,7 @@ class PostgresStore:
             return sql.SQL(text).format(effects=effects, versions=versions)
 
         self._begin = compose(q.BEGIN)
+        self._begin_in_transaction = compose(q.BEGIN_IN_TRANSACTION)
         self._claim = compose(q.CLAIM)
         self._heartbeat = compose(q.HEARTBEAT)
         self._commit = compose(q.COMMIT)
@@ -240,18 +244,52 @@ class PostgresStore:
 
     # -- ledger steps -----------------------------------------------------------
 
-    async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
+    async def begin(
+        self, new: NewEffect, *, tx: object | None = None, lock_timeout_ms: int | None = None
+    ) -> BeginOutcome:
         params = begin_params(new)
+        if tx is not None:
+            return await self._begin_in(tx, new, params, lock_timeout_ms)
         row = await self._fetch_one("begin", self._begin, params, tx, idem_key=new.idem_key)
         if row is None:
             raise EffectStoreError("INSERT ... RETURNING gave no row", operation="begin")
         return BeginOutcome(_effect_from_row(row), created=bool(row[_EFFECT_WIDTH]))
 
+    async def _begin_in(
+        self, tx: object, new: NewEffect, params: dict[str, object], lock_timeout_ms: int | None
+    ) -> BeginOutcome:
+        """``begin`` inside a caller's transaction: insert, or only read (see
+        ``BEGIN_IN_TRANSACTION``), waiting for no lock longer than the bound."""
+        key = new.idem_key
+        row = await self._bounded(
+            "begin", self._begin_in_transaction, params, tx, lock_timeout_ms, key
+        )
+        if row is not None:
+            return BeginOutcome(_effect_from_row(row), created=bool(row[_EFFECT_WIDTH]))
+        # The key was inserted by a transaction that committed after this
+        # statement began (the insert waited for it): read it with a fresh snapshot.
+        row = await self._fetch_one("begin", self._find, {"idem_key": key}, tx, idem_key=key)
+        if row is None:
+            raise EffectStoreError(
+                "the effect this key conflicted with is gone (purged meanwhile?); call again",
+                operation="begin",
+                idem_key=key,
+            )
+        return BeginOutcome(_effect_from_row(row), created=False)
+
     async def claim(
-        self, idem_key: str, *, stale_after_ms: int, tx: object | None = None
+        self,
+        idem_key: str,
+        *,
+        stale_after_ms: int,
+        tx: object | None = None,
+        lock_timeout_ms: int | None = None,
     ) -> ClaimOutcome:
         params = claim_params(_DIALECT, idem_key, stale_after_ms=stale_after_ms)
-        row = await self._fetch_one("claim", self._claim, params, tx, idem_key=idem_key)
+        if tx is not None:
+            row = await self._bounded("claim", self._claim, params, tx, lock_timeout_ms, idem_key)
+        else:
+            row = await self._fetch_one("claim", self._claim, params, tx, idem_key=idem_key)
         if row is None:
             return ClaimOutcome(None, claimed=False)
         return ClaimOutcome(_effect_from_row(row), claimed=bool(row[_EFFECT_WIDTH]))
@@ -485,6 +523,58 @@ class PostgresStore:
             return cursor.rowcount == 1
 
         return await self._statement(operation, execute, tx, effect_id=effect_id)
+
+    async def _bounded(
+        self,
+        operation: str,
+        query: sql.Composed,
+        params: Mapping[str, object],
+        tx: object,
+        lock_timeout_ms: int | None,
+        idem_key: str,
+    ) -> tuple[Any, ...] | None:
+        """One statement of ``operation`` inside the caller's transaction ``tx``,
+        waiting at most ``lock_timeout_ms`` for a lock another transaction holds.
+
+        Runs inside a savepoint with ``lock_timeout`` set around it
+        (``LOCK_BOUND_*`` in ``_postgres_queries``): a lock wait that runs out
+        becomes ``EffectInFlightError`` and, like any failure here, is rolled
+        back to the savepoint, so the caller's transaction stays usable and
+        keeps its own ``lock_timeout``. Costs two round trips more than the
+        statement alone; only calls made with ``tx=`` pay them.
+        """
+        ms = max(DEFAULT_TX_LOCK_TIMEOUT_MS if lock_timeout_ms is None else lock_timeout_ms, 1)
+        with self._errors(operation, idem_key=idem_key):
+            async with self._connection(tx) as conn:
+                if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+                    raise EffectLedgerValidationError(
+                        "tx is an autocommit connection with no transaction open; pass "
+                        "store.transaction()'s connection, or use your own inside "
+                        "`async with conn.transaction():`",
+                        field="tx",
+                    )
+                # lock_timeout 0 would mean "wait for ever": 1 ms is the shortest bound.
+                cursor = await conn.execute(
+                    sql.SQL(q.LOCK_BOUND_BEGIN).format(lock_timeout=sql.Literal(f"{ms}ms"))
+                )
+                cursor.nextset()  # past the SAVEPOINT's result, to the SELECT's
+                prior = await cursor.fetchone()
+                if prior is None:
+                    raise EffectStoreError("set_config returned no row", operation=operation)
+                try:
+                    cursor = await conn.execute(query, params)
+                    row = await cursor.fetchone()
+                except psycopg.errors.LockNotAvailable:
+                    await conn.execute(q.LOCK_BOUND_UNDO)
+                    raise EffectInFlightError(idem_key, None, lock_timeout_ms=ms) from None
+                except BaseException:
+                    # CancelledError too: undo what can be undone; the original
+                    # error is the one to report.
+                    with contextlib.suppress(psycopg.Error):
+                        await conn.execute(q.LOCK_BOUND_UNDO)
+                    raise
+                await conn.execute(sql.SQL(q.LOCK_BOUND_END).format(prior=sql.Literal(prior[0])))
+                return row
 
     async def _statement(
         self,

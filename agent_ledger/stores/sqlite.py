@@ -278,13 +278,15 @@ class SqliteStore:
 
     # -- ledger steps -----------------------------------------------------------
 
-    async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
+    async def begin(
+        self, new: NewEffect, *, tx: object | None = None, lock_timeout_ms: int | None = None
+    ) -> BeginOutcome:
         stx = await self._enter(tx)
         params = {**begin_params(new), "id": new_effect_id()}
 
         def work(conn: sqlite3.Connection, now: int) -> BeginOutcome:
             created = conn.execute(q.INSERT, {**params, "now": now}).rowcount == 1
-            if not created:
+            if not created and stx is None:  # with tx: only read (Store.begin)
                 conn.execute(q.COUNT_DUPLICATE, params)
             row = conn.execute(q.FIND, (new.idem_key,)).fetchone()
             return BeginOutcome(_effect_from_row(row), created=created)
@@ -292,7 +294,12 @@ class SqliteStore:
         return await self._run("begin", work, stx, write=True, idem_key=new.idem_key)
 
     async def claim(
-        self, idem_key: str, *, stale_after_ms: int, tx: object | None = None
+        self,
+        idem_key: str,
+        *,
+        stale_after_ms: int,
+        tx: object | None = None,
+        lock_timeout_ms: int | None = None,
     ) -> ClaimOutcome:
         stx = await self._enter(tx)
         params = claim_params(_DIALECT, idem_key, stale_after_ms=stale_after_ms)
