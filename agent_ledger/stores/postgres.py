@@ -249,13 +249,13 @@ class PostgresStore:
     ) -> BeginOutcome:
         params = begin_params(new)
         if tx is not None:
-            return await self._begin_in(tx, new, params, lock_timeout_ms)
+            return await self._begin_inside(tx, new, params, lock_timeout_ms)
         row = await self._fetch_one("begin", self._begin, params, tx, idem_key=new.idem_key)
         if row is None:
             raise EffectStoreError("INSERT ... RETURNING gave no row", operation="begin")
         return BeginOutcome(_effect_from_row(row), created=bool(row[_EFFECT_WIDTH]))
 
-    async def _begin_in(
+    async def _begin_inside(
         self, tx: object, new: NewEffect, params: dict[str, object], lock_timeout_ms: int | None
     ) -> BeginOutcome:
         """``begin`` inside a caller's transaction: insert, or only read (see

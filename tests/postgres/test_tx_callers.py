@@ -162,3 +162,31 @@ async def test_claiming_an_approved_effect_another_transaction_claimed_is_bounde
         await asyncio.gather(holder, return_exceptions=True)
     assert ran == ["first"]
     assert await ledger.run(CALL, lambda e: "x") == "first"
+
+
+async def test_an_insert_committed_while_waiting_is_read_back(pg: Any) -> None:
+    """The other transaction commits its insert while B waits on it: B reads the committed
+    effect (held elsewhere: EffectInFlightError with its status), not a lock timeout."""
+    ledger = build_ledger(pg.store)
+    options = RunOptions(concurrency=ConcurrencyOptions(wait_timeout_ms=3_000))
+    inserted, commit = asyncio.Event(), asyncio.Event()
+
+    async def other_transaction() -> None:
+        async with pg.store.transaction() as holder:
+            await ledger.begin(CALL, tx=holder)
+            inserted.set()
+            await commit.wait()
+
+    holder = asyncio.create_task(other_transaction())
+    try:
+        await inserted.wait()
+        asyncio.get_running_loop().call_later(0.3, commit.set)
+        async with pg.store.transaction() as tx:
+            began = time.monotonic()
+            with pytest.raises(EffectInFlightError, match="another worker") as info:
+                await asyncio.wait_for(ledger.run(CALL, lambda e: "B", options, tx=tx), 5)
+            assert 0.25 <= time.monotonic() - began < 2.0
+            assert info.value.status is EffectStatus.PROCESSING
+    finally:
+        commit.set()
+        await holder
