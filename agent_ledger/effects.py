@@ -75,7 +75,8 @@ class Effect:
     #: The handler's return value, decoded from the stored JSON. ``None`` until succeeded.
     result: JSONValue
     error: EffectError | None
-    #: How many calls after the first asked for this same effect.
+    #: How many calls after the first asked for this same effect (outside a
+    #: transaction: a ``tx=`` call only reads an existing effect, see ``Store.begin``).
     dedup_count: int
     #: Fencing token: incremented by every claim (fresh, ready -> processing,
     #: takeover) and by an approval-gated insert. Not a count of runs: see ``executions``.

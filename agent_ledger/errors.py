@@ -102,21 +102,33 @@ class EffectInFlightError(EffectLedgerError):
     takeover of a live worker. So ``run(..., tx=...)`` and ``begin(..., tx=...)``
     never wait: they raise this at once, and nothing is changed. ``status``
     says what the effect is doing (``processing`` elsewhere, or waiting for
-    approval).
+    approval); it is None when another *transaction* holds the key (an
+    uncommitted insert or claim of it) and did not let go within
+    ``lock_timeout_ms``. The caller's transaction stays usable either way.
     """
 
-    def __init__(self, idem_key: str, status: EffectStatus) -> None:
+    def __init__(
+        self,
+        idem_key: str,
+        status: EffectStatus | None,
+        *,
+        lock_timeout_ms: int | None = None,
+    ) -> None:
         self.idem_key = idem_key
         self.status = status
-        doing = (
-            "waiting for a person's approval"
-            if status == "requires_approval"
-            else "being run by another worker"
-        )
+        self.lock_timeout_ms = lock_timeout_ms
+        if status is None:
+            doing = (
+                f"held by another transaction, which did not release it within {lock_timeout_ms} ms"
+            )
+        elif status == "requires_approval":
+            doing = f"waiting for a person's approval ({status.value})"
+        else:
+            doing = f"being run by another worker ({status.value})"
         super().__init__(
-            f"effect {idem_key[:12]}… is {doing} ({status.value}); inside a transaction "
-            "the ledger does not wait for it or take it over. End the transaction first, "
-            "then call again without tx= to wait for its outcome."
+            f"effect {idem_key[:12]}… is {doing}; inside a transaction the ledger does "
+            "not wait for it or take it over, and changed nothing. End the transaction "
+            "first, then call again without tx= to wait for its outcome."
         )
 
 

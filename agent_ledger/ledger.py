@@ -21,7 +21,7 @@ from agent_ledger.errors import EffectLedgerValidationError, require_str
 from agent_ledger.observability import span
 from agent_ledger.options import EffectLedgerOptions, LedgerHooks, RunOptions
 from agent_ledger.status import TERMINAL, EffectStatus
-from agent_ledger.stores.base import LedgerStats, Store
+from agent_ledger.stores.base import Held, LedgerStats, Store
 
 __all__ = ["EffectLedger"]
 
@@ -156,7 +156,10 @@ class EffectLedger:
         """
         require_str(effect_id, "effect_id")
         await self._engine.schema.ensure()
-        return await self._store.heartbeat(effect_id, attempt)
+        held = Held(effect_id, attempt)
+        outcome = await self._store.heartbeat((held,))
+        # Busy (its row locked by another transaction just now) is still held.
+        return held in outcome.refreshed or held in outcome.busy
 
     # -- decisions -------------------------------------------------------------------
 

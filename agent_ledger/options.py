@@ -37,6 +37,9 @@ Unset: TypeAlias = Literal[_UnsetType.UNSET]
 
 #: Built-in default for ``StaleOptions.after_ms``; see ``StaleOptions``.
 DEFAULT_STALE_AFTER_MS: Final = 15_000
+#: How long a step inside a caller's transaction may wait for a lock another
+#: transaction holds, unless ``wait_timeout_ms`` was set; see ``ConcurrencyOptions``.
+DEFAULT_TX_LOCK_TIMEOUT_MS: Final = 1_000
 
 
 def _check_int(
@@ -79,6 +82,13 @@ class ConcurrencyOptions:
     ``max_interval_ms=1_000``, multiplying by ``backoff_multiplier=1.5`` with
     ±``jitter_factor=0.3`` randomness. Stores that can notify (Memory,
     Postgres) wake waiters early; polling is the fallback.
+
+    Inside a caller's transaction (``tx=``) the ledger never waits for
+    another worker, but a step may still meet a lock another transaction
+    holds on the same key (PostgreSQL: an uncommitted insert of it, or a
+    claim of it). That wait lasts at most ``wait_timeout_ms`` when it was
+    set (here or in the ledger's defaults), else ``DEFAULT_TX_LOCK_TIMEOUT_MS``
+    (1 s): the built-in 30 s would hold the caller's own locks that long.
     """
 
     wait_timeout_ms: int | Unset = UNSET
@@ -267,14 +277,13 @@ class ResolvedRunOptions:
     #: None: no bound.
     max_takeovers: int | None
     sync_in_thread: bool
+    #: The longest a step inside a caller's transaction waits for another
+    #: transaction's lock (see ``ConcurrencyOptions``).
+    tx_lock_timeout_ms: int
 
 
-def _overlay(base: _Opt, top: _Opt | Unset | None, builtin: _Opt) -> _Opt:
-    """``top``'s set fields over ``base``; explicit ``None`` resets to ``builtin``."""
-    if top is UNSET:
-        return base
-    if top is None:
-        return builtin
+def _overlay(base: _Opt, top: _Opt) -> _Opt:
+    """``top``'s set fields over ``base``."""
     changes = {
         f.name: getattr(top, f.name) for f in fields(top) if getattr(top, f.name) is not UNSET
     }
@@ -285,28 +294,41 @@ def _overlay(base: _Opt, top: _Opt | Unset | None, builtin: _Opt) -> _Opt:
 
 
 def merge_run_options(base: RunOptions, top: RunOptions | None) -> RunOptions:
-    """``top`` over ``base``, field by field (nested options too)."""
+    """``top`` over ``base``, field by field (nested options too).
+
+    Fields neither level set stay unset (``resolve`` fills them), so the
+    result still tells what a caller asked for from what is a built-in.
+    """
     if top is None:
         return base
     return RunOptions(
         requires_approval=(
             base.requires_approval if top.requires_approval is UNSET else top.requires_approval
         ),
-        concurrency=_merge_nested(base.concurrency, top.concurrency, BUILTIN_CONCURRENCY),
-        stale=_merge_nested(base.stale, top.stale, BUILTIN_STALE),
+        concurrency=_merge_nested(base.concurrency, top.concurrency),
+        stale=_merge_nested(base.stale, top.stale),
         sync_handlers=base.sync_handlers if top.sync_handlers is UNSET else top.sync_handlers,
     )
 
 
-def _merge_nested(base: _Opt | Unset | None, top: _Opt | Unset | None, builtin: _Opt) -> _Opt:
-    start = builtin if base is UNSET or base is None else _overlay(builtin, base, builtin)
-    return _overlay(start, top, builtin)
+def _merge_nested(base: _Opt | Unset | None, top: _Opt | Unset | None) -> _Opt | Unset | None:
+    """``top`` over ``base``: unset falls through; ``None`` resets to the built-ins."""
+    if top is UNSET:
+        return base
+    if top is None or base is UNSET or base is None:
+        return top
+    return _overlay(base, top)
+
+
+def _filled(options: _Opt | Unset | None, builtin: _Opt) -> _Opt:
+    """``options`` with every unset field taken from ``builtin``."""
+    return builtin if options is UNSET or options is None else _overlay(builtin, options)
 
 
 def resolve(options: RunOptions) -> ResolvedRunOptions:
     """Fill every unset field from the built-in defaults and check the result."""
-    concurrency = _merge_nested(options.concurrency, UNSET, BUILTIN_CONCURRENCY)
-    stale = _merge_nested(options.stale, UNSET, BUILTIN_STALE)
+    concurrency = _filled(options.concurrency, BUILTIN_CONCURRENCY)
+    stale = _filled(options.stale, BUILTIN_STALE)
     # Each level was valid alone; the merge can still pair a large initial
     # interval from one level with a small maximum from another.
     _check_interval_order(concurrency.initial_interval_ms, concurrency.max_interval_ms)
@@ -320,6 +342,14 @@ def resolve(options: RunOptions) -> ResolvedRunOptions:
     c = ResolvedConcurrency(**settings, polls=polls)
     assert stale.after_ms is not UNSET
     assert stale.max_takeovers is not UNSET
+    # Only a wait_timeout_ms someone set bounds lock waits inside a transaction;
+    # the built-in 30 s would hold the caller's own locks that long.
+    asked = options.concurrency
+    tx_lock_timeout_ms = (
+        asked.wait_timeout_ms
+        if isinstance(asked, ConcurrencyOptions) and asked.wait_timeout_ms is not UNSET
+        else DEFAULT_TX_LOCK_TIMEOUT_MS
+    )
     return ResolvedRunOptions(
         requires_approval=(
             False if options.requires_approval is UNSET else options.requires_approval
@@ -328,4 +358,5 @@ def resolve(options: RunOptions) -> ResolvedRunOptions:
         stale_after_ms=stale.after_ms,
         max_takeovers=stale.max_takeovers,
         sync_in_thread=options.sync_handlers != "loop",
+        tx_lock_timeout_ms=tx_lock_timeout_ms,
     )

@@ -20,7 +20,7 @@ import asyncio
 import os
 import re
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -38,6 +38,8 @@ from agent_ledger.stores.base import (
     ClaimOutcome,
     Decision,
     EffectQuery,
+    HeartbeatOutcome,
+    Held,
     LedgerStats,
     NewEffect,
     Store,
@@ -154,9 +156,13 @@ class FaultyStore(Generic[StoreT]):
 
     # --- the Store protocol, forwarded -----------------------------------------
 
-    async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
+    async def begin(
+        self, new: NewEffect, *, tx: object | None = None, lock_timeout_ms: int | None = None
+    ) -> BeginOutcome:
         return await self._step(
-            "begin", lambda: self.inner.begin(new, tx=tx), idem_key=new.idem_key
+            "begin",
+            lambda: self.inner.begin(new, tx=tx, lock_timeout_ms=lock_timeout_ms),
+            idem_key=new.idem_key,
         )
 
     async def claim(
@@ -166,18 +172,25 @@ class FaultyStore(Generic[StoreT]):
         stale_after_ms: int,
         lease_ms: int | None = None,
         tx: object | None = None,
+        lock_timeout_ms: int | None = None,
     ) -> ClaimOutcome:
         return await self._step(
             "claim",
             lambda: self.inner.claim(
-                idem_key, stale_after_ms=stale_after_ms, lease_ms=lease_ms, tx=tx
+                idem_key,
+                stale_after_ms=stale_after_ms,
+                lease_ms=lease_ms,
+                tx=tx,
+                lock_timeout_ms=lock_timeout_ms,
             ),
             idem_key=idem_key,
         )
 
-    async def heartbeat(self, effect_id: str, attempt: int) -> bool:
+    async def heartbeat(self, held: Sequence[Held]) -> HeartbeatOutcome:
+        # A fault fails the whole batch, as a lost connection would.
+        effect_id = held[0].effect_id if len(held) == 1 else None
         return await self._step(
-            "heartbeat", lambda: self.inner.heartbeat(effect_id, attempt), effect_id=effect_id
+            "heartbeat", lambda: self.inner.heartbeat(held), effect_id=effect_id
         )
 
     async def commit(

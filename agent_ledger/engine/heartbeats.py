@@ -1,42 +1,77 @@
-"""Keeping running effects alive: one heartbeat task per ledger, not one timer per run.
+"""Keeping running effects alive: one heartbeat task per ledger, one batch per tick.
 
 A handler that runs longer than its stale window must keep refreshing its
 effect's ``heartbeat_at``, or another caller would take it over. Almost no
 handler lives that long, so per-run timers or tasks would be pure overhead
 on the hot path. Instead each ledger keeps a set of running handlers
 (adding and removing one costs a set operation) and a single background task
-that sleeps until the earliest one is due, beats every due effect
-concurrently, and exits when the set is empty.
+that sleeps until the earliest one is due, then sends *one* batch
+(``Store.heartbeat``) with every beat that is due or nearly due, and exits
+when the set is empty.
+
+One batch per tick, rather than one call per effect, is what keeps
+heartbeats out of the application's way: a SQL store answers it with one
+statement, and PostgresStore sends it on a connection reserved for it, so a
+handler that holds every connection of the application's pool cannot starve
+the heartbeats of the effects it runs (issue 10, item 9).
+
+Ticks are shared (:func:`due_beats`): a tick also takes every beat due within
+half of its own interval, so beats with different stale windows, or started
+at different moments, fall into step and ride in the same statement. Sending
+a beat early only refreshes the lease sooner; it is never late.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Final
 
 from agent_ledger.effects import Effect
 from agent_ledger.observability import effect_fields, logger
-from agent_ledger.stores.base import Store
+from agent_ledger.stores.base import Held, Store
 
-__all__ = ["BEATS_PER_WINDOW", "Beat", "Heartbeats"]
+__all__ = ["BEATS_PER_WINDOW", "EARLY_FRACTION", "Beat", "Heartbeats", "due_beats"]
 
 #: Beats per stale window: a worker must miss this many before it looks dead.
 BEATS_PER_WINDOW: Final = 3
+#: How early, as a fraction of its own interval, a beat may join a tick that
+#: goes out anyway.
+EARLY_FRACTION: Final = 0.5
+#: The shortest time a batch is given to land before it is abandoned (and
+#: sent again, on a fresh connection, by the next tick).
+MIN_SEND_BOUND_S: Final = 1.0
 
 
 class Beat:
-    """One running handler's entry; ``stop()`` it when the handler returns."""
+    """One running handler's entry; ``stop()`` it when the handler returns.
 
-    __slots__ = ("_owner", "due", "effect", "interval_s")
+    Times are the event loop's clock (``loop.time()``).
+    """
 
-    def __init__(self, owner: Heartbeats, effect: Effect, interval_s: float, due: float) -> None:
+    __slots__ = ("_owner", "confirmed_at", "due", "effect", "held", "interval_s")
+
+    def __init__(self, owner: Heartbeats, effect: Effect, interval_s: float, now: float) -> None:
         self._owner = owner
         self.effect = effect
+        self.held = Held(effect.id, effect.attempt)
         self.interval_s = interval_s
-        self.due = due
+        #: When the next heartbeat must go out at the latest.
+        self.due = now + interval_s
+        #: When the last heartbeat the store confirmed for this effect was
+        #: *sent* (at first: when the beat started, just after the claim).
+        #: The store wrote ``heartbeat_at`` no earlier than that, so the lease
+        #: lasts at least until ``confirmed_at`` plus the stale window.
+        self.confirmed_at = now
 
     def stop(self) -> None:
         self._owner.forget(self)
+
+
+def due_beats(beats: Iterable[Beat], now: float) -> list[Beat]:
+    """The beats a tick at ``now`` sends: each one due, or due within
+    ``EARLY_FRACTION`` of its interval."""
+    return [b for b in beats if b.due - b.interval_s * EARLY_FRACTION <= now]
 
 
 class Heartbeats:
@@ -49,13 +84,12 @@ class Heartbeats:
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._next_due = float("inf")
-        self._in_flight: set[asyncio.Task[None]] = set()
 
     def start(self, effect: Effect, stale_after_ms: int) -> Beat:
         """Keep ``effect`` alive until the returned beat is stopped."""
         loop = asyncio.get_running_loop()
         interval_s = stale_after_ms / 1000.0 / BEATS_PER_WINDOW
-        beat = Beat(self, effect, interval_s, loop.time() + interval_s)
+        beat = Beat(self, effect, interval_s, loop.time())
         self._running.add(beat)
         if self._task is None or self._task.done() or self._loop is not loop:
             # First run on this loop (a ledger may outlive an event loop).
@@ -77,13 +111,12 @@ class Heartbeats:
         assert wake is not None
         while self._running:
             now = loop.time()
-            for beat in [b for b in self._running if b.due <= now]:
-                beat.due = now + beat.interval_s
-                task = loop.create_task(self._send(beat))
-                self._in_flight.add(task)
-                task.add_done_callback(self._in_flight.discard)
-            if not self._running:
-                break
+            batch = due_beats(self._running, now)
+            if batch:
+                # Awaited here, not in a task of its own: one batch at a time
+                # is the point, and the next tick is computed once it is back.
+                await self._send(batch, now)
+                continue
             self._next_due = min(b.due for b in self._running)
             wake.clear()
             try:
@@ -93,20 +126,35 @@ class Heartbeats:
                 pass
         self._next_due = float("inf")
 
-    async def _send(self, beat: Beat) -> None:
-        effect = beat.effect
+    async def _send(self, batch: list[Beat], sent_at: float) -> None:
+        """One heartbeat for every beat of ``batch``; stop the ones no longer held."""
+        for beat in batch:
+            beat.due = sent_at + beat.interval_s
+        # A batch that has not landed by the time the next one is due is
+        # abandoned: the store drops a connection left mid-statement, and the
+        # next tick tries again rather than waiting on a dead link.
+        bound_s = max(min(b.interval_s for b in batch), MIN_SEND_BOUND_S)
         try:
-            alive = await self._store.heartbeat(effect.id, effect.attempt)
+            async with asyncio.timeout(bound_s):
+                outcome = await self._store.heartbeat([b.held for b in batch])
         except Exception:
-            # A transient store error must not kill a healthy handler: the next
-            # beat retries, and the stale window is three beats long.
-            logger.warning("heartbeat failed; retrying", exc_info=True, extra=effect_fields(effect))
-            return
-        if not alive and beat in self._running:
-            beat.stop()  # taken over or canceled: no point beating for it any more
+            # A transient store error must not kill healthy handlers: the next
+            # tick retries, and the stale window is three beats long.
             logger.warning(
-                "lost the effect while its handler runs (taken over or canceled); "
-                "this attempt's commit will be rejected: %s",
-                effect.tool,
-                extra=effect_fields(effect),
+                "heartbeat for %d running effect(s) failed; retrying at the next tick",
+                len(batch),
+                exc_info=True,
+                extra=effect_fields(batch[0].effect) if len(batch) == 1 else None,
             )
+            return
+        for beat in batch:
+            if beat.held in outcome.refreshed:
+                beat.confirmed_at = sent_at
+            elif beat.held not in outcome.busy and beat in self._running:
+                beat.stop()  # taken over or canceled: no point beating for it any more
+                logger.warning(
+                    "lost the effect while its handler runs (taken over or canceled); "
+                    "this attempt's commit will be rejected: %s",
+                    beat.effect.tool,
+                    extra=effect_fields(beat.effect),
+                )

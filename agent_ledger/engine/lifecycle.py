@@ -203,7 +203,9 @@ class Engine:
             await self.schema.ensure(tx)
         if tx is not None and prepared.needs_approval:
             await self._refuse_new_approval_in_transaction(new, tx)
-        begun = await self._store.begin(new, tx=tx)
+        begun = await self._store.begin(
+            new, tx=tx, lock_timeout_ms=prepared.opts.tx_lock_timeout_ms
+        )
         effect = begun.effect
         if begun.created:
             if effect.status is not EffectStatus.REQUIRES_APPROVAL:
@@ -267,7 +269,11 @@ class Engine:
             # should the caller leave it processing (begin() without commit()),
             # its own lease applies once the transaction commits.
             outcome = await self._store.claim(
-                key, stale_after_ms=0, lease_ms=prepared.opts.stale_after_ms, tx=tx
+                key,
+                stale_after_ms=0,
+                lease_ms=prepared.opts.stale_after_ms,
+                tx=tx,
+                lock_timeout_ms=prepared.opts.tx_lock_timeout_ms,
             )
             if outcome.effect is None:
                 raise EffectLedgerInvariantError(f"effect {key} disappeared inside a transaction")

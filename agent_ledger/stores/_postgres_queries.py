@@ -48,6 +48,50 @@ BEGIN: Final[LiteralString] = (
     "RETURNING " + EFFECT_COLUMNS + ", (xmax = 0) AS created"
 )
 
+# -- begin, inside a caller's transaction --
+# BEGIN's insert (the same text up to ON CONFLICT, so the two cannot drift),
+# but an existing key is left alone: DO UPDATE would lock its row until the
+# caller's transaction ends, and the holder's heartbeats and commit would
+# queue behind it. So nothing counts the duplicate here (Store.begin says so).
+# An existing row comes back with created = false from the statement's
+# snapshot; when the conflicting row was committed after that snapshot (this
+# insert waited for its transaction) nothing comes back, and FIND reads it.
+BEGIN_IN_TRANSACTION: Final[LiteralString] = (
+    "WITH c AS ("
+    + BEGIN[: BEGIN.index(" ON CONFLICT")]
+    + " ON CONFLICT (idem_key) DO NOTHING RETURNING "
+    + EFFECT_COLUMNS
+    + ") SELECT "
+    + _CTE_COLUMNS
+    + ", true AS created FROM c "
+    "UNION ALL "
+    "SELECT " + EFFECT_COLUMNS + ", false AS created FROM {effects} "
+    "WHERE idem_key = %(idem_key)s AND NOT EXISTS (SELECT 1 FROM c)"
+)
+
+# -- bounded lock waits, inside a caller's transaction --
+# begin and claim with a caller's transaction run between these two: a
+# savepoint, so that a lock timeout (or any failure) is undone without
+# aborting the caller's transaction, and lock_timeout set for the
+# transaction, so no lock wait outlasts {lock_timeout}. The first returns
+# the setting it replaced (read before it is changed: MATERIALIZED runs the
+# CTE first), and the second puts that back before releasing the savepoint,
+# so the caller's own lock_timeout is untouched. After a failure, rolling
+# back to the savepoint undoes the setting too. Each pair of statements goes
+# in one round trip (no parameters: the values are psycopg.sql.Literal).
+LOCK_BOUND_SAVEPOINT: Final[LiteralString] = "agent_ledger_bounded_step"
+LOCK_BOUND_BEGIN: Final[LiteralString] = (
+    "SAVEPOINT " + LOCK_BOUND_SAVEPOINT + "; "
+    "WITH prior AS MATERIALIZED (SELECT current_setting('lock_timeout') AS value) "
+    "SELECT value, set_config('lock_timeout', {lock_timeout}, true) FROM prior"
+)
+LOCK_BOUND_END: Final[LiteralString] = (
+    "SELECT set_config('lock_timeout', {prior}, true); RELEASE SAVEPOINT " + LOCK_BOUND_SAVEPOINT
+)
+LOCK_BOUND_UNDO: Final[LiteralString] = (
+    "ROLLBACK TO SAVEPOINT " + LOCK_BOUND_SAVEPOINT + "; RELEASE SAVEPOINT " + LOCK_BOUND_SAVEPOINT
+)
+
 # -- claim --
 # Take the effect from any status in `claimable` (status.CLAIMABLE: ready, and
 # processing itself), but from processing only when its heartbeat is older
@@ -75,10 +119,28 @@ CLAIM: Final[LiteralString] = (
 )
 
 # -- heartbeat --
-# Refresh liveness only for the holder: still processing, same attempt.
+# One statement for every effect a ledger runs: `ids` and `attempts` are
+# parallel arrays, one (id, attempt) pair per effect. Liveness is refreshed
+# only for the holder (still processing, same attempt). A row another
+# transaction has locked is skipped (SKIP LOCKED), not waited for, so one
+# locked row cannot hold up the whole batch; rows are locked in the same
+# mode the UPDATE would take. The final SELECT reads the statement's
+# snapshot: every pair still held as last committed, with `refreshed` false
+# for the skipped ones (busy: send again next time). A pair missing from
+# the answer is no longer held.
 HEARTBEAT: Final[LiteralString] = (
-    "UPDATE {effects} SET heartbeat_at = clock_timestamp() "
-    "WHERE id = %(id)s AND status = %(processing)s AND attempt = %(attempt)s"
+    "WITH held AS ("
+    " SELECT h.id, h.attempt FROM unnest(%(ids)s::uuid[], %(attempts)s::int[]) AS h(id, attempt)"
+    "), free AS ("
+    " SELECT e.id FROM {effects} AS e JOIN held ON e.id = held.id AND e.attempt = held.attempt"
+    " WHERE e.status = %(processing)s FOR NO KEY UPDATE OF e SKIP LOCKED"
+    "), beat AS ("
+    " UPDATE {effects} AS e SET heartbeat_at = clock_timestamp() FROM free"
+    " WHERE e.id = free.id RETURNING e.id"
+    ") "
+    "SELECT e.id::text, e.attempt, e.id IN (SELECT id FROM beat) AS refreshed "
+    "FROM {effects} AS e JOIN held ON e.id = held.id AND e.attempt = held.attempt "
+    "WHERE e.status = %(processing)s"
 )
 
 # -- commit --

@@ -96,7 +96,8 @@ CLAIM: Final = (
 )
 
 # -- heartbeat --
-# Refresh liveness only for the holder: still processing, same attempt.
+# Refresh liveness only for the holder: still processing, same attempt. Run
+# once per effect of a batch, all inside one write transaction.
 HEARTBEAT: Final = (
     "UPDATE agent_ledger_effects SET heartbeat_us = :now"
     " WHERE id = :id AND status = :processing AND attempt = :attempt"

@@ -15,6 +15,19 @@ a ``tx`` from another store raises ``EffectLedgerValidationError``.
 Clocks: every timestamp, and every staleness judgement, uses the *store's*
 clock (the database's for SQL stores), never the calling worker's.
 
+Steps inside a caller's transaction
+-----------------------------------
+A step given ``tx`` runs inside the caller's transaction, and any lock it
+takes is held until that transaction ends. So inside one, ``begin`` never
+writes an existing effect, and ``begin`` and ``claim`` wait at most
+``lock_timeout_ms`` (None: ``options.DEFAULT_TX_LOCK_TIMEOUT_MS``) for a lock
+another transaction holds on the key, such as an uncommitted insert or claim
+of it. Past that they raise ``EffectInFlightError`` (``status=None``), change
+nothing, and leave the caller's transaction usable. Without ``tx``,
+``lock_timeout_ms`` is ignored. MemoryStore and SqliteStore ignore it too:
+their transactions exclude every other writer from the start, so nothing
+inside one waits.
+
 Which steps are safe to repeat
 ------------------------------
 A step whose reply is lost (the connection broke after the server acted)
@@ -34,7 +47,8 @@ begin           yes     If the lost try inserted the effect, the repeat finds
 claim           yes     Likewise: a repeat after a lost winning claim finds
                         the effect processing with a fresh heartbeat and
                         waits for it to go stale: a delay, never two holders.
-heartbeat       yes     Setting ``heartbeat_at=now`` twice is setting it once.
+heartbeat       yes     Setting ``heartbeat_at=now`` twice is setting it once,
+                        for each effect of the batch.
 commit          no      A repeat after a landed commit matches no row and
                         returns False, indistinguishable from losing to
                         another attempt. The ledger retries it itself and
@@ -56,7 +70,7 @@ check_schema    yes     A read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -124,6 +138,29 @@ class ClaimOutcome(NamedTuple):
     claimed: bool
 
 
+class Held(NamedTuple):
+    """An effect a worker holds: its id, at the attempt it claimed (the fencing token)."""
+
+    effect_id: str
+    attempt: int
+
+
+class HeartbeatOutcome(NamedTuple):
+    """What ``heartbeat`` found for each effect of a batch.
+
+    An effect of the batch in neither set is no longer held by the caller
+    (finished, canceled, taken over by a later attempt, or unknown).
+    """
+
+    #: Still held; ``heartbeat_at`` is now the store's current time.
+    refreshed: frozenset[Held]
+    #: Still held as last committed, but another transaction had its row
+    #: locked, so it was skipped rather than waited for: one locked row must
+    #: not hold up every other effect of the batch. Not refreshed this time;
+    #: send it again next time. Always empty on stores without row locks.
+    busy: frozenset[Held] = frozenset()
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """A person's decision on an effect: recorded with approve, deny and cancel."""
@@ -161,9 +198,9 @@ class LedgerStats:
     #: Every status, including those with no effects (0).
     by_status: Mapping[EffectStatus, int]
     by_tool: Mapping[str, int]
-    #: Calls that found an existing effect (sum of ``dedup_count``): mostly
-    #: answered from its receipt, but a repeat may also have waited for it, or
-    #: run it once it was approved.
+    #: Calls that found an existing effect, outside transactions (sum of
+    #: ``dedup_count``): mostly answered from its receipt, but a repeat may
+    #: also have waited for it, or run it once it was approved.
     duplicates: int
 
 
@@ -198,7 +235,9 @@ class Store(Protocol):
         fix it if the schema is missing or older than this library needs."""
         ...
 
-    async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
+    async def begin(
+        self, new: NewEffect, *, tx: object | None = None, lock_timeout_ms: int | None = None
+    ) -> BeginOutcome:
         """Insert-or-get, atomically.
 
         If ``new.idem_key`` is unknown, insert it as ``processing`` (or
@@ -210,6 +249,12 @@ class Store(Protocol):
         else: a duplicate must never refresh liveness) and return the stored
         effect with ``created=False``. Exactly one of any number of
         concurrent begins for a key gets ``created=True``.
+
+        With ``tx``, an existing effect is only read, never written (its
+        ``dedup_count`` stays as it is): a write would lock its row until the
+        caller's transaction ends, and the holder's heartbeats and commit
+        would queue behind that lock. ``lock_timeout_ms``: see "Steps inside
+        a caller's transaction" in the module doc.
         """
         ...
 
@@ -220,6 +265,7 @@ class Store(Protocol):
         stale_after_ms: int,
         lease_ms: int | None = None,
         tx: object | None = None,
+        lock_timeout_ms: int | None = None,
     ) -> ClaimOutcome:
         """Take the effect over if it is claimable, atomically.
 
@@ -234,15 +280,24 @@ class Store(Protocol):
         ``stale_after_ms``) as the new holder's lease; concurrent claims of one effect have
         exactly one winner. Returns the effect as it now stands
         whether or not this call claimed it, so a waiter's poll costs one
-        round trip.
+        round trip. ``lock_timeout_ms``: see "Steps inside a caller's
+        transaction" in the module doc.
         """
         ...
 
-    async def heartbeat(self, effect_id: str, attempt: int) -> bool:
-        """Set ``heartbeat_at=now`` if the effect is ``processing`` at ``attempt``.
+    async def heartbeat(self, held: Sequence[Held]) -> HeartbeatOutcome:
+        """Set ``heartbeat_at=now`` on each effect of ``held`` that is still
+        ``processing`` at its attempt, in one atomic step for the whole batch.
 
-        False means the caller no longer holds the effect (it was finished,
-        canceled, or taken over by a later attempt).
+        One call per tick for every effect a ledger runs, so heartbeats cost
+        one statement (SQL stores) however many handlers run. An effect that
+        is no longer held (finished, canceled, taken over by a later attempt,
+        an unknown id) is in neither set of the outcome. A store whose rows
+        can be locked by other transactions (PostgreSQL) skips a locked row
+        and reports it ``busy`` instead of waiting for it. An empty batch
+        returns an empty outcome without touching the backend.
+        PostgresStore sends it on a connection of its own, never a pool
+        connection, so heartbeats do not wait behind the application.
         """
         ...
 

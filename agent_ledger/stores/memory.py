@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import operator
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Final
@@ -34,6 +34,8 @@ from agent_ledger.stores.base import (
     ClaimOutcome,
     Decision,
     EffectQuery,
+    HeartbeatOutcome,
+    Held,
     LedgerStats,
     NewEffect,
     check_commit_status,
@@ -195,17 +197,20 @@ class MemoryStore:
 
     # -- ledger steps ----------------------------------------------------
 
-    async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
+    async def begin(
+        self, new: NewEffect, *, tx: object | None = None, lock_timeout_ms: int | None = None
+    ) -> BeginOutcome:
         mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
         row = self._rows.get(new.idem_key)
-        if mtx is not None:
-            mtx.remember(new.idem_key, row)
         if row is None:
+            if mtx is not None:
+                mtx.remember(new.idem_key, row)
             row = _Row(new, self._clock())
             self._rows[new.idem_key] = row
             self._ids[row.id] = new.idem_key
             return BeginOutcome(row.snapshot(), created=True)
-        row.dedup_count += 1
+        if tx is None:  # inside a transaction an existing effect is only read (Store.begin)
+            row.dedup_count += 1
         return BeginOutcome(row.snapshot(), created=False)
 
     async def claim(
@@ -215,6 +220,7 @@ class MemoryStore:
         stale_after_ms: int,
         lease_ms: int | None = None,
         tx: object | None = None,
+        lock_timeout_ms: int | None = None,
     ) -> ClaimOutcome:
         mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
         row = self._rows.get(idem_key)
@@ -244,14 +250,17 @@ class MemoryStore:
         self._gate.changed(row.idem_key, mtx)
         return ClaimOutcome(row.snapshot(), claimed=True)
 
-    async def heartbeat(self, effect_id: str, attempt: int) -> bool:
+    async def heartbeat(self, held: Sequence[Held]) -> HeartbeatOutcome:
         if self._gate.active is not None:
             await self._enter(None)
-        row = self._row_by_id(effect_id)
-        if row is None or row.status is not _PROCESSING or row.attempt != attempt:
-            return False
-        row.heartbeat_at = self._clock()
-        return True
+        now = self._clock()
+        refreshed = []
+        for one in held:
+            row = self._row_by_id(one.effect_id)
+            if row is not None and row.status is _PROCESSING and row.attempt == one.attempt:
+                row.heartbeat_at = now
+                refreshed.append(one)
+        return HeartbeatOutcome(frozenset(refreshed))
 
     async def commit(
         self,

@@ -5,6 +5,8 @@ unless the caller passes a transaction (``_postgres_queries`` has them all).
 Timestamps and staleness use the database clock. Waiters are woken by
 ``LISTEN/NOTIFY`` through one listening connection per store, with the
 ledger's polling as the fallback, so a lost notification only costs latency.
+Heartbeats go out on one more connection of the store's own, never a pool
+connection: a handler that holds the whole pool must not starve them.
 
 Needs ``pip install "agent-ledger[postgres]"`` and PostgreSQL 14 or later.
 """
@@ -14,7 +16,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
 from importlib import resources
@@ -23,11 +33,13 @@ from typing import Any, Final, LiteralString, TypeVar
 import orjson
 import psycopg
 from psycopg import AsyncConnection, sql
+from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 from agent_ledger.backoff import LISTENER_RECONNECT
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import (
+    EffectInFlightError,
     EffectLedgerError,
     EffectLedgerInvariantError,
     EffectLedgerValidationError,
@@ -35,6 +47,7 @@ from agent_ledger.errors import (
 )
 from agent_ledger.ids import is_effect_id
 from agent_ledger.observability import logger
+from agent_ledger.options import DEFAULT_TX_LOCK_TIMEOUT_MS
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _postgres_queries as q
 from agent_ledger.stores._params import (
@@ -58,6 +71,8 @@ from agent_ledger.stores.base import (
     ClaimOutcome,
     Decision,
     EffectQuery,
+    HeartbeatOutcome,
+    Held,
     LedgerStats,
     NewEffect,
     check_commit_status,
@@ -156,6 +171,7 @@ class PostgresStore:
             return sql.SQL(text).format(effects=effects, versions=versions)
 
         self._begin = compose(q.BEGIN)
+        self._begin_in_transaction = compose(q.BEGIN_IN_TRANSACTION)
         self._claim = compose(q.CLAIM)
         self._heartbeat = compose(q.HEARTBEAT)
         self._commit = compose(q.COMMIT)
@@ -167,6 +183,7 @@ class PostgresStore:
         self._purge = compose(q.PURGE)
         self._effects = effects
         self._listener = _Listener(pool, schema)
+        self._beats = _ReservedConnection(pool)
 
     @classmethod
     async def connect(
@@ -227,12 +244,38 @@ class PostgresStore:
 
     # -- ledger steps -----------------------------------------------------------
 
-    async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
+    async def begin(
+        self, new: NewEffect, *, tx: object | None = None, lock_timeout_ms: int | None = None
+    ) -> BeginOutcome:
         params = begin_params(new)
+        if tx is not None:
+            return await self._begin_inside(tx, new, params, lock_timeout_ms)
         row = await self._fetch_one("begin", self._begin, params, tx, idem_key=new.idem_key)
         if row is None:
             raise EffectStoreError("INSERT ... RETURNING gave no row", operation="begin")
         return BeginOutcome(_effect_from_row(row), created=bool(row[_EFFECT_WIDTH]))
+
+    async def _begin_inside(
+        self, tx: object, new: NewEffect, params: dict[str, object], lock_timeout_ms: int | None
+    ) -> BeginOutcome:
+        """``begin`` inside a caller's transaction: insert, or only read (see
+        ``BEGIN_IN_TRANSACTION``), waiting for no lock longer than the bound."""
+        key = new.idem_key
+        row = await self._bounded(
+            "begin", self._begin_in_transaction, params, tx, lock_timeout_ms, key
+        )
+        if row is not None:
+            return BeginOutcome(_effect_from_row(row), created=bool(row[_EFFECT_WIDTH]))
+        # The key was inserted by a transaction that committed after this
+        # statement began (the insert waited for it): read it with a fresh snapshot.
+        row = await self._fetch_one("begin", self._find, {"idem_key": key}, tx, idem_key=key)
+        if row is None:
+            raise EffectStoreError(
+                "the effect this key conflicted with is gone (purged meanwhile?); call again",
+                operation="begin",
+                idem_key=key,
+            )
+        return BeginOutcome(_effect_from_row(row), created=False)
 
     async def claim(
         self,
@@ -241,18 +284,37 @@ class PostgresStore:
         stale_after_ms: int,
         lease_ms: int | None = None,
         tx: object | None = None,
+        lock_timeout_ms: int | None = None,
     ) -> ClaimOutcome:
         params = claim_params(_DIALECT, idem_key, stale_after_ms=stale_after_ms, lease_ms=lease_ms)
-        row = await self._fetch_one("claim", self._claim, params, tx, idem_key=idem_key)
+        if tx is not None:
+            row = await self._bounded("claim", self._claim, params, tx, lock_timeout_ms, idem_key)
+        else:
+            row = await self._fetch_one("claim", self._claim, params, tx, idem_key=idem_key)
         if row is None:
             return ClaimOutcome(None, claimed=False)
         return ClaimOutcome(_effect_from_row(row), claimed=bool(row[_EFFECT_WIDTH]))
 
-    async def heartbeat(self, effect_id: str, attempt: int) -> bool:
-        if not is_effect_id(effect_id):
-            return False
-        params = {"id": effect_id, "attempt": attempt, "processing": _PROCESSING}
-        return await self._execute("heartbeat", self._heartbeat, params, None, effect_id=effect_id)
+    async def heartbeat(self, held: Sequence[Held]) -> HeartbeatOutcome:
+        batch = [one for one in held if is_effect_id(one.effect_id)]
+        if not batch:
+            return HeartbeatOutcome(frozenset())
+        params = {
+            "ids": [one.effect_id for one in batch],
+            "attempts": [one.attempt for one in batch],
+            "processing": _PROCESSING,
+        }
+
+        async def beat(conn: Connection) -> list[tuple[Any, ...]]:
+            cursor = await conn.execute(self._heartbeat, params)
+            return await cursor.fetchall()
+
+        effect_id = batch[0].effect_id if len(batch) == 1 else None
+        with self._errors("heartbeat", effect_id=effect_id):
+            rows = await self._beats.run(beat)
+        refreshed = frozenset(Held(id_, attempt) for id_, attempt, fresh in rows if fresh)
+        busy = frozenset(Held(id_, attempt) for id_, attempt, fresh in rows if not fresh)
+        return HeartbeatOutcome(refreshed, busy)
 
     async def commit(
         self,
@@ -374,8 +436,13 @@ class PostgresStore:
             yield subscription
 
     async def close(self) -> None:
-        """Stop the notification listener; close the pool if the store opened it."""
+        """Stop the notification listener and close the heartbeat connection; close
+        the pool if the store opened it.
+
+        Using the store again afterwards opens them again as needed.
+        """
         await self._listener.stop()
+        await self._beats.close()
         if self._owns_pool:
             await self._pool.close()
 
@@ -458,6 +525,58 @@ class PostgresStore:
 
         return await self._statement(operation, execute, tx, effect_id=effect_id)
 
+    async def _bounded(
+        self,
+        operation: str,
+        query: sql.Composed,
+        params: Mapping[str, object],
+        tx: object,
+        lock_timeout_ms: int | None,
+        idem_key: str,
+    ) -> tuple[Any, ...] | None:
+        """One statement of ``operation`` inside the caller's transaction ``tx``,
+        waiting at most ``lock_timeout_ms`` for a lock another transaction holds.
+
+        Runs inside a savepoint with ``lock_timeout`` set around it
+        (``LOCK_BOUND_*`` in ``_postgres_queries``): a lock wait that runs out
+        becomes ``EffectInFlightError`` and, like any failure here, is rolled
+        back to the savepoint, so the caller's transaction stays usable and
+        keeps its own ``lock_timeout``. Costs two round trips more than the
+        statement alone; only calls made with ``tx=`` pay them.
+        """
+        ms = max(DEFAULT_TX_LOCK_TIMEOUT_MS if lock_timeout_ms is None else lock_timeout_ms, 1)
+        with self._errors(operation, idem_key=idem_key):
+            async with self._connection(tx) as conn:
+                if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+                    raise EffectLedgerValidationError(
+                        "tx is an autocommit connection with no transaction open; pass "
+                        "store.transaction()'s connection, or use your own inside "
+                        "`async with conn.transaction():`",
+                        field="tx",
+                    )
+                # lock_timeout 0 would mean "wait for ever": 1 ms is the shortest bound.
+                cursor = await conn.execute(
+                    sql.SQL(q.LOCK_BOUND_BEGIN).format(lock_timeout=sql.Literal(f"{ms}ms"))
+                )
+                cursor.nextset()  # past the SAVEPOINT's result, to the SELECT's
+                prior = await cursor.fetchone()
+                if prior is None:
+                    raise EffectStoreError("set_config returned no row", operation=operation)
+                try:
+                    cursor = await conn.execute(query, params)
+                    row = await cursor.fetchone()
+                except psycopg.errors.LockNotAvailable:
+                    await conn.execute(q.LOCK_BOUND_UNDO)
+                    raise EffectInFlightError(idem_key, None, lock_timeout_ms=ms) from None
+                except BaseException:
+                    # CancelledError too: undo what can be undone; the original
+                    # error is the one to report.
+                    with contextlib.suppress(psycopg.Error):
+                        await conn.execute(q.LOCK_BOUND_UNDO)
+                    raise
+                await conn.execute(sql.SQL(q.LOCK_BOUND_END).format(prior=sql.Literal(prior[0])))
+                return row
+
     async def _statement(
         self,
         operation: str,
@@ -530,26 +649,12 @@ class _Listener:
                 await task
         self._listening.clear()
 
-    async def _connection_settings(self) -> tuple[str, dict[str, Any]]:
-        """The pool's conninfo and kwargs, which psycopg_pool also allows as (async) callables."""
-        conninfo: Any = self._pool.conninfo
-        kwargs: Any = self._pool.kwargs
-        if callable(conninfo):
-            conninfo = conninfo()
-            if inspect.isawaitable(conninfo):
-                conninfo = await conninfo
-        if callable(kwargs):
-            kwargs = kwargs()
-            if inspect.isawaitable(kwargs):
-                kwargs = await kwargs
-        return str(conninfo), dict(kwargs or {})
-
     async def _run(self) -> None:
         failures = 0  # in a row: the step of the LISTENER_RECONNECT schedule
         prefix = self._schema + ":"
         while True:
             try:
-                conninfo, kwargs = await self._connection_settings()
+                conninfo, kwargs = await _connection_settings(self._pool)
                 conn = await AsyncConnection.connect(conninfo, **{**kwargs, "autocommit": True})
                 async with conn:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL)))
@@ -572,3 +677,84 @@ class _Listener:
                     delay_s,
                 )
                 await asyncio.sleep(delay_s)
+
+
+class _ReservedConnection:
+    """One connection per store, outside the pool, for heartbeats alone.
+
+    Heartbeats must never wait for a pool connection: a handler that holds
+    every connection of the application's pool (the same pool the store
+    uses) would starve them, and the effect it runs would be taken over
+    while alive. One batched statement per tick needs only one connection.
+
+    Opened at the first heartbeat, from the pool's conninfo, kwargs and
+    connection class (like the listener's; the pool's ``configure`` callback
+    is not run on it), in autocommit. A statement that fails because the
+    connection was lost is repeated once on a fresh one (heartbeats are safe
+    to repeat, see ``stores.base``); a statement that is interrupted
+    (cancelled, timed out) leaves the connection in an unknown state, so it
+    is closed and the next heartbeat connects afresh. ``close()`` closes it.
+    """
+
+    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+        self._pool = pool
+        self._conn: Connection | None = None
+        # One statement at a time on the one connection.
+        self._lock = asyncio.Lock()
+
+    async def run(self, work: Callable[[Connection], Awaitable[_T]]) -> _T:
+        """``work(conn)`` on the reserved connection; once more on a fresh one if it was lost."""
+        async with self._lock:
+            for last_try in (False, True):
+                conn = self._conn
+                if conn is None or conn.closed or conn.broken:
+                    conn = self._conn = await self._connect()
+                try:
+                    return await work(conn)
+                except psycopg.OperationalError as exc:
+                    lost = _connection_lost(exc, conn)
+                    await self._discard()
+                    if last_try or not lost:
+                        raise
+                except psycopg.Error:
+                    raise  # the server refused the statement; the connection is fine
+                except BaseException:
+                    # Interrupted mid-statement (CancelledError included, as
+                    # psycopg_pool treats it): the connection may still be
+                    # busy with it, so it is closed and the next run connects.
+                    await self._discard()
+                    raise
+            raise EffectLedgerInvariantError("unreachable: the last try returns or raises")
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._discard()
+
+    async def _connect(self) -> Connection:
+        conninfo, kwargs = await _connection_settings(self._pool)
+        connection_class = self._pool.connection_class
+        conn: Connection = await connection_class.connect(
+            conninfo, **{**kwargs, "autocommit": True}
+        )
+        return conn
+
+    async def _discard(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+
+async def _connection_settings(pool: AsyncConnectionPool[Any]) -> tuple[str, dict[str, Any]]:
+    """The pool's conninfo and kwargs, which psycopg_pool also allows as (async) callables."""
+    conninfo: Any = pool.conninfo
+    kwargs: Any = pool.kwargs
+    if callable(conninfo):
+        conninfo = conninfo()
+        if inspect.isawaitable(conninfo):
+            conninfo = await conninfo
+    if callable(kwargs):
+        kwargs = kwargs()
+        if inspect.isawaitable(kwargs):
+            kwargs = await kwargs
+    return str(conninfo), dict(kwargs or {})

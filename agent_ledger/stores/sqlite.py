@@ -26,7 +26,7 @@ import asyncio
 import functools
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
@@ -63,6 +63,8 @@ from agent_ledger.stores.base import (
     ClaimOutcome,
     Decision,
     EffectQuery,
+    HeartbeatOutcome,
+    Held,
     LedgerStats,
     NewEffect,
     check_commit_status,
@@ -345,13 +347,15 @@ class SqliteStore:
 
     # -- ledger steps -----------------------------------------------------------
 
-    async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
+    async def begin(
+        self, new: NewEffect, *, tx: object | None = None, lock_timeout_ms: int | None = None
+    ) -> BeginOutcome:
         stx = await self._enter(tx)
         params = {**begin_params(new), "id": new_effect_id()}
 
         def work(conn: sqlite3.Connection, now: int) -> BeginOutcome:
             created = conn.execute(q.INSERT, {**params, "now": now}).rowcount == 1
-            if not created:
+            if not created and stx is None:  # with tx: only read (Store.begin)
                 conn.execute(q.COUNT_DUPLICATE, params)
             row = conn.execute(q.FIND, (new.idem_key,)).fetchone()
             return BeginOutcome(_effect_from_row(row), created=created)
@@ -365,6 +369,7 @@ class SqliteStore:
         stale_after_ms: int,
         lease_ms: int | None = None,
         tx: object | None = None,
+        lock_timeout_ms: int | None = None,
     ) -> ClaimOutcome:
         stx = await self._enter(tx)
         params = claim_params(_DIALECT, idem_key, stale_after_ms=stale_after_ms, lease_ms=lease_ms)
@@ -380,15 +385,25 @@ class SqliteStore:
             self._gate.changed(idem_key, stx)
         return outcome
 
-    async def heartbeat(self, effect_id: str, attempt: int) -> bool:
+    async def heartbeat(self, held: Sequence[Held]) -> HeartbeatOutcome:
         await self._enter(None)
-        if not is_effect_id(effect_id):
-            return False
+        batch = [one for one in held if is_effect_id(one.effect_id)]
+        if not batch:
+            return HeartbeatOutcome(frozenset())
 
-        def work(conn: sqlite3.Connection, now: int) -> bool:
-            params = {"id": effect_id, "attempt": attempt, "processing": _PROCESSING, "now": now}
-            return conn.execute(q.HEARTBEAT, params).rowcount == 1
+        def work(conn: sqlite3.Connection, now: int) -> HeartbeatOutcome:
+            # One job and one write transaction for the whole batch; a
+            # single-row UPDATE per effect is as fast here as any set-based
+            # form, since every statement runs inside this process.
+            params: dict[str, object] = {"processing": _PROCESSING, "now": now}
+            refreshed = []
+            for one in batch:
+                params["id"], params["attempt"] = one
+                if conn.execute(q.HEARTBEAT, params).rowcount == 1:
+                    refreshed.append(one)
+            return HeartbeatOutcome(frozenset(refreshed))
 
+        effect_id = batch[0].effect_id if len(batch) == 1 else None
         return await self._run("heartbeat", work, None, write=True, effect_id=effect_id)
 
     async def commit(

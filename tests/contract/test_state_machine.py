@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from agent_ledger import EffectError, EffectStatus, ToolCall
 from agent_ledger.ledger import EffectLedger
-from agent_ledger.stores.base import NewEffect
+from agent_ledger.stores.base import Held, NewEffect
 from agent_ledger.testing import build_ledger
 from tests.harness import (
     STORE_KINDS,
@@ -184,16 +184,21 @@ class LedgerMachine(RuleBasedStateMachine):
         if won:
             m.status, m.result = status, result
 
-    @rule(worker=st.sampled_from(WORKERS), key=st.sampled_from(KEYS))
-    def heartbeat(self, worker: int, key: int) -> None:
-        token = self.model.tokens[worker].get(key)
-        if token is None:
+    @rule(worker=st.sampled_from(WORKERS))
+    def heartbeat(self, worker: int) -> None:
+        """One batch with every effect the worker believes it holds, as a ledger sends it."""
+        tokens = self.model.tokens[worker]
+        if not tokens:
             return
-        alive = self.run(self.harness.store.heartbeat(*token))
-        m = self.model.effects[key]
-        assert alive == (m.status is S.PROCESSING and m.attempt == token[1])
-        if alive:
-            m.age_ms = 0.0
+        batch = {key: Held(*token) for key, token in tokens.items()}
+        outcome = self.run(self.harness.store.heartbeat(list(batch.values())))
+        assert not outcome.busy, "no other transaction holds a row lock here"
+        for key, held in batch.items():
+            m = self.model.effects[key]
+            alive = held in outcome.refreshed
+            assert alive == (m.status is S.PROCESSING and m.attempt == held.attempt)
+            if alive:
+                m.age_ms = 0.0
 
     @rule(
         key=st.sampled_from(KEYS), action=st.sampled_from(["request", "approve", "deny", "cancel"])

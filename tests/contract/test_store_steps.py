@@ -7,13 +7,14 @@ import pytest
 from agent_ledger import EffectLedgerValidationError, EffectStatus
 from agent_ledger.ids import is_effect_id
 from agent_ledger.status import CLAIMABLE
-from agent_ledger.stores.base import NewEffect, Store
+from agent_ledger.stores.base import HeartbeatOutcome, Held, NewEffect, Store
 from agent_ledger.stores.memory import MEMORY_SCHEMA_VERSION as SCHEMA_VERSION
 from tests.contract.test_transitions import put_in
 from tests.harness import StoreHarness
 
 S = EffectStatus
 NEW = NewEffect("ab" * 32, "wf", None, "deploy", "{}", None)
+NOT_HELD = HeartbeatOutcome(frozenset(), frozenset())
 
 
 @pytest.mark.parametrize("source", [S.PROCESSING, S.READY, S.REQUIRES_APPROVAL])
@@ -58,7 +59,7 @@ async def test_only_the_canonical_id_names_an_effect(harness: StoreHarness) -> N
     assert await harness.store.get(effect.id) == effect
     for other in (effect.id.upper(), "{" + effect.id + "}", effect.id.replace("-", "")):
         assert await harness.store.get(other) is None
-        assert not await harness.store.heartbeat(other, effect.attempt)
+        assert await harness.store.heartbeat([Held(other, effect.attempt)]) == NOT_HELD
         assert not await harness.store.commit(
             other, attempt=effect.attempt, status=S.SUCCEEDED, result_json="1", error=None
         )
@@ -75,3 +76,26 @@ async def test_schema_steps_are_part_of_every_store(harness: StoreHarness) -> No
     begun = await store.begin(NEW)
     await store.create_schema()
     assert await store.find(NEW.idem_key) == (await store.get(begun.effect.id))
+
+
+async def test_one_heartbeat_batch_answers_for_each_effect(harness: StoreHarness) -> None:
+    """A batch refreshes exactly the pairs still held; the rest come back in neither set."""
+    store = harness.store
+    held = (await store.begin(NEW)).effect
+    done = (await store.begin(NEW._replace(idem_key="cd" * 32))).effect
+    assert await store.commit(
+        done.id, attempt=done.attempt, status=S.SUCCEEDED, result_json="1", error=None
+    )
+    await harness.age(1_000)
+    batch = [
+        Held(held.id, held.attempt),
+        Held(held.id, held.attempt + 1),  # a later attempt this worker does not hold
+        Held(done.id, done.attempt),  # finished
+        Held("00000000-0000-4000-8000-000000000000", 1),  # no such effect
+        Held("not-an-id", 1),
+    ]
+    outcome = await store.heartbeat(batch)
+    assert outcome == HeartbeatOutcome(frozenset({Held(held.id, held.attempt)}), frozenset())
+    after = await store.get(held.id)
+    assert after is not None and after.heartbeat_at > held.heartbeat_at
+    assert await store.heartbeat([]) == NOT_HELD

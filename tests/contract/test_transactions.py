@@ -79,6 +79,20 @@ async def test_rollback_restores_an_existing_effect(harness: StoreHarness) -> No
     assert effect is not None and (effect.result, effect.dedup_count) == ("first", 0)
 
 
+async def test_a_replay_inside_a_transaction_reads_the_effect_without_writing_it(
+    harness: StoreHarness,
+) -> None:
+    """Inside a transaction begin never writes an existing effect, so no duplicate is counted
+    there (on PostgreSQL a write would lock the row until the transaction ends)."""
+    ledger = harness.ledger()
+    await ledger.run(CALL, lambda e: "first")
+    async with harness.store.transaction() as tx:
+        assert await ledger.run(CALL, lambda e: "x", tx=tx) == "first"
+    assert await ledger.run(CALL, lambda e: "y") == "first"
+    effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
+    assert effect is not None and effect.dedup_count == 1  # the call outside counted
+
+
 async def test_foreign_transaction_handles_are_rejected(harness: StoreHarness) -> None:
     """A tx that is not this store's gets a clear error and stores nothing."""
     ledger = harness.ledger()

@@ -7,6 +7,7 @@ as `Query` messages too.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,14 @@ import pytest
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from agent_ledger import CommitSucceeded, EffectLedger, RunOptions, StaleOptions, ToolCall
+from agent_ledger import (
+    CommitSucceeded,
+    Effect,
+    EffectLedger,
+    RunOptions,
+    StaleOptions,
+    ToolCall,
+)
 from agent_ledger.stores.postgres import PostgresStore
 from agent_ledger.testing import StatementCounter, build_ledger
 from tests.approvals import make_pending
@@ -24,19 +32,28 @@ from tests.approvals import make_pending
 @pytest.fixture(params=[True, False], ids=["autocommit-pool", "transactional-pool"])
 async def traced(
     request: pytest.FixtureRequest, tmp_path: Path, dsn: str, schema: str, pg: Any
-) -> AsyncIterator[tuple[EffectLedger, StatementCounter]]:
-    """A ledger on a one-connection pool whose every message is traced to a file."""
+) -> AsyncIterator[tuple[EffectLedger, StatementCounter, PostgresStore]]:
+    """A ledger on a one-connection pool whose every message is traced to a file.
+
+    Traced from the connection class, not the pool's ``configure``, so the
+    store's own heartbeat connection (made from the pool's connection class)
+    is counted too.
+    """
     wire = StatementCounter(tmp_path / "libpq.trace")
 
-    async def configure(conn: AsyncConnection[Any]) -> None:
-        await wire.attach(conn)
+    class Traced(AsyncConnection[Any]):
+        @classmethod
+        async def connect(cls, *args: Any, **kwargs: Any) -> Traced:
+            conn = await super().connect(*args, **kwargs)
+            await wire.attach(conn)
+            return conn
 
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
         dsn,
         min_size=1,
         max_size=1,
         kwargs={"autocommit": request.param},
-        configure=configure,
+        connection_class=Traced,
         open=False,
     )
     await pool.open(wait=True)
@@ -44,7 +61,7 @@ async def traced(
     # after_ms=0: no heartbeat timer can add a statement to the count.
     ledger = build_ledger(store, defaults=RunOptions(stale=StaleOptions(after_ms=0)))
     try:
-        yield ledger, wire
+        yield ledger, wire, store
     finally:
         await store.close()
         await pool.close()
@@ -61,13 +78,13 @@ async def count(wire: StatementCounter, step: Callable[[], Any]) -> list[str]:
 
 
 async def test_fresh_run_is_two_statements_and_replay_one(
-    traced: tuple[EffectLedger, StatementCounter],
+    traced: tuple[EffectLedger, StatementCounter, PostgresStore],
 ) -> None:
     """A fresh run() costs begin + commit; a replay costs begin; never a BEGIN/COMMIT.
 
     The ledger's very first call also reads the schema version, once.
     """
-    ledger, wire = traced
+    ledger, wire, _ = traced
     first = await count(wire, lambda: ledger.run(CALL, lambda e: {"ok": 1}))
     assert len(first) == 3, first
     assert "agent_ledger_schema_version" in first[0]
@@ -81,10 +98,10 @@ async def test_fresh_run_is_two_statements_and_replay_one(
 
 
 async def test_each_manual_and_admin_step_is_one_statement(
-    traced: tuple[EffectLedger, StatementCounter],
+    traced: tuple[EffectLedger, StatementCounter, PostgresStore],
 ) -> None:
     """begin, commit, heartbeat, request_approval, approve, deny, cancel, get, find: one each."""
-    ledger, wire = traced
+    ledger, wire, _ = traced
     await ledger.stats()  # the first call reads the schema version; counted in the test above
     begun = None
 
@@ -106,3 +123,44 @@ async def test_each_manual_and_admin_step_is_one_statement(
     assert len(await count(wire, lambda: ledger.approve(pending.idem_key))) == 1
     assert len(await count(wire, lambda: ledger.request_approval(pending.idem_key))) == 1
     assert len(await count(wire, lambda: ledger.deny(pending.idem_key))) == 1
+
+
+async def test_one_heartbeat_statement_per_tick_for_every_running_handler(
+    traced: tuple[EffectLedger, StatementCounter, PostgresStore],
+) -> None:
+    """Five handlers alive for about five ticks cost about five statements, not 25."""
+    ledger, wire, _ = traced
+    options = RunOptions(stale=StaleOptions(after_ms=600))  # a tick every 200 ms
+    release = asyncio.Event()
+    started = 0
+
+    async def long_job(effect: Effect) -> int:
+        nonlocal started
+        started += 1
+        await release.wait()
+        return effect.attempt
+
+    calls = [ToolCall(workflow_id="wf", tool="tick", args={"n": n}) for n in range(5)]
+    runs = [asyncio.create_task(ledger.run(call, long_job, options)) for call in calls]
+    while started < len(calls):
+        await asyncio.sleep(0.005)
+    wire.mark()
+    await asyncio.sleep(1.1)
+    ticks = wire.count()
+    release.set()
+    assert await asyncio.gather(*runs) == [1] * len(calls)
+    assert 4 <= ticks <= 7, ticks
+
+
+async def test_begin_inside_a_transaction_adds_two_round_trips_to_bound_lock_waits(
+    traced: tuple[EffectLedger, StatementCounter, PostgresStore],
+) -> None:
+    """Inside store.transaction(), begin sends its statement between a savepoint that sets
+    lock_timeout (one message) and one that restores and releases it: three in all."""
+    ledger, wire, store = traced
+    await ledger.run(CALL, lambda e: "done")
+    other = ToolCall(workflow_id="wf", tool="count.me", args={"x": 3})
+    async with store.transaction() as tx:
+        replay = await count(wire, lambda: ledger.run(CALL, lambda e: 0, tx=tx))
+        fresh = await count(wire, lambda: ledger.begin(other, tx=tx))
+    assert (len(replay), len(fresh)) == (3, 3), (replay, fresh)

@@ -101,9 +101,11 @@ class OutageAt(FaultyStore[PostgresStore]):
             self.proxy.drop(self.seconds)
             self.dropped.set()
 
-    async def begin(self, new: NewEffect, *, tx: object | None = None) -> BeginOutcome:
+    async def begin(
+        self, new: NewEffect, *, tx: object | None = None, lock_timeout_ms: int | None = None
+    ) -> BeginOutcome:
         self.trigger("begin")
-        return await super().begin(new, tx=tx)
+        return await super().begin(new, tx=tx, lock_timeout_ms=lock_timeout_ms)
 
     async def commit(
         self,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from agent_ledger import (
     ToolCall,
     open_store,
 )
-from agent_ledger.stores.base import Store
+from agent_ledger.stores.base import HeartbeatOutcome, Held, Store
 from agent_ledger.testing import FaultyStore, build_ledger
 
 
@@ -63,10 +64,12 @@ class Recorded(FaultyStore[Store]):
         super().__init__(inner)
         self.path = path
 
-    async def heartbeat(self, effect_id: str, attempt: int) -> bool:
-        alive = await super().heartbeat(effect_id, attempt)
-        log(self.path, event="heartbeat", attempt=attempt, alive=alive)
-        return alive
+    async def heartbeat(self, held: Sequence[Held]) -> HeartbeatOutcome:
+        outcome = await super().heartbeat(held)
+        for beat in held:
+            alive = beat in outcome.refreshed or beat in outcome.busy
+            log(self.path, event="heartbeat", attempt=beat.attempt, alive=alive)
+        return outcome
 
     async def commit(
         self,

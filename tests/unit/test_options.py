@@ -14,7 +14,12 @@ from agent_ledger import (
     RunOptions,
     StaleOptions,
 )
-from agent_ledger.options import DEFAULT_STALE_AFTER_MS, merge_run_options, resolve
+from agent_ledger.options import (
+    DEFAULT_STALE_AFTER_MS,
+    DEFAULT_TX_LOCK_TIMEOUT_MS,
+    merge_run_options,
+    resolve,
+)
 
 
 def test_builtin_defaults_are_the_documented_ones() -> None:
@@ -112,3 +117,21 @@ def test_merge_that_inverts_interval_order_is_rejected() -> None:
     call = RunOptions(concurrency=ConcurrencyOptions(initial_interval_ms=500))
     with pytest.raises(EffectLedgerValidationError, match="must not exceed"):
         resolve(merge_run_options(ledger, call))
+
+
+def test_lock_waits_in_a_transaction_use_wait_timeout_ms_only_when_someone_set_it() -> None:
+    """The built-in 30 s wait does not bound lock waits in a transaction; a set one does."""
+    ledger = RunOptions(concurrency=ConcurrencyOptions(wait_timeout_ms=500))
+    cases = [
+        (RunOptions(), None, DEFAULT_TX_LOCK_TIMEOUT_MS),
+        (ledger, None, 500),
+        (ledger, RunOptions(stale=StaleOptions(after_ms=9)), 500),
+        (ledger, RunOptions(concurrency=ConcurrencyOptions(initial_interval_ms=9)), 500),
+        (ledger, RunOptions(concurrency=ConcurrencyOptions(wait_timeout_ms=70)), 70),
+        (ledger, RunOptions(concurrency=None), DEFAULT_TX_LOCK_TIMEOUT_MS),
+        (RunOptions(), RunOptions(stale=StaleOptions(after_ms=9)), DEFAULT_TX_LOCK_TIMEOUT_MS),
+    ]
+    for defaults, call, expected in cases:
+        resolved = resolve(merge_run_options(defaults, call))
+        assert resolved.tx_lock_timeout_ms == expected, (defaults, call)
+        assert resolved.concurrency.wait_timeout_ms in (500, 70, 30_000)

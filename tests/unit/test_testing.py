@@ -25,7 +25,7 @@ from agent_ledger import (
     ToolCall,
 )
 from agent_ledger import clock as clock_module
-from agent_ledger.stores.base import EffectQuery, NewEffect
+from agent_ledger.stores.base import EffectQuery, Held, NewEffect
 from agent_ledger.testing import STORE_STEPS, FaultyStore, ManualClock, build_ledger
 
 CALL = ToolCall(workflow_id="wf", tool="t", args={"n": 1})
@@ -49,7 +49,7 @@ def step_calls(store: Store, effect_id: str) -> dict[str, Callable[[], Awaitable
     return {
         "begin": lambda: store.begin(NEW),
         "claim": lambda: store.claim(KEY, stale_after_ms=0),
-        "heartbeat": lambda: store.heartbeat(effect_id, 1),
+        "heartbeat": lambda: store.heartbeat([Held(effect_id, 1)]),
         "commit": lambda: store.commit(
             effect_id, attempt=1, status=EffectStatus.SUCCEEDED, result_json="1", error=None
         ),

@@ -1,0 +1,76 @@
+"""Heartbeat ticks: one batch per tick, shared by beats with different stale windows.
+
+The schedule is simulated on a virtual clock through ``due_beats``, the one
+place that decides which beats a tick sends, so no test here sleeps.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from agent_ledger import Effect, EffectStatus
+from agent_ledger.engine.heartbeats import EARLY_FRACTION, Beat, Heartbeats, due_beats
+from agent_ledger.stores.memory import MemoryStore
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def effect(n: int) -> Effect:
+    return Effect(
+        id=f"00000000-0000-4000-8000-{n:012d}", idem_key=f"{n:064x}", workflow_id="w",
+        call_id=None, tool="t", status=EffectStatus.PROCESSING, args_canonical="{}",
+        resource_id_canonical=None, result=None, error=None, dedup_count=0, attempt=1,
+        created_at=NOW, updated_at=NOW, completed_at=None, heartbeat_at=NOW,
+    )  # fmt: skip
+
+
+def simulate(beats: list[Beat], until: float) -> list[list[Beat]]:
+    """Run the tick schedule the heartbeat task follows, sending instantly."""
+    ticks = []
+    while (now := min(b.due for b in beats)) <= until:
+        batch = due_beats(beats, now)
+        for beat in batch:
+            assert now <= beat.due, "a beat is never sent late"
+            assert beat.due - now <= beat.interval_s * EARLY_FRACTION
+            beat.due = now + beat.interval_s
+        ticks.append(batch)
+    return ticks
+
+
+def beats(*specs: tuple[float, float]) -> list[Beat]:
+    owner = Heartbeats(MemoryStore())
+    return [Beat(owner, effect(n), interval, start) for n, (interval, start) in enumerate(specs)]
+
+
+def test_a_longer_window_rides_along_with_the_shorter_ones_ticks() -> None:
+    """Intervals of 1 s and 5 s: every tick is one the 1 s beat needs anyway."""
+    fast, slow = beats((1.0, 0.0), (5.0, 0.3))
+    ticks = simulate([fast, slow], until=60.0)
+    assert all(fast in batch for batch in ticks)
+    assert len(ticks) == 60
+    assert sum(slow in batch for batch in ticks) >= 60 / 5
+
+
+def test_beats_started_apart_fall_into_step() -> None:
+    """Ten handlers started at different moments share one tick per interval."""
+    group = beats(*((1.0, start / 10) for start in range(10)))
+    ticks = simulate(group, until=30.0)
+    assert len(ticks) <= 31
+    assert all(len(batch) == 10 for batch in ticks[2:])
+
+
+def test_a_beat_is_kept_alive_at_least_at_its_own_pace() -> None:
+    """Unrelated windows (0.7 s and 1.1 s): each beat goes out within its interval."""
+    group = beats((0.7, 0.0), (1.1, 0.05))
+    ticks = simulate(group, until=100.0)
+    for beat in group:
+        sent = [i for i, batch in enumerate(ticks) if beat in batch]
+        assert len(sent) >= 100 / beat.interval_s - 1
+    assert len(ticks) < 100 / 0.7 + 100 / 1.1  # some ticks were shared
+
+
+def test_a_beat_starts_confirmed_at_the_claim() -> None:
+    """confirmed_at starts at the beat's start time and the first beat is due one interval on."""
+    (beat,) = beats((2.0, 10.0))
+    assert (beat.confirmed_at, beat.due) == (10.0, 12.0)
+    assert beat.held == (beat.effect.id, beat.effect.attempt)
