@@ -89,9 +89,10 @@ class Backoff:
 
 
 #: Recording a handler's outcome after a store error: the side effect has
-#: happened, so the ledger retries three times over about a second before it
-#: gives up (see ``engine.Engine.record``).
-COMMIT_RETRY: Final = Backoff(initial_s=0.05, multiplier=4.0, max_s=1.0, tries=3)
+#: happened, so the ledger keeps retrying, at most a second apart, for as long
+#: as its lease keeps everyone else off the effect (see ``engine.Engine.record``):
+#: the schedule has no count of its own, the lease bounds it.
+COMMIT_RETRY: Final = Backoff(initial_s=0.05, multiplier=2.0, max_s=1.0)
 
 #: The Postgres notification listener, after losing its connection.
 LISTENER_RECONNECT: Final = Backoff(initial_s=0.05, multiplier=2.0, max_s=5.0)

@@ -6,7 +6,7 @@
   owns it, any other waits (``waiting``) until it may claim it or it ends;
 * **execute** runs the handler of an owned effect, with heartbeats;
 * **record** commits the outcome, fenced by the attempt, retrying store
-  errors on the ``backoff.COMMIT_RETRY`` schedule.
+  errors on the ``backoff.COMMIT_RETRY`` schedule until the lease runs out.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from agent_ledger.effects import (
     Effect,
     EffectError,
 )
-from agent_ledger.engine.heartbeats import Heartbeats
+from agent_ledger.engine.heartbeats import Beat, Heartbeats
 from agent_ledger.engine.waiting import Acquired, Waiter
 from agent_ledger.errors import (
     EffectDeniedError,
@@ -44,6 +44,7 @@ from agent_ledger.errors import (
 from agent_ledger.keys import DEFAULT_MAX_ARGS_SIZE_BYTES, canonical_json, canonicalize
 from agent_ledger.observability import effect_fields, log_effect, logger
 from agent_ledger.options import (
+    DEFAULT_STALE_AFTER_MS,
     EffectLedgerOptions,
     LedgerHooks,
     ResolvedRunOptions,
@@ -252,7 +253,9 @@ class Engine:
             message=TOO_MANY_TAKEOVERS.format(n=takeovers(claimed), limit=limit),
             code="too_many_takeovers",
         )
-        if await self._record_landed(claimed, EffectStatus.FAILED, None, error, tx):
+        # Just claimed: the lease is whole.
+        until = lease_end(asyncio.get_running_loop().time(), prepared.opts.stale_after_ms)
+        if await self._record_landed(claimed, EffectStatus.FAILED, None, error, tx, until):
             log_effect(logging.WARNING, "effect failed: too many takeovers", claimed)
         stored = await self._store.get(claimed.id, tx=tx)
         if stored is None or not stored.status.is_terminal:
@@ -317,33 +320,40 @@ class Engine:
             if inspect.isawaitable(value):
                 value = await value
         except Exception as exc:
-            if beat is not None:
-                beat.stop()
+            until = self._stop_beat(beat, opts)
             error = _error_of(exc)
-            if await self._record_landed(effect, EffectStatus.FAILED, None, error, tx):
+            if await self._record_landed(effect, EffectStatus.FAILED, None, error, tx, until):
                 log_effect(logging.INFO, "effect failed", effect)
                 raise
             return _LOST
         except BaseException as exc:
             # CancelledError (and KeyboardInterrupt/SystemExit): record it so
             # the effect does not sit in processing until the stale window.
-            if beat is not None:
-                beat.stop()
-            await self._record_abandoned(effect, exc, tx)
+            until = self._stop_beat(beat, opts)
+            await self._record_abandoned(effect, exc, tx, until)
             raise
-        if beat is not None:
-            beat.stop()
+        until = self._stop_beat(beat, opts)
         try:
             result_json = canonical_json(value, field="result", sort_keys=False).decode()
         except EffectLedgerValidationError as exc:
             error = EffectError(message=str(exc), code=RESULT_NOT_SERIALIZABLE)
-            if await self._record_landed(effect, EffectStatus.FAILED, None, error, tx):
+            if await self._record_landed(effect, EffectStatus.FAILED, None, error, tx, until):
                 raise
             return _LOST
-        if await self._record_landed(effect, EffectStatus.SUCCEEDED, result_json, None, tx):
+        if await self._record_landed(effect, EffectStatus.SUCCEEDED, result_json, None, tx, until):
             log_effect(logging.DEBUG, "effect succeeded", effect)
             return _Recorded(won=True, value=value)
         return _LOST
+
+    @staticmethod
+    def _stop_beat(beat: Beat | None, opts: ResolvedRunOptions) -> float:
+        """Stop heartbeating; return until when the lease keeps others off the effect."""
+        if beat is None:
+            # No takeover possible (after_ms=0), or inside a transaction (no
+            # retries there): retry as long as a default lease would last.
+            return lease_end(asyncio.get_running_loop().time(), DEFAULT_STALE_AFTER_MS)
+        beat.stop()
+        return lease_end(beat.confirmed_at, opts.stale_after_ms)
 
     async def record(
         self,
@@ -352,15 +362,19 @@ class Engine:
         result_json: str | None,
         error: EffectError | None,
         tx: object | None,
+        retry_until: float,
         *,
         maybe_landed: bool = False,
     ) -> bool:
         """Record a handler's outcome; True if this attempt's commit won.
 
-        Store errors are retried on the ``COMMIT_RETRY`` schedule: the side
-        effect has happened by now, and giving up at the first broken
-        connection would leave the effect in processing for the next caller
-        to take over and run again. The compare-and-set is safe to repeat: if
+        Store errors are retried on the ``COMMIT_RETRY`` schedule (at most a
+        second apart) until ``retry_until``, the loop time at which this
+        worker's lease may run out: the side effect has happened by now, and
+        while the lease lasts nobody else can take the effect, so every retry
+        that lands saves a second execution. Past it the last store error is
+        raised: the effect stays processing, and the next caller takes it
+        over once the lease has lapsed, as after a crash. The compare-and-set is safe to repeat: if
         an earlier try landed before its connection broke, the retry matches
         no row and the stored effect shows our attempt and status, which
         counts as ours (``maybe_landed`` asks for that check from the first
@@ -379,9 +393,10 @@ class Engine:
                     tx=tx,
                 )
             except EffectStoreError:
-                if tx is not None or COMMIT_RETRY.gives_up_after(step):
+                remaining_s = retry_until - asyncio.get_running_loop().time()
+                if tx is not None or remaining_s <= 0:
                     raise
-                delay = COMMIT_RETRY.delay(step)
+                delay = COMMIT_RETRY.delay(step, remaining_s=remaining_s)
                 log_effect(
                     logging.WARNING,
                     f"recording the outcome failed; retrying in {delay:.2f} s",
@@ -412,6 +427,7 @@ class Engine:
         result_json: str | None,
         error: EffectError | None,
         tx: object | None,
+        retry_until: float,
     ) -> bool:
         """``record``, carried through to the end even if this task is cancelled meanwhile.
 
@@ -424,11 +440,11 @@ class Engine:
         cancellation propagates after it.
         """
         try:
-            return await self.record(effect, status, result_json, error, tx)
+            return await self.record(effect, status, result_json, error, tx, retry_until)
         except asyncio.CancelledError as exc:
             interrupted = exc
         write = asyncio.ensure_future(
-            self.record(effect, status, result_json, error, tx, maybe_landed=True)
+            self.record(effect, status, result_json, error, tx, retry_until, maybe_landed=True)
         )
         while not write.done():
             try:
@@ -447,13 +463,13 @@ class Engine:
         raise interrupted
 
     async def _record_abandoned(
-        self, effect: Effect, exc: BaseException, tx: object | None
+        self, effect: Effect, exc: BaseException, tx: object | None, retry_until: float
     ) -> None:
         error = EffectError(
             message=CANCELLED_WHILE_RUNNING.format(exc=type(exc).__name__), code="cancelled"
         )
         try:
-            await self._record_landed(effect, EffectStatus.CANCELED, None, error, tx)
+            await self._record_landed(effect, EffectStatus.CANCELED, None, error, tx, retry_until)
         except Exception:
             logger.exception(
                 "could not record the cancelled run; the effect stays processing until "
@@ -507,6 +523,18 @@ def recorded_outcome(acquired: Acquired) -> object:
     if status is EffectStatus.DENIED or status is EffectStatus.CANCELED:
         raise EffectDeniedError(effect)
     raise EffectLedgerInvariantError(f"no recorded outcome for a {status.value} effect")
+
+
+def lease_end(alive_at: float, lease_ms: int) -> float:
+    """The loop time until which a lease renewed at ``alive_at`` surely holds.
+
+    ``alive_at`` is when the last heartbeat the store confirmed was sent (or
+    the claim was made): the store's ``heartbeat_at`` is no earlier, so others
+    may take over only ``lease_ms`` after it. A tenth of the lease, at most a
+    second, is kept in hand for clocks and round trips.
+    """
+    lease_s = lease_ms / 1000.0
+    return alive_at + lease_s - min(lease_s / 10.0, 1.0)
 
 
 def takeovers(effect: Effect) -> int:

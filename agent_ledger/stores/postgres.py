@@ -588,6 +588,7 @@ class PostgresStore:
     ) -> _T:
         """Run one statement of step ``operation``; once more on a fresh connection
         if its connection broke and the step is in ``REPEATABLE_STEPS``.
+        After any lost connection the pool checks its idle ones.
 
         After a server restart or a killed backend, every idle connection in
         the pool is dead, and each would fail one step before the pool drops
@@ -602,12 +603,16 @@ class PostgresStore:
                     try:
                         return await work(conn)
                     except psycopg.OperationalError as exc:
-                        if last_try or not _connection_lost(exc, conn):
+                        if tx is not None or not _connection_lost(exc, conn):
                             raise
+                        lost = exc
                 # The pool's other idle connections probably died the same way:
                 # have it check them all (only now, after a failure), so the
-                # second try gets a live one.
+                # second try, or the caller's own retry of a step that may not
+                # be repeated blindly (a commit), gets a live one.
                 await self._pool.check()
+                if last_try:
+                    raise lost
             raise EffectLedgerInvariantError("unreachable: the last try returns or raises")
 
 

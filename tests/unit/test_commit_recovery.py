@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from agent_ledger import (
@@ -10,9 +12,11 @@ from agent_ledger import (
     EffectStatus,
     EffectStoreError,
     MemoryStore,
+    RunOptions,
+    StaleOptions,
     ToolCall,
 )
-from agent_ledger.backoff import Backoff
+from agent_ledger.backoff import COMMIT_RETRY, Backoff
 from agent_ledger.engine import lifecycle
 from agent_ledger.testing import FaultyStore
 from tests.approvals import make_pending
@@ -39,7 +43,7 @@ def flaky_commit(failures: int, *, applied_then_fail: bool) -> FaultyStore[Memor
 
 @pytest.fixture(autouse=True)
 def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lifecycle, "COMMIT_RETRY", Backoff(initial_s=0.001, max_s=0.001, tries=3))
+    monkeypatch.setattr(lifecycle, "COMMIT_RETRY", Backoff(initial_s=0.001, max_s=0.001))
 
 
 @pytest.mark.parametrize("applied_then_fail", [False, True])
@@ -61,16 +65,60 @@ async def test_transient_commit_failure_is_retried(applied_then_fail: bool) -> N
     assert await ledger.run(CALL, charge) == "ch_1" and executions == 1
 
 
-async def test_persistent_commit_failure_raises_the_store_error() -> None:
-    """When every try fails, run() raises EffectStoreError and the effect stays claimable."""
-    store = flaky_commit(10, applied_then_fail=False)
+LEASE_MS = 400
+
+
+async def test_persistent_commit_failure_retries_until_the_lease_ends() -> None:
+    """When every try fails, run() keeps trying while its lease keeps others off
+    the effect, then raises EffectStoreError; the effect stays processing and
+    is taken over once the lease has lapsed, as after a crash."""
+    store = flaky_commit(10**6, applied_then_fail=False)
     ledger = EffectLedger(EffectLedgerOptions(store=store))
+    lease = RunOptions(stale=StaleOptions(after_ms=LEASE_MS))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
     with pytest.raises(EffectStoreError, match="connection lost") as info:
-        await ledger.run(CALL, lambda effect: "ch_1")
+        await ledger.run(CALL, lambda effect: "ch_1", lease)
+    elapsed = loop.time() - started
     assert info.value.operation == "commit"
-    assert store.calls["commit"] == 1 + 3  # the first try and the three retries patched in above
+    # Up to the lease's end less a tenth kept in hand, never past the lease.
+    assert 0.3 <= elapsed < LEASE_MS / 1000, elapsed
+    assert store.calls["commit"] > 20  # tried all along (1 ms apart here), not three times
     effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
     assert effect is not None and effect.status is EffectStatus.PROCESSING
+    store.heal()
+    await asyncio.sleep(LEASE_MS / 1000)
+    assert await ledger.run(CALL, lambda effect: effect.executions, lease) == 2
+
+
+async def test_an_outage_shorter_than_the_lease_costs_no_second_execution() -> None:
+    """Commits failing for 1.5 s (more than the old retries' 1.25 s), with the
+    real retry schedule and a 3 s lease: the outcome lands, the handler ran once."""
+    store = FaultyStore(MemoryStore())
+    ledger = EffectLedger(EffectLedgerOptions(store=store))
+    loop = asyncio.get_running_loop()
+    until = loop.time() + 1.5
+
+    def outage() -> BaseException:
+        if loop.time() >= until:
+            store.heal("commit")
+        return EffectStoreError("connection lost", operation="commit")
+
+    store.fail("commit", times=None, error=outage)
+    executions = 0
+
+    def charge(effect: object) -> str:
+        nonlocal executions
+        executions += 1
+        return "ch_1"
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lifecycle, "COMMIT_RETRY", COMMIT_RETRY)  # the real schedule
+        result = await ledger.run(CALL, charge, RunOptions(stale=StaleOptions(after_ms=3_000)))
+    assert (result, executions) == ("ch_1", 1)
+    assert loop.time() >= until
+    effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
+    assert effect is not None and (effect.status, effect.executions) == (EffectStatus.SUCCEEDED, 1)
 
 
 async def test_waiter_survives_failing_polls() -> None:
