@@ -126,6 +126,26 @@ def _connection_lost(exc: psycopg.OperationalError, conn: Connection) -> bool:
     return isinstance(exc, lost) or conn.broken or conn.closed
 
 
+async def _restore_transactional(conn: Connection) -> None:
+    """Switch a pool connection the store had put in autocommit back, for the pool's
+    other users, or close it if that cannot be done.
+
+    It must never raise: this runs on the way out of every step, and an error
+    here would replace the step's own (a lost connection would no longer be
+    recognised as one, and the step not retried on a live connection). A
+    connection that is gone needs nothing: the pool discards it. One that
+    cannot be switched back (a statement interrupted by a cancellation, say)
+    is closed, so the pool replaces it rather than hand the application an
+    autocommit connection it did not ask for.
+    """
+    if conn.closed:
+        return
+    try:
+        await conn.set_autocommit(False)
+    except psycopg.Error:
+        await conn.close()
+
+
 class PostgresStore:
     """Effects in PostgreSQL, shared by every worker that uses the same database.
 
@@ -395,7 +415,7 @@ class PostgresStore:
             try:
                 yield conn
             finally:
-                await conn.set_autocommit(False)
+                await _restore_transactional(conn)
 
     @contextmanager
     def _errors(
