@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Generic, Literal, TypeAlias, TypeVar
 
+import orjson
+
 from agent_ledger.status import EffectStatus
 
 #: Any value JSON can represent. Args and results must be of this shape.
@@ -56,8 +58,35 @@ class Effect:
 
     Datetimes are timezone-aware UTC and come from the store's clock.
     ``updated_at`` moves on status changes only; a duplicate call bumps
-    ``dedup_count`` and nothing else.
+    ``dedup_count`` and nothing else. A handler reads the call's args as
+    ``effect.args`` (and its resource as ``effect.resource``), so it needs no
+    closure over the ``ToolCall``.
     """
+
+    # The decoded views of the canonical texts; the fields follow.
+
+    @property
+    def args(self) -> dict[str, JSONValue]:
+        """The call's args, decoded from ``args_canonical``.
+
+        A new dict on every access: a handler may change what it got without
+        changing the receipt, or what anyone else reads from it. Tuples in the
+        call come back as lists (the args are kept as JSON).
+        """
+        args: dict[str, JSONValue] = orjson.loads(self.args_canonical)
+        return args
+
+    @property
+    def resource(self) -> dict[str, JSONValue] | None:
+        """The call's resource as ``{"id": {...}, "namespace": ..., "type": ...}``, decoded
+        from ``resource_id_canonical``, or None when the call named none.
+
+        A new dict on every access, like :attr:`args`.
+        """
+        if self.resource_id_canonical is None:
+            return None
+        resource: dict[str, JSONValue] = orjson.loads(self.resource_id_canonical)
+        return resource
 
     #: Store-assigned unique id (a UUID string).
     id: str

@@ -15,10 +15,13 @@ where ``mode`` and ``identity`` are, by precedence:
 
 Canonical JSON means: UTF-8, object keys sorted by code point, no
 whitespace, the JSON data model only (objects with string keys, arrays,
-strings without U+0000, finite floats, integers within 64 bits,
-true/false/null); tuples encode as arrays. So two calls are the same effect exactly when their
-workflow, tool, mode and identity are equal as JSON values: dict order does
-not matter, ``1`` and ``1.0`` differ, ``call_id`` is ignored.
+strings, finite floats, integers within 64 bits, true/false/null); tuples
+encode as arrays. Strings may hold any character but lone surrogates
+(which UTF-8 cannot encode); U+0000 is written as the JSON escape
+``\\u0000``, so the text every store keeps has no NUL byte in it. So two
+calls are the same effect exactly when their workflow, tool, mode and
+identity are equal as JSON values: dict order does not matter, ``1`` and
+``1.0`` differ, ``call_id`` is ignored.
 
 Because every part is a complete JSON value inside a JSON array, no choice of
 strings can make two different calls encode alike (a ``"|"`` or ``","`` in a
@@ -47,11 +50,6 @@ _INT_MIN: Final = -(2**63)
 _INT_MAX: Final = 2**64 - 1
 
 
-_NUL_REASON: Final = (
-    "strings must not contain U+0000 (NUL): PostgreSQL cannot store it, so no store accepts it"
-)
-
-
 class _NotJSON(Exception):
     """Internal: carries the reason and, while unwinding, the path to the value."""
 
@@ -65,8 +63,6 @@ def _check(value: object, depth: int) -> None:
     # would encode in ways that depend on the library version.
     kind = type(value)
     if kind is str:
-        if "\x00" in value:  # type: ignore[operator]
-            raise _NotJSON(_NUL_REASON)
         return
     if kind is bool or value is None:
         return
@@ -86,8 +82,6 @@ def _check(value: object, depth: int) -> None:
         for key, item in value.items():  # type: ignore[attr-defined]
             if type(key) is not str:
                 raise _NotJSON(f"object key {key!r} is a {type(key).__name__}, keys must be str")
-            if "\x00" in key:
-                raise _NotJSON(_NUL_REASON)
             if _plain_scalar(item):
                 continue
             try:
@@ -112,11 +106,17 @@ def _check(value: object, depth: int) -> None:
 
 
 def _plain_scalar(item: object) -> bool:
-    """True for values that are certainly valid: NUL-free str, bool, None, 64-bit int."""
+    """True for values that are certainly valid: str, bool, None, 64-bit int.
+
+    A str may still hold a lone surrogate, which orjson refuses when encoding.
+    """
     kind = type(item)
-    if kind is str:
-        return "\x00" not in item  # type: ignore[operator]
-    return item is None or kind is bool or (kind is int and _INT_MIN <= item <= _INT_MAX)  # type: ignore[operator]
+    return (
+        kind is str
+        or item is None
+        or kind is bool
+        or (kind is int and _INT_MIN <= item <= _INT_MAX)  # type: ignore[operator]
+    )
 
 
 def canonical_json(value: object, *, field: str, sort_keys: bool = True) -> bytes:

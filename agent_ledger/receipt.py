@@ -47,10 +47,6 @@ def _iso(moment: datetime | None) -> str | None:
     return None if moment is None else moment.isoformat()
 
 
-def _decode(text: str | None) -> JSONValue:
-    return None if text is None else orjson.loads(text)
-
-
 def _time_encoder(name: str) -> Callable[[Effect], JSONValue]:
     return lambda effect: _iso(getattr(effect, name))
 
@@ -58,8 +54,8 @@ def _time_encoder(name: str) -> Callable[[Effect], JSONValue]:
 # How each record value is read from an effect, where it is not the field as-is.
 _ENCODERS: Final[Mapping[str, Callable[[Effect], JSONValue]]] = {
     "status": lambda effect: effect.status.value,
-    "args": lambda effect: _decode(effect.args_canonical),
-    "resource": lambda effect: _decode(effect.resource_id_canonical),
+    "args": lambda effect: effect.args,
+    "resource": lambda effect: effect.resource,
     "error_message": lambda effect: None if effect.error is None else effect.error.message,
     "error_code": lambda effect: None if effect.error is None else effect.error.code,
     **{name: _time_encoder(name) for name in _TIMES},

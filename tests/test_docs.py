@@ -182,11 +182,23 @@ def test_console_session_is_real_output(
 # -- what the pages claim ---------------------------------------------------------
 
 
-def test_readme_test_command_is_what_ci_runs() -> None:
-    """The README's test command is the one .ci/run executes."""
+def test_ci_runs_the_readme_commands_for_a_fresh_clone() -> None:
+    """.ci/run's second fresh virtualenv runs exactly the README's install and test
+    commands, which the README still gives as commands of their own."""
     ci = (ROOT / ".ci" / "run").read_text()
-    assert re.search(r"^\s*pytest\b", (ROOT / "README.md").read_text(), flags=re.M)
-    assert re.search(r"^[^#\n]*\bpytest\b", ci, flags=re.M)
+    said = {}
+    for name in ("README_INSTALL", "README_TEST"):
+        found = re.search(rf"^{name}='([^']*)'$", ci, flags=re.M)
+        assert found is not None, name
+        said[name] = found.group(1)
+        assert f'eval "${name}"' in ci, f".ci/run defines {name} but does not run it"
+    commands = [
+        line.split(" #")[0].strip()
+        for block in _blocks(ROOT / "README.md", "bash")
+        for line in block.splitlines()
+    ]
+    assert said == {"README_INSTALL": 'pip install -e ".[dev]"', "README_TEST": "pytest"}
+    assert set(said.values()) <= set(commands)
 
 
 def test_readme_is_a_landing_page() -> None:

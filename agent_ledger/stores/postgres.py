@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import math
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -141,6 +142,54 @@ def _connection_lost(exc: psycopg.OperationalError, conn: Connection) -> bool:
     return isinstance(exc, lost) or conn.broken or conn.closed
 
 
+async def _probe(conninfo: str, timeout_s: float) -> None:
+    """Connect once, directly, and raise ``EffectStoreError`` with the reason if that fails.
+
+    A pool never fails on a bad URL: it logs each failed attempt and keeps
+    trying until its own timeout, then raises ``PoolTimeout``, which does not
+    say why. One direct connection first turns "database does not exist",
+    "connection refused" or a failed login into an immediate error that
+    names the cause.
+    """
+    try:
+        async with asyncio.timeout(timeout_s):
+            # libpq's connect_timeout counts whole seconds, at least 2.
+            conn = await AsyncConnection.connect(
+                conninfo, connect_timeout=max(2, math.ceil(timeout_s)), autocommit=True
+            )
+    except TimeoutError:
+        raise EffectStoreError(
+            f"no answer from PostgreSQL within {timeout_s:g} s", operation="connect"
+        ) from None
+    except psycopg.Error as exc:
+        # libpq's message may run over several lines ("Is the server running...?").
+        reason = " ".join(str(exc).split())
+        raise EffectStoreError(
+            f"cannot connect to PostgreSQL: {reason}", operation="connect"
+        ) from exc
+    await conn.close()
+
+
+async def _restore_transactional(conn: Connection) -> None:
+    """Switch a pool connection the store had put in autocommit back, for the pool's
+    other users, or close it if that cannot be done.
+
+    It must never raise: this runs on the way out of every step, and an error
+    here would replace the step's own (a lost connection would no longer be
+    recognised as one, and the step not retried on a live connection). A
+    connection that is gone needs nothing: the pool discards it. One that
+    cannot be switched back (a statement interrupted by a cancellation, say)
+    is closed, so the pool replaces it rather than hand the application an
+    autocommit connection it did not ask for.
+    """
+    if conn.closed:
+        return
+    try:
+        await conn.set_autocommit(False)
+    except psycopg.Error:
+        await conn.close()
+
+
 class PostgresStore:
     """Effects in PostgreSQL, shared by every worker that uses the same database.
 
@@ -198,13 +247,18 @@ class PostgresStore:
         """Open a pool of autocommit connections that the store owns and closes.
 
         Raises ``EffectStoreError`` if ``min_size`` connections cannot be made
-        within ``connect_timeout`` seconds.
+        within ``connect_timeout`` seconds. A server that refuses the
+        connection (no such database or role, a closed port, an unknown host)
+        fails at once, with the server's own message.
         """
+        deadline = asyncio.get_running_loop().time() + connect_timeout
+        await _probe(conninfo, connect_timeout)
+        remaining = max(deadline - asyncio.get_running_loop().time(), 0.1)
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             conninfo, min_size=min_size, max_size=max_size, kwargs={"autocommit": True}, open=False
         )
         try:
-            await pool.open(wait=True, timeout=connect_timeout)
+            await pool.open(wait=True, timeout=remaining)
         except Exception as exc:
             await pool.close()
             raise EffectStoreError(f"{type(exc).__name__}: {exc}", operation="connect") from exc
@@ -467,7 +521,7 @@ class PostgresStore:
             try:
                 yield conn
             finally:
-                await conn.set_autocommit(False)
+                await _restore_transactional(conn)
 
     @contextmanager
     def _errors(

@@ -47,7 +47,7 @@ CREATE TABLE IF NOT EXISTS agent_ledger_effects (
             'processing', 'succeeded', 'failed', 'requires_approval',
             'ready', 'denied', 'canceled')),
     -- Canonical JSON text, kept byte for byte (jsonb would reorder keys);
-    -- query it with args_canonical::jsonb.
+    -- query it with args_canonical::json (::jsonb refuses a \u0000 escape).
     args_canonical         text        NOT NULL,
     resource_id_canonical  text,
     -- The handler's result. `json`, not `jsonb`, on purpose: jsonb rewrites

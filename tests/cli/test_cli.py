@@ -10,8 +10,10 @@ import os
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
+import pytest
 
 from agent_ledger import ConcurrencyOptions, EffectStatus, RunOptions, ToolCall
 from agent_ledger.cli import CSV_JSON_COLUMNS
@@ -20,6 +22,7 @@ from agent_ledger.stores.url import open_store
 from agent_ledger.testing import build_ledger
 from tests.approvals import make_pending
 from tests.cli.conftest import Cli
+from tests.harness import DSN, require_postgres
 
 DEMO_KEY_PREFIX = "af4eff7e"  # the demo call's idempotency key starts with this
 
@@ -252,3 +255,26 @@ def test_default_url_comes_from_the_environment(run_cli: Any, tmp_path: Path) ->
     other = tmp_path / "elsewhere.db"
     done = run_cli("init", cwd=tmp_path, env={**env, "AGENT_LEDGER_URL": f"sqlite:///{other}"})
     assert done.returncode == 0 and other.exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("wrong", ["database", "port"])
+def test_a_wrong_postgres_url_fails_at_once_naming_the_cause(tmp_path: Path, wrong: str) -> None:
+    """A missing database or a closed port: one line with the server's reason, within
+    seconds, not a PoolTimeout after the connect timeout (issue 10, item 19)."""
+    require_postgres()
+    parts = urlsplit(DSN)
+    if wrong == "database":
+        url, reason = (
+            urlunsplit(parts._replace(path="/agent_ledger_nope")),
+            ('database "agent_ledger_nope" does not exist'),
+        )
+    else:
+        url = urlunsplit(parts._replace(netloc=f"postgres@{parts.hostname}:1"))
+        reason = "Connection refused"
+    started = time.monotonic()
+    done = Cli(url, tmp_path)("list")
+    assert time.monotonic() - started < 8
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("\n") == 1 and reason in done.stderr
+    assert "PoolTimeout" not in done.stderr and "Traceback" not in done.stderr

@@ -215,16 +215,6 @@ def _raiser(exc: BaseException) -> Callable[[Effect], Awaitable[None]]:
     return handler
 
 
-async def test_nul_in_a_result_is_rejected_like_any_non_json_value(harness: StoreHarness) -> None:
-    """U+0000 cannot be stored by PostgreSQL, so every store rejects it the same way."""
-    ledger = harness.ledger()
-    with pytest.raises(EffectLedgerValidationError, match="U\\+0000"):
-        await ledger.run(CALL, lambda effect: {"text": "a\x00b"})
-    effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
-    assert effect is not None and effect.error is not None
-    assert effect.error.code == "result_not_serializable"
-
-
 async def test_unstorable_text_in_an_error_is_replaced_not_lost(harness: StoreHarness) -> None:
     """A handler error whose message has NUL or lone surrogates is still recorded."""
     ledger = harness.ledger()

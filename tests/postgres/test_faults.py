@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
 
 from agent_ledger import Effect, EffectStatus, ToolCall
 from agent_ledger.testing import build_ledger
@@ -107,3 +110,48 @@ async def test_dead_pooled_connections_are_replaced_without_errors(dsn: str, sch
         assert await ledger.run(call, lambda e: "again") == "ok"
     finally:
         await store.close()
+
+
+async def kill_backends_named(dsn: str, application_name: str) -> int:
+    """Terminate the backends whose application_name is ``application_name``."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cursor = await conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = %s AND pid <> pg_backend_pid()",
+            (application_name,),
+        )
+        row = await cursor.fetchone()
+        return int(row[0]) if row else 0
+
+
+@pytest.mark.parametrize("autocommit", [False, True], ids=["default-pool", "autocommit-pool"])
+async def test_killed_idle_connections_are_replaced_on_any_pool(
+    dsn: str, schema: str, autocommit: bool
+) -> None:
+    """On a pool the application built, with default kwargs or autocommit, run() succeeds
+    after the pool's idle connections were killed (issue 10, item 10)."""
+    from agent_ledger.stores.postgres import PostgresStore
+
+    # This run's own name (conftest sets PGAPPNAME per run), narrowed to this pool.
+    app = f"{os.environ['PGAPPNAME']}_pool"
+    kwargs: dict[str, Any] = {"application_name": app}
+    if autocommit:
+        kwargs["autocommit"] = True
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        dsn, min_size=4, max_size=4, kwargs=kwargs, open=False
+    )
+    await pool.open(wait=True)
+    store = PostgresStore(pool, schema=schema)
+    try:
+        ledger = build_ledger(store)
+        await asyncio.gather(*(ledger.find_by_idem_key("0" * 64) for _ in range(8)))
+        assert await kill_backends_named(dsn, app) >= 1
+        call = ToolCall(workflow_id="wf", tool="after.kill", args={"autocommit": autocommit})
+        assert await ledger.run(call, lambda e: "ok") == "ok"
+        assert await ledger.run(call, lambda e: "again") == "ok"
+        async with pool.connection() as conn:
+            # Handed back to the application as it configured the pool.
+            assert conn.autocommit is autocommit
+    finally:
+        await store.close()
+        await pool.close()

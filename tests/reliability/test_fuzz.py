@@ -23,7 +23,7 @@ from tests.strategies import json_values
 pytestmark = pytest.mark.slow
 
 _bad_scalars = st.sampled_from(
-    [math.nan, math.inf, -math.inf, b"raw", {1, 2}, object(), "nul\x00", "\ud800", 2**70]
+    [math.nan, math.inf, -math.inf, b"raw", {1, 2}, object(), "\ud800", 2**70]
 )
 json_ish = st.recursive(
     json_values | _bad_scalars,
@@ -40,8 +40,6 @@ def is_json(value: Any) -> bool:
         # ensure_ascii=False: with escapes, a lone surrogate would pass as "\udXXX".
         text = json.dumps(value, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError):
-        return False
-    if "\\u0000" in text:
         return False
     try:
         text.encode("utf-8")

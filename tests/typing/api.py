@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import assert_type
 
-from agent_ledger import BeginResult, Effect, EffectLedger, ToolCall
+from agent_ledger import BeginResult, Effect, EffectLedger, JSONValue, ToolCall
 
 
 async def check(ledger: EffectLedger, call: ToolCall) -> None:
@@ -20,6 +20,13 @@ async def check(ledger: EffectLedger, call: ToolCall) -> None:
     assert_type(await ledger.begin(call), BeginResult[object])
     assert_type(await ledger.find_by_idem_key("k"), Effect | None)
     assert_type(ledger.idem_key(call), str)
+
+
+def effect_views(effect: Effect) -> None:
+    # A handler reads its call's args (and resource) decoded, without the ToolCall.
+    assert_type(effect.args, dict[str, JSONValue])
+    assert_type(effect.resource, dict[str, JSONValue] | None)
+    assert_type(effect.args_canonical, str)
 
 
 def stores_implement_the_protocol(pool: object) -> None:
