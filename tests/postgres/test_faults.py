@@ -90,7 +90,8 @@ async def test_dead_pooled_connections_are_replaced_without_errors(dsn: str, sch
     """After every idle pooled connection is killed, the next steps still succeed."""
     from agent_ledger.stores.postgres import PostgresStore
 
-    app = "agent_ledger_dead_pool"
+    # This run's own name (tests set PGAPPNAME per process): never another run's backends.
+    app = f"{os.environ.get('PGAPPNAME', 'agent_ledger_tests')}_dead_pool"
     store = await PostgresStore.connect(
         f"{dsn}?application_name={app}", schema=schema, min_size=4, max_size=4
     )
