@@ -129,9 +129,12 @@ CREATE OR REPLACE TRIGGER agent_ledger_effects_notify
 -- `started_at` separates the time spent waiting for a person from the run.
 --
 -- Rows written before version 2 get the default lease (the library's default
--- stale window), and an estimate of their executions and start: an effect
--- with a decision that went on to run was approved, so it ran attempt - 1
--- times, from about when it was approved.
+-- stale window), and an estimate of their executions and start, erring
+-- towards "it ran": an effect waiting for, or refused by, a person never ran;
+-- one with a decision that went on to run was approved, so it ran
+-- attempt - 1 times, from about when it was approved; a canceled one counts
+-- attempt runs, since its cancel may have stopped a running handler (a cancel
+-- records a decision too, so the data cannot tell).
 DO $version_2$
 BEGIN
     IF EXISTS (SELECT 1 FROM agent_ledger_schema_version WHERE version = 2) THEN
@@ -148,13 +151,12 @@ BEGIN
     UPDATE agent_ledger_effects SET
         executions = CASE
             WHEN status IN ('requires_approval', 'ready', 'denied') THEN 0
-            WHEN decided_at IS NOT NULL THEN greatest(attempt - 1, 0)
+            WHEN decided_at IS NOT NULL AND status <> 'canceled' THEN greatest(attempt - 1, 0)
             ELSE attempt
         END,
         started_at = CASE
             WHEN status IN ('requires_approval', 'ready', 'denied') THEN NULL
             WHEN decided_at IS NOT NULL AND status <> 'canceled' THEN decided_at
-            WHEN decided_at IS NOT NULL AND attempt <= 1 THEN NULL
             ELSE created_at
         END;
     INSERT INTO agent_ledger_schema_version (version) VALUES (2);

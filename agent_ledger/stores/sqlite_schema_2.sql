@@ -17,13 +17,12 @@ ALTER TABLE agent_ledger_effects ADD COLUMN started_us INTEGER;
 UPDATE agent_ledger_effects SET
     executions = CASE
         WHEN status IN ('requires_approval', 'ready', 'denied') THEN 0
-        WHEN decided_us IS NOT NULL THEN max(attempt - 1, 0)
+        WHEN decided_us IS NOT NULL AND status <> 'canceled' THEN max(attempt - 1, 0)
         ELSE attempt
     END,
     started_us = CASE
         WHEN status IN ('requires_approval', 'ready', 'denied') THEN NULL
         WHEN decided_us IS NOT NULL AND status <> 'canceled' THEN decided_us
-        WHEN decided_us IS NOT NULL AND attempt <= 1 THEN NULL
         ELSE created_us
     END;
 

@@ -41,8 +41,11 @@ HISTORIES = [
     ("waiting-for-a-person", "requires_approval", 1, False, 0, None),
     ("approved-not-run", "ready", 1, True, 0, None),
     ("denied", "denied", 1, True, 0, None),
-    ("canceled-while-waiting", "canceled", 1, True, 0, None),
-    ("canceled-while-running", "canceled", 2, True, 1, "created"),
+    # A cancel records a decision whether or not a handler was running: the
+    # estimate errs towards "it ran".
+    ("canceled-while-waiting", "canceled", 1, True, 1, "created"),
+    ("canceled-while-running", "canceled", 1, True, 1, "created"),
+    ("canceled-after-approval", "canceled", 2, True, 2, "created"),
 ]
 
 

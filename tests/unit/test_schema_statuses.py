@@ -73,14 +73,15 @@ def test_the_notify_trigger_skips_only_a_handlers_own_outcome() -> None:
 def test_version_2_estimates_no_run_where_no_handler_could_have_run(kind: str) -> None:
     """Rows from before version 2 get executions 0 and no start while waiting for,
     or after being refused by, a person; a canceled effect's decision is not
-    taken for an approval."""
+    taken for an approval (it may have stopped a running handler: counted as run)."""
     schema = SCHEMAS[kind]
     lists = [(op, v) for _, op, v in status_lists(schema[schema.index(VERSION_2[kind]) :])]
     never_ran = values({S.REQUIRES_APPROVAL, S.READY, S.DENIED})
-    assert lists == [("IN", never_ran), ("IN", never_ran), ("<>", values({S.CANCELED}))]
+    canceled = values({S.CANCELED})
+    assert lists == [("IN", never_ran), ("<>", canceled), ("IN", never_ran), ("<>", canceled)]
 
 
-@pytest.mark.parametrize(("kind", "count"), [("postgres", 7), ("sqlite", 5)])
+@pytest.mark.parametrize(("kind", "count"), [("postgres", 8), ("sqlite", 6)])
 def test_no_status_list_goes_unchecked(kind: str, count: int) -> None:
     """Pinned: a new status list in a schema needs its own test above."""
     assert len(status_lists(SCHEMAS[kind])) == count
