@@ -7,6 +7,7 @@ as `Query` messages too.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,16 @@ import pytest
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from agent_ledger import CommitSucceeded, EffectLedger, RunOptions, StaleOptions, ToolCall
+from agent_ledger import (
+    CommitSucceeded,
+    EffectLedger,
+    EffectStatus,
+    RunOptions,
+    StaleOptions,
+    ToolCall,
+)
 from agent_ledger.stores.postgres import PostgresStore
-from agent_ledger.testing import StatementCounter, build_ledger
+from agent_ledger.testing import FaultyStore, StatementCounter, build_ledger
 from tests.approvals import make_pending
 
 
@@ -106,3 +114,27 @@ async def test_each_manual_and_admin_step_is_one_statement(
     assert len(await count(wire, lambda: ledger.approve(pending.idem_key))) == 1
     assert len(await count(wire, lambda: ledger.request_approval(pending.idem_key))) == 1
     assert len(await count(wire, lambda: ledger.deny(pending.idem_key))) == 1
+
+
+async def test_a_run_cancelled_mid_begin_sends_begin_then_release(
+    traced: tuple[EffectLedger, StatementCounter],
+) -> None:
+    """Giving the effect back costs one statement, and only on that path: the
+    begin (awaited to its end) and the release, nothing else."""
+    ledger, wire = traced
+    await ledger.stats()  # the first call reads the schema version
+    store = FaultyStore(ledger.store)
+    store.slow("begin", seconds=0.1)
+    slowed = build_ledger(store, defaults=RunOptions(stale=StaleOptions(after_ms=0)))
+    await slowed.stats()
+    wire.mark()
+    run = asyncio.create_task(slowed.run(CALL, lambda e: 0))
+    while store.calls["begin"] == 0:
+        await asyncio.sleep(0.001)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    sent = wire.statements()
+    assert len(sent) == 2, sent
+    effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
+    assert effect is not None and effect.status is EffectStatus.READY
