@@ -3,20 +3,24 @@
 Every other module (the engine, each store, the schema tests) derives what
 it needs from :data:`TRANSITIONS`; nothing else lists them.
 
-Three kinds of step move an effect, and the table covers them all:
+Four kinds of step move an effect, and the table covers them all:
 
 * a **claim** moves it *into* ``processing`` and increments ``attempt`` (the
-  fencing token): from ``ready`` (an approved effect is run) or from
-  ``processing`` itself (a **takeover**: the holder stopped heartbeating);
+  fencing token): from ``ready`` (an approved or released effect is run) or
+  from ``processing`` itself (a **takeover**: the holder stopped heartbeating);
 * a **completion** moves it from ``processing`` to an outcome;
+* a **release** gives it back unrun, ``processing`` -> ``ready``
+  (:data:`RELEASE`): a run cancelled after its begin or claim landed and
+  before its handler started, so the next caller claims it at once instead of
+  waiting out a lease nobody holds;
 * a **decision** (request approval, approve, deny, cancel) is everything else.
 
 A running effect (``processing``) can never be sent back for approval: its
 handler is already executing, so the approval could not stop it, and its
 commit would then be refused and the handler run a second time after the
 approval. Effects that need approval are inserted as ``requires_approval``;
-``request_approval`` only sends an approved, not yet claimed effect
-(``ready``) back for another look.
+``request_approval`` only sends a ``ready`` effect (approved or released, not
+yet claimed) back for another look.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ class EffectStatus(enum.StrEnum):
     FAILED = "failed"
     #: Waiting for a human to approve or deny; the handler has not run.
     REQUIRES_APPROVAL = "requires_approval"
-    #: Approved; the next caller to claim it runs the handler.
+    #: Claimable at once: approved, or released by a run cancelled before its
+    #: handler started. The next caller to claim it runs the handler.
     READY = "ready"
     #: A human said no; ``error.message`` is the reason. Terminal.
     DENIED = "denied"
@@ -53,8 +58,9 @@ _S = EffectStatus
 #: The state machine: each status mapped to the statuses it may move to.
 TRANSITIONS: Final[Mapping[EffectStatus, frozenset[EffectStatus]]] = MappingProxyType(
     {
-        # processing -> processing is a takeover: a claim with attempt + 1.
-        _S.PROCESSING: frozenset({_S.PROCESSING, _S.SUCCEEDED, _S.FAILED, _S.CANCELED}),
+        # processing -> processing is a takeover: a claim with attempt + 1;
+        # processing -> ready a release (never a decision: see RELEASE).
+        _S.PROCESSING: frozenset({_S.PROCESSING, _S.SUCCEEDED, _S.FAILED, _S.CANCELED, _S.READY}),
         _S.REQUIRES_APPROVAL: frozenset({_S.READY, _S.DENIED, _S.CANCELED}),
         # ready -> requires_approval: an approval taken back before anyone claimed it.
         _S.READY: frozenset({_S.PROCESSING, _S.REQUIRES_APPROVAL, _S.CANCELED}),
@@ -78,6 +84,10 @@ CLAIMABLE: Final[frozenset[EffectStatus]] = frozenset(
 COMPLETIONS: Final[frozenset[EffectStatus]] = frozenset(
     s for s in TRANSITIONS[_S.PROCESSING] if s in TERMINAL
 )
+#: The edge only ``Store.release`` takes, fenced by the holder's attempt. Approving
+#: goes to ``ready`` too, but only from ``requires_approval``: no decision may
+#: take an effect from its holder (see :func:`decision_sources`).
+RELEASE: Final = (_S.PROCESSING, _S.READY)
 #: Outcomes only a handler's commit records: no decision claims success or failure.
 HANDLER_OUTCOMES: Final[frozenset[EffectStatus]] = frozenset({_S.SUCCEEDED, _S.FAILED})
 #: What a decision may set: every target but ``processing`` (only a claim reaches
@@ -93,16 +103,30 @@ def can_transition(source: EffectStatus, target: EffectStatus) -> bool:
 
 
 def sources_of(target: EffectStatus) -> frozenset[EffectStatus]:
-    """Every status from which ``target`` may be reached.
-
-    Stores use this as the ``WHERE status IN (...)`` half of a compare-and-set.
-    """
+    """Every status from which ``target`` may be reached, by any kind of step."""
     return _SOURCES[target]
+
+
+def decision_sources(target: EffectStatus) -> frozenset[EffectStatus]:
+    """Every status from which a decision (``Store.transition``) may reach ``target``.
+
+    ``sources_of(target)`` without the :data:`RELEASE` edge: ``approve()``
+    moves only ``requires_approval`` to ``ready``, never a ``processing``
+    effect, whose holder may be running its handler. Stores use this as the
+    ``WHERE status IN (...)`` half of a decision's compare-and-set.
+    """
+    return _DECISION_SOURCES[target]
 
 
 _SOURCES: Final[Mapping[EffectStatus, frozenset[EffectStatus]]] = MappingProxyType(
     {
         target: frozenset(s for s, out in TRANSITIONS.items() if target in out)
         for target in EffectStatus
+    }
+)
+_DECISION_SOURCES: Final[Mapping[EffectStatus, frozenset[EffectStatus]]] = MappingProxyType(
+    {
+        target: frozenset(s for s in sources if (s, target) != RELEASE)
+        for target, sources in _SOURCES.items()
     }
 )

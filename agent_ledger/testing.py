@@ -66,6 +66,7 @@ STORE_STEPS: Final = (
     "claim",
     "heartbeat",
     "commit",
+    "release",
     "transition",
     "get",
     "find",
@@ -214,6 +215,11 @@ class FaultyStore(Generic[StoreT]):
                 tx=tx,
             ),
             effect_id=effect_id,
+        )
+
+    async def release(self, effect_id: str, *, attempt: int) -> bool:
+        return await self._step(
+            "release", lambda: self.inner.release(effect_id, attempt=attempt), effect_id=effect_id
         )
 
     async def transition(

@@ -8,6 +8,8 @@ which depends on the ``Store`` Protocol alone:
   (fenced by the attempt, retried after store errors);
 * :mod:`~agent_ledger.engine.waiting` waits while someone else holds the
   effect or a person has to decide, and claims it when it may;
+* :mod:`~agent_ledger.engine.ownership` carries a begin or claim to its end
+  when the run is cancelled, and gives back an effect it made the run's;
 * :mod:`~agent_ledger.engine.heartbeats` keeps running handlers alive;
 * :mod:`~agent_ledger.engine.polling` lets waiters on one key share a read.
 

@@ -31,6 +31,7 @@ from agent_ledger.effects import (
     EffectError,
 )
 from agent_ledger.engine.heartbeats import Beat, Heartbeats
+from agent_ledger.engine.ownership import own
 from agent_ledger.engine.waiting import Acquired, Waiter
 from agent_ledger.errors import (
     EffectDeniedError,
@@ -53,7 +54,7 @@ from agent_ledger.options import (
     resolve,
 )
 from agent_ledger.status import EffectStatus
-from agent_ledger.stores.base import NewEffect, SchemaCheck, Store
+from agent_ledger.stores.base import BeginOutcome, NewEffect, SchemaCheck, Store
 
 __all__ = ["CANCELLED_WHILE_RUNNING", "RESULT_NOT_SERIALIZABLE", "Acquired", "Engine", "Prepared"]
 
@@ -204,9 +205,14 @@ class Engine:
             await self.schema.ensure(tx)
         if tx is not None and prepared.needs_approval:
             await self._refuse_new_approval_in_transaction(new, tx)
-        begun = await self._store.begin(
-            new, tx=tx, lock_timeout_ms=prepared.opts.tx_lock_timeout_ms
-        )
+        if tx is None:
+            # Cancelled while the insert is in flight: wait for it, and give
+            # back an effect it created for us to run (see ownership).
+            begun = await own(self._store, self._store.begin(new), _created_to_run, name="begin")
+        else:
+            begun = await self._store.begin(
+                new, tx=tx, lock_timeout_ms=prepared.opts.tx_lock_timeout_ms
+            )
         effect = begun.effect
         if begun.created:
             if effect.status is not EffectStatus.REQUIRES_APPROVAL:
@@ -542,9 +548,17 @@ def takeovers(effect: Effect) -> int:
 
     Every execution but the first began with a takeover: the only ways into
     ``processing`` are the insert, the claim of an approved effect (before
-    any run: a running effect cannot be sent back for approval) and a takeover.
+    any run: a running effect cannot be sent back for approval), a takeover,
+    and the claim of a released effect (a release takes back the execution
+    its own claim added, so the counts still hold).
     """
     return max(effect.executions - 1, 0)
+
+
+def _created_to_run(begun: BeginOutcome) -> Effect | None:
+    """The effect a begin made ours: inserted as processing (not waiting for a person)."""
+    effect = begun.effect
+    return effect if begun.created and effect.status is EffectStatus.PROCESSING else None
 
 
 def _policy_says_yes(policy: Callable[[ToolCall], object], call: ToolCall) -> bool:

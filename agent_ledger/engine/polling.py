@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 
 from agent_ledger.effects import Effect
-from agent_ledger.stores.base import Store
+from agent_ledger.engine.ownership import own
+from agent_ledger.stores.base import ClaimOutcome, Store
 
 __all__ = ["SharedPolls"]
 
@@ -57,8 +58,11 @@ class SharedPolls:
             self._in_flight[idem_key] = future
         try:
             if claim_stale_after_ms is not None:
-                outcome = await self._store.claim(
-                    idem_key, stale_after_ms=claim_stale_after_ms, tx=tx
+                claim = self._store.claim(idem_key, stale_after_ms=claim_stale_after_ms, tx=tx)
+                # Outside a transaction, a cancelled claim is waited for, and an
+                # effect it took is given back (see ownership).
+                outcome = await (
+                    claim if tx is not None else own(self._store, claim, _claimed, name="claim")
                 )
                 result = (outcome.effect, outcome.claimed)
             else:
@@ -76,6 +80,10 @@ class SharedPolls:
         if future is not None:
             future.set_result(result)
         return result[0], result[1], False
+
+
+def _claimed(outcome: ClaimOutcome) -> Effect | None:
+    return outcome.effect if outcome.claimed else None
 
 
 class _Abandoned(Exception):

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Final
 
 from agent_ledger.effects import EffectError
-from agent_ledger.status import CLAIMABLE, EffectStatus, sources_of
+from agent_ledger.status import CLAIMABLE, EffectStatus, decision_sources
 from agent_ledger.stores.base import Decision, EffectQuery, NewEffect
 
 __all__ = [
@@ -25,11 +25,13 @@ __all__ = [
     "claim_params",
     "commit_params",
     "list_params",
+    "release_params",
     "transition_params",
 ]
 
 _PROCESSING: Final = EffectStatus.PROCESSING.value
 _REQUIRES_APPROVAL: Final = EffectStatus.REQUIRES_APPROVAL.value
+_READY: Final = EffectStatus.READY.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,16 @@ def commit_params(
     }
 
 
+def release_params(effect_id: str, *, attempt: int) -> dict[str, object]:
+    """For the release compare-and-set (``processing`` at ``attempt`` -> ``ready``)."""
+    return {
+        "id": effect_id,
+        "attempt": attempt,
+        "processing": _PROCESSING,
+        "ready": _READY,
+    }
+
+
 def transition_params(
     dialect: Dialect,
     idem_key: str,
@@ -105,11 +117,12 @@ def transition_params(
     error: EffectError | None,
     decision: Decision | None,
 ) -> dict[str, object]:
-    """For the transition compare-and-set: from any of ``sources_of(target)`` to ``target``."""
+    """For the transition compare-and-set: from any of ``decision_sources(target)`` to
+    ``target``."""
     return {
         "idem_key": idem_key,
         "target": target.value,
-        "sources": dialect.statuses(sources_of(target)),
+        "sources": dialect.statuses(decision_sources(target)),
         "terminal": target.is_terminal,
         **dialect.error(error),
         "decided": decision is not None,

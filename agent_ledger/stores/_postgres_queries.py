@@ -154,6 +154,19 @@ COMMIT: Final[LiteralString] = (
     " AND (%(attempt)s::integer IS NULL OR attempt = %(attempt)s::integer)"
 )
 
+# -- release --
+# Compare-and-set processing -> ready on (id, status, attempt): the holder gives
+# the effect back before its handler started, so the claim's execution is taken
+# back (started_at cleared when none is left; SET reads the row's old values).
+# Heartbeat and lease stay. The notify trigger fires (processing -> ready is a
+# status change that is no handler outcome), so waiters claim it at once.
+RELEASE: Final[LiteralString] = (
+    "UPDATE {effects} SET status = %(ready)s, executions = executions - 1,"
+    " started_at = CASE WHEN executions = 1 THEN NULL ELSE started_at END,"
+    " updated_at = clock_timestamp() "
+    "WHERE id = %(id)s AND status = %(processing)s AND attempt = %(attempt)s"
+)
+
 # -- transition --
 # Compare-and-set by key from any allowed source status (request_approval,
 # approve, deny, cancel). The error (a decision's reason) is kept when given,

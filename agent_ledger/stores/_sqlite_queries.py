@@ -116,6 +116,18 @@ COMMIT: Final = (
 )
 KEY_OF: Final = "SELECT idem_key FROM agent_ledger_effects WHERE id = ?"
 
+# -- release --
+# Compare-and-set processing -> ready on (id, status, attempt): the holder gives
+# the effect back before its handler started, so the claim's execution is taken
+# back (started_us cleared when none is left; SET reads the row's old values).
+# Heartbeat and lease stay. KEY_OF then names the key whose waiters to wake.
+RELEASE: Final = (
+    "UPDATE agent_ledger_effects SET status = :ready, executions = executions - 1,"
+    " started_us = CASE WHEN executions = 1 THEN NULL ELSE started_us END,"
+    " updated_us = :now"
+    " WHERE id = :id AND status = :processing AND attempt = :attempt"
+)
+
 # -- transition --
 # Compare-and-set by key from any allowed source status (request_approval,
 # approve, deny, cancel); :sources is a JSON array of status values. The

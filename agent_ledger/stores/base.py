@@ -54,6 +54,11 @@ commit          no      A repeat after a landed commit matches no row and
                         another attempt. The ledger retries it itself and
                         then reads the effect (``get``): its own attempt and
                         status there mean the lost try won.
+release         no      A repeat after a landed release returns False (the
+                        effect is ``ready`` now), indistinguishable from
+                        having lost it to a takeover or a decision. The
+                        ledger never repeats it: a release that failed leaves
+                        the effect to its lease, as a crash would.
 transition      no      A repeat after a landed decision returns None, so
                         ``approve()`` would report False for an approval
                         that was recorded. Decisions are not retried.
@@ -90,6 +95,7 @@ STEP_REPEATABLE: Final[Mapping[str, bool]] = MappingProxyType(
         "claim": True,
         "heartbeat": True,
         "commit": False,
+        "release": False,
         "transition": False,
         "get": True,
         "find": True,
@@ -321,6 +327,24 @@ class Store(Protocol):
         """
         ...
 
+    async def release(self, effect_id: str, *, attempt: int) -> bool:
+        """Give an effect back unrun: compare-and-set ``processing`` at ``attempt``
+        -> ``ready``.
+
+        For a holder whose run was cancelled after its begin or claim landed
+        and before its handler started: the effect becomes claimable at once
+        (``status.RELEASE``) instead of waiting out a lease nobody holds.
+        Applies only if the effect is ``processing`` at exactly ``attempt``
+        (fencing: a stale holder never releases its taker's effect). Takes
+        one off ``executions``, since the handler never started, and clears
+        ``started_at`` when that leaves none; sets ``updated_at=now``; leaves
+        ``attempt``, ``lease_ms`` and ``heartbeat_at`` as they are. Returns
+        False, changing nothing, otherwise (unknown id included). Wakes
+        subscribers, so a waiter claims the effect at once. Never called
+        inside a caller's transaction (that one rolls back instead).
+        """
+        ...
+
     async def transition(
         self,
         idem_key: str,
@@ -331,7 +355,8 @@ class Store(Protocol):
         tx: object | None = None,
     ) -> Effect | None:
         """Compare-and-set the effect to ``target`` from any status allowed by
-        ``agent_ledger.status.sources_of(target)``.
+        ``agent_ledger.status.decision_sources(target)`` (never from
+        ``processing`` to ``ready``: that is :meth:`release`, by the holder).
 
         Used for request_approval, approve, deny and cancel. ``error``
         records the reason for ``denied``/``canceled``; ``decision``, when

@@ -21,7 +21,7 @@ from agent_ledger.clock import Clock, utc_now
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.fields import EFFECT_FIELDS
 from agent_ledger.ids import new_effect_id
-from agent_ledger.status import CLAIMABLE, EffectStatus, sources_of
+from agent_ledger.status import CLAIMABLE, EffectStatus, decision_sources
 from agent_ledger.stores._rows import stats_from_groups
 from agent_ledger.stores._subscriptions import Registration, Subscribers
 from agent_ledger.stores._transactions import (
@@ -51,6 +51,7 @@ MEMORY_SCHEMA_VERSION: Final = 2
 
 _PROCESSING = EffectStatus.PROCESSING
 _REQUIRES_APPROVAL = EffectStatus.REQUIRES_APPROVAL
+_READY = EffectStatus.READY
 
 
 # MemoryStore keeps every field of the effect under its own name, except the
@@ -289,6 +290,21 @@ class MemoryStore:
         self._gate.changed(row.idem_key, mtx)
         return True
 
+    async def release(self, effect_id: str, *, attempt: int) -> bool:
+        if self._gate.active is not None:
+            await self._enter(None)
+        row = self._row_by_id(effect_id)
+        if row is None or row.status is not _PROCESSING or row.attempt != attempt:
+            return False
+        row.status = _READY
+        # The handler never started: this claim ran nothing.
+        row.executions -= 1
+        if row.executions == 0:
+            row.started_at = None
+        row.updated_at = self._clock()
+        self._gate.changed(row.idem_key, None)
+        return True
+
     async def transition(
         self,
         idem_key: str,
@@ -301,7 +317,7 @@ class MemoryStore:
         check_transition_target(target)
         mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
         row = self._rows.get(idem_key)
-        if row is None or row.status not in sources_of(target):
+        if row is None or row.status not in decision_sources(target):
             return None
         if mtx is not None:
             mtx.remember(idem_key, row)

@@ -57,6 +57,7 @@ from agent_ledger.stores._params import (
     claim_params,
     commit_params,
     list_params,
+    release_params,
     transition_params,
 )
 from agent_ledger.stores._rows import (
@@ -224,6 +225,7 @@ class PostgresStore:
         self._claim = compose(q.CLAIM)
         self._heartbeat = compose(q.HEARTBEAT)
         self._commit = compose(q.COMMIT)
+        self._release = compose(q.RELEASE)
         self._transition = compose(q.TRANSITION)
         self._get = compose(q.GET)
         self._find = compose(q.FIND)
@@ -392,6 +394,12 @@ class PostgresStore:
             error=error,
         )
         return await self._execute("commit", self._commit, params, tx, effect_id=effect_id)
+
+    async def release(self, effect_id: str, *, attempt: int) -> bool:
+        if not is_effect_id(effect_id):
+            return False
+        params = release_params(effect_id, attempt=attempt)
+        return await self._execute("release", self._release, params, None, effect_id=effect_id)
 
     async def transition(
         self,

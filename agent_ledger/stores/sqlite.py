@@ -49,6 +49,7 @@ from agent_ledger.stores._params import (
     claim_params,
     commit_params,
     list_params,
+    release_params,
     transition_params,
 )
 from agent_ledger.stores._rows import STATUS_BY_VALUE, effect_from_row, stats_from_groups
@@ -439,6 +440,24 @@ class SqliteStore:
         if idem_key is None:
             return False
         self._gate.changed(idem_key, stx)
+        return True
+
+    async def release(self, effect_id: str, *, attempt: int) -> bool:
+        await self._enter(None)
+        if not is_effect_id(effect_id):
+            return False
+
+        def work(conn: sqlite3.Connection, now: int) -> str | None:
+            params = release_params(effect_id, attempt=attempt)
+            params["now"] = now
+            if conn.execute(q.RELEASE, params).rowcount != 1:
+                return None
+            return str(conn.execute(q.KEY_OF, (effect_id,)).fetchone()[0])
+
+        idem_key = await self._run("release", work, None, write=True, effect_id=effect_id)
+        if idem_key is None:
+            return False
+        self._gate.changed(idem_key, None)
         return True
 
     async def transition(

@@ -1,5 +1,5 @@
 """Model-based test: random begin (plain or approval-gated)/claim/commit/heartbeat/
-approve/deny/cancel/request-approval/clock
+release/approve/deny/cancel/request-approval/clock
 sequences from several logical workers, checked against a hand-written model
 after every step, on every store.
 
@@ -199,6 +199,18 @@ class LedgerMachine(RuleBasedStateMachine):
             assert alive == (m.status is S.PROCESSING and m.attempt == held.attempt)
             if alive:
                 m.age_ms = 0.0
+
+    @rule(worker=st.sampled_from(WORKERS), key=st.sampled_from(KEYS))
+    def release(self, worker: int, key: int) -> None:
+        token = self.model.tokens[worker].get(key)
+        if token is None:
+            return
+        released = self.run(self.harness.store.release(token[0], attempt=token[1]))
+        m = self.model.effects[key]
+        assert released == (m.status is S.PROCESSING and m.attempt == token[1]), "fenced"
+        if released:
+            # Given back unrun: its claim's execution is taken back; the heartbeat stays.
+            m.status, m.executions = S.READY, m.executions - 1
 
     @rule(
         key=st.sampled_from(KEYS), action=st.sampled_from(["request", "approve", "deny", "cancel"])

@@ -57,6 +57,11 @@ async def attempt(
         return await ledger.commit(effect_id, CommitFailed(error=EffectError("y")))
     if target is S.REQUIRES_APPROVAL:
         return await ledger.request_approval(key)
+    current = await ledger.find_by_idem_key(key)
+    assert current is not None
+    if target is S.READY and current.status is S.PROCESSING:
+        # Only its holder gives a processing effect back (a release, fenced).
+        return await harness.store.release(effect_id, attempt=current.attempt)
     if target is S.READY:
         return await ledger.approve(key)
     if target is S.DENIED:
@@ -65,8 +70,6 @@ async def attempt(
         return await ledger.cancel(key)
     # processing: only a claim gets there: ready -> processing (an approved run), or
     # processing -> processing (a takeover, once the holder's heartbeat is stale).
-    current = await ledger.find_by_idem_key(key)
-    assert current is not None
     if current.status is S.PROCESSING:
         await harness.age(60_000)
     return (await harness.store.claim(key, stale_after_ms=1_000)).claimed
@@ -128,6 +131,17 @@ async def test_approve_denied_and_deny_approved_return_false(harness: StoreHarne
     other = await make_pending(ledger, ToolCall(workflow_id="wf2", tool="deploy"))
     assert await ledger.approve(other.idem_key)
     assert not await ledger.deny(other.idem_key)
+
+
+async def test_approving_a_processing_effect_is_refused(harness: StoreHarness) -> None:
+    """processing -> ready is a release by its holder, never an approval: approve()
+    returns False and changes nothing, while the holder may be running its handler."""
+    ledger = harness.ledger()
+    key, _ = await put_in(ledger, S.PROCESSING)
+    before = await ledger.find_by_idem_key(key)
+    assert not await ledger.approve(key, by="someone")
+    assert await harness.store.transition(key, target=S.READY) is None
+    assert await ledger.find_by_idem_key(key) == before
 
 
 async def test_admin_calls_on_unknown_keys_return_false(harness: StoreHarness) -> None:

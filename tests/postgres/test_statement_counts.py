@@ -20,12 +20,13 @@ from agent_ledger import (
     CommitSucceeded,
     Effect,
     EffectLedger,
+    EffectStatus,
     RunOptions,
     StaleOptions,
     ToolCall,
 )
 from agent_ledger.stores.postgres import PostgresStore
-from agent_ledger.testing import StatementCounter, build_ledger
+from agent_ledger.testing import FaultyStore, StatementCounter, build_ledger
 from tests.approvals import make_pending
 
 
@@ -164,3 +165,27 @@ async def test_begin_inside_a_transaction_adds_two_round_trips_to_bound_lock_wai
         replay = await count(wire, lambda: ledger.run(CALL, lambda e: 0, tx=tx))
         fresh = await count(wire, lambda: ledger.begin(other, tx=tx))
     assert (len(replay), len(fresh)) == (3, 3), (replay, fresh)
+
+
+async def test_a_run_cancelled_mid_begin_sends_begin_then_release(
+    traced: tuple[EffectLedger, StatementCounter, PostgresStore],
+) -> None:
+    """Giving the effect back costs one statement, and only on that path: the
+    begin (awaited to its end) and the release, nothing else."""
+    ledger, wire, _ = traced
+    await ledger.stats()  # the first call reads the schema version
+    store = FaultyStore(ledger.store)
+    store.slow("begin", seconds=0.1)
+    slowed = build_ledger(store, defaults=RunOptions(stale=StaleOptions(after_ms=0)))
+    await slowed.stats()
+    wire.mark()
+    run = asyncio.create_task(slowed.run(CALL, lambda e: 0))
+    while store.calls["begin"] == 0:
+        await asyncio.sleep(0.001)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    sent = wire.statements()
+    assert len(sent) == 2, sent
+    effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
+    assert effect is not None and effect.status is EffectStatus.READY

@@ -99,13 +99,16 @@ class CancelAt:
 
 def ledger_frame(coro: Coroutine[Any, Any, Any]) -> str:
     """Where ``coro`` is suspended: the engine function and the store step it is in
-    (``_wait > postgres.claim``), or ``handler``."""
+    (``_wait > postgres.claim``; ``acquire > begin (own task)`` for a step the engine
+    runs in a task of its own), or ``handler``."""
     engine, store = "", ""
     awaited: Any = coro
     while awaited is not None:
         frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
         module = frame.f_globals.get("__name__", "") if frame is not None else ""
-        if module.startswith("agent_ledger.engine") and not store:
+        if module == "agent_ledger.engine.ownership" and not store:
+            store = f"{frame.f_locals.get('name', '?')} (own task)"  # type: ignore[union-attr]
+        elif module.startswith("agent_ledger.engine") and not store:
             engine = frame.f_code.co_name  # type: ignore[union-attr]
         elif module.startswith("agent_ledger.stores.") and not store:
             step = frame.f_code.co_name  # type: ignore[union-attr]

@@ -11,9 +11,11 @@ from agent_ledger.status import (
     CLAIMABLE,
     COMPLETIONS,
     DECISION_TARGETS,
+    RELEASE,
     TERMINAL,
     TRANSITIONS,
     can_transition,
+    decision_sources,
     sources_of,
 )
 
@@ -23,6 +25,7 @@ ALLOWED = {
     (S.PROCESSING, S.SUCCEEDED),
     (S.PROCESSING, S.FAILED),
     (S.PROCESSING, S.CANCELED),
+    (S.PROCESSING, S.READY),  # a release: given back by a run cancelled before its handler
     (S.REQUIRES_APPROVAL, S.READY),
     (S.REQUIRES_APPROVAL, S.DENIED),
     (S.REQUIRES_APPROVAL, S.CANCELED),
@@ -68,3 +71,15 @@ def test_decisions_never_target_processing() -> None:
     """Only a claim (attempt + 1) reaches processing; only a commit records an outcome."""
     assert S.PROCESSING not in DECISION_TARGETS
     assert {S.REQUIRES_APPROVAL, S.READY, S.DENIED, S.CANCELED} == DECISION_TARGETS
+
+
+def test_the_release_is_the_one_edge_from_processing_to_ready() -> None:
+    assert RELEASE == (S.PROCESSING, S.READY)
+    assert can_transition(*RELEASE)
+
+
+@pytest.mark.parametrize("target", list(S))
+def test_decisions_never_take_the_release_edge(target: S) -> None:
+    """approve() moves requires_approval to ready, never a processing effect."""
+    expected = {S.REQUIRES_APPROVAL} if target is S.READY else sources_of(target)
+    assert decision_sources(target) == expected

@@ -15,6 +15,7 @@ from agent_ledger.stores._params import (
     LIST_FILTER_NAMES,
     claim_params,
     list_params,
+    release_params,
     transition_params,
 )
 from agent_ledger.stores.base import Decision, EffectQuery
@@ -92,3 +93,21 @@ def test_claims_take_their_sources_from_claimable() -> None:
     assert _names(lite.CLAIM, "lite") == set(
         claim_params(LITE, "k", stale_after_ms=5, lease_ms=None)
     ) | {"now"}
+
+
+def test_release_params_cover_each_dialects_statement() -> None:
+    params = release_params("0b0e4f5e-1111-4222-8333-444455556666", attempt=2)
+    assert (params["processing"], params["ready"]) == ("processing", "ready")
+    assert _names(pg.RELEASE, "pg") == set(params)
+    assert _names(lite.RELEASE, "lite") == set(params) | {"now"}
+
+
+def test_approvals_take_only_requires_approval_to_ready() -> None:
+    """The transition's sources for ready leave out processing: that edge is a release."""
+    for dialect in (PG, LITE):
+        params = transition_params(
+            dialect, "k", target=EffectStatus.READY, error=None, decision=None
+        )
+        sources = params["sources"]
+        values = sources if isinstance(sources, list) else orjson.loads(str(sources))
+        assert values == [EffectStatus.REQUIRES_APPROVAL.value]

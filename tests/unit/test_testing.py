@@ -53,6 +53,7 @@ def step_calls(store: Store, effect_id: str) -> dict[str, Callable[[], Awaitable
         "commit": lambda: store.commit(
             effect_id, attempt=1, status=EffectStatus.SUCCEEDED, result_json="1", error=None
         ),
+        "release": lambda: store.release(effect_id, attempt=1),
         "transition": lambda: store.transition(KEY, target=EffectStatus.REQUIRES_APPROVAL),
         "get": lambda: store.get(effect_id),
         "find": lambda: store.find(KEY),

@@ -1,0 +1,147 @@
+"""The steps that make a run an effect's owner, carried to their end when it is cancelled.
+
+A run owns an effect once its ``begin`` inserted it as ``processing`` or a
+``claim`` took it. A cancellation that lands while such a step waits for its
+reply does not stop the step: SQLite's thread finishes the job it started,
+and PostgreSQL may have run the statement before psycopg's cancel request
+arrives. The effect would then sit in ``processing`` with no owner until its
+lease ran out, and be taken over (counted as an execution, though no handler
+ran).
+
+So, outside a caller's transaction, :func:`own` runs the step in a task of its
+own: a cancellation of the caller stops only the caller's wait, and the
+caller keeps waiting (through further cancellations) until the step ends.
+If the step made the caller the owner, the effect is given back
+(``Store.release``: ``ready`` again, claimable at once), then the
+cancellation propagates. Inside a caller's transaction none of this is
+needed: the cancellation rolls the transaction back, with the step.
+
+Cost, measured per ``begin`` against a direct await: about 11 µs on Python
+3.11 with MemoryStore (a task and two turns of the event loop), 1 µs on
+3.12+, where the task starts eagerly and a step that never waits finishes
+without a task switch. On SQLite and PostgreSQL (a ``run()`` costs about
+1 ms) the difference was lost in the noise: paired medians of 0 to 50 µs.
+There is no cheaper exact way: awaiting the step directly and then reading
+the effect back cannot tell our insert or claim from another caller's, and
+psycopg gives up waiting for a cancelled statement after 5 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from agent_ledger.effects import Effect
+from agent_ledger.observability import effect_fields, log_effect, logger
+from agent_ledger.stores.base import Store
+
+__all__ = ["own"]
+
+T = TypeVar("T")
+
+if sys.version_info >= (3, 12):
+
+    def _start(step: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        # Eager: the step runs at once, up to its first real wait. (The loop
+        # must be passed: 3.12.1's eager start fails without it.)
+        return asyncio.Task(step, loop=asyncio.get_running_loop(), eager_start=True)
+
+else:
+
+    def _start(step: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        return asyncio.get_running_loop().create_task(step)
+
+
+async def own(
+    store: Store,
+    step: Coroutine[Any, Any, T],
+    owned: Callable[[T], Effect | None],
+    *,
+    name: str,
+) -> T:
+    """Await ``step`` (a begin or claim outside any caller's transaction) and return
+    its outcome; ``owned(outcome)`` names the effect it made ours, if any.
+
+    If this task is cancelled meanwhile, wait for the step to end, release the
+    effect it made ours, and raise the cancellation. ``name`` is the step's
+    name, for the log.
+    """
+    task = _start(step)
+    if not task.done():
+        # Not `await task` (our cancellation would cancel the step too) and
+        # not asyncio.shield (one more future and loop turn): a future of our
+        # own that the task's end resolves.
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        task.add_done_callback(functools.partial(_wake, waiter))
+        try:
+            await waiter
+        except asyncio.CancelledError as exc:
+            await _give_back(store, task, owned, name, exc)
+    return task.result()
+
+
+def _wake(waiter: asyncio.Future[None], _: object) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+async def _give_back(
+    store: Store,
+    task: asyncio.Task[T],
+    owned: Callable[[T], Effect | None],
+    name: str,
+    interrupted: asyncio.CancelledError,
+) -> None:
+    """Wait for the interrupted ``task``, release what it made ours, raise ``interrupted``."""
+    if not await _until_done(task):
+        raise interrupted
+    error = task.exception()
+    if error is not None:
+        # The step failed: it made nobody the owner (or, after a lost reply,
+        # nobody can tell; the lease then decides, as after any store error).
+        logger.warning("%s failed while the run was being cancelled", name, exc_info=error)
+        raise interrupted
+    effect = owned(task.result())
+    if effect is None:
+        raise interrupted
+    release = _start(store.release(effect.id, attempt=effect.attempt))
+    if not await _until_done(release):
+        raise interrupted
+    error = release.exception()
+    if error is not None:
+        logger.error(
+            "could not give back an effect whose run was cancelled before its handler "
+            "started; it stays processing until its lease runs out, then is taken over",
+            exc_info=error,
+            extra=effect_fields(effect),
+        )
+    elif release.result():
+        log_effect(
+            logging.INFO, "effect given back: the run was cancelled before its handler", effect
+        )
+    else:
+        # Someone moved it meanwhile (a person cancelled it): nothing to give back.
+        log_effect(logging.INFO, "effect not given back: it changed meanwhile", effect)
+    raise interrupted
+
+
+async def _until_done(task: asyncio.Task[Any]) -> bool:
+    """Wait for ``task`` to end, through any number of cancellations of the caller.
+
+    False if the task itself was cancelled: the event loop is closing, and
+    there is nothing left to wait for.
+    """
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                return False
+        except Exception:
+            pass  # the task's own error: the caller reads it from the task
+    return not task.cancelled()
