@@ -26,6 +26,7 @@ import asyncio
 import functools
 import os
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
@@ -119,6 +120,25 @@ def _apply_schema(conn: sqlite3.Connection) -> None:
         except BaseException:
             conn.execute(q.TX_ROLLBACK)
             raise
+
+
+def _enter_wal(conn: sqlite3.Connection, busy_timeout_ms: int) -> None:
+    """Switch the file to WAL, waiting up to the busy timeout for other openers.
+
+    The switch needs the file to itself, and SQLite does not always apply the
+    busy timeout to it: processes opening a new (or pre-WAL) file together
+    got "database is locked". Once one of them has switched, the rest find
+    WAL already on.
+    """
+    deadline = time.monotonic() + busy_timeout_ms / 1000
+    while True:
+        try:
+            conn.execute(q.JOURNAL_MODE)
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _version(conn: sqlite3.Connection) -> int:
@@ -239,7 +259,7 @@ class SqliteStore:
             )
             try:
                 conn.execute(q.BUSY_TIMEOUT.format(ms=int(busy_timeout_ms)))
-                conn.execute(q.JOURNAL_MODE)
+                _enter_wal(conn, busy_timeout_ms)
                 conn.execute(q.SYNCHRONOUS.format(level=synchronous))
                 if create:
                     _apply_schema(conn)
