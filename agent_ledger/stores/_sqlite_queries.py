@@ -48,6 +48,11 @@ SCHEMA_VERSION: Final = "SELECT max(version) FROM agent_ledger_schema_version"
 TX_BEGIN: Final = "BEGIN IMMEDIATE"
 TX_COMMIT: Final = "COMMIT"
 TX_ROLLBACK: Final = "ROLLBACK"
+# A caller's transaction() marks where its block starts, so that a block that
+# does not commit can be undone while the write lock is still held (the
+# leases of others are paused before the lock goes: see _transactions.py).
+TX_BLOCK: Final = "SAVEPOINT agent_ledger_block"
+TX_UNDO_BLOCK: Final = "ROLLBACK TO SAVEPOINT agent_ledger_block"
 # When a transaction that held the write lock for held_us ends: nobody could
 # heartbeat meanwhile, so the effects held since before it keep the lease they
 # had when it began (see stores/_transactions.py). Uses the open index.

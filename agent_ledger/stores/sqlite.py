@@ -606,9 +606,18 @@ class SqliteStore:
         """
 
         def job() -> None:
-            _roll_back(self._conn)
-            if tx.opened_us is not None:  # the BEGIN ran: it held the lock until now
-                _pause_leases(self._conn, tx.opened_us, _to_us(self._clock()))
+            conn = self._conn
+            if tx.opened_us is not None and conn.in_transaction:
+                # Undo the block but keep the write lock until the leases are
+                # paused: no other process can claim in between.
+                try:
+                    conn.execute(q.TX_UNDO_BLOCK)
+                    _pause_leases(conn, tx.opened_us, _to_us(self._clock()))
+                    conn.execute(q.TX_COMMIT)
+                    return
+                except sqlite3.Error:
+                    logger.warning("undoing a transaction's block failed; rolling back whole")
+            _roll_back(conn)
 
         done = self._executor.submit(job)
         done.add_done_callback(_log_failed_rollback)
@@ -636,6 +645,7 @@ def _roll_back(conn: sqlite3.Connection) -> None:
 def _begin_transaction(tx: SqliteTransaction) -> Callable[[sqlite3.Connection, int], None]:
     def work(conn: sqlite3.Connection, now: int) -> None:
         conn.execute(q.TX_BEGIN)
+        conn.execute(q.TX_BLOCK)
         tx.opened_us = now
 
     return work
