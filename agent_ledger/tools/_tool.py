@@ -140,6 +140,9 @@ class Tool(Generic[R_co]):
         if self.validate_keys != "all":
             self._check_names(self.validate_keys, "validate_keys")
 
+        self._make_handler = _handler_factory(
+            fn, self.is_async, self._takes_effect, self._positional[: self._positional_only]
+        )
         self._run_options, self._hooks = _policy(ledger, name, requires_approval, run_options)
         if workflow_id is not None:
             # Checked like any workflow id, once, here.
@@ -169,6 +172,9 @@ class Tool(Generic[R_co]):
         Raises ``EffectLedgerValidationError`` for too many, unknown,
         repeated or missing arguments, as Python would (with a TypeError).
         """
+        return self._bind(args, kwargs)
+
+    def _bind(self, args: tuple[object, ...], kwargs: dict[str, object]) -> dict[str, object]:
         positional = self._positional
         if len(args) > len(positional):
             raise self._bad_call(
@@ -193,7 +199,7 @@ class Tool(Generic[R_co]):
 
         Binds the arguments and reads the current workflow; raises like a call.
         """
-        return self._tool_call(self.bind(*args, **kwargs))
+        return self._tool_call(self._bind(args, kwargs))
 
     def _tool_call(self, values: dict[str, object]) -> ToolCall:
         workflow_id = self.workflow_id or _CURRENT.get()
@@ -213,19 +219,12 @@ class Tool(Generic[R_co]):
         )
 
     async def __call__(self, *args: object, **kwargs: object) -> R_co:
-        values = self.bind(*args, **kwargs)
+        values = self._bind(args, kwargs)
         call = self._tool_call(values)
-        fn = self.fn
-        if self._positional_only:
-            # The ToolCall keeps `values` whole (it is the key); the function
-            # takes its positional-only parameters by position.
-            first = self._positional[: self._positional_only]
-            leading = [values[n] for n in first]
-            values = {k: v for k, v in values.items() if k not in first}
-        else:
-            leading = []
-        handler = _handler(fn, self.is_async, self._takes_effect, leading, values)
-        result = await self.ledger.run(call, handler, self._run_options, hooks=self._hooks)
+        result = await self.ledger.run(
+            call, self._make_handler(values), self._run_options, hooks=self._hooks
+        )
+        # The function's R on a fresh run; on a replay its JSON (a tuple as a list).
         return cast(R_co, result)
 
     def _bad_call(self, problem: str) -> EffectLedgerValidationError:
@@ -248,34 +247,53 @@ class Tool(Generic[R_co]):
         return f"<Tool {self.name!r} {self.signature}>"
 
 
-def _handler(
-    fn: Callable[..., Any],
-    is_async: bool,
-    takes_effect: bool,
-    leading: list[object],
-    values: dict[str, object],
-) -> Callable[[Effect], object]:
-    """The ``run()`` handler for one call; ``effect`` goes beside the args, never among them.
+def _handler_factory(
+    fn: Callable[..., Any], is_async: bool, takes_effect: bool, positional_only: tuple[str, ...]
+) -> Callable[[dict[str, object]], Callable[[Effect], object]]:
+    """How a call's bound args become its ``run()`` handler, decided once per tool.
 
-    An async function gets an ``async def`` handler, so ``run()`` awaits it
-    on the loop; a plain one a plain handler, which ``run()`` calls in a
-    worker thread (``sync_handlers="thread"``, the default).
+    ``effect`` goes beside the args, never among them. An async function
+    gets an ``async def`` handler, which ``run()`` awaits on the loop; a plain
+    one a plain handler, which ``run()`` calls in a worker thread
+    (``sync_handlers="thread"``, the default).
     """
-    if is_async:
-        if takes_effect:
+    if positional_only:
+        # Rare: split the positional-only args off per call. The ToolCall
+        # keeps the bound args whole, since they are its key.
+        def split(values: dict[str, object]) -> Callable[[Effect], object]:
+            leading = [values[n] for n in positional_only]
+            rest = {k: v for k, v in values.items() if k not in positional_only}
+            bound = functools.partial(fn, *leading)
+            return _handler_factory(bound, is_async, takes_effect, ())(rest)
 
+        return split
+    if is_async and takes_effect:
+
+        def make(values: dict[str, object]) -> Callable[[Effect], object]:
             async def handler(effect: Effect) -> object:
-                return await fn(*leading, **values, effect=effect)
+                return await fn(**values, effect=effect)
 
             return handler
 
-        async def handler_(effect: Effect) -> object:
-            return await fn(*leading, **values)
+    elif is_async:
 
-        return handler_
-    if takes_effect:
-        return lambda effect: fn(*leading, **values, effect=effect)
-    return lambda effect: fn(*leading, **values)
+        def make(values: dict[str, object]) -> Callable[[Effect], object]:
+            async def handler(effect: Effect) -> object:
+                return await fn(**values)
+
+            return handler
+
+    elif takes_effect:
+
+        def make(values: dict[str, object]) -> Callable[[Effect], object]:
+            return lambda effect: fn(**values, effect=effect)
+
+    else:
+
+        def make(values: dict[str, object]) -> Callable[[Effect], object]:
+            return lambda effect: fn(**values)
+
+    return make
 
 
 def _policy(
