@@ -24,6 +24,7 @@ from agent_ledger.errors import (
     EffectLedgerError,
     EffectLedgerInvariantError,
     EffectLedgerValidationError,
+    EffectPayloadMismatchError,
     EffectStoreError,
     EffectTimeoutError,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "EffectLedgerOptions",
     "EffectLedgerValidationError",
     "EffectPage",
+    "EffectPayloadMismatchError",
     "EffectStatus",
     "EffectStoreError",
     "EffectTimeoutError",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from agent_ledger.effects import JSONValue
 from agent_ledger.errors import EffectLedgerValidationError
@@ -55,6 +56,12 @@ class ToolCall:
     idempotency key. ``idempotency_keys`` names the args that identify the
     call when the rest may vary between retries (a timestamp, a generated
     message); see ``agent_ledger.keys`` for the exact rule.
+
+    ``validate_keys`` names args (or ``"all"``) that a later call with the
+    same key must repeat exactly: when an effect with this key already exists
+    and its stored args differ in one of them, ``run()`` and ``begin()``
+    raise ``EffectPayloadMismatchError`` at once (no waiting, no handler).
+    Not part of the key.
     """
 
     workflow_id: str
@@ -63,6 +70,7 @@ class ToolCall:
     call_id: str | None = None
     resource: ResourceDescriptor | None = None
     idempotency_keys: Sequence[str] | None = None
+    validate_keys: Sequence[str] | Literal["all"] | None = None
 
     def __post_init__(self) -> None:
         _require_text(self.workflow_id, "workflow_id")
@@ -82,36 +90,36 @@ class ToolCall:
                 field="resource",
             )
         if self.idempotency_keys is not None:
-            self._check_idempotency_keys(self.idempotency_keys)
+            self._check_arg_names(self.idempotency_keys, "idempotency_keys")
             # Freeze it: a list could be changed after the key was computed.
             object.__setattr__(self, "idempotency_keys", tuple(self.idempotency_keys))
+        if self.validate_keys is not None and self.validate_keys != "all":
+            self._check_arg_names(self.validate_keys, "validate_keys")
+            object.__setattr__(self, "validate_keys", tuple(self.validate_keys))
 
-    def _check_idempotency_keys(self, names: Sequence[str]) -> None:
+    def _check_arg_names(self, names: Sequence[str], what: str) -> None:
         if isinstance(names, str) or not isinstance(names, Sequence):
+            extra = ' or "all"' if what == "validate_keys" else ""
             raise EffectLedgerValidationError(
-                f"idempotency_keys must be a list of arg names, got {type(names).__name__}",
-                field="idempotency_keys",
+                f"{what} must be a list of arg names{extra}, got {names!r}", field=what
             )
         if not names:
             raise EffectLedgerValidationError(
-                "idempotency_keys must not be empty (use None to key on all args)",
-                field="idempotency_keys",
+                f"{what} must not be empty (use None for the default)", field=what
             )
         for name in names:
             if not isinstance(name, str):
                 raise EffectLedgerValidationError(
-                    f"idempotency_keys entries must be strings, got {name!r}",
-                    field="idempotency_keys",
+                    f"{what} entries must be strings, got {name!r}", field=what
                 )
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise EffectLedgerValidationError(
-                f"idempotency_keys lists {duplicates} more than once", field="idempotency_keys"
+                f"{what} lists {duplicates} more than once", field=what
             )
         missing = [n for n in names if n not in self.args]
         if missing:
             raise EffectLedgerValidationError(
-                f"idempotency_keys names {missing}, not present in args "
-                f"(args has {sorted(self.args)})",
-                field="idempotency_keys",
+                f"{what} names {missing}, not present in args (args has {sorted(self.args)})",
+                field=what,
             )

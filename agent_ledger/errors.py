@@ -7,6 +7,7 @@
     ├── EffectDeniedError            the effect was denied or canceled
     ├── EffectTimeoutError           waiting for another caller took too long
     ├── EffectInFlightError          inside a transaction, someone else holds the effect
+    ├── EffectPayloadMismatchError   same key, different values of validated args
     ├── EffectLedgerValidationError  bad input; nothing was stored
     ├── EffectStoreError             the backend failed (wraps the driver error)
     └── EffectLedgerInvariantError   a store broke its contract (a bug)
@@ -30,6 +31,7 @@ __all__ = [
     "EffectLedgerError",
     "EffectLedgerInvariantError",
     "EffectLedgerValidationError",
+    "EffectPayloadMismatchError",
     "EffectStoreError",
     "EffectTimeoutError",
 ]
@@ -132,6 +134,28 @@ class EffectInFlightError(EffectLedgerError):
         )
 
 
+class EffectPayloadMismatchError(EffectLedgerError):
+    """Raised when a call reuses an effect's key with different validated args.
+
+    The call named ``validate_keys`` (``ToolCall.validate_keys``, or a tool's
+    ``validate_keys=``), and the effect already stored under its key was
+    made with other values of ``fields``. Raised as soon as the existing
+    effect is found: the handler does not run, nobody waits, and the stored
+    effect keeps its status, args and outcome (its ``dedup_count`` does
+    count the refused call, as for any call that found it). ``effect`` is
+    the stored effect, as found; ``effect.args`` has its values.
+    """
+
+    def __init__(self, effect: Effect, fields: tuple[str, ...]) -> None:
+        self.effect = effect
+        self.fields = fields
+        super().__init__(
+            f"effect {effect.idem_key[:12]}… ({effect.tool}, {effect.status.value}) was "
+            f"made with different values of {list(fields)}; a call with the same key must "
+            "repeat them. Nothing was run or changed. Use a new key for a different request."
+        )
+
+
 class EffectLedgerValidationError(EffectLedgerError, ValueError):
     """Raised for bad input: a malformed call, non-JSON args or result, bad options.
 
@@ -192,6 +216,7 @@ for _cls in (
     EffectDeniedError,
     EffectTimeoutError,
     EffectInFlightError,
+    EffectPayloadMismatchError,
     EffectLedgerValidationError,
     EffectStoreError,
     EffectLedgerInvariantError,

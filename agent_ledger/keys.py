@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Final, NamedTuple
+from collections.abc import Sequence
+from typing import Final, Literal, NamedTuple
 
 import orjson
 
@@ -205,3 +206,34 @@ def _encode_text(text: str, field: str) -> bytes:
 def idempotency_key(call: ToolCall) -> str:
     """The idempotency key of ``call`` (also ``EffectLedger.idem_key``)."""
     return canonicalize(call).idem_key
+
+
+_ABSENT: Final = object()
+
+
+def mismatched_args(
+    stored_args: str, call_args: str, validate_keys: Sequence[str] | Literal["all"]
+) -> tuple[str, ...]:
+    """The validated args whose values differ between two canonical args texts.
+
+    Values are compared as JSON, the way keys compare them (``1`` and ``1.0``
+    differ, dict order does not matter); an arg present on one side only
+    differs. ``"all"`` validates every arg. Sorted names; empty when they agree.
+    """
+    if stored_args == call_args:
+        # Canonical texts: equal text, equal args (the common replay).
+        return ()
+    before: dict[str, object] = orjson.loads(stored_args)
+    after: dict[str, object] = orjson.loads(call_args)
+    names = sorted(before.keys() | after.keys()) if validate_keys == "all" else validate_keys
+    return tuple(
+        sorted(
+            name
+            for name in names
+            if _as_json(before.get(name, _ABSENT)) != _as_json(after.get(name, _ABSENT))
+        )
+    )
+
+
+def _as_json(value: object) -> bytes | None:
+    return None if value is _ABSENT else orjson.dumps(value, option=orjson.OPT_SORT_KEYS)

@@ -8,9 +8,10 @@ effects; :mod:`agent_ledger.decisions` records people's decisions;
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TypeVar, overload
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from agent_ledger.audit import Audit, EffectPage
 from agent_ledger.calls import ToolCall
@@ -22,6 +23,9 @@ from agent_ledger.observability import span
 from agent_ledger.options import EffectLedgerOptions, LedgerHooks, RunOptions
 from agent_ledger.status import TERMINAL, EffectStatus
 from agent_ledger.stores.base import Held, LedgerStats, Store
+
+if TYPE_CHECKING:
+    from agent_ledger.tools import Tool, ToolDecorator, WorkflowScope
 
 __all__ = ["EffectLedger"]
 
@@ -45,10 +49,70 @@ class EffectLedger:
         self._engine = Engine(options)
         self._decisions = Decisions(self._store, self._engine.schema)
         self._audit = Audit(self._store, self._engine.schema)
+        self._tools: dict[str, Tool[Any]] = {}
+        self._tools_view = MappingProxyType(self._tools)
 
     @property
     def store(self) -> Store:
         return self._store
+
+    @property
+    def hooks(self) -> LedgerHooks:
+        """The hooks every ``run()`` uses unless given its own (``EffectLedgerOptions.hooks``)."""
+        return self._engine.hooks
+
+    # -- tools -------------------------------------------------------------------------
+    # Doors into agent_ledger.tools, the layer above this one (imported when
+    # used; pyproject's import contract allows exactly this edge).
+
+    def tool(
+        self,
+        name: str | None = None,
+        *,
+        idempotency_keys: Sequence[str] | None = None,
+        validate_keys: Sequence[str] | Literal["all"] | None = None,
+        requires_approval: bool | Callable[[ToolCall], bool] | None = None,
+        workflow_id: str | None = None,
+        run_options: RunOptions | None = None,
+    ) -> ToolDecorator:
+        """Register a function as a tool: ``@ledger.tool("payments.charge", ...)``.
+
+        Each ``await tool(...)`` runs the function through ``run()`` once per
+        (workflow, tool name, key args); see ``docs/tools.md``. ``name``
+        defaults to ``module.qualname`` of the function; a name already
+        registered on this ledger raises. ``idempotency_keys`` and
+        ``validate_keys`` name parameters (as in ``ToolCall``);
+        ``requires_approval`` is a bool (``RunOptions.requires_approval``) or
+        a function of the ``ToolCall`` asked beside the ledger's policy hook;
+        ``workflow_id`` pins the tool to one workflow, else the call's
+        ``ledger.workflow(...)`` scope decides.
+        """
+        from agent_ledger.tools import define
+
+        return define(
+            self,
+            self._tools,
+            name,
+            idempotency_keys=idempotency_keys,
+            validate_keys=validate_keys,
+            requires_approval=requires_approval,
+            workflow_id=workflow_id,
+            run_options=run_options,
+        )
+
+    @property
+    def tools(self) -> Mapping[str, Tool[Any]]:
+        """The tools registered on this ledger, by name (read-only)."""
+        return self._tools_view
+
+    def workflow(self, workflow_id: str) -> WorkflowScope:
+        """A ``with`` / ``async with`` scope: tool calls inside belong to ``workflow_id``.
+
+        Scopes nest (the innermost wins) and reach tasks started inside them.
+        """
+        from agent_ledger.tools import WorkflowScope
+
+        return WorkflowScope(workflow_id)
 
     # -- running effects ---------------------------------------------------------
 

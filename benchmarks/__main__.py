@@ -130,6 +130,14 @@ async def bench_memory(sizes: sc.Sizes) -> Report:
         target="<= 15 us",
         met=overhead.median <= 15,
     )
+    tool = await sc.tool_overhead_us(sizes)
+    for kind in ("fresh", "replay"):
+        report.add(
+            f"@ledger.tool overhead over run(), {kind}",
+            tool[kind],
+            target="<= 3 us",
+            met=tool[kind].median <= 3,
+        )
     contention = await sc.contended(build_ledger(MemoryStore()), sizes)
     report.add(
         "contended: executions of 50 callers",

@@ -298,6 +298,64 @@ async def memory_overhead_us(sizes: Sizes) -> Figure:
     return figure(values, "us")
 
 
+# -- 9: the @ledger.tool wrapper over a hand-written run() (MemoryStore) ------------------------
+
+
+async def tool_overhead_us(sizes: Sizes) -> dict[str, Figure]:
+    """Per-call cost of a decorated tool over ``ledger.run()``, fresh and replayed.
+
+    The run() side builds its ``ToolCall`` per call, as a caller of run()
+    must; each side has its own MemoryStore. The difference is a few percent
+    of a call, under a shared machine's drift, so the two sides alternate in
+    short rounds (which goes first alternates too) and each repetition
+    keeps the median of its rounds' differences.
+    """
+    results: dict[str, list[float]] = {"fresh": [], "replay": []}
+    rounds, chunk = 20, max(sizes.calls // 4, 50)
+
+    async def measure(rep: int) -> float:
+        workflow_id = f"bench-{uuid.uuid4().hex[:8]}"
+        by_run, by_tool = build_ledger(MemoryStore()), build_ledger(MemoryStore())
+
+        @by_tool.tool("bench.tool")
+        async def tool(i: int, to: str) -> dict[str, bool]:
+            return {"ok": True}
+
+        async def runs(first: int) -> float:
+            started = time.perf_counter()
+            for i in range(first, first + chunk):
+                call = ToolCall(
+                    workflow_id=workflow_id, tool="bench.tool", args={"i": i, "to": "a@b.c"}
+                )
+                await by_run.run(call, handler)
+            return time.perf_counter() - started
+
+        async def tools(first: int) -> float:
+            started = time.perf_counter()
+            async with by_tool.workflow(workflow_id):
+                for i in range(first, first + chunk):
+                    await tool(i, to="a@b.c")
+            return time.perf_counter() - started
+
+        gc.collect()
+        differences: dict[str, list[float]] = {"fresh": [], "replay": []}
+        for r in range(rounds):
+            for kind in ("fresh", "replay"):
+                first = r * chunk  # a replay repeats the round's fresh calls
+                if r % 2:
+                    tool_s, run_s = await tools(first), await runs(first)
+                else:
+                    run_s, tool_s = await runs(first), await tools(first)
+                differences[kind].append((tool_s - run_s) / chunk * 1e6)
+        if rep >= 0:
+            for kind, values in differences.items():
+                results[kind].append(percentile(values, 0.5))
+        return 0.0
+
+    await repeat(sizes.repetitions, measure)
+    return {kind: figure(values, "us") for kind, values in results.items()}
+
+
 def ratio(ledger: Figure, floor: Figure) -> float:
     return ledger.median / floor.median
 
@@ -315,4 +373,5 @@ __all__ = [
     "ratio",
     "scaling",
     "throughput",
+    "tool_overhead_us",
 ]

@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Callable
-from typing import Final, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Final, Literal, NamedTuple
 
 import orjson
 
@@ -39,10 +39,16 @@ from agent_ledger.errors import (
     EffectInFlightError,
     EffectLedgerInvariantError,
     EffectLedgerValidationError,
+    EffectPayloadMismatchError,
     EffectStoreError,
     require_str,
 )
-from agent_ledger.keys import DEFAULT_MAX_ARGS_SIZE_BYTES, canonical_json, canonicalize
+from agent_ledger.keys import (
+    DEFAULT_MAX_ARGS_SIZE_BYTES,
+    canonical_json,
+    canonicalize,
+    mismatched_args,
+)
 from agent_ledger.observability import effect_fields, log_effect, logger
 from agent_ledger.options import (
     DEFAULT_STALE_AFTER_MS,
@@ -80,6 +86,8 @@ class Prepared(NamedTuple):
     opts: ResolvedRunOptions
     hooks: LedgerHooks
     needs_approval: bool
+    #: The call's ``validate_keys``: checked against an effect it finds.
+    validate_keys: Sequence[str] | Literal["all"] | None = None
 
 
 class _Recorded(NamedTuple):
@@ -131,7 +139,7 @@ class Engine:
         # The creator's lease is recorded with the effect: others judge its
         # heartbeat by it, never by their own (maybe shorter) window.
         new = new._replace(requires_approval=needs_approval, lease_ms=opts.stale_after_ms)
-        return Prepared(new, opts, hooks, needs_approval)
+        return Prepared(new, opts, hooks, needs_approval, call.validate_keys)
 
     def new_effect(self, call: ToolCall) -> NewEffect:
         """The row ``begin`` would insert for ``call``, with its idempotency key."""
@@ -214,6 +222,15 @@ class Engine:
                 new, tx=tx, lock_timeout_ms=prepared.opts.tx_lock_timeout_ms
             )
         effect = begun.effect
+        if not begun.created and prepared.validate_keys is not None:
+            # Before any waiting: a caller with other values must never get
+            # (or wait for) the outcome of a request it did not make.
+            differ = mismatched_args(
+                effect.args_canonical, new.args_canonical, prepared.validate_keys
+            )
+            if differ:
+                log_effect(logging.INFO, f"payload mismatch on {list(differ)}", effect)
+                raise EffectPayloadMismatchError(effect, differ)
         if begun.created:
             if effect.status is not EffectStatus.REQUIRES_APPROVAL:
                 log_effect(logging.DEBUG, "effect created", effect)

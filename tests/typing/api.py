@@ -38,3 +38,17 @@ def stores_implement_the_protocol(pool: object) -> None:
     memory: Store = MemoryStore()
     postgres: Store = PostgresStore(AsyncConnectionPool("", open=False))
     del memory, postgres
+
+
+async def tools(ledger: EffectLedger) -> None:
+    @ledger.tool("t.async")
+    async def fetch(url: str, *, effect: Effect) -> dict[str, int]:
+        return {"n": 1}
+
+    @ledger.tool("t.sync")
+    def write(path: str) -> list[str]:
+        return [path]
+
+    # A tool is awaited whether the function is async or not, and returns its type.
+    assert_type(await fetch("u"), dict[str, int])
+    assert_type(await write("p"), list[str])

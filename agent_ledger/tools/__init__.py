@@ -1,0 +1,20 @@
+"""Tools: a function registered once with ``@ledger.tool(...)``, each call one effect.
+
+This layer sits above :mod:`agent_ledger.ledger` and uses only its public
+API: a tool call is a ``ToolCall`` plus a handler given to ``ledger.run()``.
+``EffectLedger.tool``, ``.tools`` and ``.workflow`` are thin doors into it.
+"""
+
+from __future__ import annotations
+
+from agent_ledger.tools._tool import EFFECT_PARAMETER, Tool, ToolDecorator, define
+from agent_ledger.tools._workflow import WorkflowScope, current_workflow
+
+__all__ = [
+    "EFFECT_PARAMETER",
+    "Tool",
+    "ToolDecorator",
+    "WorkflowScope",
+    "current_workflow",
+    "define",
+]

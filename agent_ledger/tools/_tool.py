@@ -1,0 +1,397 @@
+"""A function wrapped once as a ledger tool: every call is one ``ledger.run()``.
+
+Everything that can be decided about a tool is decided when it is
+registered: its name, how arguments bind, which options and hooks its runs
+use, whether it gets the ``effect``. A call then only binds its arguments,
+finds its workflow and builds a ``ToolCall``, so the wrapper costs little
+over a hand-written ``ledger.run()``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Final,
+    Generic,
+    Literal,
+    Protocol,
+    TypeVar,
+    cast,
+    overload,
+)
+
+from agent_ledger.calls import ToolCall
+from agent_ledger.effects import Effect
+from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.keys import canonical_json
+from agent_ledger.options import UNSET, LedgerHooks, RunOptions
+from agent_ledger.tools._workflow import _CURRENT
+
+if TYPE_CHECKING:
+    from agent_ledger.ledger import EffectLedger
+
+__all__ = ["EFFECT_PARAMETER", "Tool", "ToolDecorator", "define"]
+
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+#: The keyword-only parameter through which a tool receives its ``Effect``.
+EFFECT_PARAMETER: Final = "effect"
+
+_P = inspect.Parameter
+_POSITIONAL: Final = (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD)
+
+
+class ToolDecorator(Protocol):
+    """What ``ledger.tool(...)`` returns: give it the function, get the ``Tool``."""
+
+    @overload
+    def __call__(self, fn: Callable[..., Awaitable[R]], /) -> Tool[R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[..., R], /) -> Tool[R]: ...
+
+
+class Tool(Generic[R_co]):
+    """A registered tool: call it (and await it) like the function it wraps.
+
+    ``await tool(*args, **kwargs)`` binds the arguments to the function's
+    signature (defaults filled in), so positional and keyword spellings of
+    one call are one effect, and runs the function through ``ledger.run()``
+    once per idempotency key in the current workflow. It returns the
+    function's value (a replay: the stored JSON, where a tuple comes back as
+    a list) and raises what the function raised (a replay of a failure:
+    ``EffectFailedError``). Bad arguments raise ``EffectLedgerValidationError``
+    before anything is stored.
+
+    The attributes are what adapters and sagas need: ``name``, ``fn``,
+    ``signature`` (the function's, ``effect`` included), and the options it
+    was registered with.
+    """
+
+    def __init__(
+        self,
+        ledger: EffectLedger,
+        fn: Callable[..., Any],
+        name: str,
+        *,
+        idempotency_keys: Sequence[str] | None,
+        validate_keys: Sequence[str] | Literal["all"] | None,
+        requires_approval: bool | Callable[[ToolCall], bool] | None,
+        workflow_id: str | None,
+        run_options: RunOptions | None,
+    ) -> None:
+        self.ledger = ledger
+        self.fn = fn
+        self.name = name
+        self.signature = inspect.signature(fn)
+        self.idempotency_keys = None if idempotency_keys is None else tuple(idempotency_keys)
+        self.validate_keys: tuple[str, ...] | Literal["all"] | None = (
+            validate_keys
+            if validate_keys is None or validate_keys == "all"
+            else tuple(validate_keys)
+        )
+        self.requires_approval = requires_approval
+        self.workflow_id = workflow_id
+        self.run_options = run_options
+        self.is_async = inspect.iscoroutinefunction(fn)
+        functools.update_wrapper(self, fn)
+
+        self._takes_effect = False
+        positional: list[str] = []
+        keywords: list[str] = []
+        defaults: list[tuple[str, object]] = []
+        self._positional_only = 0
+        for param in self.signature.parameters.values():
+            if param.kind in (_P.VAR_POSITIONAL, _P.VAR_KEYWORD):
+                raise EffectLedgerValidationError(
+                    f"tool {name!r}: *{param.name} and **{param.name} parameters are not "
+                    "supported: a tool's arguments are its idempotency key, so each must "
+                    "have a name. List them as parameters (or take one dict parameter).",
+                    field="fn",
+                )
+            if param.name == EFFECT_PARAMETER:
+                if param.kind is not _P.KEYWORD_ONLY:
+                    raise EffectLedgerValidationError(
+                        f"tool {name!r}: the effect parameter must be keyword-only "
+                        "(`def f(a, *, effect: Effect)`): the ledger passes it, callers never do",
+                        field="fn",
+                    )
+                self._takes_effect = True
+                continue
+            if param.kind in _POSITIONAL:
+                positional.append(param.name)
+                self._positional_only += param.kind is _P.POSITIONAL_ONLY
+            if param.kind is not _P.POSITIONAL_ONLY:
+                keywords.append(param.name)
+            if param.default is not _P.empty:
+                canonical_json(param.default, field=f"{name}({param.name}=...) default")
+                defaults.append((param.name, param.default))
+        self._names = (*positional, *(k for k in keywords if k not in positional))
+        self._positional = tuple(positional)
+        self._keywords = frozenset(keywords)
+        self._defaults = tuple(defaults)
+        self._check_names(self.idempotency_keys, "idempotency_keys")
+        if self.validate_keys != "all":
+            self._check_names(self.validate_keys, "validate_keys")
+
+        self._make_handler = _handler_factory(
+            fn, self.is_async, self._takes_effect, self._positional[: self._positional_only]
+        )
+        self._run_options, self._hooks = _policy(ledger, name, requires_approval, run_options)
+        if workflow_id is not None:
+            # Checked like any workflow id, once, here.
+            ToolCall(workflow_id=workflow_id, tool=name)
+
+    def _check_names(self, names: Sequence[str] | None, what: str) -> None:
+        if names is None:
+            return
+        if isinstance(names, str):
+            raise EffectLedgerValidationError(
+                f"tool {self.name!r}: {what} must be a list of parameter names, got {names!r}",
+                field=what,
+            )
+        unknown = [n for n in names if n not in self._names]
+        if unknown or not names:
+            raise EffectLedgerValidationError(
+                f"tool {self.name!r}: {what} names {unknown or 'nothing'}; "
+                f"its parameters are {list(self._names)}",
+                field=what,
+            )
+
+    # -- a call ------------------------------------------------------------------------
+
+    def bind(self, *args: object, **kwargs: object) -> dict[str, object]:
+        """The call's arguments by name, defaults filled in: what the key is made of.
+
+        Raises ``EffectLedgerValidationError`` for too many, unknown,
+        repeated or missing arguments, as Python would (with a TypeError).
+        """
+        return self._bind(args, kwargs)
+
+    def _bind(self, args: tuple[object, ...], kwargs: dict[str, object]) -> dict[str, object]:
+        positional = self._positional
+        if len(args) > len(positional):
+            raise self._bad_call(
+                f"takes {len(positional)} positional arguments but {len(args)} were given"
+            )
+        values = dict(zip(positional, args, strict=False)) if args else {}
+        for key, value in kwargs.items():
+            if key in values or key not in self._keywords:
+                raise self._bad_keyword(key, values)
+            values[key] = value
+        if len(values) < len(self._names):
+            for key, default in self._defaults:
+                if key not in values:
+                    values[key] = default
+            if len(values) < len(self._names):
+                missing = [n for n in self._names if n not in values]
+                raise self._bad_call(f"missing required arguments {missing}")
+        return values
+
+    def tool_call(self, *args: object, **kwargs: object) -> ToolCall:
+        """The ``ToolCall`` that ``await tool(*args, **kwargs)`` would run, here and now.
+
+        Binds the arguments and reads the current workflow; raises like a call.
+        """
+        return self._tool_call(self._bind(args, kwargs))
+
+    def _tool_call(self, values: dict[str, object]) -> ToolCall:
+        workflow_id = self.workflow_id or _CURRENT.get()
+        if workflow_id is None:
+            raise EffectLedgerValidationError(
+                f"tool {self.name!r} was called outside a workflow, so it has no key. "
+                'Call it inside `async with ledger.workflow("<id>"):` (or `with`), or '
+                f"register it with @ledger.tool(workflow_id=...). Nothing was stored.",
+                field="workflow_id",
+            )
+        return ToolCall(
+            workflow_id=workflow_id,
+            tool=self.name,
+            args=values,  # type: ignore[arg-type]  # checked as JSON when the key is made
+            idempotency_keys=self.idempotency_keys,
+            validate_keys=self.validate_keys,
+        )
+
+    async def __call__(self, *args: object, **kwargs: object) -> R_co:
+        values = self._bind(args, kwargs)
+        call = self._tool_call(values)
+        result = await self.ledger.run(
+            call, self._make_handler(values), self._run_options, hooks=self._hooks
+        )
+        # The function's R on a fresh run; on a replay its JSON (a tuple as a list).
+        return cast(R_co, result)
+
+    def _bad_call(self, problem: str) -> EffectLedgerValidationError:
+        return EffectLedgerValidationError(
+            f"tool {self.name!r} {problem}; its parameters are {list(self._names)}. "
+            "Nothing was stored.",
+            field="args",
+        )
+
+    def _bad_keyword(self, key: str, values: dict[str, object]) -> EffectLedgerValidationError:
+        if key == EFFECT_PARAMETER and self._takes_effect:
+            return self._bad_call("got effect=..., which the ledger passes itself")
+        if key in values:
+            return self._bad_call(f"got multiple values for argument {key!r}")
+        if key in self._names:
+            return self._bad_call(f"got positional-only argument {key!r} as a keyword")
+        return self._bad_call(f"got an unexpected keyword argument {key!r}")
+
+    def __repr__(self) -> str:
+        return f"<Tool {self.name!r} {self.signature}>"
+
+
+def _handler_factory(
+    fn: Callable[..., Any], is_async: bool, takes_effect: bool, positional_only: tuple[str, ...]
+) -> Callable[[dict[str, object]], Callable[[Effect], object]]:
+    """How a call's bound args become its ``run()`` handler, decided once per tool.
+
+    ``effect`` goes beside the args, never among them. An async function
+    gets an ``async def`` handler, which ``run()`` awaits on the loop; a plain
+    one a plain handler, which ``run()`` calls in a worker thread
+    (``sync_handlers="thread"``, the default).
+    """
+    if positional_only:
+        # Rare: split the positional-only args off per call. The ToolCall
+        # keeps the bound args whole, since they are its key.
+        def split(values: dict[str, object]) -> Callable[[Effect], object]:
+            leading = [values[n] for n in positional_only]
+            rest = {k: v for k, v in values.items() if k not in positional_only}
+            bound = functools.partial(fn, *leading)
+            return _handler_factory(bound, is_async, takes_effect, ())(rest)
+
+        return split
+    if is_async and takes_effect:
+
+        def make(values: dict[str, object]) -> Callable[[Effect], object]:
+            async def handler(effect: Effect) -> object:
+                return await fn(**values, effect=effect)
+
+            return handler
+
+    elif is_async:
+
+        def make(values: dict[str, object]) -> Callable[[Effect], object]:
+            async def handler(effect: Effect) -> object:
+                return await fn(**values)
+
+            return handler
+
+    elif takes_effect:
+
+        def make(values: dict[str, object]) -> Callable[[Effect], object]:
+            return lambda effect: fn(**values, effect=effect)
+
+    else:
+
+        def make(values: dict[str, object]) -> Callable[[Effect], object]:
+            return lambda effect: fn(**values)
+
+    return make
+
+
+def _policy(
+    ledger: EffectLedger,
+    name: str,
+    requires_approval: bool | Callable[[ToolCall], bool] | None,
+    run_options: RunOptions | None,
+) -> tuple[RunOptions | None, LedgerHooks | None]:
+    """The run options and hooks every run of this tool passes to ``ledger.run()``.
+
+    A bool is ``RunOptions.requires_approval``; a callable is a policy hook
+    asked alongside the ledger's own (either saying yes means approval), with
+    the ledger's notification hook kept.
+    """
+    if run_options is not None and not isinstance(run_options, RunOptions):
+        raise EffectLedgerValidationError(
+            f"tool {name!r}: run_options must be a RunOptions, got {run_options!r}",
+            field="run_options",
+        )
+    if requires_approval is None:
+        return run_options, None
+    if isinstance(requires_approval, bool):
+        if run_options is not None and run_options.requires_approval is not UNSET:
+            raise EffectLedgerValidationError(
+                f"tool {name!r}: requires_approval is given twice (argument and run_options)",
+                field="requires_approval",
+            )
+        if run_options is None:
+            return RunOptions(requires_approval=requires_approval), None
+        return replace(run_options, requires_approval=requires_approval), None
+    if not callable(requires_approval):
+        raise EffectLedgerValidationError(
+            f"tool {name!r}: requires_approval must be a bool or a function of the "
+            f"ToolCall, got {requires_approval!r}",
+            field="requires_approval",
+        )
+    # Checked by LedgerHooks (an async def is refused) before it is wrapped.
+    LedgerHooks(requires_approval=requires_approval)
+    ledger_hooks = ledger.hooks
+    ledger_policy = ledger_hooks.requires_approval
+    tool_policy = requires_approval
+
+    def policy(call: ToolCall) -> bool:
+        if tool_policy(call):
+            return True
+        return ledger_policy is not None and bool(ledger_policy(call))
+
+    hooks = LedgerHooks(
+        requires_approval=policy, on_approval_required=ledger_hooks.on_approval_required
+    )
+    return run_options, hooks
+
+
+def define(
+    ledger: EffectLedger,
+    registry: dict[str, Tool[Any]],
+    name: str | None,
+    *,
+    idempotency_keys: Sequence[str] | None,
+    validate_keys: Sequence[str] | Literal["all"] | None,
+    requires_approval: bool | Callable[[ToolCall], bool] | None,
+    workflow_id: str | None,
+    run_options: RunOptions | None,
+) -> ToolDecorator:
+    """``EffectLedger.tool``: the decorator that registers a function in ``registry``."""
+    if callable(name):
+        raise EffectLedgerValidationError(
+            "ledger.tool takes the tool's name, not the function: write @ledger.tool() "
+            "or @ledger.tool('name'), with parentheses",
+            field="name",
+        )
+    if name is not None:
+        ToolCall(workflow_id="-", tool=name)  # the checks any tool name gets
+
+    def decorate(fn: Callable[..., Any]) -> Tool[Any]:
+        if not callable(fn):
+            raise EffectLedgerValidationError(
+                f"ledger.tool decorates a function, got {fn!r}", field="fn"
+            )
+        tool_name = name if name is not None else f"{fn.__module__}.{fn.__qualname__}"
+        if tool_name in registry:
+            raise EffectLedgerValidationError(
+                f"a tool named {tool_name!r} is already registered on this ledger "
+                f"({registry[tool_name].fn!r}); give each tool its own name: the name is "
+                "part of every key its calls make",
+                field="name",
+            )
+        tool: Tool[Any] = Tool(
+            ledger,
+            fn,
+            tool_name,
+            idempotency_keys=idempotency_keys,
+            validate_keys=validate_keys,
+            requires_approval=requires_approval,
+            workflow_id=workflow_id,
+            run_options=run_options,
+        )
+        registry[tool_name] = tool
+        return tool
+
+    return decorate

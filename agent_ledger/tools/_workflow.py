@@ -1,0 +1,63 @@
+"""Which workflow a tool call belongs to: a context variable, set by ``ledger.workflow(id)``."""
+
+from __future__ import annotations
+
+from contextvars import ContextVar, Token
+from types import TracebackType
+
+from agent_ledger.calls import ToolCall
+
+# One variable for the process, created once at import (context variables are
+# never collected). asyncio copies the context into every task it starts, so
+# `asyncio.gather` children inherit the scope they were started in.
+_CURRENT: ContextVar[str | None] = ContextVar("agent_ledger_workflow", default=None)
+
+
+def current_workflow() -> str | None:
+    """The workflow id of the innermost ``ledger.workflow(...)`` around this code, or None."""
+    return _CURRENT.get()
+
+
+class WorkflowScope:
+    """``with`` / ``async with`` block whose tool calls belong to ``workflow_id``.
+
+    Scopes nest (the innermost wins) and are seen by tasks started inside
+    them (``asyncio.gather``, ``create_task``), not by tasks started before.
+    The scope is the context's, not one ledger's: every ledger's tools called
+    inside it use it.
+    """
+
+    __slots__ = ("_tokens", "workflow_id")
+
+    def __init__(self, workflow_id: str) -> None:
+        # The same checks a ToolCall makes, at the scope's start rather than
+        # at the first call inside it.
+        ToolCall(workflow_id=workflow_id, tool="-")
+        self.workflow_id = workflow_id
+        self._tokens: list[Token[str | None]] = []
+
+    def __enter__(self) -> WorkflowScope:
+        self._tokens.append(_CURRENT.set(self.workflow_id))
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        _CURRENT.reset(self._tokens.pop())
+
+    async def __aenter__(self) -> WorkflowScope:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def __repr__(self) -> str:
+        return f"WorkflowScope({self.workflow_id!r})"
