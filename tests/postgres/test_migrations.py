@@ -13,7 +13,6 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -24,34 +23,11 @@ from agent_ledger.options import DEFAULT_STALE_AFTER_MS
 from agent_ledger.stores.memory import MemoryStore
 from agent_ledger.stores.postgres import SCHEMA_SQL, SCHEMA_VERSION, PostgresStore
 from agent_ledger.testing import build_ledger
+from tests.schema_history import HISTORIES, POSTGRES_V1, executed_sql
 
-V1_SCHEMA = (Path(__file__).resolve().parents[1] / "fixtures" / "postgres_schema_v1.sql").read_text(
-    encoding="utf-8"
-)
+V1_SCHEMA = POSTGRES_V1
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 HALF = timedelta(milliseconds=500)
-
-# (key, status, attempt, decided, expected executions, expected start)
-HISTORIES = [
-    ("ran-once", "succeeded", 1, False, 1, "created"),
-    ("taken-over", "succeeded", 3, False, 3, "created"),
-    ("approved-then-ran", "succeeded", 2, True, 1, "decided"),
-    ("approved-then-failed", "failed", 2, True, 1, "decided"),
-    ("running", "processing", 1, False, 1, "created"),
-    ("waiting-for-a-person", "requires_approval", 1, False, 0, None),
-    ("approved-not-run", "ready", 1, True, 0, None),
-    ("denied", "denied", 1, True, 0, None),
-    # A cancel records a decision whether or not a handler was running: the
-    # estimate errs towards "it ran".
-    ("canceled-while-waiting", "canceled", 1, True, 1, "created"),
-    ("canceled-while-running", "canceled", 1, True, 1, "created"),
-    ("canceled-after-approval", "canceled", 2, True, 2, "created"),
-]
-
-
-def _code(sql_text: str) -> str:
-    lines = (line.split("--", 1)[0].rstrip() for line in sql_text.splitlines())
-    return "\n".join(line for line in lines if line)
 
 
 def _call(name: str) -> ToolCall:
@@ -101,7 +77,7 @@ async def _versions(dsn: str, schema: str) -> list[int]:
 def test_version_1_is_never_edited_in_place() -> None:
     """schema.sql still executes exactly the released version 1 statements, then
     version 2's section."""
-    assert _code(SCHEMA_SQL).startswith(_code(V1_SCHEMA) + "\n")
+    assert executed_sql(SCHEMA_SQL).startswith(executed_sql(V1_SCHEMA) + "\n")
     assert SCHEMA_VERSION == 2
 
 

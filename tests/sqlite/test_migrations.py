@@ -26,36 +26,11 @@ from agent_ledger.stores.sqlite import (
     SqliteStore,
 )
 from agent_ledger.testing import build_ledger
+from tests.schema_history import HISTORIES, SQLITE_V1, executed_sql
 
-V1_SCHEMA = (Path(__file__).resolve().parents[1] / "fixtures" / "sqlite_schema_v1.sql").read_text(
-    encoding="utf-8"
-)
+V1_SCHEMA = SQLITE_V1
 SECOND = 1_000_000  # µs
 T0 = 1_700_000_000 * SECOND
-
-# (key, status, attempt, decided, expected executions, expected start) for a
-# version 1 row: every way an effect could have got where it is.
-HISTORIES = [
-    ("ran-once", "succeeded", 1, False, 1, "created"),
-    ("taken-over", "succeeded", 3, False, 3, "created"),
-    ("approved-then-ran", "succeeded", 2, True, 1, "decided"),
-    ("approved-then-failed", "failed", 2, True, 1, "decided"),
-    ("running", "processing", 1, False, 1, "created"),
-    ("waiting-for-a-person", "requires_approval", 1, False, 0, None),
-    ("approved-not-run", "ready", 1, True, 0, None),
-    ("denied", "denied", 1, True, 0, None),
-    # A cancel records a decision whether or not a handler was running: the
-    # estimate errs towards "it ran".
-    ("canceled-while-waiting", "canceled", 1, True, 1, "created"),
-    ("canceled-while-running", "canceled", 1, True, 1, "created"),
-    ("canceled-after-approval", "canceled", 2, True, 2, "created"),
-]
-
-
-def _code(sql_text: str) -> str:
-    """The SQL without comments or blank lines: what a database executes."""
-    lines = (line.split("--", 1)[0].rstrip() for line in sql_text.splitlines())
-    return "\n".join(line for line in lines if line)
 
 
 def _version_1_database(path: Path) -> None:
@@ -91,7 +66,7 @@ def _versions(path: Path) -> list[int]:
 
 def test_version_1_is_never_edited_in_place() -> None:
     """The packaged version 1 script executes exactly the released statements."""
-    assert _code(SQLITE_SCHEMA_SQL) == _code(V1_SCHEMA)
+    assert executed_sql(SQLITE_SCHEMA_SQL) == executed_sql(V1_SCHEMA)
 
 
 def test_every_store_needs_the_same_version() -> None:
