@@ -18,6 +18,7 @@ from agent_ledger.effects import (
     JSONValue,
 )
 from agent_ledger.errors import (
+    ApprovalPendingError,
     EffectDeniedError,
     EffectFailedError,
     EffectInFlightError,
@@ -46,6 +47,7 @@ from agent_ledger.stores.url import open_store
 
 __all__ = [
     "UNSET",
+    "ApprovalPendingError",
     "BeginResult",
     "CommitFailed",
     "CommitSucceeded",

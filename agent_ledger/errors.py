@@ -7,6 +7,7 @@
     ├── EffectDeniedError            the effect was denied or canceled
     ├── EffectTimeoutError           waiting for another caller took too long
     ├── EffectInFlightError          inside a transaction, someone else holds the effect
+    ├── ApprovalPendingError         the call asked not to wait for a person, and one must decide
     ├── EffectPayloadMismatchError   same key, different values of validated args
     ├── EffectLedgerValidationError  bad input; nothing was stored
     ├── EffectStoreError             the backend failed (wraps the driver error)
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from agent_ledger.status import EffectStatus
 
 __all__ = [
+    "ApprovalPendingError",
     "EffectDeniedError",
     "EffectFailedError",
     "EffectInFlightError",
@@ -131,6 +133,28 @@ class EffectInFlightError(EffectLedgerError):
             f"effect {idem_key[:12]}… is {doing}; inside a transaction the ledger does "
             "not wait for it or take it over, and changed nothing. End the transaction "
             "first, then call again without tx= to wait for its outcome."
+        )
+
+
+class ApprovalPendingError(EffectLedgerError):
+    """Raised instead of waiting when a person must decide and the call said not to wait.
+
+    ``RunOptions(wait_for_approval=False)`` is for callers that cannot block
+    on a person (an agent framework that pauses its own way, a web request):
+    the effect stays ``requires_approval`` in the store, exactly as a waiting
+    call would leave it, and nothing ran. Call again (the same call, so the
+    same key) after ``approve()`` to run it, or after ``deny()`` to get
+    ``EffectDeniedError``. ``effect`` is the effect as found.
+    """
+
+    def __init__(self, effect: Effect) -> None:
+        self.effect = effect
+        self.idem_key = effect.idem_key
+        super().__init__(
+            f"effect {effect.idem_key[:12]}… ({effect.tool}) is waiting for a person's "
+            "approval, and this call asked not to wait (wait_for_approval=False). Nothing "
+            "ran. Call again after approve() to run it; after deny() the call raises "
+            "EffectDeniedError."
         )
 
 

@@ -156,19 +156,28 @@ class RunOptions:
     call inside it cannot stall the event loop, and with it the heartbeats
     that keep the effect from being taken over; ``"loop"`` calls it on the
     event loop, for handlers that must (they should return quickly).
+
+    ``wait_for_approval`` (default True) says what a call does when the
+    effect waits for a person: wait (up to ``approval_timeout_ms``), or, when
+    False, raise ``ApprovalPendingError`` at once, leaving the effect pending,
+    for callers that pause their own way (agent frameworks, web requests).
+    It changes only the waiting: an approved effect still runs, a denied one
+    still raises ``EffectDeniedError``, a worker's run is still waited for.
     """
 
     requires_approval: bool | Unset = UNSET
     concurrency: ConcurrencyOptions | Unset | None = UNSET
     stale: StaleOptions | Unset | None = UNSET
     sync_handlers: SyncHandlers | Unset = UNSET
+    wait_for_approval: bool | Unset = UNSET
 
     def __post_init__(self) -> None:
-        if self.requires_approval is not UNSET and type(self.requires_approval) is not bool:
-            raise EffectLedgerValidationError(
-                f"requires_approval must be a bool, got {self.requires_approval!r}",
-                field="requires_approval",
-            )
+        for flag in ("requires_approval", "wait_for_approval"):
+            value = getattr(self, flag)
+            if value is not UNSET and type(value) is not bool:
+                raise EffectLedgerValidationError(
+                    f"{flag} must be a bool, got {value!r}", field=flag
+                )
         if self.sync_handlers not in (UNSET, "thread", "loop"):
             raise EffectLedgerValidationError(
                 f"sync_handlers must be 'thread' or 'loop', got {self.sync_handlers!r}",
@@ -280,6 +289,8 @@ class ResolvedRunOptions:
     #: The longest a step inside a caller's transaction waits for another
     #: transaction's lock (see ``ConcurrencyOptions``).
     tx_lock_timeout_ms: int
+    #: False: raise ``ApprovalPendingError`` instead of waiting for a person.
+    wait_for_approval: bool = True
 
 
 def _overlay(base: _Opt, top: _Opt) -> _Opt:
@@ -308,6 +319,9 @@ def merge_run_options(base: RunOptions, top: RunOptions | None) -> RunOptions:
         concurrency=_merge_nested(base.concurrency, top.concurrency),
         stale=_merge_nested(base.stale, top.stale),
         sync_handlers=base.sync_handlers if top.sync_handlers is UNSET else top.sync_handlers,
+        wait_for_approval=(
+            base.wait_for_approval if top.wait_for_approval is UNSET else top.wait_for_approval
+        ),
     )
 
 
@@ -359,4 +373,5 @@ def resolve(options: RunOptions) -> ResolvedRunOptions:
         max_takeovers=stale.max_takeovers,
         sync_in_thread=options.sync_handlers != "loop",
         tx_lock_timeout_ms=tx_lock_timeout_ms,
+        wait_for_approval=options.wait_for_approval is not False,
     )

@@ -34,6 +34,7 @@ from agent_ledger.engine.heartbeats import Beat, Heartbeats
 from agent_ledger.engine.ownership import own
 from agent_ledger.engine.waiting import Acquired, Waiter
 from agent_ledger.errors import (
+    ApprovalPendingError,
     EffectDeniedError,
     EffectFailedError,
     EffectInFlightError,
@@ -309,6 +310,8 @@ class Engine:
                 return Acquired(effect, owned=True)
         if effect.status.is_terminal:
             return Acquired(effect, owned=False)
+        if effect.status is EffectStatus.REQUIRES_APPROVAL and not prepared.opts.wait_for_approval:
+            raise ApprovalPendingError(effect)
         raise EffectInFlightError(key, effect.status)
 
     # -- execute and record ------------------------------------------------------------

@@ -22,7 +22,12 @@ from typing import Final, NamedTuple
 
 from agent_ledger.effects import Effect
 from agent_ledger.engine.polling import SharedPolls
-from agent_ledger.errors import EffectLedgerInvariantError, EffectStoreError, EffectTimeoutError
+from agent_ledger.errors import (
+    ApprovalPendingError,
+    EffectLedgerInvariantError,
+    EffectStoreError,
+    EffectTimeoutError,
+)
 from agent_ledger.observability import log_effect
 from agent_ledger.options import ResolvedConcurrency, ResolvedRunOptions
 from agent_ledger.status import CLAIMABLE, EffectStatus
@@ -134,6 +139,8 @@ class Waiter:
                     return Acquired(effect, owned=False, shared=poll.shared)
                 if effect.status is _READY and poll.error is None:
                     continue  # approved since we last looked: claim it now, not after a sleep
+                if effect.status is _REQUIRES_APPROVAL and not opts.wait_for_approval:
+                    raise ApprovalPendingError(effect)
                 await changes.wait(budget.next_delay(idem_key, effect.status, poll.error))
 
     async def _poll(

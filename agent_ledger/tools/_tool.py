@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import (
     TYPE_CHECKING,
@@ -29,7 +29,7 @@ from agent_ledger.calls import ToolCall
 from agent_ledger.effects import Effect
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.keys import canonical_json
-from agent_ledger.options import UNSET, LedgerHooks, RunOptions
+from agent_ledger.options import UNSET, LedgerHooks, RunOptions, merge_run_options
 from agent_ledger.tools._workflow import _CURRENT
 
 if TYPE_CHECKING:
@@ -201,7 +201,7 @@ class Tool(Generic[R_co]):
         """
         return self._tool_call(self._bind(args, kwargs))
 
-    def _tool_call(self, values: dict[str, object]) -> ToolCall:
+    def _tool_call(self, values: dict[str, object], call_id: str | None = None) -> ToolCall:
         workflow_id = self.workflow_id or _CURRENT.get()
         if workflow_id is None:
             raise EffectLedgerValidationError(
@@ -216,6 +216,7 @@ class Tool(Generic[R_co]):
             args=values,  # type: ignore[arg-type]  # checked as JSON when the key is made
             idempotency_keys=self.idempotency_keys,
             validate_keys=self.validate_keys,
+            call_id=call_id,
         )
 
     async def __call__(self, *args: object, **kwargs: object) -> R_co:
@@ -225,6 +226,40 @@ class Tool(Generic[R_co]):
             call, self._make_handler(values), self._run_options, hooks=self._hooks
         )
         # The function's R on a fresh run; on a replay its JSON (a tuple as a list).
+        return cast(R_co, result)
+
+    async def invoke(
+        self,
+        arguments: Mapping[str, object],
+        *,
+        call_id: str | None = None,
+        run_options: RunOptions | None = None,
+    ) -> R_co:
+        """Run the tool with its arguments by name, as a model sends them: the adapters' door.
+
+        ``arguments`` bind like keyword arguments (positional-only
+        parameters included, by name), so it is the same effect as the
+        equivalent ``await tool(...)``. ``call_id`` (a framework's tool-call
+        id) is recorded on a new effect and is never part of the key.
+        ``run_options`` go over the tool's own, field by field (for example
+        ``RunOptions(wait_for_approval=False)``).
+        """
+        if not isinstance(arguments, Mapping):
+            raise self._bad_call(
+                f"takes its arguments as a mapping of name to value, got {type(arguments).__name__}"
+            )
+        kwargs = dict(arguments)
+        leading: list[object] = []
+        for name in self._positional[: self._positional_only]:
+            if name not in kwargs:
+                break  # _bind reports it missing (unless it has a default)
+            leading.append(kwargs.pop(name))
+        values = self._bind(tuple(leading), kwargs)
+        call = self._tool_call(values, call_id)
+        options = self._run_options
+        if run_options is not None:
+            options = merge_run_options(options or RunOptions(), run_options)
+        result = await self.ledger.run(call, self._make_handler(values), options, hooks=self._hooks)
         return cast(R_co, result)
 
     def _bad_call(self, problem: str) -> EffectLedgerValidationError:
