@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from psycopg import Connection
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 #: pymdownx.snippets includes (``--8<-- "path"``), resolved from the repository root
 #: as mkdocs.yml configures them, so the tests see what a reader sees.
 INCLUDE = re.compile(r'^--8<-- "([^"]+)"$', flags=re.M)

@@ -228,6 +228,23 @@ class Tool(Generic[R_co]):
         # The function's R on a fresh run; on a replay its JSON (a tuple as a list).
         return cast(R_co, result)
 
+    def bind_arguments(self, arguments: Mapping[str, object]) -> dict[str, object]:
+        """``bind`` for arguments by name (positional-only ones too), as ``invoke`` binds them.
+
+        Raises ``EffectLedgerValidationError`` as ``bind`` does.
+        """
+        if not isinstance(arguments, Mapping):
+            raise self._bad_call(
+                f"takes its arguments as a mapping of name to value, got {type(arguments).__name__}"
+            )
+        kwargs = dict(arguments)
+        leading: list[object] = []
+        for name in self._positional[: self._positional_only]:
+            if name not in kwargs:
+                break  # _bind reports it missing (unless it has a default)
+            leading.append(kwargs.pop(name))
+        return self._bind(tuple(leading), kwargs)
+
     async def invoke(
         self,
         arguments: Mapping[str, object],
@@ -244,17 +261,7 @@ class Tool(Generic[R_co]):
         ``run_options`` go over the tool's own, field by field (for example
         ``RunOptions(wait_for_approval=False)``).
         """
-        if not isinstance(arguments, Mapping):
-            raise self._bad_call(
-                f"takes its arguments as a mapping of name to value, got {type(arguments).__name__}"
-            )
-        kwargs = dict(arguments)
-        leading: list[object] = []
-        for name in self._positional[: self._positional_only]:
-            if name not in kwargs:
-                break  # _bind reports it missing (unless it has a default)
-            leading.append(kwargs.pop(name))
-        values = self._bind(tuple(leading), kwargs)
+        values = self.bind_arguments(arguments)
         call = self._tool_call(values, call_id)
         options = self._run_options
         if run_options is not None:
