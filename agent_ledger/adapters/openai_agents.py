@@ -436,7 +436,8 @@ def _show(values: Mapping[str, object], names: Iterable[str]) -> str:
 def _decision_text(effect: Effect) -> str:
     """What the model reads for a denied or canceled effect (a rejection, a re-sent call)."""
     reason = effect.error.message if effect.error is not None else None
-    because = f" ({reason})" if reason else ""
+    # Without a reason the ledger records the status itself ("denied").
+    because = f" ({reason})" if reason and reason != effect.status.value else ""
     if effect.status is EffectStatus.CANCELED:
         return f"This call was canceled{because}. It will not run again; do not send it again."
     return f"A person denied this call{because}. It did not run and will not; do not send it again."
@@ -548,7 +549,9 @@ async def sync_decisions(state: RunState[Any, Any]) -> list[ToolApprovalItem]:
     service): each interruption whose effect was approved is approved in
     ``state``, each denied or canceled one rejected. Returns the
     interruptions still waiting for a person; resume the run when it is
-    empty. Other tools' interruptions are returned untouched.
+    empty. One the ledger does not hold yet (its request could not be
+    recorded when the run paused) is recorded now, waiting, so it can be
+    decided there. Other tools' interruptions are returned untouched.
     """
     waiting: list[ToolApprovalItem] = []
     for item in state.get_interruptions():

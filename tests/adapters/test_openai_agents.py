@@ -329,7 +329,7 @@ async def test_a_tool_failure_reaches_the_model_through_failure_error_function(
         tries.append("ran")
         raise ValueError(f"bad x {x}")
 
-    def explain(ctx: Any, error: Exception) -> str:
+    async def explain(ctx: Any, error: Exception) -> str:  # sync ones work too (the default)
         return f"failed: {type(error).__name__}: {error}"
 
     custom = as_function_tool(ledger.tools["flaky"], failure_error_function=explain)
@@ -467,14 +467,19 @@ async def test_a_rejected_call_sent_again_runs_nothing(harness: StoreHarness) ->
     agent, _, result = await interrupted(
         ledger,
         "order-6",
-        [call("payments_charge", {"order_id": "o6", "amount": 50}, "first")],
+        [
+            call("payments_charge", {"order_id": "o6", "amount": 50}, "first"),
+            call("payments_charge", {"order_id": "o8", "amount": 70}, "other"),
+        ],
         [call("payments_charge", {"order_id": "o6", "amount": 50}, "again")],
         [say("the charge was refused")],
     )
     state = result.to_state()
+    first, other = result.interruptions
     async with ledger.workflow("order-6"):
-        effect = await reject(state, result.interruptions[0], by="bob", reason="card flagged")
+        effect = await reject(state, first, by="bob", reason="card flagged")
         assert effect is not None and effect.status is EffectStatus.DENIED
+        assert await reject(state, other, by="bob") is not None  # no reason given
         resumed = await Runner.run(agent, state, run_config=NO_TRACING)
 
     assert resumed.final_output == "the charge was refused"
@@ -482,6 +487,9 @@ async def test_a_rejected_call_sent_again_runs_nothing(harness: StoreHarness) ->
     got = outputs(resumed)
     assert "A person denied this call (card flagged)" in str(got["first"])
     assert got["again"] == got["first"]
+    assert got["other"] == (
+        "A person denied this call. It did not run and will not; do not send it again."
+    )
     assert charged == []
     denied = await the_effect(ledger, "order-6", order_id="o6", amount=50)
     assert denied.status is EffectStatus.DENIED and denied.decided_by == "bob"
