@@ -413,6 +413,21 @@ class EffectLedger:
         """
         return await self._decisions.cancel(idem_key, reason=reason, by=by)
 
+    def approval_policy(
+        self, run_options: RunOptions | None = None, *, hooks: LedgerHooks | None = None
+    ) -> bool | Callable[[ToolCall], bool]:
+        """Which fresh calls ``run(call, run_options, hooks=hooks)`` makes wait for a person.
+
+        ``True``: every call (``RunOptions.requires_approval`` over the
+        ledger's defaults); ``False``: none; otherwise the ``requires_approval``
+        hook, a function of the ``ToolCall`` that ``run()`` asks for each
+        fresh call. Nothing is stored. It speaks only of effects a call would
+        create: one that exists keeps its own status (``find_by_idem_key``).
+        For callers that pause their own way and want to know before they
+        call (an agent framework's approval step).
+        """
+        return self._engine.approval_policy(run_options, hooks)
+
     # -- audit -----------------------------------------------------------------------------
 
     async def list_effects(

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 from collections.abc import Callable, Sequence
@@ -141,6 +142,29 @@ class Engine:
         # heartbeat by it, never by their own (maybe shorter) window.
         new = new._replace(requires_approval=needs_approval, lease_ms=opts.stale_after_ms)
         return Prepared(new, opts, hooks, needs_approval, call.validate_keys)
+
+    def approval_policy(
+        self, run_options: RunOptions | None, hooks: LedgerHooks | None
+    ) -> bool | Callable[[ToolCall], bool]:
+        """Which fresh calls ``prepare`` would make wait for a person, with these options.
+
+        ``True`` (all: ``requires_approval`` resolved to True), ``False``
+        (none: it resolved to False and there is no policy hook) or the
+        hook, asked per call exactly as ``prepare`` asks it.
+        """
+        opts = self._run_options(run_options)
+        if hooks is None:
+            hooks = self.hooks
+        elif not isinstance(hooks, LedgerHooks):
+            raise EffectLedgerValidationError(
+                f"hooks must be a LedgerHooks, got {type(hooks).__name__}", field="hooks"
+            )
+        if opts.requires_approval:
+            return True
+        policy = hooks.requires_approval
+        if policy is None:
+            return False
+        return functools.partial(_policy_says_yes, policy)
 
     def new_effect(self, call: ToolCall) -> NewEffect:
         """The row ``begin`` would insert for ``call``, with its idempotency key."""

@@ -291,6 +291,19 @@ class Tool(Generic[R_co]):
         result = await self.ledger.run(call, self._make_handler(values), options, hooks=self._hooks)
         return cast(R_co, result)
 
+    @property
+    def approval_policy(self) -> bool | Callable[[ToolCall], bool]:
+        """Which fresh calls of this tool wait for a person: the tool's policy and the ledger's.
+
+        ``True`` (every call), ``False`` (none), or a function of the
+        ``ToolCall`` (``tool.tool_call(...)``) asked per call, as a run asks
+        it: the tool's ``requires_approval`` and ``run_options`` over the
+        ledger's defaults and hooks (``EffectLedger.approval_policy``). For
+        adapters whose framework asks before it calls; an effect that
+        already exists keeps its own status.
+        """
+        return self.ledger.approval_policy(self._run_options, hooks=self._hooks)
+
     def _bad_call(self, problem: str) -> EffectLedgerValidationError:
         return EffectLedgerValidationError(
             f"tool {self.name!r} {problem}; its parameters are {list(self._names)}. "

@@ -1,0 +1,561 @@
+"""OpenAI Agents SDK: ledger tools as ``FunctionTool``s, approvals as the SDK's interruptions.
+
+``as_function_tool(tool)`` gives the SDK a ``FunctionTool`` for a tool
+registered with ``@ledger.tool``: its JSON schema comes from the tool's
+signature (``effect`` left out) through the SDK's own schema builder, and
+each invocation is one ``Tool.invoke`` with the SDK's tool-call id recorded
+as the effect's ``call_id`` (never part of the key). ``as_function_tools``
+converts all of a ledger's tools, or the ones named.
+
+Approvals. The ledger decides who must approve and keeps the decision; the
+SDK's human-in-the-loop flow is how a run pauses for it:
+
+* a call whose effect waits for a person (or, for a new call, whose tool's
+  ledger policy says it must) is an SDK interruption, and the adapter has
+  already created the effect, waiting (``requires_approval``), so it shows
+  in ``ledger.pending_approvals()`` and the CLI;
+* ``approve(state, item, by=...)`` and ``reject(state, item, by=...)``
+  record the decision on the ledger, then mark the run state; ``sync_decisions(state)``
+  copies decisions made elsewhere (the CLI, another service) into it;
+* only the ledger's decision lets a call run: a call approved in the
+  ``RunState`` alone (``state.approve(item)``) raises when the run resumes,
+  and nothing runs. Client-held run state cannot approve a side effect.
+
+What the model sees (the invocation's result, as the SDK sends it on):
+
+* the tool's value: a string as it is, anything else as canonical JSON text,
+  so a replay reads exactly like the first run;
+* arguments that are not JSON, miss or add parameters or have the wrong
+  types: what is wrong (``MalformedToolCall``); nothing is stored;
+* a denied or canceled effect: that a person denied it, and why; it never runs;
+* the tool's own failure (its exception, a replayed failure, a wait for
+  another worker that timed out): ``failure_error_function``, as the SDK's
+  ``function_tool`` does (by default the SDK's generic message; ``None``
+  raises instead);
+* everything that is the application's to fix (no workflow around the run,
+  a store that is down, a result that is not JSON) raises: the run stops.
+
+The workflow a call belongs to is the ``ledger.workflow(...)`` around
+``Runner.run`` (tasks the SDK starts inherit it) or the tool's own.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import typing
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
+
+try:
+    from agents import (
+        FunctionTool,
+        RunContextWrapper,
+        RunState,
+        ToolApprovalItem,
+        default_tool_error_function,
+    )
+    from agents.function_schema import function_schema
+    from agents.tool import Tool as AgentTool
+    from agents.tool_context import ToolContext
+    from pydantic import BaseModel, ValidationError
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess
+    raise ImportError(
+        "agent_ledger.adapters.openai_agents needs the OpenAI Agents SDK: "
+        'pip install "agent-ledger[agents]"'
+    ) from exc
+
+import orjson
+
+from agent_ledger.adapters._common import MalformedToolCall, parse_arguments
+from agent_ledger.errors import (
+    ApprovalPendingError,
+    EffectDeniedError,
+    EffectInFlightError,
+    EffectLedgerInvariantError,
+    EffectLedgerValidationError,
+    EffectPayloadMismatchError,
+    EffectStoreError,
+)
+from agent_ledger.keys import canonical_json
+from agent_ledger.options import RunOptions
+from agent_ledger.status import EffectStatus
+from agent_ledger.tools import EFFECT_PARAMETER, Tool
+
+if TYPE_CHECKING:
+    from agent_ledger.calls import ToolCall
+    from agent_ledger.effects import Effect
+    from agent_ledger.ledger import EffectLedger
+
+__all__ = [
+    "ErrorFunction",
+    "LedgerFunctionTool",
+    "approve",
+    "as_function_tool",
+    "as_function_tools",
+    "reject",
+    "sync_decisions",
+]
+
+#: What turns a tool's own failure into the text the model reads: the SDK's
+#: ``failure_error_function`` (sync or async).
+ErrorFunction: TypeAlias = Callable[[RunContextWrapper[Any], Exception], str | Awaitable[str]]
+
+#: An invocation never blocks on a person: the SDK pauses the run instead.
+_NO_WAIT: Final = RunOptions(wait_for_approval=False)
+#: Records a call the SDK is about to pause for: created waiting for a person,
+#: not run. Forced, so the ledger holds exactly what the SDK was told.
+_PARK: Final = RunOptions(requires_approval=True, wait_for_approval=False)
+#: What the OpenAI API accepts as a function name.
+_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_NOT_IN_NAME: Final = re.compile(r"[^A-Za-z0-9_-]")
+
+
+@dataclass
+class LedgerFunctionTool(FunctionTool):
+    """A ``FunctionTool`` whose every call is a call of ``ledger_tool``.
+
+    What ``as_function_tool`` returns; the approval helpers find a call's
+    ledger tool through it. It is an ordinary ``FunctionTool`` otherwise.
+    """
+
+    #: The ``@ledger.tool`` it calls.
+    ledger_tool: Tool[Any] = field(kw_only=True, repr=False)
+    _calls: _Calls = field(kw_only=True, repr=False, compare=False)
+
+
+def as_function_tool(
+    tool: Tool[Any],
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    strict_mode: bool = True,
+    failure_error_function: ErrorFunction | None = default_tool_error_function,
+) -> LedgerFunctionTool:
+    """The Agents SDK ``FunctionTool`` for a ledger tool.
+
+    ``name`` is what the model calls it (default: the ledger name with every
+    character the OpenAI API refuses, such as ``.``, made ``_``);
+    ``description`` defaults to the function's docstring, whose parameter
+    sections also describe the parameters. ``strict_mode`` is the SDK's
+    (every parameter required, no others). ``failure_error_function`` turns
+    the tool's own failures into the model's text, as in the SDK's
+    ``function_tool``; ``None`` lets them raise. See the module doc for the
+    rest of what the model sees and for approvals.
+    """
+    if not isinstance(tool, Tool):
+        raise EffectLedgerValidationError(
+            "as_function_tool takes a tool registered with @ledger.tool, got "
+            f"{type(tool).__name__}",
+            field="tool",
+        )
+    sdk_name = _NOT_IN_NAME.sub("_", tool.name)[:64] if name is None else name
+    if not isinstance(sdk_name, str) or not _NAME.fullmatch(sdk_name):
+        raise EffectLedgerValidationError(
+            f"tool {tool.name!r}: {sdk_name!r} is not a name the OpenAI API accepts "
+            "(1 to 64 letters, digits, '_' or '-'); pass name=...",
+            field="name",
+        )
+    if failure_error_function is not None and not callable(failure_error_function):
+        raise EffectLedgerValidationError(
+            f"failure_error_function must be a function or None, got {failure_error_function!r}",
+            field="failure_error_function",
+        )
+    schema = function_schema(
+        _stand_in(tool),
+        name_override=sdk_name,
+        description_override=description,
+        strict_json_schema=strict_mode,
+    )
+    if schema.takes_context:
+        raise EffectLedgerValidationError(
+            f"tool {tool.name!r}: its first parameter is the SDK's run context; a ledger "
+            "tool's parameters are the call's arguments (its key), so it cannot take one",
+            field="fn",
+        )
+    calls = _Calls(tool, sdk_name, schema.params_pydantic_model, failure_error_function)
+    return LedgerFunctionTool(
+        name=sdk_name,
+        description=schema.description or "",
+        params_json_schema=schema.params_json_schema,
+        on_invoke_tool=calls.invoke,
+        strict_json_schema=strict_mode,
+        # No policy, no question: the SDK asks a function per call, and fails
+        # closed (pauses) on arguments it cannot parse, which would stop runs
+        # of tools that never need anyone.
+        needs_approval=False if calls.policy is False else calls.needs_approval,
+        ledger_tool=tool,
+        _calls=calls,
+    )
+
+
+def as_function_tools(
+    ledger: EffectLedger,
+    tools: Iterable[str | Tool[Any]] | None = None,
+    *,
+    strict_mode: bool = True,
+    failure_error_function: ErrorFunction | None = default_tool_error_function,
+) -> list[AgentTool]:
+    """``as_function_tool`` for every tool of ``ledger`` (in registration order), or those named.
+
+    ``tools`` holds names or tools of this ledger. Two tools whose SDK names
+    would be the same raise; convert those one by one with ``name=``. Typed
+    as the SDK's tool list, so it goes straight to ``Agent(tools=...)``;
+    each item is a ``LedgerFunctionTool``.
+    """
+    if tools is None:
+        chosen = list(ledger.tools.values())
+    else:
+        if isinstance(tools, str):
+            raise EffectLedgerValidationError(
+                f"tools must be a list of tool names or tools, got the string {tools!r}",
+                field="tools",
+            )
+        chosen = [_own_tool(ledger, each) for each in tools]
+    converted = [
+        as_function_tool(t, strict_mode=strict_mode, failure_error_function=failure_error_function)
+        for t in chosen
+    ]
+    seen: dict[str, str] = {}
+    for t in converted:
+        other = seen.setdefault(t.name, t.ledger_tool.name)
+        if other != t.ledger_tool.name:
+            raise EffectLedgerValidationError(
+                f"tools {other!r} and {t.ledger_tool.name!r} would both be called {t.name!r} "
+                "by the model; convert them one by one with as_function_tool(tool, name=...)",
+                field="tools",
+            )
+    return list(converted)
+
+
+def _own_tool(ledger: EffectLedger, each: str | Tool[Any]) -> Tool[Any]:
+    if isinstance(each, Tool):
+        if each.ledger is not ledger:
+            raise EffectLedgerValidationError(
+                f"tool {each.name!r} is registered on another ledger", field="tools"
+            )
+        return each
+    found = ledger.tools.get(each) if isinstance(each, str) else None
+    if found is None:
+        known = ", ".join(sorted(ledger.tools)) or "none"
+        raise EffectLedgerValidationError(
+            f"there is no tool named {each!r} on this ledger; its tools are: {known}",
+            field="tools",
+        )
+    return found
+
+
+def _stand_in(tool: Tool[Any]) -> Callable[..., object]:
+    """A function with the tool's signature minus ``effect``: what the SDK builds the schema of."""
+    fn = tool.fn
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+    except TypeError:
+        # Not a plain function (a partial, a callable object): its signature's own.
+        hints = {
+            p.name: p.annotation
+            for p in tool.signature.parameters.values()
+            if p.annotation is not inspect.Parameter.empty
+        }
+    except Exception as exc:
+        raise EffectLedgerValidationError(
+            f"tool {tool.name!r}: its type hints do not resolve ({exc}); the JSON schema the "
+            "model sees is made from them",
+            field="fn",
+        ) from None
+    params = [p for p in tool.signature.parameters.values() if p.name != EFFECT_PARAMETER]
+
+    def stand_in(*args: object, **kwargs: object) -> object:
+        raise NotImplementedError  # only read, never called
+
+    stand_in.__name__ = getattr(fn, "__name__", tool.name)
+    stand_in.__doc__ = getattr(fn, "__doc__", None)
+    stand_in.__annotations__ = {k: v for k, v in hints.items() if k != EFFECT_PARAMETER}
+    stand_in.__signature__ = tool.signature.replace(parameters=params)  # type: ignore[attr-defined]
+    return stand_in
+
+
+class _Calls:
+    """One converted tool's two doors: the SDK's approval question and its invocation."""
+
+    def __init__(
+        self,
+        tool: Tool[Any],
+        sdk_name: str,
+        params_model: type[BaseModel],
+        on_error: ErrorFunction | None,
+    ) -> None:
+        self.tool = tool
+        self.ledger = tool.ledger
+        self.sdk_name = sdk_name
+        self._params = params_model
+        self._on_error = on_error
+        # Fixed when the tool and its ledger were made, so asked once.
+        self.policy = tool.approval_policy
+        self._positional_only = tuple(
+            p.name
+            for p in tool.signature.parameters.values()
+            if p.kind is inspect.Parameter.POSITIONAL_ONLY
+        )
+
+    def arguments(self, raw: str | Mapping[str, Any] | None) -> dict[str, object]:
+        """The call's arguments bound as the ledger keys them.
+
+        Raises ``MalformedToolCall`` (with a message for the model) when they
+        are not a JSON object, have the wrong JSON types, miss a parameter
+        (the checks the SDK's own function tools make) or name one the tool
+        does not have.
+        """
+        values = parse_arguments(raw, self.sdk_name)
+        try:
+            # JSON mode, strict: the value the model sent must already be of
+            # the parameter's type; the tool gets (and the key holds) that
+            # value, never a coerced one.
+            self._params.model_validate_json(orjson.dumps(values), strict=True)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in error['loc']) or 'arguments'}: {error['msg']}"
+                for error in exc.errors()
+            )
+            raise MalformedToolCall(
+                f"the arguments for tool {self.sdk_name!r} do not fit its parameters "
+                f"({problems}); nothing was run. Send them again with the types its schema "
+                "gives.",
+                tool=self.sdk_name,
+            ) from None
+        try:  # what the types do not say: unknown names, positional-only ones
+            return self.tool.bind_arguments(values)
+        except EffectLedgerValidationError as exc:
+            raise MalformedToolCall(str(exc), tool=self.sdk_name) from None
+
+    def tool_call(self, values: dict[str, object]) -> ToolCall:
+        if not self._positional_only:
+            return self.tool.tool_call(**values)
+        leading = [values[n] for n in self._positional_only]
+        rest = {k: v for k, v in values.items() if k not in self._positional_only}
+        return self.tool.tool_call(*leading, **rest)
+
+    async def needs_approval(
+        self, ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str
+    ) -> bool:
+        """The SDK's ``needs_approval``: must this call wait for a person first?
+
+        Yes when its effect waits for one, or when there is no effect yet
+        and the ledger's policy says a new one would; then the effect is
+        created waiting, so the ledger holds the request the SDK pauses for.
+        """
+        try:
+            values = self.arguments(params)
+            call = self.tool_call(values)
+            key = self.ledger.idem_key(call)
+        except EffectLedgerValidationError:
+            # Malformed, or no workflow: the invocation says so (or raises),
+            # with nothing stored; there is nothing for a person to decide.
+            return False
+        effect = await self.ledger.find_by_idem_key(key)
+        if effect is not None:
+            return effect.status is EffectStatus.REQUIRES_APPROVAL
+        policy = self.policy
+        if policy is False or (policy is not True and not policy(call)):
+            return False
+        return await self.park(values, call_id)
+
+    async def park(self, values: dict[str, object], call_id: str | None) -> bool:
+        """Create the effect waiting for a person; True if it waits (it normally does)."""
+        try:
+            await self.tool.invoke(values, call_id=call_id, run_options=_PARK)
+        except ApprovalPendingError:
+            return True
+        except Exception:
+            # Another caller got there first and its effect is decided, or
+            # failed; the invocation replays the recorded outcome.
+            return False
+        # It appeared meanwhile, approved, and ran here; the invocation replays it.
+        return False
+
+    async def invoke(self, ctx: ToolContext[Any], raw: str) -> object:
+        """The SDK's ``on_invoke_tool``: one ``Tool.invoke``, answered in the model's terms."""
+        try:
+            values = self.arguments(raw)
+            result = await self.tool.invoke(values, call_id=ctx.tool_call_id, run_options=_NO_WAIT)
+        except MalformedToolCall as exc:
+            return str(exc)
+        except EffectDeniedError as exc:
+            return _decision_text(exc.effect)
+        except EffectPayloadMismatchError as exc:
+            return self._mismatch_text(exc, values)
+        except ApprovalPendingError as exc:
+            if ctx.is_tool_approved(ctx.tool_name, ctx.tool_call_id):
+                raise EffectLedgerValidationError(
+                    f"tool call {ctx.tool_call_id!r} ({self.sdk_name}) was approved in the "
+                    f"RunState only; on the ledger effect {exc.idem_key[:12]}… still waits for "
+                    "a person, so nothing ran. Approve with agent_ledger.adapters."
+                    "openai_agents.approve(state, item, by=...), which records the decision "
+                    "on the ledger, or approve the effect on the ledger and call "
+                    "sync_decisions(state) before resuming.",
+                    field="approval",
+                ) from exc
+            # Put back to wait after the SDK asked (request_approval, a race):
+            # the run goes on without it.
+            return (
+                "This call is waiting for a person's approval and has not run; it cannot "
+                "run until a person approves it."
+            )
+        except EffectLedgerValidationError as exc:
+            if exc.field != "args":  # no workflow, a result that is not JSON: the app's
+                raise
+            return str(exc)  # the arguments, e.g. too large: the model's to fix
+        except (EffectStoreError, EffectInFlightError, EffectLedgerInvariantError):
+            raise
+        except Exception as exc:
+            # The tool's own failure: its exception, a replayed failure
+            # (EffectFailedError), or the wait for another worker timing out.
+            if self._on_error is None:
+                raise
+            message = self._on_error(ctx, exc)
+            return await message if inspect.isawaitable(message) else message
+        return (
+            result if isinstance(result, str) else canonical_json(result, field="result").decode()
+        )
+
+    def _mismatch_text(self, exc: EffectPayloadMismatchError, values: dict[str, object]) -> str:
+        keys = self.tool.idempotency_keys or ()
+        same = _show(values, keys) if keys else "the same arguments"
+        return (
+            f"An earlier call with {same} used {_show(exc.effect.args, exc.fields)}, so this "
+            f"call ({_show(values, exc.fields)}) was not run: calls with {same} must repeat "
+            f"{', '.join(exc.fields)}."
+        )
+
+
+def _show(values: Mapping[str, object], names: Iterable[str]) -> str:
+    return ", ".join(f"{n}={orjson.dumps(values.get(n)).decode()}" for n in names)
+
+
+def _decision_text(effect: Effect) -> str:
+    """What the model reads for a denied or canceled effect (a rejection, a re-sent call)."""
+    reason = effect.error.message if effect.error is not None else None
+    # Without a reason the ledger records the status itself ("denied").
+    because = f" ({reason})" if reason and reason != effect.status.value else ""
+    if effect.status is EffectStatus.CANCELED:
+        return f"This call was canceled{because}. It will not run again; do not send it again."
+    return f"A person denied this call{because}. It did not run and will not; do not send it again."
+
+
+# -- approvals ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """An interruption's ledger call: its converted tool and effect key."""
+
+    calls: _Calls
+    values: dict[str, object]
+    key: str
+
+
+def _ledger_call(item: ToolApprovalItem) -> _Found | None:
+    """The ledger call behind an interruption, or None (another tool, arguments that do not bind).
+
+    The key is made again from the tool, the arguments and the workflow, as
+    the call made it, so call the helpers inside the same ``ledger.workflow()``.
+    """
+    agent = getattr(item, "agent", None)
+    converted = next(
+        (
+            t
+            for t in getattr(agent, "tools", ())
+            if isinstance(t, LedgerFunctionTool) and t.name == item.tool_name
+        ),
+        None,
+    )
+    if converted is None:
+        return None
+    calls = converted._calls
+    try:
+        values = calls.arguments(item.arguments)
+    except MalformedToolCall:
+        return None  # nothing stored, nothing to decide: the invocation answers the model
+    return _Found(calls, values, calls.ledger.idem_key(calls.tool_call(values)))
+
+
+async def _effect(found: _Found, call_id: str | None) -> Effect | None:
+    """The call's effect, created waiting for a person if the ledger has none yet."""
+    effect = await found.calls.ledger.find_by_idem_key(found.key)
+    if effect is None:
+        await found.calls.park(found.values, call_id)
+        effect = await found.calls.ledger.find_by_idem_key(found.key)
+    return effect
+
+
+def _mirror(state: RunState[Any, Any], item: ToolApprovalItem, effect: Effect | None) -> bool:
+    """Give the run state the ledger's decision on ``effect``; False while it has none."""
+    if effect is None or effect.status is EffectStatus.REQUIRES_APPROVAL:
+        return False
+    if effect.status in (EffectStatus.DENIED, EffectStatus.CANCELED):
+        state.reject(item, rejection_message=_decision_text(effect))
+    else:
+        state.approve(item)  # approved (and maybe run since): the call runs or replays
+    return True
+
+
+async def approve(
+    state: RunState[Any, Any], item: ToolApprovalItem, *, by: str, note: str | None = None
+) -> Effect | None:
+    """Approve an interruption on the ledger (``by``, ``note`` on the receipt), then in ``state``.
+
+    Returns the effect. When another decision got to it first, that one
+    stands, and ``state`` gets it (a denial is a rejection). For an
+    interruption of a tool that is not a ledger tool, or whose arguments do
+    not make a call, it only approves in ``state`` and returns None.
+    """
+    found = _ledger_call(item)
+    if found is None:
+        state.approve(item)
+        return None
+    if await _effect(found, item.call_id) is not None:
+        await found.calls.ledger.approve(found.key, by=by, note=note)
+    effect = await found.calls.ledger.find_by_idem_key(found.key)
+    _mirror(state, item, effect)
+    return effect
+
+
+async def reject(
+    state: RunState[Any, Any], item: ToolApprovalItem, *, by: str, reason: str | None = None
+) -> Effect | None:
+    """Deny an interruption on the ledger (``by``, ``reason`` on the receipt), then in ``state``.
+
+    The model is told a person denied the call, and why; sent again, it is
+    told again and nothing runs. Returns the effect; another decision that
+    got there first stands, as for ``approve``. Not a ledger tool's call:
+    only rejects in ``state`` and returns None.
+    """
+    found = _ledger_call(item)
+    if found is None:
+        state.reject(item)
+        return None
+    if await _effect(found, item.call_id) is not None:
+        await found.calls.ledger.deny(found.key, reason=reason, by=by)
+    effect = await found.calls.ledger.find_by_idem_key(found.key)
+    _mirror(state, item, effect)
+    return effect
+
+
+async def sync_decisions(state: RunState[Any, Any]) -> list[ToolApprovalItem]:
+    """Copy the ledger's decisions on the run's interruptions into ``state``.
+
+    For decisions made elsewhere (``agent-ledger approve``, another
+    service): each interruption whose effect was approved is approved in
+    ``state``, each denied or canceled one rejected. Returns the
+    interruptions still waiting for a person; resume the run when it is
+    empty. One the ledger does not hold yet (its request could not be
+    recorded when the run paused) is recorded now, waiting, so it can be
+    decided there. Other tools' interruptions are returned untouched.
+    """
+    waiting: list[ToolApprovalItem] = []
+    for item in state.get_interruptions():
+        found = _ledger_call(item)
+        if found is None or not _mirror(state, item, await _effect(found, item.call_id)):
+            waiting.append(item)
+    return waiting
