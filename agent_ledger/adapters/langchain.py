@@ -2,7 +2,9 @@
 
 ``as_langchain_tool(tool)`` gives a tool registered with ``@ledger.tool`` to
 LangChain: its arguments schema comes from the function's signature (the
-``effect`` parameter left out), and every run is one ``Tool.invoke``. Invoked
+``effect`` parameter left out), and every run is one ``Tool.invoke``
+(``ainvoke``) or ``Tool.invoke_sync`` (``invoke``, from sync code: the
+ledger runs the call on its own event-loop thread). Invoked
 with a ``ToolCall`` (what a model sends, an ``AIMessage.tool_calls`` entry),
 the call's id is recorded as the effect's ``call_id`` (never part of the key)
 and the result is a ``ToolMessage`` carrying that id, so five calls with five
@@ -34,7 +36,7 @@ import re
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 try:
     from langchain_core.messages import ToolMessage
@@ -269,7 +271,6 @@ def _build(
     schema made them.
     """
     options = None if wait_for_approval else RunOptions(wait_for_approval=False)
-    ledger_name = tool.name
 
     def started(kwargs: dict[str, Any]) -> tuple[str | None, dict[str, object] | ToolMessage]:
         run = _RUN.get()
@@ -293,16 +294,18 @@ def _build(
         try:
             return await tool.invoke(values, call_id=call_id, run_options=options)
         except EffectFailedError as exc:
-            if raised_as(exc, ToolException):
-                raise ToolException(exc.message) from exc
-            raise
+            _raise_replayed(exc)
 
     def func(**kwargs: Any) -> Any:
-        raise NotImplementedError(
-            f"LangChain tool {name!r} (ledger tool {ledger_name!r}) runs asynchronously only: "
-            "call `await tool.ainvoke(...)`. Synchronous invoke needs the ledger's sync "
-            "callers (Tool.invoke_sync), which this version does not have."
-        )
+        # Sync invoke: the ledger runs the call on its own event loop thread
+        # (Tool.invoke_sync), in this context, so the workflow scope applies.
+        call_id, values = started(kwargs)
+        if isinstance(values, ToolMessage):
+            return values
+        try:
+            return tool.invoke_sync(values, call_id=call_id, run_options=options)
+        except EffectFailedError as exc:
+            _raise_replayed(exc)
 
     lc_tool = LedgerTool(
         name=name,
@@ -314,6 +317,13 @@ def _build(
     )
     lc_tool._ledger_tool = tool
     return lc_tool
+
+
+def _raise_replayed(error: EffectFailedError) -> NoReturn:
+    """A replayed failure raises ``ToolException`` again if the first call raised one."""
+    if raised_as(error, ToolException):
+        raise ToolException(error.message) from error
+    raise error
 
 
 def _langchain_name(ledger_name: str) -> str:

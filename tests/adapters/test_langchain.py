@@ -10,6 +10,9 @@ import asyncio
 import json
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
@@ -30,7 +33,8 @@ from agent_ledger import (
 from agent_ledger import ToolCall as LedgerCall
 from agent_ledger.adapters._common import MalformedToolCall
 from agent_ledger.adapters.langchain import LedgerTool, as_langchain_tool, wrap_langchain_tool
-from tests.harness import StoreHarness
+from agent_ledger.sync import open_ledger
+from tests.harness import DSN, TEST_SCHEMA, StoreHarness, ensure_test_schema, require_postgres
 
 
 def calls(name: str, args: dict[str, Any], n: int) -> list[ToolCall]:
@@ -290,17 +294,81 @@ async def test_a_call_outside_a_workflow_raises(harness: StoreHarness) -> None:
     assert await harness.raw_count() == 0
 
 
-def test_sync_invoke_says_it_is_not_supported_yet(harness: StoreHarness) -> None:
-    """Until the ledger has sync callers, invoke() says to use ainvoke()."""
-    ledger = harness.ledger()
-    lc_tool = charge_tool(ledger, [])
-    with ledger.workflow("w"), pytest.raises(NotImplementedError, match="ainvoke"):
-        lc_tool.invoke({"order_id": "o1", "amount": 5})
-
-
 def test_only_ledger_tools_convert() -> None:
     with pytest.raises(EffectLedgerValidationError, match="ledger tool"):
         as_langchain_tool(len)  # type: ignore[arg-type]
+
+
+# -- sync invoke ------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def sync_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EffectLedger]:
+    """A ledger for sync code (agent_ledger.sync), on each store; closed afterwards."""
+    if request.param == "memory":
+        url = "memory://"
+    elif request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    else:
+        require_postgres()
+        asyncio.run(ensure_test_schema())
+        url = f"{DSN}?schema={TEST_SCHEMA}"
+    ledger = open_ledger(url)
+    try:
+        yield ledger
+    finally:
+        ledger.close_sync()
+
+
+def effects_in(ledger: EffectLedger, workflow: str) -> list[Effect]:
+    return ledger.call_sync(ledger.list_effects, workflow_id=workflow).effects
+
+
+def test_sync_invoke_runs_once_for_five_tool_calls(sync_ledger: EffectLedger) -> None:
+    """invoke() from sync code: five ToolCalls, one run, five messages with their own ids."""
+    runs: list[str] = []
+    lc_tool = charge_tool(sync_ledger, runs)
+    workflow = f"sync-{uuid.uuid4()}"
+    with sync_ledger.workflow(workflow):
+        replies = [
+            lc_tool.invoke(c) for c in calls(lc_tool.name, {"order_id": "o", "amount": 1}, 5)
+        ]
+    assert runs == ["o"]
+    assert [r.tool_call_id for r in replies] == [f"call_{i}" for i in range(5)]
+    (effect,) = effects_in(sync_ledger, workflow)
+    assert effect.call_id == "call_0"
+
+
+def test_sync_invoke_answers_malformed_calls_and_keeps_denials(sync_ledger: EffectLedger) -> None:
+    """Sync: a malformed call stores nothing; pending raises; denied stays denied; approved
+    runs once."""
+    runs: list[str] = []
+    lc_tool = charge_tool(sync_ledger, runs, wait_for_approval=False, requires_approval=over_100)
+    workflow = f"sync-{uuid.uuid4()}"
+    with sync_ledger.workflow(workflow):
+        (bad,) = calls(lc_tool.name, {"order_id": "o"}, 1)
+        assert lc_tool.invoke(bad).status == "error"
+        assert effects_in(sync_ledger, workflow) == []
+        for order, decide in (("denied", sync_ledger.deny), ("approved", sync_ledger.approve)):
+            with pytest.raises(ApprovalPendingError) as pending:
+                lc_tool.invoke({"order_id": order, "amount": 500})
+            assert sync_ledger.call_sync(decide, pending.value.idem_key)
+        with pytest.raises(EffectDeniedError):
+            lc_tool.invoke({"order_id": "denied", "amount": 500})
+        for call in calls(lc_tool.name, {"order_id": "approved", "amount": 500}, 2):
+            assert lc_tool.invoke(call).status == "success"
+    assert runs == ["approved"]
+
+
+def test_sync_invoke_of_a_wrapped_tool(sync_ledger: EffectLedger) -> None:
+    """A wrapped LangChain tool invoked from sync code runs once per key too."""
+    SEARCHES.clear()
+    wrapped = wrap_langchain_tool(sync_ledger, search)
+    workflow = f"sync-{uuid.uuid4()}"
+    with sync_ledger.workflow(workflow):
+        replies = [wrapped.invoke(c) for c in calls("search", {"query": "desk"}, 3)]
+    assert SEARCHES == ["desk"]
+    assert [r.content for r in replies] == [["desk-0", "desk-1"]] * 3
 
 
 # -- a LangChain tool run through the ledger ----------------------------------------------
@@ -443,13 +511,3 @@ def test_without_langchain_the_import_error_names_the_extra() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert 'pip install "agent-ledger[langchain]"' in done.stdout
-
-
-def test_import_agent_ledger_imports_no_framework() -> None:
-    code = (
-        "import sys, agent_ledger, agent_ledger.adapters\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('langchain_core', 'mcp', 'pydantic', 'openai', 'anthropic', 'agents')))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "[]"
