@@ -229,7 +229,7 @@ def wrap_langchain_tool(
             field="base_tool",
         )
     schema = _model_schema(base_tool)
-    fn = _function_running(base_tool, _parameters(base_tool, schema))
+    fn = _function_running(base_tool, *_parameters(base_tool, schema))
     tool: Tool[Any] = ledger.tool(
         base_tool.name if name is None else name,
         idempotency_keys=idempotency_keys,
@@ -361,19 +361,24 @@ def _model_schema(base_tool: BaseTool) -> type[BaseModel] | dict[str, Any]:
 
 def _parameters(
     base_tool: BaseTool, schema: type[BaseModel] | dict[str, Any]
-) -> list[inspect.Parameter]:
-    """The named parameters a wrapped LangChain tool takes, from what it shows a model."""
+) -> tuple[list[inspect.Parameter], frozenset[str]]:
+    """The named parameters a wrapped LangChain tool takes, from what it shows a model,
+    and the optional ones without a default (a JSON schema may leave it to the tool).
+
+    Those get ``None`` in the ledger's signature, which has a default for every
+    optional parameter, and are left out of the tool's input when ``None``, so
+    the tool applies its own default.
+    """
     kind = inspect.Parameter.KEYWORD_ONLY
     if isinstance(schema, dict):
         required = set(schema.get("required", ()))
+        properties: dict[str, Any] = schema.get("properties", {})
         return [
             inspect.Parameter(
-                name,
-                kind,
-                default=REQUIRED if name in required else prop.get("default", None),
+                name, kind, default=REQUIRED if name in required else prop.get("default")
             )
-            for name, prop in schema.get("properties", {}).items()
-        ]
+            for name, prop in properties.items()
+        ], frozenset(n for n, p in properties.items() if n not in required and "default" not in p)
     full = base_tool.args_schema
     full_fields = (
         full.model_fields if isinstance(full, type) and issubclass(full, BaseModel) else {}
@@ -397,16 +402,17 @@ def _parameters(
             ),
         )
         for name, field in schema.model_fields.items()
-    ]
+    ], frozenset()
 
 
 def _function_running(
-    base_tool: BaseTool, parameters: list[inspect.Parameter]
+    base_tool: BaseTool, parameters: list[inspect.Parameter], unset: frozenset[str]
 ) -> Callable[..., Any]:
     """The function the ledger tool wraps: runs ``base_tool`` with the call's arguments."""
 
     async def run_langchain_tool(**arguments: Any) -> Any:
-        return await base_tool.ainvoke(arguments)
+        sent = {k: v for k, v in arguments.items() if not (v is None and k in unset)}
+        return await base_tool.ainvoke(sent)
 
     run_langchain_tool.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
     run_langchain_tool.__name__ = run_langchain_tool.__qualname__ = base_tool.name

@@ -155,6 +155,20 @@ async def test_name_description_and_field_descriptions(harness: StoreHarness) ->
         assert await lc_tool.ainvoke({"to": "ada"}) == "ada"  # a sync function works too
 
 
+async def test_positional_only_parameters_are_arguments_by_name(harness: StoreHarness) -> None:
+    ledger = harness.ledger()
+
+    @ledger.tool("math.scale")
+    def scale(value: int, /, factor: int = 2) -> int:
+        return value * factor
+
+    lc_tool = as_langchain_tool(scale)
+    async with ledger.workflow("w"):
+        assert await lc_tool.ainvoke({"value": 3}) == 6
+        assert await scale(3) == 6  # the same call: one effect
+    assert await harness.raw_count() == 1
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -452,23 +466,28 @@ async def test_wrapped_json_schema_tool_checks_arguments_before_storing(
         name: str = "echo"
         description: str = "Echo a word."
 
-        def _run(self, word: str, times: int = 1) -> str:
-            return word * times
+        def _run(self, word: str, times: int = 1, suffix: str = "!") -> str:
+            return word * times + suffix
 
     schema = {
         "type": "object",
-        "properties": {"word": {"type": "string"}, "times": {"type": "integer", "default": 1}},
+        "properties": {
+            "word": {"type": "string"},
+            "times": {"type": "integer", "default": 1},
+            "suffix": {"type": "string"},  # optional, its default left to the tool
+        },
         "required": ["word"],
     }
     wrapped = wrap_langchain_tool(ledger, Echo(args_schema=schema))
     async with ledger.workflow("w"):
         good, bad = calls("echo", {"word": "hi"}, 1)[0], calls("echo", {"wurd": "hi"}, 1)[0]
-        assert (await wrapped.ainvoke(good)).text == "hi"
+        assert (await wrapped.ainvoke(good)).text == "hi!"
+        assert await wrapped.ainvoke({"word": "hi", "times": 2, "suffix": "?"}) == "hihi?"
         reply = await wrapped.ainvoke(bad)
         with pytest.raises(MalformedToolCall, match="wurd"):
             await wrapped.ainvoke({"wurd": "hi"})
     assert reply.status == "error" and "wurd" in reply.text
-    assert await harness.raw_count() == 1
+    assert await harness.raw_count() == 2
 
 
 def test_wrapping_refuses_what_cannot_be_a_key(harness: StoreHarness) -> None:

@@ -409,3 +409,20 @@ def test_without_mcp_the_import_error_names_the_extra() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert 'pip install "agent-ledger[mcp]"' in done.stdout
+
+
+async def test_positional_only_parameters_and_a_parameter_named_ctx(harness: StoreHarness) -> None:
+    """Every parameter kind is an argument by name; a tool's own `ctx` is not the Context."""
+    ledger = harness.ledger()
+
+    @ledger.tool("notes.tag")
+    def tag(note: int, /, ctx: str = "none") -> str:
+        return f"{note}:{ctx}"
+
+    server = MCPServer("notes")
+    add_tool(server, tag, workflow_id="w")
+    async with Client(server) as client:
+        (listed,) = (await client.list_tools()).tools
+        result = await client.call_tool("notes.tag", {"note": 3, "ctx": "work"})
+    assert set(listed.input_schema["properties"]) == {"note", "ctx"}
+    assert text(result) == "3:work"
