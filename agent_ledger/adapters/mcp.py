@@ -76,15 +76,20 @@ def add_tools(
 ) -> None:
     """Register ledger tools on ``server``: every tool of a ledger, or the ones given.
 
-    Each is ``add_tool(server, tool, ...)`` with these options; the ledger's
-    tools are taken as they are now (register tools first).
+    Each is ``add_tool(server, tool, ...)`` with these options, except that
+    a tool with a workflow of its own (``@ledger.tool(workflow_id=...)``)
+    keeps it: ``workflow_id`` applies to the others. The ledger's tools are
+    taken as they are now (register tools first). Nothing is registered if
+    one of ``tools`` is not a ledger tool.
     """
     found = list(tools.tools.values()) if isinstance(tools, EffectLedger) else list(tools)
+    for tool in found:
+        _check_tool(tool)
     for tool in found:
         add_tool(
             server,
             tool,
-            workflow_id=workflow_id,
+            workflow_id=workflow_id if tool.workflow_id is None else None,
             wait_for_approval=wait_for_approval,
             annotations=annotations,
         )
@@ -122,10 +127,7 @@ def add_tool(
         raise EffectLedgerValidationError(
             f"add_tool registers on an mcp MCPServer, got {server!r}", field="server"
         )
-    if not isinstance(tool, Tool):
-        raise EffectLedgerValidationError(
-            f"add_tool takes a ledger tool (from @ledger.tool), got {tool!r}", field="tool"
-        )
+    _check_tool(tool)
     if tool.workflow_id is not None and workflow_id is not None:
         raise EffectLedgerValidationError(
             f"tool {tool.name!r} belongs to workflow {tool.workflow_id!r} (its workflow_id=), "
@@ -145,6 +147,13 @@ def add_tool(
         description=_describe(tool) if description is None else description,
         annotations=_idempotent(annotations),
     )
+
+
+def _check_tool(tool: object) -> None:
+    if not isinstance(tool, Tool):
+        raise EffectLedgerValidationError(
+            f"expected a ledger tool (from @ledger.tool), got {tool!r}", field="tool"
+        )
 
 
 def _idempotent(annotations: ToolAnnotations | None) -> ToolAnnotations:
