@@ -9,7 +9,8 @@ only when that module is imported (``import agent_ledger`` never does):
 * ``agent_ledger.adapters.openai_agents``: ``FunctionTool`` for the OpenAI
   Agents SDK (extra ``agents``);
 * ``agent_ledger.adapters.langchain``: ``StructuredTool`` (extra ``langchain``);
-* ``agent_ledger.adapters.mcp``: tools on a FastMCP server (extra ``mcp``).
+* ``agent_ledger.adapters.mcp``: tools on an ``MCPServer`` (FastMCP before mcp 2;
+  extra ``mcp``).
 
 Every adapter dispatches to tools registered with ``@ledger.tool`` through
 ``Tool.invoke``: the framework's call id is recorded as the effect's

@@ -1,0 +1,432 @@
+"""LangChain: a ledger tool as a ``StructuredTool``, and a LangChain tool run through the ledger.
+
+``as_langchain_tool(tool)`` gives a tool registered with ``@ledger.tool`` to
+LangChain: its arguments schema comes from the function's signature (the
+``effect`` parameter left out), and every run is one ``Tool.invoke``
+(``ainvoke``) or ``Tool.invoke_sync`` (``invoke``, from sync code: the
+ledger runs the call on its own event-loop thread). Invoked
+with a ``ToolCall`` (what a model sends, an ``AIMessage.tool_calls`` entry),
+the call's id is recorded as the effect's ``call_id`` (never part of the key)
+and the result is a ``ToolMessage`` carrying that id, so five calls with five
+ids get one execution and five messages.
+
+``wrap_langchain_tool(ledger, base_tool, ...)`` does the reverse for a tool
+you already have: it registers a ledger tool that runs the LangChain tool
+(name, keys and approval policy as ``@ledger.tool`` takes them) and returns
+the LangChain tool to give the model in its place.
+
+What reaches whom:
+
+* Malformed arguments (that do not fit the schema or the signature) store
+  nothing. Invoked with a ``ToolCall``, the result is a ``ToolMessage`` with
+  ``status="error"`` telling the model what was wrong; invoked with plain
+  arguments, ``MalformedToolCall`` is raised.
+* Everything else the ledger decides reaches the application as the
+  exception it is: ``EffectDeniedError``, ``ApprovalPendingError`` (with
+  ``wait_for_approval=False``), ``EffectPayloadMismatchError``, and the tool's
+  own exception (a replay of a failure: ``EffectFailedError``). A tool that
+  raises ``ToolException`` for the model to read gets the same on replays,
+  so LangChain's ``handle_tool_error`` treats both alike.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
+
+try:
+    from langchain_core.messages import ToolMessage
+    from langchain_core.tools import BaseTool, StructuredTool, ToolException
+except ImportError as exc:  # pragma: no cover - exercised without the extra
+    raise ImportError(
+        "agent_ledger.adapters.langchain needs LangChain: "
+        'pip install "agent-ledger[langchain]" (langchain-core)'
+    ) from exc
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, create_model
+from pydantic_core import to_jsonable_python
+
+from agent_ledger.adapters._common import MalformedToolCall
+from agent_ledger.adapters._messages import raised_as
+from agent_ledger.adapters._signature import REQUIRED, arguments, description
+from agent_ledger.errors import EffectFailedError, EffectLedgerValidationError
+from agent_ledger.options import RunOptions
+from agent_ledger.tools import Tool
+
+if TYPE_CHECKING:
+    from agent_ledger.calls import ToolCall
+    from agent_ledger.ledger import EffectLedger
+
+__all__ = ["LedgerTool", "as_langchain_tool", "wrap_langchain_tool"]
+
+#: What model providers accept in a function name (OpenAI's rule; Anthropic's is the same set).
+_NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+@dataclass(slots=True)
+class _Run:
+    """One LangChain run of a ledger tool, as the tool's function sees it."""
+
+    #: The ToolCall's id, when LangChain was given a ToolCall.
+    call_id: str | None
+    #: Set when LangChain has validated the input and called the tool's function.
+    started: bool = False
+
+
+# LangChain hands the tool-call id to BaseTool.run/arun but not to the
+# function they call; LedgerTool puts it here for the duration of the run.
+# A run copies the context before calling the function, so the value reaches
+# it, and nested runs of other tools set their own.
+_RUN: ContextVar[_Run | None] = ContextVar("agent_ledger_langchain_run", default=None)
+
+
+class LedgerTool(StructuredTool):
+    """A ``StructuredTool`` whose every run is one run of a ledger tool (``ledger_tool``).
+
+    Made by ``as_langchain_tool`` and ``wrap_langchain_tool``. It behaves as
+    any ``StructuredTool`` (``invoke``, ``ainvoke``, ``bind_tools``, agents)
+    and adds what the ledger needs: the ``ToolCall``'s id, and malformed
+    arguments answered without running anything (see the module doc).
+    """
+
+    _ledger_tool: Tool[Any] = PrivateAttr()
+
+    @property
+    def ledger_tool(self) -> Tool[Any]:
+        """The ledger tool this LangChain tool runs."""
+        return self._ledger_tool
+
+    def run(
+        self,
+        tool_input: str | dict[str, Any],
+        *args: Any,
+        tool_call_id: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        run = _Run(tool_call_id)
+        token = _RUN.set(run)
+        try:
+            return super().run(tool_input, *args, tool_call_id=tool_call_id, **kwargs)
+        except ValidationError as exc:
+            if run.started:
+                raise  # the tool's own exception, not its input's
+            return self._malformed(_describe(self.name, exc), tool_call_id, exc)
+        finally:
+            _RUN.reset(token)
+
+    async def arun(
+        self,
+        tool_input: str | dict[str, Any],
+        *args: Any,
+        tool_call_id: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        run = _Run(tool_call_id)
+        token = _RUN.set(run)
+        try:
+            return await super().arun(tool_input, *args, tool_call_id=tool_call_id, **kwargs)
+        except ValidationError as exc:
+            if run.started:
+                raise
+            return self._malformed(_describe(self.name, exc), tool_call_id, exc)
+        finally:
+            _RUN.reset(token)
+
+    def _malformed(
+        self, message: str, tool_call_id: str | None, cause: Exception | None
+    ) -> ToolMessage:
+        """The model's answer to arguments that cannot run: an error ``ToolMessage``.
+
+        Without a tool-call id there is no model to answer, only code that
+        called the tool: it gets ``MalformedToolCall``.
+        """
+        if tool_call_id is None:
+            raise MalformedToolCall(message, tool=self._ledger_tool.name) from cause
+        return ToolMessage(message, tool_call_id=tool_call_id, name=self.name, status="error")
+
+
+def as_langchain_tool(
+    tool: Tool[Any],
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    wait_for_approval: bool = True,
+) -> LedgerTool:
+    """A LangChain ``StructuredTool`` that runs ``tool`` through its ledger.
+
+    ``name`` defaults to the ledger tool's name with every character a model
+    provider refuses in a function name (``.``, spaces, ...) replaced by
+    ``_`` (``payments.charge`` becomes ``payments_charge``); the ledger name,
+    which is in every key, is unchanged. ``description`` defaults to the
+    function's docstring. The arguments schema is built from the signature
+    (``effect`` left out), refuses arguments the function does not take, and
+    NaN/Infinity, which JSON keys cannot hold.
+
+    ``wait_for_approval=False`` makes a call that needs a person's approval
+    raise ``ApprovalPendingError`` at once instead of waiting
+    (``RunOptions(wait_for_approval=False)``). The workflow is the tool's own
+    (``@ledger.tool(workflow_id=...)``) or the ``ledger.workflow(...)``
+    around the call.
+    """
+    if not isinstance(tool, Tool):
+        raise EffectLedgerValidationError(
+            f"as_langchain_tool takes a ledger tool (from @ledger.tool), got {tool!r}",
+            field="tool",
+        )
+    lc_name = _langchain_name(tool.name) if name is None else name
+    schema = _arguments_model(tool, lc_name)
+    return _build(
+        tool,
+        name=lc_name,
+        description=_description(tool) if description is None else description,
+        args_schema=schema,
+        wait_for_approval=wait_for_approval,
+        jsonable=False,
+    )
+
+
+def wrap_langchain_tool(
+    ledger: EffectLedger,
+    base_tool: BaseTool,
+    name: str | None = None,
+    *,
+    idempotency_keys: Sequence[str] | None = None,
+    validate_keys: Sequence[str] | Literal["all"] | None = None,
+    requires_approval: bool | Callable[[ToolCall], bool] | None = None,
+    workflow_id: str | None = None,
+    run_options: RunOptions | None = None,
+    wait_for_approval: bool = True,
+) -> LedgerTool:
+    """Register ``base_tool`` on ``ledger`` as a tool, and return the LangChain tool that runs it.
+
+    The ledger tool is named ``name`` (default: ``base_tool.name``; it is in
+    every key, so keep it stable) and registered in ``ledger.tools``; the
+    other keyword arguments are ``@ledger.tool``'s. Its arguments are the
+    ones ``base_tool`` shows a model (its ``tool_call_schema``), defaults
+    filled in, and each call runs ``base_tool.ainvoke(arguments)`` once per
+    key. Give the model the returned tool instead of ``base_tool``: it has
+    the same name, description and schema.
+
+    Refused (``EffectLedgerValidationError``): ``response_format=
+    "content_and_artifact"`` (the ledger keeps one JSON result per call) and
+    arguments LangChain injects at run time (``InjectedToolArg``), which are
+    not the model's and cannot be part of a key. The result must be JSON,
+    as for any ledger tool; a tool whose ``handle_tool_error`` turns an error
+    into text returns that text, and the ledger records it as the result.
+    """
+    if not isinstance(base_tool, BaseTool):
+        raise EffectLedgerValidationError(
+            f"wrap_langchain_tool takes a LangChain BaseTool, got {base_tool!r}", field="base_tool"
+        )
+    if base_tool.response_format != "content":
+        raise EffectLedgerValidationError(
+            f"LangChain tool {base_tool.name!r} has response_format="
+            f"{base_tool.response_format!r}; only 'content' can be wrapped, since the ledger "
+            "keeps one JSON result per call",
+            field="base_tool",
+        )
+    schema = _model_schema(base_tool)
+    fn = _function_running(base_tool, *_parameters(base_tool, schema))
+    tool: Tool[Any] = ledger.tool(
+        base_tool.name if name is None else name,
+        idempotency_keys=idempotency_keys,
+        validate_keys=validate_keys,
+        requires_approval=requires_approval,
+        workflow_id=workflow_id,
+        run_options=run_options,
+    )(fn)
+    return _build(
+        tool,
+        name=base_tool.name,
+        description=base_tool.description,
+        args_schema=schema,
+        wait_for_approval=wait_for_approval,
+        jsonable=True,
+        return_direct=base_tool.return_direct,
+        tags=base_tool.tags,
+        metadata=base_tool.metadata,
+    )
+
+
+# -- building --------------------------------------------------------------------------
+
+
+def _build(
+    tool: Tool[Any],
+    *,
+    name: str,
+    description: str,
+    args_schema: type[BaseModel] | dict[str, Any],
+    wait_for_approval: bool,
+    jsonable: bool,
+    **fields: Any,
+) -> LedgerTool:
+    """The ``LedgerTool`` whose function and coroutine run ``tool``.
+
+    ``jsonable``: hand the ledger validated arguments as JSON values (a
+    wrapped LangChain tool validates them again itself), rather than as the
+    schema made them.
+    """
+    options = None if wait_for_approval else RunOptions(wait_for_approval=False)
+
+    def started(kwargs: dict[str, Any]) -> tuple[str | None, dict[str, object] | ToolMessage]:
+        run = _RUN.get()
+        call_id = None
+        if run is not None:
+            run.started = True
+            call_id = run.call_id
+        if jsonable:
+            kwargs = to_jsonable_python(kwargs)
+        try:
+            return call_id, tool.bind_arguments(kwargs)
+        except EffectLedgerValidationError as exc:
+            # A JSON-schema tool's input is not validated by LangChain: this
+            # is the first check, and the model's mistake.
+            return call_id, lc_tool._malformed(str(exc), call_id, None)
+
+    async def coroutine(**kwargs: Any) -> Any:
+        call_id, values = started(kwargs)
+        if isinstance(values, ToolMessage):
+            return values
+        try:
+            return await tool.invoke(values, call_id=call_id, run_options=options)
+        except EffectFailedError as exc:
+            _raise_replayed(exc)
+
+    def func(**kwargs: Any) -> Any:
+        # Sync invoke: the ledger runs the call on its own event loop thread
+        # (Tool.invoke_sync), in this context, so the workflow scope applies.
+        call_id, values = started(kwargs)
+        if isinstance(values, ToolMessage):
+            return values
+        try:
+            return tool.invoke_sync(values, call_id=call_id, run_options=options)
+        except EffectFailedError as exc:
+            _raise_replayed(exc)
+
+    lc_tool = LedgerTool(
+        name=name,
+        description=description,
+        args_schema=args_schema,
+        func=func,
+        coroutine=coroutine,
+        **fields,
+    )
+    lc_tool._ledger_tool = tool
+    return lc_tool
+
+
+def _raise_replayed(error: EffectFailedError) -> NoReturn:
+    """A replayed failure raises ``ToolException`` again if the first call raised one."""
+    if raised_as(error, ToolException):
+        raise ToolException(error.message) from error
+    raise error
+
+
+def _langchain_name(ledger_name: str) -> str:
+    return _NOT_IN_A_NAME.sub("_", ledger_name)
+
+
+def _description(tool: Tool[Any]) -> str:
+    return description(tool) or f"Runs {tool.name} (recorded by agent-ledger)."
+
+
+def _arguments_model(tool: Tool[Any], model_name: str) -> type[BaseModel]:
+    """The pydantic model of a ledger tool's arguments, from its signature."""
+    fields: dict[str, Any] = {
+        arg.name: (arg.annotation, ... if arg.default is REQUIRED else arg.default)
+        for arg in arguments(tool)
+    }
+    # extra="forbid": a misspelt argument must not quietly run the tool with a
+    # default. allow_inf_nan=False: JSON (and so a key) cannot hold them.
+    config = ConfigDict(extra="forbid", allow_inf_nan=False, arbitrary_types_allowed=True)
+    model: type[BaseModel] = create_model(model_name, __config__=config, **fields)
+    return model
+
+
+def _model_schema(base_tool: BaseTool) -> type[BaseModel] | dict[str, Any]:
+    """What ``base_tool`` shows a model: a pydantic (v2) model or a JSON schema."""
+    schema = base_tool.tool_call_schema
+    if isinstance(schema, dict) or (isinstance(schema, type) and issubclass(schema, BaseModel)):
+        return schema
+    raise EffectLedgerValidationError(
+        f"LangChain tool {base_tool.name!r} describes its arguments with a pydantic v1 "
+        "model; wrap tools whose args_schema is a pydantic v2 model or a JSON schema",
+        field="base_tool",
+    )
+
+
+def _parameters(
+    base_tool: BaseTool, schema: type[BaseModel] | dict[str, Any]
+) -> tuple[list[inspect.Parameter], frozenset[str]]:
+    """The named parameters a wrapped LangChain tool takes, from what it shows a model,
+    and the optional ones without a default (a JSON schema may leave it to the tool).
+
+    Those get ``None`` in the ledger's signature, which has a default for every
+    optional parameter, and are left out of the tool's input when ``None``, so
+    the tool applies its own default.
+    """
+    kind = inspect.Parameter.KEYWORD_ONLY
+    if isinstance(schema, dict):
+        required = set(schema.get("required", ()))
+        properties: dict[str, Any] = schema.get("properties", {})
+        return [
+            inspect.Parameter(
+                name, kind, default=REQUIRED if name in required else prop.get("default")
+            )
+            for name, prop in properties.items()
+        ], frozenset(n for n, p in properties.items() if n not in required and "default" not in p)
+    full = base_tool.args_schema
+    full_fields = (
+        full.model_fields if isinstance(full, type) and issubclass(full, BaseModel) else {}
+    )
+    injected = sorted(set(full_fields) - set(schema.model_fields))
+    if injected:
+        raise EffectLedgerValidationError(
+            f"LangChain tool {base_tool.name!r} has arguments injected at run time "
+            f"({injected}); they are not the model's and cannot be part of a key, so "
+            "the tool cannot be wrapped. Wrap a tool that takes only the model's arguments.",
+            field="base_tool",
+        )
+    return [
+        inspect.Parameter(
+            name,
+            kind,
+            default=(
+                REQUIRED
+                if field.is_required()
+                else to_jsonable_python(field.get_default(call_default_factory=True))
+            ),
+        )
+        for name, field in schema.model_fields.items()
+    ], frozenset()
+
+
+def _function_running(
+    base_tool: BaseTool, parameters: list[inspect.Parameter], unset: frozenset[str]
+) -> Callable[..., Any]:
+    """The function the ledger tool wraps: runs ``base_tool`` with the call's arguments."""
+
+    async def run_langchain_tool(**arguments: Any) -> Any:
+        sent = {k: v for k, v in arguments.items() if not (v is None and k in unset)}
+        return await base_tool.ainvoke(sent)
+
+    run_langchain_tool.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    run_langchain_tool.__name__ = run_langchain_tool.__qualname__ = base_tool.name
+    run_langchain_tool.__doc__ = base_tool.description
+    return run_langchain_tool
+
+
+def _describe(tool_name: str, error: ValidationError) -> str:
+    """A pydantic error as a model reads it: each field and what was wrong, no echoed values."""
+    problems = "; ".join(
+        f"{'.'.join(str(part) for part in item['loc']) or 'arguments'}: {item['msg']}"
+        for item in error.errors(include_url=False, include_input=False)
+    )
+    return (
+        f"The arguments for tool {tool_name!r} do not fit its schema ({problems}). Nothing "
+        "ran and nothing was stored; call the tool again with arguments that fit it."
+    )

@@ -1,0 +1,260 @@
+"""MCP: serve ledger tools from an MCP server, each ``tools/call`` one ledger run.
+
+``add_tools(server, ledger)`` registers every tool of ``ledger.tools`` on an
+``MCPServer`` (the ``mcp`` SDK's high-level server, called ``FastMCP`` before
+mcp 2); ``add_tool(server, tool)`` one tool, with its own name or title. The
+input schema comes from the function's signature (``effect`` left out), and
+every call goes through ``Tool.invoke`` with the request's JSON-RPC id as
+the effect's ``call_id`` (never part of the key).
+
+Idempotent: a ledger tool runs at most once per key, and its key is made of
+its workflow, its name and its arguments, so a client that sends the same
+call again (a retry after a timeout, a model repeating itself) gets the first
+call's result and nothing runs again. Every tool is therefore annotated
+``idempotentHint=True``, which tells clients (they treat annotations as hints)
+that retrying it is safe. That holds as long as a retry lands in the same
+workflow: with a ``workflow_id`` function that gives each request a workflow
+of its own, pass ``annotations=ToolAnnotations(idempotent_hint=False)``.
+
+What the client reads (``isError`` results, text written for a model):
+
+* arguments the tool does not take, missing or of the wrong type: nothing is
+  stored, and the result says what was wrong;
+* a call waiting for a person's approval: with ``wait_for_approval=False``
+  (the default here: a ``tools/call`` request should not hang for hours,
+  and clients time out) the result says so and nothing ran; the same call
+  sent again after ``approve()`` runs once;
+* a denied (or canceled) call: the result says so, and sending it again
+  runs nothing;
+* a payload mismatch, or a wait for another caller that timed out;
+* the tool's own ``ToolError`` (``mcp.server.mcpserver.exceptions``), the
+  SDK's "error for the model", on the first call and on every replay.
+
+Any other exception from the tool is a crash, as the SDK treats one: the
+client reads only "Error executing tool NAME" (first call and replays alike)
+and the server logs it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+try:
+    from mcp.server.mcpserver import Context, MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+    from mcp.types import ToolAnnotations
+except ImportError as exc:  # pragma: no cover - exercised without the extra
+    raise ImportError(
+        "agent_ledger.adapters.mcp needs the MCP Python SDK (mcp 2): "
+        'pip install "agent-ledger[mcp]"'
+    ) from exc
+
+from agent_ledger.adapters._common import call_tool
+from agent_ledger.adapters._messages import for_model, raised_as
+from agent_ledger.adapters._signature import REQUIRED, arguments, description, return_annotation
+from agent_ledger.errors import EffectFailedError, EffectLedgerValidationError
+from agent_ledger.ledger import EffectLedger
+from agent_ledger.options import RunOptions
+from agent_ledger.tools import Tool
+
+__all__ = ["WorkflowFor", "add_tool", "add_tools"]
+
+#: A workflow id for each call, from the request's MCP ``Context`` (its session, a header...).
+WorkflowFor = Callable[[Context[Any, Any]], str]
+
+
+def add_tools(
+    server: MCPServer[Any],
+    tools: EffectLedger | Iterable[Tool[Any]],
+    *,
+    workflow_id: str | WorkflowFor | None = None,
+    wait_for_approval: bool = False,
+    annotations: ToolAnnotations | None = None,
+) -> None:
+    """Register ledger tools on ``server``: every tool of a ledger, or the ones given.
+
+    Each is ``add_tool(server, tool, ...)`` with these options, except that
+    a tool with a workflow of its own (``@ledger.tool(workflow_id=...)``)
+    keeps it: ``workflow_id`` applies to the others. The ledger's tools are
+    taken as they are now (register tools first). Nothing is registered if
+    one of ``tools`` is not a ledger tool.
+    """
+    found = list(tools.tools.values()) if isinstance(tools, EffectLedger) else list(tools)
+    for tool in found:
+        _check_tool(tool)
+    for tool in found:
+        add_tool(
+            server,
+            tool,
+            workflow_id=workflow_id if tool.workflow_id is None else None,
+            wait_for_approval=wait_for_approval,
+            annotations=annotations,
+        )
+
+
+def add_tool(
+    server: MCPServer[Any],
+    tool: Tool[Any],
+    *,
+    name: str | None = None,
+    title: str | None = None,
+    description: str | None = None,
+    annotations: ToolAnnotations | None = None,
+    workflow_id: str | WorkflowFor | None = None,
+    wait_for_approval: bool = False,
+) -> None:
+    """Register one ledger tool on ``server``; its ``tools/call`` requests run through the ledger.
+
+    ``name`` defaults to the ledger tool's name (MCP allows dots),
+    ``description`` to the function's docstring. ``annotations`` are
+    passed on with ``idempotent_hint=True`` unless they set it (see the
+    module doc).
+
+    The workflow of a call is, in this order: the tool's own
+    (``@ledger.tool(workflow_id=...)``; giving ``workflow_id`` here too is
+    refused), ``workflow_id`` (a string, or a function of the request's
+    ``Context``), else the ``ledger.workflow(...)`` scope the server runs in.
+    A call with none is a server error, logged by the server.
+
+    ``wait_for_approval=True`` makes a call that needs approval wait for the
+    person (within the client's request timeout) instead of answering at
+    once that it is pending.
+    """
+    if not isinstance(server, MCPServer):
+        raise EffectLedgerValidationError(
+            f"add_tool registers on an mcp MCPServer, got {server!r}", field="server"
+        )
+    _check_tool(tool)
+    if tool.workflow_id is not None and workflow_id is not None:
+        raise EffectLedgerValidationError(
+            f"tool {tool.name!r} belongs to workflow {tool.workflow_id!r} (its workflow_id=), "
+            "so a workflow_id given to add_tool would never be used; give one or the other",
+            field="workflow_id",
+        )
+    if workflow_id is not None and not isinstance(workflow_id, str) and not callable(workflow_id):
+        raise EffectLedgerValidationError(
+            f"workflow_id must be a string or a function of the MCP Context, got {workflow_id!r}",
+            field="workflow_id",
+        )
+    fn = _function_for(tool, workflow_id, wait_for_approval)
+    server.add_tool(
+        fn,
+        name=tool.name if name is None else name,
+        title=title,
+        description=_describe(tool) if description is None else description,
+        annotations=_idempotent(annotations),
+    )
+
+
+def _check_tool(tool: object) -> None:
+    if not isinstance(tool, Tool):
+        raise EffectLedgerValidationError(
+            f"expected a ledger tool (from @ledger.tool), got {tool!r}", field="tool"
+        )
+
+
+def _idempotent(annotations: ToolAnnotations | None) -> ToolAnnotations:
+    if annotations is None:
+        return ToolAnnotations(idempotent_hint=True)
+    if annotations.idempotent_hint is None:
+        return annotations.model_copy(update={"idempotent_hint": True})
+    return annotations
+
+
+def _describe(tool: Tool[Any]) -> str:
+    return description(tool) or f"Runs {tool.name} (recorded by agent-ledger)."
+
+
+def _function_for(
+    tool: Tool[Any], workflow_id: str | WorkflowFor | None, wait_for_approval: bool
+) -> Callable[..., Any]:
+    """The function the server calls: the tool's parameters plus the request ``Context``.
+
+    The SDK builds the input schema and validates arguments from its
+    signature and annotations, which are the tool function's, less
+    ``effect``.
+    """
+    options = None if wait_for_approval else RunOptions(wait_for_approval=False)
+    ledger = tool.ledger
+    params = arguments(tool)
+    names = frozenset(p.name for p in params)
+    context_name = _unused("ctx", names)
+
+    def scope(ctx: Context[Any, Any]) -> AbstractContextManager[object]:
+        if workflow_id is None:
+            return nullcontext()
+        return ledger.workflow(workflow_id if isinstance(workflow_id, str) else workflow_id(ctx))
+
+    async def call_ledger_tool(**kwargs: Any) -> Any:
+        ctx: Context[Any, Any] = kwargs.pop(context_name)
+        call_id, sent = _request(ctx)
+        # The SDK ignores arguments the schema does not name; for a tool with
+        # side effects a misspelt argument must not run it with a default.
+        unknown = sorted(set(sent) - names) if sent is not None else []
+        if unknown:
+            raise ToolError(
+                f"unexpected arguments {unknown}; the tool's parameters are {sorted(names)}. "
+                "Nothing ran and nothing was stored."
+            )
+        try:
+            with scope(ctx):
+                return await call_tool(
+                    ledger, tool.name, kwargs, call_id=call_id, run_options=options
+                )
+        except EffectFailedError as exc:
+            if raised_as(exc, ToolError):
+                raise ToolError(exc.message) from exc
+            raise
+        except Exception as exc:
+            text = for_model(exc)
+            if text is None:
+                raise
+            raise ToolError(text) from exc
+
+    parameters = [
+        inspect.Parameter(
+            p.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=p.default,
+            annotation=p.annotation,
+        )
+        for p in params
+    ]
+    parameters.append(
+        inspect.Parameter(context_name, inspect.Parameter.KEYWORD_ONLY, annotation=Context)
+    )
+    returns = return_annotation(tool)
+    fn: Any = call_ledger_tool
+    fn.__signature__ = inspect.Signature(
+        parameters, return_annotation=inspect.Signature.empty if returns is REQUIRED else returns
+    )
+    # The SDK reads both the signature and the type hints (to find the Context).
+    fn.__annotations__ = {p.name: p.annotation for p in parameters}
+    if returns is not REQUIRED:
+        fn.__annotations__["return"] = returns
+    fn.__name__ = fn.__qualname__ = tool.name
+    fn.__doc__ = tool.fn.__doc__
+    return call_ledger_tool
+
+
+def _request(ctx: Context[Any, Any]) -> tuple[str | None, Mapping[str, Any] | None]:
+    """The request's id and its arguments as sent, or (None, None) outside a request.
+
+    ``MCPServer.call_tool`` called from code has no request, hence no id.
+    """
+    try:
+        request = ctx.request_context
+    except ValueError:
+        return None, None
+    sent = request.params.get("arguments") if request.params is not None else None
+    call_id = None if request.request_id is None else str(request.request_id)
+    return call_id, sent if isinstance(sent, Mapping) else None
+
+
+def _unused(name: str, taken: frozenset[str]) -> str:
+    while name in taken:
+        name += "_"
+    return name

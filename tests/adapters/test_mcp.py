@@ -1,0 +1,435 @@
+"""MCP: ledger tools on an MCPServer, called through the SDK's own client, in memory.
+
+Every test connects a real ``mcp.Client`` to the server in the same process
+(the SDK's in-memory path), so each call is a real ``tools/call`` request.
+One test speaks JSON-RPC itself, to show that each response carries its own
+request's id while the ledger runs the tool once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from mcp import Client
+from mcp.client._memory import InMemoryTransport  # the SDK's in-memory transport for tests
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.shared.message import SessionMessage
+from mcp.types import (
+    CallToolResult,
+    JSONRPCNotification,
+    JSONRPCRequest,
+    JSONRPCResponse,
+    TextContent,
+    ToolAnnotations,
+)
+
+from agent_ledger import Effect, EffectLedger, EffectLedgerValidationError, EffectStatus, ToolCall
+from agent_ledger.adapters.mcp import add_tool, add_tools
+from tests.harness import StoreHarness
+
+
+def over_100(call: ToolCall) -> bool:
+    amount = call.args["amount"]
+    return isinstance(amount, int) and amount > 100
+
+
+def shop(ledger: EffectLedger, runs: list[str], **options: Any) -> MCPServer:
+    """A server with one ledger tool, payments.charge, keyed on the order."""
+
+    @ledger.tool("payments.charge", idempotency_keys=["order_id"], requires_approval=over_100)
+    async def charge(
+        order_id: str, amount: int, currency: str = "EUR", *, effect: Effect
+    ) -> dict[str, object]:
+        """Charge an order once."""
+        runs.append(order_id)
+        return {"order": order_id, "amount": amount, "key": effect.idem_key[:8]}
+
+    server = MCPServer("shop")
+    add_tools(server, ledger, **({"workflow_id": "order-42"} | options))
+    return server
+
+
+def text(result: CallToolResult) -> str:
+    (content,) = result.content
+    assert isinstance(content, TextContent)
+    return content.text
+
+
+async def stored(ledger: EffectLedger) -> list[Effect]:
+    return (await ledger.list_effects()).effects
+
+
+# -- schema and annotations ---------------------------------------------------------------
+
+
+async def test_tools_list_shows_the_signature_and_idempotent_hint(harness: StoreHarness) -> None:
+    """The input schema is the function's parameters without effect; idempotentHint is set."""
+    ledger = harness.ledger()
+    server = shop(ledger, [])
+    async with Client(server) as client:
+        (listed,) = (await client.list_tools()).tools
+    assert listed.name == "payments.charge"
+    assert listed.description == "Charge an order once."
+    assert set(listed.input_schema["properties"]) == {"order_id", "amount", "currency"}
+    assert sorted(listed.input_schema["required"]) == ["amount", "order_id"]
+    assert listed.input_schema["properties"]["currency"]["default"] == "EUR"
+    assert listed.annotations is not None and listed.annotations.idempotent_hint is True
+
+
+async def test_add_tool_takes_a_name_title_and_annotations(harness: StoreHarness) -> None:
+    """Given annotations are kept, idempotentHint added unless they set it."""
+    ledger = harness.ledger()
+
+    @ledger.tool("notes.add")
+    def add_note(text: str) -> str:
+        return text
+
+    @ledger.tool("notes.clear")
+    def clear() -> None:
+        """Clear every note."""
+
+    server = MCPServer("notes")
+    add_tool(
+        server,
+        add_note,
+        name="add",
+        title="Add a note",
+        description="Adds one note.",
+        annotations=ToolAnnotations(destructive_hint=False),
+        workflow_id="w",
+    )
+    add_tool(server, clear, annotations=ToolAnnotations(idempotent_hint=False), workflow_id="w")
+    async with Client(server) as client:
+        listed = {t.name: t for t in (await client.list_tools()).tools}
+        assert text(await client.call_tool("add", {"text": "hello"})) == "hello"
+    add, cleared = listed["add"], listed["notes.clear"]
+    assert (add.title, add.description) == ("Add a note", "Adds one note.")
+    assert add.annotations == ToolAnnotations(destructive_hint=False, idempotent_hint=True)
+    assert cleared.annotations == ToolAnnotations(idempotent_hint=False)
+    assert cleared.description == "Clear every note."
+
+
+# -- one execution, each request its own answer --------------------------------------------
+
+
+async def test_five_duplicate_calls_run_once(harness: StoreHarness) -> None:
+    """Five tools/call requests with the same arguments: one run, five equal results."""
+    ledger = harness.ledger()
+    runs: list[str] = []
+    server = shop(ledger, runs)
+    async with Client(server) as client:
+        results = [
+            await client.call_tool("payments.charge", {"order_id": "o42", "amount": 5})
+            for _ in range(5)
+        ]
+    assert runs == ["o42"]
+    assert not any(r.is_error for r in results)
+    assert len({text(r) for r in results}) == 1
+    (effect,) = await stored(ledger)
+    assert effect.status is EffectStatus.SUCCEEDED and effect.dedup_count == 4
+    assert effect.call_id is not None  # the first request's id
+
+
+async def test_each_response_carries_its_own_request_id(harness: StoreHarness) -> None:
+    """Five concurrent JSON-RPC requests with ids call-0..4: five responses, each with its
+    request's id, one run, and the id of the request that ran recorded as its call_id."""
+    ledger = harness.ledger()
+    runs: list[str] = []
+    server = shop(ledger, runs)
+    async with InMemoryTransport(server) as (read, write):
+
+        async def send(message: JSONRPCRequest | JSONRPCNotification) -> None:
+            await write.send(SessionMessage(message))
+
+        async def receive() -> JSONRPCResponse:
+            message = await read.receive()
+            assert isinstance(message, SessionMessage)
+            assert isinstance(message.message, JSONRPCResponse), message
+            return message.message
+
+        hello = {"name": "test", "version": "1"}
+        await send(
+            JSONRPCRequest(
+                jsonrpc="2.0",
+                id="init",
+                method="initialize",
+                params={"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": hello},
+            )
+        )
+        assert (await receive()).id == "init"
+        await send(JSONRPCNotification(jsonrpc="2.0", method="notifications/initialized"))
+        arguments = {"order_id": "o1", "amount": 5}
+        for i in range(5):
+            await send(
+                JSONRPCRequest(
+                    jsonrpc="2.0",
+                    id=f"call-{i}",
+                    method="tools/call",
+                    params={"name": "payments.charge", "arguments": arguments},
+                )
+            )
+        responses = [await receive() for _ in range(5)]
+    assert sorted(str(r.id) for r in responses) == [f"call-{i}" for i in range(5)]
+    assert all(r.result["isError"] is False for r in responses)
+    assert len({str(r.result["content"]) for r in responses}) == 1
+    assert runs == ["o1"]
+    (effect,) = await stored(ledger)
+    assert effect.call_id in {f"call-{i}" for i in range(5)}  # whichever the server began first
+
+
+async def test_concurrent_calls_from_one_client_run_once(harness: StoreHarness) -> None:
+    ledger = harness.ledger()
+    runs: list[str] = []
+    server = shop(ledger, runs)
+    async with Client(server) as client:
+        results = await asyncio.gather(
+            *(
+                client.call_tool("payments.charge", {"order_id": "o2", "amount": 7})
+                for _ in range(5)
+            )
+        )
+    assert runs == ["o2"] and not any(r.is_error for r in results)
+    assert await harness.raw_count() == 1
+
+
+# -- what the client reads when nothing runs -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("arguments", "says"),
+    [
+        ({"order_id": "o1"}, "amount"),  # missing
+        ({"order_id": "o1", "amount": "lots"}, "amount"),  # wrong type
+        ({"order_id": "o1", "amount": 5, "amont": 5}, "unexpected arguments ['amont']"),
+        ({"order_id": "o1", "amount": 5, "effect": "x"}, "unexpected arguments ['effect']"),
+    ],
+)
+async def test_malformed_arguments_give_an_error_result_and_store_nothing(
+    harness: StoreHarness, arguments: dict[str, Any], says: str
+) -> None:
+    ledger = harness.ledger()
+    runs: list[str] = []
+    server = shop(ledger, runs)
+    async with Client(server) as client:
+        result = await client.call_tool("payments.charge", arguments)
+    assert result.is_error and says in text(result)
+    assert runs == []
+    assert await harness.raw_count() == 0
+
+
+async def test_pending_then_denied_call_runs_nothing(harness: StoreHarness) -> None:
+    """A call needing approval answers at once that it waits; after deny() the same call
+    gets an error result saying so, every time, and nothing runs."""
+    ledger = harness.ledger()
+    runs: list[str] = []
+    server = shop(ledger, runs)
+    big = {"order_id": "o9", "amount": 500}
+    async with Client(server) as client:
+        pending = await client.call_tool("payments.charge", big)
+        assert pending.is_error and "waiting for it" in text(pending)
+        (effect,) = await ledger.pending_approvals()
+        assert await ledger.deny(effect.idem_key, reason="over budget", by="ops")
+        denied = [await client.call_tool("payments.charge", big) for _ in range(2)]
+    assert all(r.is_error and "denied this call (over budget)" in text(r) for r in denied)
+    assert runs == []
+    (effect,) = await stored(ledger)
+    assert effect.status is EffectStatus.DENIED
+
+
+async def test_approved_call_runs_once_when_sent_again(harness: StoreHarness) -> None:
+    ledger = harness.ledger()
+    runs: list[str] = []
+    server = shop(ledger, runs)
+    big = {"order_id": "o8", "amount": 500}
+    async with Client(server) as client:
+        assert (await client.call_tool("payments.charge", big)).is_error
+        (effect,) = await ledger.pending_approvals()
+        assert await ledger.approve(effect.idem_key, by="ops")
+        results = [await client.call_tool("payments.charge", big) for _ in range(2)]
+    assert not any(r.is_error for r in results)
+    assert runs == ["o8"]
+
+
+async def test_wait_for_approval_holds_the_request_until_a_decision(
+    harness: StoreHarness,
+) -> None:
+    """wait_for_approval=True: the request waits for the person, then returns the result."""
+    ledger = harness.ledger()
+    runs: list[str] = []
+    server = shop(ledger, runs, wait_for_approval=True)
+    async with Client(server) as client:
+        waiting = asyncio.create_task(
+            client.call_tool("payments.charge", {"order_id": "o7", "amount": 500})
+        )
+        while not await ledger.pending_approvals():
+            await asyncio.sleep(0.01)
+        assert not waiting.done() and runs == []
+        (effect,) = await ledger.pending_approvals()
+        assert await ledger.approve(effect.idem_key)
+        result = await asyncio.wait_for(waiting, 10)
+    assert not result.is_error and runs == ["o7"]
+
+
+async def test_payload_mismatch_is_an_error_result(harness: StoreHarness) -> None:
+    ledger = harness.ledger()
+
+    @ledger.tool("payments.refund", idempotency_keys=["order_id"], validate_keys=["amount"])
+    async def refund(order_id: str, amount: int) -> str:
+        return f"refunded {amount}"
+
+    server = MCPServer("shop")
+    add_tool(server, refund, workflow_id="w")
+    async with Client(server) as client:
+        assert text(await client.call_tool("payments.refund", {"order_id": "o", "amount": 1}))
+        other = await client.call_tool("payments.refund", {"order_id": "o", "amount": 2})
+    assert other.is_error and "different values of ['amount']" in text(other)
+
+
+async def test_tool_errors_read_the_same_on_replay_and_crashes_stay_private(
+    harness: StoreHarness,
+) -> None:
+    """A ToolError's text reaches the client on the first call and on replays; any other
+    exception is a crash the client sees only as 'Error executing tool', both times."""
+    ledger = harness.ledger()
+    runs: list[str] = []
+
+    @ledger.tool("stock.reserve")
+    def reserve(sku: str) -> str:
+        runs.append(sku)
+        raise ToolError(f"{sku} is out of stock")
+
+    @ledger.tool("crm.sync")
+    def sync_crm(account: str) -> str:
+        runs.append(account)
+        raise RuntimeError("password=hunter2")
+
+    server = MCPServer("shop")
+    add_tools(server, [reserve, sync_crm], workflow_id="w")
+    async with Client(server) as client:
+        reserved = [await client.call_tool("stock.reserve", {"sku": "A1"}) for _ in range(2)]
+        synced = [await client.call_tool("crm.sync", {"account": "a"}) for _ in range(2)]
+    assert [text(r) for r in reserved] == [
+        "Error executing tool stock.reserve: A1 is out of stock"
+    ] * 2
+    assert [text(r) for r in synced] == ["Error executing tool crm.sync"] * 2
+    assert all(r.is_error for r in reserved + synced)
+    assert runs == ["A1", "a"]
+    assert {e.status for e in await stored(ledger)} == {EffectStatus.FAILED}
+
+
+# -- workflows ------------------------------------------------------------------------------
+
+
+async def test_workflow_from_the_request_context(harness: StoreHarness) -> None:
+    """workflow_id may be a function of the request's Context: calls in two workflows are
+    two effects, each run once."""
+    ledger = harness.ledger()
+    runs: list[str] = []
+    seen: list[str] = []
+
+    def per_client(ctx: Context[Any, Any]) -> str:
+        seen.append(ctx.request_id)
+        return f"client-{len(seen) % 2}"
+
+    server = shop(ledger, runs, workflow_id=per_client)
+    async with Client(server) as client:
+        for _ in range(4):
+            await client.call_tool("payments.charge", {"order_id": "o1", "amount": 5})
+    assert runs == ["o1", "o1"] and len(seen) == 4
+    assert sorted(e.workflow_id for e in await stored(ledger)) == ["client-0", "client-1"]
+
+
+async def test_the_server_scope_gives_the_workflow_and_none_is_a_server_error(
+    harness: StoreHarness,
+) -> None:
+    """Without workflow_id, the ledger.workflow() the server runs in applies; with no
+    workflow at all the call is a server error and nothing is stored."""
+    ledger = harness.ledger()
+    runs: list[str] = []
+    server = shop(ledger, runs, workflow_id=None)
+    async with Client(server) as client:
+        lost = await client.call_tool("payments.charge", {"order_id": "o1", "amount": 5})
+    assert lost.is_error and text(lost) == "Error executing tool payments.charge"
+    assert await harness.raw_count() == 0
+    async with ledger.workflow("served"), Client(server) as client:
+        found = await client.call_tool("payments.charge", {"order_id": "o1", "amount": 5})
+    assert not found.is_error and runs == ["o1"]
+    (effect,) = await stored(ledger)
+    assert effect.workflow_id == "served"
+
+
+def test_registration_refuses_what_would_not_work(harness: StoreHarness) -> None:
+    ledger = harness.ledger()
+
+    @ledger.tool("pinned", workflow_id="fixed")
+    def pinned() -> None: ...
+
+    server = MCPServer("s")
+    with pytest.raises(EffectLedgerValidationError, match="belongs to workflow 'fixed'"):
+        add_tool(server, pinned, workflow_id="other")
+    with pytest.raises(EffectLedgerValidationError, match="ledger tool"):
+        add_tool(server, print)  # type: ignore[arg-type]
+    with pytest.raises(EffectLedgerValidationError, match="MCPServer"):
+        add_tool(object(), pinned)  # type: ignore[arg-type]
+    with pytest.raises(EffectLedgerValidationError, match="workflow_id"):
+        add_tool(server, pinned, workflow_id=5)  # type: ignore[arg-type]
+
+
+async def test_a_pinned_tool_keeps_its_workflow(harness: StoreHarness) -> None:
+    """add_tools' workflow_id applies to the tools without a workflow of their own."""
+    ledger = harness.ledger()
+
+    @ledger.tool("pinned", workflow_id="fixed")
+    def pinned(x: int) -> int:
+        return x
+
+    @ledger.tool("free")
+    def free(x: int) -> int:
+        return x
+
+    server = MCPServer("s")
+    with pytest.raises(EffectLedgerValidationError, match="ledger tool"):
+        add_tools(server, [free, print])  # type: ignore[list-item]
+    add_tools(server, ledger, workflow_id="given")
+    async with Client(server) as client:
+        assert text(await client.call_tool("pinned", {"x": 3})) == "3"
+        assert text(await client.call_tool("free", {"x": 3})) == "3"
+    assert sorted(e.workflow_id for e in await stored(ledger)) == ["fixed", "given"]
+
+
+# -- packaging ------------------------------------------------------------------------------
+
+
+def test_without_mcp_the_import_error_names_the_extra() -> None:
+    code = (
+        "import sys; sys.modules['mcp'] = None\n"
+        "import agent_ledger\n"
+        "try:\n"
+        "    import agent_ledger.adapters.mcp\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert 'pip install "agent-ledger[mcp]"' in done.stdout
+
+
+async def test_positional_only_parameters_and_a_parameter_named_ctx(harness: StoreHarness) -> None:
+    """Every parameter kind is an argument by name; a tool's own `ctx` is not the Context."""
+    ledger = harness.ledger()
+
+    @ledger.tool("notes.tag")
+    def tag(note: int, /, ctx: str = "none") -> str:
+        return f"{note}:{ctx}"
+
+    server = MCPServer("notes")
+    add_tool(server, tag, workflow_id="w")
+    async with Client(server) as client:
+        (listed,) = (await client.list_tools()).tools
+        result = await client.call_tool("notes.tag", {"note": 3, "ctx": "work"})
+    assert set(listed.input_schema["properties"]) == {"note", "ctx"}
+    assert text(result) == "3:work"
