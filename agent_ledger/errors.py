@@ -240,6 +240,7 @@ for _cls in (
     EffectDeniedError,
     EffectTimeoutError,
     EffectInFlightError,
+    ApprovalPendingError,
     EffectPayloadMismatchError,
     EffectLedgerValidationError,
     EffectStoreError,

@@ -19,3 +19,7 @@ under a new id gets the first call's result.
 """
 
 from __future__ import annotations
+
+from agent_ledger.adapters._common import MalformedToolCall
+
+__all__ = ["MalformedToolCall"]
