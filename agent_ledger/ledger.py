@@ -8,12 +8,16 @@ effects; :mod:`agent_ledger.decisions` records people's decisions;
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
 from agent_ledger.audit import Audit, EffectPage
+from agent_ledger.background import BackgroundLoop, run_blocking
 from agent_ledger.calls import ToolCall
 from agent_ledger.decisions import Decisions
 from agent_ledger.effects import BeginResult, CommitOutcome, Effect
@@ -30,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["EffectLedger"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class EffectLedger:
@@ -51,6 +56,12 @@ class EffectLedger:
         self._audit = Audit(self._store, self._engine.schema)
         self._tools: dict[str, Tool[Any]] = {}
         self._tools_view = MappingProxyType(self._tools)
+        #: The event loop the ledger last ran on, and the loop it owns for
+        #: sync callers (started by their first call); see ``call_sync``.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._background: BackgroundLoop | None = None
+        self._owns_store = False
+        self._background_lock = threading.Lock()
 
     @property
     def store(self) -> Store:
@@ -169,6 +180,9 @@ class EffectLedger:
         The fresh path returns the handler's own value; replays and waiters
         get the recorded JSON decoded (a tuple comes back as a list).
         """
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._enter(loop)
         prepared = self._engine.prepare(call, run_options, hooks)
         with span("agent_ledger.run", call.tool, prepared.new.idem_key):
             return await self._engine.run(prepared, handler, tx)
@@ -192,6 +206,9 @@ class EffectLedger:
         approval is pending; raises ``EffectFailedError`` or
         ``EffectDeniedError`` for recorded failures and decisions.
         """
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._enter(loop)
         return await self._engine.begin(self._engine.prepare(call, run_options, hooks), tx)
 
     async def commit(
@@ -224,6 +241,135 @@ class EffectLedger:
         outcome = await self._store.heartbeat((held,))
         # Busy (its row locked by another transaction just now) is still held.
         return held in outcome.refreshed or held in outcome.busy
+
+    # -- sync callers ---------------------------------------------------------------
+
+    def _enter(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Note the loop a run starts on; refuse a second loop beside the background one.
+
+        A ledger driven from sync code keeps its store on its background
+        loop (a PostgreSQL pool, the waiters' notifications belong to the
+        loop that made them), so async code on another loop must not use it
+        meanwhile.
+        """
+        background = self._background
+        if background is not None and background.running and loop is not background.loop:
+            raise EffectLedgerValidationError(
+                "this ledger is being driven from sync code (tool.sync(), run_sync()), so "
+                "its store lives on the ledger's background event loop; it cannot also run "
+                "on another event loop. Use one ledger per side, or call close_sync() first.",
+                field="loop",
+            )
+        self._loop = loop
+
+    def _blocking_loop(self, what: str) -> asyncio.AbstractEventLoop:
+        """The loop a sync call runs on, refusing a caller that is on an event loop itself."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise EffectLedgerValidationError(
+                f"{what} blocks until the call is done, and it was called on a running event "
+                "loop, which it would stall (heartbeats included). From async code, await "
+                "the tool (or ledger.run()) instead.",
+                field="loop",
+            )
+        with self._background_lock:  # two threads' first calls start one loop
+            home = self._loop
+            background = self._background
+            if background is not None and background.running:
+                return background.loop
+            if home is not None and home.is_running() and not home.is_closed():
+                # Async code is driving this ledger on another thread (a sync
+                # tool, running in a worker thread, calls another tool): run
+                # there, where the store lives.
+                return home
+            self._background = BackgroundLoop(name="agent-ledger-sync")
+            return self._background.loop
+
+    def call_sync(self, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Call an async ledger method (or any coroutine function) from sync code.
+
+        ``ledger.call_sync(ledger.approve, key, by="ops")`` runs the
+        coroutine on the loop this ledger runs on and blocks until it is
+        done. From plain sync code that is a background event loop the
+        ledger starts on first use, on a daemon thread, and owns until
+        ``close_sync()``; from a worker thread of a ledger that async code
+        is driving (a sync tool calling another tool) it is that code's
+        loop. Context variables (the ``ledger.workflow()`` scope) come
+        along. Called on a running event loop it raises instead of
+        blocking that loop. See ``docs/tools.md`` for the cost.
+        """
+        return self._block(getattr(fn, "__qualname__", "call_sync"), fn, *args, **kwargs)
+
+    @overload
+    def run_sync(
+        self,
+        call: ToolCall,
+        handler: Callable[[Effect], Awaitable[T]],
+        run_options: RunOptions | None = None,
+        *,
+        hooks: LedgerHooks | None = None,
+    ) -> T: ...
+
+    @overload
+    def run_sync(
+        self,
+        call: ToolCall,
+        handler: Callable[[Effect], T],
+        run_options: RunOptions | None = None,
+        *,
+        hooks: LedgerHooks | None = None,
+    ) -> T: ...
+
+    def run_sync(
+        self,
+        call: ToolCall,
+        handler: Callable[[Effect], object],
+        run_options: RunOptions | None = None,
+        *,
+        hooks: LedgerHooks | None = None,
+    ) -> object:
+        """``run()`` for sync callers: blocks until the effect's outcome (see ``call_sync``)."""
+        return self._block("run_sync()", self.run, call, handler, run_options, hooks=hooks)
+
+    def _block(
+        self, what: str, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        loop = self._blocking_loop(what)
+        context = contextvars.copy_context()
+        background = self._background
+        if background is not None and loop is background.loop:
+            return background.run(fn(*args, **kwargs), context)
+        return run_blocking(loop, fn(*args, **kwargs), context)
+
+    def close_sync(self, *, timeout_s: float = 10.0) -> None:
+        """Stop the background loop sync calls use: calls still running there are
+        cancelled (their effects recorded ``canceled``, their callers get
+        ``CancelledError``), then the store is closed if the ledger opened it
+        (``agent_ledger.sync.open_ledger``), then the loop's thread ends.
+        Idempotent; a no-op for a ledger only ever used from async code. A
+        later sync call starts a new loop."""
+        background, self._background = self._background, None
+        if background is None or not background.running:
+            return
+        try:
+            # Calls still running end first (recording their effects
+            # canceled), while the store is open.
+            background.drain()
+            if self._owns_store:
+                background.run(self._store.close())
+        finally:
+            if self._loop is background.loop:
+                self._loop = None
+            background.stop(timeout_s)
+
+    def _adopt_background(self, background: BackgroundLoop, *, owns_store: bool) -> None:
+        """Use ``background`` for sync calls: the store was opened on it (``agent_ledger.sync``)."""
+        self._background = background
+        self._loop = background.loop
+        self._owns_store = owns_store
 
     # -- decisions -------------------------------------------------------------------
 

@@ -228,6 +228,28 @@ class Tool(Generic[R_co]):
         # The function's R on a fresh run; on a replay its JSON (a tuple as a list).
         return cast(R_co, result)
 
+    def sync(self, *args: object, **kwargs: object) -> R_co:
+        """``await tool(*args, **kwargs)`` for sync code: blocks until the outcome.
+
+        Runs on the ledger's loop (see ``EffectLedger.call_sync``), in the
+        caller's context, so a ``with ledger.workflow(...)`` around the call
+        applies. Same guarantees as the async call; raises, rather than
+        stalling it, when called on a running event loop.
+        """
+        return self.ledger.call_sync(self.__call__, *args, **kwargs)
+
+    def invoke_sync(
+        self,
+        arguments: Mapping[str, object],
+        *,
+        call_id: str | None = None,
+        run_options: RunOptions | None = None,
+    ) -> R_co:
+        """``invoke`` for sync code (see ``sync``)."""
+        return self.ledger.call_sync(
+            self.invoke, arguments, call_id=call_id, run_options=run_options
+        )
+
     def bind_arguments(self, arguments: Mapping[str, object]) -> dict[str, object]:
         """``bind`` for arguments by name (positional-only ones too), as ``invoke`` binds them.
 
