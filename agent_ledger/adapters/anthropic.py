@@ -16,6 +16,9 @@ exception, a payload mismatch) come back as ``tool_result`` blocks with
 with ``wait_for_approval=False`` (``ApprovalPendingError``) and the
 ledger's own errors are raised, after every block has settled.
 
+``run_tool_uses_sync`` does the same for synchronous agent loops, on the
+ledger's own event loop.
+
 ``tool_definitions`` describes the registered tools for ``tools=``: a
 name the API accepts (``payments.charge`` is sent as ``payments_charge``),
 the docstring, and an ``input_schema`` from the signature without ``effect``.
@@ -47,7 +50,7 @@ if TYPE_CHECKING:
     from agent_ledger.options import RunOptions
     from agent_ledger.tools import Tool
 
-__all__ = ["run_tool_uses", "tool_definitions"]
+__all__ = ["run_tool_uses", "run_tool_uses_sync", "tool_definitions"]
 
 
 async def run_tool_uses(
@@ -84,6 +87,30 @@ async def run_tool_uses(
     ]
     replies = await dispatch(ledger, calls, options_for(run_options, wait_for_approval))
     return [_tool_result(reply) for reply in replies]
+
+
+def run_tool_uses_sync(
+    ledger: EffectLedger,
+    content: Iterable[object] | None,
+    *,
+    wait_for_approval: bool | None = None,
+    run_options: RunOptions | None = None,
+) -> list[ToolResultBlockParam]:
+    """``run_tool_uses`` for a synchronous agent loop: blocks until every call settled.
+
+    Runs on the ledger's event loop (``EffectLedger.call_sync``: a
+    background loop the ledger owns, see "Sync callers" in docs/tools.md),
+    in the caller's context, so ``with ledger.workflow(...)`` applies. The
+    calls still run concurrently there. Called on a running event loop it
+    raises instead of blocking it: await ``run_tool_uses`` there.
+    """
+    return ledger.call_sync(
+        run_tool_uses,
+        ledger,
+        content,
+        wait_for_approval=wait_for_approval,
+        run_options=run_options,
+    )
 
 
 def tool_definitions(

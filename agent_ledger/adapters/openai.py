@@ -19,6 +19,9 @@ payload mismatch) come back as results starting with ``Error:``; a denial
 ``wait_for_approval=False`` (``ApprovalPendingError``) and the ledger's own
 errors are raised, after every call of the turn has settled.
 
+``run_tool_calls_sync`` and ``run_function_calls_sync`` do the same for
+synchronous agent loops, on the ledger's own event loop.
+
 ``chat_tools`` and ``responses_tools`` describe the registered tools for
 the ``tools=`` parameter: a name the API accepts (``payments.charge`` is
 sent as ``payments_charge``), the docstring, and a JSON schema of the
@@ -56,7 +59,14 @@ if TYPE_CHECKING:
     from agent_ledger.options import RunOptions
     from agent_ledger.tools import Tool
 
-__all__ = ["chat_tools", "responses_tools", "run_function_calls", "run_tool_calls"]
+__all__ = [
+    "chat_tools",
+    "responses_tools",
+    "run_function_calls",
+    "run_function_calls_sync",
+    "run_tool_calls",
+    "run_tool_calls_sync",
+]
 
 
 async def run_tool_calls(
@@ -107,6 +117,47 @@ async def run_function_calls(
         ledger, [c for c in calls if c is not None], options_for(run_options, wait_for_approval)
     )
     return [_function_call_output(reply) for reply in replies]
+
+
+def run_tool_calls_sync(
+    ledger: EffectLedger,
+    tool_calls: Iterable[object] | None,
+    *,
+    wait_for_approval: bool | None = None,
+    run_options: RunOptions | None = None,
+) -> list[ChatCompletionToolMessageParam]:
+    """``run_tool_calls`` for a synchronous agent loop: blocks until every call settled.
+
+    Runs on the ledger's event loop (``EffectLedger.call_sync``: a
+    background loop the ledger owns, see "Sync callers" in docs/tools.md),
+    in the caller's context, so ``with ledger.workflow(...)`` applies. The
+    calls still run concurrently there. Called on a running event loop it
+    raises instead of blocking it: await ``run_tool_calls`` there.
+    """
+    return ledger.call_sync(
+        run_tool_calls,
+        ledger,
+        tool_calls,
+        wait_for_approval=wait_for_approval,
+        run_options=run_options,
+    )
+
+
+def run_function_calls_sync(
+    ledger: EffectLedger,
+    items: Iterable[object] | None,
+    *,
+    wait_for_approval: bool | None = None,
+    run_options: RunOptions | None = None,
+) -> list[FunctionCallOutput]:
+    """``run_function_calls`` for a synchronous agent loop (see ``run_tool_calls_sync``)."""
+    return ledger.call_sync(
+        run_function_calls,
+        ledger,
+        items,
+        wait_for_approval=wait_for_approval,
+        run_options=run_options,
+    )
 
 
 def chat_tools(
