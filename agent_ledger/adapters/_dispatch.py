@@ -17,7 +17,9 @@ and how a result is wrapped; what happens in between is this module.
   must handle is raised.** Results: malformed calls (bad JSON, an unknown
   tool, arguments that do not bind; nothing is stored), the tool's own
   exception (recorded as the effect's failure, and read back the same way
-  when a replay raises ``EffectFailedError``), and a payload mismatch
+  when a replay raises ``EffectFailedError``; a ledger error about another
+  tool's effect, from a tool call inside the tool, counts as the tool's
+  own exception), and a payload mismatch
   (nothing ran). Raised: ``EffectDeniedError`` (a person said no, or the
   effect was canceled), ``ApprovalPendingError`` (with
   ``wait_for_approval=False``), ``EffectTimeoutError``, store and
@@ -36,7 +38,7 @@ import orjson
 
 from agent_ledger.adapters._common import MalformedToolCall, call_tool, parse_arguments
 from agent_ledger.adapters._schema import find_model_tool
-from agent_ledger.effects import EffectError
+from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import (
     EffectFailedError,
     EffectLedgerError,
@@ -150,23 +152,41 @@ async def _run_one(ledger: EffectLedger, call: ModelCall, run_options: RunOption
         # parse_arguments answers any other type of arguments as malformed.
         raw = cast("str | bytes | Mapping[str, Any] | None", call.arguments)
         arguments = parse_arguments(raw, call.name)
+    except MalformedToolCall as exc:
+        return _error(call, str(exc))
+    try:
         value = await call_tool(
             ledger, tool.name, arguments, call_id=call.call_id, run_options=run_options
         )
-    except MalformedToolCall as exc:
+    except MalformedToolCall as exc:  # arguments that do not bind
         return _error(call, str(exc))
-    except EffectFailedError as exc:
-        # A replay of a recorded failure: read back as the first time was.
-        return _error(call, _failure(call.name, exc.message, exc.code))
-    except EffectPayloadMismatchError as exc:
-        return _error(call, str(exc))
-    except EffectLedgerError:
-        raise
     except Exception as exc:
+        if _about_another_tool(exc, tool.name):
+            # A ledger error of a tool this one called: its own exception, so far
+            # as this call goes, recorded as this effect's failure (below).
+            pass
+        elif isinstance(exc, EffectFailedError):
+            # A replay of a recorded failure: read back as the first time was.
+            return _error(call, _failure(call.name, exc.message, exc.code))
+        elif isinstance(exc, EffectPayloadMismatchError):
+            return _error(call, str(exc))
+        elif isinstance(exc, EffectLedgerError):
+            raise
         # The tool's own exception, already recorded as the effect's failure.
         message, code = _recorded(exc)
         return _error(call, _failure(call.name, message, code))
     return Reply(call, value if isinstance(value, str) else _json(value))
+
+
+def _about_another_tool(exc: Exception, tool: str) -> bool:
+    """Whether ``exc`` is a ledger error about another tool's effect.
+
+    This call's own run raises only about this tool's effect, so such an
+    error came out of the tool's function (a nested tool call), like any
+    exception of its own.
+    """
+    effect = getattr(exc, "effect", None) if isinstance(exc, EffectLedgerError) else None
+    return isinstance(effect, Effect) and effect.tool != tool
 
 
 def _json(value: object) -> str:

@@ -452,6 +452,37 @@ async def test_a_failing_tool_is_answered_the_same_way_every_time(harness: Store
     )
 
 
+async def test_a_nested_tools_ledger_error_is_the_outer_tools_failure(
+    harness: StoreHarness,
+) -> None:
+    """A tool whose own tool call is denied fails; the model reads it the same every time."""
+    ledger = harness.ledger()
+    charges: list[int] = []
+
+    @ledger.tool("psp.charge", requires_approval=True)
+    async def psp_charge(amount: int) -> str:
+        charges.append(amount)
+        return "charged"
+
+    @ledger.tool("order.place")
+    async def place(amount: int) -> str:
+        return await psp_charge(amount)
+
+    async with ledger.workflow("conv-1"):
+        with pytest.raises(ApprovalPendingError) as pending:
+            await psp_charge.invoke({"amount": 5}, run_options=NO_WAIT)
+        assert await ledger.deny(pending.value.idem_key, reason="no")
+        turn = [chat_call("c1", "order_place", '{"amount": 5}')]
+        first = await run_tool_calls(ledger, turn)
+        replay = await run_tool_calls(ledger, turn)
+        outer = await stored(ledger, place, 5)
+    assert charges == [] and outer.status is EffectStatus.FAILED
+    assert first == replay
+    text = str(first[0]["content"])
+    assert text.startswith("Error: tool 'order_place' failed (EffectDeniedError): ")
+    assert text.endswith("was denied: no")
+
+
 async def test_a_payload_mismatch_is_answered_and_runs_nothing(harness: StoreHarness) -> None:
     """Same order, another amount: the model is told; the stored charge stands."""
     ledger = harness.ledger()
