@@ -1,0 +1,226 @@
+"""Run the tool calls of one model turn and say, for each, what the model reads back.
+
+The OpenAI and Anthropic adapters differ only in how a call is spelled
+and how a result is wrapped; what happens in between is this module.
+
+* **Concurrently, answered in order.** A model that asks for several
+  calls in one turn treats them as independent (OpenAI's parallel tool
+  calls), so they run together (``asyncio.gather``); the results come back
+  in the calls' order. Duplicates among them (one key) run once: the
+  others wait for it and replay its result.
+* **Every call settles before anything is raised.** A call that must stop
+  the application (below) does not cancel its siblings: a charge half done
+  would be left canceled. They finish, are recorded, and then the first
+  such exception, in the calls' order, is raised. Nothing is lost:
+  dispatching the same calls again replays what ran.
+* **What the model can fix is a result; what a person or the application
+  must handle is raised.** Results: malformed calls (bad JSON, an unknown
+  tool, arguments that do not bind; nothing is stored), the tool's own
+  exception (recorded as the effect's failure, and read back the same way
+  when a replay raises ``EffectFailedError``; a ledger error about another
+  tool's effect, from a tool call inside the tool, counts as the tool's
+  own exception), and a payload mismatch
+  (nothing ran). Raised: ``EffectDeniedError`` (a person said no, or the
+  effect was canceled), ``ApprovalPendingError`` (with
+  ``wait_for_approval=False``), ``EffectTimeoutError``, store and
+  validation errors of the application's own making (a call outside a
+  workflow), and cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, cast
+
+import orjson
+
+from agent_ledger.adapters._common import MalformedToolCall, call_tool, parse_arguments
+from agent_ledger.adapters._schema import find_model_tool
+from agent_ledger.effects import Effect, EffectError
+from agent_ledger.errors import (
+    EffectFailedError,
+    EffectLedgerError,
+    EffectLedgerValidationError,
+    EffectPayloadMismatchError,
+)
+from agent_ledger.options import RunOptions, merge_run_options
+
+if TYPE_CHECKING:
+    from agent_ledger.ledger import EffectLedger
+
+__all__ = ["ModelCall", "Reply", "call_of", "dispatch", "field", "options_for"]
+
+#: How an error result starts, so a model reading plain text (OpenAI has no
+#: error flag) tells it from a tool's output.
+ERROR_PREFIX: Final = "Error: "
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCall:
+    """One tool call as the model sent it, whatever the SDK's spelling."""
+
+    #: The framework's id for the call: recorded as ``call_id``, echoed in the result.
+    call_id: str
+    name: str
+    #: JSON text (OpenAI) or an already-decoded object (Anthropic); anything
+    #: else is answered as malformed.
+    arguments: object
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What the model reads back for one call."""
+
+    call: ModelCall
+    #: The result as text: a string as returned, anything else as JSON.
+    content: str
+    #: True when ``content`` explains an error rather than carries a result.
+    is_error: bool = False
+
+
+def field(item: object, name: str) -> object:
+    """``item[name]`` for a dict, ``item.name`` for an SDK object; None when absent."""
+    if isinstance(item, Mapping):
+        return item.get(name)
+    return getattr(item, name, None)
+
+
+def call_of(
+    item: object, *, what: str, id_field: str, name: object, arguments: object
+) -> ModelCall:
+    """A ``ModelCall`` from an SDK item's parts, checking what the SDK guarantees.
+
+    A missing id or name is not the model's doing (the APIs always send
+    them): it raises ``EffectLedgerValidationError`` before anything runs.
+    """
+    call_id = field(item, id_field)
+    if not isinstance(call_id, str) or not call_id:
+        raise EffectLedgerValidationError(
+            f"a {what} needs a non-empty string {id_field!r}, got {call_id!r} in {item!r}; "
+            "nothing was run",
+            field=id_field,
+        )
+    if not isinstance(name, str):
+        raise EffectLedgerValidationError(
+            f"a {what} needs a string name, got {name!r} in {item!r}; nothing was run",
+            field="name",
+        )
+    return ModelCall(call_id=call_id, name=name, arguments=arguments)
+
+
+def options_for(
+    run_options: RunOptions | None, wait_for_approval: bool | None
+) -> RunOptions | None:
+    """The run options for every call: ``run_options``, with ``wait_for_approval`` over them."""
+    if run_options is not None and not isinstance(run_options, RunOptions):
+        raise EffectLedgerValidationError(
+            f"run_options must be a RunOptions, got {run_options!r}", field="run_options"
+        )
+    if wait_for_approval is None:
+        return run_options
+    return merge_run_options(
+        run_options or RunOptions(), RunOptions(wait_for_approval=wait_for_approval)
+    )
+
+
+async def dispatch(
+    ledger: EffectLedger, calls: Sequence[ModelCall], run_options: RunOptions | None
+) -> list[Reply]:
+    """Run ``calls`` concurrently; their replies in order, or the first exception to raise."""
+    if not calls:
+        return []
+    if len(calls) == 1:
+        # No task for the common case: one call, awaited right here.
+        return [await _run_one(ledger, calls[0], run_options)]
+    outcomes = await asyncio.gather(
+        *(_run_one(ledger, call, run_options) for call in calls), return_exceptions=True
+    )
+    replies: list[Reply] = []
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+        replies.append(outcome)
+    return replies
+
+
+async def _run_one(ledger: EffectLedger, call: ModelCall, run_options: RunOptions | None) -> Reply:
+    try:
+        tool = find_model_tool(ledger, call.name)
+        # Parsed here, so an error names the tool as the model knows it;
+        # parse_arguments answers any other type of arguments as malformed.
+        raw = cast("str | bytes | Mapping[str, Any] | None", call.arguments)
+        arguments = parse_arguments(raw, call.name)
+    except MalformedToolCall as exc:
+        return _error(call, str(exc))
+    try:
+        value = await call_tool(
+            ledger, tool.name, arguments, call_id=call.call_id, run_options=run_options
+        )
+    except MalformedToolCall as exc:  # arguments that do not bind
+        return _error(call, str(exc))
+    except Exception as exc:
+        if _about_another_tool(exc, tool.name):
+            # A ledger error of a tool this one called: its own exception, so far
+            # as this call goes, recorded as this effect's failure (below).
+            pass
+        elif isinstance(exc, EffectFailedError):
+            # A replay of a recorded failure: read back as the first time was.
+            return _error(call, _failure(call.name, exc.message, exc.code))
+        elif isinstance(exc, EffectPayloadMismatchError):
+            return _error(call, str(exc))
+        elif isinstance(exc, EffectLedgerError):
+            raise
+        # The tool's own exception, already recorded as the effect's failure.
+        message, code = _recorded(exc)
+        return _error(call, _failure(call.name, message, code))
+    return Reply(call, value if isinstance(value, str) else _json(value))
+
+
+def _about_another_tool(exc: Exception, tool: str) -> bool:
+    """Whether ``exc`` is a ledger error about another tool's effect.
+
+    This call's own run raises only about this tool's effect, so such an
+    error came out of the tool's function (a nested tool call), like any
+    exception of its own.
+    """
+    effect = getattr(exc, "effect", None) if isinstance(exc, EffectLedgerError) else None
+    return isinstance(effect, Effect) and effect.tool != tool
+
+
+def _json(value: object) -> str:
+    # Sorted keys: a replay reads the stored copy, whose key order is the
+    # store's (PostgreSQL's jsonb has its own); sorted, every reply reads the same.
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _error(call: ModelCall, message: str) -> Reply:
+    return Reply(call, ERROR_PREFIX + message, is_error=True)
+
+
+def _failure(name: str, message: str, code: str | None) -> str:
+    return f"tool {name!r} failed ({code or 'error'}): {message}"
+
+
+def _recorded(exc: Exception) -> tuple[str, str | None]:
+    """The message and code the ledger records for ``exc`` (its ``EffectError``).
+
+    The engine's rule, so a first failure and its replays
+    (``EffectFailedError.message`` and ``.code``) read the same; a test
+    holds the two together.
+    """
+    try:
+        message = str(exc) or type(exc).__name__
+    except Exception:
+        message = f"{type(exc).__name__} (its message could not be read)"
+    try:
+        code = getattr(exc, "code", None)
+        if code is None or isinstance(code, bool):
+            code = type(exc).__name__
+        elif not isinstance(code, str):
+            code = str(code)
+    except Exception:
+        code = type(exc).__name__
+    error = EffectError(message=message, code=code)  # made storable as the store's copy is
+    return error.message, error.code

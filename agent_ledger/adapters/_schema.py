@@ -1,0 +1,210 @@
+"""What a model is told about a tool: a name it may use, a description, a JSON schema.
+
+Every framework describes a tool the same way underneath: a name, some
+text, and a JSON schema of an object whose properties are the arguments.
+This module derives all three from the registered ``Tool`` once, so each
+adapter only wraps them in its SDK's shape.
+
+* **Name.** Model APIs accept ``[A-Za-z0-9_-]{1,64}``; a ledger name such as
+  ``payments.charge`` is sent as ``payments_charge``. ``find_model_tool``
+  maps it back. The ledger's name, not this one, goes into keys.
+* **Schema.** Built with pydantic (which the SDKs bring) from the
+  signature's annotations; ``effect`` is left out, a parameter with a
+  default is optional and shows the default, no annotation means any JSON.
+  ``Annotated[int, Field(description=...)]`` describes a parameter.
+  Unknown properties are refused (``additionalProperties: false``), as
+  the tool's binding refuses them.
+
+The schema describes; it does not check. A call's arguments are bound by
+name (unknown, missing or repeated ones are refused) and stored as sent:
+a tool annotated ``amount: int`` receives whatever JSON the model put there.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import weakref
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Final, NotRequired, cast
+
+import orjson
+
+from agent_ledger.adapters._common import MalformedToolCall
+from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.tools import EFFECT_PARAMETER, Tool
+
+try:
+    import pydantic
+    from typing_extensions import TypedDict
+except ImportError as exc:  # pragma: no cover - every adapter extra brings pydantic
+    raise ImportError(
+        "agent-ledger's adapters build tool schemas with pydantic, which every adapter's "
+        'extra installs: pip install "agent-ledger[openai]" (or anthropic, langchain, mcp, '
+        "agents)"
+    ) from exc
+
+if TYPE_CHECKING:
+    from agent_ledger.ledger import EffectLedger
+
+__all__ = [
+    "find_model_tool",
+    "model_name",
+    "parameters_schema",
+    "selected_tools",
+    "tool_description",
+]
+
+#: What OpenAI and Anthropic accept as a function or tool name.
+MODEL_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_NOT_ALLOWED: Final = re.compile(r"[^A-Za-z0-9_-]")
+
+#: Each tool's schema, built once, kept as JSON so every caller gets its own copy.
+_SCHEMAS: weakref.WeakKeyDictionary[Tool[Any], bytes] = weakref.WeakKeyDictionary()
+
+
+def model_name(tool: Tool[Any]) -> str:
+    """The name the model sees for ``tool``: its own, other characters as ``_``.
+
+    Raises ``EffectLedgerValidationError`` for a name longer than 64
+    characters: cutting it could make two tools one.
+    """
+    name = _NOT_ALLOWED.sub("_", tool.name)
+    if not MODEL_NAME.fullmatch(name):
+        raise EffectLedgerValidationError(
+            f"tool {tool.name!r}: model APIs take tool names of at most 64 characters "
+            f"({len(name)} here); register it under a shorter name",
+            field="name",
+        )
+    return name
+
+
+def find_model_tool(ledger: EffectLedger, name: object) -> Tool[Any]:
+    """The tool a model means by ``name``: registered under it, or sent to the model as it.
+
+    Raises ``MalformedToolCall`` (a message for the model) if no tool, or
+    more than one, answers to the name.
+    """
+    if isinstance(name, str):
+        tool = ledger.tools.get(name)
+        if tool is not None:
+            return tool
+        matches = [t for t in ledger.tools.values() if _safe_model_name(t) == name]
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            raise MalformedToolCall(
+                f"the tool name {name!r} is ambiguous here (tools "
+                f"{sorted(t.name for t in matches)}); the application must rename one",
+                tool=name,
+            )
+    known = sorted(n for n in map(_safe_model_name, ledger.tools.values()) if n)
+    raise MalformedToolCall(
+        f"there is no tool named {name!r}; the tools are: {', '.join(known) or 'none'}",
+        tool=name if isinstance(name, str) else None,
+    )
+
+
+def _safe_model_name(tool: Tool[Any]) -> str | None:
+    try:
+        return model_name(tool)
+    except EffectLedgerValidationError:
+        return None
+
+
+def selected_tools(
+    ledger: EffectLedger, tools: Iterable[Tool[Any] | str] | None
+) -> list[Tool[Any]]:
+    """The tools to describe: ``tools`` (tools or registered names), or all, in order.
+
+    Refuses a tool of another ledger, an unknown name, and two tools the
+    model would see under one name.
+    """
+    if tools is None:
+        chosen = list(ledger.tools.values())
+    else:
+        if isinstance(tools, str):
+            raise EffectLedgerValidationError(
+                f"tools must be a list of tools or names, got the string {tools!r}",
+                field="tools",
+            )
+        chosen = []
+        for item in tools:
+            tool = ledger.tools.get(item) if isinstance(item, str) else item
+            if not isinstance(tool, Tool) or ledger.tools.get(tool.name) is not tool:
+                raise EffectLedgerValidationError(
+                    f"{item!r} is not a tool registered on this ledger; "
+                    f"its tools are {sorted(ledger.tools)}",
+                    field="tools",
+                )
+            chosen.append(tool)
+    seen: dict[str, str] = {}
+    for tool in chosen:
+        name = model_name(tool)
+        if seen.setdefault(name, tool.name) != tool.name:
+            raise EffectLedgerValidationError(
+                f"tools {seen[name]!r} and {tool.name!r} would both be called {name!r} by "
+                "the model; rename one",
+                field="tools",
+            )
+    return chosen
+
+
+def tool_description(tool: Tool[Any]) -> str | None:
+    """The function's docstring, cleaned of indentation; None without one."""
+    return inspect.getdoc(tool.fn) or None
+
+
+def parameters_schema(tool: Tool[Any]) -> dict[str, Any]:
+    """The JSON schema (an object) of ``tool``'s arguments, a fresh copy on each call."""
+    cached = _SCHEMAS.get(tool)
+    if cached is None:
+        cached = _SCHEMAS[tool] = orjson.dumps(_build_schema(tool))
+    schema: dict[str, Any] = orjson.loads(cached)
+    return schema
+
+
+def _build_schema(tool: Tool[Any]) -> dict[str, Any]:
+    try:
+        # The annotations as types: `from __future__ import annotations` makes them text.
+        signature = inspect.signature(tool.fn, eval_str=True)
+    except Exception as exc:
+        raise EffectLedgerValidationError(
+            f"tool {tool.name!r}: its parameters' annotations cannot be resolved "
+            f"({type(exc).__name__}: {exc}), so it has no JSON schema; annotate with types "
+            "defined at module level",
+            field="fn",
+        ) from exc
+    fields: dict[str, Any] = {}
+    defaults: dict[str, object] = {}
+    for param in signature.parameters.values():
+        if param.name == EFFECT_PARAMETER:
+            continue
+        annotation = Any if param.annotation is inspect.Parameter.empty else param.annotation
+        if param.default is inspect.Parameter.empty:
+            fields[param.name] = annotation
+        else:
+            fields[param.name] = NotRequired[annotation]
+            defaults[param.name] = param.default
+    # A TypedDict rather than a model: any parameter name works as a key (a
+    # model's fields may not be called `model_config` or `json`). It is
+    # typing_extensions' (pydantic wants that one before Python 3.12), called
+    # through Any: mypy checks the functional form only with literal arguments.
+    arguments = cast(Any, TypedDict)(f"{tool.name}.arguments", fields)
+    arguments.__pydantic_config__ = pydantic.ConfigDict(extra="forbid")
+    try:
+        schema: dict[str, Any] = pydantic.TypeAdapter(arguments).json_schema()
+    except pydantic.PydanticUserError as exc:
+        raise EffectLedgerValidationError(
+            f"tool {tool.name!r}: its parameters have no JSON schema ({exc}); annotate "
+            "them with JSON types (str, int, float, bool, None, lists, dicts, Literal, "
+            "TypedDict or pydantic models)",
+            field="fn",
+        ) from exc
+    schema.pop("title", None)
+    properties: dict[str, dict[str, Any]] = schema.setdefault("properties", {})
+    for name, prop in properties.items():
+        prop.pop("title", None)  # "Order Id" for order_id: noise for the model
+        if name in defaults:
+            prop["default"] = defaults[name]
+    return schema

@@ -1,0 +1,143 @@
+"""Anthropic: run a message's ``tool_use`` blocks through the ledger, hand back ``tool_result``s.
+
+One line in the agent loop (see ``docs/adapters/anthropic.md``)::
+
+    messages.append({"role": "user", "content": await run_tool_uses(ledger, message.content)})
+
+Each ``tool_use`` block runs the registered tool of that name once per key
+in the current workflow (``ledger.workflow(...)``); the block's id is
+recorded as the effect's ``call_id`` and is never part of the key, so a
+call the model repeats under a new id replays the first one's result.
+Blocks of one message run concurrently and are answered in their order. A
+result that is not a string is sent as JSON. Errors the model can fix
+(an unknown tool, input that does not fit the signature, the tool's own
+exception, a payload mismatch) come back as ``tool_result`` blocks with
+``is_error: true``; a denial (``EffectDeniedError``), a pending approval
+with ``wait_for_approval=False`` (``ApprovalPendingError``) and the
+ledger's own errors are raised, after every block has settled.
+
+``run_tool_uses_sync`` does the same for synchronous agent loops, on the
+ledger's own event loop.
+
+``tool_definitions`` describes the registered tools for ``tools=``: a
+name the API accepts (``payments.charge`` is sent as ``payments_charge``),
+the docstring, and an ``input_schema`` from the signature without ``effect``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from agent_ledger.adapters._dispatch import Reply, call_of, dispatch, field, options_for
+from agent_ledger.adapters._schema import (
+    model_name,
+    parameters_schema,
+    selected_tools,
+    tool_description,
+)
+
+try:
+    from anthropic.types import ToolParam, ToolResultBlockParam
+except ImportError as exc:
+    raise ImportError(
+        "agent_ledger.adapters.anthropic needs the Anthropic SDK: "
+        'pip install "agent-ledger[anthropic]"'
+    ) from exc
+
+if TYPE_CHECKING:
+    from agent_ledger.ledger import EffectLedger
+    from agent_ledger.options import RunOptions
+    from agent_ledger.tools import Tool
+
+__all__ = ["run_tool_uses", "run_tool_uses_sync", "tool_definitions"]
+
+
+async def run_tool_uses(
+    ledger: EffectLedger,
+    content: Iterable[object] | None,
+    *,
+    wait_for_approval: bool | None = None,
+    run_options: RunOptions | None = None,
+) -> list[ToolResultBlockParam]:
+    """Run the ``tool_use`` blocks of ``content``; one ``tool_result`` block each.
+
+    ``content`` is ``message.content``: the SDK's blocks or their dicts.
+    Blocks of other types (text, thinking, server tools' calls) are
+    skipped. Each result carries its block's ``tool_use_id``, in the
+    blocks' order, so the list is the content of the next user message
+    (tool results go first in it).
+
+    ``wait_for_approval=False`` raises ``ApprovalPendingError`` for a call
+    that needs a person instead of waiting (``RunOptions(wait_for_approval=
+    False)``); None leaves it to the tool's and the ledger's options.
+    ``run_options`` go over each tool's own. Raises ``EffectDeniedError``
+    for a denied call (its handler does not run), after every call settled.
+    """
+    calls = [
+        call_of(
+            block,
+            what="tool_use block",
+            id_field="id",
+            name=field(block, "name"),
+            arguments=field(block, "input"),
+        )
+        for block in content or ()
+        if field(block, "type") == "tool_use"
+    ]
+    replies = await dispatch(ledger, calls, options_for(run_options, wait_for_approval))
+    return [_tool_result(reply) for reply in replies]
+
+
+def run_tool_uses_sync(
+    ledger: EffectLedger,
+    content: Iterable[object] | None,
+    *,
+    wait_for_approval: bool | None = None,
+    run_options: RunOptions | None = None,
+) -> list[ToolResultBlockParam]:
+    """``run_tool_uses`` for a synchronous agent loop: blocks until every call settled.
+
+    Runs on the ledger's event loop (``EffectLedger.call_sync``: a
+    background loop the ledger owns, see "Sync callers" in docs/tools.md),
+    in the caller's context, so ``with ledger.workflow(...)`` applies. The
+    calls still run concurrently there. Called on a running event loop it
+    raises instead of blocking it: await ``run_tool_uses`` there.
+    """
+    return ledger.call_sync(
+        run_tool_uses,
+        ledger,
+        content,
+        wait_for_approval=wait_for_approval,
+        run_options=run_options,
+    )
+
+
+def tool_definitions(
+    ledger: EffectLedger, tools: Iterable[Tool[Any] | str] | None = None
+) -> list[ToolParam]:
+    """``tools=[...]`` for ``tools`` (tools or names; default: all registered).
+
+    Raises ``EffectLedgerValidationError`` for a name longer than 64
+    characters, two tools that would share a name, or a signature with no
+    JSON schema.
+    """
+    definitions: list[ToolParam] = []
+    for tool in selected_tools(ledger, tools):
+        definition: ToolParam = {"name": model_name(tool), "input_schema": parameters_schema(tool)}
+        description = tool_description(tool)
+        if description is not None:
+            definition["description"] = description
+        definitions.append(definition)
+    return definitions
+
+
+def _tool_result(reply: Reply) -> ToolResultBlockParam:
+    block: ToolResultBlockParam = {
+        "type": "tool_result",
+        "tool_use_id": reply.call.call_id,
+        "content": reply.content,
+    }
+    if reply.is_error:
+        block["is_error"] = True
+    return block

@@ -1,0 +1,236 @@
+"""OpenAI: run a model's function calls through the ledger, hand back its results.
+
+Two APIs, one behaviour (see ``docs/adapters/openai.md``)::
+
+    # Chat Completions
+    messages += await run_tool_calls(ledger, message.tool_calls)
+    # Responses
+    input_items += await run_function_calls(ledger, response.output)
+
+Each function call runs the registered tool of that name once per key in
+the current workflow (``ledger.workflow(...)``); the call's id is recorded
+as the effect's ``call_id`` and is never part of the key, so a call the
+model repeats under a new id replays the first one's result. Calls of one
+turn run concurrently and are answered in their order. A result that is not
+a string is sent as JSON. Errors the model can fix (malformed JSON, an
+unknown tool, arguments that do not fit, the tool's own exception, a
+payload mismatch) come back as results starting with ``Error:``; a denial
+(``EffectDeniedError``), a pending approval with
+``wait_for_approval=False`` (``ApprovalPendingError``) and the ledger's own
+errors are raised, after every call of the turn has settled.
+
+``run_tool_calls_sync`` and ``run_function_calls_sync`` do the same for
+synchronous agent loops, on the ledger's own event loop.
+
+``chat_tools`` and ``responses_tools`` describe the registered tools for
+the ``tools=`` parameter: a name the API accepts (``payments.charge`` is
+sent as ``payments_charge``), the docstring, and a JSON schema of the
+signature without ``effect``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from agent_ledger.adapters._dispatch import ModelCall, Reply, call_of, dispatch, field, options_for
+from agent_ledger.adapters._schema import (
+    model_name,
+    parameters_schema,
+    selected_tools,
+    tool_description,
+)
+
+try:
+    from openai.types.chat import (
+        ChatCompletionFunctionToolParam,
+        ChatCompletionToolMessageParam,
+    )
+    from openai.types.responses import FunctionToolParam
+    from openai.types.responses.response_input_item_param import FunctionCallOutput
+    from openai.types.shared_params import FunctionDefinition
+except ImportError as exc:
+    raise ImportError(
+        'agent_ledger.adapters.openai needs the OpenAI SDK: pip install "agent-ledger[openai]"'
+    ) from exc
+
+if TYPE_CHECKING:
+    from agent_ledger.ledger import EffectLedger
+    from agent_ledger.options import RunOptions
+    from agent_ledger.tools import Tool
+
+__all__ = [
+    "chat_tools",
+    "responses_tools",
+    "run_function_calls",
+    "run_function_calls_sync",
+    "run_tool_calls",
+    "run_tool_calls_sync",
+]
+
+
+async def run_tool_calls(
+    ledger: EffectLedger,
+    tool_calls: Iterable[object] | None,
+    *,
+    wait_for_approval: bool | None = None,
+    run_options: RunOptions | None = None,
+) -> list[ChatCompletionToolMessageParam]:
+    """Run a Chat Completions message's ``tool_calls``; one ``role: "tool"`` message each.
+
+    ``tool_calls`` is ``message.tool_calls`` (None gives ``[]``): the SDK's
+    ``ChatCompletionMessageFunctionToolCall`` objects or their dicts. Custom
+    tool calls (``type: "custom"``, free text) are not the ledger's and are
+    skipped: answer them yourself. Each message carries its call's
+    ``tool_call_id``, in the calls' order.
+
+    ``wait_for_approval=False`` raises ``ApprovalPendingError`` for a call
+    that needs a person instead of waiting (``RunOptions(wait_for_approval=
+    False)``); None leaves it to the tool's and the ledger's options.
+    ``run_options`` go over each tool's own. Raises ``EffectDeniedError``
+    for a denied call (its handler does not run), after every call settled.
+    """
+    calls = [_chat_call(item) for item in tool_calls or ()]
+    replies = await dispatch(
+        ledger, [c for c in calls if c is not None], options_for(run_options, wait_for_approval)
+    )
+    return [_tool_message(reply) for reply in replies]
+
+
+async def run_function_calls(
+    ledger: EffectLedger,
+    items: Iterable[object] | None,
+    *,
+    wait_for_approval: bool | None = None,
+    run_options: RunOptions | None = None,
+) -> list[FunctionCallOutput]:
+    """Run the Responses API's ``function_call`` items; one ``function_call_output`` each.
+
+    ``items`` is ``response.output`` (or any list of items): the SDK's
+    ``ResponseFunctionToolCall`` objects or their dicts, among others that
+    are skipped (messages, reasoning, built-in tools' calls). Each output
+    carries its call's ``call_id``, in the calls' order. The options and
+    errors are ``run_tool_calls``'s.
+    """
+    calls = [_responses_call(item) for item in items or ()]
+    replies = await dispatch(
+        ledger, [c for c in calls if c is not None], options_for(run_options, wait_for_approval)
+    )
+    return [_function_call_output(reply) for reply in replies]
+
+
+def run_tool_calls_sync(
+    ledger: EffectLedger,
+    tool_calls: Iterable[object] | None,
+    *,
+    wait_for_approval: bool | None = None,
+    run_options: RunOptions | None = None,
+) -> list[ChatCompletionToolMessageParam]:
+    """``run_tool_calls`` for a synchronous agent loop: blocks until every call settled.
+
+    Runs on the ledger's event loop (``EffectLedger.call_sync``: a
+    background loop the ledger owns, see "Sync callers" in docs/tools.md),
+    in the caller's context, so ``with ledger.workflow(...)`` applies. The
+    calls still run concurrently there. Called on a running event loop it
+    raises instead of blocking it: await ``run_tool_calls`` there.
+    """
+    return ledger.call_sync(
+        run_tool_calls,
+        ledger,
+        tool_calls,
+        wait_for_approval=wait_for_approval,
+        run_options=run_options,
+    )
+
+
+def run_function_calls_sync(
+    ledger: EffectLedger,
+    items: Iterable[object] | None,
+    *,
+    wait_for_approval: bool | None = None,
+    run_options: RunOptions | None = None,
+) -> list[FunctionCallOutput]:
+    """``run_function_calls`` for a synchronous agent loop (see ``run_tool_calls_sync``)."""
+    return ledger.call_sync(
+        run_function_calls,
+        ledger,
+        items,
+        wait_for_approval=wait_for_approval,
+        run_options=run_options,
+    )
+
+
+def chat_tools(
+    ledger: EffectLedger, tools: Iterable[Tool[Any] | str] | None = None
+) -> list[ChatCompletionFunctionToolParam]:
+    """Chat Completions ``tools=[...]`` for ``tools`` (tools or names; default: all registered).
+
+    Raises ``EffectLedgerValidationError`` for a name longer than 64
+    characters, two tools that would share a name, or a signature with no
+    JSON schema.
+    """
+    definitions: list[ChatCompletionFunctionToolParam] = []
+    for tool in selected_tools(ledger, tools):
+        function: FunctionDefinition = {
+            "name": model_name(tool),
+            "parameters": parameters_schema(tool),
+        }
+        description = tool_description(tool)
+        if description is not None:
+            function["description"] = description
+        definitions.append({"type": "function", "function": function})
+    return definitions
+
+
+def responses_tools(
+    ledger: EffectLedger, tools: Iterable[Tool[Any] | str] | None = None
+) -> list[FunctionToolParam]:
+    """Responses API ``tools=[...]`` for ``tools``; as ``chat_tools``, in the Responses shape.
+
+    ``strict`` is False: strict mode wants every parameter required, and a
+    parameter with a default is optional here.
+    """
+    return [
+        {
+            "type": "function",
+            "name": model_name(tool),
+            "description": tool_description(tool),
+            "parameters": parameters_schema(tool),
+            "strict": False,
+        }
+        for tool in selected_tools(ledger, tools)
+    ]
+
+
+def _chat_call(item: object) -> ModelCall | None:
+    kind = field(item, "type")
+    if kind is not None and kind != "function":
+        return None
+    function = field(item, "function")
+    return call_of(
+        item,
+        what="Chat Completions tool call",
+        id_field="id",
+        name=field(function, "name"),
+        arguments=field(function, "arguments"),
+    )
+
+
+def _responses_call(item: object) -> ModelCall | None:
+    if field(item, "type") != "function_call":
+        return None
+    return call_of(
+        item,
+        what="Responses function call",
+        id_field="call_id",
+        name=field(item, "name"),
+        arguments=field(item, "arguments"),
+    )
+
+
+def _tool_message(reply: Reply) -> ChatCompletionToolMessageParam:
+    return {"role": "tool", "tool_call_id": reply.call.call_id, "content": reply.content}
+
+
+def _function_call_output(reply: Reply) -> FunctionCallOutput:
+    return {"type": "function_call_output", "call_id": reply.call.call_id, "output": reply.content}
