@@ -219,14 +219,20 @@ def scaling(url: str, processes: int, calls_each: int) -> float:
             [sys.executable, "-m", "benchmarks.worker", url, str(calls_each), str(start_at)],
             cwd=ROOT,
             stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
         )
         for _ in range(processes)
     ]
     ends = []
     for worker in workers:
-        out, _ = worker.communicate(timeout=600)
-        ends.append(float(out.strip().splitlines()[-1]))
+        out, err = worker.communicate(timeout=600)
+        lines = out.strip().splitlines()
+        if worker.returncode != 0 or not lines:
+            raise RuntimeError(
+                f"scaling worker exited {worker.returncode} without a result; its stderr:\n{err}"
+            )
+        ends.append(float(lines[-1]))
     return processes * calls_each / (max(ends) - start_at)
 
 
