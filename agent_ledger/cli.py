@@ -331,7 +331,7 @@ def _format_export(records: list[dict[str, Any]], fmt: str) -> str:
 
 
 #: Columns holding JSON values; CSV writes them as JSON text.
-CSV_JSON_COLUMNS: Final = frozenset({"args", "resource", "result"})
+CSV_JSON_COLUMNS: Final = frozenset({"args", "resource", "result", "history"})
 
 
 def csv_cells(record: dict[str, Any]) -> list[str]:

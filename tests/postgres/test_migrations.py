@@ -18,7 +18,15 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from agent_ledger import Effect, EffectStatus, EffectStoreError, ToolCall
+from agent_ledger import (
+    Effect,
+    EffectLedger,
+    EffectStatus,
+    EffectStoreError,
+    RetryPolicy,
+    RunOptions,
+    ToolCall,
+)
 from agent_ledger.options import DEFAULT_STALE_AFTER_MS
 from agent_ledger.stores.memory import MemoryStore
 from agent_ledger.stores.postgres import SCHEMA_SQL, SCHEMA_VERSION, PostgresStore
@@ -32,6 +40,22 @@ HALF = timedelta(milliseconds=500)
 
 def _call(name: str) -> ToolCall:
     return ToolCall(workflow_id="w", tool="t", args={"name": name})
+
+
+async def _retried_once(ledger: EffectLedger) -> None:
+    """A retried run records its failed try in the upgraded table."""
+    policy = RetryPolicy(on=ConnectionError, attempts=2, initial_ms=1, jitter=0)
+    tries: list[int] = []
+
+    def flaky(effect: Effect) -> object:
+        tries.append(effect.tries)
+        if len(tries) == 1:
+            raise ConnectionError("reset")
+        return "ok"
+
+    assert await ledger.run(_call("retried"), flaky, RunOptions(retry=policy)) == "ok"
+    effect = await ledger.find_by_idem_key(ledger.idem_key(_call("retried")))
+    assert effect is not None and (tries, effect.tries, len(effect.history)) == ([0, 1], 2, 1)
 
 
 @pytest.fixture
@@ -102,6 +126,8 @@ async def test_create_schema_upgrades_a_version_1_schema_and_keeps_every_effect(
             assert (effect.status.value, effect.attempt) == (status, attempt)
             assert effect.executions == executions, key
             assert effect.lease_ms == DEFAULT_STALE_AFTER_MS
+            # Tries were not counted before version 2, and nothing had a history.
+            assert (effect.tries, effect.history) == (0, ()), key
             created = T0 + timedelta(seconds=i)
             expected = {None: None, "created": created, "decided": created + HALF}[start]
             assert effect.started_at == expected, key
@@ -119,6 +145,7 @@ async def test_create_schema_upgrades_a_version_1_schema_and_keeps_every_effect(
         taken = await ledger.find_by_idem_key(ledger.idem_key(_call("running")))
         assert taken is not None
         assert (taken.status, taken.attempt, taken.executions) == (EffectStatus.SUCCEEDED, 2, 2)
+        await _retried_once(ledger)
     finally:
         await store.close()
 

@@ -16,7 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from agent_ledger import Effect, EffectStatus, EffectStoreError, RunOptions, StaleOptions, ToolCall
+from agent_ledger import (
+    Effect,
+    EffectLedger,
+    EffectStatus,
+    EffectStoreError,
+    RetryPolicy,
+    RunOptions,
+    StaleOptions,
+    ToolCall,
+)
 from agent_ledger.options import DEFAULT_STALE_AFTER_MS
 from agent_ledger.stores.memory import MEMORY_SCHEMA_VERSION, MemoryStore
 from agent_ledger.stores.sqlite import (
@@ -92,6 +101,8 @@ async def test_opening_a_version_1_file_upgrades_it_and_keeps_every_effect(
             assert (effect.status.value, effect.attempt) == (status, attempt)
             assert effect.executions == executions, key
             assert effect.lease_ms == DEFAULT_STALE_AFTER_MS
+            # Tries were not counted before version 2, and nothing had a history.
+            assert (effect.tries, effect.history) == (0, ()), key
             created = T0 + i * SECOND
             expected_start = {None: None, "created": created, "decided": created + SECOND // 2}
             started = effect.started_at
@@ -134,12 +145,29 @@ async def test_an_upgraded_file_keeps_working(tmp_path: Path) -> None:
         assert fresh == "ok"
         stored = await ledger.find_by_idem_key(ledger.idem_key(_call("fresh")))
         assert stored is not None and (stored.executions, stored.lease_ms) == (1, 900)
+        await _retried_once(ledger)
     finally:
         await store.close()
 
 
 def _call(name: str) -> ToolCall:
     return ToolCall(workflow_id="w", tool="t", args={"name": name})
+
+
+async def _retried_once(ledger: EffectLedger) -> None:
+    """A retried run records its failed try in the upgraded table."""
+    policy = RetryPolicy(on=ConnectionError, attempts=2, initial_ms=1, jitter=0)
+    tries: list[int] = []
+
+    def flaky(effect: Effect) -> object:
+        tries.append(effect.tries)
+        if len(tries) == 1:
+            raise ConnectionError("reset")
+        return "ok"
+
+    assert await ledger.run(_call("retried"), flaky, RunOptions(retry=policy)) == "ok"
+    effect = await ledger.find_by_idem_key(ledger.idem_key(_call("retried")))
+    assert effect is not None and (tries, effect.tries, len(effect.history)) == ([0, 1], 2, 1)
 
 
 async def test_a_bare_open_names_the_old_version_and_create_schema_upgrades(
@@ -149,7 +177,7 @@ async def test_a_bare_open_names_the_old_version_and_create_schema_upgrades(
     _version_1_database(db)
     store = SqliteStore(db, create=False)
     try:
-        with pytest.raises(EffectStoreError, match=r"version 1, this library needs 2.*init"):
+        with pytest.raises(EffectStoreError, match=r"version 1, this library needs 2.*migrate"):
             await store.check_schema()
         assert _versions(db) == [1]
         await store.create_schema()
