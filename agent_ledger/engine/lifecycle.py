@@ -385,21 +385,25 @@ class Engine:
             if inspect.isawaitable(value):
                 value = await value
         except Exception as exc:
-            if policy is not None and first_try_at is not None and policy.retries(exc):
-                return await self._retry(effect, handler, opts, policy, beat, exc, first_try_at)
-            until = self._stop_beat(beat, opts)
-            error = _error_of(exc)
-            if await self._record_landed(effect, EffectStatus.FAILED, None, error, tx, until):
-                log_effect(logging.INFO, "effect failed", effect)
-                raise
-            return _LOST
+            if policy is None or first_try_at is None or not policy.retries(exc):
+                until = self._stop_beat(beat, opts)
+                error = _error_of(exc)
+                if await self._record_landed(effect, EffectStatus.FAILED, None, error, tx, until):
+                    log_effect(logging.INFO, "effect failed", effect)
+                    raise
+                return _LOST
+            retryable = exc
         except BaseException as exc:
             # CancelledError (and KeyboardInterrupt/SystemExit): record it so
             # the effect does not sit in processing until the stale window.
             until = self._stop_beat(beat, opts)
             await self._record_abandoned(effect, exc, tx, until)
             raise
-        return await self._record_value(effect, value, opts, tx, beat)
+        else:
+            return await self._record_value(effect, value, opts, tx, beat)
+        # Outside the except block, so that a later try's exception is not
+        # chained to this one as if it had been raised while handling it.
+        return await self._retry(effect, handler, opts, policy, beat, retryable, first_try_at)
 
     async def _record_value(
         self,

@@ -188,8 +188,9 @@ async def test_when_the_tries_run_out(harness: StoreHarness) -> None:
     ledger, clock = timed(harness)
     policy = RetryPolicy(on=ConnectionError, attempts=3, initial_ms=10, jitter=0)
     handler, calls = failing(*(ConnectionError(f"down {n}") for n in range(1, 10)))
-    with pytest.raises(ConnectionError, match="down 3"):
+    with pytest.raises(ConnectionError, match="down 3") as raised:
         await ledger.run(CALL, handler, RunOptions(retry=policy))
+    assert raised.value.__context__ is None, "not chained to the earlier tries' errors"
     assert len(calls) == 3
     assert clock.slept == [0.01, 0.02], "no sleep after the last try"
     effect = await stored(ledger)
