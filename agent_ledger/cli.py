@@ -169,6 +169,20 @@ async def cmd_init(ctx: Context) -> int:
     return EXIT_OK
 
 
+async def cmd_migrate(ctx: Context) -> int:
+    # The store was opened without creating or checking anything (see _dispatch).
+    found, left = await ctx.store.migrate()
+    if ctx.args.json:
+        ctx.out.json({"from_version": found, "to_version": left, "changed": found != left})
+    elif found == left:
+        ctx.out.line(f"schema already at version {left}: nothing to do")
+    elif found == 0:
+        ctx.out.line(f"created the schema at version {left}")
+    else:
+        ctx.out.line(f"migrated the schema from version {found} to {left}")
+    return EXIT_OK
+
+
 async def cmd_demo(ctx: Context) -> int:
     from agent_ledger.demo import run_demo
 
@@ -462,6 +476,11 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     command("init", cmd_init, "create the store's tables (idempotent)")
+    command(
+        "migrate",
+        cmd_migrate,
+        "upgrade the store's tables to this version of agent-ledger (idempotent)",
+    )
     command("demo", cmd_demo, "an agent retries a payment 5 times; the card is charged once")
     sub = command("list", cmd_list, "effects, newest first")
     filters(sub)
@@ -507,11 +526,13 @@ async def _dispatch(args: argparse.Namespace, out: Output) -> int:
     creating = args.command in ("init", "demo")
     store = await open_store(args.url, create=creating)
     try:
-        # init and demo create the schema; every other command checks it first,
-        # so a missing or old schema is one clear line (Store protocol steps).
+        # init and demo create the schema; migrate upgrades it (opened without
+        # create, so SQLite has not upgraded it on opening and the report says
+        # what migrate did); every other command checks it first, so a missing
+        # or old schema is one clear line (Store protocol steps).
         if creating:
             await store.create_schema()
-        else:
+        elif args.command != "migrate":
             await store.check_schema()
         ledger = EffectLedger(EffectLedgerOptions(store=store))
         result: int = await args.run(Context(args, store, ledger, out))

@@ -9,11 +9,13 @@ columns as the migration documents.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sqlite3
 import threading
 from pathlib import Path
 
+import orjson
 import pytest
 
 from agent_ledger import (
@@ -23,6 +25,7 @@ from agent_ledger import (
     EffectStoreError,
     RetryPolicy,
     RunOptions,
+    SchemaMigration,
     StaleOptions,
     ToolCall,
 )
@@ -35,6 +38,7 @@ from agent_ledger.stores.sqlite import (
     SqliteStore,
 )
 from agent_ledger.testing import build_ledger
+from tests.cli.conftest import Cli
 from tests.schema_history import HISTORIES, SQLITE_V1, executed_sql
 
 V1_SCHEMA = SQLITE_V1
@@ -235,3 +239,76 @@ async def test_a_failed_upgrade_rolls_back_and_says_why(tmp_path: Path) -> None:
         assert await store.check_schema() == 2
     finally:
         await store.close()
+
+
+async def test_migrate_reports_what_it_did_and_is_idempotent(tmp_path: Path) -> None:
+    """store.migrate() on a version 1 file: 1 -> 2 once, then 2 -> 2, effects kept."""
+    db = tmp_path / "v1.db"
+    _version_1_database(db)
+    store = SqliteStore(db, create=False)
+    try:
+        assert await store.migrate() == SchemaMigration(1, 2)
+        assert (await store.migrate()).changed is False
+        assert await store.check_schema() == 2
+        assert _versions(db) == [1, 2]
+        assert len((await build_ledger(store).list_effects(limit=100)).effects) == len(HISTORIES)
+    finally:
+        await store.close()
+    fresh = SqliteStore(tmp_path / "new.db")  # opening creates it: nothing left to do
+    try:
+        assert await fresh.migrate() == SchemaMigration(2, 2)
+    finally:
+        await fresh.close()
+    assert await MemoryStore().migrate() == SchemaMigration(2, 2)
+
+
+def test_two_migrations_at_once_both_succeed_and_upgrade_once(tmp_path: Path) -> None:
+    """Each in its own thread and connection, as two processes would: one reports
+    1 -> 2, the other finds 2 already."""
+    db = tmp_path / "v1.db"
+    _version_1_database(db)
+    start = threading.Barrier(2)
+    reports: list[SchemaMigration] = []
+    errors: list[BaseException] = []
+
+    def migrate() -> None:
+        async def run() -> None:
+            store = SqliteStore(db, create=False)
+            try:
+                start.wait()
+                reports.append(await store.migrate())
+            finally:
+                await store.close()
+
+        try:
+            asyncio.run(run())
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=migrate) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert sorted(reports) == [SchemaMigration(1, 2), SchemaMigration(2, 2)]
+    assert _versions(db) == [1, 2]
+
+
+def test_the_migrate_command_upgrades_a_version_1_file(tmp_path: Path) -> None:
+    db = tmp_path / "v1.db"
+    _version_1_database(db)
+    cli = Cli(f"sqlite:///{db}", tmp_path)
+    before = cli("list")
+    assert before.returncode == 1
+    assert "version 1, this library needs 2: run `agent-ledger migrate`" in before.stderr
+    done = cli("migrate")
+    assert (done.returncode, done.stdout) == (0, "migrated the schema from version 1 to 2\n")
+    again = cli("migrate", "--json")
+    assert again.returncode == 0
+    assert orjson.loads(again.stdout) == {"from_version": 2, "to_version": 2, "changed": False}
+    listed = cli("list", "--limit", "100")
+    assert listed.returncode == 0 and len(listed.stdout.splitlines()) == len(HISTORIES) + 1
+    missing = Cli(f"sqlite:///{tmp_path / 'nothing.db'}", tmp_path)("migrate")
+    assert missing.returncode == 1 and "agent-ledger init" in missing.stderr
+    assert not (tmp_path / "nothing.db").exists()
