@@ -281,6 +281,37 @@ async def cmd_cancel(ctx: Context) -> int:
     )
 
 
+async def cmd_retry(ctx: Context) -> int:
+    args = ctx.args
+    effect = await _resolve(ctx)
+    if effect is None:
+        return EXIT_NOT_DONE
+    key = effect.idem_key[:12]
+    try:
+        moved = await ctx.ledger.reopen(effect.idem_key, by=args.by, reason=args.reason)
+    except EffectLedgerValidationError as exc:
+        if exc.field != "idem_key":
+            raise  # bad --by or --reason: a usage error
+        # Succeeded or denied: never reopened, and the error says why.
+        print(f"agent-ledger: cannot retry {key}: {exc}", file=sys.stderr)
+        return EXIT_NOT_DONE
+    after = await ctx.ledger.get_effect(effect.id) or effect
+    if args.json:
+        ctx.out.json({"transitioned": moved, "effect": effect_to_record(after)})
+    elif moved:
+        ctx.out.line(
+            f"{effect.tool} ({key}) is now {after.status.value}: "
+            "the next call with its key runs it again"
+        )
+    else:
+        print(
+            f"agent-ledger: cannot retry {key}: it is {after.status.value}; only a failed "
+            "or canceled effect can be retried",
+            file=sys.stderr,
+        )
+    return EXIT_OK if moved else EXIT_NOT_DONE
+
+
 async def cmd_export(ctx: Context) -> int:
     args = ctx.args
     filters = _filters(args)
@@ -503,6 +534,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("ref", metavar="KEY", help=ref_help)
     sub.add_argument("--reason", help="why (kept on the receipt; callers see it)")
     sub.add_argument("--by", help="who cancels (kept on the receipt)")
+    sub = command(
+        "retry", cmd_retry, "send a failed or canceled effect back, to run again on its next call"
+    )
+    sub.add_argument("ref", metavar="KEY", help=ref_help)
+    sub.add_argument("--by", required=True, help="who retries it (kept on the receipt)")
+    sub.add_argument("--reason", required=True, help="why (kept on the receipt)")
     sub = command("export", cmd_export, "write effects as JSON, JSON lines or CSV")
     filters(sub)
     sub.add_argument("--format", choices=["json", "jsonl", "csv"], default="jsonl")
