@@ -16,6 +16,8 @@ from agent_ledger.effects import (
     Effect,
     EffectError,
     JSONValue,
+    Reopening,
+    TryFailure,
 )
 from agent_ledger.errors import (
     ApprovalPendingError,
@@ -39,8 +41,9 @@ from agent_ledger.options import (
     RunOptions,
     StaleOptions,
 )
+from agent_ledger.retries import NonRetryableError, RetryPolicy
 from agent_ledger.status import EffectStatus
-from agent_ledger.stores.base import LedgerStats, Store
+from agent_ledger.stores.base import LedgerStats, SchemaMigration, Store
 from agent_ledger.stores.memory import MemoryStore
 from agent_ledger.stores.sqlite import SqliteStore
 from agent_ledger.stores.url import open_store
@@ -73,12 +76,17 @@ __all__ = [
     "LedgerStats",
     "ManualClock",
     "MemoryStore",
+    "NonRetryableError",
+    "Reopening",
     "ResourceDescriptor",
+    "RetryPolicy",
     "RunOptions",
+    "SchemaMigration",
     "SqliteStore",
     "StaleOptions",
     "Store",
     "ToolCall",
+    "TryFailure",
     "__version__",
     "open_store",
 ]

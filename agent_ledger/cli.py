@@ -169,6 +169,20 @@ async def cmd_init(ctx: Context) -> int:
     return EXIT_OK
 
 
+async def cmd_migrate(ctx: Context) -> int:
+    # The store was opened without creating or checking anything (see _dispatch).
+    found, left = await ctx.store.migrate()
+    if ctx.args.json:
+        ctx.out.json({"from_version": found, "to_version": left, "changed": found != left})
+    elif found == left:
+        ctx.out.line(f"schema already at version {left}: nothing to do")
+    elif found == 0:
+        ctx.out.line(f"created the schema at version {left}")
+    else:
+        ctx.out.line(f"migrated the schema from version {found} to {left}")
+    return EXIT_OK
+
+
 async def cmd_demo(ctx: Context) -> int:
     from agent_ledger.demo import run_demo
 
@@ -267,6 +281,37 @@ async def cmd_cancel(ctx: Context) -> int:
     )
 
 
+async def cmd_retry(ctx: Context) -> int:
+    args = ctx.args
+    effect = await _resolve(ctx)
+    if effect is None:
+        return EXIT_NOT_DONE
+    key = effect.idem_key[:12]
+    try:
+        moved = await ctx.ledger.reopen(effect.idem_key, by=args.by, reason=args.reason)
+    except EffectLedgerValidationError as exc:
+        if exc.field != "idem_key":
+            raise  # bad --by or --reason: a usage error
+        # Succeeded or denied: never reopened, and the error says why.
+        print(f"agent-ledger: cannot retry {key}: {exc}", file=sys.stderr)
+        return EXIT_NOT_DONE
+    after = await ctx.ledger.get_effect(effect.id) or effect
+    if args.json:
+        ctx.out.json({"transitioned": moved, "effect": effect_to_record(after)})
+    elif moved:
+        ctx.out.line(
+            f"{effect.tool} ({key}) is now {after.status.value}: "
+            "the next call with its key runs it again"
+        )
+    else:
+        print(
+            f"agent-ledger: cannot retry {key}: it is {after.status.value}; only a failed "
+            "or canceled effect can be retried",
+            file=sys.stderr,
+        )
+    return EXIT_OK if moved else EXIT_NOT_DONE
+
+
 async def cmd_export(ctx: Context) -> int:
     args = ctx.args
     filters = _filters(args)
@@ -331,7 +376,7 @@ def _format_export(records: list[dict[str, Any]], fmt: str) -> str:
 
 
 #: Columns holding JSON values; CSV writes them as JSON text.
-CSV_JSON_COLUMNS: Final = frozenset({"args", "resource", "result"})
+CSV_JSON_COLUMNS: Final = frozenset({"args", "resource", "result", "history"})
 
 
 def csv_cells(record: dict[str, Any]) -> list[str]:
@@ -462,6 +507,11 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     command("init", cmd_init, "create the store's tables (idempotent)")
+    command(
+        "migrate",
+        cmd_migrate,
+        "upgrade the store's tables to this version of agent-ledger (idempotent)",
+    )
     command("demo", cmd_demo, "an agent retries a payment 5 times; the card is charged once")
     sub = command("list", cmd_list, "effects, newest first")
     filters(sub)
@@ -484,6 +534,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("ref", metavar="KEY", help=ref_help)
     sub.add_argument("--reason", help="why (kept on the receipt; callers see it)")
     sub.add_argument("--by", help="who cancels (kept on the receipt)")
+    sub = command(
+        "retry", cmd_retry, "send a failed or canceled effect back, to run again on its next call"
+    )
+    sub.add_argument("ref", metavar="KEY", help=ref_help)
+    sub.add_argument("--by", required=True, help="who retries it (kept on the receipt)")
+    sub.add_argument("--reason", required=True, help="why (kept on the receipt)")
     sub = command("export", cmd_export, "write effects as JSON, JSON lines or CSV")
     filters(sub)
     sub.add_argument("--format", choices=["json", "jsonl", "csv"], default="jsonl")
@@ -507,11 +563,13 @@ async def _dispatch(args: argparse.Namespace, out: Output) -> int:
     creating = args.command in ("init", "demo")
     store = await open_store(args.url, create=creating)
     try:
-        # init and demo create the schema; every other command checks it first,
-        # so a missing or old schema is one clear line (Store protocol steps).
+        # init and demo create the schema; migrate upgrades it (opened without
+        # create, so SQLite has not upgraded it on opening and the report says
+        # what migrate did); every other command checks it first, so a missing
+        # or old schema is one clear line (Store protocol steps).
         if creating:
             await store.create_schema()
-        else:
+        elif args.command != "migrate":
             await store.check_schema()
         ledger = EffectLedger(EffectLedgerOptions(store=store))
         result: int = await args.run(Context(args, store, ledger, out))

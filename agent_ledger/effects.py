@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Generic, Literal, TypeAlias, TypeVar
+from datetime import UTC, datetime
+from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
 
 import orjson
 
@@ -50,6 +50,110 @@ class EffectError:
 
     def __str__(self) -> str:
         return f"[{self.code}] {self.message}" if self.code else self.message
+
+
+@dataclass(frozen=True, slots=True)
+class TryFailure:
+    """One try of a retried handler that failed, as recorded before the next one.
+
+    Kept in ``Effect.history`` in the order the tries ran; the last try of a
+    run whose tries ran out is there too (its outcome, ``retries_exhausted``,
+    is the effect's ``error``).
+    """
+
+    #: Which try it was: 1 for the first, counted over the effect's current
+    #: run (a reopened effect starts again at 1).
+    number: int
+    #: The fencing token of the claim it ran under (a takeover's tries have a later one).
+    attempt: int
+    #: The exception's message, ``code`` (or class name) and qualified class name.
+    message: str
+    code: str | None
+    type: str
+    #: When it was recorded, by the store's clock.
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Reopening:
+    """An operator's ``reopen()``: the effect as it ended before it was sent back to ``ready``."""
+
+    #: ``failed`` or ``canceled``: how it had ended.
+    status: EffectStatus
+    #: Why it had ended, as it was recorded (the reason, for a cancellation).
+    error: EffectError | None
+    #: How many tries its run had used.
+    tries: int
+    #: Who reopened it, and why (both required).
+    by: str
+    reason: str
+    #: When, by the store's clock; also the effect's ``decided_at`` until a later decision.
+    at: datetime
+
+
+#: What ``Effect.history`` holds, oldest first.
+HistoryEvent: TypeAlias = TryFailure | Reopening
+
+#: The ``kind`` of each event in the stored JSON.
+TRY_FAILED: Final = "try_failed"
+REOPENED: Final = "reopened"
+
+
+def history_from_json(text: str | None) -> tuple[HistoryEvent, ...]:
+    """The events of a stored ``history`` (a JSON array, as every store keeps it)."""
+    if not text or text == "[]":
+        return ()
+    return tuple(event_from_dict(item) for item in orjson.loads(text))
+
+
+def event_from_dict(item: dict[str, Any]) -> HistoryEvent:
+    """One event from its JSON object (see :func:`event_to_dict`)."""
+    at = datetime.fromisoformat(item["at"])
+    at = at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+    if item["kind"] == TRY_FAILED:
+        return TryFailure(
+            number=int(item["try"]),
+            attempt=int(item["attempt"]),
+            message=str(item["message"]),
+            code=None if item.get("code") is None else str(item["code"]),
+            type=str(item["type"]),
+            at=at,
+        )
+    if item["kind"] == REOPENED:
+        error = item.get("error")
+        return Reopening(
+            status=EffectStatus(item["status"]),
+            error=None if error is None else EffectError(error["message"], error.get("code")),
+            tries=int(item["tries"]),
+            by=str(item["by"]),
+            reason=str(item["reason"]),
+            at=at,
+        )
+    raise ValueError(f"unknown history event kind {item.get('kind')!r}")
+
+
+def event_to_dict(event: HistoryEvent) -> dict[str, JSONValue]:
+    """The JSON object an event is stored (and exported) as; ``at`` in ISO 8601."""
+    if isinstance(event, TryFailure):
+        return {
+            "kind": TRY_FAILED,
+            "try": event.number,
+            "attempt": event.attempt,
+            "message": event.message,
+            "code": event.code,
+            "type": event.type,
+            "at": event.at.isoformat(),
+        }
+    error = event.error
+    return {
+        "kind": REOPENED,
+        "status": event.status.value,
+        "error": None if error is None else {"message": error.message, "code": error.code},
+        "tries": event.tries,
+        "by": event.by,
+        "reason": event.reason,
+        "at": event.at.isoformat(),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +236,14 @@ class Effect:
     #: claimed the effect): another caller may take the effect over only
     #: after this long without a heartbeat. 0: never.
     lease_ms: int = 0
+    #: How many tries of the handler ended in the current run: each failed try
+    #: a retry policy recorded, plus the one whose outcome was committed. 1
+    #: for a run without retries; 0 before any try ended. A worker that takes
+    #: the effect over continues from here; ``reopen()`` starts it again at 0.
+    tries: int = 0
+    #: What happened before the outcome, oldest first: each failed try of a
+    #: retried handler (``TryFailure``), and each ``reopen()`` (``Reopening``).
+    history: tuple[HistoryEvent, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

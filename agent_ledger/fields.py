@@ -21,7 +21,7 @@ EFFECT_FIELDS: Final = (
     "resource_id_canonical", "result", "error", "dedup_count", "attempt", "created_at",
     "updated_at", "completed_at", "heartbeat_at", "decided_by", "decision_note", "decided_at",
     # Schema version 2, last so that exports keep their columns where they were.
-    "started_at", "executions", "lease_ms",
+    "started_at", "executions", "lease_ms", "tries", "history",
 )  # fmt: skip
 
 #: The fields that hold a moment (named ``*_at``; a test checks they are the datetimes).

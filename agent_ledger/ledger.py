@@ -29,6 +29,7 @@ from agent_ledger.status import TERMINAL, EffectStatus
 from agent_ledger.stores.base import Held, LedgerStats, Store
 
 if TYPE_CHECKING:
+    from agent_ledger.retries import RetryPolicy
     from agent_ledger.tools import Tool, ToolDecorator, WorkflowScope
 
 __all__ = ["EffectLedger"]
@@ -85,6 +86,7 @@ class EffectLedger:
         requires_approval: bool | Callable[[ToolCall], bool] | None = None,
         workflow_id: str | None = None,
         run_options: RunOptions | None = None,
+        retry: RetryPolicy | None = None,
     ) -> ToolDecorator:
         """Register a function as a tool: ``@ledger.tool("payments.charge", ...)``.
 
@@ -96,7 +98,8 @@ class EffectLedger:
         ``requires_approval`` is a bool (``RunOptions.requires_approval``) or
         a function of the ``ToolCall`` asked beside the ledger's policy hook;
         ``workflow_id`` pins the tool to one workflow, else the call's
-        ``ledger.workflow(...)`` scope decides.
+        ``ledger.workflow(...)`` scope decides. ``retry`` is the tool's
+        ``RunOptions.retry``: its failures are retried by that policy.
         """
         from agent_ledger.tools import define
 
@@ -109,6 +112,7 @@ class EffectLedger:
             requires_approval=requires_approval,
             workflow_id=workflow_id,
             run_options=run_options,
+            retry=retry,
         )
 
     @property
@@ -427,6 +431,22 @@ class EffectLedger:
         call (an agent framework's approval step).
         """
         return self._engine.approval_policy(run_options, hooks)
+
+    async def reopen(self, idem_key: str, *, by: str, reason: str) -> bool:
+        """Send a failed or canceled effect back to run again (-> ``ready``); True if it moved.
+
+        For an operator who fixed what made it fail (a bug in the tool, an
+        outage): the next call with its key claims it and runs the handler
+        once, counting tries afresh. How it had ended (status, error, tries),
+        ``by`` and ``reason`` (both required) are kept in ``history`` and
+        shown on the receipt. A handler still running from before a cancel
+        stays fenced off: its commit is refused. A succeeded or denied
+        effect is never reopened (a result is the receipt; a denial stands):
+        that raises ``EffectLedgerValidationError`` saying so. False means
+        nothing changed: no such key, the effect has not finished, or
+        someone else reopened it first.
+        """
+        return await self._decisions.reopen(idem_key, by=by, reason=reason)
 
     # -- audit -----------------------------------------------------------------------------
 

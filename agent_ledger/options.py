@@ -9,6 +9,7 @@ default and then to the built-in default; a field set explicitly, even to
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import inspect
 from collections.abc import Awaitable, Callable
@@ -16,7 +17,9 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Final, Literal, TypeAlias, TypeVar
 
 from agent_ledger.backoff import Backoff
+from agent_ledger.clock import Clock, utc_now
 from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.retries import RetryPolicy
 
 if TYPE_CHECKING:
     from agent_ledger.calls import ToolCall
@@ -163,6 +166,10 @@ class RunOptions:
     for callers that pause their own way (agent frameworks, web requests).
     It changes only the waiting: an approved effect still runs, a denied one
     still raises ``EffectDeniedError``, a worker's run is still waited for.
+
+    ``retry`` (default None: one try) is the ``RetryPolicy`` the handler's
+    failures are retried by; ``None`` set explicitly turns off a policy a
+    lower level gave.
     """
 
     requires_approval: bool | Unset = UNSET
@@ -170,6 +177,7 @@ class RunOptions:
     stale: StaleOptions | Unset | None = UNSET
     sync_handlers: SyncHandlers | Unset = UNSET
     wait_for_approval: bool | Unset = UNSET
+    retry: RetryPolicy | Unset | None = UNSET
 
     def __post_init__(self) -> None:
         for flag in ("requires_approval", "wait_for_approval"):
@@ -183,7 +191,11 @@ class RunOptions:
                 f"sync_handlers must be 'thread' or 'loop', got {self.sync_handlers!r}",
                 field="sync_handlers",
             )
-        for name, kind in (("concurrency", ConcurrencyOptions), ("stale", StaleOptions)):
+        for name, kind in (
+            ("concurrency", ConcurrencyOptions),
+            ("stale", StaleOptions),
+            ("retry", RetryPolicy),
+        ):
             value = getattr(self, name)
             if value is not UNSET and value is not None and not isinstance(value, kind):
                 raise EffectLedgerValidationError(
@@ -239,10 +251,22 @@ class EffectLedgerOptions:
     max_args_size_bytes: int | None = None
     #: Hooks used when ``run()`` is not given its own.
     hooks: LedgerHooks | None = None
+    #: The ledger's own time: when a retry policy's ``timeout_ms`` runs out.
+    #: (Stores keep their own clocks; a ``ManualClock`` fits both.)
+    clock: Clock = utc_now
+    #: How the ledger waits between the tries of a retry policy: an async
+    #: function of seconds. Tests pass ``ManualClock.sleep``, which moves the
+    #: clock instead of waiting.
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 
     def __post_init__(self) -> None:
         if self.max_args_size_bytes is not None:
             _check_int(self.max_args_size_bytes, "max_args_size_bytes", unit="bytes", positive=True)
+        for name in ("clock", "sleep"):
+            if not callable(getattr(self, name)):
+                raise EffectLedgerValidationError(
+                    f"{name} must be a callable, got {getattr(self, name)!r}", field=name
+                )
 
 
 # --- resolution -------------------------------------------------------------
@@ -291,6 +315,8 @@ class ResolvedRunOptions:
     tx_lock_timeout_ms: int
     #: False: raise ``ApprovalPendingError`` instead of waiting for a person.
     wait_for_approval: bool = True
+    #: None: one try, no retries.
+    retry: RetryPolicy | None = None
 
 
 def _overlay(base: _Opt, top: _Opt) -> _Opt:
@@ -322,6 +348,9 @@ def merge_run_options(base: RunOptions, top: RunOptions | None) -> RunOptions:
         wait_for_approval=(
             base.wait_for_approval if top.wait_for_approval is UNSET else top.wait_for_approval
         ),
+        # A policy is replaced whole, never merged field by field: its fields
+        # only make sense together (attempts with the exceptions they cover).
+        retry=base.retry if top.retry is UNSET else top.retry,
     )
 
 
@@ -374,4 +403,5 @@ def resolve(options: RunOptions) -> ResolvedRunOptions:
         sync_in_thread=options.sync_handlers != "loop",
         tx_lock_timeout_ms=tx_lock_timeout_ms,
         wait_for_approval=options.wait_for_approval is not False,
+        retry=None if options.retry is UNSET else options.retry,
     )

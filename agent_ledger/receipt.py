@@ -13,7 +13,16 @@ from typing import Final
 
 import orjson
 
-from agent_ledger.effects import Effect, EffectError, JSONValue
+from agent_ledger.effects import (
+    Effect,
+    EffectError,
+    HistoryEvent,
+    JSONValue,
+    Reopening,
+    TryFailure,
+    event_from_dict,
+    event_to_dict,
+)
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.fields import EFFECT_FIELDS, ERROR_PARTS, TIME_FIELDS
 from agent_ledger.status import EffectStatus
@@ -58,6 +67,7 @@ _ENCODERS: Final[Mapping[str, Callable[[Effect], JSONValue]]] = {
     "resource": lambda effect: effect.resource,
     "error_message": lambda effect: None if effect.error is None else effect.error.message,
     "error_code": lambda effect: None if effect.error is None else effect.error.code,
+    "history": lambda effect: [event_to_dict(event) for event in effect.history],
     **{name: _time_encoder(name) for name in _TIMES},
 }
 
@@ -108,11 +118,29 @@ def effect_from_record(record: Mapping[str, object]) -> Effect:
         decided_by=None if record["decided_by"] is None else str(record["decided_by"]),
         decision_note=None if record["decision_note"] is None else str(record["decision_note"]),
         decided_at=times.get("decided_at"),
-        # Exports written before schema version 2 lack the last three fields.
+        # Exports written before schema version 2 lack the last five fields.
         started_at=times.get("started_at"),
         executions=_count(record, "executions"),
         lease_ms=_count(record, "lease_ms"),
+        tries=_count(record, "tries"),
+        history=_history(record),
     )
+
+
+def _history(record: Mapping[str, object]) -> tuple[HistoryEvent, ...]:
+    value = record.get("history", [])
+    if isinstance(value, str):  # CSV cells are JSON text
+        value = orjson.loads(value)
+    if not isinstance(value, list):
+        raise EffectLedgerValidationError(
+            f"history must be a list of events, got {value!r}", field="history"
+        )
+    try:
+        return tuple(event_from_dict(item) for item in value)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EffectLedgerValidationError(
+            f"history holds an event that cannot be read ({exc!r})", field="history"
+        ) from None
 
 
 def _count(record: Mapping[str, object], name: str) -> int:
@@ -151,7 +179,10 @@ def render_receipt(effect: Effect) -> str:
     outcome yet says ``pending`` (not ``null``, which is what a handler that
     returned None left); ``executions`` counts handler runs (the attempt is
     the fencing token, and an approval adds one without running anything);
-    the run time excludes any wait for a person, which is shown apart.
+    the run time excludes any wait for a person, which is shown apart. An
+    effect that was retried or reopened shows its tries and every earlier
+    try's error and reopening, oldest first; one that ran once in one try
+    does not repeat that it tried once.
     """
     rows = [
         ("effect", effect.id),
@@ -178,6 +209,9 @@ def render_receipt(effect: Effect) -> str:
     rows += [("started", _stamp(effect.started_at)), ("completed", _stamp(effect.completed_at))]
     if effect.started_at is not None and effect.completed_at is not None:
         rows.append(("run time", _elapsed(effect.completed_at - effect.started_at)))
+    if effect.tries > 1 or effect.history:
+        rows.append(("tries", str(effect.tries)))
+    rows += [_history_row(event) for event in effect.history]
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label.rjust(width)}  {value}" for label, value in rows)
 
@@ -201,11 +235,26 @@ def _elapsed(span: timedelta) -> str:
     return f"{hours} h {minutes} min" if hours else f"{minutes} min {secs} s"
 
 
+def _history_row(event: HistoryEvent) -> tuple[str, str]:
+    if isinstance(event, TryFailure):
+        error = EffectError(event.message, event.code)
+        return (f"try {event.number}", f"{_stamp(event.at)} failed: {error} ({event.type})")
+    was = event.status.value + (f" ({event.error})" if event.error is not None else "")
+    tries = (
+        "" if event.tries == 0 else f", after {event.tries} tr{'y' if event.tries == 1 else 'ies'}"
+    )
+    return ("reopened", f"{_stamp(event.at)} by {event.by}: {event.reason}; was {was}{tries}")
+
+
 def _decision_kind(effect: Effect) -> str:
-    # Decisions are made by approve, deny or cancel; only approval lets the
-    # effect go on to other statuses, so the current status tells which it was.
+    # Decisions are made by approve, deny, cancel and reopen. A denial or a
+    # cancellation ends the effect, so its status tells; a reopening is in the
+    # history, at the decision's own time; any other decision was an approval.
     if effect.status in (EffectStatus.DENIED, EffectStatus.CANCELED):
         return effect.status.value
+    last = effect.history[-1] if effect.history else None
+    if isinstance(last, Reopening) and last.at == effect.decided_at:
+        return "reopened"
     return "approved"
 
 

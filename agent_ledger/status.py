@@ -3,7 +3,7 @@
 Every other module (the engine, each store, the schema tests) derives what
 it needs from :data:`TRANSITIONS`; nothing else lists them.
 
-Four kinds of step move an effect, and the table covers them all:
+Five kinds of step move an effect, and the table covers them all:
 
 * a **claim** moves it *into* ``processing`` and increments ``attempt`` (the
   fencing token): from ``ready`` (an approved or released effect is run) or
@@ -13,6 +13,11 @@ Four kinds of step move an effect, and the table covers them all:
   (:data:`RELEASE`): a run cancelled after its begin or claim landed and
   before its handler started, so the next caller claims it at once instead of
   waiting out a lease nobody holds;
+* a **reopen** sends a ``failed`` or ``canceled`` effect back to ``ready``
+  (:data:`REOPEN`): an operator's way to have it run again (the handler was
+  fixed, the outage is over). It is the only way out of those two statuses,
+  and nothing takes an effect out of ``succeeded`` or ``denied``: a result is
+  the receipt, and a denial stands (a new decision needs a new call);
 * a **decision** (request approval, approve, deny, cancel) is everything else.
 
 A running effect (``processing``) can never be sent back for approval: its
@@ -65,14 +70,24 @@ TRANSITIONS: Final[Mapping[EffectStatus, frozenset[EffectStatus]]] = MappingProx
         # ready -> requires_approval: an approval taken back before anyone claimed it.
         _S.READY: frozenset({_S.PROCESSING, _S.REQUIRES_APPROVAL, _S.CANCELED}),
         _S.SUCCEEDED: frozenset(),
-        _S.FAILED: frozenset(),
+        # failed/canceled -> ready: only reopen (see REOPEN), never automatic.
+        _S.FAILED: frozenset({_S.READY}),
         _S.DENIED: frozenset(),
-        _S.CANCELED: frozenset(),
+        _S.CANCELED: frozenset({_S.READY}),
     }
 )
 
-#: Statuses with no way out: the outcome is final.
-TERMINAL: Final[frozenset[EffectStatus]] = frozenset(s for s, out in TRANSITIONS.items() if not out)
+#: The edges only ``Store.reopen`` takes: a person sends a finished effect back to run again.
+REOPEN: Final[frozenset[tuple[EffectStatus, EffectStatus]]] = frozenset(
+    {(_S.FAILED, _S.READY), (_S.CANCELED, _S.READY)}
+)
+#: The statuses ``reopen`` takes an effect from.
+REOPENABLE: Final[frozenset[EffectStatus]] = frozenset(source for source, _ in REOPEN)
+
+#: Statuses whose outcome is final: nothing but a person's reopen leads out of them.
+TERMINAL: Final[frozenset[EffectStatus]] = frozenset(
+    s for s, out in TRANSITIONS.items() if all((s, t) in REOPEN for t in out)
+)
 
 
 #: Statuses a claim takes an effect from (into ``processing``, attempt + 1).
@@ -110,10 +125,11 @@ def sources_of(target: EffectStatus) -> frozenset[EffectStatus]:
 def decision_sources(target: EffectStatus) -> frozenset[EffectStatus]:
     """Every status from which a decision (``Store.transition``) may reach ``target``.
 
-    ``sources_of(target)`` without the :data:`RELEASE` edge: ``approve()``
-    moves only ``requires_approval`` to ``ready``, never a ``processing``
-    effect, whose holder may be running its handler. Stores use this as the
-    ``WHERE status IN (...)`` half of a decision's compare-and-set.
+    ``sources_of(target)`` without the :data:`RELEASE` and :data:`REOPEN`
+    edges: ``approve()`` moves only ``requires_approval`` to ``ready``, never
+    a ``processing`` effect, whose holder may be running its handler, nor a
+    finished one. Stores use this as the ``WHERE status IN (...)`` half of a
+    decision's compare-and-set.
     """
     return _DECISION_SOURCES[target]
 
@@ -126,7 +142,9 @@ _SOURCES: Final[Mapping[EffectStatus, frozenset[EffectStatus]]] = MappingProxyTy
 )
 _DECISION_SOURCES: Final[Mapping[EffectStatus, frozenset[EffectStatus]]] = MappingProxyType(
     {
-        target: frozenset(s for s in sources if (s, target) != RELEASE)
+        target: frozenset(
+            s for s in sources if (s, target) != RELEASE and (s, target) not in REOPEN
+        )
         for target, sources in _SOURCES.items()
     }
 )

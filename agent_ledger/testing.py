@@ -42,6 +42,7 @@ from agent_ledger.stores.base import (
     Held,
     LedgerStats,
     NewEffect,
+    SchemaMigration,
     Store,
     Subscription,
 )
@@ -66,14 +67,17 @@ STORE_STEPS: Final = (
     "claim",
     "heartbeat",
     "commit",
+    "record_try",
     "release",
     "transition",
+    "reopen",
     "get",
     "find",
     "list_effects",
     "stats",
     "purge",
     "create_schema",
+    "migrate",
     "check_schema",
 )
 
@@ -203,6 +207,7 @@ class FaultyStore(Generic[StoreT]):
         result_json: str | None,
         error: EffectError | None,
         tx: object | None = None,
+        ends_try: bool = True,
     ) -> bool:
         return await self._step(
             "commit",
@@ -213,6 +218,18 @@ class FaultyStore(Generic[StoreT]):
                 result_json=result_json,
                 error=error,
                 tx=tx,
+                ends_try=ends_try,
+            ),
+            effect_id=effect_id,
+        )
+
+    async def record_try(
+        self, effect_id: str, *, attempt: int, error: EffectError, error_type: str
+    ) -> bool:
+        return await self._step(
+            "record_try",
+            lambda: self.inner.record_try(
+                effect_id, attempt=attempt, error=error, error_type=error_type
             ),
             effect_id=effect_id,
         )
@@ -239,6 +256,11 @@ class FaultyStore(Generic[StoreT]):
             idem_key=idem_key,
         )
 
+    async def reopen(self, idem_key: str, *, by: str, reason: str) -> Effect | None:
+        return await self._step(
+            "reopen", lambda: self.inner.reopen(idem_key, by=by, reason=reason), idem_key=idem_key
+        )
+
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
         return await self._step(
             "get", lambda: self.inner.get(effect_id, tx=tx), effect_id=effect_id
@@ -260,6 +282,9 @@ class FaultyStore(Generic[StoreT]):
 
     async def create_schema(self) -> None:
         await self._step("create_schema", self.inner.create_schema)
+
+    async def migrate(self) -> SchemaMigration:
+        return await self._step("migrate", self.inner.migrate)
 
     async def check_schema(self) -> int:
         return await self._step("check_schema", self.inner.check_schema)
@@ -321,13 +346,26 @@ def _checked(steps: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def build_ledger(
-    store: Store, *, defaults: RunOptions | None = None, hooks: LedgerHooks | None = None
+    store: Store,
+    *,
+    defaults: RunOptions | None = None,
+    hooks: LedgerHooks | None = None,
+    clock: ManualClock | None = None,
 ) -> EffectLedger:
     """An :class:`EffectLedger` on ``store``, with ``defaults`` for every ``run()``
-    and ``hooks`` when ``run()`` is not given its own."""
+    and ``hooks`` when ``run()`` is not given its own.
+
+    With ``clock``, the ledger keeps its time by it and waits between retries
+    with ``clock.sleep``, which moves the clock instead of sleeping (and
+    notes each delay in ``clock.slept``).
+    """
+    timing: dict[str, Any] = {} if clock is None else {"clock": clock, "sleep": clock.sleep}
     return EffectLedger(
         EffectLedgerOptions(
-            store=store, defaults=LedgerDefaults(run=defaults or RunOptions()), hooks=hooks
+            store=store,
+            defaults=LedgerDefaults(run=defaults or RunOptions()),
+            hooks=hooks,
+            **timing,
         )
     )
 

@@ -49,7 +49,7 @@ class Beat:
     Times are the event loop's clock (``loop.time()``).
     """
 
-    __slots__ = ("_owner", "confirmed_at", "due", "effect", "held", "interval_s")
+    __slots__ = ("_owner", "confirmed_at", "due", "effect", "held", "interval_s", "lost")
 
     def __init__(self, owner: Heartbeats, effect: Effect, interval_s: float, now: float) -> None:
         self._owner = owner
@@ -63,6 +63,9 @@ class Beat:
         #: The store wrote ``heartbeat_at`` no earlier than that, so the lease
         #: lasts at least until ``confirmed_at`` plus the stale window.
         self.confirmed_at = now
+        #: The store said the effect is no longer held (taken over, canceled):
+        #: a retrying run must not start another try.
+        self.lost = False
 
     def stop(self) -> None:
         self._owner.forget(self)
@@ -151,6 +154,7 @@ class Heartbeats:
             if beat.held in outcome.refreshed:
                 beat.confirmed_at = sent_at
             elif beat.held not in outcome.busy and beat in self._running:
+                beat.lost = True
                 beat.stop()  # taken over or canceled: no point beating for it any more
                 logger.warning(
                     "lost the effect while its handler runs (taken over or canceled); "

@@ -12,10 +12,12 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
 import logging
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Final, Literal, NamedTuple
 
 import orjson
@@ -30,6 +32,7 @@ from agent_ledger.effects import (
     CommitSucceeded,
     Effect,
     EffectError,
+    TryFailure,
 )
 from agent_ledger.engine.heartbeats import Beat, Heartbeats
 from agent_ledger.engine.ownership import own
@@ -61,6 +64,7 @@ from agent_ledger.options import (
     merge_run_options,
     resolve,
 )
+from agent_ledger.retries import RETRIES_EXHAUSTED, RetryPolicy
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores.base import BeginOutcome, NewEffect, SchemaCheck, Store
 
@@ -78,6 +82,23 @@ TOO_MANY_TAKEOVERS: Final = (
 CANCELLED_WHILE_RUNNING: Final = (
     "the task running the handler was cancelled ({exc}); whether the side effect "
     "happened is unknown, so the effect is not retried automatically"
+)
+#: Reason recorded when the task is cancelled while it waits to retry.
+CANCELLED_BEFORE_RETRY: Final = (
+    "the task was cancelled ({exc}) while it waited to retry after try {n}; the effect "
+    "is not retried automatically (reopen() it to run it again)"
+)
+#: Reason recorded when a retry policy's tries ran out.
+RETRIES_RAN_OUT: Final = "gave up after {n} tries (attempts={limit}); last error: {error}"
+#: Reason recorded when the next try would start past the policy's time budget.
+RETRY_TIME_RAN_OUT: Final = (
+    "gave up after {n} tries: the next would start {ms:.0f} ms after the first, past "
+    "timeout_ms={limit}; last error: {error}"
+)
+#: Reason recorded when a claim finds every try used by a worker that then stopped.
+TRIES_USED_BEFORE: Final = (
+    "gave up after {n} tries (attempts={limit}): the worker that made the last one "
+    "stopped before recording the outcome; last error: {error}"
 )
 
 
@@ -115,6 +136,10 @@ class Engine:
         self.hooks = options.hooks if options.hooks is not None else LedgerHooks()
         self._heartbeats = Heartbeats(self._store)
         self._waiter = Waiter(self._store)
+        # Retries wait and keep their time budget by the ledger's clock, so
+        # tests can run them on a ManualClock without sleeping.
+        self._clock = options.clock
+        self._sleep = options.sleep
         #: Shared with decisions and audit: the schema is checked on first use.
         self.schema = SchemaCheck(self._store)
 
@@ -203,6 +228,13 @@ class Engine:
             # called would otherwise be recorded as the effect's failure.
             raise EffectLedgerValidationError(
                 f"handler must be callable, got {type(handler).__name__}", field="handler"
+            )
+        if tx is not None and prepared.opts.retry is not None:
+            raise EffectLedgerValidationError(
+                "a retry policy cannot be used inside a transaction (tx=): the waits "
+                "between tries would hold the transaction's locks, and its rollback would "
+                "undo the record of each try. Run it without tx=, or without retry.",
+                field="retry",
             )
         acquired = await self.acquire(prepared, tx)
         while acquired.owned:
@@ -303,7 +335,9 @@ class Engine:
         )
         # Just claimed: the lease is whole.
         until = lease_end(asyncio.get_running_loop().time(), prepared.opts.stale_after_ms)
-        if await self._record_landed(claimed, EffectStatus.FAILED, None, error, tx, until):
+        if await self._record_landed(
+            claimed, EffectStatus.FAILED, None, error, tx, until, ends_try=False
+        ):
             log_effect(logging.WARNING, "effect failed: too many takeovers", claimed)
         stored = await self._store.get(claimed.id, tx=tx)
         if stored is None or not stored.status.is_terminal:
@@ -351,8 +385,12 @@ class Engine:
 
         Returns the handler's value if our commit won, raises what the
         handler raised (after recording it), or returns a lost record when
-        another attempt's commit won.
+        another attempt's commit won. With a retry policy, a retryable
+        failure is recorded and the handler tried again (``_retry``).
         """
+        policy = opts.retry
+        if policy is not None and effect.tries >= policy.attempts:
+            return await self._fail_used_up(effect, policy, opts, tx)
         # Inside a transaction the row is invisible to other workers until
         # commit, so nobody can take it over and no heartbeat is needed.
         beat = (
@@ -360,6 +398,7 @@ class Engine:
             if opts.stale_after_ms > 0 and tx is None
             else None
         )
+        first_try_at = self._clock() if policy is not None else None
         try:
             if opts.sync_in_thread and not inspect.iscoroutinefunction(handler):
                 # A plain function may block (a requests call, time.sleep): in a
@@ -370,18 +409,35 @@ class Engine:
             if inspect.isawaitable(value):
                 value = await value
         except Exception as exc:
-            until = self._stop_beat(beat, opts)
-            error = _error_of(exc)
-            if await self._record_landed(effect, EffectStatus.FAILED, None, error, tx, until):
-                log_effect(logging.INFO, "effect failed", effect)
-                raise
-            return _LOST
+            if policy is None or first_try_at is None or not policy.retries(exc):
+                until = self._stop_beat(beat, opts)
+                error = _error_of(exc)
+                if await self._record_landed(effect, EffectStatus.FAILED, None, error, tx, until):
+                    log_effect(logging.INFO, "effect failed", effect)
+                    raise
+                return _LOST
+            retryable = exc
         except BaseException as exc:
             # CancelledError (and KeyboardInterrupt/SystemExit): record it so
             # the effect does not sit in processing until the stale window.
             until = self._stop_beat(beat, opts)
             await self._record_abandoned(effect, exc, tx, until)
             raise
+        else:
+            return await self._record_value(effect, value, opts, tx, beat)
+        # Outside the except block, so that a later try's exception is not
+        # chained to this one as if it had been raised while handling it.
+        return await self._retry(effect, handler, opts, policy, beat, retryable, first_try_at)
+
+    async def _record_value(
+        self,
+        effect: Effect,
+        value: object,
+        opts: ResolvedRunOptions,
+        tx: object | None,
+        beat: Beat | None,
+    ) -> _Recorded:
+        """Record the handler's return value as the outcome (a non-JSON one as a failure)."""
         until = self._stop_beat(beat, opts)
         try:
             result_json = canonical_json(value, field="result", sort_keys=False).decode()
@@ -395,15 +451,210 @@ class Engine:
             return _Recorded(won=True, value=value)
         return _LOST
 
+    # -- retries -----------------------------------------------------------------------
+
+    async def _retry(
+        self,
+        effect: Effect,
+        handler: Callable[[Effect], object],
+        opts: ResolvedRunOptions,
+        policy: RetryPolicy,
+        beat: Beat | None,
+        exc: Exception,
+        first_try_at: datetime,
+    ) -> _Recorded:
+        """After a retryable failure: record it, wait, try again, until a try
+        succeeds, fails for good, or the tries run out.
+
+        Every try happens inside this one claim, with the heartbeat going
+        on through the waits. Each failed try is recorded (``record_try``,
+        fenced by the attempt) before the wait, so a worker that takes the
+        effect over after a crash continues the count; if the record is
+        refused, the effect is no longer ours (taken over, canceled) and its
+        new owner decides. When the tries run out, the effect is recorded
+        failed with ``retries_exhausted`` and ``exc``, the last try's own
+        exception, is raised. Never called inside a caller's transaction.
+        """
+        tried = effect.tries
+        try:
+            while True:
+                tried += 1  # the try that just failed with exc
+                try:
+                    held = await self._record_try(effect, tried, exc, beat, opts)
+                except BaseException as stop:
+                    if isinstance(stop, Exception):
+                        raise  # a store error past the lease: the effect stays to its lease
+                    # Cancelled while the try was being recorded (it may have landed).
+                    until = self._stop_beat(beat, opts)
+                    await self._record_abandoned(effect, stop, None, until, after_try=tried)
+                    raise
+                if not held:
+                    log_effect(
+                        logging.WARNING,
+                        f"try {tried} failed and could not be recorded: the effect was taken "
+                        "over or canceled meanwhile, so this worker stops trying",
+                        effect,
+                    )
+                    return _LOST
+                delay = policy.delay(tried, exc)
+                gave_up = self._gave_up(policy, tried, exc, delay, first_try_at)
+                if gave_up is not None:
+                    until = self._stop_beat(beat, opts)
+                    if await self._record_landed(
+                        effect, EffectStatus.FAILED, None, gave_up, None, until, ends_try=False
+                    ):
+                        log_effect(logging.INFO, f"effect failed: {gave_up.message}", effect)
+                        raise exc
+                    return _LOST
+                log_effect(
+                    logging.INFO,
+                    f"try {tried} of {policy.attempts} failed ({_error_of(exc)}); "
+                    f"retrying in {delay:.3f} s",
+                    effect,
+                )
+                try:
+                    await self._sleep(delay)
+                except BaseException as stop:
+                    until = self._stop_beat(beat, opts)
+                    await self._record_abandoned(effect, stop, None, until, after_try=tried)
+                    raise
+                if beat is not None and beat.lost:
+                    log_effect(logging.WARNING, "lost the effect while waiting to retry", effect)
+                    return _LOST
+                # The handler sees how many tries came before this one.
+                effect = dataclasses.replace(effect, tries=tried)
+                try:
+                    value = await self._call(handler, effect, opts)
+                except Exception as failed:
+                    if policy.retries(failed):
+                        exc = failed
+                        continue
+                    until = self._stop_beat(beat, opts)
+                    error = _error_of(failed)
+                    if await self._record_landed(
+                        effect, EffectStatus.FAILED, None, error, None, until
+                    ):
+                        log_effect(logging.INFO, "effect failed", effect)
+                        raise
+                    return _LOST
+                except BaseException as stop:
+                    until = self._stop_beat(beat, opts)
+                    await self._record_abandoned(effect, stop, None, until)
+                    raise
+                return await self._record_value(effect, value, opts, None, beat)
+        finally:
+            if beat is not None:
+                beat.stop()  # on every way out (stopping twice is harmless)
+
+    async def _call(
+        self, handler: Callable[[Effect], object], effect: Effect, opts: ResolvedRunOptions
+    ) -> object:
+        """One call of the handler, as ``execute`` makes its first (see there)."""
+        if opts.sync_in_thread and not inspect.iscoroutinefunction(handler):
+            value = await asyncio.to_thread(_call_in_thread, handler, effect)
+        else:
+            value = handler(effect)
+        if inspect.isawaitable(value):
+            value = await value
+        return value
+
+    def _gave_up(
+        self,
+        policy: RetryPolicy,
+        tried: int,
+        exc: BaseException,
+        delay: float,
+        first_try_at: datetime,
+    ) -> EffectError | None:
+        """The error to record if no try may follow try ``tried``; None if one may."""
+        if tried >= policy.attempts:
+            message = RETRIES_RAN_OUT.format(n=tried, limit=policy.attempts, error=_error_of(exc))
+            return EffectError(message=message, code=RETRIES_EXHAUSTED)
+        if policy.timeout_ms is None:
+            return None
+        next_at_ms = (self._clock() - first_try_at).total_seconds() * 1000.0 + delay * 1000.0
+        if next_at_ms <= policy.timeout_ms:
+            return None
+        message = RETRY_TIME_RAN_OUT.format(
+            n=tried, ms=next_at_ms, limit=policy.timeout_ms, error=_error_of(exc)
+        )
+        return EffectError(message=message, code=RETRIES_EXHAUSTED)
+
+    async def _record_try(
+        self,
+        effect: Effect,
+        tried: int,
+        exc: BaseException,
+        beat: Beat | None,
+        opts: ResolvedRunOptions,
+    ) -> bool:
+        """``Store.record_try`` for failed try number ``tried``; True if it was recorded.
+
+        Store errors are retried like a commit's (``record``), on the
+        ``COMMIT_RETRY`` schedule while the lease lasts, then raised. A
+        repeat after a lost reply would count the try twice, so after an
+        error the effect is read back first: still ours, with the count
+        already at ``tried``, means the lost record landed.
+        """
+        error, error_type = _error_of(exc), _type_name(exc)
+        step = 0
+        while True:
+            try:
+                if step > 0:
+                    stored = await self._store.get(effect.id)
+                    if stored is None or stored.attempt != effect.attempt:
+                        return False
+                    if stored.status is EffectStatus.PROCESSING and stored.tries >= tried:
+                        return True
+                return await self._store.record_try(
+                    effect.id, attempt=effect.attempt, error=error, error_type=error_type
+                )
+            except EffectStoreError:
+                remaining_s = self._lease_until(beat, opts) - asyncio.get_running_loop().time()
+                if remaining_s <= 0:
+                    raise
+                delay = COMMIT_RETRY.delay(step, remaining_s=remaining_s)
+                log_effect(
+                    logging.WARNING,
+                    f"recording try {tried} failed; retrying in {delay:.2f} s",
+                    effect,
+                )
+                await asyncio.sleep(delay)
+                step += 1
+
+    async def _fail_used_up(
+        self, effect: Effect, policy: RetryPolicy, opts: ResolvedRunOptions, tx: object | None
+    ) -> _Recorded:
+        """Claimed an effect whose run already used every try (its last holder
+        stopped before recording the outcome): record that, run nothing."""
+        last = next((e for e in reversed(effect.history) if isinstance(e, TryFailure)), None)
+        last_error = "unknown" if last is None else str(EffectError(last.message, last.code))
+        message = TRIES_USED_BEFORE.format(n=effect.tries, limit=policy.attempts, error=last_error)
+        error = EffectError(message=message, code=RETRIES_EXHAUSTED)
+        until = lease_end(asyncio.get_running_loop().time(), opts.stale_after_ms)
+        if not await self._record_landed(
+            effect, EffectStatus.FAILED, None, error, tx, until, ends_try=False
+        ):
+            return _LOST
+        log_effect(logging.INFO, f"effect failed: {message}", effect)
+        stored = await self._store.get(effect.id, tx=tx)
+        raise EffectFailedError(stored or dataclasses.replace(effect, error=error))
+
     @staticmethod
-    def _stop_beat(beat: Beat | None, opts: ResolvedRunOptions) -> float:
-        """Stop heartbeating; return until when the lease keeps others off the effect."""
+    def _lease_until(beat: Beat | None, opts: ResolvedRunOptions) -> float:
+        """Until when (loop time) the lease surely keeps others off the effect."""
         if beat is None:
             # No takeover possible (after_ms=0), or inside a transaction (no
             # retries there): retry as long as a default lease would last.
             return lease_end(asyncio.get_running_loop().time(), DEFAULT_STALE_AFTER_MS)
-        beat.stop()
         return lease_end(beat.confirmed_at, opts.stale_after_ms)
+
+    @classmethod
+    def _stop_beat(cls, beat: Beat | None, opts: ResolvedRunOptions) -> float:
+        """Stop heartbeating; return until when the lease keeps others off the effect."""
+        if beat is not None:
+            beat.stop()
+        return cls._lease_until(beat, opts)
 
     async def record(
         self,
@@ -415,6 +666,7 @@ class Engine:
         retry_until: float,
         *,
         maybe_landed: bool = False,
+        ends_try: bool = True,
     ) -> bool:
         """Record a handler's outcome; True if this attempt's commit won.
 
@@ -424,7 +676,9 @@ class Engine:
         while the lease lasts nobody else can take the effect, so every retry
         that lands saves a second execution. Past it the last store error is
         raised: the effect stays processing, and the next caller takes it
-        over once the lease has lapsed, as after a crash. The compare-and-set is safe to repeat: if
+        over once the lease has lapsed, as after a crash. ``ends_try`` is
+        ``Store.commit``'s: False for an outcome no try of the handler
+        produced. The compare-and-set is safe to repeat: if
         an earlier try landed before its connection broke, the retry matches
         no row and the stored effect shows our attempt and status, which
         counts as ours (``maybe_landed`` asks for that check from the first
@@ -441,6 +695,7 @@ class Engine:
                     result_json=result_json,
                     error=error,
                     tx=tx,
+                    ends_try=ends_try,
                 )
             except EffectStoreError:
                 remaining_s = retry_until - asyncio.get_running_loop().time()
@@ -478,6 +733,8 @@ class Engine:
         error: EffectError | None,
         tx: object | None,
         retry_until: float,
+        *,
+        ends_try: bool = True,
     ) -> bool:
         """``record``, carried through to the end even if this task is cancelled meanwhile.
 
@@ -490,11 +747,22 @@ class Engine:
         cancellation propagates after it.
         """
         try:
-            return await self.record(effect, status, result_json, error, tx, retry_until)
+            return await self.record(
+                effect, status, result_json, error, tx, retry_until, ends_try=ends_try
+            )
         except asyncio.CancelledError as exc:
             interrupted = exc
         write = asyncio.ensure_future(
-            self.record(effect, status, result_json, error, tx, retry_until, maybe_landed=True)
+            self.record(
+                effect,
+                status,
+                result_json,
+                error,
+                tx,
+                retry_until,
+                maybe_landed=True,
+                ends_try=ends_try,
+            )
         )
         while not write.done():
             try:
@@ -513,13 +781,27 @@ class Engine:
         raise interrupted
 
     async def _record_abandoned(
-        self, effect: Effect, exc: BaseException, tx: object | None, retry_until: float
+        self,
+        effect: Effect,
+        exc: BaseException,
+        tx: object | None,
+        retry_until: float,
+        *,
+        after_try: int | None = None,
+        ends_try: bool = True,
     ) -> None:
-        error = EffectError(
-            message=CANCELLED_WHILE_RUNNING.format(exc=type(exc).__name__), code="cancelled"
-        )
+        """Record a run cancelled while its handler ran, or (``after_try``) while it
+        waited to retry after that try, whose end is recorded already."""
+        if after_try is None:
+            message = CANCELLED_WHILE_RUNNING.format(exc=type(exc).__name__)
+        else:
+            message = CANCELLED_BEFORE_RETRY.format(exc=type(exc).__name__, n=after_try)
+            ends_try = False
+        error = EffectError(message=message, code="cancelled")
         try:
-            await self._record_landed(effect, EffectStatus.CANCELED, None, error, tx, retry_until)
+            await self._record_landed(
+                effect, EffectStatus.CANCELED, None, error, tx, retry_until, ends_try=ends_try
+            )
         except Exception:
             logger.exception(
                 "could not record the cancelled run; the effect stays processing until "
@@ -642,6 +924,14 @@ def _error_of(exc: BaseException) -> EffectError:
     except Exception:
         code = type(exc).__name__
     return EffectError(message=message, code=code)
+
+
+def _type_name(exc: BaseException) -> str:
+    """The exception's class, qualified by its module unless it is a builtin."""
+    kind = type(exc)
+    if kind.__module__ == "builtins":
+        return kind.__qualname__
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 def _error_code(exc: BaseException) -> str:

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
 
-from agent_ledger.effects import EffectError
-from agent_ledger.status import CLAIMABLE, EffectStatus, decision_sources
+import orjson
+
+from agent_ledger.effects import REOPENED, TRY_FAILED, EffectError, storable_text
+from agent_ledger.status import CLAIMABLE, REOPENABLE, EffectStatus, decision_sources
 from agent_ledger.stores.base import Decision, EffectQuery, NewEffect
 
 __all__ = [
@@ -25,7 +27,9 @@ __all__ = [
     "claim_params",
     "commit_params",
     "list_params",
+    "record_try_params",
     "release_params",
+    "reopen_params",
     "transition_params",
 ]
 
@@ -87,15 +91,54 @@ def commit_params(
     status: EffectStatus,
     result_json: str | None,
     error: EffectError | None,
+    ends_try: bool = True,
 ) -> dict[str, object]:
-    """For the commit compare-and-set (``processing`` -> ``status`` at ``attempt``)."""
+    """For the commit compare-and-set (``processing`` -> ``status`` at ``attempt``);
+    ``tried`` is what it adds to ``tries``."""
     return {
         "id": effect_id,
         "attempt": attempt,
         "status": status.value,
         "result": result_json,
         "processing": _PROCESSING,
+        "tried": 1 if ends_try else 0,
         **dialect.error(error),
+    }
+
+
+def record_try_params(
+    effect_id: str, *, attempt: int, error: EffectError, error_type: str
+) -> dict[str, object]:
+    """For record_try (``processing`` at ``attempt``: one more try, its failure appended).
+
+    ``event`` is the ``TryFailure`` as JSON text without the two values the
+    statement adds from the row and the store's clock: ``try`` (the new
+    ``tries``) and ``at``.
+    """
+    event = {
+        "kind": TRY_FAILED,
+        "attempt": attempt,
+        "message": error.message,
+        "code": error.code,
+        "type": storable_text(error_type),
+    }
+    return {
+        "id": effect_id,
+        "attempt": attempt,
+        "processing": _PROCESSING,
+        "event": orjson.dumps(event).decode(),
+    }
+
+
+def reopen_params(dialect: Dialect, idem_key: str, *, by: str, reason: str) -> dict[str, object]:
+    """For the reopen compare-and-set: from any of ``REOPENABLE`` to ``ready``."""
+    return {
+        "idem_key": idem_key,
+        "sources": dialect.statuses(REOPENABLE),
+        "ready": _READY,
+        "kind": REOPENED,
+        "by": by,
+        "reason": reason,
     }
 
 

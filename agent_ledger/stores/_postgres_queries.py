@@ -21,6 +21,8 @@ _EXPRESSIONS: Final = {
     "result": "result::text AS result",
     "error_message": "error->>'message' AS error_message",
     "error_code": "error->>'code' AS error_code",
+    # Parsed by the library (orjson), not by psycopg's json loader.
+    "history": "history::text AS history",
 }
 #: The columns every query returns, in the order ``effect_from_row`` reads them.
 #: Built only from the constant names in _columns and above, never from caller text.
@@ -149,9 +151,24 @@ HEARTBEAT: Final[LiteralString] = (
 # matches no row. A NULL attempt skips the fencing check (unfenced commit()).
 COMMIT: Final[LiteralString] = (
     "UPDATE {effects} SET status = %(status)s, result = %(result)s::json,"
-    " error = %(error)s::jsonb, completed_at = clock_timestamp(), updated_at = clock_timestamp() "
+    " error = %(error)s::jsonb, tries = tries + %(tried)s::integer,"
+    " completed_at = clock_timestamp(), updated_at = clock_timestamp() "
     "WHERE id = %(id)s AND status = %(processing)s"
     " AND (%(attempt)s::integer IS NULL OR attempt = %(attempt)s::integer)"
+)
+
+# -- record_try --
+# One failed try of a retried handler, fenced like a commit on (id, status,
+# attempt) but leaving the status as it is (so the notify trigger stays
+# quiet): +1 try, and the try's failure (`event`, JSON from _params) appended
+# to the history with its number (the new count: SET reads the row's old
+# values) and the database's time. The holder is alive: its heartbeat too.
+RECORD_TRY: Final[LiteralString] = (
+    "UPDATE {effects} SET tries = tries + 1,"
+    " history = history || jsonb_build_array(%(event)s::jsonb"
+    " || jsonb_build_object('try', tries + 1, 'at', clock_timestamp())),"
+    " heartbeat_at = clock_timestamp() "
+    "WHERE id = %(id)s AND status = %(processing)s AND attempt = %(attempt)s"
 )
 
 # -- release --
@@ -179,6 +196,25 @@ TRANSITION: Final[LiteralString] = (
     " decided_at = CASE WHEN %(decided)s THEN clock_timestamp() ELSE decided_at END,"
     " completed_at = CASE WHEN %(terminal)s THEN clock_timestamp() ELSE completed_at END "
     "WHERE idem_key = %(idem_key)s AND status = ANY(%(sources)s) "
+    "RETURNING " + EFFECT_COLUMNS
+)
+
+# -- reopen --
+# Compare-and-set by key from failed or canceled (`sources`) to ready. How
+# the effect had ended (status, error, tries) goes to the history with who
+# reopened it, why and when (SET reads the row's old values); the error and
+# completion are cleared, the tries start again, and the reopening is the
+# latest decision. One reading of the clock (`n.now`), so the history's time
+# and decided_at are equal. The attempt stays: the next claim moves it on.
+REOPEN: Final[LiteralString] = (
+    "UPDATE {effects} AS e SET status = %(ready)s,"
+    " history = e.history || jsonb_build_array(jsonb_build_object('kind', %(kind)s::text,"
+    " 'status', e.status, 'error', e.error, 'tries', e.tries, 'by', %(by)s::text,"
+    " 'reason', %(reason)s::text, 'at', n.now)),"
+    " error = NULL, tries = 0, completed_at = NULL,"
+    " decided_by = %(by)s, decision_note = %(reason)s, decided_at = n.now, updated_at = n.now "
+    "FROM (SELECT clock_timestamp() AS now) AS n "
+    "WHERE e.idem_key = %(idem_key)s AND e.status = ANY(%(sources)s) "
     "RETURNING " + EFFECT_COLUMNS
 )
 
@@ -223,3 +259,5 @@ PURGE: Final[LiteralString] = (
 
 # -- schema --
 SCHEMA_VERSION: Final[LiteralString] = "SELECT max(version) FROM {versions}"
+# Is there a version marker yet? `name` is the qualified, quoted table name.
+HAS_VERSIONS_TABLE: Final[LiteralString] = "SELECT to_regclass(%(name)s) IS NOT NULL"

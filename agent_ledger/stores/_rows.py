@@ -8,7 +8,7 @@ from typing import Any, Final
 
 import orjson
 
-from agent_ledger.effects import Effect, EffectError
+from agent_ledger.effects import Effect, EffectError, history_from_json
 from agent_ledger.fields import ERROR_PARTS, TIME_FIELDS
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores._columns import ROW_COLUMNS
@@ -23,6 +23,7 @@ STATUS_BY_VALUE: Final = {s.value: s for s in EffectStatus}
 _STATUS: Final = ROW_COLUMNS.index("status")
 _RESULT: Final = ROW_COLUMNS.index("result")
 _ERROR: Final = ROW_COLUMNS.index(ERROR_PARTS[0])
+_HISTORY: Final = ROW_COLUMNS.index("history")
 _TIMES: Final = tuple(ROW_COLUMNS.index(name) for name in sorted(TIME_FIELDS))
 
 
@@ -40,6 +41,8 @@ def effect_from_row(row: tuple[Any, ...], to_time: Callable[[Any], datetime]) ->
     values[_STATUS] = STATUS_BY_VALUE[values[_STATUS]]
     if values[_RESULT] is not None:
         values[_RESULT] = orjson.loads(values[_RESULT])
+    # Before the error's two parts become one: the index is the row's.
+    values[_HISTORY] = history_from_json(values[_HISTORY])
     message, code = values[_ERROR], values[_ERROR + 1]
     values[_ERROR : _ERROR + 2] = [None if message is None else EffectError(message, code)]
     return Effect(*values)

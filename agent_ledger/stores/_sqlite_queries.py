@@ -39,6 +39,10 @@ SYNCHRONOUS: Final = "PRAGMA synchronous = {level}"
 HAS_EFFECTS_TABLE: Final = "SELECT 1 FROM sqlite_master WHERE name = 'agent_ledger_effects'"
 
 # -- schema --
+# Is there a version marker yet? (A new file has none: version 0.)
+HAS_VERSIONS_TABLE: Final = (
+    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'agent_ledger_schema_version'"
+)
 # The newest version sqlite_schema.sql has recorded in its marker table.
 SCHEMA_VERSION: Final = "SELECT max(version) FROM agent_ledger_schema_version"
 
@@ -115,9 +119,23 @@ HEARTBEAT: Final = (
 # KEY_OF then names the key whose waiters to wake.
 COMMIT: Final = (
     "UPDATE agent_ledger_effects SET status = :status, result = :result,"
-    " error_message = :error_message, error_code = :error_code,"
+    " error_message = :error_message, error_code = :error_code, tries = tries + :tried,"
     " completed_us = :now, updated_us = :now"
     " WHERE id = :id AND status = :processing AND (:attempt IS NULL OR attempt = :attempt)"
+)
+
+# -- record_try --
+# One failed try of a retried handler, fenced like a commit on (id, status,
+# attempt) but leaving the status as it is: +1 try, and the try's failure
+# (:event, JSON text from _params) appended to the history with its number
+# (the new count: SET reads the row's old values) and the store's time
+# (:at, ISO 8601 from :now). The holder is alive: its heartbeat too.
+RECORD_TRY: Final = (
+    "UPDATE agent_ledger_effects SET tries = tries + 1,"
+    " history = json_insert(history, '$[#]', json_set(json(:event), '$.try', tries + 1,"
+    " '$.at', :at)),"
+    " heartbeat_us = :now"
+    " WHERE id = :id AND status = :processing AND attempt = :attempt"
 )
 KEY_OF: Final = "SELECT idem_key FROM agent_ledger_effects WHERE id = ?"
 
@@ -146,6 +164,23 @@ TRANSITION: Final = (
     " decision_note = CASE WHEN :decided THEN :decision_note ELSE decision_note END,"
     " decided_us = CASE WHEN :decided THEN :now ELSE decided_us END,"
     " completed_us = CASE WHEN :terminal THEN :now ELSE completed_us END"
+    " WHERE idem_key = :idem_key AND status IN (SELECT value FROM json_each(:sources))"
+)
+
+# -- reopen --
+# Compare-and-set by key from failed or canceled (:sources, a JSON array) to
+# ready. How the effect had ended (status, error, tries) goes to the history
+# with who reopened it, why and when (SET reads the row's old values); the
+# error and completion are cleared, the tries start again, and the reopening
+# is the latest decision. The attempt stays: the next claim moves it on.
+REOPEN: Final = (
+    "UPDATE agent_ledger_effects SET status = :ready,"
+    " history = json_insert(history, '$[#]', json_object('kind', :kind, 'status', status,"
+    " 'error', json(CASE WHEN error_message IS NOT NULL"
+    " THEN json_object('message', error_message, 'code', error_code) END),"
+    " 'tries', tries, 'by', :by, 'reason', :reason, 'at', :at)),"
+    " error_message = NULL, error_code = NULL, tries = 0, completed_us = NULL,"
+    " decided_by = :by, decision_note = :reason, decided_us = :now, updated_us = :now"
     " WHERE idem_key = :idem_key AND status IN (SELECT value FROM json_each(:sources))"
 )
 

@@ -54,6 +54,10 @@ commit          no      A repeat after a landed commit matches no row and
                         another attempt. The ledger retries it itself and
                         then reads the effect (``get``): its own attempt and
                         status there mean the lost try won.
+record_try      no      A repeat after a landed record counts the try twice.
+                        The ledger retries it itself and then reads the
+                        effect: its own attempt, still processing, with the
+                        count it expected, means the lost record landed.
 release         no      A repeat after a landed release returns False (the
                         effect is ``ready`` now), indistinguishable from
                         having lost it to a takeover or a decision. The
@@ -62,6 +66,8 @@ release         no      A repeat after a landed release returns False (the
 transition      no      A repeat after a landed decision returns None, so
                         ``approve()`` would report False for an approval
                         that was recorded. Decisions are not retried.
+reopen          no      Likewise: a repeat after a landed reopen finds the
+                        effect ``ready`` and returns None.
 get, find       yes     Reads.
 list_effects    yes     A read.
 stats           yes     A read.
@@ -69,6 +75,8 @@ purge           no      A repeat deletes nothing the lost try deleted, so its
                         count would be wrong; the caller sees the error and
                         may run purge again knowingly.
 create_schema   yes     Idempotent by design (``IF NOT EXISTS``; serialized).
+migrate         yes     The same work as create_schema; a repeat after a
+                        landed upgrade reports it found the newest version.
 check_schema    yes     A read.
 =============== ======= =====================================================
 """
@@ -95,14 +103,17 @@ STEP_REPEATABLE: Final[Mapping[str, bool]] = MappingProxyType(
         "claim": True,
         "heartbeat": True,
         "commit": False,
+        "record_try": False,
         "release": False,
         "transition": False,
+        "reopen": False,
         "get": True,
         "find": True,
         "list_effects": True,
         "stats": True,
         "purge": False,
         "create_schema": True,
+        "migrate": True,
         "check_schema": True,
     }
 )
@@ -142,6 +153,21 @@ class ClaimOutcome(NamedTuple):
 
     effect: Effect | None
     claimed: bool
+
+
+class SchemaMigration(NamedTuple):
+    """What ``Store.migrate`` did: the schema version it found, and the one it left.
+
+    Equal versions mean there was nothing to do. ``from_version`` is 0 when
+    there was no schema at all (it was created).
+    """
+
+    from_version: int
+    to_version: int
+
+    @property
+    def changed(self) -> bool:
+        return self.to_version != self.from_version
 
 
 class Held(NamedTuple):
@@ -236,6 +262,18 @@ class Store(Protocol):
         """
         ...
 
+    async def migrate(self) -> SchemaMigration:
+        """Bring the schema to this library's version, creating it if missing.
+
+        Applies each version the store lacks, in order, each exactly once
+        however many processes migrate at the same time (they take turns; the
+        later ones find nothing to do), and reports the version found and
+        the version left. Idempotent: on a current schema it changes nothing.
+        A failed upgrade leaves the schema as it was. MemoryStore has nothing
+        to migrate.
+        """
+        ...
+
     async def check_schema(self) -> int:
         """The schema version the store finds; raise ``EffectStoreError`` saying how to
         fix it if the schema is missing or older than this library needs."""
@@ -316,14 +354,33 @@ class Store(Protocol):
         result_json: str | None,
         error: EffectError | None,
         tx: object | None = None,
+        ends_try: bool = True,
     ) -> bool:
         """Compare-and-set ``processing`` -> ``status`` (succeeded, failed or canceled).
 
         Applies only if the effect is ``processing`` and, when ``attempt`` is
         given, still at that attempt (fencing: a late worker never
         overwrites the winner). Records ``result_json`` (JSON text) or
-        ``error``, and ``completed_at=updated_at=now``. First commit wins;
-        every later one returns False. Wakes subscribers.
+        ``error``, and ``completed_at=updated_at=now``; with ``ends_try``
+        (the default: the outcome is a try's) adds one to ``tries``. First
+        commit wins; every later one returns False. Wakes subscribers.
+        """
+        ...
+
+    async def record_try(
+        self, effect_id: str, *, attempt: int, error: EffectError, error_type: str
+    ) -> bool:
+        """Record one failed try of a retried handler, in one atomic step.
+
+        Applies only if the effect is ``processing`` at exactly ``attempt``
+        (fencing: a holder that was taken over or canceled records nothing).
+        Adds one to ``tries`` and appends a ``TryFailure`` to ``history``
+        (``number`` = the new ``tries``, ``error``'s message and code,
+        ``error_type`` the exception's qualified class name, ``at=now``), and
+        refreshes ``heartbeat_at``; the status does not change, so nobody is
+        woken. True if it applied; False, changing nothing, otherwise
+        (unknown id included): the holder must stop trying. Never called
+        inside a caller's transaction.
         """
         ...
 
@@ -368,6 +425,22 @@ class Store(Protocol):
         ``target=processing`` raises ``EffectLedgerValidationError``
         (``field="target"``) and changes nothing: only :meth:`claim` moves an
         effect into processing, because only a claim increments ``attempt``.
+        """
+        ...
+
+    async def reopen(self, idem_key: str, *, by: str, reason: str) -> Effect | None:
+        """Send a finished effect back to be run again: compare-and-set from
+        ``status.REOPENABLE`` (``failed``, ``canceled``) to ``ready``.
+
+        Appends a ``Reopening`` to ``history`` recording how the effect had
+        ended (its status, error and tries), ``by``, ``reason`` and
+        ``at=now``; then clears ``error`` and ``completed_at``, sets ``tries``
+        to 0 (the next run counts afresh) and records the reopening as the
+        latest decision (``decided_by=by``, ``decision_note=reason``,
+        ``decided_at`` the same ``now``). ``attempt`` stays: the next claim
+        increments it, which is what fences off a handler still running from
+        before a cancel. Returns the updated effect, or None if the key is
+        unknown or the status does not allow it. Wakes subscribers.
         """
         ...
 

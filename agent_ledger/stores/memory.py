@@ -18,10 +18,10 @@ from typing import Final
 import orjson
 
 from agent_ledger.clock import Clock, utc_now
-from agent_ledger.effects import Effect, EffectError
+from agent_ledger.effects import Effect, EffectError, HistoryEvent, Reopening, TryFailure
 from agent_ledger.fields import EFFECT_FIELDS
 from agent_ledger.ids import new_effect_id
-from agent_ledger.status import CLAIMABLE, EffectStatus, decision_sources
+from agent_ledger.status import CLAIMABLE, REOPENABLE, EffectStatus, decision_sources
 from agent_ledger.stores._rows import stats_from_groups
 from agent_ledger.stores._subscriptions import Registration, Subscribers
 from agent_ledger.stores._transactions import (
@@ -38,6 +38,7 @@ from agent_ledger.stores.base import (
     Held,
     LedgerStats,
     NewEffect,
+    SchemaMigration,
     check_commit_status,
     check_purge_statuses,
     check_transition_target,
@@ -84,6 +85,8 @@ class _Row:
         self.decided_by: str | None = None
         self.decision_note: str | None = None
         self.decided_at: datetime | None = None
+        self.tries = 0
+        self.history: tuple[HistoryEvent, ...] = ()
 
     def snapshot(self) -> Effect:
         # Decoding on every read hands each caller its own result object, as
@@ -146,6 +149,10 @@ class MemoryStore:
 
     async def create_schema(self) -> None:
         """Nothing to create: the dicts exist from the start."""
+
+    async def migrate(self) -> SchemaMigration:
+        """Nothing to migrate: always at ``MEMORY_SCHEMA_VERSION``."""
+        return SchemaMigration(MEMORY_SCHEMA_VERSION, MEMORY_SCHEMA_VERSION)
 
     async def check_schema(self) -> int:
         """Always in place: ``MEMORY_SCHEMA_VERSION``."""
@@ -272,6 +279,7 @@ class MemoryStore:
         result_json: str | None,
         error: EffectError | None,
         tx: object | None = None,
+        ends_try: bool = True,
     ) -> bool:
         check_commit_status(status)
         mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
@@ -286,8 +294,24 @@ class MemoryStore:
         row.status = status
         row.result_json = result_json
         row.error = error
+        row.tries += ends_try
         row.completed_at = row.updated_at = now
         self._gate.changed(row.idem_key, mtx)
+        return True
+
+    async def record_try(
+        self, effect_id: str, *, attempt: int, error: EffectError, error_type: str
+    ) -> bool:
+        if self._gate.active is not None:
+            await self._enter(None)
+        row = self._row_by_id(effect_id)
+        if row is None or row.status is not _PROCESSING or row.attempt != attempt:
+            return False
+        now = self._clock()
+        row.tries += 1
+        failure = TryFailure(row.tries, attempt, error.message, error.code, error_type, now)
+        row.history = (*row.history, failure)
+        row.heartbeat_at = now
         return True
 
     async def release(self, effect_id: str, *, attempt: int) -> bool:
@@ -331,6 +355,24 @@ class MemoryStore:
         if target.is_terminal:
             row.completed_at = now
         self._gate.changed(row.idem_key, mtx)
+        return row.snapshot()
+
+    async def reopen(self, idem_key: str, *, by: str, reason: str) -> Effect | None:
+        if self._gate.active is not None:
+            await self._enter(None)
+        row = self._rows.get(idem_key)
+        if row is None or row.status not in REOPENABLE:
+            return None
+        now = self._clock()
+        reopening = Reopening(row.status, row.error, row.tries, by, reason, now)
+        row.history = (*row.history, reopening)
+        row.status = _READY
+        row.error = None
+        row.tries = 0
+        row.completed_at = None
+        row.decided_by, row.decision_note, row.decided_at = by, reason, now
+        row.updated_at = now
+        self._gate.changed(idem_key, None)
         return row.snapshot()
 
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:

@@ -57,7 +57,9 @@ from agent_ledger.stores._params import (
     claim_params,
     commit_params,
     list_params,
+    record_try_params,
     release_params,
+    reopen_params,
     transition_params,
 )
 from agent_ledger.stores._rows import (
@@ -77,6 +79,7 @@ from agent_ledger.stores.base import (
     Held,
     LedgerStats,
     NewEffect,
+    SchemaMigration,
     check_commit_status,
     check_purge_statuses,
     check_transition_target,
@@ -225,8 +228,10 @@ class PostgresStore:
         self._claim = compose(q.CLAIM)
         self._heartbeat = compose(q.HEARTBEAT)
         self._commit = compose(q.COMMIT)
+        self._record_try = compose(q.RECORD_TRY)
         self._release = compose(q.RELEASE)
         self._transition = compose(q.TRANSITION)
+        self._reopen = compose(q.REOPEN)
         self._get = compose(q.GET)
         self._find = compose(q.FIND)
         self._schema_version = compose(q.SCHEMA_VERSION)
@@ -269,12 +274,29 @@ class PostgresStore:
     # -- schema ----------------------------------------------------------------
 
     async def create_schema(self) -> None:
-        """Create the schema (if needed) and apply ``SCHEMA_SQL`` inside it; idempotent."""
-        with self._errors("create_schema"):
+        """Create the schema (if needed) and apply ``SCHEMA_SQL`` inside it; idempotent.
+
+        ``migrate()`` does the same and says what it did.
+        """
+        await self._migrate("create_schema")
+
+    async def migrate(self) -> SchemaMigration:
+        """Create or upgrade the tables (see ``Store.migrate``); what version it found and left.
+
+        Applies ``SCHEMA_SQL``, whose sections each upgrade a version once,
+        in one transaction: a failure leaves the schema as it was.
+        """
+        return await self._migrate("migrate")
+
+    async def _migrate(self, operation: str) -> SchemaMigration:
+        versions = sql.Identifier(self.schema, VERSIONS_TABLE)
+        with self._errors(operation):
             async with self._pool.connection() as conn, conn.transaction():
                 # Several workers may run this at start-up, and even the IF NOT
                 # EXISTS forms race on the catalog: take turns, first thing.
+                # So the version read next is the one this call will upgrade.
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext('agent_ledger_schema'))")
+                found = await self._version_in(conn, versions)
                 await conn.execute(
                     sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
                 )
@@ -282,6 +304,20 @@ class PostgresStore:
                     sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(self.schema))
                 )
                 await conn.execute(SCHEMA_SQL)
+                left = await self._version_in(conn, versions)
+        return SchemaMigration(found, left)
+
+    @staticmethod
+    async def _version_in(conn: Connection, versions: sql.Identifier) -> int:
+        """The schema version ``conn`` sees; 0 when there are no tables yet."""
+        name = versions.as_string(conn)
+        cursor = await conn.execute(q.HAS_VERSIONS_TABLE, {"name": name})
+        row = await cursor.fetchone()
+        if row is None or not row[0]:
+            return 0
+        cursor = await conn.execute(sql.SQL(q.SCHEMA_VERSION).format(versions=versions))
+        row = await cursor.fetchone()
+        return 0 if row is None or row[0] is None else int(row[0])
 
     async def check_schema(self) -> int:
         """The schema version in the database; raises with a fix if it is missing or old."""
@@ -291,9 +327,14 @@ class PostgresStore:
                 row = await cursor.fetchone()
         version = row[0] if row is not None else None
         if version is None or version < SCHEMA_VERSION:
+            fix = (
+                "apply schema.sql (or await store.create_schema())"
+                if version is None
+                else "run `agent-ledger migrate` (or await store.migrate(), or apply schema.sql)"
+            )
             raise EffectStoreError(
                 f"schema {self.schema!r} is at version {version}, this library needs "
-                f"{SCHEMA_VERSION}: apply schema.sql (or await store.create_schema())",
+                f"{SCHEMA_VERSION}: {fix}",
                 operation="check_schema",
             )
         return int(version)
@@ -381,6 +422,7 @@ class PostgresStore:
         result_json: str | None,
         error: EffectError | None,
         tx: object | None = None,
+        ends_try: bool = True,
     ) -> bool:
         check_commit_status(status)
         if not is_effect_id(effect_id):
@@ -392,8 +434,19 @@ class PostgresStore:
             status=status,
             result_json=result_json,
             error=error,
+            ends_try=ends_try,
         )
         return await self._execute("commit", self._commit, params, tx, effect_id=effect_id)
+
+    async def record_try(
+        self, effect_id: str, *, attempt: int, error: EffectError, error_type: str
+    ) -> bool:
+        if not is_effect_id(effect_id):
+            return False
+        params = record_try_params(effect_id, attempt=attempt, error=error, error_type=error_type)
+        return await self._execute(
+            "record_try", self._record_try, params, None, effect_id=effect_id
+        )
 
     async def release(self, effect_id: str, *, attempt: int) -> bool:
         if not is_effect_id(effect_id):
@@ -415,6 +468,11 @@ class PostgresStore:
             _DIALECT, idem_key, target=target, error=error, decision=decision
         )
         row = await self._fetch_one("transition", self._transition, params, tx, idem_key=idem_key)
+        return None if row is None else _effect_from_row(row)
+
+    async def reopen(self, idem_key: str, *, by: str, reason: str) -> Effect | None:
+        params = reopen_params(_DIALECT, idem_key, by=by, reason=reason)
+        row = await self._fetch_one("reopen", self._reopen, params, None, idem_key=idem_key)
         return None if row is None else _effect_from_row(row)
 
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:

@@ -118,7 +118,8 @@ CREATE OR REPLACE TRIGGER agent_ledger_effects_notify
     EXECUTE FUNCTION agent_ledger_notify_change();
 
 -- ===========================================================================
--- Version 2: the holder's lease, handler executions, when the last run began
+-- Version 2: the holder's lease, handler executions, when the last run began,
+-- tries and history
 -- ===========================================================================
 -- Until version 1 a waiter judged another worker's heartbeat against its own
 -- stale window, so a caller with a short window took over a live worker that
@@ -135,6 +136,13 @@ CREATE OR REPLACE TRIGGER agent_ledger_effects_notify
 -- attempt - 1 times, from about when it was approved; a canceled one counts
 -- attempt runs, since its cancel may have stopped a running handler (a cancel
 -- records a decision too, so the data cannot tell).
+--
+-- `tries` and `history` make retries durable: a retried handler records each
+-- failed try (one statement, fenced by the attempt) before the next, so a
+-- worker that takes the effect over continues the count, and the receipt
+-- keeps every try's error; a person's reopen of a failed or canceled effect
+-- is kept there too. Rows from before version 2 start with 0 tries (they
+-- were not counted) and an empty history.
 DO $version_2$
 BEGIN
     IF EXISTS (SELECT 1 FROM agent_ledger_schema_version WHERE version = 2) THEN
@@ -147,7 +155,13 @@ BEGIN
         -- How many times a handler was started for this effect.
         ADD COLUMN executions integer NOT NULL DEFAULT 0 CHECK (executions >= 0),
         -- When the last execution started (the claim that handed it to a handler).
-        ADD COLUMN started_at timestamptz;
+        ADD COLUMN started_at timestamptz,
+        -- How many tries of the handler ended in the current run.
+        ADD COLUMN tries integer NOT NULL DEFAULT 0 CHECK (tries >= 0),
+        -- What happened before the outcome, oldest first: a JSON array of
+        -- {"kind": "try_failed", "try", "attempt", "message", "code", "type", "at"}
+        -- and {"kind": "reopened", "status", "error", "tries", "by", "reason", "at"}.
+        ADD COLUMN history jsonb NOT NULL DEFAULT '[]';
     UPDATE agent_ledger_effects SET
         executions = CASE
             WHEN status IN ('requires_approval', 'ready', 'denied') THEN 0

@@ -50,7 +50,9 @@ from agent_ledger.stores._params import (
     claim_params,
     commit_params,
     list_params,
+    record_try_params,
     release_params,
+    reopen_params,
     transition_params,
 )
 from agent_ledger.stores._rows import STATUS_BY_VALUE, effect_from_row, stats_from_groups
@@ -69,6 +71,7 @@ from agent_ledger.stores.base import (
     Held,
     LedgerStats,
     NewEffect,
+    SchemaMigration,
     check_commit_status,
     check_purge_statuses,
     check_transition_target,
@@ -100,26 +103,34 @@ SQLITE_MIGRATIONS: Final = {
 }
 
 
-def _apply_schema(conn: sqlite3.Connection) -> None:
+def _apply_schema(conn: sqlite3.Connection) -> SchemaMigration:
     """Create version 1 if missing, then apply each later version the file lacks.
 
-    Each upgrade runs under the write lock (``BEGIN IMMEDIATE``) and re-reads
-    the version first, so processes opening an old file at once upgrade it
-    exactly once; a failed upgrade rolls back and leaves the file as it was.
+    All of it runs under the write lock (``BEGIN IMMEDIATE``) and reads the
+    version again once it holds the lock, so processes opening (or
+    migrating) an old file at once upgrade it exactly once, and each reports
+    what it found; a failed upgrade rolls back and leaves the file as it was.
+    A file already at this library's version is only read.
     """
-    conn.executescript(SQLITE_SCHEMA_SQL)
-    for version, script in SQLITE_MIGRATIONS.items():
-        if _version(conn) >= version:
-            continue
-        conn.execute(q.TX_BEGIN)
-        try:
+    found = _version(conn)
+    if found >= SQLITE_SCHEMA_VERSION:
+        return SchemaMigration(found, found)
+    conn.execute(q.TX_BEGIN)
+    try:
+        found = _version(conn)
+        if found < 1:
+            for statement in _statements(SQLITE_SCHEMA_SQL):
+                conn.execute(statement)
+        for version, script in SQLITE_MIGRATIONS.items():
             if _version(conn) < version:
                 for statement in _statements(script):
                     conn.execute(statement)
-            conn.execute(q.TX_COMMIT)
-        except BaseException:
-            conn.execute(q.TX_ROLLBACK)
-            raise
+        left = _version(conn)
+        conn.execute(q.TX_COMMIT)
+    except BaseException:
+        conn.execute(q.TX_ROLLBACK)
+        raise
+    return SchemaMigration(found, left)
 
 
 def _enter_wal(conn: sqlite3.Connection, busy_timeout_ms: int) -> None:
@@ -142,6 +153,9 @@ def _enter_wal(conn: sqlite3.Connection, busy_timeout_ms: int) -> None:
 
 
 def _version(conn: sqlite3.Connection) -> int:
+    """The file's schema version; 0 when it has no agent-ledger tables yet."""
+    if conn.execute(q.HAS_VERSIONS_TABLE).fetchone() is None:
+        return 0
     row = conn.execute(q.SCHEMA_VERSION).fetchone()
     return 0 if row is None or row[0] is None else int(row[0])
 
@@ -279,14 +293,27 @@ class SqliteStore:
         """Create the tables, or upgrade them to this library's version (idempotent).
 
         Opening with ``create=True``, the default, has already done it; this
-        is for a store opened with ``create=False``.
+        is for a store opened with ``create=False``. ``migrate()`` does the
+        same and says what it did.
         """
+        await self._migrate("create_schema")
+
+    async def migrate(self) -> SchemaMigration:
+        """Create or upgrade the tables (see ``Store.migrate``); what version it found and left.
+
+        Opening with ``create=True``, the default, already migrates: open
+        with ``create=False`` to see what a migration does.
+        """
+        return await self._migrate("migrate")
+
+    async def _migrate(self, operation: str) -> SchemaMigration:
         await self._enter(None)
 
-        def work(conn: sqlite3.Connection, now: int) -> None:
-            _apply_schema(conn)
+        def work(conn: sqlite3.Connection, now: int) -> SchemaMigration:
+            return _apply_schema(conn)
 
-        await self._run("create_schema", work, None, write=False)
+        # write=False: _apply_schema takes the write lock itself, only if it must.
+        return await self._run(operation, work, None, write=False)
 
     async def check_schema(self) -> int:
         """The schema version in the file; raises with a fix if it is missing or old."""
@@ -298,10 +325,14 @@ class SqliteStore:
 
         version = await self._run("check_schema", work, None, write=False)
         if version is None or version < SQLITE_SCHEMA_VERSION:
+            fix = (
+                "run `agent-ledger init` (or await store.create_schema())"
+                if version is None
+                else "run `agent-ledger migrate` (or await store.migrate())"
+            )
             raise EffectStoreError(
                 f"{self.path} has agent-ledger schema version {version}, this library needs "
-                f"{SQLITE_SCHEMA_VERSION}: run `agent-ledger init` "
-                "(or await store.create_schema())",
+                f"{SQLITE_SCHEMA_VERSION}: {fix}",
                 operation="check_schema",
             )
         return version
@@ -436,6 +467,7 @@ class SqliteStore:
         result_json: str | None,
         error: EffectError | None,
         tx: object | None = None,
+        ends_try: bool = True,
     ) -> bool:
         check_commit_status(status)
         stx = await self._enter(tx)
@@ -450,6 +482,7 @@ class SqliteStore:
                 status=status,
                 result_json=result_json,
                 error=error,
+                ends_try=ends_try,
             )
             params["now"] = now
             if conn.execute(q.COMMIT, params).rowcount != 1:
@@ -461,6 +494,20 @@ class SqliteStore:
             return False
         self._gate.changed(idem_key, stx)
         return True
+
+    async def record_try(
+        self, effect_id: str, *, attempt: int, error: EffectError, error_type: str
+    ) -> bool:
+        await self._enter(None)
+        if not is_effect_id(effect_id):
+            return False
+        params = record_try_params(effect_id, attempt=attempt, error=error, error_type=error_type)
+
+        def work(conn: sqlite3.Connection, now: int) -> bool:
+            params["now"], params["at"] = now, _from_us(now).isoformat()
+            return bool(conn.execute(q.RECORD_TRY, params).rowcount == 1)
+
+        return await self._run("record_try", work, None, write=True, effect_id=effect_id)
 
     async def release(self, effect_id: str, *, attempt: int) -> bool:
         await self._enter(None)
@@ -504,6 +551,21 @@ class SqliteStore:
         moved = await self._run("transition", work, stx, write=True, idem_key=idem_key)
         if moved is not None:
             self._gate.changed(idem_key, stx)
+        return moved
+
+    async def reopen(self, idem_key: str, *, by: str, reason: str) -> Effect | None:
+        await self._enter(None)
+        params = reopen_params(_DIALECT, idem_key, by=by, reason=reason)
+
+        def work(conn: sqlite3.Connection, now: int) -> Effect | None:
+            params["now"], params["at"] = now, _from_us(now).isoformat()
+            if conn.execute(q.REOPEN, params).rowcount != 1:
+                return None
+            return _effect_from_row(conn.execute(q.FIND, (idem_key,)).fetchone())
+
+        moved = await self._run("reopen", work, None, write=True, idem_key=idem_key)
+        if moved is not None:
+            self._gate.changed(idem_key, None)
         return moved
 
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:

@@ -13,6 +13,11 @@ ALTER TABLE agent_ledger_effects
     ADD COLUMN executions INTEGER NOT NULL DEFAULT 0 CHECK (executions >= 0);
 -- When the last execution started, in µs (the claim that handed it to a handler).
 ALTER TABLE agent_ledger_effects ADD COLUMN started_us INTEGER;
+-- How many tries of the handler ended in the current run.
+ALTER TABLE agent_ledger_effects
+    ADD COLUMN tries INTEGER NOT NULL DEFAULT 0 CHECK (tries >= 0);
+-- JSON array of what happened before the outcome: failed tries, reopenings.
+ALTER TABLE agent_ledger_effects ADD COLUMN history TEXT NOT NULL DEFAULT '[]';
 
 UPDATE agent_ledger_effects SET
     executions = CASE

@@ -30,6 +30,7 @@ from agent_ledger.effects import Effect
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.keys import canonical_json
 from agent_ledger.options import UNSET, LedgerHooks, RunOptions, merge_run_options
+from agent_ledger.retries import RetryPolicy
 from agent_ledger.tools._workflow import _CURRENT
 
 if TYPE_CHECKING:
@@ -424,6 +425,23 @@ def _policy(
     return run_options, hooks
 
 
+def _with_retry(name: str | None, run_options: RunOptions | None, retry: RetryPolicy) -> RunOptions:
+    """A tool's ``retry=`` is its ``RunOptions.retry``; giving both is ambiguous."""
+    if not isinstance(retry, RetryPolicy):
+        raise EffectLedgerValidationError(
+            f"tool {name!r}: retry must be a RetryPolicy, got {retry!r}", field="retry"
+        )
+    if run_options is None:
+        return RunOptions(retry=retry)
+    if not isinstance(run_options, RunOptions):
+        return run_options  # _policy names the problem
+    if run_options.retry is not UNSET:
+        raise EffectLedgerValidationError(
+            f"tool {name!r}: retry is given twice (argument and run_options)", field="retry"
+        )
+    return replace(run_options, retry=retry)
+
+
 def define(
     ledger: EffectLedger,
     registry: dict[str, Tool[Any]],
@@ -434,6 +452,7 @@ def define(
     requires_approval: bool | Callable[[ToolCall], bool] | None,
     workflow_id: str | None,
     run_options: RunOptions | None,
+    retry: RetryPolicy | None = None,
 ) -> ToolDecorator:
     """``EffectLedger.tool``: the decorator that registers a function in ``registry``."""
     if callable(name):
@@ -444,6 +463,8 @@ def define(
         )
     if name is not None:
         ToolCall(workflow_id="-", tool=name)  # the checks any tool name gets
+    if retry is not None:
+        run_options = _with_retry(name, run_options, retry)
 
     def decorate(fn: Callable[..., Any]) -> Tool[Any]:
         if not callable(fn):

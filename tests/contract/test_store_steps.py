@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import UTC
+
 import pytest
 
-from agent_ledger import EffectLedgerValidationError, EffectStatus
+from agent_ledger import EffectError, EffectLedgerValidationError, EffectStatus, TryFailure
 from agent_ledger.ids import is_effect_id
 from agent_ledger.status import CLAIMABLE
 from agent_ledger.stores.base import HeartbeatOutcome, Held, NewEffect, Store
@@ -99,3 +101,57 @@ async def test_one_heartbeat_batch_answers_for_each_effect(harness: StoreHarness
     after = await store.get(held.id)
     assert after is not None and after.heartbeat_at > held.heartbeat_at
     assert await store.heartbeat([]) == NOT_HELD
+
+
+async def test_record_try_counts_a_failed_try_for_its_holder_only(harness: StoreHarness) -> None:
+    """+1 try and its failure in the history, fenced by status and attempt; the status,
+    the outcome and updated_at stay; the holder's heartbeat is refreshed."""
+    store = harness.store
+    effect = (await store.begin(NEW)).effect
+    assert (effect.tries, effect.history) == (0, ())
+    await harness.age(1_000)
+    aged = await store.get(effect.id)
+    assert aged is not None
+    error = EffectError("reset \x00 by peer", "ECONNRESET")
+    assert await store.record_try(effect.id, attempt=1, error=error, error_type="ConnectionError")
+    assert await store.record_try(
+        effect.id, attempt=1, error=EffectError("again"), error_type="app.Flaky"
+    )
+    after = await store.get(effect.id)
+    assert after is not None
+    assert (after.status, after.tries, after.updated_at) == (S.PROCESSING, 2, aged.updated_at)
+    assert after.heartbeat_at > aged.heartbeat_at
+    first, second = after.history
+    assert isinstance(first, TryFailure) and isinstance(second, TryFailure)
+    assert (first.number, first.attempt, first.type) == (1, 1, "ConnectionError")
+    assert (first.message, first.code) == ("reset \ufffd by peer", "ECONNRESET")
+    assert (second.number, second.message, second.code) == (2, "again", None)
+    assert first.at.tzinfo is UTC and aged.created_at <= first.at <= second.at
+    for attempt in (0, 2):
+        assert not await store.record_try(
+            effect.id, attempt=attempt, error=error, error_type="E"
+        ), "another attempt's record is refused"
+    for other in ("00000000-0000-4000-8000-000000000000", "not-an-id"):
+        assert not await store.record_try(other, attempt=1, error=error, error_type="E")
+    assert await store.commit(effect.id, attempt=1, status=S.SUCCEEDED, result_json="1", error=None)
+    assert not await store.record_try(effect.id, attempt=1, error=error, error_type="E")
+    done = await store.get(effect.id)
+    assert done is not None and (done.tries, len(done.history)) == (3, 2)
+
+
+@pytest.mark.parametrize("ends_try", [True, False])
+async def test_a_commit_counts_its_try_unless_told_not_to(
+    harness: StoreHarness, ends_try: bool
+) -> None:
+    store = harness.store
+    effect = (await store.begin(NEW)).effect
+    assert await store.commit(
+        effect.id,
+        attempt=1,
+        status=S.FAILED,
+        result_json=None,
+        error=EffectError("no"),
+        ends_try=ends_try,
+    )
+    after = await store.get(effect.id)
+    assert after is not None and after.tries == (1 if ends_try else 0)

@@ -14,7 +14,7 @@ from agent_ledger import (
     EffectStatus,
     ToolCall,
 )
-from agent_ledger.status import can_transition
+from agent_ledger.status import REOPENABLE, can_transition
 from tests.approvals import make_pending
 from tests.harness import StoreHarness
 
@@ -59,6 +59,9 @@ async def attempt(
         return await ledger.request_approval(key)
     current = await ledger.find_by_idem_key(key)
     assert current is not None
+    if target is S.READY and current.status in REOPENABLE:
+        # A finished effect goes back only by a person's reopen, never approve().
+        return await ledger.reopen(key, by="ops", reason="run it again")
     if target is S.READY and current.status is S.PROCESSING:
         # Only its holder gives a processing effect back (a release, fenced).
         return await harness.store.release(effect_id, attempt=current.attempt)
@@ -94,7 +97,7 @@ async def test_store_allows_exactly_the_table(harness: StoreHarness, source: S, 
 
 
 async def test_terminal_effects_never_change(harness: StoreHarness) -> None:
-    """No API call moves a terminal effect, and its receipt stays identical."""
+    """No API call but a person's reopen moves a terminal effect; its receipt stays identical."""
     ledger = harness.ledger()
     for status in (S.SUCCEEDED, S.FAILED, S.DENIED, S.CANCELED):
         call = ToolCall(workflow_id=status.value, tool="t")

@@ -13,16 +13,27 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from agent_ledger import Effect, EffectStatus, EffectStoreError, ToolCall
+from agent_ledger import (
+    Effect,
+    EffectLedger,
+    EffectStatus,
+    EffectStoreError,
+    RetryPolicy,
+    RunOptions,
+    SchemaMigration,
+    ToolCall,
+)
 from agent_ledger.options import DEFAULT_STALE_AFTER_MS
 from agent_ledger.stores.memory import MemoryStore
 from agent_ledger.stores.postgres import SCHEMA_SQL, SCHEMA_VERSION, PostgresStore
 from agent_ledger.testing import build_ledger
+from tests.cli.conftest import Cli
 from tests.schema_history import HISTORIES, POSTGRES_V1, executed_sql
 
 V1_SCHEMA = POSTGRES_V1
@@ -32,6 +43,22 @@ HALF = timedelta(milliseconds=500)
 
 def _call(name: str) -> ToolCall:
     return ToolCall(workflow_id="w", tool="t", args={"name": name})
+
+
+async def _retried_once(ledger: EffectLedger) -> None:
+    """A retried run records its failed try in the upgraded table."""
+    policy = RetryPolicy(on=ConnectionError, attempts=2, initial_ms=1, jitter=0)
+    tries: list[int] = []
+
+    def flaky(effect: Effect) -> object:
+        tries.append(effect.tries)
+        if len(tries) == 1:
+            raise ConnectionError("reset")
+        return "ok"
+
+    assert await ledger.run(_call("retried"), flaky, RunOptions(retry=policy)) == "ok"
+    effect = await ledger.find_by_idem_key(ledger.idem_key(_call("retried")))
+    assert effect is not None and (tries, effect.tries, len(effect.history)) == ([0, 1], 2, 1)
 
 
 @pytest.fixture
@@ -102,6 +129,8 @@ async def test_create_schema_upgrades_a_version_1_schema_and_keeps_every_effect(
             assert (effect.status.value, effect.attempt) == (status, attempt)
             assert effect.executions == executions, key
             assert effect.lease_ms == DEFAULT_STALE_AFTER_MS
+            # Tries were not counted before version 2, and nothing had a history.
+            assert (effect.tries, effect.history) == (0, ()), key
             created = T0 + timedelta(seconds=i)
             expected = {None: None, "created": created, "decided": created + HALF}[start]
             assert effect.started_at == expected, key
@@ -119,6 +148,7 @@ async def test_create_schema_upgrades_a_version_1_schema_and_keeps_every_effect(
         taken = await ledger.find_by_idem_key(ledger.idem_key(_call("running")))
         assert taken is not None
         assert (taken.status, taken.attempt, taken.executions) == (EffectStatus.SUCCEEDED, 2, 2)
+        await _retried_once(ledger)
     finally:
         await store.close()
 
@@ -148,3 +178,75 @@ async def test_concurrent_create_schema_on_a_version_1_schema_upgrades_once(
     finally:
         for store in stores:
             await store.close()
+
+
+async def test_migrate_reports_what_it_did(dsn: str, v1_schema: str) -> None:
+    """1 -> 2 once, then 2 -> 2; a schema that did not exist is created (0 -> 2)."""
+    store = await PostgresStore.connect(dsn, schema=v1_schema)
+    try:
+        assert await store.migrate() == SchemaMigration(1, 2)
+        assert await store.migrate() == SchemaMigration(2, 2)
+        assert await _versions(dsn, v1_schema) == [1, 2]
+        assert len((await build_ledger(store).list_effects(limit=100)).effects) == len(HISTORIES)
+    finally:
+        await store.close()
+    fresh = f"{v1_schema}_new"
+    store = await PostgresStore.connect(dsn, schema=fresh)
+    try:
+        assert await store.migrate() == SchemaMigration(0, 2)
+        assert await store.check_schema() == 2
+    finally:
+        await store.close()
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(fresh)))
+
+
+async def test_concurrent_migrations_both_succeed_and_upgrade_once(
+    dsn: str, v1_schema: str
+) -> None:
+    stores = [await PostgresStore.connect(dsn, schema=v1_schema) for _ in range(3)]
+    try:
+        reports = await asyncio.gather(*(s.migrate() for s in stores))
+        assert sorted(reports) == [SchemaMigration(1, 2)] + [SchemaMigration(2, 2)] * 2
+        assert await _versions(dsn, v1_schema) == [1, 2]
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def test_a_failed_migration_leaves_the_schema_as_it_was(dsn: str, v1_schema: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        # Someone added a column of a version 2 name by hand.
+        table = sql.Identifier(v1_schema, "agent_ledger_effects")
+        await conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN tries text").format(table))
+    store = await PostgresStore.connect(dsn, schema=v1_schema)
+    try:
+        with pytest.raises(EffectStoreError, match='column "tries"') as failed:
+            await store.migrate()
+        assert failed.value.operation == "migrate"
+        assert await _versions(dsn, v1_schema) == [1]
+        with pytest.raises(EffectStoreError, match="version 1"):
+            await store.check_schema()
+    finally:
+        await store.close()
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cursor = await conn.execute(
+            "SELECT column_name FROM information_schema.columns"
+            " WHERE table_schema = %s AND table_name = 'agent_ledger_effects'",
+            (v1_schema,),
+        )
+        columns = {name for (name,) in await cursor.fetchall()}
+    assert "lease_ms" not in columns, "the whole version was rolled back"
+
+
+def test_the_migrate_command_upgrades_a_version_1_schema(
+    dsn: str, v1_schema: str, tmp_path: Path
+) -> None:
+    cli = Cli(f"{dsn}?schema={v1_schema}", tmp_path)
+    before = cli("pending")
+    assert before.returncode == 1 and "run `agent-ledger migrate`" in before.stderr
+    done = cli("migrate")
+    assert (done.returncode, done.stdout) == (0, "migrated the schema from version 1 to 2\n")
+    again = cli("migrate")
+    assert (again.returncode, again.stdout) == (0, "schema already at version 2: nothing to do\n")
+    assert cli("pending").returncode == 0

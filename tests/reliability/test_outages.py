@@ -116,6 +116,7 @@ class OutageAt(FaultyStore[PostgresStore]):
         result_json: str | None,
         error: EffectError | None,
         tx: object | None = None,
+        ends_try: bool = True,
     ) -> bool:
         self.trigger("commit")
         return await super().commit(
@@ -125,6 +126,7 @@ class OutageAt(FaultyStore[PostgresStore]):
             result_json=result_json,
             error=error,
             tx=tx,
+            ends_try=ends_try,
         )
 
 

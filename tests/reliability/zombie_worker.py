@@ -80,6 +80,7 @@ class Recorded(FaultyStore[Store]):
         result_json: str | None,
         error: EffectError | None,
         tx: object | None = None,
+        ends_try: bool = True,
     ) -> bool:
         won = await super().commit(
             effect_id,
@@ -88,6 +89,7 @@ class Recorded(FaultyStore[Store]):
             result_json=result_json,
             error=error,
             tx=tx,
+            ends_try=ends_try,
         )
         log(self.path, event="commit", attempt=attempt, won=won)
         return won

@@ -9,14 +9,26 @@ columns as the migration documents.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sqlite3
 import threading
 from pathlib import Path
 
+import orjson
 import pytest
 
-from agent_ledger import Effect, EffectStatus, EffectStoreError, RunOptions, StaleOptions, ToolCall
+from agent_ledger import (
+    Effect,
+    EffectLedger,
+    EffectStatus,
+    EffectStoreError,
+    RetryPolicy,
+    RunOptions,
+    SchemaMigration,
+    StaleOptions,
+    ToolCall,
+)
 from agent_ledger.options import DEFAULT_STALE_AFTER_MS
 from agent_ledger.stores.memory import MEMORY_SCHEMA_VERSION, MemoryStore
 from agent_ledger.stores.sqlite import (
@@ -26,6 +38,7 @@ from agent_ledger.stores.sqlite import (
     SqliteStore,
 )
 from agent_ledger.testing import build_ledger
+from tests.cli.conftest import Cli
 from tests.schema_history import HISTORIES, SQLITE_V1, executed_sql
 
 V1_SCHEMA = SQLITE_V1
@@ -92,6 +105,8 @@ async def test_opening_a_version_1_file_upgrades_it_and_keeps_every_effect(
             assert (effect.status.value, effect.attempt) == (status, attempt)
             assert effect.executions == executions, key
             assert effect.lease_ms == DEFAULT_STALE_AFTER_MS
+            # Tries were not counted before version 2, and nothing had a history.
+            assert (effect.tries, effect.history) == (0, ()), key
             created = T0 + i * SECOND
             expected_start = {None: None, "created": created, "decided": created + SECOND // 2}
             started = effect.started_at
@@ -134,12 +149,29 @@ async def test_an_upgraded_file_keeps_working(tmp_path: Path) -> None:
         assert fresh == "ok"
         stored = await ledger.find_by_idem_key(ledger.idem_key(_call("fresh")))
         assert stored is not None and (stored.executions, stored.lease_ms) == (1, 900)
+        await _retried_once(ledger)
     finally:
         await store.close()
 
 
 def _call(name: str) -> ToolCall:
     return ToolCall(workflow_id="w", tool="t", args={"name": name})
+
+
+async def _retried_once(ledger: EffectLedger) -> None:
+    """A retried run records its failed try in the upgraded table."""
+    policy = RetryPolicy(on=ConnectionError, attempts=2, initial_ms=1, jitter=0)
+    tries: list[int] = []
+
+    def flaky(effect: Effect) -> object:
+        tries.append(effect.tries)
+        if len(tries) == 1:
+            raise ConnectionError("reset")
+        return "ok"
+
+    assert await ledger.run(_call("retried"), flaky, RunOptions(retry=policy)) == "ok"
+    effect = await ledger.find_by_idem_key(ledger.idem_key(_call("retried")))
+    assert effect is not None and (tries, effect.tries, len(effect.history)) == ([0, 1], 2, 1)
 
 
 async def test_a_bare_open_names_the_old_version_and_create_schema_upgrades(
@@ -149,7 +181,7 @@ async def test_a_bare_open_names_the_old_version_and_create_schema_upgrades(
     _version_1_database(db)
     store = SqliteStore(db, create=False)
     try:
-        with pytest.raises(EffectStoreError, match=r"version 1, this library needs 2.*init"):
+        with pytest.raises(EffectStoreError, match=r"version 1, this library needs 2.*migrate"):
             await store.check_schema()
         assert _versions(db) == [1]
         await store.create_schema()
@@ -207,3 +239,76 @@ async def test_a_failed_upgrade_rolls_back_and_says_why(tmp_path: Path) -> None:
         assert await store.check_schema() == 2
     finally:
         await store.close()
+
+
+async def test_migrate_reports_what_it_did_and_is_idempotent(tmp_path: Path) -> None:
+    """store.migrate() on a version 1 file: 1 -> 2 once, then 2 -> 2, effects kept."""
+    db = tmp_path / "v1.db"
+    _version_1_database(db)
+    store = SqliteStore(db, create=False)
+    try:
+        assert await store.migrate() == SchemaMigration(1, 2)
+        assert (await store.migrate()).changed is False
+        assert await store.check_schema() == 2
+        assert _versions(db) == [1, 2]
+        assert len((await build_ledger(store).list_effects(limit=100)).effects) == len(HISTORIES)
+    finally:
+        await store.close()
+    fresh = SqliteStore(tmp_path / "new.db")  # opening creates it: nothing left to do
+    try:
+        assert await fresh.migrate() == SchemaMigration(2, 2)
+    finally:
+        await fresh.close()
+    assert await MemoryStore().migrate() == SchemaMigration(2, 2)
+
+
+def test_two_migrations_at_once_both_succeed_and_upgrade_once(tmp_path: Path) -> None:
+    """Each in its own thread and connection, as two processes would: one reports
+    1 -> 2, the other finds 2 already."""
+    db = tmp_path / "v1.db"
+    _version_1_database(db)
+    start = threading.Barrier(2)
+    reports: list[SchemaMigration] = []
+    errors: list[BaseException] = []
+
+    def migrate() -> None:
+        async def run() -> None:
+            store = SqliteStore(db, create=False)
+            try:
+                start.wait()
+                reports.append(await store.migrate())
+            finally:
+                await store.close()
+
+        try:
+            asyncio.run(run())
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=migrate) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert sorted(reports) == [SchemaMigration(1, 2), SchemaMigration(2, 2)]
+    assert _versions(db) == [1, 2]
+
+
+def test_the_migrate_command_upgrades_a_version_1_file(tmp_path: Path) -> None:
+    db = tmp_path / "v1.db"
+    _version_1_database(db)
+    cli = Cli(f"sqlite:///{db}", tmp_path)
+    before = cli("list")
+    assert before.returncode == 1
+    assert "version 1, this library needs 2: run `agent-ledger migrate`" in before.stderr
+    done = cli("migrate")
+    assert (done.returncode, done.stdout) == (0, "migrated the schema from version 1 to 2\n")
+    again = cli("migrate", "--json")
+    assert again.returncode == 0
+    assert orjson.loads(again.stdout) == {"from_version": 2, "to_version": 2, "changed": False}
+    listed = cli("list", "--limit", "100")
+    assert listed.returncode == 0 and len(listed.stdout.splitlines()) == len(HISTORIES) + 1
+    missing = Cli(f"sqlite:///{tmp_path / 'nothing.db'}", tmp_path)("migrate")
+    assert missing.returncode == 1 and "agent-ledger init" in missing.stderr
+    assert not (tmp_path / "nothing.db").exists()

@@ -52,3 +52,18 @@ async def tools(ledger: EffectLedger) -> None:
     # A tool is awaited whether the function is async or not, and returns its type.
     assert_type(await fetch("u"), dict[str, int])
     assert_type(await write("p"), list[str])
+
+
+async def retries_and_schema(ledger: EffectLedger, effect: Effect) -> None:
+    from agent_ledger import Reopening, RetryPolicy, SchemaMigration, TryFailure
+
+    @ledger.tool("t.retried", retry=RetryPolicy(on=(TimeoutError, ConnectionError)))
+    async def charge(order: str) -> int:
+        return 1
+
+    assert_type(await charge("o"), int)
+    assert_type(await ledger.reopen("k", by="ops", reason="fixed"), bool)
+    assert_type(await ledger.store.migrate(), SchemaMigration)
+    assert_type(effect.tries, int)
+    for event in effect.history:
+        assert_type(event, TryFailure | Reopening)

@@ -6,7 +6,9 @@ import dataclasses
 import typing
 from datetime import UTC, datetime
 
-from agent_ledger.effects import Effect, EffectError
+import orjson
+
+from agent_ledger.effects import Effect, EffectError, Reopening, TryFailure, event_to_dict
 from agent_ledger.fields import EFFECT_FIELDS, ERROR_PARTS, TIME_FIELDS
 from agent_ledger.receipt import RECORD_FIELDS, effect_from_record, effect_to_record
 from agent_ledger.status import EffectStatus
@@ -37,6 +39,14 @@ FULL = Effect(
     decided_by="ana",
     decision_note="note",
     decided_at=AT,
+    started_at=AT,
+    executions=1,
+    lease_ms=900,
+    tries=2,
+    history=(
+        TryFailure(1, 1, "timed out", "TimeoutError", "TimeoutError", AT),
+        Reopening(EffectStatus.FAILED, EffectError("boom", "E"), 3, "ops", "fixed", AT),
+    ),
 )
 
 
@@ -65,22 +75,25 @@ def test_select_lists_are_derived_per_dialect() -> None:
         "error->>'code' AS error_code, dedup_count, attempt, created_at, updated_at, "
         "completed_at, heartbeat_at, decided_by, decision_note, decided_at, "
         # Schema version 2 appended its columns.
-        "started_at, executions, lease_ms"
+        "started_at, executions, lease_ms, tries, history::text AS history"
     )
     assert sqlite_queries.EFFECT_COLUMNS == (
         "id, idem_key, workflow_id, call_id, tool, status, args_canonical, "
         "resource_id_canonical, result, error_message, error_code, dedup_count, attempt, "
         "created_us, updated_us, completed_us, heartbeat_us, decided_by, decision_note, "
-        "decided_us, started_us, executions, lease_ms"
+        "decided_us, started_us, executions, lease_ms, tries, history"
     )
 
 
 def test_effect_from_row_reads_every_field() -> None:
-    row = tuple(
-        {"status": "denied", "result": '{"x": [1, 2]}', "error_message": "no"}.get(name)
-        or ("denied" if name == "error_code" else getattr(FULL, name))
-        for name in ROW_COLUMNS
-    )
+    stored = {
+        "status": "denied",
+        "result": '{"x": [1, 2]}',
+        "error_message": "no",
+        "error_code": "denied",
+        "history": orjson.dumps([event_to_dict(e) for e in FULL.history]).decode(),
+    }
+    row = tuple(stored.get(name) or getattr(FULL, name) for name in ROW_COLUMNS)
     assert effect_from_row((*row, True), lambda moment: moment) == FULL
 
 
@@ -99,7 +112,7 @@ def test_export_format_is_unchanged() -> None:
         "created_at", "updated_at", "completed_at", "heartbeat_at", "decided_by",
         "decision_note", "decided_at",
         # Added with schema version 2, after every column that was there before.
-        "started_at", "executions", "lease_ms",
+        "started_at", "executions", "lease_ms", "tries", "history",
     )  # fmt: skip
     record = effect_to_record(FULL)
     assert tuple(record) == RECORD_FIELDS

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from agent_ledger import Effect, EffectError, EffectStatus
+from agent_ledger import Effect, EffectError, EffectStatus, Reopening, TryFailure
 from agent_ledger.receipt import render_receipt
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -93,3 +93,51 @@ def test_a_denied_effect_has_no_run_and_no_approval_wait() -> None:
 def test_long_spans_read_in_their_own_units(span: timedelta, text: str) -> None:
     effect = dataclasses.replace(BASE, status=EffectStatus.SUCCEEDED, completed_at=T0 + span)
     assert rows(effect)["run time"] == text
+
+
+def test_a_retried_effect_shows_its_tries_and_every_failed_try() -> None:
+    later = T0 + timedelta(seconds=1)
+    effect = dataclasses.replace(
+        BASE,
+        status=EffectStatus.FAILED,
+        completed_at=later,
+        tries=2,
+        error=EffectError("gave up after 2 tries (attempts=2); last error: [E] down", "x"),
+        history=(
+            TryFailure(1, 1, "reset", "ConnectionError", "ConnectionError", T0),
+            TryFailure(2, 2, "down", "E", "app.errors.Down", later),
+        ),
+    )
+    shown = rows(effect)
+    assert shown["tries"] == "2"
+    assert shown["try 1"] == f"{T0.isoformat(timespec='milliseconds')} failed: " + (
+        "[ConnectionError] reset (ConnectionError)"
+    )
+    assert shown["try 2"].endswith("failed: [E] down (app.errors.Down)")
+
+
+def test_a_reopened_effect_shows_who_reopened_it_why_and_how_it_had_ended() -> None:
+    when = T0 + timedelta(minutes=1)
+    effect = dataclasses.replace(
+        BASE,
+        status=EffectStatus.READY,
+        decided_at=when,
+        decided_by="ops",
+        decision_note="typo fixed",
+        history=(
+            Reopening(EffectStatus.FAILED, EffectError("name 'x'", "NameError"), 1, "ops",
+                      "typo fixed", when),
+        ),
+    )  # fmt: skip
+    shown = rows(effect)
+    assert shown["decision"] == "reopened by ops: typo fixed"
+    assert "approval wait" not in shown
+    assert shown["reopened"].endswith(
+        "by ops: typo fixed; was failed ([NameError] name 'x'), after 1 try"
+    )
+    assert shown["tries"] == "0"
+
+
+def test_a_run_in_one_try_does_not_say_so() -> None:
+    done = dataclasses.replace(BASE, status=EffectStatus.SUCCEEDED, completed_at=T0, tries=1)
+    assert "tries" not in rows(done)

@@ -12,6 +12,8 @@ from agent_ledger.status import (
     COMPLETIONS,
     DECISION_TARGETS,
     RELEASE,
+    REOPEN,
+    REOPENABLE,
     TERMINAL,
     TRANSITIONS,
     can_transition,
@@ -32,6 +34,8 @@ ALLOWED = {
     (S.READY, S.PROCESSING),
     (S.READY, S.REQUIRES_APPROVAL),  # an approval taken back before the effect was claimed
     (S.READY, S.CANCELED),
+    (S.FAILED, S.READY),  # reopened by a person, to run again
+    (S.CANCELED, S.READY),  # reopened likewise
 }
 
 
@@ -42,7 +46,7 @@ def test_transition_table_matches_the_specification(source: S, target: S) -> Non
 
 
 def test_terminal_statuses_are_exactly_the_four_outcomes() -> None:
-    """succeeded, failed, denied and canceled have no way out."""
+    """succeeded, failed, denied and canceled have no way out but a person's reopen."""
     assert {S.SUCCEEDED, S.FAILED, S.DENIED, S.CANCELED} == TERMINAL
     assert all(s.is_terminal == (s in TERMINAL) for s in S)
 
@@ -78,8 +82,16 @@ def test_the_release_is_the_one_edge_from_processing_to_ready() -> None:
     assert can_transition(*RELEASE)
 
 
+def test_only_a_failure_or_a_cancellation_can_be_reopened() -> None:
+    """A result is the receipt, and a denial stands: neither is ever reopened."""
+    assert {(S.FAILED, S.READY), (S.CANCELED, S.READY)} == REOPEN
+    assert {S.FAILED, S.CANCELED} == REOPENABLE
+    assert all(can_transition(*edge) for edge in REOPEN)
+    assert TRANSITIONS[S.SUCCEEDED] == TRANSITIONS[S.DENIED] == frozenset()
+
+
 @pytest.mark.parametrize("target", list(S))
 def test_decisions_never_take_the_release_edge(target: S) -> None:
-    """approve() moves requires_approval to ready, never a processing effect."""
+    """approve() moves requires_approval to ready, never a processing or finished effect."""
     expected = {S.REQUIRES_APPROVAL} if target is S.READY else sources_of(target)
     assert decision_sources(target) == expected

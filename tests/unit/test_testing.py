@@ -50,11 +50,16 @@ def step_calls(store: Store, effect_id: str) -> dict[str, Callable[[], Awaitable
         "begin": lambda: store.begin(NEW),
         "claim": lambda: store.claim(KEY, stale_after_ms=0),
         "heartbeat": lambda: store.heartbeat([Held(effect_id, 1)]),
+        "record_try": lambda: store.record_try(
+            effect_id, attempt=1, error=EffectError("boom", "E"), error_type="OSError"
+        ),
         "commit": lambda: store.commit(
             effect_id, attempt=1, status=EffectStatus.SUCCEEDED, result_json="1", error=None
         ),
         "release": lambda: store.release(effect_id, attempt=1),
         "transition": lambda: store.transition(KEY, target=EffectStatus.REQUIRES_APPROVAL),
+        # A succeeded effect is never reopened: the store says None, changing nothing.
+        "reopen": lambda: store.reopen(KEY, by="ops", reason="again"),
         "get": lambda: store.get(effect_id),
         "find": lambda: store.find(KEY),
         "list_effects": lambda: store.list_effects(EffectQuery()),
@@ -63,6 +68,7 @@ def step_calls(store: Store, effect_id: str) -> dict[str, Callable[[], Awaitable
             older_than=timedelta(days=1), statuses=frozenset({EffectStatus.SUCCEEDED})
         ),
         "create_schema": lambda: store.create_schema(),
+        "migrate": lambda: store.migrate(),
         "check_schema": lambda: store.check_schema(),
     }
 

@@ -1,0 +1,190 @@
+"""Retry policies: which failures of a handler are tried again, how often, how far apart.
+
+A :class:`RetryPolicy` is given per call (``RunOptions(retry=...)``) or per
+tool (``@ledger.tool(..., retry=...)``); without one a handler runs once,
+because most side effects (a charge, an email) must not be repeated unless
+someone said it is safe. The engine runs every try inside one claim of the
+effect and records each failed try durably before the next one, so a worker
+that takes the effect over continues the count (see ``engine.lifecycle``).
+
+This module only decides: :meth:`RetryPolicy.retries` says whether an
+exception may be tried again, :meth:`RetryPolicy.delay` how long to wait
+first. The delays are a :class:`~agent_ledger.backoff.Backoff`, the one
+place agent-ledger computes a delay.
+
+Never retried, whatever ``on`` says: exceptions that are not ``Exception``
+(``asyncio.CancelledError``, ``KeyboardInterrupt``), a
+:class:`NonRetryableError` or any exception whose ``non_retryable``
+attribute is True, and the ledger's own validation errors (a non-JSON
+result fails the same way every time).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+from agent_ledger.backoff import Backoff
+from agent_ledger.errors import EffectLedgerValidationError
+
+__all__ = ["RETRIES_EXHAUSTED", "NonRetryableError", "RetryPolicy", "asked_delay_s"]
+
+#: The error code an effect is recorded with when its tries ran out.
+RETRIES_EXHAUSTED: Final = "retries_exhausted"
+
+
+class NonRetryableError(Exception):
+    """Raise it (or a subclass) from a handler to say: do not try this again.
+
+    Any exception with a true ``non_retryable`` attribute is treated the
+    same, so an application's own error classes can opt out without
+    inheriting from this one. The failure is recorded as usual, with the
+    exception's ``code`` or class name.
+    """
+
+    non_retryable = True
+
+
+NonRetryableError.__module__ = "agent_ledger"
+
+
+def _exception_types(on: object) -> tuple[type[Exception], ...]:
+    given: tuple[object, ...] = on if isinstance(on, tuple) else (on,)
+    kinds: list[type[Exception]] = []
+    if not given:
+        raise EffectLedgerValidationError(
+            "on must name at least one exception type to retry", field="on"
+        )
+    for kind in given:
+        if not (isinstance(kind, type) and issubclass(kind, BaseException)):
+            raise EffectLedgerValidationError(
+                f"on must be an exception type or a tuple of them, got {kind!r}", field="on"
+            )
+        if not issubclass(kind, Exception):
+            raise EffectLedgerValidationError(
+                f"on names {kind.__name__}, which is never retried: only Exception "
+                "subclasses are (cancellation and interrupts always propagate)",
+                field="on",
+            )
+        kinds.append(kind)
+    return tuple(kinds)
+
+
+def _check_count(value: object, name: str, *, low: int, allow_none: bool = False) -> None:
+    if allow_none and value is None:
+        return
+    if type(value) is not int or value < low:
+        kind = "an int or None" if allow_none else "an int"
+        raise EffectLedgerValidationError(
+            f"{name} must be {kind} >= {low}, got {value!r}", field=name
+        )
+
+
+def _check_number(value: object, name: str, low: float, high: float | None) -> None:
+    if type(value) not in (int, float) or not math.isfinite(value):  # type: ignore[arg-type]
+        raise EffectLedgerValidationError(f"{name} must be a number, got {value!r}", field=name)
+    number = float(value)  # type: ignore[arg-type]
+    if number < low or (high is not None and number > high):
+        span = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise EffectLedgerValidationError(f"{name} must be in {span}, got {value}", field=name)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Try a failing handler again: up to ``attempts`` tries in all, the first included.
+
+    ``on`` is the exception type, or tuple of types, that may be retried
+    (their subclasses too); it has no default, so every retry is asked for.
+    Between tries the ledger waits ``initial_ms``, then ``multiplier`` times
+    longer after each further failure, never more than ``max_ms``, each
+    delay spread by a random factor in ``[1 - jitter, 1 + jitter]``. An
+    exception may ask for its own delay with a ``retry_after_s`` attribute
+    (seconds, as an HTTP ``Retry-After`` header gives it); it is used
+    instead, clamped to ``max_ms``. With ``timeout_ms``, no new try starts
+    later than that after this worker's first try (the budget of one claim:
+    a worker that takes the effect over starts its own, and ``attempts``
+    bounds both). Nothing waits after the last try.
+
+    >>> RetryPolicy(on=TimeoutError, attempts=4, initial_ms=100, jitter=0).backoff.base(2)
+    0.4
+    """
+
+    on: type[Exception] | tuple[type[Exception], ...]
+    attempts: int = 3
+    initial_ms: int = 200
+    max_ms: int = 10_000
+    multiplier: float = 2.0
+    jitter: float = 0.2
+    timeout_ms: int | None = None
+    #: The delays, built once from the fields above.
+    backoff: Backoff = field(init=False, repr=False, compare=False)
+    _types: tuple[type[Exception], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        types = _exception_types(self.on)
+        _check_count(self.attempts, "attempts", low=1)
+        _check_count(self.initial_ms, "initial_ms", low=1)
+        _check_count(self.max_ms, "max_ms", low=1)
+        if self.max_ms < self.initial_ms:
+            raise EffectLedgerValidationError(
+                f"max_ms ({self.max_ms}) must not be less than initial_ms ({self.initial_ms})",
+                field="max_ms",
+            )
+        _check_number(self.multiplier, "multiplier", 1.0, None)
+        _check_number(self.jitter, "jitter", 0.0, 1.0)
+        _check_count(self.timeout_ms, "timeout_ms", low=1, allow_none=True)
+        object.__setattr__(self, "_types", types)
+        object.__setattr__(
+            self,
+            "backoff",
+            Backoff(
+                initial_s=self.initial_ms / 1000.0,
+                multiplier=float(self.multiplier),
+                max_s=self.max_ms / 1000.0,
+                jitter=float(self.jitter),
+            ),
+        )
+
+    def retries(self, exc: BaseException) -> bool:
+        """Whether a try that raised ``exc`` may be followed by another (tries permitting)."""
+        if not isinstance(exc, self._types):
+            return False
+        if isinstance(exc, EffectLedgerValidationError):
+            return False
+        try:
+            return getattr(exc, "non_retryable", False) is not True
+        except Exception:
+            return True  # a broken attribute is no opt-out
+
+    def delay(
+        self,
+        tried: int,
+        exc: BaseException,
+        *,
+        uniform: Callable[[float, float], float] = random.uniform,
+    ) -> float:
+        """Seconds to wait after try number ``tried`` (1 = the first) failed with ``exc``."""
+        asked = asked_delay_s(exc)
+        if asked is not None:
+            return min(asked, self.backoff.max_s)
+        return self.backoff.delay(tried - 1, uniform=uniform)
+
+
+def asked_delay_s(exc: BaseException) -> float | None:
+    """The delay ``exc`` asks for in its ``retry_after_s`` attribute, if it is a usable one.
+
+    A number of seconds, finite and not negative; anything else is ignored
+    (the policy's own backoff applies), since a broken hint must not turn a
+    retry into a crash or an endless wait.
+    """
+    try:
+        asked: object = getattr(exc, "retry_after_s", None)
+    except Exception:
+        return None
+    if type(asked) not in (int, float):
+        return None
+    seconds = float(asked)  # type: ignore[arg-type]  # an int or a float, checked above
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
