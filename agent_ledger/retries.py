@@ -155,7 +155,7 @@ class RetryPolicy:
         if isinstance(exc, EffectLedgerValidationError):
             return False
         try:
-            return getattr(exc, "non_retryable", False) is not True
+            return not getattr(exc, "non_retryable", False)
         except Exception:
             return True  # a broken attribute is no opt-out
 
@@ -186,5 +186,8 @@ def asked_delay_s(exc: BaseException) -> float | None:
         return None
     if type(asked) not in (int, float):
         return None
-    seconds = float(asked)  # type: ignore[arg-type]  # an int or a float, checked above
+    try:
+        seconds = float(asked)  # type: ignore[arg-type]  # an int or a float, checked above
+    except OverflowError:  # an int beyond any float: no usable hint
+        return None
     return seconds if math.isfinite(seconds) and seconds >= 0 else None

@@ -9,10 +9,9 @@ back as the tool's result and let the model try again.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
-
-import orjson
 
 from agent_ledger.errors import EffectLedgerValidationError
 
@@ -35,11 +34,37 @@ class MalformedToolCall(EffectLedgerValidationError):
         self.tool = tool
 
 
+#: The integers a stored key can hold (orjson's range): signed or unsigned 64 bits.
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+
+
+class _Refused(ValueError):
+    """A JSON value the ledger cannot keep exactly."""
+
+
+def _no_constant(name: str) -> object:
+    raise _Refused(f"{name}, which is not JSON")
+
+
+def _exact_int(text: str) -> int:
+    """An integer kept exactly: one a float would round (so two values would share a key)
+    is refused, never silently changed."""
+    value = int(text)
+    if not _INT_MIN <= value <= _INT_MAX:
+        raise _Refused(
+            f"the integer {text[:40]}, beyond 64 bits (send it as a string if it is an id)"
+        )
+    return value
+
+
 def parse_arguments(raw: str | bytes | Mapping[str, Any] | None, tool: str) -> dict[str, Any]:
     """A model's arguments as a dict: JSON text (OpenAI) or an already-decoded object.
 
     Empty text and None mean no arguments. Anything but a JSON object, or
-    JSON with NaN/Infinity or bad UTF-8, raises ``MalformedToolCall``.
+    JSON with NaN/Infinity, integers beyond 64 bits (a float would merge two
+    of them into one key), bad UTF-8 or absurd nesting, raises
+    ``MalformedToolCall``. Integers are parsed exactly (the standard library's
+    parser; orjson would turn big ones into floats).
     """
     if raw is None:
         return {}
@@ -49,8 +74,14 @@ def parse_arguments(raw: str | bytes | Mapping[str, Any] | None, tool: str) -> d
         if not raw.strip():
             return {}
         try:
-            value = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
+            value = json.loads(raw, parse_constant=_no_constant, parse_int=_exact_int)
+        except _Refused as exc:
+            raise MalformedToolCall(
+                f"the arguments for tool {tool!r} hold {exc}; send one JSON object with the "
+                "tool's parameters by name",
+                tool=tool,
+            ) from None
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, too deep
             raise MalformedToolCall(
                 f"the arguments for tool {tool!r} are not valid JSON ({exc}); send one JSON "
                 "object with the tool's parameters by name",

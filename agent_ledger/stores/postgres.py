@@ -297,6 +297,7 @@ class PostgresStore:
                 # So the version read next is the one this call will upgrade.
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext('agent_ledger_schema'))")
                 found = await self._version_in(conn, versions)
+                self._refuse_newer(found)
                 await conn.execute(
                     sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
                 )
@@ -306,6 +307,16 @@ class PostgresStore:
                 await conn.execute(SCHEMA_SQL)
                 left = await self._version_in(conn, versions)
         return SchemaMigration(found, left)
+
+    def _refuse_newer(self, found: int) -> None:
+        """A schema newer than this library was migrated by a newer release: refuse it."""
+        if found > SCHEMA_VERSION:
+            raise EffectStoreError(
+                f"schema {self.schema!r} is at agent-ledger version {found}, newer than this "
+                f"library's {SCHEMA_VERSION}: a newer release migrated it. Upgrade "
+                "agent-ledger to use it; this version would misread its rows.",
+                operation="check_schema",
+            )
 
     @staticmethod
     async def _version_in(conn: Connection, versions: sql.Identifier) -> int:
@@ -326,6 +337,8 @@ class PostgresStore:
                 cursor = await conn.execute(self._schema_version)
                 row = await cursor.fetchone()
         version = row[0] if row is not None else None
+        if version is not None:
+            self._refuse_newer(int(version))
         if version is None or version < SCHEMA_VERSION:
             fix = (
                 "apply schema.sql (or await store.create_schema())"

@@ -103,6 +103,17 @@ SQLITE_MIGRATIONS: Final = {
 }
 
 
+def _refuse_newer(found: int, needed: int, where: str) -> None:
+    """A schema newer than this library was migrated by a newer release: refuse it."""
+    if found > needed:
+        raise EffectStoreError(
+            f"{where} has agent-ledger schema version {found}, newer than this library's "
+            f"{needed}: a newer release migrated it. Upgrade agent-ledger to use it; this "
+            "version would misread its rows.",
+            operation="check_schema",
+        )
+
+
 def _apply_schema(conn: sqlite3.Connection) -> SchemaMigration:
     """Create version 1 if missing, then apply each later version the file lacks.
 
@@ -113,6 +124,7 @@ def _apply_schema(conn: sqlite3.Connection) -> SchemaMigration:
     A file already at this library's version is only read.
     """
     found = _version(conn)
+    _refuse_newer(found, SQLITE_SCHEMA_VERSION, "the SQLite file")
     if found >= SQLITE_SCHEMA_VERSION:
         return SchemaMigration(found, found)
     conn.execute(q.TX_BEGIN)
@@ -324,6 +336,8 @@ class SqliteStore:
             return None if row is None or row[0] is None else int(row[0])
 
         version = await self._run("check_schema", work, None, write=False)
+        if version is not None:
+            _refuse_newer(version, SQLITE_SCHEMA_VERSION, str(self.path))
         if version is None or version < SQLITE_SCHEMA_VERSION:
             fix = (
                 "run `agent-ledger init` (or await store.create_schema())"
