@@ -66,7 +66,7 @@ from agent_ledger.options import (
 )
 from agent_ledger.retries import RETRIES_EXHAUSTED, RetryPolicy
 from agent_ledger.status import EffectStatus
-from agent_ledger.stores.base import BeginOutcome, NewEffect, SchemaCheck, Store
+from agent_ledger.stores.base import BeginOutcome, Held, NewEffect, SchemaCheck, Store
 
 __all__ = ["CANCELLED_WHILE_RUNNING", "RESULT_NOT_SERIALIZABLE", "Acquired", "Engine", "Prepared"]
 
@@ -518,7 +518,13 @@ class Engine:
                     until = self._stop_beat(beat, opts)
                     await self._record_abandoned(effect, stop, None, until, after_try=tried)
                     raise
-                if beat is not None and beat.lost:
+                try:
+                    held = await self._still_held(effect, beat, opts)
+                except BaseException as stop:
+                    until = self._stop_beat(beat, opts)
+                    await self._record_abandoned(effect, stop, None, until, after_try=tried)
+                    raise
+                if not held:
                     log_effect(logging.WARNING, "lost the effect while waiting to retry", effect)
                     return _LOST
                 # The handler sees how many tries came before this one.
@@ -621,6 +627,49 @@ class Engine:
                 )
                 await asyncio.sleep(delay)
                 step += 1
+
+    async def _still_held(
+        self, effect: Effect, beat: Beat | None, opts: ResolvedRunOptions
+    ) -> bool:
+        """Before another try: does this worker still hold the effect? Asked of the store.
+
+        A cancel, or a takeover after this worker's heartbeats stopped
+        getting through (a partition, a paused process), may have landed
+        during the wait, and the heartbeat that would tell is not due yet.
+        So one fenced heartbeat goes out first: refreshed means still ours
+        (and the lease starts over); refused means someone else decides
+        now. A store that does not answer is asked again while the lease
+        surely lasts; past that, no try may start. A row another
+        transaction holds locked right now is read instead.
+        """
+        if beat is not None and beat.lost:
+            return False
+        held = Held(effect.id, effect.attempt)
+        loop = asyncio.get_running_loop()
+        step = 0
+        while True:
+            sent_at = loop.time()
+            try:
+                outcome = await self._store.heartbeat((held,))
+            except EffectStoreError:
+                remaining_s = self._lease_until(beat, opts) - loop.time()
+                if remaining_s <= 0:
+                    return False
+                await asyncio.sleep(COMMIT_RETRY.delay(step, remaining_s=remaining_s))
+                step += 1
+                continue
+            if held in outcome.refreshed:
+                if beat is not None:
+                    beat.confirmed_at = max(beat.confirmed_at, sent_at)
+                return True
+            if held in outcome.busy:
+                stored = await self._store.get(effect.id)
+                return (
+                    stored is not None
+                    and stored.status is EffectStatus.PROCESSING
+                    and stored.attempt == effect.attempt
+                )
+            return False
 
     async def _fail_used_up(
         self, effect: Effect, policy: RetryPolicy, opts: ResolvedRunOptions, tx: object | None

@@ -13,6 +13,7 @@ import pytest
 
 from agent_ledger import (
     Effect,
+    EffectDeniedError,
     EffectError,
     EffectFailedError,
     EffectLedger,
@@ -370,3 +371,80 @@ async def test_a_store_error_recording_a_try_counts_it_once(
     effect = await stored(ledger)
     assert (len(calls), effect.tries, len(failures(effect))) == (2, 2, 1)
     assert store.failures["record_try"] == 1
+
+
+def _ledger_sleeping_with(
+    harness: StoreHarness, during_wait: Callable[[], object]
+) -> tuple[EffectLedger, ManualClock]:
+    """A ledger whose first wait between tries runs ``during_wait`` (something landing
+    while the worker waits), then moves the clock as a ManualClock's sleep does."""
+    clock = ManualClock()
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 1:
+            result = during_wait()
+            if asyncio.iscoroutine(result):
+                await result
+        await clock.sleep(seconds)
+
+    ledger = EffectLedger(EffectLedgerOptions(store=harness.store, clock=clock, sleep=sleep))
+    return ledger, clock
+
+
+async def test_a_cancel_during_the_wait_stops_the_next_try(harness: StoreHarness) -> None:
+    """cancel() landing while the worker waits to retry: no further try runs."""
+    box: list[EffectLedger] = []
+    ledger, _ = _ledger_sleeping_with(
+        harness, lambda: box[0].cancel(box[0].idem_key(CALL), reason="stop", by="ops")
+    )
+    box.append(ledger)
+    handler, calls = failing(ConnectionError("down"), then="charged")
+    with pytest.raises(EffectDeniedError):
+        await ledger.run(CALL, handler, RunOptions(retry=POLICY))
+    assert len(calls) == 1, "the handler ran again after the cancel"
+    assert (await stored(ledger)).status is EffectStatus.CANCELED
+
+
+async def test_a_takeover_during_the_wait_stops_the_next_try(harness: StoreHarness) -> None:
+    """This worker's heartbeats stopped getting through and another took the effect
+    over while it waited: it must not make another try (the total would pass attempts)."""
+    box: list[EffectLedger] = []
+
+    async def taken_over() -> None:
+        await harness.age(60_000)
+        taken = await harness.store.claim(box[0].idem_key(CALL), stale_after_ms=1_000)
+        assert taken.claimed and taken.effect is not None
+        assert await harness.store.commit(
+            taken.effect.id,
+            attempt=taken.effect.attempt,
+            status=EffectStatus.SUCCEEDED,
+            result_json='"taker"',
+            error=None,
+        )
+
+    ledger, _ = _ledger_sleeping_with(harness, taken_over)
+    box.append(ledger)
+    handler, calls = failing(ConnectionError("down"), then="mine")
+    assert await ledger.run(CALL, handler, RunOptions(retry=POLICY)) == "taker"
+    assert len(calls) == 1, "the old worker tried again after the takeover"
+
+
+async def test_a_huge_integer_retry_after_is_ignored(harness: StoreHarness) -> None:
+    ledger, clock = timed(harness)
+    policy = RetryPolicy(on=RateLimited, attempts=2, initial_ms=50, max_ms=1_000, jitter=0)
+    handler, _ = failing(RateLimited(10**400))
+    assert await ledger.run(CALL, handler, RunOptions(retry=policy)) == "ok"
+    assert clock.slept == [0.05]
+
+
+async def test_a_truthy_non_retryable_is_an_opt_out(harness: StoreHarness) -> None:
+    class Opaque(ConnectionError):
+        non_retryable = 1
+
+    ledger, _ = timed(harness)
+    handler, calls = failing(Opaque("no"))
+    with pytest.raises(Opaque):
+        await ledger.run(CALL, handler, RunOptions(retry=POLICY))
+    assert len(calls) == 1

@@ -250,3 +250,26 @@ def test_the_migrate_command_upgrades_a_version_1_schema(
     again = cli("migrate")
     assert (again.returncode, again.stdout) == (0, "schema already at version 2: nothing to do\n")
     assert cli("pending").returncode == 0
+
+
+async def test_a_schema_from_a_newer_release_is_refused(dsn: str) -> None:
+    """Checking and migrating a schema a newer release migrated both refuse it."""
+    name = f"agent_ledger_newer_{uuid.uuid4().hex[:8]}"
+    store = await PostgresStore.connect(dsn, schema=name, min_size=1, max_size=2)
+    try:
+        await store.create_schema()
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(
+                sql.SQL("INSERT INTO {} (version) VALUES (%s)").format(
+                    sql.Identifier(name, "agent_ledger_schema_version")
+                ),
+                (SCHEMA_VERSION + 1,),
+            )
+        with pytest.raises(EffectStoreError, match="newer than this library"):
+            await store.check_schema()
+        with pytest.raises(EffectStoreError, match="newer than this library"):
+            await store.migrate()
+    finally:
+        await store.close()
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))

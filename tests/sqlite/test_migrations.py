@@ -312,3 +312,38 @@ def test_the_migrate_command_upgrades_a_version_1_file(tmp_path: Path) -> None:
     missing = Cli(f"sqlite:///{tmp_path / 'nothing.db'}", tmp_path)("migrate")
     assert missing.returncode == 1 and "agent-ledger init" in missing.stderr
     assert not (tmp_path / "nothing.db").exists()
+
+
+async def test_a_file_from_a_newer_release_is_refused(tmp_path: Path) -> None:
+    """A schema newer than this library's: opening, checking and migrating all refuse it,
+    and the file is left as it was."""
+    import sqlite3
+
+    from agent_ledger import EffectStoreError, SqliteStore
+    from agent_ledger.stores.sqlite import SQLITE_SCHEMA_VERSION
+
+    path = tmp_path / "newer.db"
+    store = SqliteStore(path)
+    await store.check_schema()
+    await store.close()
+    newer = SQLITE_SCHEMA_VERSION + 1
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "INSERT INTO agent_ledger_schema_version (version, applied_us) VALUES (?, 0)",
+            (newer,),
+        )
+    with pytest.raises(EffectStoreError, match="newer than this library"):
+        store = SqliteStore(path)
+        await store.check_schema()
+    await store.close()
+    bare = SqliteStore(path, create=False)
+    try:
+        with pytest.raises(EffectStoreError, match="newer than this library"):
+            await bare.check_schema()
+        with pytest.raises(EffectStoreError, match="newer than this library"):
+            await bare.migrate()
+    finally:
+        await bare.close()
+    with sqlite3.connect(path) as conn:
+        versions = [r[0] for r in conn.execute("SELECT version FROM agent_ledger_schema_version")]
+    assert max(versions) == newer
