@@ -13,39 +13,64 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import contextvars
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
-__all__ = ["BackgroundLoop", "run_blocking"]
+__all__ = ["BackgroundLoop", "LoopClosing", "run_blocking"]
 
 T = TypeVar("T")
+
+
+class LoopClosing(RuntimeError):
+    """The background loop is stopping (or stopped) and takes no more calls."""
 
 
 class BackgroundLoop:
     """An asyncio event loop serving one daemon thread until ``stop()``.
 
-    Stopping cancels what is still running there (each task handles the
+    ``drain()`` cancels the calls still running (each handles the
     cancellation as it would anywhere: a ledger run records its effect
-    ``canceled``), shuts down async generators and the default executor,
-    and closes the loop. An interpreter that exits without ``stop()`` stops
-    it at exit.
+    ``canceled``) and refuses new ones; ``stop()`` ends the thread, shutting
+    down async generators and the default executor, and closes the loop.
+    An interpreter that exits without them drains and stops the loop at
+    exit, before other threads are joined and before the thread pools that
+    stores use shut down, so calls still running then are recorded.
     """
 
     def __init__(self, name: str = "agent-ledger-loop") -> None:
         self.loop = asyncio.new_event_loop()
         self._stopped = False
+        #: False once draining or stopping began; read and set under ``_lock``,
+        #: so no call slips in after ``drain()`` has looked at what runs.
+        self._accepting = True
+        self._lock = threading.Lock()
         #: The callers' tasks still running (touched on the loop's thread only).
         self._calls: set[asyncio.Task[Any]] = set()
         started = threading.Event()
         self._thread = threading.Thread(target=self._serve, args=(started,), name=name, daemon=True)
         self._thread.start()
         started.wait()
-        stop = weakref.WeakMethod(self.stop)
-        self._at_exit = lambda: (s := stop()) is not None and s()
-        atexit.register(self._at_exit)
+        myself = weakref.ref(self)
+
+        def at_exit() -> None:
+            loop = myself()
+            if loop is not None:
+                loop.drain()
+                loop.stop()
+
+        self._at_exit = at_exit
+        register = getattr(threading, "_register_atexit", None)
+        try:
+            # threading's exit hooks run before non-daemon threads are joined,
+            # newest first: so before concurrent.futures shuts its pools (a
+            # SqliteStore's thread), which registered when it was imported.
+            register(at_exit) if register is not None else atexit.register(at_exit)
+        except RuntimeError:  # the interpreter is already shutting down
+            atexit.register(at_exit)
 
     @property
     def running(self) -> bool:
@@ -69,39 +94,63 @@ class BackgroundLoop:
             loop.close()
 
     def run(self, awaitable: Awaitable[T], context: contextvars.Context | None = None) -> T:
-        """Run ``awaitable`` on this loop from another thread and return its result."""
-        if not self.running:
-            _close(awaitable)
-            raise RuntimeError("this background loop was stopped; it runs nothing more")
-        return run_blocking(self.loop, awaitable, context, self._track)
+        """Run ``awaitable`` on this loop from another thread and return its result.
+
+        Raises ``LoopClosing`` once ``drain()`` or ``stop()`` began.
+        """
+        with self._lock:
+            if not self._accepting or not self.running:
+                _close(awaitable)
+                raise LoopClosing("this background loop is stopping; it takes no more calls")
+            waiting = _submit(self.loop, awaitable, context, self._track)
+        return waiting.result()
+
+    def run_closing(self, awaitable: Awaitable[T]) -> T:
+        """``run`` for the owner's last words after ``drain()`` (closing what the calls
+        used), which ``run`` would refuse."""
+        with self._lock:
+            if not self.running:
+                _close(awaitable)
+                raise LoopClosing("this background loop was stopped")
+            waiting = _submit(self.loop, awaitable, None, None)
+        return waiting.result()
 
     def _track(self, task: asyncio.Task[Any]) -> None:
         self._calls.add(task)
         task.add_done_callback(self._calls.discard)
 
     def drain(self) -> None:
-        """Cancel the callers' calls still running here and wait until each has ended.
+        """Refuse new calls, cancel the callers' calls still running here, and wait until
+        each has ended. Idempotent.
 
         Each ends as a cancelled task ends (a ledger run records its effect
         ``canceled``), while the resources it needs are still open. Tasks the
         loop runs for itself (a connection pool's workers) are left alone.
+        Every call submitted before this one is tracked by the time the
+        cancelling runs (the loop runs callbacks in order).
         """
-        if self.running:
-            self.run(self._cancel_calls())
+        with self._lock:
+            self._accepting = False
+            if not self.running:
+                return
+            waiting = _submit(self.loop, self._cancel_calls(), None, None)
+        waiting.result()
 
     async def _cancel_calls(self) -> None:
-        me = asyncio.current_task()
-        calls = [t for t in self._calls if t is not me]
+        calls = list(self._calls)
         for task in calls:
             task.cancel()
         await asyncio.gather(*calls, return_exceptions=True)
 
     def stop(self, timeout_s: float | None = 10.0) -> None:
         """Stop the loop and wait (up to ``timeout_s``) for its thread to end. Idempotent."""
-        if self._stopped:
-            return
-        self._stopped = True
-        atexit.unregister(self._at_exit)
+        with self._lock:
+            self._accepting = False
+            if self._stopped:
+                return
+            self._stopped = True
+        with contextlib.suppress(ValueError):
+            atexit.unregister(self._at_exit)
         if threading.current_thread() is self._thread:
             raise RuntimeError("a background loop cannot be stopped from its own thread")
         try:
@@ -109,10 +158,6 @@ class BackgroundLoop:
         except RuntimeError:  # already closed
             return
         self._thread.join(timeout_s)
-
-
-async def _await(awaitable: Awaitable[T]) -> T:
-    return await awaitable
 
 
 def _close(awaitable: Awaitable[Any]) -> None:
@@ -125,24 +170,59 @@ def run_blocking(
     loop: asyncio.AbstractEventLoop,
     awaitable: Awaitable[T],
     context: contextvars.Context | None = None,
-    on_start: Callable[[asyncio.Task[T]], None] | None = None,
+    on_start: Callable[[asyncio.Task[Any]], None] | None = None,
 ) -> T:
     """Run ``awaitable`` as a task on ``loop`` (running in another thread) and wait for it.
 
     The task runs in ``context`` (default: a copy of the caller's). If the
     waiting thread is interrupted (``KeyboardInterrupt``), the task is
     cancelled and waited for, so it ends the way a cancelled task ends,
-    before the interrupt propagates.
+    before the interrupt propagates. A ``SystemExit`` or ``KeyboardInterrupt``
+    the call raises reaches this caller, and leaves the loop running.
     """
+    return _submit(loop, awaitable, context, on_start).result()
+
+
+class _Submitted(Generic[T]):
+    """A call scheduled on a loop in another thread; ``result()`` waits for it."""
+
+    __slots__ = ("_box", "_done", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._done = threading.Event()
+        self._box: list[asyncio.Task[T | _Escaped]] = []
+
+    def result(self) -> T:
+        loop, box = self._loop, self._box
+        try:
+            _wait(self._done, loop)
+        except BaseException:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to cancel
+                loop.call_soon_threadsafe(lambda: box[0].cancel() if box else None)
+            with contextlib.suppress(RuntimeError):
+                _wait(self._done, loop)
+            raise
+        result = box[0].result()
+        if isinstance(result, _Escaped):
+            raise result.exc
+        return result
+
+
+def _submit(
+    loop: asyncio.AbstractEventLoop,
+    awaitable: Awaitable[T],
+    context: contextvars.Context | None,
+    on_start: Callable[[asyncio.Task[Any]], None] | None,
+) -> _Submitted[T]:
     ctx = context if context is not None else contextvars.copy_context()
-    coro = awaitable if isinstance(awaitable, Coroutine) else _await(awaitable)
-    done = threading.Event()
-    box: list[asyncio.Task[T]] = []
+    submitted: _Submitted[T] = _Submitted(loop)
+    coro = _guarded(awaitable)
 
     def start() -> None:
         task = loop.create_task(coro, context=ctx)
-        task.add_done_callback(lambda _: done.set())
-        box.append(task)
+        task.add_done_callback(lambda _: submitted._done.set())
+        submitted._box.append(task)
         if on_start is not None:
             on_start(task)
 
@@ -150,11 +230,40 @@ def run_blocking(
         loop.call_soon_threadsafe(start)
     except RuntimeError:
         coro.close()
+        _close(awaitable)
         raise
+    return submitted
+
+
+def _wait(done: threading.Event, loop: asyncio.AbstractEventLoop) -> None:
+    """Wait for ``done``; raise if the loop stops (or closes) before setting it, which
+    would otherwise leave the caller waiting for ever."""
+    while not done.wait(0.25):
+        if loop.is_closed() or not loop.is_running():
+            if done.is_set():
+                return
+            raise RuntimeError(
+                "the event loop running this call stopped before the call finished; its "
+                "effect, if it started, is left to its lease (the next caller takes it over)"
+            )
+
+
+class _Escaped:
+    """A ``SystemExit``/``KeyboardInterrupt`` a call raised, carried out of the loop.
+
+    asyncio lets those two escape ``run_forever()``, which would kill the loop
+    (and every other call on it) and leave this call's caller waiting. The
+    call's own caller gets it instead.
+    """
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+async def _guarded(awaitable: Awaitable[T]) -> T | _Escaped:
     try:
-        done.wait()
-    except BaseException:
-        loop.call_soon_threadsafe(lambda: box[0].cancel())
-        done.wait()
-        raise
-    return box[0].result()
+        return await awaitable
+    except (SystemExit, KeyboardInterrupt) as exc:
+        return _Escaped(exc)

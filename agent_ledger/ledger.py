@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
 from agent_ledger.audit import Audit, EffectPage
-from agent_ledger.background import BackgroundLoop, run_blocking
+from agent_ledger.background import BackgroundLoop, LoopClosing, run_blocking
 from agent_ledger.calls import ToolCall
 from agent_ledger.decisions import Decisions
 from agent_ledger.effects import BeginResult, CommitOutcome, Effect
@@ -63,6 +63,8 @@ class EffectLedger:
         self._background: BackgroundLoop | None = None
         self._owns_store = False
         self._background_lock = threading.Lock()
+        self._closing = False
+        self._store_closed = False
 
     @property
     def store(self) -> Store:
@@ -280,6 +282,16 @@ class EffectLedger:
                 field="loop",
             )
         with self._background_lock:  # two threads' first calls start one loop
+            if self._closing or self._store_closed:
+                raise EffectLedgerValidationError(
+                    "this ledger was closed with close_sync()"
+                    + (
+                        " and its store with it: open a new ledger"
+                        if self._store_closed
+                        else " while this call started: call again once close_sync() returned"
+                    ),
+                    field="ledger",
+                )
             home = self._loop
             background = self._background
             if background is not None and background.running:
@@ -345,7 +357,13 @@ class EffectLedger:
         context = contextvars.copy_context()
         background = self._background
         if background is not None and loop is background.loop:
-            return background.run(fn(*args, **kwargs), context)
+            try:
+                return background.run(fn(*args, **kwargs), context)
+            except LoopClosing:
+                raise EffectLedgerValidationError(
+                    "this ledger is being closed (close_sync(), or the interpreter is exiting); the call was not started",
+                    field="ledger",
+                ) from None
         return run_blocking(loop, fn(*args, **kwargs), context)
 
     def close_sync(self, *, timeout_s: float = 10.0) -> None:
@@ -353,21 +371,29 @@ class EffectLedger:
         cancelled (their effects recorded ``canceled``, their callers get
         ``CancelledError``), then the store is closed if the ledger opened it
         (``agent_ledger.sync.open_ledger``), then the loop's thread ends.
-        Idempotent; a no-op for a ledger only ever used from async code. A
-        later sync call starts a new loop."""
-        background, self._background = self._background, None
-        if background is None or not background.running:
-            return
+        Idempotent; a no-op for a ledger only ever used from async code.
+        Sync calls made while it closes raise ``EffectLedgerValidationError``;
+        after it, a ledger whose store it closed refuses them, and any other
+        starts a new loop on the next one."""
+        with self._background_lock:
+            background = self._background
+            if background is None or not background.running or self._closing:
+                return
+            self._closing = True  # no sync call is routed anywhere meanwhile
         try:
             # Calls still running end first (recording their effects
-            # canceled), while the store is open.
+            # canceled), while the store is open; none can start after.
             background.drain()
             if self._owns_store:
-                background.run(self._store.close())
+                self._store_closed = True
+                background.run_closing(self._store.close())
         finally:
-            if self._loop is background.loop:
-                self._loop = None
             background.stop(timeout_s)
+            with self._background_lock:
+                self._background = None
+                if self._loop is background.loop:
+                    self._loop = None
+                self._closing = False
 
     def _adopt_background(self, background: BackgroundLoop, *, owns_store: bool) -> None:
         """Use ``background`` for sync calls: the store was opened on it (``agent_ledger.sync``)."""

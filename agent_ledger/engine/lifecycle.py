@@ -12,11 +12,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import functools
 import inspect
 import logging
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Final, Literal, NamedTuple
 
@@ -403,7 +406,7 @@ class Engine:
             if opts.sync_in_thread and not inspect.iscoroutinefunction(handler):
                 # A plain function may block (a requests call, time.sleep): in a
                 # worker thread it cannot stall the loop and with it the heartbeats.
-                value = await asyncio.to_thread(_call_in_thread, handler, effect)
+                value = await _in_handler_thread(handler, effect)
             else:
                 value = handler(effect)
             if inspect.isawaitable(value):
@@ -557,7 +560,7 @@ class Engine:
     ) -> object:
         """One call of the handler, as ``execute`` makes its first (see there)."""
         if opts.sync_in_thread and not inspect.iscoroutinefunction(handler):
-            value = await asyncio.to_thread(_call_in_thread, handler, effect)
+            value = await _in_handler_thread(handler, effect)
         else:
             value = handler(effect)
         if inspect.isawaitable(value):
@@ -947,6 +950,34 @@ def _policy_says_yes(policy: Callable[[ToolCall], object], call: ToolCall) -> bo
             field="requires_approval",
         )
     return bool(answer)
+
+
+#: Where plain (sync) handlers run: a pool of the engine's own rather than the
+#: event loop's default executor (a handful of threads), so a sync tool that
+#: blocks on another tool's ``.sync()`` (which needs a thread for its own
+#: handler) does not starve the pool with a few such calls at once.
+HANDLER_THREADS: Final = 64
+_handler_pool: ThreadPoolExecutor | None = None
+_handler_pool_lock = threading.Lock()
+
+
+def _handler_threads() -> ThreadPoolExecutor:
+    global _handler_pool
+    if _handler_pool is None:
+        with _handler_pool_lock:
+            if _handler_pool is None:
+                _handler_pool = ThreadPoolExecutor(
+                    max_workers=HANDLER_THREADS, thread_name_prefix="agent-ledger-handler"
+                )
+    return _handler_pool
+
+
+async def _in_handler_thread(handler: Callable[[Effect], object], effect: Effect) -> object:
+    """``asyncio.to_thread`` on the handler pool: the caller's context goes along."""
+    context = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(
+        _handler_threads(), functools.partial(context.run, _call_in_thread, handler, effect)
+    )
 
 
 def _call_in_thread(handler: Callable[[Effect], object], effect: Effect) -> object:

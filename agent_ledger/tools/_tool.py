@@ -9,6 +9,7 @@ over a hand-written ``ledger.run()``.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -87,6 +88,9 @@ class Tool(Generic[R_co]):
         workflow_id: str | None,
         run_options: RunOptions | None,
     ) -> None:
+        # First, and without merging fn.__dict__ into ours: attributes the
+        # function carries (a `name`, say) must never overwrite the tool's.
+        functools.update_wrapper(self, fn, updated=())
         self.ledger = ledger
         self.fn = fn
         self.name = name
@@ -101,12 +105,11 @@ class Tool(Generic[R_co]):
         self.workflow_id = workflow_id
         self.run_options = run_options
         self.is_async = inspect.iscoroutinefunction(fn)
-        functools.update_wrapper(self, fn)
 
         self._takes_effect = False
         positional: list[str] = []
         keywords: list[str] = []
-        defaults: list[tuple[str, object]] = []
+        defaults: list[tuple[str, object, bool]] = []
         self._positional_only = 0
         for param in self.signature.parameters.values():
             if param.kind in (_P.VAR_POSITIONAL, _P.VAR_KEYWORD):
@@ -132,7 +135,10 @@ class Tool(Generic[R_co]):
                 keywords.append(param.name)
             if param.default is not _P.empty:
                 canonical_json(param.default, field=f"{name}({param.name}=...) default")
-                defaults.append((param.name, param.default))
+                # A mutable default (a list, a dict) is copied for each call, so
+                # a function that changes it cannot change the next call's key.
+                mutable = isinstance(param.default, (list, dict))
+                defaults.append((param.name, param.default, mutable))
         self._names = (*positional, *(k for k in keywords if k not in positional))
         self._positional = tuple(positional)
         self._keywords = frozenset(keywords)
@@ -187,9 +193,9 @@ class Tool(Generic[R_co]):
                 raise self._bad_keyword(key, values)
             values[key] = value
         if len(values) < len(self._names):
-            for key, default in self._defaults:
+            for key, default, mutable in self._defaults:
                 if key not in values:
-                    values[key] = default
+                    values[key] = copy.deepcopy(default) if mutable else default
             if len(values) < len(self._names):
                 missing = [n for n in self._names if n not in values]
                 raise self._bad_call(f"missing required arguments {missing}")
@@ -284,6 +290,12 @@ class Tool(Generic[R_co]):
         ``run_options`` go over the tool's own, field by field (for example
         ``RunOptions(wait_for_approval=False)``).
         """
+        if run_options is not None and not isinstance(run_options, RunOptions):
+            raise EffectLedgerValidationError(
+                f"tool {self.name!r}: run_options must be a RunOptions, got "
+                f"{type(run_options).__name__}. Nothing was stored.",
+                field="run_options",
+            )
         values = self.bind_arguments(arguments)
         call = self._tool_call(values, call_id)
         options = self._run_options
@@ -415,9 +427,12 @@ def _policy(
     tool_policy = requires_approval
 
     def policy(call: ToolCall) -> bool:
-        if tool_policy(call):
-            return True
-        return ledger_policy is not None and bool(ledger_policy(call))
+        said = tool_policy(call)
+        if said is not False:
+            # True, or not a bool at all (an awaitable, say), which the engine
+            # refuses with the same error as for the ledger's own hook.
+            return said
+        return False if ledger_policy is None else ledger_policy(call)
 
     hooks = LedgerHooks(
         requires_approval=policy, on_approval_required=ledger_hooks.on_approval_required
@@ -467,11 +482,27 @@ def define(
         run_options = _with_retry(name, run_options, retry)
 
     def decorate(fn: Callable[..., Any]) -> Tool[Any]:
+        if isinstance(fn, Tool):
+            raise EffectLedgerValidationError(
+                f"{fn!r} is already a tool (of its own ledger, under its own name); register "
+                "the plain function instead: @ledger.tool applies once",
+                field="fn",
+            )
         if not callable(fn):
             raise EffectLedgerValidationError(
                 f"ledger.tool decorates a function, got {fn!r}", field="fn"
             )
-        tool_name = name if name is not None else f"{fn.__module__}.{fn.__qualname__}"
+        if name is None:
+            module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+            if not isinstance(module, str) or not isinstance(qualname, str):
+                raise EffectLedgerValidationError(
+                    f"{fn!r} has no module-qualified name to default to (a partial or a "
+                    "callable object): give the tool its name, @ledger.tool('name')",
+                    field="name",
+                )
+            tool_name = f"{module}.{qualname}"
+        else:
+            tool_name = name
         if tool_name in registry:
             raise EffectLedgerValidationError(
                 f"a tool named {tool_name!r} is already registered on this ledger "

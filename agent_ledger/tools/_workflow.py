@@ -11,6 +11,12 @@ from agent_ledger.calls import ToolCall
 # never collected). asyncio copies the context into every task it starts, so
 # `asyncio.gather` children inherit the scope they were started in.
 _CURRENT: ContextVar[str | None] = ContextVar("agent_ledger_workflow", default=None)
+#: The scopes entered in this context, innermost last, with the token that
+#: undoes each. Kept in the context too, so one scope object entered by two
+#: tasks or threads at once undoes each entry in the context that made it.
+_ENTERED: ContextVar[tuple[tuple[WorkflowScope, Token[str | None]], ...]] = ContextVar(
+    "agent_ledger_workflow_scopes", default=()
+)
 
 
 def current_workflow() -> str | None:
@@ -27,17 +33,17 @@ class WorkflowScope:
     inside it use it.
     """
 
-    __slots__ = ("_tokens", "workflow_id")
+    __slots__ = ("workflow_id",)
 
     def __init__(self, workflow_id: str) -> None:
         # The same checks a ToolCall makes, at the scope's start rather than
         # at the first call inside it.
         ToolCall(workflow_id=workflow_id, tool="-")
         self.workflow_id = workflow_id
-        self._tokens: list[Token[str | None]] = []
 
     def __enter__(self) -> WorkflowScope:
-        self._tokens.append(_CURRENT.set(self.workflow_id))
+        token = _CURRENT.set(self.workflow_id)
+        _ENTERED.set((*_ENTERED.get(), (self, token)))
         return self
 
     def __exit__(
@@ -46,7 +52,14 @@ class WorkflowScope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        _CURRENT.reset(self._tokens.pop())
+        entered = _ENTERED.get()
+        for i in range(len(entered) - 1, -1, -1):
+            scope, token = entered[i]
+            if scope is self:
+                _ENTERED.set(entered[:i] + entered[i + 1 :])
+                _CURRENT.reset(token)
+                return
+        raise RuntimeError(f"{self!r} was exited in a context that did not enter it")
 
     async def __aenter__(self) -> WorkflowScope:
         return self.__enter__()

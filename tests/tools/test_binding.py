@@ -139,3 +139,32 @@ async def test_idempotency_keys_pick_the_args_that_make_the_key() -> None:
         assert await send("a@b.c", "first draft") == "first draft"
         assert await send("a@b.c", body="second draft") == "first draft"
     assert runs == ["first draft"]
+
+
+async def test_a_mutable_default_is_fresh_for_every_call() -> None:
+    """A function that changes its default dict cannot change the next call's key."""
+    ledger = build_ledger(MemoryStore())
+    sent: list[str] = []
+
+    @ledger.tool("mail.send", workflow_id="w")
+    async def send(to: str, headers: dict[str, str] = {}) -> str:  # noqa: B006
+        headers["X-Seen"] = "yes"  # a careless handler
+        sent.append(to)
+        return to
+
+    assert ledger.idem_key(send.tool_call("ada")) == ledger.idem_key(send.tool_call("ada", {}))
+    await send("ada")
+    await send("ada")
+    assert sent == ["ada"]
+    assert send.tool_call("ada").args == {"to": "ada", "headers": {}}
+
+
+async def test_invoke_refuses_options_that_are_not_run_options() -> None:
+    ledger = build_ledger(MemoryStore())
+
+    @ledger.tool("t", workflow_id="w")
+    async def t() -> int:
+        return 1
+
+    with pytest.raises(EffectLedgerValidationError, match="run_options"):
+        await t.invoke({}, run_options={"wait_for_approval": False})  # type: ignore[arg-type]

@@ -156,3 +156,58 @@ def test_bad_workflow_id_at_registration_is_refused() -> None:
 
     with pytest.raises(EffectLedgerValidationError, match="workflow_id"):
         _ledger().tool("t", workflow_id="  ")(send)
+
+
+def test_attributes_of_the_function_never_overwrite_the_tool() -> None:
+    """A function carrying a `name` (or `ledger`, ...) attribute keeps the tool's own."""
+    ledger = _ledger()
+
+    def charge(x: int) -> int:
+        return x
+
+    charge.name = "shared"  # type: ignore[attr-defined]
+    charge.workflow_id = "other"  # type: ignore[attr-defined]
+    tool = ledger.tool("payments.charge")(charge)
+    assert tool.name == "payments.charge" and tool.workflow_id is None
+    assert getattr(tool, "__wrapped__", None) is charge
+    assert getattr(tool, "__name__", None) == "charge"
+
+
+def test_a_tool_cannot_be_registered_again_as_a_tool() -> None:
+    ledger, other = _ledger(), _ledger()
+
+    @ledger.tool("inner")
+    def f(x: int) -> int:
+        return x
+
+    with pytest.raises(EffectLedgerValidationError, match="already a tool"):
+        other.tool("outer")(f)
+
+
+def test_a_callable_without_a_qualified_name_needs_one() -> None:
+    import functools
+
+    ledger = _ledger()
+
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    with pytest.raises(EffectLedgerValidationError, match="give the tool its name"):
+        ledger.tool()(functools.partial(add, 1))
+    assert ledger.tool("add1")(functools.partial(add, 1)).name == "add1"
+
+
+def test_an_awaitable_tool_policy_is_refused_when_asked() -> None:
+    import asyncio
+
+    ledger = _ledger()
+
+    async def later(call: object) -> bool:
+        return False
+
+    @ledger.tool("t", workflow_id="w", requires_approval=lambda call: later(call))  # type: ignore[arg-type,return-value]
+    async def t() -> int:
+        return 1
+
+    with pytest.raises(EffectLedgerValidationError, match="returning a bool"):
+        asyncio.run(t())

@@ -230,3 +230,135 @@ def test_many_threads_share_one_background_loop() -> None:
     finally:
         ledger.close_sync()
     assert _sync_threads() == []
+
+
+def _close_while_calling(url: str, round_: int) -> None:
+    ledger = open_ledger(url)
+
+    @ledger.tool("work", workflow_id=f"race-{round_}")
+    async def work(i: int) -> int:
+        await asyncio.sleep(0.001)
+        return i
+
+    stop = threading.Event()
+    outcomes: list[str] = []
+
+    def caller(offset: int) -> None:
+        i = offset
+        while not stop.is_set():
+            try:
+                work.sync(i)
+                outcomes.append("ok")
+            except (asyncio.CancelledError, EffectLedgerValidationError) as exc:
+                outcomes.append(type(exc).__name__)
+            i += 8
+
+    threads = [threading.Thread(target=caller, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    threading.Event().wait(0.05)
+    ledger.close_sync()
+    stop.set()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads), "a caller is still blocked"
+    assert outcomes, "the callers made calls"
+
+
+def test_close_sync_racing_callers_leaves_nobody_waiting_and_nothing_processing(
+    tmp_path: Path,
+) -> None:
+    """Threads keep calling .sync() while close_sync() runs: each call ends (a result, a
+    cancellation or a clear refusal), and no effect is left processing."""
+    url = f"sqlite:///{tmp_path / 'race.db'}"
+    for round_ in range(5):
+        _close_while_calling(url, round_)
+    check = open_ledger(url)
+    try:
+        page = check.call_sync(check.list_effects, status=EffectStatus.PROCESSING)
+        assert page.effects == []
+        assert check.call_sync(check.list_effects).effects, "the rounds started effects"
+    finally:
+        check.close_sync()
+
+
+def test_a_tool_raising_system_exit_does_not_kill_the_loop() -> None:
+    ledger = EffectLedger(EffectLedgerOptions(store=MemoryStore()))
+
+    @ledger.tool("cli.run", workflow_id="w")
+    def cli_run() -> None:
+        raise SystemExit(2)
+
+    @ledger.tool("ok", workflow_id="w")
+    def ok(x: int) -> int:
+        return x
+
+    try:
+        with pytest.raises(SystemExit):
+            cli_run.sync()
+        (loop_thread,) = _sync_threads()
+        assert ok.sync(1) == 1
+        assert _sync_threads() == [loop_thread], "the same loop serves the next call"
+    finally:
+        ledger.close_sync()
+
+
+async def test_many_sync_tools_calling_tools_synchronously_at_once(
+    harness: StoreHarness,
+) -> None:
+    """More outer sync tools at once than the loop's default executor has threads, each
+    blocking on an inner sync tool: all finish (handlers have a pool of their own)."""
+    ledger = harness.ledger()
+
+    @ledger.tool("inner")
+    def inner(x: int) -> int:
+        return x * 2
+
+    @ledger.tool("outer")
+    def outer(x: int) -> int:
+        return inner.sync(x) + 1
+
+    async with ledger.workflow("w"):
+        results = await asyncio.wait_for(asyncio.gather(*(outer(i) for i in range(12))), 60)
+    assert results == [i * 2 + 1 for i in range(12)]
+
+
+def test_interpreter_exit_records_a_running_sync_call(tmp_path: Path) -> None:
+    """The main thread returns while another thread is inside .sync() on SQLite: the
+    effect is recorded canceled (not left processing, to run again after its lease)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    db = tmp_path / "exit.db"
+    script = textwrap.dedent(
+        f"""
+        import threading, time
+        from agent_ledger.sync import open_ledger
+        ledger = open_ledger("sqlite:///{db}")
+
+        @ledger.tool("mail.send", workflow_id="w")
+        def send(to: str) -> str:
+            time.sleep(0.5)
+            return "sent"
+
+        def worker():
+            try:
+                send.sync("ada")
+            except BaseException:
+                pass
+
+        threading.Thread(target=worker).start()
+        time.sleep(0.2)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    ledger = open_ledger(f"sqlite:///{db}")
+    try:
+        page = ledger.call_sync(ledger.list_effects)
+        assert [(e.status, e.executions) for e in page.effects] == [(EffectStatus.CANCELED, 1)]
+    finally:
+        ledger.close_sync()

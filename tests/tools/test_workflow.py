@@ -8,7 +8,7 @@ import pytest
 
 from agent_ledger import EffectLedger, EffectLedgerValidationError, MemoryStore
 from agent_ledger.testing import build_ledger
-from agent_ledger.tools import Tool, current_workflow
+from agent_ledger.tools import Tool, WorkflowScope, current_workflow
 
 
 def _ledger_and_tool() -> tuple[EffectLedger, Tool[str]]:
@@ -88,3 +88,44 @@ def test_bad_workflow_id_is_refused_when_the_scope_is_made() -> None:
     ledger, _ = _ledger_and_tool()
     with pytest.raises(EffectLedgerValidationError, match="workflow_id"):
         ledger.workflow("")
+
+
+async def test_one_scope_object_entered_by_overlapping_tasks_and_threads() -> None:
+    """A module-level scope reused by tasks (and threads) whose blocks overlap."""
+    import threading
+
+    scope = WorkflowScope("shared")
+    entered = asyncio.Event()
+
+    async def first() -> str | None:
+        async with scope:
+            entered.set()
+            await asyncio.sleep(0.02)
+            return current_workflow()
+
+    async def second() -> str | None:
+        await entered.wait()
+        async with scope:
+            await asyncio.sleep(0.05)
+            return current_workflow()
+
+    assert list(await asyncio.gather(first(), second())) == ["shared", "shared"]
+    assert current_workflow() is None
+
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def in_thread() -> None:
+        try:
+            with scope:
+                barrier.wait()
+                barrier.wait()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=in_thread) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert errors == []
