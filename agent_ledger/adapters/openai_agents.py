@@ -17,6 +17,10 @@ SDK's human-in-the-loop flow is how a run pauses for it:
 * ``approve(state, item, by=...)`` and ``reject(state, item, by=...)``
   record the decision on the ledger, then mark the run state; ``sync_decisions(state)``
   copies decisions made elsewhere (the CLI, another service) into it;
+* a call the SDK paused on arguments it could not parse (it does so,
+  without asking the adapter, for a tool with an approval policy) has no
+  effect and never will: ``sync_decisions`` and ``reject`` reject it in the
+  run state with what is wrong, which the model reads on resuming;
 * only the ledger's decision lets a call run: a call approved in the
   ``RunState`` alone (``state.approve(item)``) raises when the run resumes,
   and nothing runs. Client-held run state cannot approve a side effect.
@@ -25,8 +29,10 @@ What the model sees (the invocation's result, as the SDK sends it on):
 
 * the tool's value: a string as it is, anything else as canonical JSON text,
   so a replay reads exactly like the first run;
-* arguments that are not JSON, miss or add parameters or have the wrong
-  types: what is wrong (``MalformedToolCall``); nothing is stored;
+* arguments that are not JSON, miss or add parameters, have the wrong
+  types or hold what the ledger cannot key exactly (an integer beyond 64
+  bits, a number beyond a float): what is wrong (``MalformedToolCall``),
+  with or without an approval policy; nothing is stored, nothing pauses;
 * a denied or canceled effect: that a person denied it, and why; it never runs;
 * the tool's own failure (its exception, a replayed failure, a wait for
   another worker that timed out): ``failure_error_function``, as the SDK's
