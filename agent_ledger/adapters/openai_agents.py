@@ -17,6 +17,10 @@ SDK's human-in-the-loop flow is how a run pauses for it:
 * ``approve(state, item, by=...)`` and ``reject(state, item, by=...)``
   record the decision on the ledger, then mark the run state; ``sync_decisions(state)``
   copies decisions made elsewhere (the CLI, another service) into it;
+* a call the SDK paused on arguments it could not parse (it does so,
+  without asking the adapter, for a tool with an approval policy) has no
+  effect and never will: ``sync_decisions`` and ``reject`` reject it in the
+  run state with what is wrong, which the model reads on resuming;
 * only the ledger's decision lets a call run: a call approved in the
   ``RunState`` alone (``state.approve(item)``) raises when the run resumes,
   and nothing runs. Client-held run state cannot approve a side effect.
@@ -25,8 +29,10 @@ What the model sees (the invocation's result, as the SDK sends it on):
 
 * the tool's value: a string as it is, anything else as canonical JSON text,
   so a replay reads exactly like the first run;
-* arguments that are not JSON, miss or add parameters or have the wrong
-  types: what is wrong (``MalformedToolCall``); nothing is stored;
+* arguments that are not JSON, miss or add parameters, have the wrong
+  types or hold what the ledger cannot key exactly (an integer beyond 64
+  bits, a number beyond a float): what is wrong (``MalformedToolCall``),
+  with or without an approval policy; nothing is stored, nothing pauses;
 * a denied or canceled effect: that a person denied it, and why; it never runs;
 * the tool's own failure (its exception, a replayed failure, a wait for
   another worker that timed out): ``failure_error_function``, as the SDK's
@@ -308,11 +314,12 @@ class _Calls:
         does not have.
         """
         values = parse_arguments(raw, self.sdk_name)
+        text = _keyable_json(values, self.sdk_name)
         try:
             # JSON mode, strict: the value the model sent must already be of
             # the parameter's type; the tool gets (and the key holds) that
-            # value, never a coerced one.
-            self._params.model_validate_json(orjson.dumps(values), strict=True)
+            # value, never a coerced one (pydantic's result is not used).
+            self._params.model_validate_json(text, strict=True)
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(part) for part in error['loc']) or 'arguments'}: {error['msg']}"
@@ -330,6 +337,7 @@ class _Calls:
             raise MalformedToolCall(str(exc), tool=self.sdk_name) from None
 
     def tool_call(self, values: dict[str, object]) -> ToolCall:
+        """The ledger call, in the current workflow (raises outside one)."""
         if not self._positional_only:
             return self.tool.tool_call(**values)
         leading = [values[n] for n in self._positional_only]
@@ -344,6 +352,9 @@ class _Calls:
         Yes when its effect waits for one, or when there is no effect yet
         and the ledger's policy says a new one would; then the effect is
         created waiting, so the ledger holds the request the SDK pauses for.
+        ``params`` are the SDK's own parse of the arguments (exact integers,
+        any size): ones the ledger cannot key are malformed here as in the
+        invocation, never an exception out of the run.
         """
         try:
             values = self.arguments(params)
@@ -429,6 +440,26 @@ class _Calls:
         )
 
 
+def _keyable_json(values: dict[str, object], tool: str) -> bytes:
+    """``values`` as JSON text, exactly as the ledger will key them, or ``MalformedToolCall``.
+
+    What the ledger cannot keep exactly (an integer beyond 64 bits, which a
+    float would round so that two calls share a key; NaN or a number beyond
+    a float; a lone surrogate; absurd nesting) is the model's to fix, never
+    silently changed. JSON text parsed by ``parse_arguments`` has been
+    checked already; the SDK's own parse (what ``needs_approval`` gets) has not.
+    """
+    try:
+        return canonical_json(values, field="arguments", sort_keys=False)
+    except EffectLedgerValidationError as exc:
+        raise MalformedToolCall(
+            f"the arguments for tool {tool!r} hold a value the ledger cannot keep exactly "
+            f"({exc}); nothing was run. Send integers within 64 bits (an id as a string) "
+            "and finite numbers.",
+            tool=tool,
+        ) from None
+
+
 def _show(values: Mapping[str, object], names: Iterable[str]) -> str:
     return ", ".join(f"{n}={orjson.dumps(values.get(n)).decode()}" for n in names)
 
@@ -455,11 +486,15 @@ class _Found:
     key: str
 
 
-def _ledger_call(item: ToolApprovalItem) -> _Found | None:
-    """The ledger call behind an interruption, or None (another tool, arguments that do not bind).
+def _ledger_call(item: ToolApprovalItem) -> _Found | MalformedToolCall | None:
+    """The ledger call behind an interruption; None for another tool's.
 
-    The key is made again from the tool, the arguments and the workflow, as
-    the call made it, so call the helpers inside the same ``ledger.workflow()``.
+    ``MalformedToolCall`` (returned, with the model's message) when its
+    arguments make no ledger call: the SDK pauses on arguments it cannot
+    parse without asking the adapter, so such an interruption has no effect
+    and never can. The key is made again from the tool, the arguments and
+    the workflow, as the call made it, so call the helpers inside the same
+    ``ledger.workflow()``.
     """
     agent = getattr(item, "agent", None)
     converted = next(
@@ -475,9 +510,14 @@ def _ledger_call(item: ToolApprovalItem) -> _Found | None:
     calls = converted._calls
     try:
         values = calls.arguments(item.arguments)
-    except MalformedToolCall:
-        return None  # nothing stored, nothing to decide: the invocation answers the model
-    return _Found(calls, values, calls.ledger.idem_key(calls.tool_call(values)))
+        key = calls.ledger.idem_key(calls.tool_call(values))
+    except MalformedToolCall as exc:
+        return exc  # nothing stored, nothing to decide
+    except EffectLedgerValidationError as exc:
+        if exc.field != "args":  # no workflow: the application's
+            raise
+        return MalformedToolCall(str(exc), tool=calls.sdk_name)  # e.g. too large
+    return _Found(calls, values, key)
 
 
 async def _effect(found: _Found, call_id: str | None) -> Effect | None:
@@ -508,10 +548,11 @@ async def approve(
     Returns the effect. When another decision got to it first, that one
     stands, and ``state`` gets it (a denial is a rejection). For an
     interruption of a tool that is not a ledger tool, or whose arguments do
-    not make a call, it only approves in ``state`` and returns None.
+    not make a call, it only approves in ``state`` and returns None (the
+    invocation then tells the model what is wrong with the arguments).
     """
     found = _ledger_call(item)
-    if found is None:
+    if not isinstance(found, _Found):
         state.approve(item)
         return None
     if await _effect(found, item.call_id) is not None:
@@ -529,11 +570,16 @@ async def reject(
     The model is told a person denied the call, and why; sent again, it is
     told again and nothing runs. Returns the effect; another decision that
     got there first stands, as for ``approve``. Not a ledger tool's call:
-    only rejects in ``state`` and returns None.
+    only rejects in ``state`` and returns None; a call whose arguments make
+    no ledger call: rejected in ``state`` with what is wrong with them (the
+    model's to fix), and None.
     """
     found = _ledger_call(item)
     if found is None:
         state.reject(item)
+        return None
+    if isinstance(found, MalformedToolCall):
+        state.reject(item, rejection_message=str(found))
         return None
     if await _effect(found, item.call_id) is not None:
         await found.calls.ledger.deny(found.key, reason=reason, by=by)
@@ -552,10 +598,18 @@ async def sync_decisions(state: RunState[Any, Any]) -> list[ToolApprovalItem]:
     empty. One the ledger does not hold yet (its request could not be
     recorded when the run paused) is recorded now, waiting, so it can be
     decided there. Other tools' interruptions are returned untouched.
+
+    An interruption whose arguments make no ledger call (the SDK pauses on
+    arguments it cannot parse, say, for a tool with an approval policy) has
+    no effect and never will, so nobody could decide it: it is rejected in
+    ``state`` with what is wrong with the arguments, which the model reads
+    when the run resumes. Nothing is stored for it.
     """
     waiting: list[ToolApprovalItem] = []
     for item in state.get_interruptions():
         found = _ledger_call(item)
-        if found is None or not _mirror(state, item, await _effect(found, item.call_id)):
+        if isinstance(found, MalformedToolCall):
+            state.reject(item, rejection_message=str(found))
+        elif found is None or not _mirror(state, item, await _effect(found, item.call_id)):
             waiting.append(item)
     return waiting

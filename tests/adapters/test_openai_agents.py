@@ -317,6 +317,95 @@ async def test_malformed_arguments_store_nothing_and_tell_the_model(harness: Sto
     assert await harness.raw_count() == 0
 
 
+def never(tool_call: ToolCall) -> bool:
+    return False
+
+
+@pytest.mark.parametrize(
+    "policy", [None, never, True], ids=["no-policy", "policy-says-no", "always"]
+)
+async def test_numbers_the_ledger_cannot_key_exactly_are_refused_with_or_without_a_policy(
+    harness: StoreHarness, policy: object
+) -> None:
+    """``Any``, ``float`` and untyped parameters: an integer beyond 64 bits (which a float
+    would round, so two calls would share a key) or a number beyond a float is refused
+    as a message for the model, nothing stored, with or without an approval policy (the
+    policy's question used to crash the run); 64-bit integers reach the tool and the key
+    exactly."""
+    ledger = harness.ledger()
+    got: list[tuple[object, object, object]] = []
+
+    @ledger.tool("ref.lookup", requires_approval=policy)  # type: ignore[arg-type]
+    async def lookup(ref: Any, amount: float, note) -> str:  # type: ignore[no-untyped-def]
+        got.append((ref, amount, note))
+        return "found"
+
+    def args(ref: str = "1", amount: str = "1.5", note: str = '"n"') -> str:
+        return f'{{"ref": {ref}, "amount": {amount}, "note": {note}}}'
+
+    bad = {
+        "ref_2_64": args(ref="18446744073709551616"),
+        "ref_2_64_plus_1": args(ref="18446744073709551617"),
+        "ref_nested": args(ref='{"id": [-9223372036854775809]}'),
+        "amount_big": args(amount="99999999999999999999999"),
+        "amount_inf": args(amount="1e999"),
+        "note_big": args(note="99999999999999999999999"),
+    }
+    good = args(ref="18446744073709551615", amount="9007199254740993", note="-9223372036854775808")
+    model = ScriptedModel(
+        [call("ref_lookup", raw, name) for name, raw in bad.items()]
+        + [call("ref_lookup", good, "good")],
+        [say("done")],
+    )
+    agent = Agent(name="a", model=model, tools=[as_function_tool(lookup, strict_mode=False)])
+    async with ledger.workflow("w"):
+        result = await Runner.run(agent, "go", run_config=NO_TRACING)
+
+    answers = outputs(result)
+    for name in ("ref_2_64", "ref_2_64_plus_1", "ref_nested", "amount_big", "note_big"):
+        assert "beyond 64 bits" in str(answers[name]), name
+    assert "Infinity" in str(answers["amount_inf"])
+    if policy is True:
+        assert [i.call_id for i in result.interruptions] == ["good"]
+        assert got == [] and await harness.raw_count() == 1
+        [waiting] = await ledger.pending_approvals()
+        assert waiting.args == {
+            "ref": 18446744073709551615,
+            "amount": 9007199254740993,
+            "note": -9223372036854775808,
+        }
+        return
+    assert result.interruptions == [] and answers["good"] == "found"
+    # Exactly what the model sent: no float on the way (2**53 + 1 stays odd).
+    assert got == [(18446744073709551615, 9007199254740993, -9223372036854775808)]
+    assert [type(v) for v in got[0]] == [int, int, int]
+    [stored] = (await ledger.list_effects()).effects
+    assert stored.args == {
+        "ref": 18446744073709551615,
+        "amount": 9007199254740993,
+        "note": -9223372036854775808,
+    }
+
+
+async def test_a_malformed_call_reads_the_same_with_or_without_an_approval_policy(
+    harness: StoreHarness,
+) -> None:
+    """The policy's question never crashes the run: the model reads what a tool without
+    a policy would answer, and nothing is stored or paused."""
+    raw = '{"order_id": "o1", "amount": 1180591620717411303424}'
+    texts = []
+    for workflow, policy in (("plain", None), ("gated", big), ("always", True)):
+        ledger, charged = charge_ledger(harness, requires_approval=policy)
+        _, _, result = await interrupted(
+            ledger, workflow, [call("payments_charge", raw, "c1")], [say("fixing it")]
+        )
+        assert result.final_output == "fixing it" and result.interruptions == []
+        assert charged == []
+        texts.append(outputs(result)["c1"])
+    assert "beyond 64 bits" in str(texts[0]) and texts[0] == texts[1] == texts[2]
+    assert await harness.raw_count() == 0
+
+
 async def test_a_tool_failure_reaches_the_model_through_failure_error_function(
     harness: StoreHarness,
 ) -> None:
@@ -538,6 +627,80 @@ async def test_sync_decisions_brings_in_decisions_made_on_the_ledger(harness: St
     assert resumed.final_output == "one charged, one refused"
     assert charged == [1]
     assert "duplicate order" in str(outputs(resumed)["n"])
+
+
+MALFORMED = {
+    "bad_json": '{"order_id": "o1", "amount": 5',
+    "array": '["o1", 5]',
+    "null": "null",
+    "empty": "",
+    "nan": '{"order_id": "o1", "amount": NaN}',
+}
+
+
+async def test_sync_decisions_answers_a_paused_call_whose_arguments_make_no_call(
+    harness: StoreHarness,
+) -> None:
+    """The SDK pauses (fails closed) on arguments it cannot parse for a tool with a
+    policy; no ledger effect can exist for them, so sync_decisions rejects them in the
+    run state with what is wrong, and the resumed run tells the model; nothing stored."""
+    ledger, charged = charge_ledger(harness, requires_approval=True)
+    agent, _, result = await interrupted(
+        ledger,
+        "w",
+        [call("payments_charge", raw, name) for name, raw in MALFORMED.items()]
+        + [call("payments_charge", {"order_id": "ok", "amount": 1}, "fine")],
+        [say("fixed")],
+    )
+    assert sorted(str(i.call_id) for i in result.interruptions) == sorted([*MALFORMED, "fine"])
+    state = result.to_state()
+    async with ledger.workflow("w"):
+        [left] = await sync_decisions(state)  # only the well-formed call waits
+        assert left.call_id == "fine"
+        assert [e.call_id for e in await ledger.pending_approvals()] == ["fine"]
+        again = await sync_decisions(state)  # and asking again changes nothing
+        assert [i.call_id for i in again] == ["fine"]
+        await ledger.deny((await ledger.pending_approvals())[0].idem_key, by="ops")
+        assert await sync_decisions(state) == []
+        resumed = await Runner.run(agent, state, run_config=NO_TRACING)
+
+    assert resumed.final_output == "fixed" and charged == []
+    got = outputs(resumed)
+    assert "not valid JSON" in str(got["bad_json"])
+    assert "must be a JSON object" in str(got["array"])
+    assert "must be a JSON object" in str(got["null"])
+    assert "Field required" in str(got["empty"])
+    assert "NaN" in str(got["nan"])
+    assert "A person denied this call" in str(got["fine"])
+    assert await harness.raw_count() == 1  # the denied one
+
+
+async def test_approve_or_reject_of_a_call_whose_arguments_make_no_call(
+    harness: StoreHarness,
+) -> None:
+    """approve() lets the invocation tell the model what is wrong; reject() tells it
+    too; neither stores anything."""
+    ledger, charged = charge_ledger(harness, requires_approval=True)
+    agent, _, result = await interrupted(
+        ledger,
+        "w",
+        [
+            call("payments_charge", MALFORMED["bad_json"], "yes"),
+            call("payments_charge", MALFORMED["array"], "no"),
+        ],
+        [say("fixed")],
+    )
+    state = result.to_state()
+    yes, no = result.interruptions
+    async with ledger.workflow("w"):
+        assert await approve(state, yes, by="ada") is None
+        assert await reject(state, no, by="ada") is None
+        assert await sync_decisions(state) == []
+        resumed = await Runner.run(agent, state, run_config=NO_TRACING)
+    got = outputs(resumed)
+    assert "not valid JSON" in str(got["yes"])
+    assert "must be a JSON object" in str(got["no"])
+    assert charged == [] and await harness.raw_count() == 0
 
 
 async def test_five_duplicate_calls_needing_approval_make_one_request(
