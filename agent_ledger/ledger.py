@@ -361,7 +361,8 @@ class EffectLedger:
                 return background.run(fn(*args, **kwargs), context)
             except LoopClosing:
                 raise EffectLedgerValidationError(
-                    "this ledger is being closed (close_sync(), or the interpreter is exiting); the call was not started",
+                    "this ledger is being closed (close_sync(), or the interpreter is "
+                    "exiting); the call was not started",
                     field="ledger",
                 ) from None
         return run_blocking(loop, fn(*args, **kwargs), context)
