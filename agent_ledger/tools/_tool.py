@@ -338,7 +338,12 @@ class Tool(Generic[R_co]):
 
 
 def _handler_factory(
-    fn: Callable[..., Any], is_async: bool, takes_effect: bool, positional_only: tuple[str, ...]
+    fn: Callable[..., Any],
+    is_async: bool,
+    takes_effect: bool,
+    positional_only: tuple[str, ...],
+    *,
+    recorded_later: bool = True,
 ) -> Callable[[dict[str, object]], Callable[[Effect], object]]:
     """How a call's bound args become its ``run()`` handler, decided once per tool.
 
@@ -346,22 +351,40 @@ def _handler_factory(
     gets an ``async def`` handler, which ``run()`` awaits on the loop; a plain
     one a plain handler, which ``run()`` calls in a worker thread
     (``sync_handlers="thread"``, the default).
+
+    The caller's own values run only on the effect's first attempt, which
+    the call itself created. A later attempt (after an approval, or a
+    takeover) runs the args recorded with the effect: the request a person
+    approved, or the crashed worker made, not whatever a later caller with
+    the same key (and other values of args outside ``idempotency_keys``)
+    happened to pass. They come as JSON (a tuple as a list).
     """
     if positional_only:
         # Rare: split the positional-only args off per call. The ToolCall
         # keeps the bound args whole, since they are its key.
-        def split(values: dict[str, object]) -> Callable[[Effect], object]:
+        def build(values: dict[str, object]) -> Callable[[Effect], object]:
             leading = [values[n] for n in positional_only]
             rest = {k: v for k, v in values.items() if k not in positional_only}
             bound = functools.partial(fn, *leading)
-            return _handler_factory(bound, is_async, takes_effect, ())(rest)
+            return _handler_factory(bound, is_async, takes_effect, (), recorded_later=False)(rest)
+
+        def split(values: dict[str, object]) -> Callable[[Effect], object]:
+            own = build(values)
+            return lambda effect: (own if effect.attempt == 1 else build(dict(effect.args)))(effect)
 
         return split
+    if not recorded_later:
+        if is_async and takes_effect:
+            return lambda values: lambda effect: fn(**values, effect=effect)
+        if takes_effect:
+            return lambda values: lambda effect: fn(**values, effect=effect)
+        return lambda values: lambda effect: fn(**values)
     if is_async and takes_effect:
 
         def make(values: dict[str, object]) -> Callable[[Effect], object]:
             async def handler(effect: Effect) -> object:
-                return await fn(**values, effect=effect)
+                args = values if effect.attempt == 1 else effect.args
+                return await fn(**args, effect=effect)
 
             return handler
 
@@ -369,19 +392,21 @@ def _handler_factory(
 
         def make(values: dict[str, object]) -> Callable[[Effect], object]:
             async def handler(effect: Effect) -> object:
-                return await fn(**values)
+                return await fn(**(values if effect.attempt == 1 else effect.args))
 
             return handler
 
     elif takes_effect:
 
         def make(values: dict[str, object]) -> Callable[[Effect], object]:
-            return lambda effect: fn(**values, effect=effect)
+            return lambda effect: fn(
+                **(values if effect.attempt == 1 else effect.args), effect=effect
+            )
 
     else:
 
         def make(values: dict[str, object]) -> Callable[[Effect], object]:
-            return lambda effect: fn(**values)
+            return lambda effect: fn(**(values if effect.attempt == 1 else effect.args))
 
     return make
 
