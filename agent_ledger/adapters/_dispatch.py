@@ -15,16 +15,21 @@ and how a result is wrapped; what happens in between is this module.
   dispatching the same calls again replays what ran.
 * **What the model can fix is a result; what a person or the application
   must handle is raised.** Results: malformed calls (bad JSON, an unknown
-  tool, arguments that do not bind; nothing is stored), the tool's own
-  exception (recorded as the effect's failure, and read back the same way
-  when a replay raises ``EffectFailedError``; a ledger error about another
-  tool's effect, from a tool call inside the tool, counts as the tool's
-  own exception), and a payload mismatch
-  (nothing ran). Raised: ``EffectDeniedError`` (a person said no, or the
-  effect was canceled), ``ApprovalPendingError`` (with
-  ``wait_for_approval=False``), ``EffectTimeoutError``, store and
-  validation errors of the application's own making (a call outside a
-  workflow), and cancellation.
+  tool, arguments that do not bind, arguments the ledger cannot keep as
+  sent: over ``max_args_size_bytes``, nested too deep, integers beyond 64
+  bits, NaN or Infinity, lone surrogates, keys that are not strings;
+  checked before anything is stored, and nothing is), the tool's own
+  exception and a result that is not JSON (both recorded as the effect's
+  failure, and read back from that record, so the first answer is the
+  words every replay's ``EffectFailedError`` gives: a retried tool reads
+  ``retries_exhausted``, not its last try's exception; a ledger error about
+  another tool's effect, from a tool call inside the tool, counts as the
+  tool's own exception), and a payload mismatch (nothing ran). Raised:
+  ``EffectDeniedError`` (a person said no, or the effect was canceled),
+  ``ApprovalPendingError`` (with ``wait_for_approval=False``),
+  ``EffectTimeoutError``, store and validation errors of the application's
+  own making (a call outside a workflow, a name two registered tools
+  answer to), and cancellation.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 import orjson
 
-from agent_ledger.adapters._common import MalformedToolCall, call_tool, parse_arguments
+from agent_ledger.adapters._common import MalformedToolCall, parse_arguments
 from agent_ledger.adapters._schema import find_model_tool
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import (
@@ -46,9 +51,11 @@ from agent_ledger.errors import (
     EffectPayloadMismatchError,
 )
 from agent_ledger.options import RunOptions, merge_run_options
+from agent_ledger.status import EffectStatus
 
 if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
+    from agent_ledger.tools import Tool
 
 __all__ = ["ModelCall", "Reply", "call_of", "dispatch", "field", "options_for"]
 
@@ -152,14 +159,11 @@ async def _run_one(ledger: EffectLedger, call: ModelCall, run_options: RunOption
         # parse_arguments answers any other type of arguments as malformed.
         raw = cast("str | bytes | Mapping[str, Any] | None", call.arguments)
         arguments = parse_arguments(raw, call.name)
+        key = _key_of(ledger, tool, arguments, call.name)
     except MalformedToolCall as exc:
         return _error(call, str(exc))
     try:
-        value = await call_tool(
-            ledger, tool.name, arguments, call_id=call.call_id, run_options=run_options
-        )
-    except MalformedToolCall as exc:  # arguments that do not bind
-        return _error(call, str(exc))
+        value = await tool.invoke(arguments, call_id=call.call_id, run_options=run_options)
     except Exception as exc:
         if _about_another_tool(exc, tool.name):
             # A ledger error of a tool this one called: its own exception, so far
@@ -170,12 +174,60 @@ async def _run_one(ledger: EffectLedger, call: ModelCall, run_options: RunOption
             return _error(call, _failure(call.name, exc.message, exc.code))
         elif isinstance(exc, EffectPayloadMismatchError):
             return _error(call, str(exc))
+        elif isinstance(exc, EffectLedgerValidationError) and exc.field == "result":
+            # A result that is not JSON: recorded as the effect's failure
+            # (result_not_serializable), so read back from the record (below).
+            pass
         elif isinstance(exc, EffectLedgerError):
             raise
         # The tool's own exception, already recorded as the effect's failure.
-        message, code = _recorded(exc)
-        return _error(call, _failure(call.name, message, code))
+        return _error(call, await _recorded_failure(ledger, key, call.name, exc))
     return Reply(call, value if isinstance(value, str) else _json(value))
+
+
+def _key_of(ledger: EffectLedger, tool: Tool[Any], arguments: dict[str, Any], name: str) -> str:
+    """The key ``tool.invoke(arguments)`` will run under, worked out as the run does.
+
+    Before anything is stored, arguments the model got wrong raise
+    ``MalformedToolCall``: ones that do not bind, and ones the ledger cannot
+    keep as they are (over ``max_args_size_bytes``, nested too deep,
+    integers beyond 64 bits, NaN or Infinity, lone surrogates, keys that are
+    not strings: an Anthropic ``input`` arrives decoded, with Python values).
+    The engine refuses the same (``field="args"``), but raised out of
+    ``invoke`` that could not be told from a tool call inside the tool.
+    What the application must fix (a call outside a workflow) is raised.
+    """
+    try:
+        values = tool.bind_arguments(arguments)
+        # tool_call binds like a Python call: positional-only parameters go first.
+        leading = [
+            values.pop(param.name)
+            for param in tool.signature.parameters.values()
+            if param.kind is param.POSITIONAL_ONLY
+        ]
+        return ledger.idem_key(tool.tool_call(*leading, **values))
+    except EffectLedgerValidationError as exc:
+        if exc.field != "args":
+            raise
+        raise MalformedToolCall(
+            f"the arguments for tool {name!r} were refused, nothing ran: {exc}", tool=name
+        ) from None
+
+
+async def _recorded_failure(ledger: EffectLedger, key: str, name: str, exc: Exception) -> str:
+    """What the model reads for a run that failed with ``exc``: the recorded failure.
+
+    Read from the store, so the first answer is a replay's, word for word,
+    whatever the engine made of ``exc`` (``retries_exhausted`` after the last
+    try of a retry policy, ``result_not_serializable``). If the record is not
+    there (the effect was taken over or reopened meanwhile), the engine's
+    rule for ``exc`` stands in.
+    """
+    effect = await ledger.find_by_idem_key(key)
+    if effect is not None and effect.status is EffectStatus.FAILED and effect.error is not None:
+        return _failure(name, effect.error.message, effect.error.code)
+    message, code = _recorded(exc)
+    return _failure(name, message, code)
 
 
 def _about_another_tool(exc: Exception, tool: str) -> bool:

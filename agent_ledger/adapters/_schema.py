@@ -7,7 +7,11 @@ adapter only wraps them in its SDK's shape.
 
 * **Name.** Model APIs accept ``[A-Za-z0-9_-]{1,64}``; a ledger name such as
   ``payments.charge`` is sent as ``payments_charge``. ``find_model_tool``
-  maps it back. The ledger's name, not this one, goes into keys.
+  maps it back. The ledger's name, not this one, goes into keys. A name
+  the model is offered must lead back to that tool and no other, so a
+  tool is not described while any registered tool (offered or not) has
+  the same model name (``payments.charge`` beside ``payments_charge``),
+  and a call by a name two tools share is refused, never guessed.
 * **Schema.** Built with pydantic (which the SDKs bring) from the
   signature's annotations; ``effect`` is left out, a parameter with a
   default is optional and shows the default, no annotation means any JSON.
@@ -61,6 +65,8 @@ _NOT_ALLOWED: Final = re.compile(r"[^A-Za-z0-9_-]")
 
 #: Each tool's schema, built once, kept as JSON so every caller gets its own copy.
 _SCHEMAS: weakref.WeakKeyDictionary[Tool[Any], bytes] = weakref.WeakKeyDictionary()
+#: Each tool's model name (None: too long), worked out once.
+_MODEL_NAMES: weakref.WeakKeyDictionary[Tool[Any], str | None] = weakref.WeakKeyDictionary()
 
 
 def model_name(tool: Tool[Any]) -> str:
@@ -80,24 +86,33 @@ def model_name(tool: Tool[Any]) -> str:
 
 
 def find_model_tool(ledger: EffectLedger, name: object) -> Tool[Any]:
-    """The tool a model means by ``name``: registered under it, or sent to the model as it.
+    """The tool a model means by ``name``: the one whose model name it is.
 
-    Raises ``MalformedToolCall`` (a message for the model) if no tool, or
-    more than one, answers to the name.
+    A name no tool is described as (``payments.charge``: the API would not
+    take it) reaches the tool registered under it. Raises
+    ``MalformedToolCall`` (a message for the model) if no tool answers to
+    the name, and ``EffectLedgerValidationError`` (the application's to fix:
+    rename one) if two do, say ``payments.charge`` and ``payments_charge``
+    for ``payments_charge``: running either could run the wrong one.
     """
     if isinstance(name, str):
-        tool = ledger.tools.get(name)
-        if tool is not None:
-            return tool
-        matches = [t for t in ledger.tools.values() if _safe_model_name(t) == name]
+        matches = (
+            [t for t in ledger.tools.values() if _safe_model_name(t) == name]
+            if MODEL_NAME.fullmatch(name)
+            else []
+        )
         if len(matches) == 1:
             return matches[0]
         if matches:
-            raise MalformedToolCall(
-                f"the tool name {name!r} is ambiguous here (tools "
-                f"{sorted(t.name for t in matches)}); the application must rename one",
-                tool=name,
+            raise EffectLedgerValidationError(
+                f"the model called the tool {name!r}, and tools "
+                f"{sorted(t.name for t in matches)} are all called that by the model, so "
+                "which one it meant is unknown; nothing was run. Rename one of them",
+                field="name",
             )
+        tool = ledger.tools.get(name)
+        if tool is not None:
+            return tool
     known = sorted(n for n in map(_safe_model_name, ledger.tools.values()) if n)
     raise MalformedToolCall(
         f"there is no tool named {name!r}; the tools are: {', '.join(known) or 'none'}",
@@ -106,10 +121,17 @@ def find_model_tool(ledger: EffectLedger, name: object) -> Tool[Any]:
 
 
 def _safe_model_name(tool: Tool[Any]) -> str | None:
+    """``model_name(tool)``, None for a name too long; remembered per tool."""
     try:
-        return model_name(tool)
+        return _MODEL_NAMES[tool]
+    except KeyError:
+        pass
+    try:
+        name: str | None = model_name(tool)
     except EffectLedgerValidationError:
-        return None
+        name = None
+    _MODEL_NAMES[tool] = name
+    return name
 
 
 def selected_tools(
@@ -117,8 +139,8 @@ def selected_tools(
 ) -> list[Tool[Any]]:
     """The tools to describe: ``tools`` (tools or registered names), or all, in order.
 
-    Refuses a tool of another ledger, an unknown name, and two tools the
-    model would see under one name.
+    Refuses a tool of another ledger, an unknown name, and a tool whose
+    model name is another registered tool's too (chosen or not).
     """
     if tools is None:
         chosen = list(ledger.tools.values())
@@ -138,13 +160,21 @@ def selected_tools(
                     field="tools",
                 )
             chosen.append(tool)
-    seen: dict[str, str] = {}
+    # Every registered tool, not only the chosen ones: a call comes back by
+    # name, and a tool the model was not offered would answer to it too.
+    owners: dict[str, list[str]] = {}
+    for tool in ledger.tools.values():
+        name = _safe_model_name(tool)
+        if name is not None:
+            owners.setdefault(name, []).append(tool.name)
     for tool in chosen:
         name = model_name(tool)
-        if seen.setdefault(name, tool.name) != tool.name:
+        others = [other for other in owners.get(name, ()) if other != tool.name]
+        if others:
             raise EffectLedgerValidationError(
-                f"tools {seen[name]!r} and {tool.name!r} would both be called {name!r} by "
-                "the model; rename one",
+                f"tools {tool.name!r} and {others[0]!r} would both be called {name!r} by "
+                "the model, so a call of that name could run either; rename one (both are "
+                "registered, whichever of them you describe)",
                 field="tools",
             )
     return chosen

@@ -10,11 +10,14 @@ recorded as the effect's ``call_id`` and is never part of the key, so a
 call the model repeats under a new id replays the first one's result.
 Blocks of one message run concurrently and are answered in their order. A
 result that is not a string is sent as JSON. Errors the model can fix
-(an unknown tool, input that does not fit the signature, the tool's own
-exception, a payload mismatch) come back as ``tool_result`` blocks with
-``is_error: true``; a denial (``EffectDeniedError``), a pending approval
-with ``wait_for_approval=False`` (``ApprovalPendingError``) and the
-ledger's own errors are raised, after every block has settled.
+(an unknown tool, input that does not fit the signature or that the ledger
+cannot keep, such as integers beyond 64 bits or NaN, the tool's own
+exception or a result that is not JSON, a payload mismatch) come back as
+``tool_result`` blocks with ``is_error: true``; a recorded failure reads
+the same on the first call and every replay. A denial
+(``EffectDeniedError``), a pending approval with ``wait_for_approval=False``
+(``ApprovalPendingError``) and the ledger's own errors are raised, after
+every block has settled.
 
 ``run_tool_uses_sync`` does the same for synchronous agent loops, on the
 ledger's own event loop.
@@ -22,6 +25,9 @@ ledger's own event loop.
 ``tool_definitions`` describes the registered tools for ``tools=``: a
 name the API accepts (``payments.charge`` is sent as ``payments_charge``),
 the docstring, and an ``input_schema`` from the signature without ``effect``.
+A call of that name runs that tool and no other: a name two registered
+tools would both get (``payments.charge`` beside ``payments_charge``) is
+refused when describing and when running.
 """
 
 from __future__ import annotations
@@ -119,8 +125,8 @@ def tool_definitions(
     """``tools=[...]`` for ``tools`` (tools or names; default: all registered).
 
     Raises ``EffectLedgerValidationError`` for a name longer than 64
-    characters, two tools that would share a name, or a signature with no
-    JSON schema.
+    characters, a name another registered tool (described or not) would
+    also be called by the model, or a signature with no JSON schema.
     """
     definitions: list[ToolParam] = []
     for tool in selected_tools(ledger, tools):

@@ -13,9 +13,11 @@ as the effect's ``call_id`` and is never part of the key, so a call the
 model repeats under a new id replays the first one's result. Calls of one
 turn run concurrently and are answered in their order. A result that is not
 a string is sent as JSON. Errors the model can fix (malformed JSON, an
-unknown tool, arguments that do not fit, the tool's own exception, a
-payload mismatch) come back as results starting with ``Error:``; a denial
-(``EffectDeniedError``), a pending approval with
+unknown tool, arguments that do not fit or that the ledger cannot keep,
+such as integers beyond 64 bits, the tool's own exception or a result that
+is not JSON, a payload mismatch) come back as results starting with
+``Error:``; a recorded failure reads the same on the first call and every
+replay. A denial (``EffectDeniedError``), a pending approval with
 ``wait_for_approval=False`` (``ApprovalPendingError``) and the ledger's own
 errors are raised, after every call of the turn has settled.
 
@@ -25,7 +27,9 @@ synchronous agent loops, on the ledger's own event loop.
 ``chat_tools`` and ``responses_tools`` describe the registered tools for
 the ``tools=`` parameter: a name the API accepts (``payments.charge`` is
 sent as ``payments_charge``), the docstring, and a JSON schema of the
-signature without ``effect``.
+signature without ``effect``. A call of that name runs that tool and no
+other: a name two registered tools would both get (``payments.charge``
+beside ``payments_charge``) is refused when describing and when running.
 """
 
 from __future__ import annotations
@@ -166,8 +170,8 @@ def chat_tools(
     """Chat Completions ``tools=[...]`` for ``tools`` (tools or names; default: all registered).
 
     Raises ``EffectLedgerValidationError`` for a name longer than 64
-    characters, two tools that would share a name, or a signature with no
-    JSON schema.
+    characters, a name another registered tool (described or not) would
+    also be called by the model, or a signature with no JSON schema.
     """
     definitions: list[ChatCompletionFunctionToolParam] = []
     for tool in selected_tools(ledger, tools):

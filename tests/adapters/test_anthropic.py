@@ -33,6 +33,7 @@ from agent_ledger import (
     RunOptions,
 )
 from agent_ledger.adapters.anthropic import run_tool_uses, tool_definitions
+from agent_ledger.retries import RetryPolicy
 from agent_ledger.testing import build_ledger
 from agent_ledger.tools import Tool
 from tests.harness import StoreHarness
@@ -157,6 +158,91 @@ async def test_malformed_tool_use_is_an_error_result_and_stores_nothing(
     assert runs == [] and await harness.raw_count() == 0
 
 
+def nested(depth: int) -> object:
+    value: object = "x"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+#: Decoded input the ledger cannot keep as sent: the SDK hands Python values over.
+UNSTORABLE: dict[str, tuple[dict[Any, object], str]] = {
+    "over max_args_size_bytes": ({"note": "a" * 1_100_000}, "over max_args_size_bytes"),
+    "nested too deep": ({"note": nested(200)}, "args['note'][0]"),
+    "an integer beyond 64 bits": ({"note": 2**70}, "does not fit in 64 bits"),
+    "a negative one": ({"note": [-(2**63) - 1]}, "does not fit in 64 bits"),
+    "NaN": ({"note": float("nan")}, "nan is not allowed"),
+    "Infinity": ({"note": {"k": float("-inf")}}, "-inf is not allowed"),
+    "a lone surrogate": ({"note": "\ud800"}, "args"),
+    "a lone surrogate in a nested key": ({"note": {"\udc00": 1}}, "args"),
+    "a key that is not a string": ({"note": {"a": {1: "b"}}}, "keys must be str"),
+    "a top-level key that is not a string": ({"note": 1, 2: 3}, "unexpected keyword argument 2"),
+}
+
+
+@pytest.mark.parametrize(("arguments", "says"), UNSTORABLE.values(), ids=list(UNSTORABLE))
+async def test_input_the_ledger_cannot_keep_is_an_error_result_not_raised(
+    harness: StoreHarness, arguments: dict[Any, object], says: str
+) -> None:
+    """Regression: these raised EffectLedgerValidationError out of run_tool_uses.
+
+    The model sent them, so the model reads what was wrong (is_error); nothing
+    runs or is stored, and the message's other blocks are answered as usual.
+    """
+    ledger = harness.ledger()
+    runs: list[object] = []
+
+    @ledger.tool("notes.add")
+    async def add(note: object) -> str:
+        runs.append(note)
+        return "added"
+
+    blocks = [
+        {"type": "tool_use", "id": "toolu_1", "name": "notes_add", "input": arguments},
+        tool_use("toolu_2", "notes_add", {"note": 1}),
+    ]
+    async with ledger.workflow("conv-1"):
+        bad, good = await run_tool_uses(ledger, blocks)
+    content = bad.get("content")
+    assert bad.get("is_error") is True and isinstance(content, str)
+    assert content.startswith("Error: the arguments for tool 'notes_add' were refused")
+    assert says in content
+    assert good.get("content") == "added" and "is_error" not in good
+    assert runs == [1]
+    assert await harness.raw_count() == 1
+
+
+async def test_integers_beyond_64_bits_are_refused_not_merged(harness: StoreHarness) -> None:
+    """Regression: two accounts past 64 bits, as the SDK decodes them (Python ints), raised;
+    they must never share a key either. Each is an error result; nothing is stored."""
+    ledger = harness.ledger()
+    runs: list[int] = []
+
+    @ledger.tool("bank.transfer")
+    async def transfer(account: int, amount: int) -> str:
+        runs.append(account)
+        return f"sent {amount} to {account}"
+
+    async with ledger.workflow("w1"):
+        refused = await run_tool_uses(
+            ledger,
+            [
+                tool_use("toolu_1", "bank_transfer", {"account": 2**64, "amount": 5}),
+                tool_use("toolu_2", "bank_transfer", {"account": 2**64 + 1, "amount": 5}),
+            ],
+        )
+        assert await harness.raw_count() == 0
+        (ran,) = await run_tool_uses(
+            ledger, [tool_use("toolu_3", "bank_transfer", {"account": 2**64 - 1, "amount": 5})]
+        )
+    for result, account in zip(refused, (2**64, 2**64 + 1), strict=True):
+        assert result.get("is_error") is True
+        assert f"integer {account} does not fit in 64 bits" in str(result.get("content"))
+    assert ran.get("content") == f"sent 5 to {2**64 - 1}"
+    assert runs == [2**64 - 1]
+    assert await harness.raw_count() == 1
+
+
 async def test_a_block_without_an_id_is_refused_before_anything_runs(harness: StoreHarness) -> None:
     ledger = harness.ledger()
     runs: list[str] = []
@@ -240,6 +326,36 @@ async def test_a_failing_tool_is_an_error_result_the_same_every_time(harness: St
     pydantic.TypeAdapter(ToolResultBlockParam).validate_python(first)
 
 
+async def test_recorded_failures_read_the_same_first_and_on_replay(harness: StoreHarness) -> None:
+    """Regression: a non-JSON result raised the first time; a retried tool's first answer
+    was its last exception, not the recorded retries_exhausted. Both read the record now."""
+    ledger = harness.ledger()
+
+    @ledger.tool("odd.result")
+    async def odd(x: int) -> object:
+        return {x}
+
+    @ledger.tool("flaky", retry=RetryPolicy(on=ValueError, attempts=2, initial_ms=1, jitter=0))
+    async def flaky(x: int) -> str:
+        raise ValueError("sold out")
+
+    turn = [tool_use("toolu_1", "odd_result", {"x": 1}), tool_use("toolu_2", "flaky", {"x": 1})]
+    async with ledger.workflow("conv-1"):
+        first = await run_tool_uses(ledger, turn)
+        replay = await run_tool_uses(ledger, turn)
+        effects = [await stored(ledger, odd, 1), await stored(ledger, flaky, 1)]
+    assert first == replay
+    for result, effect, name in zip(first, effects, ("odd_result", "flaky"), strict=True):
+        assert effect.error is not None and result.get("is_error") is True
+        assert result.get("content") == (
+            f"Error: tool {name!r} failed ({effect.error.code}): {effect.error.message}"
+        )
+    assert [e.error.code for e in effects if e.error] == [
+        "result_not_serializable",
+        "retries_exhausted",
+    ]
+
+
 async def test_results_that_are_not_strings_are_json(harness: StoreHarness) -> None:
     ledger = harness.ledger()
 
@@ -276,6 +392,27 @@ def test_tool_definitions_describe_the_signature_without_effect() -> None:
     assert tool_definitions(ledger, []) == []
     with pytest.raises(EffectLedgerValidationError, match="not a tool registered"):
         tool_definitions(ledger, ["travel_book"])  # the registered name is travel.book
+
+
+async def test_a_name_two_tools_answer_to_is_never_offered_or_run(harness: StoreHarness) -> None:
+    """Regression: `travel.book` was offered as `travel_book` beside a tool registered as
+    `travel_book`, and the model's call of the name it was given ran that other tool."""
+    ledger = harness.ledger()
+    runs: list[str] = []
+    book_tool(ledger, runs)
+
+    @ledger.tool("travel_book")
+    async def quote(trip: str) -> str:
+        runs.append("quote")
+        return "quote only"
+
+    for chosen in (None, ["travel.book"], ["travel_book"]):
+        with pytest.raises(EffectLedgerValidationError, match="both be called 'travel_book'"):
+            tool_definitions(ledger, chosen)
+    async with ledger.workflow("conv-1"):
+        with pytest.raises(EffectLedgerValidationError, match="which one it meant"):
+            await run_tool_uses(ledger, [tool_use("toolu_1", "travel_book", {"trip": "t1"})])
+    assert runs == [] and await harness.raw_count() == 0
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:

@@ -48,6 +48,7 @@ from agent_ledger.adapters.openai import (
     run_function_calls,
     run_tool_calls,
 )
+from agent_ledger.retries import RetryPolicy
 from agent_ledger.testing import build_ledger
 from agent_ledger.tools import Tool
 from tests.harness import StoreHarness
@@ -250,6 +251,100 @@ async def test_malformed_call_is_answered_and_stores_nothing(
     assert await harness.raw_count() == 0
 
 
+def nested(depth: int) -> object:
+    value: object = "x"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+#: Arguments that parse and bind, but that the ledger cannot keep as sent.
+UNSTORABLE = {
+    "over max_args_size_bytes": (orjson.dumps({"note": "a" * 1_100_000}).decode(), "over max_args"),
+    "nested too deep": (orjson.dumps({"note": nested(200)}).decode(), "args['note'][0]"),
+    "an integer beyond 64 bits": ('{"note": 18446744073709551616}', "beyond 64 bits"),
+    "a negative one": ('{"note": -9223372036854775809}', "beyond 64 bits"),
+    "NaN": ('{"note": NaN}', "NaN, which is not JSON"),
+    "Infinity": ('{"note": [-Infinity]}', "-Infinity, which is not JSON"),
+    "a lone surrogate": ('{"note": "\\ud800"}', "args"),
+    "a lone surrogate in a nested key": ('{"note": {"\\udc00": 1}}', "args"),
+}
+
+
+@pytest.mark.parametrize(("arguments", "says"), UNSTORABLE.values(), ids=list(UNSTORABLE))
+async def test_arguments_the_ledger_cannot_keep_are_answered_not_raised(
+    harness: StoreHarness, arguments: str, says: str
+) -> None:
+    """Regression: these raised EffectLedgerValidationError out of run_tool_calls.
+
+    The model sent them, so the model reads what was wrong; nothing runs or
+    is stored, and the turn's other calls are answered as usual.
+    """
+    ledger = harness.ledger()
+    runs: list[object] = []
+
+    @ledger.tool("notes.add")
+    async def add(note: object) -> str:
+        runs.append(note)
+        return "added"
+
+    async with ledger.workflow("conv-1"):
+        chat = await run_tool_calls(
+            ledger,
+            [chat_call("c1", "notes_add", arguments), chat_call("c2", "notes_add", '{"note": 1}')],
+        )
+        (output,) = await run_function_calls(ledger, [function_call("c3", "notes_add", arguments)])
+    for text in (chat[0]["content"], output["output"]):
+        assert isinstance(text, str) and text.startswith(
+            "Error: the arguments for tool 'notes_add' "
+        )
+        assert says in text
+    assert chat[1]["content"] == "added"
+    assert runs == [1]
+    assert await harness.raw_count() == 1
+
+
+async def test_integers_beyond_64_bits_are_refused_not_merged(harness: StoreHarness) -> None:
+    """Regression: 2**64 and 2**64 + 1 both became 1.8446744073709552e19, one key: the
+    second transfer replayed the first. Now each is answered with an error, nothing stored;
+    the largest integers a key holds run as sent."""
+    ledger = harness.ledger()
+    runs: list[int] = []
+
+    @ledger.tool("bank.transfer")
+    async def transfer(account: int, amount: int) -> str:
+        runs.append(account)
+        return f"sent {amount} to {account}"
+
+    async with ledger.workflow("w1"):
+        refused = await run_tool_calls(
+            ledger,
+            [
+                chat_call("c1", "bank_transfer", '{"account": 18446744073709551616, "amount": 5}'),
+                chat_call("c2", "bank_transfer", '{"account": 18446744073709551617, "amount": 5}'),
+            ],
+        )
+        assert await harness.raw_count() == 0
+        ran = await run_tool_calls(
+            ledger,
+            [
+                chat_call("c3", "bank_transfer", '{"account": 18446744073709551615, "amount": 5}'),
+                chat_call("c4", "bank_transfer", '{"account": 18446744073709551614, "amount": 5}'),
+            ],
+        )
+    for message, account in zip(
+        refused, ("18446744073709551616", "18446744073709551617"), strict=True
+    ):
+        assert str(message["content"]).startswith("Error: ")
+        assert f"the integer {account}, beyond 64 bits" in str(message["content"])
+    assert [m["content"] for m in ran] == [
+        "sent 5 to 18446744073709551615",
+        "sent 5 to 18446744073709551614",
+    ]
+    assert runs == [2**64 - 1, 2**64 - 2]
+    assert await harness.raw_count() == 2
+
+
 async def test_unknown_tool_answer_lists_the_names_the_model_knows(harness: StoreHarness) -> None:
     ledger = harness.ledger()
     charge_tool(ledger, [])
@@ -450,6 +545,58 @@ async def test_a_failing_tool_is_answered_the_same_way_every_time(harness: Store
             "Error: tool 'broken' failed (ValueError): ValueError",
         ]
     )
+
+
+async def test_a_result_that_is_not_json_reads_the_same_first_and_on_replay(
+    harness: StoreHarness,
+) -> None:
+    """Regression: the first call raised EffectLedgerValidationError out of run_tool_calls,
+    a replay answered the recorded failure. Both answer it now."""
+    ledger = harness.ledger()
+    runs: list[int] = []
+
+    @ledger.tool("odd.result")
+    async def odd(x: int) -> object:
+        runs.append(x)
+        return {1, 2, 3}
+
+    async with ledger.workflow("conv-1"):
+        (first,) = await run_tool_calls(ledger, [chat_call("c1", "odd_result", '{"x": 1}')])
+        (replay,) = await run_tool_calls(ledger, [chat_call("c2", "odd_result", '{"x": 1}')])
+        effect = await stored(ledger, odd, 1)
+    assert runs == [1]
+    assert effect.status is EffectStatus.FAILED and effect.error is not None
+    assert first["content"] == replay["content"]
+    assert first["content"] == (
+        f"Error: tool 'odd_result' failed (result_not_serializable): {effect.error.message}"
+    )
+    assert "set is not a JSON value" in effect.error.message
+
+
+async def test_a_retried_tool_reads_its_recorded_failure_first_and_on_replay(
+    harness: StoreHarness,
+) -> None:
+    """Regression: the first answer was the last try's exception (ValueError), a replay's
+    the recorded retries_exhausted. Both are what was recorded now."""
+    ledger = harness.ledger()
+    runs: list[int] = []
+
+    @ledger.tool("flaky", retry=RetryPolicy(on=ValueError, attempts=2, initial_ms=1, jitter=0))
+    async def flaky(x: int) -> str:
+        runs.append(x)
+        raise ValueError("card declined")
+
+    async with ledger.workflow("conv-1"):
+        first = await run_function_calls(ledger, [function_call("c1", "flaky", '{"x": 1}')])
+        replay = await run_function_calls(ledger, [function_call("c2", "flaky", '{"x": 1}')])
+        effect = await stored(ledger, flaky, 1)
+    assert runs == [1, 1]
+    assert effect.error is not None and effect.error.code == "retries_exhausted"
+    assert [o["output"] for o in first] == [o["output"] for o in replay]
+    assert first[0]["output"] == (
+        f"Error: tool 'flaky' failed (retries_exhausted): {effect.error.message}"
+    )
+    assert "card declined" in effect.error.message
 
 
 async def test_a_nested_tools_ledger_error_is_the_outer_tools_failure(
@@ -720,9 +867,19 @@ def test_names_the_model_cannot_use_are_refused_when_described() -> None:
     @ledger.tool("mail_send")
     async def underscored() -> None: ...
 
+    @ledger.tool("sms.send")
+    async def sms() -> None: ...
+
     with pytest.raises(EffectLedgerValidationError, match="both be called 'mail_send'"):
         chat_tools(ledger)
-    assert [d["function"]["name"] for d in chat_tools(ledger, ["mail.send"])] == ["mail_send"]
+    # Offering only one of them is refused too: a call of `mail_send` would
+    # come back to a name both answer to (regression: it ran the other one).
+    for chosen in (["mail.send"], ["mail_send"], [dotted], ["sms.send", "mail.send"]):
+        with pytest.raises(EffectLedgerValidationError, match="both be called 'mail_send'"):
+            chat_tools(ledger, chosen)
+        with pytest.raises(EffectLedgerValidationError, match="both be called 'mail_send'"):
+            responses_tools(ledger, chosen)
+    assert [d["function"]["name"] for d in chat_tools(ledger, ["sms.send"])] == ["sms_send"]
 
     long = build_ledger(MemoryStore())
 
@@ -733,32 +890,46 @@ def test_names_the_model_cannot_use_are_refused_when_described() -> None:
         responses_tools(long)
 
 
-async def test_a_call_by_either_name_reaches_the_tool() -> None:
-    """The exact registered name wins; the model's spelling reaches the dotted tool."""
-    ledger = build_ledger(MemoryStore())
+async def test_a_call_reaches_the_tool_it_was_offered_for(harness: StoreHarness) -> None:
+    """`payments_charge` for `payments.charge`; a name two tools answer to runs neither.
 
-    @ledger.tool("mail.send")
-    async def dotted() -> str:
-        return "dotted"
+    Regression: with `payments.charge` offered as `payments_charge` and a
+    quote tool registered as `payments_charge` itself, the model's call of
+    the name it was given ran the quote.
+    """
+    ledger = harness.ledger()
+    ran: list[str] = []
 
-    @ledger.tool("mail_send")
-    async def underscored() -> str:
-        return "underscored"
-
-    @ledger.tool("sms.send")
-    async def sms() -> str:
-        return "sms"
+    @ledger.tool("payments.charge")
+    async def charge(order_id: str) -> str:
+        ran.append("payments.charge")
+        return "charged"
 
     async with ledger.workflow("w"):
-        messages = await run_tool_calls(
-            ledger,
-            [
-                chat_call("a", "mail_send", ""),
-                chat_call("b", "mail.send", ""),
-                chat_call("c", "sms_send", ""),
-            ],
+        (offered,) = chat_tools(ledger, ["payments.charge"])
+        name = offered["function"]["name"]
+        (message,) = await run_tool_calls(ledger, [chat_call("a", name, '{"order_id":"o1"}')])
+        assert message["content"] == "charged" and ran == ["payments.charge"]
+
+        @ledger.tool("payments_charge")  # registered after the definitions were sent
+        async def quote(order_id: str) -> str:
+            ran.append("payments_charge")
+            return "quote only"
+
+        ambiguous = r"tools \['payments.charge', 'payments_charge'\] .* which one it meant"
+        with pytest.raises(EffectLedgerValidationError, match=ambiguous):
+            await run_tool_calls(ledger, [chat_call("b", name, '{"order_id":"o2"}')])
+        with pytest.raises(EffectLedgerValidationError, match=ambiguous):
+            await run_function_calls(ledger, [function_call("c", name, '{"order_id":"o2"}')])
+        # A name no tool is described as still reaches the tool registered under it.
+        (message,) = await run_tool_calls(ledger, [chat_call("d", "sms_send", "{}")])
+        assert str(message["content"]).startswith("Error: there is no tool named 'sms_send'")
+        (message,) = await run_tool_calls(
+            ledger, [chat_call("e", "payments.charge", '{"order_id":"o3"}')]
         )
-    assert [m["content"] for m in messages] == ["underscored", "dotted", "sms"]
+        assert message["content"] == "charged"
+    assert ran == ["payments.charge", "payments.charge"]
+    assert await harness.raw_count() == 2
 
 
 class Opaque:
