@@ -10,6 +10,7 @@ and the errors do, so a person reading the transcript can find the receipt.
 from __future__ import annotations
 
 from agent_ledger.adapters._common import MalformedToolCall
+from agent_ledger.effects import TryFailure
 from agent_ledger.errors import (
     ApprovalPendingError,
     EffectDeniedError,
@@ -17,16 +18,23 @@ from agent_ledger.errors import (
     EffectPayloadMismatchError,
     EffectTimeoutError,
 )
+from agent_ledger.retries import RETRIES_EXHAUSTED
 from agent_ledger.status import EffectStatus
 
-__all__ = ["for_model", "raised_as"]
+__all__ = ["first_raised", "for_model", "raised_as"]
+
+#: The error code the engine records for a run cancelled while its handler ran
+#: (or while it waited to retry): the side effect may have happened. A person's
+#: ``cancel()`` records ``canceled`` and ``deny()`` records ``denied``.
+_CANCELLED_MIDWAY = "cancelled"
 
 
 def for_model(error: BaseException) -> str | None:
     """The text for a model, for the ledger outcomes a model should read; None otherwise.
 
     Covered: a malformed call (nothing stored), a call waiting for approval
-    (``ApprovalPendingError``), a denied or canceled one, a payload mismatch,
+    (``ApprovalPendingError``), a denied or canceled one (one canceled after
+    its handler started may have taken effect: the text says so), a payload mismatch,
     and a wait for another caller that timed out. Anything else (the tool's
     own exception, a store failure, a programming error) is not the model's
     to read: None.
@@ -40,15 +48,30 @@ def for_model(error: BaseException) -> str | None:
             "same arguments: it then runs once if approved, or answers that it was denied."
         )
     if isinstance(error, EffectDeniedError):
+        because = f" ({error.reason})" if error.reason else ""
+        ref = _ref(error.effect.idem_key)
+        if error.status is EffectStatus.CANCELED and _may_have_run(error):
+            # Cut off while a handler ran (the engine's "cancelled"), or a
+            # person's cancel() of an effect a handler had started: nobody
+            # knows whether the side effect happened.
+            who = (
+                "This call was stopped while it was running"
+                if _code(error) == _CANCELLED_MIDWAY
+                else f"A person canceled this call after it had started{because}"
+            )
+            return (
+                f"{who} (effect {ref}). It may or may not have taken effect, and it will not "
+                "run again: calling again with the same arguments gives this answer. Find out "
+                "whether it took effect before doing anything that depends on it."
+            )
         what = (
             "A person denied this call"
             if error.status is EffectStatus.DENIED
             else "This call was canceled"
         )
-        because = f" ({error.reason})" if error.reason else ""
         return (
-            f"{what}{because} (effect {_ref(error.effect.idem_key)}). It did not run and will "
-            "not run: calling again with the same arguments gives this answer."
+            f"{what}{because} (effect {ref}). It did not run and will not run: calling "
+            "again with the same arguments gives this answer."
         )
     if isinstance(error, EffectPayloadMismatchError):
         return (
@@ -70,8 +93,33 @@ def for_model(error: BaseException) -> str | None:
     return None
 
 
+def _code(error: EffectDeniedError) -> str | None:
+    return error.effect.error.code if error.effect.error is not None else None
+
+
+def _may_have_run(error: EffectDeniedError) -> bool:
+    """Whether a canceled effect's handler may have run: the engine recorded a
+    cancellation mid-run, or a handler had been started before a person canceled it."""
+    return _code(error) == _CANCELLED_MIDWAY or error.effect.executions > 0
+
+
 def _ref(idem_key: str) -> str:
     return f"{idem_key[:12]}…"
+
+
+def first_raised(error: EffectFailedError) -> tuple[str | None, str]:
+    """The error code and message of the exception the first call raised, for a replay.
+
+    Usually the recorded error's. A tool with a retry policy whose tries ran
+    out is recorded ``retries_exhausted`` with a message naming the last
+    error, but the first call raised that last try's exception: its code
+    and message are the last ``TryFailure`` in the effect's history.
+    """
+    if error.code == RETRIES_EXHAUSTED:
+        last = next((e for e in reversed(error.effect.history) if isinstance(e, TryFailure)), None)
+        if last is not None:
+            return last.code, last.message
+    return error.code, error.message
 
 
 def raised_as(error: EffectFailedError, base: type[BaseException]) -> bool:
@@ -80,12 +128,14 @@ def raised_as(error: EffectFailedError, base: type[BaseException]) -> bool:
     Frameworks have an exception for "an error the model should read"
     (LangChain's ``ToolException``, MCP's ``ToolError``) and treat it apart
     from a crash. A replay raises ``EffectFailedError`` instead; this tells
-    an adapter to raise the framework's class again, so the model reads the
-    same on a replay as on the first call. The ledger records an exception's
-    class name as the error code (unless it carries a ``code`` of its own),
-    so the name is matched against ``base`` and its subclasses.
+    an adapter to raise the framework's class again (with ``first_raised``'s
+    message), so the model reads the same on a replay as on the first call.
+    The ledger records an exception's class name as the error code (unless
+    it carries a ``code`` of its own), so the name is matched against
+    ``base`` and its subclasses. For a tool whose retries ran out, the last
+    try's exception is the one matched (see ``first_raised``).
     """
-    code = error.code
+    code, _ = first_raised(error)
     if code is None:
         return False
     classes: list[type[BaseException]] = [base]

@@ -6,24 +6,52 @@ parameter, which the ledger passes and a model never sends. Annotations are
 evaluated here (most modules write ``from __future__ import annotations``,
 so they are strings), one parameter at a time: the ``effect`` annotation
 may name a type imported only for type checkers, and it is never needed.
+
+A framework that validates arguments (LangChain, MCP) turns the model's
+JSON into Python objects: an enum member, a ``date``, a pydantic model. A
+key is made of JSON, so ``JsonArguments`` turns them back, the way pydantic
+writes them as JSON (an enum's value, ISO text for dates and times, a
+model's fields as a dict, with only the fields that were sent). The tool
+then receives that JSON, as it does from the OpenAI and Anthropic adapters
+and from a direct call with the same values, and the key is the same.
+``check_storable`` refuses, as the model's mistake, arguments a key cannot
+hold (NaN, integers beyond 64 bits, over the ledger's size limit) before
+anything is stored.
 """
 
 from __future__ import annotations
 
 import inspect
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from pydantic import BaseModel, ConfigDict, create_model
+from pydantic_core import PydanticSerializationError
+
+from agent_ledger.adapters._common import MalformedToolCall
+from agent_ledger.calls import ToolCall
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.tools import EFFECT_PARAMETER
 
 if TYPE_CHECKING:
     from agent_ledger.tools import Tool
 
-__all__ = ["REQUIRED", "Argument", "arguments", "description", "return_annotation"]
+__all__ = [
+    "REQUIRED",
+    "Argument",
+    "JsonArguments",
+    "arguments",
+    "check_storable",
+    "description",
+    "return_annotation",
+]
 
 #: ``Argument.default`` of a parameter without a default.
 REQUIRED: Final = inspect.Parameter.empty
+
+_NOT_A_NAME: Final = re.compile(r"[^A-Za-z0-9_]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,4 +114,74 @@ def _evaluate(tool: Tool[Any], annotation: Any, where: str) -> Any:
             f"{where!r} ({type(exc).__name__}: {exc}); a framework's schema needs the real "
             "type, so import it at module level",
             field="fn",
+        ) from None
+
+
+class JsonArguments:
+    """Arguments a framework validated into Python objects, back to JSON values.
+
+    Built once per tool from each argument's type (``types``: name to
+    annotation). Calling it gives the arguments as pydantic writes them in
+    JSON mode: an enum as its value, a ``date``/``datetime`` as ISO text, a
+    model as a dict of the fields that were set (defaults the model did not
+    send are left out, as they are from the JSON a model sends to the other
+    adapters), NaN and integers beyond 64 bits kept as they are so that
+    ``check_storable`` refuses them. Names it does not know pass unchanged
+    (the binding refuses them).
+    """
+
+    __slots__ = ("_fields", "_model")
+
+    def __init__(self, tool_name: str, types: Mapping[str, Any]) -> None:
+        # Fields under neutral names: an argument may be called `json` or
+        # `copy`, which a pydantic model's field may not.
+        self._fields = {name: f"a{i}" for i, name in enumerate(types)}
+        config = ConfigDict(arbitrary_types_allowed=True, ser_json_inf_nan="constants")
+        fields: dict[str, Any] = {self._fields[n]: (t, None) for n, t in types.items()}
+        self._model: type[BaseModel] = create_model(
+            f"{_NOT_A_NAME.sub('_', tool_name)}_json", __config__=config, **fields
+        )
+
+    def __call__(self, values: Mapping[str, Any], tool_name: str) -> dict[str, Any]:
+        known = {self._fields[k]: v for k, v in values.items() if k in self._fields}
+        instance = self._model.model_construct(_fields_set=set(known), **known)
+        try:
+            dumped = self._model.__pydantic_serializer__.to_python(
+                instance, mode="json", exclude_unset=True, warnings=False
+            )
+        except PydanticSerializationError as exc:
+            raise EffectLedgerValidationError(
+                f"tool {tool_name!r}: an argument has no JSON form ({exc}); annotate the "
+                "tool's parameters with JSON types, enums, dates or pydantic models",
+                field="args",
+            ) from None
+        names = {field: name for name, field in self._fields.items()}
+        found = {names[field]: value for field, value in dumped.items()}
+        found.update((k, v) for k, v in values.items() if k not in self._fields)
+        return found
+
+
+def check_storable(tool: Tool[Any], values: Mapping[str, object]) -> None:
+    """Raise ``MalformedToolCall`` if a key cannot be made of ``values`` (bound arguments).
+
+    What the key checks, asked before the call so that it reads as the
+    model's mistake and nothing is stored: JSON values only (no NaN or
+    Infinity, integers within 64 bits, text without lone surrogates) and
+    the ledger's ``max_args_size_bytes``.
+    """
+    call = ToolCall(
+        workflow_id="-",  # any: only the arguments are checked
+        tool=tool.name,
+        args=dict(values),  # type: ignore[arg-type]  # checked here
+        idempotency_keys=tool.idempotency_keys,
+        validate_keys=tool.validate_keys,
+    )
+    try:
+        tool.ledger.idem_key(call)
+    except EffectLedgerValidationError as exc:
+        raise MalformedToolCall(
+            f"the arguments for tool {tool.name!r} cannot be recorded: {exc}. Nothing ran and "
+            "nothing was stored; send JSON values (no NaN or Infinity, integers within 64 "
+            "bits: send a larger one as a string), and pass large content by reference.",
+            tool=tool.name,
         ) from None

@@ -15,28 +15,36 @@ you already have: it registers a ledger tool that runs the LangChain tool
 (name, keys and approval policy as ``@ledger.tool`` takes them) and returns
 the LangChain tool to give the model in its place.
 
+Arguments LangChain validated into Python objects (an enum member, a
+``date``, a pydantic model) are turned back into their JSON before the key
+is made, and the tool receives that JSON, as from every adapter (see
+``agent_ledger.adapters._signature``).
+
 What reaches whom:
 
-* Malformed arguments (that do not fit the schema or the signature) store
-  nothing. Invoked with a ``ToolCall``, the result is a ``ToolMessage`` with
-  ``status="error"`` telling the model what was wrong; invoked with plain
-  arguments, ``MalformedToolCall`` is raised.
+* Malformed arguments (that do not fit the schema or the signature, or
+  that a key cannot hold: NaN nested in a dict, an integer beyond 64 bits,
+  over ``max_args_size_bytes``) store nothing. Invoked with a ``ToolCall``,
+  the result is a ``ToolMessage`` with ``status="error"`` telling the model
+  what was wrong; invoked with plain arguments, ``MalformedToolCall`` is
+  raised.
 * Everything else the ledger decides reaches the application as the
   exception it is: ``EffectDeniedError``, ``ApprovalPendingError`` (with
   ``wait_for_approval=False``), ``EffectPayloadMismatchError``, and the tool's
   own exception (a replay of a failure: ``EffectFailedError``). A tool that
-  raises ``ToolException`` for the model to read gets the same on replays,
-  so LangChain's ``handle_tool_error`` treats both alike.
+  raises ``ToolException`` for the model to read gets the same on replays
+  (also when a retry policy's tries ran out on it), so LangChain's
+  ``handle_tool_error`` treats both alike.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
 try:
     from langchain_core.messages import ToolMessage
@@ -50,8 +58,14 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, create
 from pydantic_core import to_jsonable_python
 
 from agent_ledger.adapters._common import MalformedToolCall
-from agent_ledger.adapters._messages import raised_as
-from agent_ledger.adapters._signature import REQUIRED, arguments, description
+from agent_ledger.adapters._messages import first_raised, raised_as
+from agent_ledger.adapters._signature import (
+    REQUIRED,
+    JsonArguments,
+    arguments,
+    check_storable,
+    description,
+)
 from agent_ledger.errors import EffectFailedError, EffectLedgerValidationError
 from agent_ledger.options import RunOptions
 from agent_ledger.tools import Tool
@@ -163,7 +177,10 @@ def as_langchain_tool(
     which is in every key, is unchanged. ``description`` defaults to the
     function's docstring. The arguments schema is built from the signature
     (``effect`` left out), refuses arguments the function does not take, and
-    NaN/Infinity, which JSON keys cannot hold.
+    NaN/Infinity, which JSON keys cannot hold. The function receives its
+    arguments as JSON: an enum's value, a date as ISO text, a model as a
+    dict (the key is made of them, so it is the key a direct call with the
+    same JSON makes).
 
     ``wait_for_approval=False`` makes a call that needs a person's approval
     raise ``ApprovalPendingError`` at once instead of waiting
@@ -178,13 +195,15 @@ def as_langchain_tool(
         )
     lc_name = _langchain_name(tool.name) if name is None else name
     schema = _arguments_model(tool, lc_name)
+    _refuse_factories(schema, f"tool {tool.name!r}", "fn")
+    to_json = JsonArguments(tool.name, {arg.name: arg.annotation for arg in arguments(tool)})
     return _build(
         tool,
         name=lc_name,
         description=_description(tool) if description is None else description,
         args_schema=schema,
         wait_for_approval=wait_for_approval,
-        jsonable=False,
+        to_json=to_json,
     )
 
 
@@ -211,9 +230,11 @@ def wrap_langchain_tool(
     the same name, description and schema.
 
     Refused (``EffectLedgerValidationError``): ``response_format=
-    "content_and_artifact"`` (the ledger keeps one JSON result per call) and
+    "content_and_artifact"`` (the ledger keeps one JSON result per call),
     arguments LangChain injects at run time (``InjectedToolArg``), which are
-    not the model's and cannot be part of a key. The result must be JSON,
+    not the model's and cannot be part of a key, and arguments with a
+    ``default_factory``, which LangChain fills with a new value on every run
+    before the key is made (every repeat would run again). The result must be JSON,
     as for any ledger tool; a tool whose ``handle_tool_error`` turns an error
     into text returns that text, and the ledger records it as the result.
     """
@@ -229,6 +250,21 @@ def wrap_langchain_tool(
             field="base_tool",
         )
     schema = _model_schema(base_tool)
+    to_json: Callable[[Mapping[str, Any], str], dict[str, Any]]
+    if isinstance(schema, dict):
+        # LangChain does not validate against a JSON schema: the values are the model's JSON.
+        to_json = _as_sent
+    else:
+        _refuse_factories(schema, f"LangChain tool {base_tool.name!r}", "base_tool")
+        to_json = JsonArguments(
+            base_tool.name,
+            {
+                name: Annotated[(field.annotation, *field.metadata)]
+                if field.metadata
+                else field.annotation
+                for name, field in schema.model_fields.items()
+            },
+        )
     fn = _function_running(base_tool, *_parameters(base_tool, schema))
     tool: Tool[Any] = ledger.tool(
         base_tool.name if name is None else name,
@@ -244,7 +280,7 @@ def wrap_langchain_tool(
         description=base_tool.description,
         args_schema=schema,
         wait_for_approval=wait_for_approval,
-        jsonable=True,
+        to_json=to_json,
         return_direct=base_tool.return_direct,
         tags=base_tool.tags,
         metadata=base_tool.metadata,
@@ -261,14 +297,15 @@ def _build(
     description: str,
     args_schema: type[BaseModel] | dict[str, Any],
     wait_for_approval: bool,
-    jsonable: bool,
+    to_json: Callable[[Mapping[str, Any], str], dict[str, Any]],
     **fields: Any,
 ) -> LedgerTool:
     """The ``LedgerTool`` whose function and coroutine run ``tool``.
 
-    ``jsonable``: hand the ledger validated arguments as JSON values (a
-    wrapped LangChain tool validates them again itself), rather than as the
-    schema made them.
+    ``to_json`` turns the arguments LangChain validated (enum members,
+    dates, models) back into the JSON values the key is made of, which are
+    also what the tool receives (a wrapped LangChain tool validates them
+    again itself).
     """
     options = None if wait_for_approval else RunOptions(wait_for_approval=False)
 
@@ -278,14 +315,16 @@ def _build(
         if run is not None:
             run.started = True
             call_id = run.call_id
-        if jsonable:
-            kwargs = to_jsonable_python(kwargs)
         try:
-            return call_id, tool.bind_arguments(kwargs)
+            values = tool.bind_arguments(to_json(kwargs, tool.name))
+            # Values the schema let through but a key cannot hold (NaN inside
+            # a dict, an integer beyond 64 bits, a payload over the size limit).
+            check_storable(tool, values)
         except EffectLedgerValidationError as exc:
             # A JSON-schema tool's input is not validated by LangChain: this
             # is the first check, and the model's mistake.
             return call_id, lc_tool._malformed(str(exc), call_id, None)
+        return call_id, values
 
     async def coroutine(**kwargs: Any) -> Any:
         call_id, values = started(kwargs)
@@ -322,7 +361,7 @@ def _build(
 def _raise_replayed(error: EffectFailedError) -> NoReturn:
     """A replayed failure raises ``ToolException`` again if the first call raised one."""
     if raised_as(error, ToolException):
-        raise ToolException(error.message) from error
+        raise ToolException(first_raised(error)[1]) from error
     raise error
 
 
@@ -345,6 +384,25 @@ def _arguments_model(tool: Tool[Any], model_name: str) -> type[BaseModel]:
     config = ConfigDict(extra="forbid", allow_inf_nan=False, arbitrary_types_allowed=True)
     model: type[BaseModel] = create_model(model_name, __config__=config, **fields)
     return model
+
+
+def _refuse_factories(schema: type[BaseModel], what: str, field: str) -> None:
+    """Refuse a schema with a ``default_factory`` field: LangChain fills it with a
+    fresh value on every run, before the ledger makes the key, so no two calls
+    would share a key and every repeat would run again."""
+    made = sorted(n for n, f in schema.model_fields.items() if f.default_factory is not None)
+    if made:
+        raise EffectLedgerValidationError(
+            f"{what} has arguments with a default_factory ({made}): LangChain fills them "
+            "with a new value on every run, before the ledger makes the key, so a repeated "
+            "call would get a new key and run again. Give them a plain default (or none), "
+            "or make the value inside the tool.",
+            field=field,
+        )
+
+
+def _as_sent(values: Mapping[str, Any], tool_name: str) -> dict[str, Any]:
+    return dict(values)
 
 
 def _model_schema(base_tool: BaseTool) -> type[BaseModel] | dict[str, Any]:
@@ -395,11 +453,7 @@ def _parameters(
         inspect.Parameter(
             name,
             kind,
-            default=(
-                REQUIRED
-                if field.is_required()
-                else to_jsonable_python(field.get_default(call_default_factory=True))
-            ),
+            default=(REQUIRED if field.is_required() else to_jsonable_python(field.get_default())),
         )
         for name, field in schema.model_fields.items()
     ], frozenset()

@@ -18,17 +18,24 @@ of its own, pass ``annotations=ToolAnnotations(idempotent_hint=False)``.
 
 What the client reads (``isError`` results, text written for a model):
 
-* arguments the tool does not take, missing or of the wrong type: nothing is
-  stored, and the result says what was wrong;
+* arguments the tool does not take, missing or of the wrong type, or that a
+  key cannot hold (an integer beyond 64 bits, over ``max_args_size_bytes``):
+  nothing is stored, and the result says what was wrong;
 * a call waiting for a person's approval: with ``wait_for_approval=False``
   (the default here: a ``tools/call`` request should not hang for hours,
   and clients time out) the result says so and nothing ran; the same call
   sent again after ``approve()`` runs once;
-* a denied (or canceled) call: the result says so, and sending it again
+* a denied (or canceled) call: the result says so (and, for one canceled
+  after it started, that it may have taken effect), and sending it again
   runs nothing;
 * a payload mismatch, or a wait for another caller that timed out;
 * the tool's own ``ToolError`` (``mcp.server.mcpserver.exceptions``), the
-  SDK's "error for the model", on the first call and on every replay.
+  SDK's "error for the model", on the first call and on every replay (the
+  last try's, when a retry policy's tries ran out).
+
+The SDK validates arguments into Python objects (an enum member, a
+``date``, a pydantic model); they are turned back into their JSON before
+the key is made, and the tool receives that JSON, as from every adapter.
 
 Any other exception from the tool is a crash, as the SDK treats one: the
 client reads only "Error executing tool NAME" (first call and replays alike)
@@ -52,9 +59,16 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
         'pip install "agent-ledger[mcp]"'
     ) from exc
 
-from agent_ledger.adapters._common import call_tool
-from agent_ledger.adapters._messages import for_model, raised_as
-from agent_ledger.adapters._signature import REQUIRED, arguments, description, return_annotation
+from agent_ledger.adapters._common import MalformedToolCall
+from agent_ledger.adapters._messages import first_raised, for_model, raised_as
+from agent_ledger.adapters._signature import (
+    REQUIRED,
+    JsonArguments,
+    arguments,
+    check_storable,
+    description,
+    return_annotation,
+)
 from agent_ledger.errors import EffectFailedError, EffectLedgerValidationError
 from agent_ledger.ledger import EffectLedger
 from agent_ledger.options import RunOptions
@@ -182,6 +196,7 @@ def _function_for(
     params = arguments(tool)
     names = frozenset(p.name for p in params)
     context_name = _unused("ctx", names)
+    to_json = JsonArguments(tool.name, {p.name: p.annotation for p in params})
 
     def scope(ctx: Context[Any, Any]) -> AbstractContextManager[object]:
         if workflow_id is None:
@@ -200,13 +215,18 @@ def _function_for(
                 "Nothing ran and nothing was stored."
             )
         try:
+            try:
+                # The SDK validated the arguments into Python objects (an enum
+                # member, a date, a model): the key and the tool get their JSON.
+                values = tool.bind_arguments(to_json(kwargs, tool.name))
+            except EffectLedgerValidationError as exc:
+                raise MalformedToolCall(str(exc), tool=tool.name) from None
+            check_storable(tool, values)
             with scope(ctx):
-                return await call_tool(
-                    ledger, tool.name, kwargs, call_id=call_id, run_options=options
-                )
+                return await tool.invoke(values, call_id=call_id, run_options=options)
         except EffectFailedError as exc:
             if raised_as(exc, ToolError):
-                raise ToolError(exc.message) from exc
+                raise ToolError(first_raised(exc)[1]) from exc
             raise
         except Exception as exc:
             text = for_model(exc)

@@ -7,6 +7,8 @@ given ``ToolCall`` dicts taken from an ``AIMessage``, as an agent loop does.
 from __future__ import annotations
 
 import asyncio
+import datetime
+import enum
 import json
 import subprocess
 import sys
@@ -33,6 +35,7 @@ from agent_ledger import (
 from agent_ledger import ToolCall as LedgerCall
 from agent_ledger.adapters._common import MalformedToolCall
 from agent_ledger.adapters.langchain import LedgerTool, as_langchain_tool, wrap_langchain_tool
+from agent_ledger.retries import RetryPolicy
 from agent_ledger.sync import open_ledger
 from tests.harness import DSN, TEST_SCHEMA, StoreHarness, ensure_test_schema, require_postgres
 
@@ -513,6 +516,147 @@ def test_wrapping_refuses_what_cannot_be_a_key(harness: StoreHarness) -> None:
         wrap_langchain_tool(ledger, search)
     with pytest.raises(EffectLedgerValidationError, match="BaseTool"):
         wrap_langchain_tool(ledger, len)  # type: ignore[arg-type]
+
+
+# -- arguments LangChain validated into Python objects ----------------------------------
+
+
+class Color(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+class Item(BaseModel):
+    sku: str
+    qty: int = 1
+
+
+async def test_enum_date_and_model_arguments_run_with_their_json(harness: StoreHarness) -> None:
+    """LangChain validates "red", "2024-01-02" and {"sku": "x"} into Color.RED, a date and
+    an Item; the key and the tool get their JSON (an unsent default left out), so the key
+    is the one a direct call (or the OpenAI adapter) with the same JSON makes."""
+    ledger = harness.ledger()
+    got: list[object] = []
+
+    @ledger.tool("shop.order")
+    async def order(color: Color, when: datetime.date, item: Item) -> str:
+        got.append((color, when, item))
+        return "ordered"
+
+    lc_tool = as_langchain_tool(order)
+    sent = {"color": "red", "when": "2024-01-02", "item": {"sku": "x"}}
+    async with ledger.workflow("w"):
+        replies = [await lc_tool.ainvoke(c) for c in calls(lc_tool.name, sent, 2)]
+        assert await order("red", "2024-01-02", {"sku": "x"}) == "ordered"  # the same effect
+        direct_key = ledger.idem_key(order.tool_call("red", "2024-01-02", {"sku": "x"}))
+    assert [(r.status, r.text) for r in replies] == [("success", "ordered")] * 2
+    assert got == [("red", "2024-01-02", {"sku": "x"})]
+    (effect,) = await stored(ledger)
+    assert effect.args == sent and effect.idem_key == direct_key
+
+
+async def test_wrapped_tool_with_enum_and_model_arguments_runs_once(
+    harness: StoreHarness,
+) -> None:
+    """A wrapped LangChain tool whose arguments are an enum and a model: stored as JSON,
+    validated again by the tool itself, run once per key."""
+    ledger = harness.ledger()
+    got: list[object] = []
+
+    def paint(color: Color, item: Item) -> str:
+        got.append((color, item))
+        return f"{item.sku} painted {color.value}"
+
+    base = StructuredTool.from_function(paint, description="Paint an item.")
+    wrapped = wrap_langchain_tool(ledger, base)
+    async with ledger.workflow("w"):
+        sent = {"color": "blue", "item": {"sku": "x"}}
+        replies = [await wrapped.ainvoke(c) for c in calls("paint", sent, 3)]
+    assert [r.text for r in replies] == ["x painted blue"] * 3
+    assert got == [(Color.BLUE, Item(sku="x"))]
+    (effect,) = await stored(ledger)
+    assert effect.args == sent
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        ({"x": float("nan")}, "NaN"),  # inside a dict: the schema's float check misses it
+        ("a" * 2_000_000, "max_args_size_bytes"),
+        (2**70, "64 bits"),
+    ],
+)
+async def test_arguments_a_key_cannot_hold_answer_the_model(
+    harness: StoreHarness, data: object, says: str
+) -> None:
+    """Values the schema lets through but a key cannot hold: an error ToolMessage (plain
+    arguments: MalformedToolCall), nothing stored, nothing run."""
+    ledger = harness.ledger()
+    runs: list[object] = []
+
+    @ledger.tool("notes.add")
+    async def note(data: Any) -> str:
+        runs.append(data)
+        return "noted"
+
+    lc_tool = as_langchain_tool(note)
+    async with ledger.workflow("w"):
+        (call,) = calls(lc_tool.name, {"data": data}, 1)
+        reply = await lc_tool.ainvoke(call)
+        with pytest.raises(MalformedToolCall, match="cannot be recorded"):
+            await lc_tool.ainvoke({"data": data})
+        sync_reply = await asyncio.to_thread(lc_tool.invoke, call)
+    for answer in (reply, sync_reply):
+        assert isinstance(answer, ToolMessage) and answer.status == "error"
+        assert says in answer.text and "Nothing ran and nothing was stored" in answer.text
+    assert runs == []
+    assert await harness.raw_count() == 0
+
+
+def test_wrapping_refuses_a_default_factory(harness: StoreHarness) -> None:
+    """A field with a default_factory gets a new value on every run before the key is
+    made, so every repeat would run again: refused, naming the field."""
+    ledger = harness.ledger()
+
+    class ChargeArgs(BaseModel):
+        order_id: str
+        token: str = Field(default_factory=lambda: uuid.uuid4().hex)
+
+    def charge(order_id: str, token: str) -> str:
+        return order_id
+
+    base = StructuredTool.from_function(charge, args_schema=ChargeArgs, description="Charge.")
+    with pytest.raises(EffectLedgerValidationError, match=r"default_factory \(\['token'\]\)"):
+        wrap_langchain_tool(ledger, base)
+    assert "charge" not in ledger.tools
+
+
+async def test_tool_exception_after_retries_reads_the_same_on_replay(
+    harness: StoreHarness,
+) -> None:
+    """A tool whose retries ran out on a ToolException is recorded retries_exhausted; a
+    replay still raises the ToolException with the first call's text."""
+    ledger = harness.ledger()
+    runs: list[str] = []
+
+    @ledger.tool(
+        "stock.hold", retry=RetryPolicy(on=ToolException, attempts=2, initial_ms=1, jitter=0)
+    )
+    async def hold(sku: str) -> str:
+        runs.append(sku)
+        raise ToolException(f"{sku} is out of stock")
+
+    lc_tool = as_langchain_tool(hold)
+    lc_tool.handle_tool_error = True
+    async with ledger.workflow("w"):
+        replies = [await lc_tool.ainvoke(c) for c in calls(lc_tool.name, {"sku": "A1"}, 2)]
+        lc_tool.handle_tool_error = False
+        with pytest.raises(ToolException, match=r"^A1 is out of stock$"):
+            await lc_tool.ainvoke({"sku": "A1"})
+    assert [(r.status, r.text) for r in replies] == [("error", "A1 is out of stock")] * 2
+    assert runs == ["A1", "A1"]
+    (effect,) = await stored(ledger)
+    assert effect.error is not None and effect.error.code == "retries_exhausted"
 
 
 # -- packaging ------------------------------------------------------------------------------

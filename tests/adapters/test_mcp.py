@@ -9,6 +9,8 @@ request's id while the ledger runs the tool once.
 from __future__ import annotations
 
 import asyncio
+import datetime
+import enum
 import subprocess
 import sys
 from typing import Any
@@ -27,9 +29,18 @@ from mcp.types import (
     TextContent,
     ToolAnnotations,
 )
+from pydantic import BaseModel
 
-from agent_ledger import Effect, EffectLedger, EffectLedgerValidationError, EffectStatus, ToolCall
+from agent_ledger import (
+    Effect,
+    EffectDeniedError,
+    EffectLedger,
+    EffectLedgerValidationError,
+    EffectStatus,
+    ToolCall,
+)
 from agent_ledger.adapters.mcp import add_tool, add_tools
+from agent_ledger.retries import RetryPolicy
 from tests.harness import StoreHarness
 
 
@@ -400,6 +411,142 @@ async def test_a_pinned_tool_keeps_its_workflow(harness: StoreHarness) -> None:
         assert text(await client.call_tool("pinned", {"x": 3})) == "3"
         assert text(await client.call_tool("free", {"x": 3})) == "3"
     assert sorted(e.workflow_id for e in await stored(ledger)) == ["fixed", "given"]
+
+
+# -- arguments, retries and cancellations ------------------------------------------------
+
+
+class Color(enum.Enum):
+    RED = "red"
+
+
+class Item(BaseModel):
+    sku: str
+    qty: int = 1
+
+
+async def test_enum_date_and_model_arguments_run_with_their_json(harness: StoreHarness) -> None:
+    """The SDK validates "red", "2024-01-02" and {"sku": "x"} into Color.RED, a date and an
+    Item; the key and the tool get their JSON, the key a direct call with it makes."""
+    ledger = harness.ledger()
+    got: list[object] = []
+
+    @ledger.tool("shop.order")
+    async def order(color: Color, when: datetime.date, item: Item) -> str:
+        got.append((color, when, item))
+        return "ordered"
+
+    server = MCPServer("shop")
+    add_tool(server, order, workflow_id="w")
+    sent = {"color": "red", "when": "2024-01-02", "item": {"sku": "x"}}
+    async with Client(server) as client:
+        results = [await client.call_tool("shop.order", sent) for _ in range(2)]
+    assert [(r.is_error, text(r)) for r in results] == [(False, "ordered")] * 2
+    assert got == [("red", "2024-01-02", {"sku": "x"})]
+    (effect,) = await stored(ledger)
+    async with ledger.workflow("w"):
+        direct_key = ledger.idem_key(order.tool_call("red", "2024-01-02", {"sku": "x"}))
+    assert effect.args == sent and effect.idem_key == direct_key
+
+
+@pytest.mark.parametrize(
+    ("data", "says"), [("a" * 2_000_000, "max_args_size_bytes"), (2**70, "64 bits")]
+)
+async def test_arguments_a_key_cannot_hold_say_what_was_wrong(
+    harness: StoreHarness, data: object, says: str
+) -> None:
+    """A payload over the size limit or an integer beyond 64 bits: an error result saying
+    what was wrong (not the opaque 'Error executing tool'), nothing stored."""
+    ledger = harness.ledger()
+    runs: list[object] = []
+
+    @ledger.tool("notes.add")
+    async def note(data: Any) -> str:
+        runs.append(data)
+        return "noted"
+
+    server = MCPServer("notes")
+    add_tool(server, note, workflow_id="w")
+    async with Client(server) as client:
+        result = await client.call_tool("notes.add", {"data": data})
+    assert result.is_error and says in text(result)
+    assert "Nothing ran and nothing was stored" in text(result)
+    assert runs == []
+    assert await harness.raw_count() == 0
+
+
+async def test_tool_error_after_retries_reads_the_same_on_replay(harness: StoreHarness) -> None:
+    """Retries ran out on a ToolError (recorded retries_exhausted): the replay reads the
+    ToolError's text, as the first call did."""
+    ledger = harness.ledger()
+    runs: list[str] = []
+
+    @ledger.tool("seats.reserve", retry=RetryPolicy(on=ToolError, attempts=2, initial_ms=1))
+    async def reserve(seat: str) -> str:
+        runs.append(seat)
+        raise ToolError(f"seat {seat} is taken")
+
+    server = MCPServer("seats")
+    add_tool(server, reserve, workflow_id="w")
+    async with Client(server) as client:
+        results = [await client.call_tool("seats.reserve", {"seat": "1A"}) for _ in range(2)]
+    assert [(r.is_error, text(r)) for r in results] == [
+        (True, "Error executing tool seats.reserve: seat 1A is taken")
+    ] * 2
+    assert runs == ["1A", "1A"]
+    (effect,) = await stored(ledger)
+    assert effect.error is not None and effect.error.code == "retries_exhausted"
+
+
+async def test_a_call_cancelled_while_it_ran_may_have_run(harness: StoreHarness) -> None:
+    """A run cancelled mid-handler, or canceled by a person after it started, may have
+    happened: the model is told so, not that it did not run. A call a person canceled
+    before it ran did not run."""
+    ledger = harness.ledger()
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @ledger.tool("mail.send")
+    async def send(to: str) -> str:
+        started.set()
+        await release.wait()
+        return f"sent to {to}"
+
+    @ledger.tool("mail.draft", requires_approval=True)
+    async def draft(to: str) -> str:
+        return f"drafted for {to}"
+
+    server = MCPServer("mail")
+    add_tools(server, [send, draft], workflow_id="w")
+    async with ledger.workflow("w"):
+        running = asyncio.create_task(send.invoke({"to": "ada"}))
+        await started.wait()
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        started.clear()
+        held = asyncio.create_task(send.invoke({"to": "bob"}))
+        await started.wait()
+        assert await ledger.cancel(ledger.idem_key(send.tool_call("bob")), reason="wrong list")
+        release.set()
+        with pytest.raises(EffectDeniedError):
+            await held
+    async with Client(server) as client:
+        cut = await client.call_tool("mail.send", {"to": "ada"})
+        stopped = await client.call_tool("mail.send", {"to": "bob"})
+        pending = await client.call_tool("mail.draft", {"to": "cy"})
+        (effect,) = await ledger.pending_approvals()
+        assert await ledger.cancel(effect.idem_key, reason="not needed")
+        canceled = await client.call_tool("mail.draft", {"to": "cy"})
+    assert pending.is_error
+    assert cut.is_error and "stopped while it was running" in text(cut)
+    assert stopped.is_error and "canceled this call after it had started (wrong list)" in text(
+        stopped
+    )
+    for result in (cut, stopped):
+        assert "may or may not have taken effect, and it will not run again" in text(result)
+        assert "did not run" not in text(result)
+    assert canceled.is_error and "canceled (not needed)" in text(canceled)
+    assert "It did not run and will not run" in text(canceled)
 
 
 # -- packaging ------------------------------------------------------------------------------
