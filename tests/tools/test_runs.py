@@ -143,3 +143,32 @@ async def test_requires_approval_callable_sees_the_bound_call_and_keeps_ledger_h
         {"order_id": "o2", "amount": 500},
     ]
     assert notified == ["psp.charge"]
+
+
+async def test_an_approved_effect_runs_the_args_that_were_approved(
+    harness: StoreHarness,
+) -> None:
+    """A caller with the same key but other values outside it, claiming the approved
+    effect, runs the recorded request, not its own values."""
+    from agent_ledger import ApprovalPendingError, RunOptions
+
+    ledger = harness.ledger()
+    charged: list[tuple[int, str]] = []
+
+    @ledger.tool(
+        "payments.charge",
+        idempotency_keys=["order"],
+        requires_approval=True,
+        run_options=RunOptions(wait_for_approval=False),
+    )
+    async def charge(order: str, amount: int, currency: str = "EUR") -> str:
+        charged.append((amount, currency))
+        return f"{amount} {currency}"
+
+    async with ledger.workflow("w"):
+        with pytest.raises(ApprovalPendingError) as pending:
+            await charge("o1", 15_000)
+        assert await ledger.approve(pending.value.idem_key, by="ops")
+        result = await charge("o1", 15_000, currency="USD")
+    assert charged == [(15_000, "EUR")]
+    assert result == "15000 EUR"
