@@ -16,13 +16,17 @@ import atexit
 import contextlib
 import contextvars
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 __all__ = ["BackgroundLoop", "LoopClosing", "run_blocking"]
 
 T = TypeVar("T")
+
+#: How long interpreter exit waits for the calls it cancels to end, and for the thread.
+AT_EXIT_DRAIN_S: Final = 10.0
 
 
 class LoopClosing(RuntimeError):
@@ -59,8 +63,11 @@ class BackgroundLoop:
         def at_exit() -> None:
             loop = myself()
             if loop is not None:
-                loop.drain()
-                loop.stop()
+                # Bounded: a call that ignores its cancellation must not hold
+                # the interpreter's exit for ever.
+                with contextlib.suppress(Exception):
+                    loop.drain(timeout_s=AT_EXIT_DRAIN_S)
+                loop.stop(timeout_s=AT_EXIT_DRAIN_S)
 
         self._at_exit = at_exit
         register = getattr(threading, "_register_atexit", None)
@@ -119,7 +126,7 @@ class BackgroundLoop:
         self._calls.add(task)
         task.add_done_callback(self._calls.discard)
 
-    def drain(self) -> None:
+    def drain(self, timeout_s: float | None = None) -> None:
         """Refuse new calls, cancel the callers' calls still running here, and wait until
         each has ended. Idempotent.
 
@@ -134,7 +141,7 @@ class BackgroundLoop:
             if not self.running:
                 return
             waiting = _submit(self.loop, self._cancel_calls(), None, None)
-        waiting.result()
+        waiting.result(timeout_s)
 
     async def _cancel_calls(self) -> None:
         calls = list(self._calls)
@@ -193,15 +200,16 @@ class _Submitted(Generic[T]):
         self._done = threading.Event()
         self._box: list[asyncio.Task[T | _Escaped]] = []
 
-    def result(self) -> T:
+    def result(self, timeout_s: float | None = None) -> T:
+        """The call's result; ``TimeoutError`` if it is not done within ``timeout_s``."""
         loop, box = self._loop, self._box
         try:
-            _wait(self._done, loop)
+            _wait(self._done, loop, timeout_s)
         except BaseException:
             with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to cancel
                 loop.call_soon_threadsafe(lambda: box[0].cancel() if box else None)
-            with contextlib.suppress(RuntimeError):
-                _wait(self._done, loop)
+            with contextlib.suppress(RuntimeError, TimeoutError):
+                _wait(self._done, loop, timeout_s)
             raise
         result = box[0].result()
         if isinstance(result, _Escaped):
@@ -235,10 +243,15 @@ def _submit(
     return submitted
 
 
-def _wait(done: threading.Event, loop: asyncio.AbstractEventLoop) -> None:
+def _wait(
+    done: threading.Event, loop: asyncio.AbstractEventLoop, timeout_s: float | None = None
+) -> None:
     """Wait for ``done``; raise if the loop stops (or closes) before setting it, which
-    would otherwise leave the caller waiting for ever."""
+    would otherwise leave the caller waiting for ever, or when ``timeout_s`` passed."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while not done.wait(0.25):
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"the call did not finish within {timeout_s} s")
         if loop.is_closed() or not loop.is_running():
             if done.is_set():
                 return
