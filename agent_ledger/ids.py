@@ -9,7 +9,9 @@ gives the same answer whichever store holds it.
 
 from __future__ import annotations
 
+import os
 import uuid
+from typing import Final
 
 __all__ = ["is_effect_id", "new_effect_id"]
 
@@ -24,6 +26,11 @@ def is_effect_id(text: object) -> bool:
         return False
 
 
+#: The RFC 9562 variant nibble (binary 10xx) for each random hex digit: four
+#: digits map to each of 8, 9, a and b, so the choice stays uniform.
+_VARIANT: Final = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
+
+
 def new_effect_id() -> str:
     """A random (version 4) UUID string from the operating system's randomness.
 
@@ -31,5 +38,10 @@ def new_effect_id() -> str:
     ``random.seed(42)`` (common in ML code), a forked worker that inherits its
     parent's generator, or a test framework that seeds it would make two
     processes hand out the same ids. Ids must be unique across processes.
+
+    Built from 16 random bytes as text, with the version and variant digits
+    set, which is what ``str(uuid.uuid4())`` gives (122 random bits) at a
+    quarter of its cost: a fresh ``run()`` makes one.
     """
-    return str(uuid.uuid4())
+    h = os.urandom(16).hex()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"

@@ -542,4 +542,4 @@ class EffectLedger:
 
     def idem_key(self, call: ToolCall) -> str:
         """The idempotency key ``run(call, ...)`` would use (see ``agent_ledger.keys``)."""
-        return self._engine.new_effect(call).idem_key
+        return self._engine.idem_key(call)

@@ -2,8 +2,17 @@
 
 Records go to the ``agent_ledger`` logger with ``effect_id``, ``idem_key``,
 ``tool`` and ``workflow_id`` as record attributes (``extra``), so a JSON log
-formatter picks them up. When ``opentelemetry-api`` is importable, ``run()``
-is traced as an ``agent_ledger.run`` span; otherwise tracing costs nothing.
+formatter picks them up. When ``opentelemetry-api`` is importable and the
+application has set a tracer provider (``trace.set_tracer_provider``, or the
+``OTEL_PYTHON_TRACER_PROVIDER`` variable), ``run()`` is traced as an
+``agent_ledger.run`` span; otherwise tracing costs nothing.
+
+The API alone is often installed without anyone tracing (the Anthropic and
+MCP SDKs depend on it). Its default provider hands out spans that record
+nothing and carry the parent's context unchanged, so starting one would cost
+several microseconds per ``run()`` and change nothing anyone can observe:
+``span()`` asks which provider is current on every call (a provider set after
+import counts from then on) and skips the span while none is set.
 """
 
 from __future__ import annotations
@@ -40,26 +49,44 @@ def log_effect(level: int, message: str, effect: Effect) -> None:
         logger.log(level, "%s: %s", message, effect.tool, extra=effect_fields(effect))
 
 
-def _load_tracer() -> Any:
+def _load_trace() -> Any:
     try:
-        trace = importlib.import_module("opentelemetry.trace")
+        return importlib.import_module("opentelemetry.trace")
     except ImportError:
+        return None
+
+
+_trace: Any = _load_trace()
+
+
+def _load_tracer() -> Any:
+    if _trace is None:
         return None
     from agent_ledger._version import __version__
 
-    return trace.get_tracer("agent_ledger", __version__)
+    # A proxy until a provider is set: it then delegates to that provider.
+    return _trace.get_tracer("agent_ledger", __version__)
 
 
 _tracer: Any = _load_tracer()
+#: The providers that trace nothing: the API's defaults.
+_SILENT_PROVIDERS: tuple[type, ...] = (
+    (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider) if _trace is not None else ()
+)
+
+
+def _tracing() -> bool:
+    """Whether a span would record anything: the API is there and a provider is set."""
+    return _tracer is not None and not isinstance(_trace.get_tracer_provider(), _SILENT_PROVIDERS)
 
 
 _NO_SPAN: Final = nullcontext()
 
 
 def span(name: str, tool: str, idem_key: str) -> AbstractContextManager[object]:
-    """An OpenTelemetry span when the API is installed, else a shared no-op context
-    (``run()`` calls this every time: without tracing it allocates nothing)."""
-    if _tracer is None:
+    """An OpenTelemetry span when a tracer provider is set, else a shared no-op
+    context (``run()`` calls this every time: without tracing it allocates nothing)."""
+    if not _tracing():
         return _NO_SPAN
     return _otel_span(name, {"agent_ledger.tool": tool, "agent_ledger.idem_key": idem_key})
 

@@ -6,8 +6,10 @@ handler lives that long, so per-run timers or tasks would be pure overhead
 on the hot path. Instead each ledger keeps a set of running handlers
 (adding and removing one costs a set operation) and a single background task
 that sleeps until the earliest one is due, then sends *one* batch
-(``Store.heartbeat``) with every beat that is due or nearly due, and exits
-when the set is empty.
+(``Store.heartbeat``) with every beat that is due or nearly due. When the set
+empties, the task lingers for one beat interval before it exits: a caller
+making calls one after another would otherwise start a task (and spend a
+turn of the event loop on it) for every call.
 
 One batch per tick, rather than one call per effect, is what keeps
 heartbeats out of the application's way: a SQL store answers it with one
@@ -49,12 +51,11 @@ class Beat:
     Times are the event loop's clock (``loop.time()``).
     """
 
-    __slots__ = ("_owner", "confirmed_at", "due", "effect", "held", "interval_s", "lost")
+    __slots__ = ("_owner", "confirmed_at", "due", "effect", "interval_s", "lost")
 
     def __init__(self, owner: Heartbeats, effect: Effect, interval_s: float, now: float) -> None:
         self._owner = owner
         self.effect = effect
-        self.held = Held(effect.id, effect.attempt)
         self.interval_s = interval_s
         #: When the next heartbeat must go out at the latest.
         self.due = now + interval_s
@@ -66,6 +67,12 @@ class Beat:
         #: The store said the effect is no longer held (taken over, canceled):
         #: a retrying run must not start another try.
         self.lost = False
+
+    @property
+    def held(self) -> Held:
+        """What a heartbeat for this beat names (built when one is sent: most
+        handlers end before their first)."""
+        return Held(self.effect.id, self.effect.attempt)
 
     def stop(self) -> None:
         self._owner.forget(self)
@@ -87,6 +94,8 @@ class Heartbeats:
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._next_due = float("inf")
+        #: How long the task lingers once no handler runs: the latest beat's interval.
+        self._last_interval_s = 0.0
 
     def start(self, effect: Effect, stale_after_ms: int) -> Beat:
         """Keep ``effect`` alive until the returned beat is stopped."""
@@ -94,6 +103,7 @@ class Heartbeats:
         interval_s = stale_after_ms / 1000.0 / BEATS_PER_WINDOW
         beat = Beat(self, effect, interval_s, loop.time())
         self._running.add(beat)
+        self._last_interval_s = interval_s
         if self._task is None or self._task.done() or self._loop is not loop:
             # First run on this loop (a ledger may outlive an event loop).
             self._loop = loop
@@ -112,15 +122,26 @@ class Heartbeats:
     async def _run(self, loop: asyncio.AbstractEventLoop) -> None:
         wake = self._wake
         assert wake is not None
-        while self._running:
+        idle_until: float | None = None
+        while True:
             now = loop.time()
-            batch = due_beats(self._running, now)
-            if batch:
-                # Awaited here, not in a task of its own: one batch at a time
-                # is the point, and the next tick is computed once it is back.
-                await self._send(batch, now)
-                continue
-            self._next_due = min(b.due for b in self._running)
+            if not self._running:
+                if idle_until is None:
+                    # A beat started meanwhile is due no sooner than one
+                    # interval from now, so it does not have to wake us.
+                    idle_until = now + self._last_interval_s
+                elif now >= idle_until:
+                    break
+                self._next_due = idle_until
+            else:
+                idle_until = None
+                batch = due_beats(self._running, now)
+                if batch:
+                    # Awaited here, not in a task of its own: one batch at a time
+                    # is the point, and the next tick is computed once it is back.
+                    await self._send(batch, now)
+                    continue
+                self._next_due = min(b.due for b in self._running)
             wake.clear()
             try:
                 async with asyncio.timeout(max(self._next_due - loop.time(), 0.0)):
@@ -151,9 +172,10 @@ class Heartbeats:
             )
             return
         for beat in batch:
-            if beat.held in outcome.refreshed:
+            held = beat.held
+            if held in outcome.refreshed:
                 beat.confirmed_at = sent_at
-            elif beat.held not in outcome.busy and beat in self._running:
+            elif held not in outcome.busy and beat in self._running:
                 beat.lost = True
                 beat.stop()  # taken over or canceled: no point beating for it any more
                 logger.warning(

@@ -53,6 +53,7 @@ from agent_ledger.errors import (
 )
 from agent_ledger.keys import (
     DEFAULT_MAX_ARGS_SIZE_BYTES,
+    CanonicalCall,
     canonical_json,
     canonicalize,
     mismatched_args,
@@ -159,7 +160,7 @@ class Engine:
             raise EffectLedgerValidationError(
                 f"hooks must be a LedgerHooks, got {type(hooks).__name__}", field="hooks"
             )
-        new = self.new_effect(call)
+        canon = self._canonical(call)
         # Asked before begin(), so a policy that raises leaves nothing stored;
         # the answer only matters if begin() creates the effect.
         policy = hooks.requires_approval
@@ -168,7 +169,16 @@ class Engine:
         )
         # The creator's lease is recorded with the effect: others judge its
         # heartbeat by it, never by their own (maybe shorter) window.
-        new = new._replace(requires_approval=needs_approval, lease_ms=opts.stale_after_ms)
+        new = NewEffect(
+            canon.idem_key,
+            call.workflow_id,
+            call.call_id,
+            call.tool,
+            canon.args_canonical,
+            canon.resource_id_canonical,
+            needs_approval,
+            opts.stale_after_ms,
+        )
         return Prepared(new, opts, hooks, needs_approval, call.validate_keys)
 
     def approval_policy(
@@ -194,21 +204,16 @@ class Engine:
             return False
         return functools.partial(_policy_says_yes, policy)
 
-    def new_effect(self, call: ToolCall) -> NewEffect:
-        """The row ``begin`` would insert for ``call``, with its idempotency key."""
+    def idem_key(self, call: ToolCall) -> str:
+        """The idempotency key ``prepare`` computes for ``call``."""
+        return self._canonical(call).idem_key
+
+    def _canonical(self, call: ToolCall) -> CanonicalCall:
         if not isinstance(call, ToolCall):
             raise EffectLedgerValidationError(
                 f"call must be a ToolCall, got {type(call).__name__}", field="call"
             )
-        canon = canonicalize(call, self._max_args)
-        return NewEffect(
-            idem_key=canon.idem_key,
-            workflow_id=call.workflow_id,
-            call_id=call.call_id,
-            tool=call.tool,
-            args_canonical=canon.args_canonical,
-            resource_id_canonical=canon.resource_id_canonical,
-        )
+        return canonicalize(call, self._max_args)
 
     def _run_options(self, run_options: RunOptions | None) -> ResolvedRunOptions:
         if run_options is None:

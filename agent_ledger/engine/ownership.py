@@ -16,10 +16,11 @@ If the step made the caller the owner, the effect is given back
 cancellation propagates. Inside a caller's transaction none of this is
 needed: the cancellation rolls the transaction back, with the step.
 
-Cost, measured per ``begin`` against a direct await: about 11 µs on Python
-3.11 with MemoryStore (a task and two turns of the event loop), 1 µs on
-3.12+, where the task starts eagerly and a step that never waits finishes
-without a task switch. On SQLite and PostgreSQL (a ``run()`` costs about
+Cost, measured per ``begin`` against a direct await: about 1 µs. On 3.12+
+the task starts eagerly, and a step that never waits (MemoryStore's)
+finishes without a task switch; on 3.11 :func:`own` starts the step by hand
+to the same effect (a task and two turns of the event loop cost about 11 µs
+there). On SQLite and PostgreSQL (a ``run()`` costs about
 1 ms) the difference was lost in the noise: paired medians of 0 to 50 µs.
 There is no cheaper exact way: awaiting the step directly and then reading
 the effect back cannot tell our insert or claim from another caller's, and
@@ -32,8 +33,8 @@ import asyncio
 import functools
 import logging
 import sys
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, Final, TypeVar
 
 from agent_ledger.effects import Effect
 from agent_ledger.observability import effect_fields, log_effect, logger
@@ -56,6 +57,53 @@ else:
         return asyncio.get_running_loop().create_task(step)
 
 
+class _Resumed:
+    """Awaiting this goes on with a coroutine that was started by hand and is
+    suspended on ``waiting_on`` (what its first ``send`` yielded).
+
+    Python 3.11 has no eager tasks, so :func:`own` starts the step itself:
+    a step that never waits (MemoryStore's) then ends without a task or a
+    turn of the event loop. One that does wait is handed to a task that runs
+    this: it yields the step's pending future to the task, exactly as the
+    step would have, and relays what comes back (values, exceptions and the
+    task's cancellation) into the step, as ``yield from`` would.
+    """
+
+    __slots__ = ("_step", "_waiting_on")
+
+    def __init__(self, step: Coroutine[Any, Any, T], waiting_on: object) -> None:
+        self._step = step
+        self._waiting_on = waiting_on
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        step, pending = self._step, self._waiting_on
+        while True:
+            try:
+                sent = yield pending
+            except GeneratorExit:
+                step.close()
+                raise
+            except BaseException as exc:  # relayed into the step, as `yield from` does
+                try:
+                    pending = step.throw(exc)
+                except StopIteration as done:
+                    return done.value
+                continue
+            try:
+                pending = step.send(sent)
+            except StopIteration as done:
+                return done.value
+
+
+async def _resume(step: Coroutine[Any, Any, T], waiting_on: object) -> T:
+    result: T = await _Resumed(step, waiting_on)
+    return result
+
+
+#: Start steps by hand where the interpreter cannot start a task eagerly.
+_START_BY_HAND: Final = sys.version_info < (3, 12)
+
+
 async def own(
     store: Store,
     step: Coroutine[Any, Any, T],
@@ -70,7 +118,16 @@ async def own(
     effect it made ours, and raise the cancellation. ``name`` is the step's
     name, for the log.
     """
-    task = _start(step)
+    if _START_BY_HAND:
+        try:
+            waiting_on = step.send(None)
+        except StopIteration as done:
+            # Ended without waiting: no cancellation could land meanwhile.
+            result: T = done.value
+            return result
+        task = asyncio.get_running_loop().create_task(_resume(step, waiting_on))
+    else:
+        task = _start(step)
     if not task.done():
         # Not `await task` (our cancellation would cancel the step too) and
         # not asyncio.shield (one more future and loop turn): a future of our

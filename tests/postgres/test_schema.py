@@ -107,7 +107,7 @@ async def test_missing_tables_give_a_clear_store_error(dsn: str, scratch_schema:
         assert info.value.operation == "check_schema"
         # ...and a store step on its own names its operation and key.
         with pytest.raises(EffectStoreError, match=r"apply schema\.sql") as info:
-            await store.begin(ledger._engine.new_effect(call))
+            await store.begin(ledger._engine.prepare(call, None, None).new)
         assert info.value.operation == "begin"
         assert info.value.idem_key == ledger.idem_key(call)
         assert isinstance(info.value.__cause__, psycopg.errors.UndefinedTable)

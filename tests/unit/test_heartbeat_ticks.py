@@ -1,14 +1,25 @@
 """Heartbeat ticks: one batch per tick, shared by beats with different stale windows.
 
 The schedule is simulated on a virtual clock through ``due_beats``, the one
-place that decides which beats a tick sends, so no test here sleeps.
+place that decides which beats a tick sends. The last tests drive the task
+itself on a real event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 
-from agent_ledger import Effect, EffectStatus
+from agent_ledger import (
+    Effect,
+    EffectLedger,
+    EffectLedgerOptions,
+    EffectStatus,
+    LedgerDefaults,
+    RunOptions,
+    StaleOptions,
+    ToolCall,
+)
 from agent_ledger.engine.heartbeats import EARLY_FRACTION, Beat, Heartbeats, due_beats
 from agent_ledger.stores.memory import MemoryStore
 
@@ -74,3 +85,63 @@ def test_a_beat_starts_confirmed_at_the_claim() -> None:
     (beat,) = beats((2.0, 10.0))
     assert (beat.confirmed_at, beat.due) == (10.0, 12.0)
     assert beat.held == (beat.effect.id, beat.effect.attempt)
+
+
+# -- the heartbeat task between handlers (real event loop) -----------------------------
+
+
+async def test_back_to_back_runs_share_one_heartbeat_task() -> None:
+    """Sequential calls must not start a task each: once no handler runs, the task
+    lingers for one beat interval, and the next run's beat joins it."""
+    ledger = EffectLedger(EffectLedgerOptions(store=MemoryStore()))
+    tasks = set()
+    for i in range(20):
+        await ledger.run(ToolCall(workflow_id="w", tool="t", args={"i": i}), lambda e: 1)
+        tasks.add(ledger._engine._heartbeats._task)
+    (task,) = tasks
+    assert task is not None and not task.done()
+
+
+async def test_the_lingering_task_ends_after_one_interval() -> None:
+    """Idle for one interval (50 ms here), the task exits: nothing is left running."""
+    ledger = EffectLedger(
+        EffectLedgerOptions(
+            store=MemoryStore(),
+            defaults=LedgerDefaults(RunOptions(stale=StaleOptions(after_ms=150))),
+        )
+    )
+    await ledger.run(ToolCall(workflow_id="w", tool="t"), lambda e: 1)
+    task = ledger._engine._heartbeats._task
+    assert task is not None
+    await asyncio.wait_for(asyncio.shield(task), timeout=2.0)
+
+
+async def test_a_shorter_beat_wakes_the_lingering_task_in_time() -> None:
+    """The task lingers on a 1 s interval; a handler with a 150 ms lease that runs
+    400 ms must still be kept alive: its beat wakes the task early."""
+    store = MemoryStore()
+    ledger = EffectLedger(EffectLedgerOptions(store=store))
+    await ledger.run(
+        ToolCall(workflow_id="w", tool="warm"),
+        lambda e: 1,
+        RunOptions(stale=StaleOptions(after_ms=3000)),
+    )
+    beats: list[datetime] = []
+
+    async def slow(effect: Effect) -> int:
+        for _ in range(8):
+            await asyncio.sleep(0.05)
+            stored = await store.get(effect.id)
+            assert stored is not None
+            beats.append(stored.heartbeat_at)
+        return 1
+
+    short = RunOptions(stale=StaleOptions(after_ms=150))
+    running = asyncio.create_task(ledger.run(ToolCall(workflow_id="w", tool="t"), slow, short))
+    await asyncio.sleep(0.3)
+    # A second caller may take the effect over only if its heartbeats stopped.
+    other = await store.claim(ledger.idem_key(ToolCall(workflow_id="w", tool="t")),
+                              stale_after_ms=150)  # fmt: skip
+    assert not other.claimed
+    assert await running == 1
+    assert len(set(beats)) >= 3  # refreshed several times while it ran

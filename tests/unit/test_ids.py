@@ -13,7 +13,11 @@ def test_new_ids_are_canonical_version_4_uuids() -> None:
     ids = {new_effect_id() for _ in range(2000)}
     assert len(ids) == 2000
     for text in ids:
-        assert is_effect_id(text) and uuid.UUID(text).version == 4
+        parsed = uuid.UUID(text)
+        assert is_effect_id(text) and parsed.version == 4 and parsed.variant == uuid.RFC_4122
+        assert str(parsed) == text
+    # The variant digit takes each of its four values (uniform in 16 random digits).
+    assert {text[19] for text in ids} == set("89ab")
 
 
 def test_ids_stay_unique_when_the_application_seeds_random() -> None:

@@ -3,41 +3,74 @@
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
-from typing import Any
+import subprocess
+import sys
+import textwrap
 
+import orjson
 import pytest
 
 from agent_ledger import EffectLedger, EffectLedgerOptions, MemoryStore, ToolCall, observability
 
+# Run in a child: a tracer provider can be set once per process, and one set
+# here would make every other test trace.
+_TRACED_RUN = textwrap.dedent(
+    """
+    import asyncio, orjson
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from agent_ledger import EffectLedger, EffectLedgerOptions, MemoryStore, ToolCall
 
-class FakeTracer:
-    def __init__(self) -> None:
-        self.spans: list[tuple[str, dict[str, str]]] = []
+    async def main():
+        ledger = EffectLedger(EffectLedgerOptions(store=MemoryStore()))
+        call = ToolCall(workflow_id="w", tool="t")
+        seen = []
+        await ledger.run(call, lambda e: seen.append(trace.get_current_span().is_recording()))
+        # Set after the ledger was imported and used: spans start from now on.
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        await ledger.run(call, lambda e: None)  # a replay
+        other = ToolCall(workflow_id="w", tool="u")
+        await ledger.run(other, lambda e: seen.append(trace.get_current_span().is_recording()))
+        spans = [(s.name, dict(s.attributes)) for s in exporter.get_finished_spans()]
+        print(orjson.dumps({"spans": spans, "seen": seen, "keys": [
+            ledger.idem_key(call), ledger.idem_key(other)]}).decode())
 
-    @contextmanager
-    def start_as_current_span(self, name: str, attributes: dict[str, str]) -> Any:
-        self.spans.append((name, attributes))
-        yield object()
+    asyncio.run(main())
+    """
+)
 
 
-async def test_run_opens_a_span_when_a_tracer_is_available(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With OpenTelemetry present, each run() is an agent_ledger.run span with the tool and key."""
-    tracer = FakeTracer()
-    monkeypatch.setattr(observability, "_tracer", tracer)
-    ledger = EffectLedger(EffectLedgerOptions(store=MemoryStore()))
-    call = ToolCall(workflow_id="w", tool="t")
-    await ledger.run(call, lambda e: 1)
-    assert tracer.spans == [
-        (
-            "agent_ledger.run",
-            {"agent_ledger.tool": "t", "agent_ledger.idem_key": ledger.idem_key(call)},
-        )
+def test_run_is_a_span_once_a_tracer_provider_is_set() -> None:
+    """Each run() is an agent_ledger.run span naming the tool and key, current
+    while the handler runs, from the moment the application sets a provider."""
+    done = subprocess.run(
+        [sys.executable, "-c", _TRACED_RUN], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    out = orjson.loads(done.stdout)
+    first, second = out["keys"]
+    assert out["spans"] == [
+        ["agent_ledger.run", {"agent_ledger.tool": "t", "agent_ledger.idem_key": first}],
+        ["agent_ledger.run", {"agent_ledger.tool": "u", "agent_ledger.idem_key": second}],
     ]
+    # Before the provider: nothing recording; after it: the handler runs in our span.
+    assert out["seen"] == [False, True]
+
+
+def test_no_span_while_no_tracer_provider_is_set() -> None:
+    """With the API installed but no provider set (this test process), span()
+    is the shared no-op context: nothing is allocated per run."""
+    assert observability._trace is not None  # the dev install has the API
+    assert observability.span("x", "tool", "key") is observability._NO_SPAN
 
 
 def test_span_is_a_no_op_without_opentelemetry(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without a tracer, span() costs a nullcontext and nothing else."""
+    """Without the API, span() costs a nullcontext and nothing else."""
     monkeypatch.setattr(observability, "_tracer", None)
     with observability.span("x", "tool", "key") as value:
         assert value is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 
 import pytest
 
@@ -66,3 +67,69 @@ async def test_a_step_that_fails_after_the_cancel_is_logged(
         and "begin failed while the run was being cancelled" in r.getMessage()
         for r in caplog.records
     )
+
+
+# -- Python 3.11: the step started by hand (no eager tasks there) ---------------------
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="3.12+ starts the task eagerly")
+async def test_a_step_that_never_waits_runs_without_a_task() -> None:
+    """MemoryStore's begin never waits: it must cost no task and no loop turn."""
+    ran_in: list[asyncio.Task[object] | None] = []
+
+    async def step() -> BeginOutcome:
+        ran_in.append(asyncio.current_task())
+        return await MemoryStore().begin(NEW)
+
+    begun = await own(MemoryStore(), step(), created, name="begin")
+    assert begun.created and ran_in == [asyncio.current_task()]
+
+
+async def test_a_step_that_waits_gets_every_value_and_error_relayed() -> None:
+    """A step suspended on futures, a bare yield and a sleep is carried on in a task:
+    each result and each exception reaches it where it waits, as `await` would."""
+    loop = asyncio.get_running_loop()
+    first: asyncio.Future[int] = loop.create_future()
+    second: asyncio.Future[int] = loop.create_future()
+    seen: list[object] = []
+
+    async def step() -> BeginOutcome:
+        seen.append(await first)
+        await asyncio.sleep(0)  # a bare yield
+        try:
+            await second
+        except LookupError as exc:
+            seen.append(type(exc).__name__)
+        await asyncio.sleep(0.001)
+        return await MemoryStore().begin(NEW)
+
+    caller = asyncio.create_task(own(MemoryStore(), step(), created, name="begin"))
+    await asyncio.sleep(0)
+    loop.call_soon(first.set_result, 7)
+    loop.call_later(0.01, second.set_exception, LookupError("gone"))
+    begun = await caller
+    assert begun.created and seen == [7, "LookupError"]
+
+
+async def test_cancelling_the_steps_task_reaches_the_step() -> None:
+    """When the loop closes it cancels the step's task: the cancellation must be
+    thrown into the step itself (its cleanup runs), not swallowed on the way."""
+    store = FaultyStore(MemoryStore())
+    cleaned: list[str] = []
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def step() -> BeginOutcome:
+        try:
+            await gate
+        except asyncio.CancelledError:
+            cleaned.append("cancelled")
+            raise
+        return await store.begin(NEW)
+
+    caller = asyncio.create_task(own(store, step(), created, name="begin"))
+    await asyncio.sleep(0.01)
+    (step_task,) = asyncio.all_tasks() - {caller, asyncio.current_task()}
+    step_task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert cleaned == ["cancelled"] and len(store.inner) == 0
