@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -264,3 +267,33 @@ def test_bad_input_is_one_line_on_stderr(
         assert text == ""
         assert err.startswith("agent-ledger: ") and expected in err
         assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_the_migration_guides_procedure_runs_verbatim(
+    scenario: list[dict[str, Any]], v021: V021, tmp_path: Path
+) -> None:
+    page = (Path(__file__).parents[2] / "docs" / "migrating-from-0.2.md").read_text()
+    section = page.split("## The import", 1)[1]
+    script = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    bin_dir = str(Path(sys.executable).parent)
+    env = {
+        **os.environ,
+        "PATH": bin_dir + os.pathsep + os.environ["PATH"],
+        "OLD_LEDGER_URL": v021.url,
+        "AGENT_LEDGER_URL": url,
+    }
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "would import 11" in done.stdout and "imported 11" in done.stdout
+    second = json.loads((tmp_path / "second-run.json").read_text())
+    assert (second["imported"], second["skipped"]) == (0, 11)
+    assert "11 effects" in done.stdout  # agent-ledger stats
+    assert len(rows(url)) == 11
