@@ -47,6 +47,8 @@ from agent_ledger.keys import canonicalize
 from agent_ledger.legacy.keys import MAX_SAFE_INTEGER, legacy_key
 from agent_ledger.options import DEFAULT_STALE_AFTER_MS
 from agent_ledger.status import EffectStatus
+from agent_ledger.stores import _postgres_queries as q
+from agent_ledger.stores import _sqlite_queries as sq
 
 #: 0.2.x's table name (it had no prefix and lived in the connection's search path).
 LEGACY_TABLE: Final = "effects"
@@ -348,13 +350,14 @@ _TARGET_COLUMNS: Final = (
 
 def _classify(
     items: Sequence[Planned], existing: dict[str, str], report: ImportReport
-) -> list[Planned]:
-    """Drop what the target already holds: same id and key (skipped) or a clash (collision).
+) -> tuple[list[Planned], list[Planned]]:
+    """Split off what the target already holds: same id and key (skipped, the
+    second list) or a clash (collision, dropped); the first list is to write.
 
     ``existing`` maps each id and each key the target has, among these rows',
     to the key (for an id) or the id (for a key) it goes with.
     """
-    todo = []
+    todo, skipped = [], []
     for item in items:
         key_of_id = existing.get("id:" + item.row.id)
         id_of_key = existing.get("key:" + item.idem_key)
@@ -362,13 +365,14 @@ def _classify(
             todo.append(item)
         elif key_of_id == item.idem_key:
             report.skipped += 1
+            skipped.append(item)
         else:
             report.collisions.append(
                 f"row {item.row.id} ({item.row.workflow_id} / {item.row.tool}): the target "
                 f"already has {'effect ' + id_of_key if id_of_key else 'this id'} for a "
                 "different call or key; kept the target's, not imported"
             )
-    return todo
+    return todo, skipped
 
 
 async def write_postgres(
@@ -402,7 +406,7 @@ async def write_postgres(
             for effect_id, key in await cursor.fetchall():
                 existing["id:" + effect_id] = key
                 existing["key:" + key] = effect_id
-            todo = _classify(items, existing, report)
+            todo, mapped = _classify(items, existing, report)
             if dry_run:
                 _count(todo, report)
                 return
@@ -430,6 +434,16 @@ async def write_postgres(
                     )
                     continue
                 _count([item], report)
+                mapped.append(item)
+            # 0.2.x's key of each imported effect, for legacy_keys=True (a
+            # previous import's rows too, so a second run completes a first).
+            record = sql.SQL(q.RECORD_LEGACY).format(
+                legacy_keys=sql.Identifier(schema, "agent_ledger_legacy_keys")
+            )
+            for item in mapped:
+                await conn.execute(
+                    record, {"legacy_key": item.row.idem_key, "idem_key": item.idem_key}
+                )
     except psycopg.Error as exc:
         raise EffectStoreError(f"nothing written: {exc}", operation="import-0.2") from None
     finally:
@@ -459,7 +473,7 @@ def write_sqlite(
                 ):
                     existing["id:" + effect_id] = key
                     existing["key:" + key] = effect_id
-            todo = _classify(items, existing, report)
+            todo, mapped = _classify(items, existing, report)
             if not dry_run:
                 statement = (
                     f"INSERT INTO agent_ledger_effects ({', '.join(columns)}, attempt) "
@@ -474,6 +488,8 @@ def write_sqlite(
                             for c in _TARGET_COLUMNS
                         ],
                     )
+                for item in (*todo, *mapped):
+                    conn.execute(sq.RECORD_LEGACY, (item.row.idem_key, item.idem_key))
             _count(todo, report)
         except BaseException:
             conn.execute("ROLLBACK")
