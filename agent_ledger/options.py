@@ -258,8 +258,17 @@ class EffectLedgerOptions:
     #: function of seconds. Tests pass ``ManualClock.sleep``, which moves the
     #: clock instead of waiting.
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    #: Coming from agent-ledger 0.2.x: before a call is stored, look up its
+    #: 0.2.x key among the imported effects (``agent-ledger import-0.2``) and
+    #: answer it with the effect found. One extra primary-key read per call;
+    #: see docs/migrating-from-0.2.md.
+    legacy_keys: bool = False
 
     def __post_init__(self) -> None:
+        if type(self.legacy_keys) is not bool:
+            raise EffectLedgerValidationError(
+                f"legacy_keys must be a bool, got {self.legacy_keys!r}", field="legacy_keys"
+            )
         if self.max_args_size_bytes is not None:
             _check_int(self.max_args_size_bytes, "max_args_size_bytes", unit="bytes", positive=True)
         for name in ("clock", "sleep"):

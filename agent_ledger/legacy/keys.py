@@ -20,8 +20,10 @@ reimplementation, checked against the real 0.2.1 package in tests/legacy/.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
-from typing import Final
+from collections.abc import Sequence
+from typing import Final, Literal
 
 from agent_ledger.calls import ResourceDescriptor, ToolCall
 from agent_ledger.errors import EffectLedgerValidationError
@@ -131,3 +133,38 @@ def identity_text(call: ToolCall) -> str:
 def legacy_key_of(call: ToolCall) -> str:
     """The key agent-ledger 0.2.x gave ``call``."""
     return legacy_key(call.workflow_id, call.tool, identity_text(call))
+
+
+def legacy_key_or_none(call: ToolCall) -> str | None:
+    """0.2.x's key for ``call``, or None when 0.2.x could not have made the call
+    (an integer beyond +-(2**53 - 1), or a value its JSON did not know)."""
+    try:
+        return legacy_key_of(call)
+    except EffectLedgerValidationError:
+        return None
+
+
+def legacy_mismatched_args(
+    stored_args: str, call_args: str, validate_keys: Sequence[str] | Literal["all"]
+) -> tuple[str, ...]:
+    """``agent_ledger.keys.mismatched_args`` as 0.2.x compared values: ``1`` and
+    ``1.0`` agree (its canonical JSON wrote both as ``1``).
+
+    For a call answered by an imported effect, whose stored args are what
+    0.2.x kept: a value 0.2.x could not tell from the stored one is the same
+    request, any other differs.
+    """
+    before: dict[str, object] = json.loads(stored_args)
+    after: dict[str, object] = json.loads(call_args)
+    names = sorted(before.keys() | after.keys()) if validate_keys == "all" else validate_keys
+    return tuple(sorted(name for name in names if _as_0_2(before, name) != _as_0_2(after, name)))
+
+
+def _as_0_2(args: dict[str, object], name: str) -> str | None:
+    if name not in args:
+        return None
+    try:
+        return jcs(args[name])
+    except EffectLedgerValidationError:
+        # Beyond what 0.2.x could key: compared exactly.
+        return "exact:" + json.dumps(args[name], sort_keys=True)
