@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -63,3 +65,46 @@ def test_unknown_names_are_still_plain_attribute_errors() -> None:
     with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
         agent_ledger.nonsense  # noqa: B018
     assert importlib.import_module("agent_ledger") is agent_ledger
+
+
+@pytest.mark.parametrize(
+    ("name", "spelling"),
+    [
+        ("effect_timeout_s", "wait_timeout_ms"),
+        ("approval_timeout_s", "approval_timeout_ms"),
+        ("initial_interval_s", "initial_interval_ms"),
+        ("max_interval_s", "max_interval_ms"),
+    ],
+)
+def test_0_2_options_in_seconds_name_the_millisecond_option(name: str, spelling: str) -> None:
+    """Wherever a 0.2.x user writes one (its place was ConcurrencyOptions)."""
+    from agent_ledger import MemoryStore
+    from agent_ledger.errors import EffectLedgerValidationError
+    from agent_ledger.options import (
+        ConcurrencyOptions,
+        EffectLedgerOptions,
+        LedgerDefaults,
+        RunOptions,
+        StaleOptions,
+    )
+
+    old: dict[str, Any] = {name: 30.0}
+    builders: list[Callable[[], object]] = [
+        lambda: ConcurrencyOptions(**old),
+        lambda: EffectLedgerOptions(store=MemoryStore(), **old),
+        lambda: RunOptions(**old),
+        lambda: StaleOptions(**old),
+        lambda: LedgerDefaults(**old),
+    ]
+    for build in builders:
+        with pytest.raises(EffectLedgerValidationError) as info:
+            build()
+        message = str(info.value)
+        assert f"{name} is agent-ledger 0.2.x's option in seconds" in message
+        assert f"ConcurrencyOptions({spelling}=...) (milliseconds)" in message
+        assert info.value.field == name
+    # Any other unknown name is still Python's own TypeError.
+    with pytest.raises(TypeError, match="unexpected keyword argument 'timeout_s'"):
+        other: dict[str, Any] = {"timeout_s": 1.0}
+        ConcurrencyOptions(**other)
+    assert ConcurrencyOptions(wait_timeout_ms=30_000).wait_timeout_ms == 30_000
