@@ -26,7 +26,17 @@ Rules (docs/migrating-from-0.2.md explains them to users):
   calls counted on it may have been the other call, which 0.2.x answered
   with this receipt without running it;
 * everything is written in one transaction: any failure leaves the target
-  as it was.
+  as it was;
+* each imported row's 0.2.x key is recorded in ``agent_ledger_legacy_keys``
+  (rows a previous run imported too), for ``legacy_keys=True``.
+
+Where its SQL lives: the statement it shares with the stores (recording a
+0.2.x key, ``RECORD_LEGACY``) is in ``stores/_postgres_queries.py`` and
+``stores/_sqlite_queries.py``. The rest stays here on purpose: it reads a
+foreign table (0.2.x's ``effects``, whose layout only this module knows)
+and writes every column of an effect at once, bypassing the state machine
+the stores' statements enforce; next to those statements it would be one
+more entry that no store step may use.
 """
 
 from __future__ import annotations
