@@ -90,3 +90,10 @@ __all__ = [
     "__version__",
     "open_store",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """0.2.x's names: deprecated aliases, or an error saying what replaced them."""
+    from agent_ledger.legacy.names import resolve
+
+    return resolve(name)

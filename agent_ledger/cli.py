@@ -445,6 +445,31 @@ async def cmd_purge(ctx: Context) -> int:
     return EXIT_OK
 
 
+async def cmd_import_02(ctx: Context) -> int:
+    from agent_ledger.legacy.importer import import_legacy
+
+    args = ctx.args
+    report = await import_legacy(args.source, args.url, schema=args.schema, dry_run=args.dry_run)
+    if args.json:
+        ctx.out.json(report.as_json())
+    else:
+        done = "would import" if report.dry_run else "imported"
+        ctx.out.line(f"read {_count(report.read, 'row')} from the 0.2.x table {report.source}")
+        ctx.out.line(
+            f"{done} {report.imported}, skipped {report.skipped} (already imported), "
+            f"collisions {len(report.collisions)}, unreadable {len(report.unreadable)}"
+        )
+        for status, count in sorted(report.by_status.items()):
+            ctx.out.line(f"  {status:<17}  {count:>8}")
+        for line in report.collisions:
+            ctx.out.line(f"collision: {line}")
+        for line in report.unreadable:
+            ctx.out.line(f"unreadable: {line}")
+        if report.dry_run:
+            ctx.out.line("dry run: nothing written")
+    return EXIT_OK
+
+
 # -- parser and entry point -------------------------------------------------------------
 
 
@@ -556,6 +581,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="only these terminal statuses (repeatable; default: all terminal)",
     )
     sub.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    sub = command("import-0.2", cmd_import_02, "import an agent-ledger 0.2.x table (idempotent)")
+    sub.add_argument("--from", dest="source", required=True, help="the 0.2.x postgresql:// URL")
+    sub.add_argument("--schema", help="the 0.2.x table's schema (default: public)")
+    sub.add_argument("--dry-run", action="store_true", help="check and count, write nothing")
     return parser
 
 

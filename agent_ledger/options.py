@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields
@@ -65,6 +66,45 @@ def _check_int(
         raise EffectLedgerValidationError(f"{name} must be {bound}, got {value}", field=name)
 
 
+#: agent-ledger 0.2.x's options in seconds (its ``ConcurrencyOptions``) -> the
+#: millisecond option here. 0.2.x's other option names are the same here.
+SECONDS_OPTIONS_0_2: Final = {
+    "effect_timeout_s": "ConcurrencyOptions(wait_timeout_ms=...)",
+    "approval_timeout_s": "ConcurrencyOptions(approval_timeout_ms=...)",
+    "initial_interval_s": "ConcurrencyOptions(initial_interval_ms=...)",
+    "max_interval_s": "ConcurrencyOptions(max_interval_ms=...)",
+}
+
+_Cls = TypeVar("_Cls", bound=type)
+
+
+def _refuse_0_2_seconds(cls: _Cls) -> _Cls:
+    """Make a 0.2.x option in seconds a validation error naming the ms spelling.
+
+    Only a failed construction looks at the names (the TypeError for an
+    unexpected keyword), so building options costs nothing more.
+    """
+    init = vars(cls)["__init__"]
+
+    @functools.wraps(init)
+    def __init__(self: object, *args: object, **kwargs: object) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except TypeError:
+            for name in kwargs:
+                if name in SECONDS_OPTIONS_0_2:
+                    raise EffectLedgerValidationError(
+                        f"{name} is agent-ledger 0.2.x's option in seconds; use "
+                        f"{SECONDS_OPTIONS_0_2[name]} (milliseconds) "
+                        "(see docs/migrating-from-0.2.md)",
+                        field=name,
+                    ) from None
+            raise
+
+    type.__setattr__(cls, "__init__", __init__)
+    return cls
+
+
 def _check_number(value: object, name: str, low: float, high: float | None) -> None:
     if value is UNSET:
         return
@@ -76,6 +116,7 @@ def _check_number(value: object, name: str, low: float, high: float | None) -> N
         raise EffectLedgerValidationError(f"{name} must be in {span}, got {value}", field=name)
 
 
+@_refuse_0_2_seconds
 @dataclass(frozen=True, slots=True)
 class ConcurrencyOptions:
     """How a caller waits while another caller holds the same effect.
@@ -119,6 +160,7 @@ def _check_interval_order(initial: int | Unset, maximum: int | Unset) -> None:
         )
 
 
+@_refuse_0_2_seconds
 @dataclass(frozen=True, slots=True)
 class StaleOptions:
     """When a ``processing`` effect counts as abandoned and may be taken over.
@@ -150,6 +192,7 @@ class StaleOptions:
 SyncHandlers: TypeAlias = Literal["thread", "loop"]
 
 
+@_refuse_0_2_seconds
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     """Per-call (or ledger-default) behaviour of ``run()``; see the module doc.
@@ -203,6 +246,7 @@ class RunOptions:
                 )
 
 
+@_refuse_0_2_seconds
 @dataclass(frozen=True, slots=True)
 class LedgerDefaults:
     """Ledger-wide defaults that every ``run()`` starts from."""
@@ -241,6 +285,7 @@ class LedgerHooks:
             )
 
 
+@_refuse_0_2_seconds
 @dataclass(frozen=True, slots=True)
 class EffectLedgerOptions:
     """Everything an ``EffectLedger`` is built from."""
@@ -258,8 +303,17 @@ class EffectLedgerOptions:
     #: function of seconds. Tests pass ``ManualClock.sleep``, which moves the
     #: clock instead of waiting.
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    #: Coming from agent-ledger 0.2.x: before a call is stored, look up its
+    #: 0.2.x key among the imported effects (``agent-ledger import-0.2``) and
+    #: answer it with the effect found. One extra primary-key read per call;
+    #: see docs/migrating-from-0.2.md.
+    legacy_keys: bool = False
 
     def __post_init__(self) -> None:
+        if type(self.legacy_keys) is not bool:
+            raise EffectLedgerValidationError(
+                f"legacy_keys must be a bool, got {self.legacy_keys!r}", field="legacy_keys"
+            )
         if self.max_args_size_bytes is not None:
             _check_int(self.max_args_size_bytes, "max_args_size_bytes", unit="bytes", positive=True)
         for name in ("clock", "sleep"):

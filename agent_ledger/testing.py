@@ -73,6 +73,7 @@ STORE_STEPS: Final = (
     "reopen",
     "get",
     "find",
+    "find_legacy",
     "list_effects",
     "stats",
     "purge",
@@ -268,6 +269,9 @@ class FaultyStore(Generic[StoreT]):
 
     async def find(self, idem_key: str, *, tx: object | None = None) -> Effect | None:
         return await self._step("find", lambda: self.inner.find(idem_key, tx=tx), idem_key=idem_key)
+
+    async def find_legacy(self, legacy_key: str, *, tx: object | None = None) -> Effect | None:
+        return await self._step("find_legacy", lambda: self.inner.find_legacy(legacy_key, tx=tx))
 
     async def list_effects(self, query: EffectQuery) -> list[Effect]:
         return await self._step("list_effects", lambda: self.inner.list_effects(query))

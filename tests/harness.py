@@ -242,7 +242,10 @@ async def open_harness(kind: str) -> AsyncIterator[StoreHarness]:
         try:
             from psycopg import sql
 
-            await pg_harness._sql(sql.SQL("TRUNCATE {}").format(pg_harness._table()))
+            legacy_keys = sql.Identifier(TEST_SCHEMA, "agent_ledger_legacy_keys")
+            await pg_harness._sql(
+                sql.SQL("TRUNCATE {}, {}").format(pg_harness._table(), legacy_keys)
+            )
             yield pg_harness
         finally:
             await store.close()

@@ -58,6 +58,7 @@ from agent_ledger.keys import (
     canonicalize,
     mismatched_args,
 )
+from agent_ledger.legacy.keys import legacy_key_or_none, legacy_mismatched_args
 from agent_ledger.observability import effect_fields, log_effect, logger
 from agent_ledger.options import (
     DEFAULT_STALE_AFTER_MS,
@@ -115,6 +116,8 @@ class Prepared(NamedTuple):
     needs_approval: bool
     #: The call's ``validate_keys``: checked against an effect it finds.
     validate_keys: Sequence[str] | Literal["all"] | None = None
+    #: The call's 0.2.x key, with ``legacy_keys=True`` (None otherwise).
+    legacy_key: str | None = None
 
 
 class _Recorded(NamedTuple):
@@ -138,6 +141,7 @@ class Engine:
         self._resolved_defaults = resolve(self._defaults)
         self._max_args = options.max_args_size_bytes or DEFAULT_MAX_ARGS_SIZE_BYTES
         self.hooks = options.hooks if options.hooks is not None else LedgerHooks()
+        self._legacy_keys = options.legacy_keys
         self._heartbeats = Heartbeats(self._store)
         self._waiter = Waiter(self._store)
         # Retries wait and keep their time budget by the ledger's clock, so
@@ -179,7 +183,8 @@ class Engine:
             needs_approval,
             opts.stale_after_ms,
         )
-        return Prepared(new, opts, hooks, needs_approval, call.validate_keys)
+        legacy = legacy_key_or_none(call) if self._legacy_keys else None
+        return Prepared(new, opts, hooks, needs_approval, call.validate_keys, legacy)
 
     def approval_policy(
         self, run_options: RunOptions | None, hooks: LedgerHooks | None
@@ -244,6 +249,8 @@ class Engine:
                 "undo the record of each try. Run it without tx=, or without retry.",
                 field="retry",
             )
+        if prepared.legacy_key is not None:
+            prepared = await self._follow_legacy_key(prepared, prepared.legacy_key, tx)
         acquired = await self.acquire(prepared, tx)
         while acquired.owned:
             recorded = await self.execute(acquired.effect, handler, prepared.opts, tx)
@@ -255,6 +262,8 @@ class Engine:
 
     async def begin(self, prepared: Prepared, tx: object | None) -> BeginResult[object]:
         """Acquire without a handler: the caller executes and commits."""
+        if prepared.legacy_key is not None:
+            prepared = await self._follow_legacy_key(prepared, prepared.legacy_key, tx)
         acquired = await self.acquire(prepared, tx)
         if acquired.owned:
             return BeginResult(
@@ -307,6 +316,40 @@ class Engine:
             log_effect(logging.DEBUG, "effect replayed", effect)
             return Acquired(effect, owned=False)
         return await self._wait(prepared, effect, tx)
+
+    async def _follow_legacy_key(
+        self, prepared: Prepared, legacy_key: str, tx: object | None
+    ) -> Prepared:
+        """``legacy_keys=True``: the call goes on under the key of the effect its
+        0.2.x key was imported as, so it is answered (replayed, waited for,
+        claimed) exactly as that effect's own calls are. Before ``acquire``,
+        so that every later step of the run (waiting again after a lost
+        commit included) uses that key.
+
+        Not when nothing was imported under that key, or the effect found is
+        another workflow's or tool's: 0.2.x's ``"|"`` join gave both the same
+        key, and that receipt is not this call's.
+        """
+        new = prepared.new
+        if not self.schema.ok:
+            await self.schema.ensure(tx)
+        effect = await self._store.find_legacy(legacy_key, tx=tx)
+        if (
+            effect is None
+            or effect.idem_key == new.idem_key
+            or (effect.workflow_id, effect.tool) != (new.workflow_id, new.tool)
+        ):
+            return prepared
+        if prepared.validate_keys is not None:
+            # Compared as 0.2.x compared them: its records cannot tell 1 from 1.0.
+            differ = legacy_mismatched_args(
+                effect.args_canonical, new.args_canonical, prepared.validate_keys
+            )
+            if differ:
+                log_effect(logging.INFO, f"payload mismatch on {list(differ)}", effect)
+                raise EffectPayloadMismatchError(effect, differ)
+        log_effect(logging.DEBUG, "answered by the effect imported under its 0.2.x key", effect)
+        return prepared._replace(new=new._replace(idem_key=effect.idem_key), validate_keys=None)
 
     async def _refuse_new_approval_in_transaction(self, new: NewEffect, tx: object) -> None:
         """An effect that needs approval cannot start inside a caller's transaction.

@@ -224,6 +224,19 @@ FIND: Final[LiteralString] = (
     "SELECT " + EFFECT_COLUMNS + " FROM {effects} WHERE idem_key = %(idem_key)s"
 )
 
+# -- find_legacy / record_legacy --
+# The effect a 0.2.x key was imported as: two primary-key reads in one
+# statement. A mapping whose effect was purged finds nothing.
+FIND_LEGACY: Final[LiteralString] = (
+    "SELECT " + EFFECT_COLUMNS + " FROM {effects} WHERE idem_key = "
+    "(SELECT idem_key FROM {legacy_keys} WHERE legacy_key = %(legacy_key)s)"
+)
+# The first mapping of a 0.2.x key stays (a second import changes nothing).
+RECORD_LEGACY: Final[LiteralString] = (
+    "INSERT INTO {legacy_keys} (legacy_key, idem_key) VALUES (%(legacy_key)s, %(idem_key)s) "
+    "ON CONFLICT (legacy_key) DO NOTHING"
+)
+
 # -- list_effects --
 # The audit trail, newest first. Only the filters the caller gave are joined
 # into the WHERE clause (fragments below, never caller text), so each

@@ -188,6 +188,19 @@ REOPEN: Final = (
 GET: Final = "SELECT " + EFFECT_COLUMNS + " FROM agent_ledger_effects WHERE id = ?"
 FIND: Final = "SELECT " + EFFECT_COLUMNS + " FROM agent_ledger_effects WHERE idem_key = ?"
 
+# -- find_legacy / record_legacy --
+# The effect a 0.2.x key was imported as: two primary-key reads in one
+# statement. A mapping whose effect was purged finds nothing.
+FIND_LEGACY: Final = (
+    "SELECT " + EFFECT_COLUMNS + " FROM agent_ledger_effects WHERE idem_key = "
+    "(SELECT idem_key FROM agent_ledger_legacy_keys WHERE legacy_key = ?)"
+)
+# The first mapping of a 0.2.x key stays (a second import changes nothing).
+RECORD_LEGACY: Final = (
+    "INSERT INTO agent_ledger_legacy_keys (legacy_key, idem_key) VALUES (?, ?) "
+    "ON CONFLICT (legacy_key) DO NOTHING"
+)
+
 # -- list_effects --
 # The audit trail, newest first. Only the filters the caller gave are joined
 # into the WHERE clause (fragments below, never caller text), so each

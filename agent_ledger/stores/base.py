@@ -69,6 +69,7 @@ transition      no      A repeat after a landed decision returns None, so
 reopen          no      Likewise: a repeat after a landed reopen finds the
                         effect ``ready`` and returns None.
 get, find       yes     Reads.
+find_legacy     yes     A read.
 list_effects    yes     A read.
 stats           yes     A read.
 purge           no      A repeat deletes nothing the lost try deleted, so its
@@ -109,6 +110,7 @@ STEP_REPEATABLE: Final[Mapping[str, bool]] = MappingProxyType(
         "reopen": False,
         "get": True,
         "find": True,
+        "find_legacy": True,
         "list_effects": True,
         "stats": True,
         "purge": False,
@@ -450,6 +452,17 @@ class Store(Protocol):
 
     async def find(self, idem_key: str, *, tx: object | None = None) -> Effect | None:
         """The effect with this idempotency key, or None."""
+        ...
+
+    async def find_legacy(self, legacy_key: str, *, tx: object | None = None) -> Effect | None:
+        """The effect agent-ledger 0.2.x's key ``legacy_key`` was imported as, or None.
+
+        ``agent-ledger import-0.2`` records, for each row it brings over, the
+        row's 0.2.x key and the key of the effect it became; this reads that
+        effect in one step, for ``EffectLedgerOptions(legacy_keys=True)``
+        (called only with that option on). None when the key was never
+        imported, or its effect has since been purged.
+        """
         ...
 
     async def list_effects(self, query: EffectQuery) -> list[Effect]:

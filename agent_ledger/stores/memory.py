@@ -142,6 +142,7 @@ class MemoryStore:
         self._clock = clock
         self._rows: dict[str, _Row] = {}
         self._ids: dict[str, str] = {}  # effect id -> idem key
+        self._legacy: dict[str, str] = {}  # 0.2.x key -> idem key (import-0.2)
         self._subscribers = Subscribers()
         self._gate = TransactionGate(self, MemoryTransaction, "MemoryStore", self._subscribers)
 
@@ -386,6 +387,27 @@ class MemoryStore:
             await self._enter(tx)
         row = self._rows.get(idem_key)
         return row.snapshot() if row is not None else None
+
+    async def find_legacy(self, legacy_key: str, *, tx: object | None = None) -> Effect | None:
+        if tx is not None or self._gate.active is not None:
+            await self._enter(tx)
+        idem_key = self._legacy.get(legacy_key)
+        row = self._rows.get(idem_key) if idem_key is not None else None
+        return row.snapshot() if row is not None else None
+
+    async def record_legacy(self, legacy_key: str, idem_key: str) -> bool:
+        """Record that 0.2.x's ``legacy_key`` names the effect keyed ``idem_key``
+        here, as ``agent-ledger import-0.2`` does for each row it brings over.
+
+        True if recorded; False, changing nothing, if ``legacy_key`` already
+        has a mapping (the first one stays, as in the SQL stores).
+        """
+        if self._gate.active is not None:
+            await self._enter(None)
+        if legacy_key in self._legacy:
+            return False
+        self._legacy[legacy_key] = idem_key
+        return True
 
     # -- audit -------------------------------------------------------------
 

@@ -96,6 +96,7 @@ SCHEMA_SQL: Final[LiteralString] = (
 )
 EFFECTS_TABLE: Final = "agent_ledger_effects"
 VERSIONS_TABLE: Final = "agent_ledger_schema_version"
+LEGACY_KEYS_TABLE: Final = "agent_ledger_legacy_keys"
 NOTIFY_CHANNEL: Final = "agent_ledger"
 
 _PROCESSING: Final = EffectStatus.PROCESSING.value
@@ -219,9 +220,10 @@ class PostgresStore:
         self.schema = schema
         effects = sql.Identifier(schema, EFFECTS_TABLE)
         versions = sql.Identifier(schema, VERSIONS_TABLE)
+        legacy_keys = sql.Identifier(schema, LEGACY_KEYS_TABLE)
 
         def compose(text: LiteralString) -> sql.Composed:
-            return sql.SQL(text).format(effects=effects, versions=versions)
+            return sql.SQL(text).format(effects=effects, versions=versions, legacy_keys=legacy_keys)
 
         self._begin = compose(q.BEGIN)
         self._begin_in_transaction = compose(q.BEGIN_IN_TRANSACTION)
@@ -234,6 +236,8 @@ class PostgresStore:
         self._reopen = compose(q.REOPEN)
         self._get = compose(q.GET)
         self._find = compose(q.FIND)
+        self._find_legacy = compose(q.FIND_LEGACY)
+        self._record_legacy = compose(q.RECORD_LEGACY)
         self._schema_version = compose(q.SCHEMA_VERSION)
         self._stats = compose(q.STATS)
         self._purge = compose(q.PURGE)
@@ -498,6 +502,21 @@ class PostgresStore:
         params = {"idem_key": idem_key}
         row = await self._fetch_one("find", self._find, params, tx, idem_key=idem_key)
         return None if row is None else _effect_from_row(row)
+
+    async def find_legacy(self, legacy_key: str, *, tx: object | None = None) -> Effect | None:
+        params = {"legacy_key": legacy_key}
+        row = await self._fetch_one("find_legacy", self._find_legacy, params, tx)
+        return None if row is None else _effect_from_row(row)
+
+    async def record_legacy(self, legacy_key: str, idem_key: str) -> bool:
+        """Record that 0.2.x's ``legacy_key`` names the effect keyed ``idem_key``
+        here, as ``agent-ledger import-0.2`` does for each row it brings over.
+
+        True if recorded; False, changing nothing, if ``legacy_key`` already
+        has a mapping (the first one stays).
+        """
+        params = {"legacy_key": legacy_key, "idem_key": idem_key}
+        return await self._execute("record_legacy", self._record_legacy, params, None)
 
     # -- audit --------------------------------------------------------------------
 

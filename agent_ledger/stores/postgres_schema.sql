@@ -143,6 +143,11 @@ CREATE OR REPLACE TRIGGER agent_ledger_effects_notify
 -- keeps every try's error; a person's reopen of a failed or canceled effect
 -- is kept there too. Rows from before version 2 start with 0 tries (they
 -- were not counted) and an empty history.
+--
+-- `agent_ledger_legacy_keys` maps the key agent-ledger 0.2.x gave a call
+-- to the key of the effect `agent-ledger import-0.2` made of it, so that
+-- `EffectLedgerOptions(legacy_keys=True)` answers a call whose key here
+-- differs from the one the importer recomputed (docs/migrating-from-0.2.md).
 DO $version_2$
 BEGIN
     IF EXISTS (SELECT 1 FROM agent_ledger_schema_version WHERE version = 2) THEN
@@ -162,6 +167,13 @@ BEGIN
         -- {"kind": "try_failed", "try", "attempt", "message", "code", "type", "at"}
         -- and {"kind": "reopened", "status", "error", "tries", "by", "reason", "at"}.
         ADD COLUMN history jsonb NOT NULL DEFAULT '[]';
+    CREATE TABLE agent_ledger_legacy_keys (
+        -- SHA-256 hex of 0.2.x's `workflow|tool|identity` text.
+        legacy_key  text PRIMARY KEY,
+        -- The imported effect's key; the effect is looked up by it, so a
+        -- purged effect leaves a mapping that answers nothing.
+        idem_key    text NOT NULL
+    );
     UPDATE agent_ledger_effects SET
         executions = CASE
             WHEN status IN ('requires_approval', 'ready', 'denied') THEN 0

@@ -602,6 +602,29 @@ class SqliteStore:
 
         return await self._run("find", work, stx, write=False, idem_key=idem_key)
 
+    async def find_legacy(self, legacy_key: str, *, tx: object | None = None) -> Effect | None:
+        stx = await self._enter(tx)
+
+        def work(conn: sqlite3.Connection, now: int) -> Effect | None:
+            row = conn.execute(q.FIND_LEGACY, (legacy_key,)).fetchone()
+            return None if row is None else _effect_from_row(row)
+
+        return await self._run("find_legacy", work, stx, write=False)
+
+    async def record_legacy(self, legacy_key: str, idem_key: str) -> bool:
+        """Record that 0.2.x's ``legacy_key`` names the effect keyed ``idem_key``
+        here, as ``agent-ledger import-0.2`` does for each row it brings over.
+
+        True if recorded; False, changing nothing, if ``legacy_key`` already
+        has a mapping (the first one stays).
+        """
+        await self._enter(None)
+
+        def work(conn: sqlite3.Connection, now: int) -> bool:
+            return conn.execute(q.RECORD_LEGACY, (legacy_key, idem_key)).rowcount == 1
+
+        return await self._run("record_legacy", work, None, write=True)
+
     # -- audit --------------------------------------------------------------------
 
     async def list_effects(self, query: EffectQuery) -> list[Effect]:

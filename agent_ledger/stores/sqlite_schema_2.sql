@@ -19,6 +19,13 @@ ALTER TABLE agent_ledger_effects
 -- JSON array of what happened before the outcome: failed tries, reopenings.
 ALTER TABLE agent_ledger_effects ADD COLUMN history TEXT NOT NULL DEFAULT '[]';
 
+-- 0.2.x's key of an imported call -> the imported effect's key (see the
+-- PostgreSQL schema's version 2 section).
+CREATE TABLE agent_ledger_legacy_keys (
+    legacy_key  TEXT PRIMARY KEY,
+    idem_key    TEXT NOT NULL
+);
+
 UPDATE agent_ledger_effects SET
     executions = CASE
         WHEN status IN ('requires_approval', 'ready', 'denied') THEN 0

@@ -122,6 +122,11 @@ async def test_create_schema_upgrades_a_version_1_schema_and_keeps_every_effect(
         ledger = build_ledger(store)
         effects = (await ledger.list_effects(limit=100)).effects
         assert len(effects) == len(HISTORIES), "no effect is lost"
+        # Version 2's table of 0.2.x keys is there, empty, and maps old effects too.
+        assert await store.find_legacy("a" * 64) is None
+        assert await store.record_legacy("a" * 64, "ran-once")
+        mapped = await store.find_legacy("a" * 64)
+        assert mapped is not None and mapped.idem_key == "ran-once"
         by_key = {e.idem_key: e for e in effects}
         by_key["running"] = by_key.pop(ledger.idem_key(_call("running")))
         for i, (key, status, attempt, _, executions, start) in enumerate(HISTORIES):
@@ -227,6 +232,30 @@ async def test_a_failed_migration_leaves_the_schema_as_it_was(dsn: str, v1_schem
         assert await _versions(dsn, v1_schema) == [1]
         with pytest.raises(EffectStoreError, match="version 1"):
             await store.check_schema()
+    finally:
+        await store.close()
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cursor = await conn.execute(
+            "SELECT column_name FROM information_schema.columns"
+            " WHERE table_schema = %s AND table_name = 'agent_ledger_effects'",
+            (v1_schema,),
+        )
+        columns = {name for (name,) in await cursor.fetchall()}
+    assert "lease_ms" not in columns, "the whole version was rolled back"
+
+
+async def test_a_migration_failing_at_the_legacy_key_table_rolls_back_all_of_version_2(
+    dsn: str, v1_schema: str
+) -> None:
+    """The table is created after the new columns: a failure there undoes them too."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        legacy = sql.Identifier(v1_schema, "agent_ledger_legacy_keys")
+        await conn.execute(sql.SQL("CREATE TABLE {} (x int)").format(legacy))
+    store = await PostgresStore.connect(dsn, schema=v1_schema)
+    try:
+        with pytest.raises(EffectStoreError, match="agent_ledger_legacy_keys"):
+            await store.migrate()
+        assert await _versions(dsn, v1_schema) == [1]
     finally:
         await store.close()
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:

@@ -99,6 +99,11 @@ async def test_opening_a_version_1_file_upgrades_it_and_keeps_every_effect(
         by_key = {
             e.idem_key: e for e in (await build_ledger(store).list_effects(limit=100)).effects
         }
+        # Version 2's table of 0.2.x keys is there, empty, and maps old effects too.
+        assert await store.find_legacy("a" * 64) is None
+        assert await store.record_legacy("a" * 64, "ran-once")
+        mapped = await store.find_legacy("a" * 64)
+        assert mapped is not None and mapped.idem_key == "ran-once"
         assert set(by_key) == {h[0] for h in HISTORIES}, "no effect is lost"
         for i, (key, status, attempt, _, executions, start) in enumerate(HISTORIES):
             effect = by_key[key]
@@ -239,6 +244,23 @@ async def test_a_failed_upgrade_rolls_back_and_says_why(tmp_path: Path) -> None:
         assert await store.check_schema() == 2
     finally:
         await store.close()
+
+
+def test_an_upgrade_failing_at_the_legacy_key_table_rolls_back_all_of_it(
+    tmp_path: Path,
+) -> None:
+    """The table is created after the new columns: a failure there undoes them too."""
+    db = tmp_path / "v1.db"
+    _version_1_database(db)
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("CREATE TABLE agent_ledger_legacy_keys (x INTEGER)")
+        conn.commit()
+    with pytest.raises(EffectStoreError, match="agent_ledger_legacy_keys already exists"):
+        SqliteStore(db)
+    assert _versions(db) == [1]
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(agent_ledger_effects)")]
+        assert "lease_ms" not in columns and "history" not in columns
 
 
 async def test_migrate_reports_what_it_did_and_is_idempotent(tmp_path: Path) -> None:

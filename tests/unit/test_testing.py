@@ -62,6 +62,7 @@ def step_calls(store: Store, effect_id: str) -> dict[str, Callable[[], Awaitable
         "reopen": lambda: store.reopen(KEY, by="ops", reason="again"),
         "get": lambda: store.get(effect_id),
         "find": lambda: store.find(KEY),
+        "find_legacy": lambda: store.find_legacy("0" * 64),
         "list_effects": lambda: store.list_effects(EffectQuery()),
         "stats": lambda: store.stats(),
         "purge": lambda: store.purge(

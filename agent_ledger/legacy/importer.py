@@ -1,0 +1,543 @@
+"""Bring every receipt of an agent-ledger 0.2.x table into this ledger.
+
+A 0.2.x row keeps its workflow id, tool, canonical args and resource, so the
+call can be rebuilt and keyed the way this version keys it (``v1``, see
+``agent_ledger.keys``). Which of 0.2.x's three identities the call used
+(resource, a subset of its args, all its args) is not stored; it is found by
+recomputing 0.2.x's key each way until one equals the stored key, so a call
+made with ``idempotency_keys`` is recognised too (the subset is searched).
+
+Rules (docs/migrating-from-0.2.md explains them to users):
+
+* status, result, error, dedup count, call id and timestamps are kept; the
+  0.2.x id becomes the effect's id, which is what makes a second import a
+  no-op (an effect with that id and that key is already there: skipped);
+* the result is copied as the JSON text PostgreSQL kept, never decoded and
+  re-encoded, so its floats are what 0.2.x itself would replay;
+* ``processing`` comes across held by nobody: its heartbeat is 0.2.x's last
+  ``updated_at`` and its lease the default stale window, so a caller takes it
+  over once that has passed; ``requires_approval`` stays waiting for a
+  decision, ``ready`` stays claimable;
+* collisions are reported, never merged: two rows that this version keys
+  alike (neither is written), a row whose key the target already holds under
+  another id (the target's effect is kept), and a row whose 0.2.x key
+  another call could have produced (``"|"`` in a workflow id or tool): that
+  row is imported for the call that wrote it, and reported, because repeated
+  calls counted on it may have been the other call, which 0.2.x answered
+  with this receipt without running it;
+* everything is written in one transaction: any failure leaves the target
+  as it was;
+* each imported row's 0.2.x key is recorded in ``agent_ledger_legacy_keys``
+  (rows a previous run imported too), for ``legacy_keys=True``.
+
+Where its SQL lives: the statement it shares with the stores (recording a
+0.2.x key, ``RECORD_LEGACY``) is in ``stores/_postgres_queries.py`` and
+``stores/_sqlite_queries.py``. The rest stays here on purpose: it reads a
+foreign table (0.2.x's ``effects``, whose layout only this module knows)
+and writes every column of an effect at once, bypassing the state machine
+the stores' statements enforce; next to those statements it would be one
+more entry that no store step may use.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sqlite3
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from agent_ledger.calls import ResourceDescriptor, ToolCall
+from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
+from agent_ledger.keys import canonicalize
+from agent_ledger.legacy.keys import MAX_SAFE_INTEGER, legacy_key
+from agent_ledger.options import DEFAULT_STALE_AFTER_MS
+from agent_ledger.status import EffectStatus
+from agent_ledger.stores import _postgres_queries as q
+from agent_ledger.stores import _sqlite_queries as sq
+
+#: 0.2.x's table name (it had no prefix and lived in the connection's search path).
+LEGACY_TABLE: Final = "effects"
+#: Calls with more top-level args than this are not searched for an
+#: ``idempotency_keys`` subset (2**n keys to try).
+MAX_SUBSET_SEARCH_ARGS: Final = 16
+
+_LEGACY_COLUMNS: Final = (
+    "id::text, idem_key, workflow_id, call_id, tool, status, args_canonical, "
+    "resource_id_canonical, result::text, error::text, dedup_count, created_at, "
+    "updated_at, completed_at"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyRow:
+    """One row of a 0.2.x ``effects`` table, as stored."""
+
+    id: str
+    idem_key: str
+    workflow_id: str
+    call_id: str | None
+    tool: str
+    status: str
+    args_canonical: str
+    resource_id_canonical: str
+    result_json: str | None
+    error_json: str | None
+    dedup_count: int
+    created_at: datetime
+    updated_at: datetime
+    completed_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A row ready to write: the rebuilt call's v1 key and canonical texts."""
+
+    row: LegacyRow
+    idem_key: str
+    args_canonical: str
+    resource_id_canonical: str | None
+
+
+@dataclass(slots=True)
+class ImportReport:
+    """What an import did (or, with ``dry_run``, would do)."""
+
+    source: str
+    read: int = 0
+    imported: int = 0
+    #: Already in the target under the same id and key (a previous import).
+    skipped: int = 0
+    by_status: Counter[str] = field(default_factory=Counter)
+    #: One line per collision; see the module doc.
+    collisions: list[str] = field(default_factory=list)
+    #: Rows whose call could not be rebuilt (not imported), one line each.
+    unreadable: list[str] = field(default_factory=list)
+    dry_run: bool = False
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "source": self.source,
+            "read": self.read,
+            "imported": self.imported,
+            "skipped": self.skipped,
+            "collisions": list(self.collisions),
+            "unreadable": list(self.unreadable),
+            "by_status": dict(sorted(self.by_status.items())),
+            "dry_run": self.dry_run,
+        }
+
+
+# -- rebuilding the call ------------------------------------------------------------
+
+
+def _parse_int(text: str) -> int | float:
+    # 0.2.x wrote integers only within +-(2**53 - 1); longer digit strings were floats.
+    number = int(text)
+    return number if abs(number) <= MAX_SAFE_INTEGER else float(text)
+
+
+def _loads(text: str) -> Any:
+    return json.loads(text, parse_int=_parse_int)
+
+
+def _resource_candidates(text: str) -> list[ResourceDescriptor]:
+    """Every ``NAMESPACE/TYPE/{id}`` reading of 0.2.x's resource text."""
+    found = []
+    slashes = [i for i, char in enumerate(text) if char == "/"]
+    for first, second in itertools.combinations(slashes, 2):
+        namespace, kind, id_text = text[:first], text[first + 1 : second], text[second + 1 :]
+        if not (namespace and kind and id_text.startswith("{")):
+            continue
+        try:
+            ident = _loads(id_text)
+            if isinstance(ident, dict):
+                found.append(ResourceDescriptor(namespace, kind, ident))
+        except (ValueError, EffectLedgerError):
+            continue
+    return found
+
+
+def rebuild_call(row: LegacyRow) -> ToolCall:
+    """The call that wrote ``row``, keyed the way 0.2.x keyed it.
+
+    Raises ``EffectLedgerValidationError`` saying why when no reading of the
+    stored texts reproduces the stored key.
+    """
+    args = _loads(row.args_canonical)
+    if not isinstance(args, dict):
+        raise EffectLedgerValidationError("args_canonical is not a JSON object", field="args")
+
+    def call(**extra: Any) -> ToolCall:
+        return ToolCall(row.workflow_id, row.tool, args, call_id=row.call_id, **extra)
+
+    if legacy_key(row.workflow_id, row.tool, row.args_canonical) == row.idem_key:
+        return call()
+    resource_text = row.resource_id_canonical
+    if legacy_key(row.workflow_id, row.tool, resource_text) == row.idem_key:
+        readings = _resource_candidates(resource_text)
+        if len(readings) == 1:
+            return call(resource=readings[0])
+        raise EffectLedgerValidationError(
+            f"resource {resource_text!r} reads {len(readings)} ways as namespace/type/id "
+            "(a '/' in its namespace or type)",
+            field="resource",
+        )
+    from agent_ledger.legacy.keys import jcs
+
+    names = sorted(args)
+    if len(names) <= MAX_SUBSET_SEARCH_ARGS:
+        for size in range(1, len(names)):
+            for subset in itertools.combinations(names, size):
+                text = jcs({name: args[name] for name in subset})
+                if legacy_key(row.workflow_id, row.tool, text) == row.idem_key:
+                    return call(idempotency_keys=list(subset))
+    raise EffectLedgerValidationError(
+        "no reading of its workflow, tool, args or resource gives its stored 0.2.x key",
+        field="idem_key",
+    )
+
+
+def other_readings(row: LegacyRow) -> list[tuple[str, str]]:
+    """Other (workflow, tool) pairs whose 0.2.x key equals this row's ("|" ambiguity)."""
+    joined = f"{row.workflow_id}|{row.tool}"
+    cuts = [i for i, char in enumerate(joined) if char == "|"]
+    pairs = [(joined[:i], joined[i + 1 :]) for i in cuts]
+    return [(w, t) for w, t in pairs if w and t and (w, t) != (row.workflow_id, row.tool)]
+
+
+def plan(rows: Sequence[LegacyRow], report: ImportReport) -> list[Planned]:
+    """Rebuild every row's call and drop (reporting) the ones that collide in v1."""
+    planned: list[Planned] = []
+    for row in rows:
+        try:
+            EffectStatus(row.status)
+            call = rebuild_call(row)
+            canonical = canonicalize(call, max_args_size_bytes=2**62)
+        except (ValueError, EffectLedgerError) as exc:
+            report.unreadable.append(f"row {row.id} ({row.workflow_id} / {row.tool}): {exc}")
+            continue
+        for workflow, tool in other_readings(row):
+            report.collisions.append(
+                f"row {row.id}: 0.2.x gave workflow {workflow!r} tool {tool!r} the same key as "
+                f"workflow {row.workflow_id!r} tool {row.tool!r}; imported for the latter "
+                f"only ({row.dedup_count} repeated call(s) under 0.2.x may have been the other "
+                "call, which then got this receipt and never ran)"
+            )
+        planned.append(
+            Planned(
+                row, canonical.idem_key, canonical.args_canonical, canonical.resource_id_canonical
+            )
+        )
+    by_key: dict[str, list[Planned]] = {}
+    for item in planned:
+        by_key.setdefault(item.idem_key, []).append(item)
+    kept = []
+    for key, items in by_key.items():
+        if len(items) == 1:
+            kept.append(items[0])
+            continue
+        ids = ", ".join(item.row.id for item in items)
+        report.collisions.append(
+            f"rows {ids} are one call in this version (key {key[:12]}); none imported: "
+            "keep one of them in the 0.2.x table and import again"
+        )
+    return kept
+
+
+# -- the effect's columns ------------------------------------------------------------
+
+
+def _effect_values(item: Planned) -> dict[str, Any]:
+    row = item.row
+    status = EffectStatus(row.status)
+    error = json.loads(row.error_json) if row.error_json else None
+    ran = status in (EffectStatus.SUCCEEDED, EffectStatus.FAILED, EffectStatus.PROCESSING)
+    decided = status in (EffectStatus.DENIED, EffectStatus.READY, EffectStatus.CANCELED)
+    return {
+        "id": row.id,
+        "idem_key": item.idem_key,
+        "workflow_id": row.workflow_id,
+        "call_id": row.call_id,
+        "tool": row.tool,
+        "status": status.value,
+        "args_canonical": item.args_canonical,
+        "resource_id_canonical": item.resource_id_canonical,
+        "result": row.result_json,
+        "error_message": error.get("message") if isinstance(error, dict) else None,
+        "error_code": error.get("code") if isinstance(error, dict) else None,
+        "dedup_count": row.dedup_count,
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+        "completed_at": row.completed_at,
+        # 0.2.x had no heartbeat; its last update is the last sign of life.
+        "heartbeat_at": row.updated_at,
+        "decided_at": row.updated_at if decided else None,
+        "lease_ms": DEFAULT_STALE_AFTER_MS,
+        # 0.2.x did not count runs: 1 for what ran or runs, like schema 2's estimate.
+        "executions": 1 if ran else 0,
+        "started_at": (row.updated_at if status is EffectStatus.PROCESSING else row.created_at)
+        if ran
+        else None,
+    }
+
+
+# -- reading the source ------------------------------------------------------------------
+
+
+def split_schema(url: str, schema: str | None) -> tuple[str, str]:
+    """libpq conninfo and schema: ``--schema``, else the URL's ``?schema=``, else public."""
+    parts = urlsplit(url)
+    params = parse_qsl(parts.query, keep_blank_values=True)
+    in_url = next((value for key, value in params if key == "schema"), None)
+    rest = urlencode([(key, value) for key, value in params if key != "schema"])
+    return urlunsplit(parts._replace(query=rest)), schema or in_url or "public"
+
+
+async def read_source(url: str, schema: str | None) -> tuple[str, list[LegacyRow]]:
+    """Every row of the 0.2.x table, read in one snapshot; and a label for it."""
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise EffectLedgerValidationError(
+            f"--from must be a postgresql:// URL (agent-ledger 0.2.x kept effects only in "
+            f"PostgreSQL), got {url!r}",
+            field="from",
+        )
+    try:
+        import psycopg
+        from psycopg import sql
+    except ImportError:
+        raise EffectLedgerValidationError(
+            'reading a 0.2.x database needs the extra: pip install "agent-ledger[postgres]"',
+            field="from",
+        ) from None
+    conninfo, name = split_schema(url, schema)
+    label = f'"{name}"."{LEGACY_TABLE}"'
+    try:
+        conn = await psycopg.AsyncConnection.connect(conninfo, connect_timeout=10)
+    except psycopg.Error as exc:
+        raise EffectStoreError(
+            f"cannot connect to the 0.2.x database: {exc}", operation="import-0.2"
+        ) from None
+    try:
+        async with conn.transaction():
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            found = await conn.execute(
+                "SELECT count(*) FROM information_schema.columns "
+                "WHERE table_schema = %s AND table_name = %s AND column_name = ANY(%s)",
+                (name, LEGACY_TABLE, ["idem_key", "args_canonical", "resource_id_canonical"]),
+            )
+            count = await found.fetchone()
+            if count is None or count[0] != 3:
+                raise EffectLedgerValidationError(
+                    f"no agent-ledger 0.2.x table {label} there (pass --schema if it lives in "
+                    "another schema)",
+                    field="from",
+                )
+            query = sql.SQL("SELECT " + _LEGACY_COLUMNS + " FROM {} ORDER BY created_at, id")
+            cursor = await conn.execute(query.format(sql.Identifier(name, LEGACY_TABLE)))
+            rows = [LegacyRow(*record) for record in await cursor.fetchall()]
+    except psycopg.Error as exc:
+        raise EffectStoreError(f"cannot read {label}: {exc}", operation="import-0.2") from None
+    finally:
+        await conn.close()
+    return label, rows
+
+
+# -- writing the target --------------------------------------------------------------------
+
+
+_TARGET_COLUMNS: Final = (
+    "id", "idem_key", "workflow_id", "call_id", "tool", "status", "args_canonical",
+    "resource_id_canonical", "result", "error_message", "error_code", "dedup_count",
+    "created_at", "updated_at", "completed_at", "heartbeat_at", "decided_at", "lease_ms",
+    "executions", "started_at",
+)  # fmt: skip
+
+
+def _classify(
+    items: Sequence[Planned], existing: dict[str, str], report: ImportReport
+) -> tuple[list[Planned], list[Planned]]:
+    """Split off what the target already holds: same id and key (skipped, the
+    second list) or a clash (collision, dropped); the first list is to write.
+
+    ``existing`` maps each id and each key the target has, among these rows',
+    to the key (for an id) or the id (for a key) it goes with.
+    """
+    todo, skipped = [], []
+    for item in items:
+        key_of_id = existing.get("id:" + item.row.id)
+        id_of_key = existing.get("key:" + item.idem_key)
+        if key_of_id is None and id_of_key is None:
+            todo.append(item)
+        elif key_of_id == item.idem_key:
+            report.skipped += 1
+            skipped.append(item)
+        else:
+            report.collisions.append(
+                f"row {item.row.id} ({item.row.workflow_id} / {item.row.tool}): the target "
+                f"already has {'effect ' + id_of_key if id_of_key else 'this id'} for a "
+                "different call or key; kept the target's, not imported"
+            )
+    return todo, skipped
+
+
+async def write_postgres(
+    url: str, items: Sequence[Planned], report: ImportReport, *, dry_run: bool
+) -> None:
+    import psycopg
+    from psycopg import sql
+
+    conninfo, schema = split_schema(url, None)
+    table = sql.Identifier(schema, "agent_ledger_effects")
+    try:
+        conn = await psycopg.AsyncConnection.connect(conninfo, connect_timeout=10)
+    except psycopg.Error as exc:
+        raise EffectStoreError(
+            f"cannot connect to the target: {exc}", operation="import-0.2"
+        ) from None
+    try:
+        async with conn.transaction():
+            # One import at a time per target schema; live workers are not blocked.
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtext(%s))", ("agent-ledger import " + schema,)
+            )
+            cursor = await conn.execute(
+                sql.SQL(
+                    "SELECT id::text, idem_key FROM {} "
+                    "WHERE id::text = ANY(%s) OR idem_key = ANY(%s)"
+                ).format(table),
+                ([i.row.id for i in items], [i.idem_key for i in items]),
+            )
+            existing: dict[str, str] = {}
+            for effect_id, key in await cursor.fetchall():
+                existing["id:" + effect_id] = key
+                existing["key:" + key] = effect_id
+            todo, mapped = _classify(items, existing, report)
+            if dry_run:
+                _count(todo, report)
+                return
+            columns = [c for c in _TARGET_COLUMNS if not c.startswith("error_")]
+            names = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+            marks = sql.SQL(", ").join(
+                sql.SQL("%s::json") if c == "result" else sql.Placeholder() for c in columns
+            )
+            insert = sql.SQL(
+                "INSERT INTO {} ({}, error, attempt) VALUES ({}, %s::jsonb, 1) "
+                "ON CONFLICT DO NOTHING RETURNING id"
+            ).format(table, names, marks)
+            for item in todo:
+                values = _effect_values(item)
+                error = (
+                    json.dumps({"message": values["error_message"], "code": values["error_code"]})
+                    if values["error_message"] is not None
+                    else None
+                )
+                row_cursor = await conn.execute(insert, [*(values[c] for c in columns), error])
+                if await row_cursor.fetchone() is None:
+                    report.collisions.append(
+                        f"row {item.row.id}: a worker wrote key {item.idem_key[:12]} during the "
+                        "import; kept the worker's, not imported"
+                    )
+                    continue
+                _count([item], report)
+                mapped.append(item)
+            # 0.2.x's key of each imported effect, for legacy_keys=True (a
+            # previous import's rows too, so a second run completes a first).
+            record = sql.SQL(q.RECORD_LEGACY).format(
+                legacy_keys=sql.Identifier(schema, "agent_ledger_legacy_keys")
+            )
+            for item in mapped:
+                await conn.execute(
+                    record, {"legacy_key": item.row.idem_key, "idem_key": item.idem_key}
+                )
+    except psycopg.Error as exc:
+        raise EffectStoreError(f"nothing written: {exc}", operation="import-0.2") from None
+    finally:
+        await conn.close()
+
+
+def _us(moment: datetime | None) -> int | None:
+    if moment is None:
+        return None
+    delta = moment.astimezone(UTC) - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def write_sqlite(
+    path: str, items: Sequence[Planned], report: ImportReport, *, dry_run: bool
+) -> None:
+    columns = [c[:-3] + "_us" if c.endswith("_at") else c for c in _TARGET_COLUMNS]
+    conn = sqlite3.connect(path, isolation_level=None, timeout=30)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            existing: dict[str, str] = {}
+            for item in items:
+                for effect_id, key in conn.execute(
+                    "SELECT id, idem_key FROM agent_ledger_effects WHERE id = ? OR idem_key = ?",
+                    (item.row.id, item.idem_key),
+                ):
+                    existing["id:" + effect_id] = key
+                    existing["key:" + key] = effect_id
+            todo, mapped = _classify(items, existing, report)
+            if not dry_run:
+                statement = (
+                    f"INSERT INTO agent_ledger_effects ({', '.join(columns)}, attempt) "
+                    f"VALUES ({', '.join('?' for _ in columns)}, 1)"
+                )
+                for item in todo:
+                    values = _effect_values(item)
+                    conn.execute(
+                        statement,
+                        [
+                            _us(values[c]) if c.endswith("_at") else values[c]
+                            for c in _TARGET_COLUMNS
+                        ],
+                    )
+                for item in (*todo, *mapped):
+                    conn.execute(sq.RECORD_LEGACY, (item.row.idem_key, item.idem_key))
+            _count(todo, report)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("ROLLBACK" if dry_run else "COMMIT")
+    except sqlite3.Error as exc:
+        report.imported = 0
+        report.by_status.clear()
+        raise EffectStoreError(f"nothing written: {exc}", operation="import-0.2") from None
+    finally:
+        conn.close()
+
+
+def _count(items: Sequence[Planned], report: ImportReport) -> None:
+    report.imported += len(items)
+    report.by_status.update(item.row.status for item in items)
+
+
+async def import_legacy(
+    source_url: str, target_url: str, *, schema: str | None = None, dry_run: bool = False
+) -> ImportReport:
+    """Import the 0.2.x table at ``source_url`` into the store at ``target_url``.
+
+    The target's schema must exist and be current (``agent-ledger init`` /
+    ``migrate``). With ``dry_run`` everything is read and checked, nothing
+    written; the report says what would be imported.
+    """
+    label, rows = await read_source(source_url, schema)
+    report = ImportReport(source=label, read=len(rows), dry_run=dry_run)
+    items = plan(rows, report)
+    scheme = target_url.split("://", 1)[0].lower()
+    if scheme in ("postgresql", "postgres"):
+        await write_postgres(target_url, items, report, dry_run=dry_run)
+    elif scheme == "sqlite" and target_url.startswith("sqlite:///"):
+        write_sqlite(target_url[len("sqlite:///") :], items, report, dry_run=dry_run)
+    else:
+        raise EffectLedgerValidationError(
+            f"import-0.2 writes into a sqlite:/// or postgresql:// store, not {target_url!r}",
+            field="url",
+        )
+    return report

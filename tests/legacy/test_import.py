@@ -1,0 +1,299 @@
+"""``agent-ledger import-0.2`` against a table written by the real agent-ledger 0.2.1."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from agent_ledger import EffectLedger, EffectLedgerOptions, ResourceDescriptor, ToolCall
+from agent_ledger.cli import main
+from agent_ledger.errors import EffectDeniedError, EffectFailedError, EffectTimeoutError
+from agent_ledger.legacy.keys import legacy_key_of
+from agent_ledger.options import ConcurrencyOptions, RunOptions
+from agent_ledger.status import EffectStatus
+from agent_ledger.stores.url import open_store
+from tests.harness import DSN
+from tests.legacy.conftest import V021, new_schema
+
+
+def tool_call(spec: dict[str, Any]) -> ToolCall:
+    resource = spec.get("resource")
+    return ToolCall(
+        spec["workflow_id"],
+        spec["tool"],
+        spec.get("args", {}),
+        resource=ResourceDescriptor(**resource) if resource else None,
+        idempotency_keys=spec.get("idempotency_keys"),
+    )
+
+
+def cli(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    code = main(list(argv), stdout=out)
+    return code, out.getvalue()
+
+
+def import_json(source: str, target: str, *extra: str) -> dict[str, Any]:
+    code, text = cli("--url", target, "import-0.2", "--from", source, "--json", *extra)
+    assert code == 0, text
+    report: dict[str, Any] = json.loads(text)
+    return report
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def target(request: pytest.FixtureRequest, schemas: list[str], tmp_path: Path) -> str:
+    """An initialised, empty target store of each kind; its URL."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    else:
+        url = f"{DSN}?schema={new_schema(schemas, 'target')}"
+    assert cli("--url", url, "init")[0] == 0
+    return url
+
+
+def rows(url: str) -> list[tuple[Any, ...]]:
+    """Every stored effect, straight from the table (not through a store)."""
+    if url.startswith("sqlite:///"):
+        with sqlite3.connect(url[len("sqlite:///") :]) as conn:
+            return sorted(conn.execute("SELECT * FROM agent_ledger_effects").fetchall())
+    schema = url.rsplit("schema=", 1)[1]
+    with psycopg.connect(DSN) as conn:
+        found = conn.execute(f'SELECT *, result::text FROM "{schema}".agent_ledger_effects')
+        return sorted(found.fetchall(), key=lambda row: str(row[0]))
+
+
+def test_our_key_function_is_0_2_1s(scenario: list[dict[str, Any]], v021: V021) -> None:
+    for entry in scenario:
+        assert legacy_key_of(tool_call(entry["call"])) == entry["key021"]
+    odd = [
+        {
+            "workflow_id": "w",
+            "tool": "t",
+            "args": {"é": 1e21, "\uffff": -0.0, "😀": [1e-7, 2**53 - 1]},
+        },
+        {"workflow_id": "w|x", "tool": "t", "args": {"s": 'q"\\\n\x01\u2028'}},
+        {
+            "workflow_id": "w",
+            "tool": "t",
+            "args": {"a": 1},
+            "resource": {"namespace": "n/s", "type": "t", "id": {"b": [0.1, None, True]}},
+        },
+        {"workflow_id": "w", "tool": "t", "args": {"a": 1, "b": 2.0}, "idempotency_keys": ["b"]},
+    ]
+    assert [legacy_key_of(tool_call(spec)) for spec in odd] == v021.call("key", odd)
+
+
+def test_every_imported_call_replays_its_receipt(
+    scenario: list[dict[str, Any]], v021: V021, target: str
+) -> None:
+    report = import_json(v021.url, target)
+    assert report["read"] == 11
+    assert report["imported"] == 11
+    assert report["skipped"] == 0
+    assert report["unreadable"] == []
+    assert report["by_status"] == {
+        "denied": 1,
+        "failed": 1,
+        "processing": 1,
+        "ready": 1,
+        "requires_approval": 1,
+        "succeeded": 6,
+    }
+    # The pair that collided under 0.2.1's key is reported, by both its names.
+    [collision] = report["collisions"]
+    assert "'team'" in collision and "'ops|notify'" in collision and "'team|ops'" in collision
+
+    ran: list[str] = []
+
+    def handler_for(name: str) -> Any:
+        def handler(effect: object) -> str:
+            ran.append(name)
+            return "ran " + name
+
+        return handler
+
+    async def check() -> None:
+        store = await open_store(target, create=False)
+        ledger = EffectLedger(EffectLedgerOptions(store=store))
+        quick = RunOptions(concurrency=ConcurrencyOptions(wait_timeout_ms=200))
+        try:
+            for entry in scenario:
+                call = tool_call(entry["call"])
+                status = entry.get("status")
+                if status == "succeeded":
+                    result = await ledger.run(call, handler_for(call.tool))
+                    # Exactly what 0.2.1 recorded, floats bit for bit.
+                    assert result == entry["result"]
+                    assert json.dumps(result, sort_keys=True) == json.dumps(
+                        entry["result"], sort_keys=True
+                    )
+                elif status == "failed":
+                    with pytest.raises(EffectFailedError) as failed:
+                        await ledger.run(call, handler_for(call.tool))
+                    assert (failed.value.message, failed.value.code) == tuple(entry["error"])
+                elif status == "denied":
+                    with pytest.raises(EffectDeniedError) as denied:
+                        await ledger.run(call, handler_for(call.tool))
+                    assert denied.value.reason == "too risky"
+                elif status == "requires_approval":
+                    effect = await ledger.find_by_idem_key(ledger.idem_key(call))
+                    assert effect is not None
+                    assert effect.status is EffectStatus.REQUIRES_APPROVAL
+                    assert await ledger.approve(effect.idem_key, by="ops")
+                    assert await ledger.run(call, handler_for(call.tool)) == "ran archive_repo"
+                elif status == "ready":
+                    assert await ledger.run(call, handler_for(call.tool)) == "ran rename_repo"
+                elif status == "processing":
+                    # Held by a 0.2.1 worker a moment ago: not taken over before its lease.
+                    with pytest.raises(EffectTimeoutError):
+                        await ledger.run(call, handler_for(call.tool), quick)
+            assert ran == ["archive_repo", "rename_repo"]
+            # The second call of the colliding pair never ran under 0.2.1 (it got
+            # the first one's receipt); here it is its own call, and runs once.
+            collider = next(tool_call(e["call"]) for e in scenario if "collider_of" in e)
+            assert await ledger.run(collider, handler_for("collider")) == "ran collider"
+            team_ops = tool_call(scenario[4]["call"])
+            assert await ledger.run(team_ops, handler_for("x")) == {"sent": 1}
+            assert ran == ["archive_repo", "rename_repo", "collider"]
+        finally:
+            await store.close()
+
+    asyncio.run(check())
+
+
+def test_processing_is_claimable_once_its_lease_has_passed(
+    scenario: list[dict[str, Any]], v021: V021, target: str
+) -> None:
+    import_json(v021.url, target)
+    stuck = tool_call(next(e["call"] for e in scenario if e.get("status") == "processing"))
+    # Age the 0.2.1 row's last sign of life past the lease (a back door: SQL).
+    if target.startswith("sqlite:///"):
+        with sqlite3.connect(target[len("sqlite:///") :]) as conn:
+            conn.execute("UPDATE agent_ledger_effects SET heartbeat_us = heartbeat_us - 60000000")
+    else:
+        schema = target.rsplit("schema=", 1)[1]
+        with psycopg.connect(DSN) as pg:
+            pg.execute(
+                f'UPDATE "{schema}".agent_ledger_effects '
+                "SET heartbeat_at = heartbeat_at - interval '60 seconds'"
+            )
+
+    async def check() -> None:
+        store = await open_store(target, create=False)
+        ledger = EffectLedger(EffectLedgerOptions(store=store))
+        runs: list[int] = []
+
+        def handler(effect: object) -> str:
+            runs.append(1)
+            return "done" if len(runs) == 1 else "again"
+
+        try:
+            assert await ledger.run(stuck, handler) == "done"
+            assert await ledger.run(stuck, handler) == "done"
+            assert runs == [1]
+        finally:
+            await store.close()
+
+    asyncio.run(check())
+
+
+def test_a_second_import_changes_nothing(
+    scenario: list[dict[str, Any]], v021: V021, target: str
+) -> None:
+    first = import_json(v021.url, target)
+    before = rows(target)
+    second = import_json(v021.url, target)
+    assert (second["imported"], second["skipped"]) == (0, first["imported"])
+    assert rows(target) == before
+    assert len(before) == 11
+
+
+def test_dry_run_writes_nothing(scenario: list[dict[str, Any]], v021: V021, target: str) -> None:
+    code, text = cli("--url", target, "import-0.2", "--from", v021.url, "--dry-run")
+    assert code == 0
+    assert "would import 11, skipped 0 (already imported), collisions 1" in text
+    assert "dry run: nothing written" in text
+    assert rows(target) == []
+
+
+def test_a_failure_mid_import_leaves_the_target_unchanged(
+    scenario: list[dict[str, Any]], v021: V021, target: str
+) -> None:
+    # A real failure inside the target database, on one row in the middle.
+    if target.startswith("sqlite:///"):
+        with sqlite3.connect(target[len("sqlite:///") :]) as conn:
+            conn.execute(
+                "CREATE TRIGGER boom BEFORE INSERT ON agent_ledger_effects "
+                "WHEN NEW.workflow_id = 'wf-2' BEGIN SELECT RAISE(ABORT, 'boom'); END"
+            )
+    else:
+        schema = target.rsplit("schema=", 1)[1]
+        with psycopg.connect(DSN) as conn:
+            conn.execute(
+                f'CREATE FUNCTION "{schema}".boom() RETURNS trigger LANGUAGE plpgsql AS '
+                "$$ BEGIN IF NEW.workflow_id = 'wf-2' THEN RAISE EXCEPTION 'boom'; END IF; "
+                "RETURN NEW; END $$"
+            )
+            conn.execute(
+                f'CREATE TRIGGER boom BEFORE INSERT ON "{schema}".agent_ledger_effects '
+                f'FOR EACH ROW EXECUTE FUNCTION "{schema}".boom()'
+            )
+    code, text = cli("--url", target, "import-0.2", "--from", v021.url)
+    assert code == 1
+    assert text == ""
+    assert rows(target) == []
+
+
+def test_bad_input_is_one_line_on_stderr(
+    v021: V021, target: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for source, expected in (
+        ("sqlite:///x.db", "--from must be a postgresql:// URL"),
+        (v021.url, "no agent-ledger 0.2.x table"),  # the schema has no table yet
+    ):
+        code, text = cli("--url", target, "import-0.2", "--from", source)
+        err = capsys.readouterr().err
+        assert code == 2
+        assert text == ""
+        assert err.startswith("agent-ledger: ") and expected in err
+        assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_the_migration_guides_procedure_runs_verbatim(
+    scenario: list[dict[str, Any]], v021: V021, tmp_path: Path
+) -> None:
+    page = (Path(__file__).parents[2] / "docs" / "migrating-from-0.2.md").read_text()
+    section = page.split("## The import", 1)[1]
+    script = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    bin_dir = str(Path(sys.executable).parent)
+    env = {
+        **os.environ,
+        "PATH": bin_dir + os.pathsep + os.environ["PATH"],
+        "OLD_LEDGER_URL": v021.url,
+        "AGENT_LEDGER_URL": url,
+    }
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "would import 11" in done.stdout and "imported 11" in done.stdout
+    second = json.loads((tmp_path / "second-run.json").read_text())
+    assert (second["imported"], second["skipped"]) == (0, 11)
+    assert "11 effects" in done.stdout  # agent-ledger stats
+    assert len(rows(url)) == 11
