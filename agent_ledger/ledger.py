@@ -89,6 +89,7 @@ class EffectLedger:
         workflow_id: str | None = None,
         run_options: RunOptions | None = None,
         retry: RetryPolicy | None = None,
+        timeout_ms: int | None = None,
     ) -> ToolDecorator:
         """Register a function as a tool: ``@ledger.tool("payments.charge", ...)``.
 
@@ -101,7 +102,8 @@ class EffectLedger:
         a function of the ``ToolCall`` asked beside the ledger's policy hook;
         ``workflow_id`` pins the tool to one workflow, else the call's
         ``ledger.workflow(...)`` scope decides. ``retry`` is the tool's
-        ``RunOptions.retry``: its failures are retried by that policy.
+        ``RunOptions.retry``: its failures are retried by that policy, and
+        ``timeout_ms`` its ``RunOptions.timeout_ms``: the handler's deadline.
         """
         from agent_ledger.tools import define
 
@@ -115,6 +117,7 @@ class EffectLedger:
             workflow_id=workflow_id,
             run_options=run_options,
             retry=retry,
+            timeout_ms=timeout_ms,
         )
 
     @property
