@@ -197,6 +197,10 @@ def _filters(args: argparse.Namespace) -> dict[str, Any]:
         "status": args.status,
         "since": args.since,
         "until": args.until,
+        "call_id": args.call_id,
+        "error_code": args.error_code,
+        "min_duration": args.min_duration,
+        "max_duration": args.max_duration,
     }
 
 
@@ -505,6 +509,15 @@ def build_parser() -> argparse.ArgumentParser:
             type=_argument(parse_moment),
             help="created before: ISO time, or a duration ago",
         )
+        sub.add_argument("--call-id", help="only this call id (exact)")
+        sub.add_argument("--error-code", help="only this error code (exact), e.g. handler_timeout")
+        for bound, which in (("min", "at least"), ("max", "at most")):
+            sub.add_argument(
+                f"--{bound}-duration",
+                type=_argument(parse_duration),
+                metavar="DURATION",
+                help=f"handler time {which} this (500ms, 2s, 1m30s), never approval wait",
+            )
 
     command("init", cmd_init, "create the store's tables (idempotent)")
     command(
