@@ -28,6 +28,7 @@ from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, 
 from agent_ledger.ledger import EffectLedger
 from agent_ledger.options import EffectLedgerOptions
 from agent_ledger.receipt import RECORD_FIELDS, effect_to_record, render_receipt
+from agent_ledger.report import render_report
 from agent_ledger.status import TERMINAL, EffectStatus
 from agent_ledger.stores.base import Store
 from agent_ledger.stores.url import URL_ENV, default_url, open_store, sqlite_folder
@@ -319,21 +320,37 @@ async def cmd_retry(ctx: Context) -> int:
 async def cmd_export(ctx: Context) -> int:
     args = ctx.args
     filters = _filters(args)
-    records: list[dict[str, Any]] = []
+    effects: list[Effect] = []
     cursor: str | None = None
     while True:
         page = await ctx.ledger.list_effects(**filters, limit=1_000, cursor=cursor)
-        records += [effect_to_record(e) for e in page.effects]
+        effects += page.effects
         cursor = page.next_cursor
         if cursor is None:
             break
-    text = _format_export(records, args.format)
+    if args.format == "md":
+        text = render_report(effects, generated_at=datetime.now(UTC), filters=_given(args))
+    else:
+        text = _format_export([effect_to_record(e) for e in effects], args.format)
     if args.output in (None, "-"):
         ctx.out.stream.write(text)
     else:
         await asyncio.to_thread(_write_file, args.output, text)
-        print(f"exported {_count(len(records), 'effect')} to {args.output}", file=sys.stderr)
+        print(f"exported {_count(len(effects), 'effect')} to {args.output}", file=sys.stderr)
     return EXIT_OK
+
+
+def _given(args: argparse.Namespace) -> dict[str, str]:
+    """The filters given on the command line, for the report's header."""
+    given: dict[str, str] = {}
+    for name, value in _filters(args).items():
+        if isinstance(value, timedelta):
+            value = f"{value / timedelta(milliseconds=1):g}ms"
+        elif isinstance(value, datetime):
+            value = value.isoformat()
+        if value is not None:
+            given["--" + {"workflow_id": "workflow"}.get(name, name).replace("_", "-")] = value
+    return given
 
 
 def _write_file(path: str, text: str) -> None:
@@ -553,9 +570,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("ref", metavar="KEY", help=ref_help)
     sub.add_argument("--by", required=True, help="who retries it (kept on the receipt)")
     sub.add_argument("--reason", required=True, help="why (kept on the receipt)")
-    sub = command("export", cmd_export, "write effects as JSON, JSON lines or CSV")
+    sub = command(
+        "export", cmd_export, "write effects as JSON, JSON lines, CSV or a Markdown report"
+    )
     filters(sub)
-    sub.add_argument("--format", choices=["json", "jsonl", "csv"], default="jsonl")
+    sub.add_argument(
+        "--format",
+        choices=["json", "jsonl", "csv", "md"],
+        default="jsonl",
+        help="md: a Markdown incident report (summary, failures first, one section per effect)",
+    )
     sub.add_argument("-o", "--output", help="file to write (default: stdout)")
     command("stats", cmd_stats, "counts by status and tool")
     sub = command("purge", cmd_purge, "delete old finished effects")
