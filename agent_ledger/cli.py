@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import getpass
 import io
 import os
 import re
@@ -317,6 +318,13 @@ async def cmd_retry(ctx: Context) -> int:
     return EXIT_OK if moved else EXIT_NOT_DONE
 
 
+async def cmd_review(ctx: Context) -> int:
+    from agent_ledger.review import read_line, review
+
+    await review(ctx.ledger, by=ctx.args.by, ask=read_line, say=ctx.out.line)
+    return EXIT_OK
+
+
 async def cmd_export(ctx: Context) -> int:
     args = ctx.args
     filters = _filters(args)
@@ -367,6 +375,14 @@ def _check_before_opening(args: argparse.Namespace) -> None:
     ``init`` and ``demo`` create the SQLite file's folder, as ``init`` promises
     to make a store; other commands on a missing file say to run ``init``.
     """
+    if args.command == "review":
+        if not sys.stdin.isatty():
+            raise UsageError(
+                "review asks a person at a terminal, and stdin is not one; in scripts use "
+                "`agent-ledger pending` with `approve`/`deny`"
+            )
+        if args.by is None:
+            args.by = _os_user()
     output = getattr(args, "output", None)
     if output not in (None, "-"):
         target = Path(output)
@@ -381,6 +397,13 @@ def _check_before_opening(args: argparse.Namespace) -> None:
                 folder.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise UsageError(f"cannot create {folder}: {exc.strerror or exc}") from None
+
+
+def _os_user() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        raise UsageError("cannot tell who you are from the OS; give --by NAME") from None
 
 
 def _format_export(records: list[dict[str, Any]], fmt: str) -> str:
@@ -508,7 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
         # Accepted after the command too (`agent-ledger list --url ...`); SUPPRESS
         # keeps an absent one from overwriting a --url given before the command.
         sub.add_argument("--url", default=argparse.SUPPRESS, help=URL_HELP)
-        if name not in ("init", "demo", "export"):
+        if name not in ("init", "demo", "export", "review"):
             sub.add_argument("--json", action="store_true", help="machine-readable output")
         return sub
 
@@ -552,6 +575,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = command("pending", cmd_pending, "effects waiting for approval")
     sub.add_argument("--limit", type=int, default=100)
     ref_help = "the effect: its id, its key, or a key prefix (8+ chars)"
+    sub = command(
+        "review", cmd_review, "decide pending approvals one by one, oldest first (interactive)"
+    )
+    sub.add_argument("--by", help="who decides (kept on each receipt; default: your OS user name)")
     sub = command("approve", cmd_approve, "approve a pending effect")
     sub.add_argument("ref", metavar="KEY", help=ref_help)
     sub.add_argument("--by", help="who approves (kept on the receipt)")
