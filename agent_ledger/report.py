@@ -250,13 +250,13 @@ def _anchor(number: int) -> str:
 def _stamp(moment: datetime | None) -> str:
     if moment is None:
         return "never"
-    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds")
 
 
 def _span(span: timedelta) -> str:
     ms = span / timedelta(milliseconds=1)
     if ms < 1_000:
-        return f"{ms:.0f} ms"
+        return f"{ms:.1f} ms"
     seconds = ms / 1_000
     if seconds < 120:
         return f"{seconds:.1f} s"

@@ -208,7 +208,7 @@ def receipt(effect: Effect, now: datetime) -> str:
         ("workflow", _plain(effect.workflow_id)),
         ("call id", _plain(effect.call_id) if effect.call_id is not None else "-"),
         ("key", effect.idem_key),
-        ("created", effect.created_at.astimezone(UTC).isoformat(timespec="seconds")),
+        ("created", effect.created_at.astimezone(UTC).isoformat(timespec="milliseconds")),
         ("waiting", _waited(now - effect.created_at)),
         ("repeats", f"{effect.dedup_count} more calls asked for it"),
     ]
@@ -228,9 +228,9 @@ def _plain(text: str) -> str:
 
 
 def _waited(span: timedelta) -> str:
-    seconds = max(int(span.total_seconds()), 0)
-    if seconds < 60:
-        return f"{seconds} s"
+    if span.total_seconds() < 120:
+        return f"{max(span.total_seconds(), 0.0):.1f} s"
+    seconds = int(span.total_seconds())
     minutes, seconds = divmod(seconds, 60)
     if minutes < 60:
         return f"{minutes} min {seconds} s"

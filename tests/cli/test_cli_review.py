@@ -18,6 +18,7 @@ import termios
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,7 @@ from agent_ledger import ApprovalPendingError, EffectStatus, RunOptions, ToolCal
 from agent_ledger.stores.url import open_store
 from agent_ledger.testing import build_ledger
 from tests.cli.conftest import SCRIPT, Cli
+from tests.test_docs import ROOT, _mask
 
 PROMPT = "[a]pprove, [d]eny, [s]kip, [q]uit? "
 
@@ -36,6 +38,8 @@ class Terminal:
         self.fd = fd
         self.process = process
         self.seen = ""
+        #: Everything the command has shown so far.
+        self.transcript = ""
 
     def expect(self, text: str, timeout: float = 30.0) -> str:
         """Read until ``text`` has appeared (after what earlier expects consumed)."""
@@ -52,7 +56,9 @@ class Terminal:
                     chunk = b""
                 if not chunk:
                     raise AssertionError(f"the command ended before {text!r}:\n{self.seen}")
-                self.seen += chunk.decode(errors="replace").replace("\r\n", "\n")
+                got = chunk.decode(errors="replace").replace("\r\n", "\n")
+                self.seen += got
+                self.transcript += got
         shown, _, self.seen = self.seen.partition(text)
         return shown + text
 
@@ -72,7 +78,9 @@ class Terminal:
                     chunk = b""
                 if not chunk:
                     break
-                rest += chunk.decode(errors="replace").replace("\r\n", "\n")
+                got = chunk.decode(errors="replace").replace("\r\n", "\n")
+                rest += got
+                self.transcript += got
             elif self.process.poll() is not None:
                 break
         assert self.process.wait(timeout=timeout) == 0, self.seen + rest
@@ -278,3 +286,22 @@ def test_nothing_to_review(cli: Cli) -> None:
     assert cli("init").returncode == 0
     with terminal(cli) as term:
         assert "nothing waits for approval" in term.finish()
+
+
+def test_the_session_on_the_cli_page_is_real(tmp_path: Path) -> None:
+    """docs/cli.md shows a review session; replaying it prints the same, up to times,
+    durations and ids (the masks the docs tests use)."""
+    page = (ROOT / "docs" / "cli.md").read_text()
+    shown = page.split("<!-- review-session -->\n```text\n", 1)[1].split("\n```", 1)[0]
+    command, _, expected = shown.partition("\n")
+    assert command == "$ agent-ledger review --by ada"
+    cli = Cli(f"sqlite:///{tmp_path / 'agent_ledger.db'}", tmp_path)
+    assert cli("demo").returncode == 0  # leaves the refund waiting for a person
+    with terminal(cli, "--by", "ada") as term:
+        term.expect(PROMPT)
+        term.type("a")
+        term.expect("note (optional, Enter for none): ")
+        term.type("customer called")
+        term.finish()
+    screen = term.transcript
+    assert _mask(screen).rstrip("\n") == _mask(expected), screen
