@@ -8,7 +8,7 @@ from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
 
 import orjson
 
-from agent_ledger.status import EffectStatus
+from agent_ledger.status import TRANSITIONS, EffectStatus
 
 #: Any value JSON can represent. Args and results must be of this shape.
 JSONValue: TypeAlias = (
@@ -246,8 +246,9 @@ class Effect:
     history: tuple[HistoryEvent, ...] = ()
 
 
-#: The statuses whose ``completed_at`` a run (or a cancel during it) recorded.
-_RUN_ENDS: Final = frozenset({EffectStatus.SUCCEEDED, EffectStatus.FAILED, EffectStatus.CANCELED})
+#: The statuses a run ends in (from ``processing``, the terminal ones): their
+#: ``completed_at`` is when the run's outcome (or a cancel during it) was recorded.
+RUN_ENDS: Final = frozenset(s for s in TRANSITIONS[EffectStatus.PROCESSING] if s.is_terminal)
 
 
 def handler_time(effect: Effect, now: datetime) -> timedelta | None:
@@ -268,7 +269,7 @@ def handler_time(effect: Effect, now: datetime) -> timedelta | None:
         return None
     if effect.status is EffectStatus.PROCESSING:
         return now - started
-    if effect.status in _RUN_ENDS and effect.completed_at is not None:
+    if effect.status in RUN_ENDS and effect.completed_at is not None:
         return effect.completed_at - started
     return None
 

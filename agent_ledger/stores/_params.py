@@ -16,7 +16,7 @@ from typing import Final
 
 import orjson
 
-from agent_ledger.effects import REOPENED, TRY_FAILED, EffectError, storable_text
+from agent_ledger.effects import REOPENED, RUN_ENDS, TRY_FAILED, EffectError, storable_text
 from agent_ledger.status import CLAIMABLE, REOPENABLE, EffectStatus, decision_sources
 from agent_ledger.stores.base import Decision, EffectQuery, NewEffect
 
@@ -209,6 +209,9 @@ def list_params(dialect: Dialect, query: EffectQuery) -> tuple[list[str], dict[s
             # Whole microseconds, the finest step every store keeps.
             names.append(name)
             params[name + "_us"] = span // timedelta(microseconds=1)
+            # The statuses HANDLER_TIME tells apart, from EffectStatus as everywhere.
+            params["processing"] = _PROCESSING
+            params["run_ends"] = dialect.statuses(RUN_ENDS)
     if query.before is not None:
         names.append("before")
         params["before_at"], params["before_id"] = dialect.moment(query.before[0]), query.before[1]

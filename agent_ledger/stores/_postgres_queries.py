@@ -234,8 +234,8 @@ LIST: Final[LiteralString] = "SELECT " + EFFECT_COLUMNS + " FROM {effects}"
 # run's end is known.
 HANDLER_TIME: Final[LiteralString] = (
     "(CASE WHEN started_at IS NULL OR decided_at > started_at THEN NULL"
-    " WHEN status = 'processing' THEN clock_timestamp() - started_at"
-    " WHEN status IN ('succeeded', 'failed', 'canceled') THEN completed_at - started_at END)"
+    " WHEN status = %(processing)s THEN clock_timestamp() - started_at"
+    " WHEN status = ANY(%(run_ends)s) THEN completed_at - started_at END)"
 )
 LIST_FILTERS: Final[dict[str, LiteralString]] = {
     "workflow_id": "workflow_id = %(workflow_id)s",

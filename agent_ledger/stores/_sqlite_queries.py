@@ -198,8 +198,9 @@ LIST: Final = "SELECT " + EFFECT_COLUMNS + " FROM agent_ledger_effects"
 # when no run's end is known.
 HANDLER_TIME: Final = (
     "(CASE WHEN started_us IS NULL OR decided_us > started_us THEN NULL"
-    " WHEN status = 'processing' THEN :now - started_us"
-    " WHEN status IN ('succeeded', 'failed', 'canceled') THEN completed_us - started_us END)"
+    " WHEN status = :processing THEN :now - started_us"
+    " WHEN status IN (SELECT value FROM json_each(:run_ends))"
+    " THEN completed_us - started_us END)"
 )
 LIST_FILTERS: Final = {
     "workflow_id": "workflow_id = :workflow_id",
