@@ -30,6 +30,7 @@ from agent_ledger.errors import (
     EffectPayloadMismatchError,
     EffectStoreError,
     EffectTimeoutError,
+    HandlerTimeoutError,
 )
 from agent_ledger.ledger import EffectLedger
 from agent_ledger.options import (
@@ -70,6 +71,7 @@ __all__ = [
     "EffectStatus",
     "EffectStoreError",
     "EffectTimeoutError",
+    "HandlerTimeoutError",
     "JSONValue",
     "LedgerDefaults",
     "LedgerHooks",

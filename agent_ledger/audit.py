@@ -70,9 +70,19 @@ def build_query(
     until: datetime | None,
     limit: int,
     cursor: str | None,
+    call_id: str | None = None,
+    error_code: str | None = None,
+    min_duration: timedelta | None = None,
+    max_duration: timedelta | None = None,
 ) -> EffectQuery:
     """Check every filter and turn them into an ``EffectQuery``."""
-    for value, name in ((workflow_id, "workflow_id"), (tool, "tool"), (cursor, "cursor")):
+    for value, name in (
+        (workflow_id, "workflow_id"),
+        (tool, "tool"),
+        (cursor, "cursor"),
+        (call_id, "call_id"),
+        (error_code, "error_code"),
+    ):
         if value is not None and not isinstance(value, str):
             raise EffectLedgerValidationError(
                 f"{name} must be a string or None, got {type(value).__name__}", field=name
@@ -82,6 +92,17 @@ def build_query(
             raise EffectLedgerValidationError(
                 f"{name} must be a timezone-aware datetime, got {moment!r}", field=name
             )
+    for span, name in ((min_duration, "min_duration"), (max_duration, "max_duration")):
+        if span is not None and (not isinstance(span, timedelta) or span < timedelta(0)):
+            raise EffectLedgerValidationError(
+                f"{name} must be a non-negative timedelta, got {span!r}", field=name
+            )
+    if min_duration is not None and max_duration is not None and min_duration > max_duration:
+        raise EffectLedgerValidationError(
+            f"min_duration ({min_duration}) is longer than max_duration ({max_duration}): "
+            "no effect could match",
+            field="min_duration",
+        )
     if type(limit) is not int or not 1 <= limit <= MAX_PAGE_SIZE:
         raise EffectLedgerValidationError(
             f"limit must be an int from 1 to {MAX_PAGE_SIZE}, got {limit!r}", field="limit"
@@ -94,6 +115,10 @@ def build_query(
         until=until,
         limit=limit,
         before=decode_cursor(cursor) if cursor is not None else None,
+        call_id=call_id,
+        error_code=error_code,
+        min_duration=min_duration,
+        max_duration=max_duration,
     )
 
 
@@ -124,6 +149,10 @@ class Audit:
         until: datetime | None,
         limit: int,
         cursor: str | None,
+        call_id: str | None = None,
+        error_code: str | None = None,
+        min_duration: timedelta | None = None,
+        max_duration: timedelta | None = None,
     ) -> EffectPage:
         query = build_query(
             workflow_id=workflow_id,
@@ -133,6 +162,10 @@ class Audit:
             until=until,
             limit=limit,
             cursor=cursor,
+            call_id=call_id,
+            error_code=error_code,
+            min_duration=min_duration,
+            max_duration=max_duration,
         )
         await self._schema.ensure()
         effects = await self._store.list_effects(query)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import getpass
 import io
 import os
 import re
@@ -28,6 +29,7 @@ from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, 
 from agent_ledger.ledger import EffectLedger
 from agent_ledger.options import EffectLedgerOptions
 from agent_ledger.receipt import RECORD_FIELDS, effect_to_record, render_receipt
+from agent_ledger.report import render_report
 from agent_ledger.status import TERMINAL, EffectStatus
 from agent_ledger.stores.base import Store
 from agent_ledger.stores.url import URL_ENV, default_url, open_store, sqlite_folder
@@ -197,6 +199,10 @@ def _filters(args: argparse.Namespace) -> dict[str, Any]:
         "status": args.status,
         "since": args.since,
         "until": args.until,
+        "call_id": args.call_id,
+        "error_code": args.error_code,
+        "min_duration": args.min_duration,
+        "max_duration": args.max_duration,
     }
 
 
@@ -312,24 +318,47 @@ async def cmd_retry(ctx: Context) -> int:
     return EXIT_OK if moved else EXIT_NOT_DONE
 
 
+async def cmd_review(ctx: Context) -> int:
+    from agent_ledger.review import read_line, review
+
+    await review(ctx.ledger, by=ctx.args.by, ask=read_line, say=ctx.out.line)
+    return EXIT_OK
+
+
 async def cmd_export(ctx: Context) -> int:
     args = ctx.args
     filters = _filters(args)
-    records: list[dict[str, Any]] = []
+    effects: list[Effect] = []
     cursor: str | None = None
     while True:
         page = await ctx.ledger.list_effects(**filters, limit=1_000, cursor=cursor)
-        records += [effect_to_record(e) for e in page.effects]
+        effects += page.effects
         cursor = page.next_cursor
         if cursor is None:
             break
-    text = _format_export(records, args.format)
+    if args.format == "md":
+        text = render_report(effects, generated_at=datetime.now(UTC), filters=_given(args))
+    else:
+        text = _format_export([effect_to_record(e) for e in effects], args.format)
     if args.output in (None, "-"):
         ctx.out.stream.write(text)
     else:
         await asyncio.to_thread(_write_file, args.output, text)
-        print(f"exported {_count(len(records), 'effect')} to {args.output}", file=sys.stderr)
+        print(f"exported {_count(len(effects), 'effect')} to {args.output}", file=sys.stderr)
     return EXIT_OK
+
+
+def _given(args: argparse.Namespace) -> dict[str, str]:
+    """The filters given on the command line, for the report's header."""
+    given: dict[str, str] = {}
+    for name, value in _filters(args).items():
+        if isinstance(value, timedelta):
+            value = f"{value / timedelta(milliseconds=1):g}ms"
+        elif isinstance(value, datetime):
+            value = value.isoformat()
+        if value is not None:
+            given["--" + {"workflow_id": "workflow"}.get(name, name).replace("_", "-")] = value
+    return given
 
 
 def _write_file(path: str, text: str) -> None:
@@ -346,6 +375,14 @@ def _check_before_opening(args: argparse.Namespace) -> None:
     ``init`` and ``demo`` create the SQLite file's folder, as ``init`` promises
     to make a store; other commands on a missing file say to run ``init``.
     """
+    if args.command == "review":
+        if not sys.stdin.isatty():
+            raise UsageError(
+                "review asks a person at a terminal, and stdin is not one; in scripts use "
+                "`agent-ledger pending` with `approve`/`deny`"
+            )
+        if args.by is None:
+            args.by = _os_user()
     output = getattr(args, "output", None)
     if output not in (None, "-"):
         target = Path(output)
@@ -360,6 +397,13 @@ def _check_before_opening(args: argparse.Namespace) -> None:
                 folder.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise UsageError(f"cannot create {folder}: {exc.strerror or exc}") from None
+
+
+def _os_user() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        raise UsageError("cannot tell who you are from the OS; give --by NAME") from None
 
 
 def _format_export(records: list[dict[str, Any]], fmt: str) -> str:
@@ -512,7 +556,7 @@ def build_parser() -> argparse.ArgumentParser:
         # Accepted after the command too (`agent-ledger list --url ...`); SUPPRESS
         # keeps an absent one from overwriting a --url given before the command.
         sub.add_argument("--url", default=argparse.SUPPRESS, help=URL_HELP)
-        if name not in ("init", "demo", "export"):
+        if name not in ("init", "demo", "export", "review"):
             sub.add_argument("--json", action="store_true", help="machine-readable output")
         return sub
 
@@ -530,6 +574,15 @@ def build_parser() -> argparse.ArgumentParser:
             type=_argument(parse_moment),
             help="created before: ISO time, or a duration ago",
         )
+        sub.add_argument("--call-id", help="only this call id (exact)")
+        sub.add_argument("--error-code", help="only this error code (exact), e.g. handler_timeout")
+        for bound, which in (("min", "at least"), ("max", "at most")):
+            sub.add_argument(
+                f"--{bound}-duration",
+                type=_argument(parse_duration),
+                metavar="DURATION",
+                help=f"handler time {which} this (500ms, 2s, 1m30s), never approval wait",
+            )
 
     command("init", cmd_init, "create the store's tables (idempotent)")
     command(
@@ -547,6 +600,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = command("pending", cmd_pending, "effects waiting for approval")
     sub.add_argument("--limit", type=int, default=100)
     ref_help = "the effect: its id, its key, or a key prefix (8+ chars)"
+    sub = command(
+        "review", cmd_review, "decide pending approvals one by one, oldest first (interactive)"
+    )
+    sub.add_argument("--by", help="who decides (kept on each receipt; default: your OS user name)")
     sub = command("approve", cmd_approve, "approve a pending effect")
     sub.add_argument("ref", metavar="KEY", help=ref_help)
     sub.add_argument("--by", help="who approves (kept on the receipt)")
@@ -565,9 +622,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("ref", metavar="KEY", help=ref_help)
     sub.add_argument("--by", required=True, help="who retries it (kept on the receipt)")
     sub.add_argument("--reason", required=True, help="why (kept on the receipt)")
-    sub = command("export", cmd_export, "write effects as JSON, JSON lines or CSV")
+    sub = command(
+        "export", cmd_export, "write effects as JSON, JSON lines, CSV or a Markdown report"
+    )
     filters(sub)
-    sub.add_argument("--format", choices=["json", "jsonl", "csv"], default="jsonl")
+    sub.add_argument(
+        "--format",
+        choices=["json", "jsonl", "csv", "md"],
+        default="jsonl",
+        help="md: a Markdown incident report (summary, failures first, one section per effect)",
+    )
     sub.add_argument("-o", "--output", help="file to write (default: stdout)")
     command("stats", cmd_stats, "counts by status and tool")
     sub = command("purge", cmd_purge, "delete old finished effects")

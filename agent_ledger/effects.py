@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
 
 import orjson
 
-from agent_ledger.status import EffectStatus
+from agent_ledger.status import TRANSITIONS, EffectStatus
 
 #: Any value JSON can represent. Args and results must be of this shape.
 JSONValue: TypeAlias = (
@@ -244,6 +244,34 @@ class Effect:
     #: What happened before the outcome, oldest first: each failed try of a
     #: retried handler (``TryFailure``), and each ``reopen()`` (``Reopening``).
     history: tuple[HistoryEvent, ...] = ()
+
+
+#: The statuses a run ends in (from ``processing``, the terminal ones): their
+#: ``completed_at`` is when the run's outcome (or a cancel during it) was recorded.
+RUN_ENDS: Final = frozenset(s for s in TRANSITIONS[EffectStatus.PROCESSING] if s.is_terminal)
+
+
+def handler_time(effect: Effect, now: datetime) -> timedelta | None:
+    """How long the effect's current run has taken: its *handler time*.
+
+    From ``started_at`` (the claim that handed the effect to a handler) to
+    ``completed_at`` (its recorded outcome), or to ``now`` (the store's
+    clock) while it is ``processing``. Time spent waiting for a person is
+    never counted: a run starts after its approval. Waits between the tries
+    of a retry policy are (they are one run). None when no run's end is
+    known: no handler ever ran (waiting for approval, ready, denied), or a
+    person decided after the run started (a ``cancel()`` mid-run, which
+    does not tell when the handler stopped; a ``reopen()`` whose new run has
+    not started). Every store's duration filter is this function, in SQL.
+    """
+    started = effect.started_at
+    if started is None or (effect.decided_at is not None and effect.decided_at > started):
+        return None
+    if effect.status is EffectStatus.PROCESSING:
+        return now - started
+    if effect.status in RUN_ENDS and effect.completed_at is not None:
+        return effect.completed_at - started
+    return None
 
 
 @dataclass(frozen=True, slots=True)

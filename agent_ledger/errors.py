@@ -6,6 +6,7 @@
     ├── EffectFailedError            the recorded outcome is a failure
     ├── EffectDeniedError            the effect was denied or canceled
     ├── EffectTimeoutError           waiting for another caller took too long
+    │   └── HandlerTimeoutError      the handler itself ran past its deadline (timeout_ms)
     ├── EffectInFlightError          inside a transaction, someone else holds the effect
     ├── ApprovalPendingError         the call asked not to wait for a person, and one must decide
     ├── EffectPayloadMismatchError   same key, different values of validated args
@@ -19,6 +20,7 @@ raised, after recording it.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -36,6 +38,7 @@ __all__ = [
     "EffectPayloadMismatchError",
     "EffectStoreError",
     "EffectTimeoutError",
+    "HandlerTimeoutError",
 ]
 
 
@@ -96,6 +99,55 @@ class EffectTimeoutError(EffectLedgerError):
             f"effect {idem_key[:12]}… is still {status.value}. Call again later to pick up "
             "its outcome, or raise the limit in ConcurrencyOptions."
         )
+
+
+#: The error code an effect is recorded with when its handler ran past its deadline.
+HANDLER_TIMEOUT = "handler_timeout"
+
+_LIMIT = re.compile(r"\(timeout_ms=(\d+)\)")
+_RAN = re.compile(r"after (\d+) ms")
+
+
+class HandlerTimeoutError(EffectTimeoutError):
+    """Raised when the handler, not a wait, ran out of time: ``RunOptions(timeout_ms=...)``.
+
+    Unlike its base class, the effect is *not* left as it was: it is
+    recorded with the code ``handler_timeout``, as ``canceled`` when the
+    handler was cancelled at its deadline (its side effect may or may not
+    have happened) or as ``failed`` when it returned (or raised) only after
+    it (a plain handler in a thread cannot be interrupted; a returned value
+    is kept as the effect's ``result``, for a person to see, but never handed
+    to a caller). Either way it is not run again automatically: a replay of
+    the call raises this same error, and ``reopen()`` is how a person runs it
+    again. ``effect`` is the effect as recorded; ``limit_ms`` the deadline
+    and ``ran_ms`` how long the handler ran (``waited_ms`` too, for code that
+    handles every ``EffectTimeoutError``).
+    """
+
+    def __init__(self, effect: Effect) -> None:
+        error = effect.error
+        message = error.message if error is not None else "the handler ran past its deadline"
+        limit = _LIMIT.search(message)
+        ran = _RAN.search(message)
+        self.effect = effect
+        self.idem_key = effect.idem_key
+        self.status = effect.status
+        self.limit_ms = int(limit.group(1)) if limit else 0
+        self.ran_ms = float(ran.group(1)) if ran else 0.0
+        self.waited_ms = self.ran_ms
+        self.message = message
+        self.code = HANDLER_TIMEOUT
+        # EffectTimeoutError.__init__ words a wait; this one words the handler.
+        Exception.__init__(
+            self,
+            f"the handler of effect {effect.idem_key[:12]}… ({effect.tool}) ran out of time "
+            f"[{HANDLER_TIMEOUT}], recorded {effect.status.value}: {message}",
+        )
+
+
+def is_handler_timeout(effect: Effect) -> bool:
+    """Whether ``effect`` was recorded as a handler that ran past its deadline."""
+    return effect.error is not None and effect.error.code == HANDLER_TIMEOUT
 
 
 class EffectInFlightError(EffectLedgerError):
@@ -239,6 +291,7 @@ for _cls in (
     EffectFailedError,
     EffectDeniedError,
     EffectTimeoutError,
+    HandlerTimeoutError,
     EffectInFlightError,
     ApprovalPendingError,
     EffectPayloadMismatchError,

@@ -89,6 +89,7 @@ class EffectLedger:
         workflow_id: str | None = None,
         run_options: RunOptions | None = None,
         retry: RetryPolicy | None = None,
+        timeout_ms: int | None = None,
     ) -> ToolDecorator:
         """Register a function as a tool: ``@ledger.tool("payments.charge", ...)``.
 
@@ -101,7 +102,8 @@ class EffectLedger:
         a function of the ``ToolCall`` asked beside the ledger's policy hook;
         ``workflow_id`` pins the tool to one workflow, else the call's
         ``ledger.workflow(...)`` scope decides. ``retry`` is the tool's
-        ``RunOptions.retry``: its failures are retried by that policy.
+        ``RunOptions.retry``: its failures are retried by that policy, and
+        ``timeout_ms`` its ``RunOptions.timeout_ms``: the handler's deadline.
         """
         from agent_ledger.tools import define
 
@@ -115,6 +117,7 @@ class EffectLedger:
             workflow_id=workflow_id,
             run_options=run_options,
             retry=retry,
+            timeout_ms=timeout_ms,
         )
 
     @property
@@ -486,13 +489,24 @@ class EffectLedger:
         until: datetime | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        *,
+        call_id: str | None = None,
+        error_code: str | None = None,
+        min_duration: timedelta | None = None,
+        max_duration: timedelta | None = None,
     ) -> EffectPage:
         """Effects matching every given filter, newest first, a page at a time.
 
         Pass the returned ``next_cursor`` back as ``cursor`` for the next
         page; pagination is by position (``created_at``, ``id``), so effects
         created meanwhile never shift or repeat a page. ``since`` is
-        inclusive and ``until`` exclusive, on ``created_at``.
+        inclusive and ``until`` exclusive, on ``created_at``. ``call_id`` and
+        ``error_code`` match exactly. ``min_duration`` and ``max_duration``
+        (both inclusive) bound the *handler time*, ``effects.handler_time``:
+        the current run from its start to its recorded outcome (or to now,
+        while it runs), never the wait for a person; effects with no known
+        handler time (no handler ran yet, or a person canceled the run
+        midway) never match them.
         """
         return await self._audit.list_effects(
             workflow_id=workflow_id,
@@ -502,6 +516,10 @@ class EffectLedger:
             until=until,
             limit=limit,
             cursor=cursor,
+            call_id=call_id,
+            error_code=error_code,
+            min_duration=min_duration,
+            max_duration=max_duration,
         )
 
     async def pending_approvals(self, limit: int = 100) -> list[Effect]:

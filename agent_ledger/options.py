@@ -213,6 +213,16 @@ class RunOptions:
     ``retry`` (default None: one try) is the ``RetryPolicy`` the handler's
     failures are retried by; ``None`` set explicitly turns off a policy a
     lower level gave.
+
+    ``timeout_ms`` (default None: no deadline) is the handler's deadline, in
+    milliseconds from the start of each try: an async handler still running
+    then is cancelled, the effect is recorded with the code
+    ``handler_timeout`` and never run again automatically (not by a retry
+    policy either: whether its side effect happened is unknown), and the
+    caller gets ``HandlerTimeoutError``. A plain handler cannot be
+    interrupted: a deadline breach is recorded when it returns. ``run()``
+    returns only once the handler has stopped. See ``engine.deadline``.
+    ``None`` set explicitly turns off a deadline a lower level gave.
     """
 
     requires_approval: bool | Unset = UNSET
@@ -221,8 +231,10 @@ class RunOptions:
     sync_handlers: SyncHandlers | Unset = UNSET
     wait_for_approval: bool | Unset = UNSET
     retry: RetryPolicy | Unset | None = UNSET
+    timeout_ms: int | Unset | None = UNSET
 
     def __post_init__(self) -> None:
+        _check_int(self.timeout_ms, "timeout_ms", allow_none=True, positive=True)
         for flag in ("requires_approval", "wait_for_approval"):
             value = getattr(self, flag)
             if value is not UNSET and type(value) is not bool:
@@ -371,6 +383,8 @@ class ResolvedRunOptions:
     wait_for_approval: bool = True
     #: None: one try, no retries.
     retry: RetryPolicy | None = None
+    #: The handler's deadline per try, in ms; None: none.
+    timeout_ms: int | None = None
 
 
 def _overlay(base: _Opt, top: _Opt) -> _Opt:
@@ -405,6 +419,7 @@ def merge_run_options(base: RunOptions, top: RunOptions | None) -> RunOptions:
         # A policy is replaced whole, never merged field by field: its fields
         # only make sense together (attempts with the exceptions they cover).
         retry=base.retry if top.retry is UNSET else top.retry,
+        timeout_ms=base.timeout_ms if top.timeout_ms is UNSET else top.timeout_ms,
     )
 
 
@@ -458,4 +473,5 @@ def resolve(options: RunOptions) -> ResolvedRunOptions:
         tx_lock_timeout_ms=tx_lock_timeout_ms,
         wait_for_approval=options.wait_for_approval is not False,
         retry=None if options.retry is UNSET else options.retry,
+        timeout_ms=None if options.timeout_ms is UNSET else options.timeout_ms,
     )

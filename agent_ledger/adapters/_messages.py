@@ -17,6 +17,7 @@ from agent_ledger.errors import (
     EffectFailedError,
     EffectPayloadMismatchError,
     EffectTimeoutError,
+    HandlerTimeoutError,
 )
 from agent_ledger.retries import RETRIES_EXHAUSTED
 from agent_ledger.status import EffectStatus
@@ -35,9 +36,9 @@ def for_model(error: BaseException) -> str | None:
     Covered: a malformed call (nothing stored), a call waiting for approval
     (``ApprovalPendingError``), a denied or canceled one (one canceled after
     its handler started may have taken effect: the text says so), a payload mismatch,
-    and a wait for another caller that timed out. Anything else (the tool's
-    own exception, a store failure, a programming error) is not the model's
-    to read: None.
+    a handler that ran past its deadline, and a wait for another caller that
+    timed out. Anything else (the tool's own exception, a store failure, a
+    programming error) is not the model's to read: None.
     """
     if isinstance(error, MalformedToolCall):
         return str(error)
@@ -79,6 +80,19 @@ def for_model(error: BaseException) -> str | None:
             f"but different values of {list(error.fields)}. The earlier call stands and nothing "
             "ran. Repeat the earlier values to get its result; a different request needs "
             "different key arguments."
+        )
+    if isinstance(error, HandlerTimeoutError):
+        # Before its base class: the handler, not a wait, ran out of time.
+        how = (
+            "was stopped at its time limit"
+            if error.status is EffectStatus.CANCELED
+            else "finished only after its time limit"
+        )
+        return (
+            f"This call {how} ({error.limit_ms} ms; effect {_ref(error.idem_key)}). It may "
+            "or may not have taken effect, and it will not run again: calling again with the "
+            "same arguments gives this answer. Find out whether it took effect before doing "
+            "anything that depends on it."
         )
     if isinstance(error, EffectTimeoutError):
         doing = (

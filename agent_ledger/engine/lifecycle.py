@@ -37,6 +37,7 @@ from agent_ledger.effects import (
     EffectError,
     TryFailure,
 )
+from agent_ledger.engine.deadline import Late, late_outcome, within
 from agent_ledger.engine.heartbeats import Beat, Heartbeats
 from agent_ledger.engine.ownership import own
 from agent_ledger.engine.waiting import Acquired, Waiter
@@ -49,6 +50,8 @@ from agent_ledger.errors import (
     EffectLedgerValidationError,
     EffectPayloadMismatchError,
     EffectStoreError,
+    HandlerTimeoutError,
+    is_handler_timeout,
     require_str,
 )
 from agent_ledger.keys import (
@@ -451,7 +454,11 @@ class Engine:
         )
         first_try_at = self._clock() if policy is not None else None
         try:
-            if opts.sync_in_thread and not inspect.iscoroutinefunction(handler):
+            if opts.timeout_ms is not None:
+                value = await within(
+                    opts.timeout_ms, functools.partial(_start, handler, effect, opts)
+                )
+            elif opts.sync_in_thread and not inspect.iscoroutinefunction(handler):
                 # A plain function may block (a requests call, time.sleep): in a
                 # worker thread it cannot stall the loop and with it the heartbeats.
                 value = await _in_handler_thread(handler, effect)
@@ -475,6 +482,8 @@ class Engine:
             await self._record_abandoned(effect, exc, tx, until)
             raise
         else:
+            if type(value) is Late:
+                return await self._record_late(effect, value, opts, tx, beat)
             return await self._record_value(effect, value, opts, tx, beat)
         # Outside the except block, so that a later try's exception is not
         # chained to this one as if it had been raised while handling it.
@@ -501,6 +510,25 @@ class Engine:
             log_effect(logging.DEBUG, "effect succeeded", effect)
             return _Recorded(won=True, value=value)
         return _LOST
+
+    async def _record_late(
+        self,
+        effect: Effect,
+        late: Late,
+        opts: ResolvedRunOptions,
+        tx: object | None,
+        beat: Beat | None,
+    ) -> _Recorded:
+        """Record a handler that ran past its deadline (see ``deadline``); raise
+        ``HandlerTimeoutError`` if the record is ours. Never retried."""
+        assert opts.timeout_ms is not None
+        until = self._stop_beat(beat, opts)
+        status, result_json, error = late_outcome(late, opts.timeout_ms)
+        if not await self._record_landed(effect, status, result_json, error, tx, until):
+            return _LOST
+        log_effect(logging.WARNING, f"handler timed out: {error.message}", effect)
+        recorded = dataclasses.replace(effect, status=status, error=error)
+        raise HandlerTimeoutError(recorded) from late.exc
 
     # -- retries -----------------------------------------------------------------------
 
@@ -598,6 +626,8 @@ class Engine:
                     until = self._stop_beat(beat, opts)
                     await self._record_abandoned(effect, stop, None, until)
                     raise
+                if type(value) is Late:
+                    return await self._record_late(effect, value, opts, None, beat)
                 return await self._record_value(effect, value, opts, None, beat)
         finally:
             if beat is not None:
@@ -606,7 +636,10 @@ class Engine:
     async def _call(
         self, handler: Callable[[Effect], object], effect: Effect, opts: ResolvedRunOptions
     ) -> object:
-        """One call of the handler, as ``execute`` makes its first (see there)."""
+        """One call of the handler, as ``execute`` makes its first (see there);
+        a ``Late`` when it ran past its deadline."""
+        if opts.timeout_ms is not None:
+            return await within(opts.timeout_ms, functools.partial(_start, handler, effect, opts))
         if opts.sync_in_thread and not inspect.iscoroutinefunction(handler):
             value = await _in_handler_thread(handler, effect)
         else:
@@ -950,6 +983,8 @@ def recorded_outcome(acquired: Acquired) -> object:
         if acquired.shared and isinstance(result, dict | list):
             return orjson.loads(orjson.dumps(result))
         return result
+    if is_handler_timeout(effect):
+        raise HandlerTimeoutError(effect)  # failed or canceled: the same error as the first call
     if status is EffectStatus.FAILED:
         raise EffectFailedError(effect)
     if status is EffectStatus.DENIED or status is EffectStatus.CANCELED:
@@ -1026,6 +1061,16 @@ async def _in_handler_thread(handler: Callable[[Effect], object], effect: Effect
     return await asyncio.get_running_loop().run_in_executor(
         _handler_threads(), functools.partial(context.run, _call_in_thread, handler, effect)
     )
+
+
+async def _start(
+    handler: Callable[[Effect], object], effect: Effect, opts: ResolvedRunOptions
+) -> object:
+    """Call the handler the way ``execute`` does, without awaiting what it returns
+    (``deadline.within`` awaits that until the deadline)."""
+    if opts.sync_in_thread and not inspect.iscoroutinefunction(handler):
+        return await _in_handler_thread(handler, effect)
+    return handler(effect)
 
 
 def _call_in_thread(handler: Callable[[Effect], object], effect: Effect) -> object:

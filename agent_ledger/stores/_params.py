@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Final
 
 import orjson
 
-from agent_ledger.effects import REOPENED, TRY_FAILED, EffectError, storable_text
+from agent_ledger.effects import REOPENED, RUN_ENDS, TRY_FAILED, EffectError, storable_text
 from agent_ledger.status import CLAIMABLE, REOPENABLE, EffectStatus, decision_sources
 from agent_ledger.stores.base import Decision, EffectQuery, NewEffect
 
@@ -178,6 +178,7 @@ def transition_params(
 #: ``LIST_FILTERS`` maps these names to its SQL.
 LIST_FILTER_NAMES: Final = (
     "workflow_id", "tool", "status", "since", "until", "before", "idem_key_prefix",
+    "call_id", "error_code", "min_duration", "max_duration",
 )  # fmt: skip
 
 
@@ -189,7 +190,7 @@ def list_params(dialect: Dialect, query: EffectQuery) -> tuple[list[str], dict[s
     """
     params: dict[str, object] = {"limit": query.limit}
     names: list[str] = []
-    for name in ("workflow_id", "tool", "idem_key_prefix"):
+    for name in ("workflow_id", "tool", "idem_key_prefix", "call_id", "error_code"):
         value = getattr(query, name)
         if value is not None:
             names.append(name)
@@ -202,6 +203,15 @@ def list_params(dialect: Dialect, query: EffectQuery) -> tuple[list[str], dict[s
         if moment is not None:
             names.append(name)
             params[name] = dialect.moment(moment)
+    for name in ("min_duration", "max_duration"):
+        span = getattr(query, name)
+        if span is not None:
+            # Whole microseconds, the finest step every store keeps.
+            names.append(name)
+            params[name + "_us"] = span // timedelta(microseconds=1)
+            # The statuses HANDLER_TIME tells apart, from EffectStatus as everywhere.
+            params["processing"] = _PROCESSING
+            params["run_ends"] = dialect.statuses(RUN_ENDS)
     if query.before is not None:
         names.append("before")
         params["before_at"], params["before_id"] = dialect.moment(query.before[0]), query.before[1]

@@ -242,6 +242,14 @@ RECORD_LEGACY: Final[LiteralString] = (
 # into the WHERE clause (fragments below, never caller text), so each
 # combination can use its index; `before` is the keyset position.
 LIST: Final[LiteralString] = "SELECT " + EFFECT_COLUMNS + " FROM {effects}"
+# Handler time (effects.handler_time, which says why): from the run's start to
+# its recorded end, or to now while it runs; NULL (never matching) when no
+# run's end is known.
+HANDLER_TIME: Final[LiteralString] = (
+    "(CASE WHEN started_at IS NULL OR decided_at > started_at THEN NULL"
+    " WHEN status = %(processing)s THEN clock_timestamp() - started_at"
+    " WHEN status = ANY(%(run_ends)s) THEN completed_at - started_at END)"
+)
 LIST_FILTERS: Final[dict[str, LiteralString]] = {
     "workflow_id": "workflow_id = %(workflow_id)s",
     "tool": "tool = %(tool)s",
@@ -252,6 +260,10 @@ LIST_FILTERS: Final[dict[str, LiteralString]] = {
     # A range rather than LIKE, so the unique index on idem_key serves it
     # under any collation: keys are lowercase hex and 'g' sorts after 'f'.
     "idem_key_prefix": "idem_key >= %(idem_key_prefix)s AND idem_key < %(idem_key_prefix)s || 'g'",
+    "call_id": "call_id = %(call_id)s",
+    "error_code": "error->>'code' = %(error_code)s",
+    "min_duration": HANDLER_TIME + " >= %(min_duration_us)s * interval '1 microsecond'",
+    "max_duration": HANDLER_TIME + " <= %(max_duration_us)s * interval '1 microsecond'",
 }
 LIST_ORDER: Final[LiteralString] = " ORDER BY created_at DESC, id DESC LIMIT %(limit)s"
 

@@ -206,6 +206,15 @@ RECORD_LEGACY: Final = (
 # into the WHERE clause (fragments below, never caller text), so each
 # combination can use its index; `before` is the keyset position.
 LIST: Final = "SELECT " + EFFECT_COLUMNS + " FROM agent_ledger_effects"
+# Handler time in µs (effects.handler_time, which says why): from the run's
+# start to its recorded end, or to :now while it runs; NULL (never matching)
+# when no run's end is known.
+HANDLER_TIME: Final = (
+    "(CASE WHEN started_us IS NULL OR decided_us > started_us THEN NULL"
+    " WHEN status = :processing THEN :now - started_us"
+    " WHEN status IN (SELECT value FROM json_each(:run_ends))"
+    " THEN completed_us - started_us END)"
+)
 LIST_FILTERS: Final = {
     "workflow_id": "workflow_id = :workflow_id",
     "tool": "tool = :tool",
@@ -216,6 +225,10 @@ LIST_FILTERS: Final = {
     # A range rather than LIKE (which ignores case in SQLite), so the unique
     # index on idem_key serves it: keys are lowercase hex and 'g' sorts after 'f'.
     "idem_key_prefix": "idem_key >= :idem_key_prefix AND idem_key < :idem_key_prefix || 'g'",
+    "call_id": "call_id = :call_id",
+    "error_code": "error_code = :error_code",
+    "min_duration": HANDLER_TIME + " >= :min_duration_us",
+    "max_duration": HANDLER_TIME + " <= :max_duration_us",
 }
 LIST_ORDER: Final = " ORDER BY created_us DESC, id DESC LIMIT :limit"
 

@@ -222,6 +222,14 @@ class EffectQuery:
     before: tuple[datetime, str] | None = None
     #: Lowercase hex; matches effects whose idempotency key starts with it.
     idem_key_prefix: str | None = None
+    #: Exactly this ``call_id``.
+    call_id: str | None = None
+    #: Exactly this ``error.code``.
+    error_code: str | None = None
+    #: Handler time (``effects.handler_time``, by the store's clock) at least /
+    #: at most this, both inclusive; effects without one never match.
+    min_duration: timedelta | None = None
+    max_duration: timedelta | None = None
 
 
 @dataclass(frozen=True, slots=True)

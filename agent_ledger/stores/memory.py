@@ -18,7 +18,14 @@ from typing import Final
 import orjson
 
 from agent_ledger.clock import Clock, utc_now
-from agent_ledger.effects import Effect, EffectError, HistoryEvent, Reopening, TryFailure
+from agent_ledger.effects import (
+    Effect,
+    EffectError,
+    HistoryEvent,
+    Reopening,
+    TryFailure,
+    handler_time,
+)
 from agent_ledger.fields import EFFECT_FIELDS
 from agent_ledger.ids import new_effect_id
 from agent_ledger.status import CLAIMABLE, REOPENABLE, EffectStatus, decision_sources
@@ -96,7 +103,7 @@ class _Row:
         return Effect(*(*_before_result(self), result, *_after_result(self)))
 
 
-def _matches(row: _Row, query: EffectQuery) -> bool:
+def _matches(row: _Row, query: EffectQuery, now: datetime) -> bool:
     return (
         (query.workflow_id is None or row.workflow_id == query.workflow_id)
         and (query.tool is None or row.tool == query.tool)
@@ -105,6 +112,24 @@ def _matches(row: _Row, query: EffectQuery) -> bool:
         and (query.until is None or row.created_at < query.until)
         and (query.before is None or (row.created_at, row.id) < query.before)
         and (query.idem_key_prefix is None or row.idem_key.startswith(query.idem_key_prefix))
+        and (query.call_id is None or row.call_id == query.call_id)
+        and (
+            query.error_code is None
+            or (row.error is not None and row.error.code == query.error_code)
+        )
+        and _lasted(row, query, now)
+    )
+
+
+def _lasted(row: _Row, query: EffectQuery, now: datetime) -> bool:
+    """The duration filters, by ``effects.handler_time`` (the SQL stores' CASE)."""
+    if query.min_duration is None and query.max_duration is None:
+        return True
+    took = handler_time(row.snapshot(), now)
+    return (
+        took is not None
+        and (query.min_duration is None or took >= query.min_duration)
+        and (query.max_duration is None or took <= query.max_duration)
     )
 
 
@@ -414,7 +439,8 @@ class MemoryStore:
     async def list_effects(self, query: EffectQuery) -> list[Effect]:
         if self._gate.active is not None:
             await self._enter(None)
-        rows = [row for row in self._rows.values() if _matches(row, query)]
+        now = self._clock()
+        rows = [row for row in self._rows.values() if _matches(row, query, now)]
         rows.sort(key=lambda row: (row.created_at, row.id), reverse=True)
         return [row.snapshot() for row in rows[: query.limit]]
 

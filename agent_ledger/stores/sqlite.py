@@ -635,7 +635,9 @@ class SqliteStore:
         statement = q.LIST + (" WHERE " + " AND ".join(filters) if filters else "") + q.LIST_ORDER
 
         def work(conn: sqlite3.Connection, now: int) -> list[Effect]:
-            return [_effect_from_row(row) for row in conn.execute(statement, params)]
+            # :now is the store's clock, for the handler time of running effects.
+            rows = conn.execute(statement, params | {"now": now})
+            return [_effect_from_row(row) for row in rows]
 
         return await self._run("list_effects", work, None, write=False)
 

@@ -482,6 +482,20 @@ def _with_retry(name: str | None, run_options: RunOptions | None, retry: RetryPo
     return replace(run_options, retry=retry)
 
 
+def _with_timeout(name: str | None, run_options: RunOptions | None, timeout_ms: int) -> RunOptions:
+    """A tool's ``timeout_ms=`` is its ``RunOptions.timeout_ms``; giving both is ambiguous."""
+    if run_options is None:
+        return RunOptions(timeout_ms=timeout_ms)  # RunOptions checks the value
+    if not isinstance(run_options, RunOptions):
+        return run_options  # _policy names the problem
+    if run_options.timeout_ms is not UNSET:
+        raise EffectLedgerValidationError(
+            f"tool {name!r}: timeout_ms is given twice (argument and run_options)",
+            field="timeout_ms",
+        )
+    return replace(run_options, timeout_ms=timeout_ms)
+
+
 def define(
     ledger: EffectLedger,
     registry: dict[str, Tool[Any]],
@@ -493,6 +507,7 @@ def define(
     workflow_id: str | None,
     run_options: RunOptions | None,
     retry: RetryPolicy | None = None,
+    timeout_ms: int | None = None,
 ) -> ToolDecorator:
     """``EffectLedger.tool``: the decorator that registers a function in ``registry``."""
     if callable(name):
@@ -505,6 +520,8 @@ def define(
         ToolCall(workflow_id="-", tool=name)  # the checks any tool name gets
     if retry is not None:
         run_options = _with_retry(name, run_options, retry)
+    if timeout_ms is not None:
+        run_options = _with_timeout(name, run_options, timeout_ms)
 
     def decorate(fn: Callable[..., Any]) -> Tool[Any]:
         if isinstance(fn, Tool):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import orjson
 
@@ -43,16 +43,21 @@ def test_list_params_fill_exactly_the_fragments_used() -> None:
         until=AT,
         before=(AT, "0b0e4f5e-1111-4222-8333-444455556666"),
         idem_key_prefix="ab",
+        call_id="c1",
+        error_code="handler_timeout",
+        min_duration=timedelta(milliseconds=5),
+        max_duration=timedelta(seconds=5),
         limit=7,
     )
-    for dialect, filters, order, style in (
-        (PG, pg.LIST_FILTERS, pg.LIST_ORDER, "pg"),
-        (LITE, lite.LIST_FILTERS, lite.LIST_ORDER, "lite"),
+    for dialect, filters, order, style, extra in (
+        (PG, pg.LIST_FILTERS, pg.LIST_ORDER, "pg", set()),
+        # SqliteStore passes its clock's now for the handler time of running effects.
+        (LITE, lite.LIST_FILTERS, lite.LIST_ORDER, "lite", {"now"}),
     ):
         names, params = list_params(dialect, query)
         assert names == list(LIST_FILTER_NAMES)
         used = set().union(*(_names(filters[n], style) for n in names), _names(order, style))
-        assert used == set(params)
+        assert used == set(params) | extra
     assert list_params(LITE, EffectQuery()) == ([], {"limit": 100})
     _, params = list_params(LITE, EffectQuery(since=AT))
     assert params["since"] == int(AT.timestamp() * 1_000_000)

@@ -1,0 +1,137 @@
+"""list_effects by handler time, error code and call id, on every store.
+
+Handler time (``effects.handler_time``) runs from the claim that started the
+current run to its recorded outcome, or to now while it runs; a wait for a
+person never counts, and an effect whose run's end is unknown never matches.
+Each store computes it itself (SQL, or the function for MemoryStore); this
+suite holds them to one answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+
+from agent_ledger import (
+    ApprovalPendingError,
+    CommitSucceeded,
+    Effect,
+    EffectLedgerValidationError,
+    EffectStatus,
+    RunOptions,
+    ToolCall,
+)
+from agent_ledger.effects import handler_time
+from tests.harness import StoreHarness
+
+
+class Declined(Exception):
+    code = "declined"
+
+
+def call(name: str, call_id: str | None = None) -> ToolCall:
+    return ToolCall(workflow_id="wf", tool=f"t.{name}", args={}, call_id=call_id)
+
+
+async def populate(harness: StoreHarness) -> dict[str, str]:
+    """One effect of each kind; returns tool name -> effect id.
+
+    slow: ran 400 ms; running: still processing after 400 ms; fast: failed at
+    once (code declined, call id call-b); approved: waited 400 ms for a person,
+    then ran at once; pending: still waiting for a person; stopped: a person
+    canceled it 400 ms into its run.
+    """
+    ledger = harness.ledger()
+    running = await ledger.begin(call("running"))
+    stopped = await ledger.begin(call("stopped"))
+    asking = RunOptions(requires_approval=True, wait_for_approval=False)
+    for name in ("approved", "pending"):
+        with pytest.raises(ApprovalPendingError):
+            await ledger.run(call(name), lambda e: "ran", asking)
+    slow = await ledger.begin(call("slow"))
+    await harness.age(400)  # the manual clocks of MemoryStore and SqliteStore
+    await asyncio.sleep(0.4)  # PostgreSQL's own clock
+    assert await ledger.commit(slow.effect.id, CommitSucceeded("done"), attempt=1)
+
+    def decline(effect: Effect) -> None:
+        raise Declined("card declined")
+
+    with pytest.raises(Declined):
+        await ledger.run(call("fast", call_id="call-b"), decline)
+    assert await ledger.approve(ledger.idem_key(call("approved")), by="ops")
+    assert await ledger.run(call("approved"), lambda e: "ran", asking) == "ran"
+    assert await ledger.cancel(ledger.idem_key(call("stopped")), reason="too slow", by="ops")
+    ids = {}
+    for name, begun in (("running", running), ("stopped", stopped), ("slow", slow)):
+        ids[name] = begun.effect.id
+    for name in ("fast", "approved", "pending"):
+        found = await ledger.find_by_idem_key(ledger.idem_key(call(name)))
+        assert found is not None
+        ids[name] = found.id
+    return ids
+
+
+async def names(harness: StoreHarness, **filters: object) -> set[str]:
+    page = await harness.ledger().list_effects(limit=1_000, **filters)  # type: ignore[arg-type]
+    return {effect.tool.removeprefix("t.") for effect in page.effects}
+
+
+async def test_duration_error_code_and_call_id_filters(harness: StoreHarness) -> None:
+    await populate(harness)
+    ms = timedelta(milliseconds=1)
+    # Handler time, never the wait for approval nor a run a person cut short.
+    assert await names(harness, min_duration=300 * ms) == {"slow", "running"}
+    assert await names(harness, max_duration=300 * ms) == {"fast", "approved"}
+    assert await names(harness, min_duration=timedelta(0)) == {
+        "slow",
+        "running",
+        "fast",
+        "approved",
+    }
+    assert await names(harness, min_duration=300 * ms, max_duration=timedelta(hours=1)) == {
+        "slow",
+        "running",
+    }
+    assert await names(harness, min_duration=300 * ms, status="succeeded") == {"slow"}
+    assert await names(harness, min_duration=timedelta(hours=1)) == set()
+    assert await names(harness, error_code="declined") == {"fast"}
+    assert await names(harness, error_code="declined", min_duration=300 * ms) == set()
+    assert await names(harness, call_id="call-b") == {"fast"}
+    assert await names(harness, call_id="call-x") == set()
+
+
+async def test_every_store_agrees_with_handler_time(harness: StoreHarness) -> None:
+    """The stores' SQL and the function give the same answer for every effect."""
+    await populate(harness)
+    page = await harness.ledger().list_effects(limit=1_000)
+    bound = timedelta(milliseconds=300)
+    for effect in page.effects:
+        took = handler_time(effect, effect.heartbeat_at)
+        expected = took is not None and took >= bound
+        if effect.status is EffectStatus.PROCESSING:
+            expected = True  # it has been running past the bound by now
+        matched = await names(harness, min_duration=bound, tool=effect.tool)
+        assert matched == ({effect.tool.removeprefix("t.")} if expected else set()), effect
+
+
+@pytest.mark.parametrize(
+    ("filters", "field"),
+    [
+        ({"min_duration": timedelta(seconds=-1)}, "min_duration"),
+        ({"max_duration": 5}, "max_duration"),
+        (
+            {"min_duration": timedelta(seconds=2), "max_duration": timedelta(seconds=1)},
+            "min_duration",
+        ),
+        ({"error_code": 7}, "error_code"),
+        ({"call_id": b"x"}, "call_id"),
+    ],
+)
+async def test_bad_filters_are_refused(
+    harness: StoreHarness, filters: dict[str, object], field: str
+) -> None:
+    with pytest.raises(EffectLedgerValidationError) as info:
+        await harness.ledger().list_effects(**filters)  # type: ignore[arg-type]
+    assert info.value.field == field
