@@ -16,6 +16,10 @@ that retrying it is safe. That holds as long as a retry lands in the same
 workflow: with a ``workflow_id`` function that gives each request a workflow
 of its own, pass ``annotations=ToolAnnotations(idempotent_hint=False)``.
 
+A client that times out cancels its request and retries it: the run is not
+cut off with the request, but finishes in a task of its own and records its
+outcome, which the retry waits for or replays (see ``_outlive_request``).
+
 What the client reads (``isError`` results, text written for a model):
 
 * arguments the tool does not take, missing or of the wrong type, or that a
@@ -44,7 +48,9 @@ and the server logs it.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -75,6 +81,12 @@ from agent_ledger.options import RunOptions
 from agent_ledger.tools import Tool
 
 __all__ = ["WorkflowFor", "add_tool", "add_tools"]
+
+_log = logging.getLogger(__name__)
+
+#: Runs whose request was cancelled while they ran, held until they settle: the
+#: event loop keeps only weak references to tasks.
+_DETACHED: set[asyncio.Task[Any]] = set()
 
 #: A workflow id for each call, from the request's MCP ``Context`` (its session, a header...).
 WorkflowFor = Callable[[Context[Any, Any]], str]
@@ -223,7 +235,12 @@ def _function_for(
                 raise MalformedToolCall(str(exc), tool=tool.name) from None
             check_storable(tool, values)
             with scope(ctx):
-                return await tool.invoke(values, call_id=call_id, run_options=options)
+                # The task copies this context (the workflow scope) when it is made.
+                run = asyncio.create_task(
+                    tool.invoke(values, call_id=call_id, run_options=options),
+                    name=f"agent-ledger mcp {tool.name} request {call_id}",
+                )
+            return await _outlive_request(run, tool.name, call_id)
         except EffectFailedError as exc:
             if raised_as(exc, ToolError):
                 raise ToolError(first_raised(exc)[1]) from exc
@@ -258,6 +275,50 @@ def _function_for(
     fn.__name__ = fn.__qualname__ = tool.name
     fn.__doc__ = tool.fn.__doc__
     return call_ledger_tool
+
+
+async def _outlive_request(run: asyncio.Task[Any], name: str, call_id: str | None) -> Any:
+    """``run``'s outcome; if the request is cancelled first, ``run`` goes on without it.
+
+    A client cancels a request (``notifications/cancelled``) when it stops
+    waiting, on a read timeout above all, and then retries it: the tools are
+    annotated idempotent. Cancelling the run with the request would cut the
+    side effect off midway and record the effect canceled, so every retry
+    would read "stopped while it was running" and never get a result. So the
+    run finishes in a task of its own and records its outcome, which a
+    retry replays (or waits for, while it still runs). A run still going
+    when the event loop shuts down is cancelled then, and recorded canceled,
+    as any run cut off is.
+    """
+    try:
+        return await asyncio.shield(run)
+    except asyncio.CancelledError:
+        if not run.done():
+            _DETACHED.add(run)
+            run.add_done_callback(lambda task: _settled(task, name, call_id))
+        raise
+
+
+def _settled(run: asyncio.Task[Any], name: str, call_id: str | None) -> None:
+    """Log how a run its request stopped waiting for ended (nobody else will read it)."""
+    _DETACHED.discard(run)
+    if run.cancelled():
+        _log.warning(
+            "tool %r (request %s) was cancelled after its client stopped waiting; "
+            "its effect is recorded canceled",
+            name,
+            call_id,
+        )
+        return
+    error = run.exception()
+    if error is not None:
+        _log.warning(
+            "tool %r (request %s) ended with an error after its client stopped waiting; "
+            "a retry of the call reads its recorded outcome",
+            name,
+            call_id,
+            exc_info=error,
+        )
 
 
 def _request(ctx: Context[Any, Any]) -> tuple[str | None, Mapping[str, Any] | None]:

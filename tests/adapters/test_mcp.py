@@ -13,6 +13,7 @@ import datetime
 import enum
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,8 +36,10 @@ from agent_ledger import (
     Effect,
     EffectDeniedError,
     EffectLedger,
+    EffectLedgerOptions,
     EffectLedgerValidationError,
     EffectStatus,
+    SqliteStore,
     ToolCall,
 )
 from agent_ledger.adapters.mcp import add_tool, add_tools
@@ -580,3 +583,107 @@ async def test_positional_only_parameters_and_a_parameter_named_ctx(harness: Sto
         result = await client.call_tool("notes.tag", {"note": 3, "ctx": "work"})
     assert set(listed.input_schema["properties"]) == {"note", "ctx"}
     assert text(result) == "3:work"
+
+
+# -- a client that stops waiting ------------------------------------------------------------
+
+
+async def test_a_retry_after_a_client_timeout_gets_the_first_calls_result(
+    harness: StoreHarness,
+) -> None:
+    """A client that times out cancels its request (notifications/cancelled) and retries
+    it. The run goes on without the request: it is not recorded canceled, and the retry
+    waits for it and reads its result; the tool ran once."""
+    ledger = harness.ledger()
+    started, release = asyncio.Event(), asyncio.Event()
+    runs: list[str] = []
+    cut_off: list[str] = []
+
+    @ledger.tool("reports.build")
+    async def build(month: str) -> str:
+        runs.append(month)
+        started.set()
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            cut_off.append(month)
+            raise
+        return f"report {month} built"
+
+    server = MCPServer("reports")
+    add_tools(server, ledger, workflow_id="w")
+    async with Client(server) as client:
+        first = asyncio.create_task(
+            client.call_tool("reports.build", {"month": "2025-05"}, read_timeout_seconds=0.2)
+        )
+        await started.wait()
+        with pytest.raises(Exception, match="Timed out"):
+            await first
+        # Answered after the server has read the cancellation sent before it.
+        await client.list_tools()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert cut_off == []
+        (effect,) = await stored(ledger)
+        assert effect.status is EffectStatus.PROCESSING
+        retry = asyncio.create_task(client.call_tool("reports.build", {"month": "2025-05"}))
+        await asyncio.sleep(0.05)  # the retry is waiting for the first run's outcome
+        release.set()
+        result = await retry
+        again = await client.call_tool("reports.build", {"month": "2025-05"})
+    assert [(r.is_error, text(r)) for r in (result, again)] == [(False, "report 2025-05 built")] * 2
+    assert runs == ["2025-05"]
+    (effect,) = await stored(ledger)
+    assert effect.status is EffectStatus.SUCCEEDED
+
+
+def test_a_run_still_going_when_the_server_stops_is_recorded_canceled(tmp_path: Path) -> None:
+    """A run whose request was cancelled outlives the request, not the event loop: when
+    the loop shuts down the run is cancelled and recorded canceled (it may have taken
+    effect), which a later retry reads."""
+    path = tmp_path / "ledger.db"
+    code = f"""
+import asyncio, logging
+from mcp import Client
+from mcp.server.mcpserver import MCPServer
+from agent_ledger import EffectLedger, EffectLedgerOptions, SqliteStore
+from agent_ledger.adapters.mcp import add_tools
+
+logging.disable(logging.CRITICAL)
+ledger = EffectLedger(EffectLedgerOptions(store=SqliteStore({str(path)!r})))
+started = asyncio.Event()
+
+@ledger.tool("reports.build")
+async def build(month: str) -> str:
+    started.set()
+    await asyncio.Event().wait()  # never ends on its own
+    return "built"
+
+async def main() -> None:
+    server = MCPServer("reports")
+    add_tools(server, ledger, workflow_id="w")
+    async with Client(server) as client:
+        try:
+            await client.call_tool("reports.build", {{"month": "5"}}, read_timeout_seconds=0.2)
+        except Exception as exc:
+            print("timed out:", type(exc).__name__)
+        await client.list_tools()
+    (effect,) = (await ledger.list_effects()).effects
+    print("after the request:", effect.status.value)
+
+asyncio.run(main())
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["timed out: MCPError", "after the request: processing"]
+
+    async def read() -> Effect:
+        ledger = EffectLedger(EffectLedgerOptions(store=SqliteStore(str(path))))
+        (effect,) = (await ledger.list_effects()).effects
+        return effect
+
+    effect = asyncio.run(read())
+    assert effect.status is EffectStatus.CANCELED
+    assert effect.error is not None and effect.error.code == "cancelled"
