@@ -106,11 +106,19 @@ def add_tools(
     a tool with a workflow of its own (``@ledger.tool(workflow_id=...)``)
     keeps it: ``workflow_id`` applies to the others. The ledger's tools are
     taken as they are now (register tools first). Nothing is registered if
-    one of ``tools`` is not a ledger tool.
+    one of ``tools`` is not a ledger tool, is given twice, or has a name the
+    server already has a tool under.
     """
     found = list(tools.tools.values()) if isinstance(tools, EffectLedger) else list(tools)
+    names: set[str] = set()
     for tool in found:
         _check_tool(tool)
+        _check_name(server, tool.name)
+        if tool.name in names:
+            raise EffectLedgerValidationError(
+                f"tool {tool.name!r} is given twice; nothing was registered", field="tools"
+            )
+        names.add(tool.name)
     for tool in found:
         add_tool(
             server,
@@ -135,7 +143,10 @@ def add_tool(
     """Register one ledger tool on ``server``; its ``tools/call`` requests run through the ledger.
 
     ``name`` defaults to the ledger tool's name (MCP allows dots),
-    ``description`` to the function's docstring. ``annotations`` are
+    ``description`` to the function's docstring. A name the server already
+    has a tool under is refused (``EffectLedgerValidationError``; nothing
+    is registered): the SDK would keep the other tool, and calls would not
+    go through the ledger. ``annotations`` are
     passed on with ``idempotent_hint=True`` unless they set it (see the
     module doc).
 
@@ -165,10 +176,12 @@ def add_tool(
             f"workflow_id must be a string or a function of the MCP Context, got {workflow_id!r}",
             field="workflow_id",
         )
+    mcp_name = tool.name if name is None else name
     fn = _function_for(tool, workflow_id, wait_for_approval)
+    _check_name(server, mcp_name)
     server.add_tool(
         fn,
-        name=tool.name if name is None else name,
+        name=mcp_name,
         title=title,
         description=_describe(tool) if description is None else description,
         annotations=_idempotent(annotations),
@@ -179,6 +192,23 @@ def _check_tool(tool: object) -> None:
     if not isinstance(tool, Tool):
         raise EffectLedgerValidationError(
             f"expected a ledger tool (from @ledger.tool), got {tool!r}", field="tool"
+        )
+
+
+def _check_name(server: MCPServer[Any], name: str) -> None:
+    """Refuse a name the server already has a tool under.
+
+    The SDK keeps the tool it has and only logs a warning, so calls of that
+    name would reach the other tool (an unprotected version, say) and never
+    the ledger. The SDK has no public lookup; its tool manager's is the one
+    its own request handling uses.
+    """
+    if server._tool_manager.get_tool(name) is not None:
+        raise EffectLedgerValidationError(
+            f"the server already has a tool named {name!r}, and the SDK would keep it, so "
+            "calls would not go through the ledger; nothing was registered. Remove it first "
+            "(server.remove_tool(name)) or register this tool under another name (name=...)",
+            field="name",
         )
 
 

@@ -394,6 +394,48 @@ def test_registration_refuses_what_would_not_work(harness: StoreHarness) -> None
         add_tool(server, pinned, workflow_id=5)  # type: ignore[arg-type]
 
 
+async def test_a_name_the_server_already_has_is_refused_before_anything_changes(
+    harness: StoreHarness,
+) -> None:
+    """The SDK keeps a tool it already has under a name (and only logs), so registering
+    the ledger tool there would leave calls bypassing the ledger: refused, naming the
+    tool, and the server's tools are as they were."""
+    ledger = harness.ledger()
+    runs: list[str] = []
+    server = MCPServer("shop")
+
+    @server.tool(name="payments.charge")
+    async def old_charge(order_id: str) -> str:
+        runs.append(f"old {order_id}")
+        return "charged without a ledger"
+
+    @ledger.tool("payments.charge")
+    async def charge(order_id: str) -> str:
+        runs.append(order_id)
+        return f"charged {order_id}"
+
+    @ledger.tool("payments.refund")
+    async def refund(order_id: str) -> str:
+        return f"refunded {order_id}"
+
+    with pytest.raises(EffectLedgerValidationError, match=r"named 'payments\.charge'"):
+        add_tool(server, charge, workflow_id="w")
+    with pytest.raises(EffectLedgerValidationError, match=r"named 'payments\.charge'"):
+        add_tools(server, ledger, workflow_id="w")  # refund comes second: not added either
+    with pytest.raises(EffectLedgerValidationError, match=r"'payments\.refund' is given twice"):
+        add_tools(server, [refund, refund], workflow_id="w")
+    assert [t.name for t in await server.list_tools()] == ["payments.charge"]
+    add_tool(server, charge, name="payments.charge.v2", workflow_id="w")
+    with pytest.raises(EffectLedgerValidationError, match=r"named 'payments\.charge\.v2'"):
+        add_tool(server, refund, name="payments.charge.v2", workflow_id="w")
+    async with Client(server) as client:
+        for _ in range(2):
+            result = await client.call_tool("payments.charge.v2", {"order_id": "o1"})
+            assert text(result) == "charged o1"
+    assert runs == ["o1"]
+    assert len(await stored(ledger)) == 1
+
+
 async def test_a_pinned_tool_keeps_its_workflow(harness: StoreHarness) -> None:
     """add_tools' workflow_id applies to the tools without a workflow of their own."""
     ledger = harness.ledger()
