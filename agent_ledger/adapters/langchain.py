@@ -44,7 +44,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 try:
     from langchain_core.messages import ToolMessage
@@ -58,7 +58,8 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, create
 from pydantic_core import to_jsonable_python
 
 from agent_ledger.adapters._common import MalformedToolCall
-from agent_ledger.adapters._messages import first_raised, raised_as
+from agent_ledger.adapters._messages import answer_failure
+from agent_ledger.adapters._outcome import call_key, is_tool_failure, recorded_failure
 from agent_ledger.adapters._signature import (
     REQUIRED,
     JsonArguments,
@@ -332,8 +333,11 @@ def _build(
             return values
         try:
             return await tool.invoke(values, call_id=call_id, run_options=options)
-        except EffectFailedError as exc:
-            _raise_replayed(exc)
+        except Exception as exc:
+            answer = await _answer(tool, values, exc)
+            if answer is exc:
+                raise
+            raise answer from exc
 
     def func(**kwargs: Any) -> Any:
         # Sync invoke: the ledger runs the call on its own event loop thread
@@ -343,8 +347,11 @@ def _build(
             return values
         try:
             return tool.invoke_sync(values, call_id=call_id, run_options=options)
-        except EffectFailedError as exc:
-            _raise_replayed(exc)
+        except Exception as exc:
+            answer = tool.ledger.call_sync(_answer, tool, values, exc)
+            if answer is exc:
+                raise
+            raise answer from exc
 
     lc_tool = LedgerTool(
         name=name,
@@ -358,11 +365,25 @@ def _build(
     return lc_tool
 
 
-def _raise_replayed(error: EffectFailedError) -> NoReturn:
-    """A replayed failure raises ``ToolException`` again if the first call raised one."""
-    if raised_as(error, ToolException):
-        raise ToolException(first_raised(error)[1]) from error
-    raise error
+async def _answer(tool: Tool[Any], values: dict[str, object], error: Exception) -> Exception:
+    """What to raise for a run that raised ``error``, so a model reads the same every time.
+
+    A failure first raised as ``ToolException`` (the tool's own, a replay of
+    it, or a ledger error of a tool call inside the tool that was one) is
+    raised as ``ToolException`` with the recorded message, on the first call
+    and on every replay, so ``handle_tool_error`` treats them alike; see
+    ``answer_failure``. Anything else is raised as it is.
+    """
+    try:
+        key: str | None = call_key(tool, values)
+    except EffectLedgerValidationError:
+        key = None
+    if await is_tool_failure(tool.ledger, key, error):
+        failure = None if key is None else await recorded_failure(tool.ledger, key)
+        return answer_failure(failure, error, ToolException, ToolException)
+    if isinstance(error, EffectFailedError):  # a replay of this call's failure
+        return answer_failure(error, error, ToolException, ToolException)
+    return error
 
 
 def _langchain_name(ledger_name: str) -> str:

@@ -49,6 +49,7 @@ and the server logs it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 from collections.abc import Callable, Iterable, Mapping
@@ -66,7 +67,8 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
     ) from exc
 
 from agent_ledger.adapters._common import MalformedToolCall
-from agent_ledger.adapters._messages import first_raised, for_model, raised_as
+from agent_ledger.adapters._messages import answer_failure, for_model
+from agent_ledger.adapters._outcome import call_key, is_tool_failure, recorded_failure
 from agent_ledger.adapters._signature import (
     REQUIRED,
     JsonArguments,
@@ -257,29 +259,29 @@ def _function_for(
                 "Nothing ran and nothing was stored."
             )
         try:
-            try:
-                # The SDK validated the arguments into Python objects (an enum
-                # member, a date, a model): the key and the tool get their JSON.
-                values = tool.bind_arguments(to_json(kwargs, tool.name))
-            except EffectLedgerValidationError as exc:
-                raise MalformedToolCall(str(exc), tool=tool.name) from None
+            # The SDK validated the arguments into Python objects (an enum
+            # member, a date, a model): the key and the tool get their JSON.
+            values = tool.bind_arguments(to_json(kwargs, tool.name))
+        except EffectLedgerValidationError as exc:
+            raise ToolError(str(exc)) from None
+        try:
             check_storable(tool, values)
-            with scope(ctx):
-                # The task copies this context (the workflow scope) when it is made.
-                run = asyncio.create_task(
-                    tool.invoke(values, call_id=call_id, run_options=options),
-                    name=f"agent-ledger mcp {tool.name} request {call_id}",
-                )
+        except MalformedToolCall as exc:
+            raise ToolError(str(exc)) from None
+        with scope(ctx):
+            here = contextvars.copy_context()  # to work out the key, if the run fails
+            # The task copies this context (the workflow scope) when it is made.
+            run = asyncio.create_task(
+                tool.invoke(values, call_id=call_id, run_options=options),
+                name=f"agent-ledger mcp {tool.name} request {call_id}",
+            )
+        try:
             return await _outlive_request(run, tool.name, call_id)
-        except EffectFailedError as exc:
-            if raised_as(exc, ToolError):
-                raise ToolError(first_raised(exc)[1]) from exc
-            raise
         except Exception as exc:
-            text = for_model(exc)
-            if text is None:
+            answer = await _answer(tool, here, values, exc)
+            if answer is exc:
                 raise
-            raise ToolError(text) from exc
+            raise answer from exc
 
     parameters = [
         inspect.Parameter(
@@ -305,6 +307,31 @@ def _function_for(
     fn.__name__ = fn.__qualname__ = tool.name
     fn.__doc__ = tool.fn.__doc__
     return call_ledger_tool
+
+
+async def _answer(
+    tool: Tool[Any], here: contextvars.Context, values: dict[str, object], error: Exception
+) -> Exception:
+    """What to raise for a run that raised ``error``: the client reads the same every time.
+
+    The tool's own exception (a ledger error of a tool call inside it
+    included, see ``_outcome``) is answered from the effect's recorded
+    failure, as every replay is: its message when it was a ``ToolError``,
+    else a crash. This call's own ledger outcomes are told in a model's
+    terms (``for_model``); anything else (no workflow, a store that is
+    down) is the server's error.
+    """
+    try:
+        key: str | None = here.run(call_key, tool, values)
+    except EffectLedgerValidationError:
+        key = None
+    if await is_tool_failure(tool.ledger, key, error):
+        failure = None if key is None else await recorded_failure(tool.ledger, key)
+        return answer_failure(failure, error, ToolError, ToolError)
+    if isinstance(error, EffectFailedError):  # a replay of this call's failure
+        return answer_failure(error, error, ToolError, ToolError)
+    text = for_model(error)
+    return error if text is None else ToolError(text)
 
 
 async def _outlive_request(run: asyncio.Task[Any], name: str, call_id: str | None) -> Any:

@@ -75,6 +75,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
 import orjson
 
 from agent_ledger.adapters._common import MalformedToolCall, parse_arguments
+from agent_ledger.adapters._outcome import is_tool_failure
 from agent_ledger.errors import (
     ApprovalPendingError,
     EffectDeniedError,
@@ -389,14 +390,43 @@ class _Calls:
         """The SDK's ``on_invoke_tool``: one ``Tool.invoke``, answered in the model's terms."""
         try:
             values = self.arguments(raw)
-            result = await self.tool.invoke(values, call_id=ctx.tool_call_id, run_options=_NO_WAIT)
         except MalformedToolCall as exc:
             return str(exc)
-        except EffectDeniedError as exc:
+        try:
+            result = await self.tool.invoke(values, call_id=ctx.tool_call_id, run_options=_NO_WAIT)
+        except Exception as exc:
+            if await is_tool_failure(self.ledger, self._key(values), exc):
+                # The tool's own exception (a ledger error of a tool call inside
+                # it included), recorded as this effect's failure.
+                return await self._failure(ctx, exc)
+            return await self._own_outcome(ctx, exc, values)
+        return (
+            result if isinstance(result, str) else canonical_json(result, field="result").decode()
+        )
+
+    def _key(self, values: dict[str, object]) -> str | None:
+        """The call's key, None if it has none (no workflow: the run raised about that)."""
+        try:
+            return self.ledger.idem_key(self.tool_call(dict(values)))
+        except EffectLedgerValidationError:
+            return None
+
+    async def _failure(self, ctx: ToolContext[Any], exc: Exception) -> str:
+        """The tool's failure as ``failure_error_function`` words it (``None``: raised)."""
+        if self._on_error is None:
+            raise exc
+        message = self._on_error(ctx, exc)
+        return await message if inspect.isawaitable(message) else message
+
+    async def _own_outcome(
+        self, ctx: ToolContext[Any], exc: Exception, values: dict[str, object]
+    ) -> str:
+        """What the model reads for this call's own ledger outcome; raises what is the app's."""
+        if isinstance(exc, EffectDeniedError):
             return _decision_text(exc.effect)
-        except EffectPayloadMismatchError as exc:
+        if isinstance(exc, EffectPayloadMismatchError):
             return self._mismatch_text(exc, values)
-        except ApprovalPendingError as exc:
+        if isinstance(exc, ApprovalPendingError):
             if ctx.is_tool_approved(ctx.tool_name, ctx.tool_call_id):
                 raise EffectLedgerValidationError(
                     f"tool call {ctx.tool_call_id!r} ({self.sdk_name}) was approved in the "
@@ -413,22 +443,15 @@ class _Calls:
                 "This call is waiting for a person's approval and has not run; it cannot "
                 "run until a person approves it."
             )
-        except EffectLedgerValidationError as exc:
+        if isinstance(exc, EffectLedgerValidationError):
             if exc.field != "args":  # no workflow, a result that is not JSON: the app's
-                raise
+                raise exc
             return str(exc)  # the arguments, e.g. too large: the model's to fix
-        except (EffectStoreError, EffectInFlightError, EffectLedgerInvariantError):
-            raise
-        except Exception as exc:
-            # The tool's own failure: its exception, a replayed failure
-            # (EffectFailedError), or the wait for another worker timing out.
-            if self._on_error is None:
-                raise
-            message = self._on_error(ctx, exc)
-            return await message if inspect.isawaitable(message) else message
-        return (
-            result if isinstance(result, str) else canonical_json(result, field="result").decode()
-        )
+        if isinstance(exc, (EffectStoreError, EffectInFlightError, EffectLedgerInvariantError)):
+            raise exc
+        # A replayed failure (EffectFailedError), or the wait for another
+        # worker timing out: the tool's failure, as far as the model goes.
+        return await self._failure(ctx, exc)
 
     def _mismatch_text(self, exc: EffectPayloadMismatchError, values: dict[str, object]) -> str:
         keys = self.tool.idempotency_keys or ()

@@ -33,12 +33,14 @@ from mcp.types import (
 from pydantic import BaseModel
 
 from agent_ledger import (
+    ApprovalPendingError,
     Effect,
     EffectDeniedError,
     EffectLedger,
     EffectLedgerOptions,
     EffectLedgerValidationError,
     EffectStatus,
+    RunOptions,
     SqliteStore,
     ToolCall,
 )
@@ -334,6 +336,94 @@ async def test_tool_errors_read_the_same_on_replay_and_crashes_stay_private(
     assert all(r.is_error for r in reserved + synced)
     assert runs == ["A1", "a"]
     assert {e.status for e in await stored(ledger)} == {EffectStatus.FAILED}
+
+
+class CardDeclined(ToolError):
+    code = "card_declined"  # recorded as the code, instead of the class name
+
+
+async def test_a_tool_error_with_a_code_reads_the_same_on_replay(harness: StoreHarness) -> None:
+    """Regression: a ToolError subclass with a class-level code was recorded under that
+    code, which the replay did not recognise as a ToolError: the client read the message
+    first and "Error executing tool" after. A code set on one instance only cannot be
+    recognised on a replay, so that call is a crash from the first answer on."""
+    ledger = harness.ledger()
+
+    @ledger.tool("pay.charge")
+    async def charge(order: str) -> str:
+        raise CardDeclined("the card was declined; ask for another card")
+
+    @ledger.tool("pay.refund")
+    async def refund(order: str) -> str:
+        error = ToolError("refunds are closed")
+        error.code = "refunds_closed"  # type: ignore[attr-defined]
+        raise error
+
+    server = MCPServer("shop")
+    add_tools(server, [charge, refund], workflow_id="w")
+    async with Client(server) as client:
+        charged = [await client.call_tool("pay.charge", {"order": "o1"}) for _ in range(2)]
+        refunded = [await client.call_tool("pay.refund", {"order": "o1"}) for _ in range(2)]
+    assert [(r.is_error, text(r)) for r in charged] == [
+        (True, "Error executing tool pay.charge: the card was declined; ask for another card")
+    ] * 2
+    assert [(r.is_error, text(r)) for r in refunded] == [
+        (True, "Error executing tool pay.refund")
+    ] * 2
+    assert sorted(str(e.error.code) for e in await stored(ledger) if e.error) == [
+        "card_declined",
+        "refunds_closed",
+    ]
+
+
+async def test_a_nested_ledger_error_is_the_tools_failure_first_and_on_replay(
+    harness: StoreHarness,
+) -> None:
+    """Regression: a tool whose own tool call was denied told the client "A person denied
+    this call... It did not run" (it ran, and failed), and a replay "Error executing
+    tool". A nested error is the tool's exception: a crash, both times. A nested
+    failure that was a ToolError reads as the tool's recorded failure, both times."""
+    ledger = harness.ledger()
+    side_effects: list[str] = []
+
+    @ledger.tool("db.drop", requires_approval=True)
+    async def drop(table: str) -> str:
+        return f"dropped {table}"
+
+    @ledger.tool("db.cleanup")
+    async def cleanup(name: str) -> str:
+        side_effects.append(f"truncated {name}.log")
+        return await drop(f"{name}.tmp")
+
+    @ledger.tool("stock.check")
+    async def check(sku: str) -> str:
+        raise ToolError(f"{sku} is unknown")
+
+    @ledger.tool("stock.reserve")
+    async def reserve(sku: str) -> str:
+        return await check(sku)
+
+    server = MCPServer("db")
+    add_tools(server, [cleanup, reserve], workflow_id="w")
+    async with ledger.workflow("w"):
+        with pytest.raises(ToolError):
+            await check("A1")  # recorded failed: reserve's nested call replays it
+        with pytest.raises(ApprovalPendingError) as pending:
+            await drop.invoke({"table": "s.tmp"}, run_options=RunOptions(wait_for_approval=False))
+        assert await ledger.deny(pending.value.idem_key, reason="keep it", by="ada")
+    async with Client(server) as client:
+        cleaned = [await client.call_tool("db.cleanup", {"name": "s"}) for _ in range(2)]
+        reserved = [await client.call_tool("stock.reserve", {"sku": "A1"}) for _ in range(2)]
+    assert [(r.is_error, text(r)) for r in cleaned] == [
+        (True, "Error executing tool db.cleanup")
+    ] * 2
+    assert side_effects == ["truncated s.log"]
+    async with ledger.workflow("w"):
+        outer = await ledger.find_by_idem_key(ledger.idem_key(reserve.tool_call("A1")))
+    assert outer is not None and outer.error is not None and outer.error.code == "ToolError"
+    assert [(r.is_error, text(r)) for r in reserved] == [
+        (True, f"Error executing tool stock.reserve: {outer.error.message}")
+    ] * 2
 
 
 # -- workflows ------------------------------------------------------------------------------
