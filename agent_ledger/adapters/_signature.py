@@ -21,6 +21,7 @@ anything is stored.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from collections.abc import Mapping
@@ -46,6 +47,7 @@ __all__ = [
     "check_storable",
     "description",
     "return_annotation",
+    "wrapped_function",
 ]
 
 #: ``Argument.default`` of a parameter without a default.
@@ -93,14 +95,37 @@ def return_annotation(tool: Tool[Any]) -> Any:
 
 
 def description(tool: Tool[Any]) -> str:
-    """What a model reads about the tool: the function's docstring, cleaned, or ``""``."""
-    return inspect.getdoc(tool.fn) or ""
+    """What a model reads about the tool: the function's docstring, cleaned, or ``""``.
+
+    The function's, not a wrapper's: a tool registered from
+    ``functools.partial(send, "ops")`` is described by ``send``'s docstring,
+    not by ``partial``'s own ("partial(func, *args, **keywords) - new
+    function..."). Every adapter describes a tool with this.
+    """
+    return inspect.getdoc(wrapped_function(tool)) or ""
+
+
+def wrapped_function(tool: Tool[Any]) -> Any:
+    """The function underneath ``tool.fn``: partials and ``functools.wraps`` wrappers undone.
+
+    Its docstring describes the tool and its module's globals resolve the
+    annotations written as text.
+    """
+    fn: Any = tool.fn
+    for _ in range(100):  # a cycle of wrappers is not followed for ever
+        if isinstance(fn, (functools.partial, functools.partialmethod)):
+            fn = fn.func
+        elif callable(getattr(fn, "__wrapped__", None)):
+            fn = fn.__wrapped__
+        else:
+            break
+    return fn
 
 
 def _evaluate(tool: Tool[Any], annotation: Any, where: str) -> Any:
     if not isinstance(annotation, str):
         return annotation
-    target = inspect.unwrap(tool.fn)
+    target = wrapped_function(tool)
     namespace = getattr(target, "__globals__", None)
     if namespace is None:
         module = inspect.getmodule(target)

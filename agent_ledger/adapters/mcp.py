@@ -305,7 +305,7 @@ def _function_for(
     if returns is not REQUIRED:
         fn.__annotations__["return"] = returns
     fn.__name__ = fn.__qualname__ = tool.name
-    fn.__doc__ = tool.fn.__doc__
+    fn.__doc__ = description(tool) or None
     return call_ledger_tool
 
 

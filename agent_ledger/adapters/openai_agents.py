@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import inspect
 import re
-import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
@@ -76,6 +75,7 @@ import orjson
 
 from agent_ledger.adapters._common import MalformedToolCall, parse_arguments
 from agent_ledger.adapters._outcome import is_tool_failure
+from agent_ledger.adapters._signature import arguments, description
 from agent_ledger.errors import (
     ApprovalPendingError,
     EffectDeniedError,
@@ -256,29 +256,18 @@ def _own_tool(ledger: EffectLedger, each: str | Tool[Any]) -> Tool[Any]:
 def _stand_in(tool: Tool[Any]) -> Callable[..., object]:
     """A function with the tool's signature minus ``effect``: what the SDK builds the schema of."""
     fn = tool.fn
-    try:
-        hints = typing.get_type_hints(fn, include_extras=True)
-    except TypeError:
-        # Not a plain function (a partial, a callable object): its signature's own.
-        hints = {
-            p.name: p.annotation
-            for p in tool.signature.parameters.values()
-            if p.annotation is not inspect.Parameter.empty
-        }
-    except Exception as exc:
-        raise EffectLedgerValidationError(
-            f"tool {tool.name!r}: its type hints do not resolve ({exc}); the JSON schema the "
-            "model sees is made from them",
-            field="fn",
-        ) from None
+    # Evaluated one parameter at a time, `effect` and the return left out: they
+    # may name types imported only for type checkers. Raises naming the
+    # parameter whose annotation does not resolve.
+    hints = {a.name: a.annotation for a in arguments(tool)}
     params = [p for p in tool.signature.parameters.values() if p.name != EFFECT_PARAMETER]
 
     def stand_in(*args: object, **kwargs: object) -> object:
         raise NotImplementedError  # only read, never called
 
     stand_in.__name__ = getattr(fn, "__name__", tool.name)
-    stand_in.__doc__ = getattr(fn, "__doc__", None)
-    stand_in.__annotations__ = {k: v for k, v in hints.items() if k != EFFECT_PARAMETER}
+    stand_in.__doc__ = description(tool) or None  # the wrapped function's, for a partial
+    stand_in.__annotations__ = hints
     stand_in.__signature__ = tool.signature.replace(parameters=params)  # type: ignore[attr-defined]
     return stand_in
 

@@ -1033,7 +1033,10 @@ def test_a_signature_without_a_json_schema_is_refused() -> None:
     @unresolved.tool("later")
     async def later(thing: NotDefinedAnywhere) -> None: ...  # type: ignore[name-defined]  # noqa: F821
 
-    with pytest.raises(EffectLedgerValidationError, match="cannot be resolved"):
+    with pytest.raises(
+        EffectLedgerValidationError,
+        match="cannot evaluate the annotation 'NotDefinedAnywhere' of 'thing'",
+    ):
         responses_tools(unresolved)
 
 
