@@ -46,6 +46,7 @@ __all__ = [
     "arguments",
     "check_storable",
     "description",
+    "refuse_names",
     "return_annotation",
     "wrapped_function",
 ]
@@ -80,6 +81,34 @@ def arguments(tool: Tool[Any]) -> list[Argument]:
         annotation = Any if param.annotation is REQUIRED else param.annotation
         found.append(Argument(param.name, _evaluate(tool, annotation, param.name), param.default))
     return found
+
+
+def refuse_names(tool: Tool[Any], framework: str, reserved: Mapping[str, str] = {}) -> None:
+    """Raise ``EffectLedgerValidationError`` for a parameter name ``framework`` cannot carry.
+
+    Frameworks build a pydantic model of the arguments, and pydantic drops a
+    name starting with ``_`` (private) and refuses ``model_config``; some
+    frameworks take other names for themselves (``reserved``: name to why).
+    Such a tool would convert, then fail every call blaming the model (the
+    argument never arrives), so it is refused when it is wrapped, naming the
+    parameter. The OpenAI and Anthropic adapters take any name.
+    """
+    for param in tool.signature.parameters.values():
+        name = param.name
+        if name == EFFECT_PARAMETER and param.kind is inspect.Parameter.KEYWORD_ONLY:
+            continue
+        if name.startswith("_"):
+            why = "pydantic, which builds its schema, takes a name starting with '_' as private"
+        elif name == "model_config":
+            why = "pydantic, which builds its schema, keeps that name for a model's settings"
+        else:
+            why = reserved.get(name, "")
+        if why:
+            raise EffectLedgerValidationError(
+                f"tool {tool.name!r}: {framework} cannot take a parameter named {name!r} "
+                f"({why}), so no call could pass it; rename the parameter",
+                field="fn",
+            )
 
 
 def return_annotation(tool: Tool[Any]) -> Any:

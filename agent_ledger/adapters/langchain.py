@@ -44,7 +44,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 
 try:
     from langchain_core.messages import ToolMessage
@@ -66,6 +66,7 @@ from agent_ledger.adapters._signature import (
     arguments,
     check_storable,
     description,
+    refuse_names,
 )
 from agent_ledger.errors import EffectFailedError, EffectLedgerValidationError
 from agent_ledger.options import RunOptions
@@ -76,6 +77,12 @@ if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
 
 __all__ = ["LedgerTool", "as_langchain_tool", "wrap_langchain_tool"]
+
+#: Parameter names LangChain fills itself, dropping what the model sent.
+_LANGCHAIN_NAMES: Final = dict.fromkeys(
+    ("config", "run_manager"),
+    "LangChain passes its own value under that name and drops the model's",
+)
 
 #: What model providers accept in a function name (OpenAI's rule; Anthropic's is the same set).
 _NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9_-]")
@@ -194,6 +201,7 @@ def as_langchain_tool(
             f"as_langchain_tool takes a ledger tool (from @ledger.tool), got {tool!r}",
             field="tool",
         )
+    refuse_names(tool, "LangChain", _LANGCHAIN_NAMES)
     lc_name = _langchain_name(tool.name) if name is None else name
     schema = _arguments_model(tool, lc_name)
     _refuse_factories(schema, f"tool {tool.name!r}", "fn")

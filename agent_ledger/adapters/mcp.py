@@ -75,6 +75,7 @@ from agent_ledger.adapters._signature import (
     arguments,
     check_storable,
     description,
+    refuse_names,
     return_annotation,
 )
 from agent_ledger.errors import EffectFailedError, EffectLedgerValidationError
@@ -178,6 +179,7 @@ def add_tool(
             f"workflow_id must be a string or a function of the MCP Context, got {workflow_id!r}",
             field="workflow_id",
         )
+    refuse_names(tool, "MCP")
     mcp_name = tool.name if name is None else name
     fn = _function_for(tool, workflow_id, wait_for_approval)
     _check_name(server, mcp_name)

@@ -75,7 +75,7 @@ import orjson
 
 from agent_ledger.adapters._common import MalformedToolCall, parse_arguments
 from agent_ledger.adapters._outcome import is_tool_failure
-from agent_ledger.adapters._signature import arguments, description
+from agent_ledger.adapters._signature import arguments, description, refuse_names
 from agent_ledger.errors import (
     ApprovalPendingError,
     EffectDeniedError,
@@ -157,6 +157,7 @@ def as_function_tool(
             f"{type(tool).__name__}",
             field="tool",
         )
+    refuse_names(tool, "the Agents SDK")
     sdk_name = _NOT_IN_NAME.sub("_", tool.name)[:64] if name is None else name
     if not isinstance(sdk_name, str) or not _NAME.fullmatch(sdk_name):
         raise EffectLedgerValidationError(

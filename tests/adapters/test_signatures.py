@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 import pytest
+from mcp import Client
 from mcp.server.mcpserver import MCPServer
 
 from agent_ledger import EffectLedger, EffectLedgerOptions, EffectLedgerValidationError, MemoryStore
@@ -113,3 +115,52 @@ def test_a_partial_is_described_by_the_function_it_wraps() -> None:
         adapter: ("Post a message to a chat channel.", ["text"])
         for adapter in ("openai", "anthropic", "langchain", "agents", "mcp")
     }
+
+
+def tool_with_parameter(ledger: EffectLedger, name: str) -> Tool[object]:
+    """A tool whose one parameter is called ``name`` (not always a name ``def`` can spell)."""
+
+    def fn(**kwargs: object) -> object:
+        return kwargs
+
+    parameter = inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=str)
+    fn.__signature__ = inspect.Signature([parameter])  # type: ignore[attr-defined]
+    return ledger.tool(f"odd.{name.strip('_')}")(fn)
+
+
+@pytest.mark.parametrize("name", ["model_config", "_note", "config", "run_manager"])
+def test_a_parameter_name_a_framework_cannot_carry_is_refused_when_wrapped(name: str) -> None:
+    """Regression: LangChain converted tools with such a parameter and then failed every
+    call blaming the model (the argument never arrived); MCP raised pydantic's or its own
+    errors, the Agents SDK a TypeError. Each now refuses the tool naming the parameter;
+    the OpenAI and Anthropic adapters take any name."""
+    ledger = new_ledger()
+    tool = tool_with_parameter(ledger, name)
+    (chat,) = openai.chat_tools(ledger)
+    assert list(cast("dict[str, object]", chat["function"]["parameters"]["properties"])) == [name]
+    server = MCPServer("s")
+    refusals: dict[str, Callable[[], object]] = {
+        "LangChain": lambda: as_langchain_tool(tool),
+        "MCP": lambda: add_tool(server, tool, workflow_id="w"),
+        "the Agents SDK": lambda: as_function_tool(tool),
+    }
+    langchain_only = name in ("config", "run_manager")
+    for framework, attempt in refusals.items():
+        if langchain_only and framework != "LangChain":
+            attempt()  # only LangChain takes these names for itself
+            continue
+        with pytest.raises(EffectLedgerValidationError) as caught:
+            attempt()
+        assert f"{framework} cannot take a parameter named {name!r}" in str(caught.value)
+
+
+async def test_names_only_langchain_reserves_work_elsewhere() -> None:
+    """`config` is an ordinary argument for MCP and the Agents SDK: it arrives and keys."""
+    ledger = new_ledger()
+    tool = tool_with_parameter(ledger, "config")
+    server = MCPServer("s")
+    add_tool(server, tool, workflow_id="w")
+    async with Client(server) as client:
+        result = await client.call_tool("odd.config", {"config": "v"})
+    assert not result.is_error
+    assert [e.args for e in (await ledger.list_effects()).effects] == [{"config": "v"}]
