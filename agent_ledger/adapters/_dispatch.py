@@ -22,9 +22,9 @@ and how a result is wrapped; what happens in between is this module.
   exception and a result that is not JSON (both recorded as the effect's
   failure, and read back from that record, so the first answer is the
   words every replay's ``EffectFailedError`` gives: a retried tool reads
-  ``retries_exhausted``, not its last try's exception; a ledger error about
-  another tool's effect, from a tool call inside the tool, counts as the
-  tool's own exception), and a payload mismatch (nothing ran). Raised:
+  ``retries_exhausted``, not its last try's exception; a ledger error
+  about another effect, from a tool call inside the tool, counts as the
+  tool's own exception: see ``_outcome``), and a payload mismatch (nothing ran). Raised:
   ``EffectDeniedError`` (a person said no, or the effect was canceled),
   ``ApprovalPendingError`` (with ``wait_for_approval=False``),
   ``EffectTimeoutError``, store and validation errors of the application's
@@ -42,16 +42,14 @@ from typing import TYPE_CHECKING, Any, Final, cast
 import orjson
 
 from agent_ledger.adapters._common import MalformedToolCall, parse_arguments
+from agent_ledger.adapters._outcome import call_key, is_tool_failure, recorded, recorded_failure
 from agent_ledger.adapters._schema import find_model_tool
-from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import (
     EffectFailedError,
-    EffectLedgerError,
     EffectLedgerValidationError,
     EffectPayloadMismatchError,
 )
 from agent_ledger.options import RunOptions, merge_run_options
-from agent_ledger.status import EffectStatus
 
 if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
@@ -159,33 +157,30 @@ async def _run_one(ledger: EffectLedger, call: ModelCall, run_options: RunOption
         # parse_arguments answers any other type of arguments as malformed.
         raw = cast("str | bytes | Mapping[str, Any] | None", call.arguments)
         arguments = parse_arguments(raw, call.name)
-        key = _key_of(ledger, tool, arguments, call.name)
+        key = _key_of(tool, arguments, call.name)
     except MalformedToolCall as exc:
         return _error(call, str(exc))
     try:
         value = await tool.invoke(arguments, call_id=call.call_id, run_options=run_options)
     except Exception as exc:
-        if _about_another_tool(exc, tool.name):
-            # A ledger error of a tool this one called: its own exception, so far
-            # as this call goes, recorded as this effect's failure (below).
-            pass
-        elif isinstance(exc, EffectFailedError):
+        if await is_tool_failure(ledger, key, exc):
+            # The tool's own exception (a ledger error of a tool call inside it
+            # included), recorded as this effect's failure: read back from the record.
+            return _error(call, await _recorded_failure(ledger, key, call.name, exc))
+        if isinstance(exc, EffectFailedError):
             # A replay of a recorded failure: read back as the first time was.
             return _error(call, _failure(call.name, exc.message, exc.code))
-        elif isinstance(exc, EffectPayloadMismatchError):
+        if isinstance(exc, EffectPayloadMismatchError):
             return _error(call, str(exc))
-        elif isinstance(exc, EffectLedgerValidationError) and exc.field == "result":
+        if isinstance(exc, EffectLedgerValidationError) and exc.field == "result":
             # A result that is not JSON: recorded as the effect's failure
-            # (result_not_serializable), so read back from the record (below).
-            pass
-        elif isinstance(exc, EffectLedgerError):
-            raise
-        # The tool's own exception, already recorded as the effect's failure.
-        return _error(call, await _recorded_failure(ledger, key, call.name, exc))
+            # (result_not_serializable), so read back from the record.
+            return _error(call, await _recorded_failure(ledger, key, call.name, exc))
+        raise
     return Reply(call, value if isinstance(value, str) else _json(value))
 
 
-def _key_of(ledger: EffectLedger, tool: Tool[Any], arguments: dict[str, Any], name: str) -> str:
+def _key_of(tool: Tool[Any], arguments: dict[str, Any], name: str) -> str:
     """The key ``tool.invoke(arguments)`` will run under, worked out as the run does.
 
     Before anything is stored, arguments the model got wrong raise
@@ -198,14 +193,7 @@ def _key_of(ledger: EffectLedger, tool: Tool[Any], arguments: dict[str, Any], na
     What the application must fix (a call outside a workflow) is raised.
     """
     try:
-        values = tool.bind_arguments(arguments)
-        # tool_call binds like a Python call: positional-only parameters go first.
-        leading = [
-            values.pop(param.name)
-            for param in tool.signature.parameters.values()
-            if param.kind is param.POSITIONAL_ONLY
-        ]
-        return ledger.idem_key(tool.tool_call(*leading, **values))
+        return call_key(tool, arguments)
     except EffectLedgerValidationError as exc:
         if exc.field != "args":
             raise
@@ -223,22 +211,11 @@ async def _recorded_failure(ledger: EffectLedger, key: str, name: str, exc: Exce
     there (the effect was taken over or reopened meanwhile), the engine's
     rule for ``exc`` stands in.
     """
-    effect = await ledger.find_by_idem_key(key)
-    if effect is not None and effect.status is EffectStatus.FAILED and effect.error is not None:
-        return _failure(name, effect.error.message, effect.error.code)
-    message, code = _recorded(exc)
+    failure = await recorded_failure(ledger, key)
+    if failure is not None:
+        return _failure(name, failure.message, failure.code)
+    message, code = recorded(exc)
     return _failure(name, message, code)
-
-
-def _about_another_tool(exc: Exception, tool: str) -> bool:
-    """Whether ``exc`` is a ledger error about another tool's effect.
-
-    This call's own run raises only about this tool's effect, so such an
-    error came out of the tool's function (a nested tool call), like any
-    exception of its own.
-    """
-    effect = getattr(exc, "effect", None) if isinstance(exc, EffectLedgerError) else None
-    return isinstance(effect, Effect) and effect.tool != tool
 
 
 def _json(value: object) -> str:
@@ -253,26 +230,3 @@ def _error(call: ModelCall, message: str) -> Reply:
 
 def _failure(name: str, message: str, code: str | None) -> str:
     return f"tool {name!r} failed ({code or 'error'}): {message}"
-
-
-def _recorded(exc: Exception) -> tuple[str, str | None]:
-    """The message and code the ledger records for ``exc`` (its ``EffectError``).
-
-    The engine's rule, so a first failure and its replays
-    (``EffectFailedError.message`` and ``.code``) read the same; a test
-    holds the two together.
-    """
-    try:
-        message = str(exc) or type(exc).__name__
-    except Exception:
-        message = f"{type(exc).__name__} (its message could not be read)"
-    try:
-        code = getattr(exc, "code", None)
-        if code is None or isinstance(code, bool):
-            code = type(exc).__name__
-        elif not isinstance(code, str):
-            code = str(code)
-    except Exception:
-        code = type(exc).__name__
-    error = EffectError(message=message, code=code)  # made storable as the store's copy is
-    return error.message, error.code

@@ -9,6 +9,8 @@ and the errors do, so a person reading the transcript can find the receipt.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from agent_ledger.adapters._common import MalformedToolCall
 from agent_ledger.effects import TryFailure
 from agent_ledger.errors import (
@@ -22,7 +24,7 @@ from agent_ledger.errors import (
 from agent_ledger.retries import RETRIES_EXHAUSTED
 from agent_ledger.status import EffectStatus
 
-__all__ = ["first_raised", "for_model", "raised_as"]
+__all__ = ["answer_failure", "first_raised", "for_model", "raised_as"]
 
 #: The error code the engine records for a run cancelled while its handler ran
 #: (or while it waited to retry): the side effect may have happened. A person's
@@ -144,10 +146,13 @@ def raised_as(error: EffectFailedError, base: type[BaseException]) -> bool:
     from a crash. A replay raises ``EffectFailedError`` instead; this tells
     an adapter to raise the framework's class again (with ``first_raised``'s
     message), so the model reads the same on a replay as on the first call.
-    The ledger records an exception's class name as the error code (unless
-    it carries a ``code`` of its own), so the name is matched against
-    ``base`` and its subclasses. For a tool whose retries ran out, the last
-    try's exception is the one matched (see ``first_raised``).
+    The ledger records an exception's ``code`` attribute as the error code,
+    or its class name when it has none, so the recorded code is matched
+    against the name and the class-level ``code`` (a string) of ``base`` and
+    each of its subclasses. A ``code`` set on an instance only cannot be
+    told from another exception's: such a failure does not match. For a
+    tool whose retries ran out, the last try's exception is the one matched
+    (see ``first_raised``).
     """
     code, _ = first_raised(error)
     if code is None:
@@ -155,7 +160,40 @@ def raised_as(error: EffectFailedError, base: type[BaseException]) -> bool:
     classes: list[type[BaseException]] = [base]
     while classes:
         cls = classes.pop()
-        if cls.__name__ == code:
+        if cls.__name__ == code or _class_code(cls) == code:
             return True
         classes.extend(cls.__subclasses__())
     return False
+
+
+def answer_failure(
+    failure: EffectFailedError | None,
+    error: Exception,
+    base: type[Exception],
+    make: Callable[[str], Exception],
+) -> Exception:
+    """What to raise for a call that failed, so the first call and every replay read alike.
+
+    ``failure`` is the effect's recorded failure (as a replay raises it),
+    ``error`` what the run raised (on a replay, ``failure`` itself). Both
+    are answered from the record: as the framework's "error for the model"
+    (``make(message)``, a ``base``) when ``raised_as`` says the failure was
+    one, else as the exception raised, which the framework treats as a
+    crash. A ``base`` whose recorded code a replay cannot recognise (its
+    ``code`` set on the instance) is answered as a crash from the first call
+    on: ``failure``, not ``error``. With no record, ``error`` as it is.
+    """
+    if failure is None:
+        return error
+    if raised_as(failure, base):
+        return make(first_raised(failure)[1])
+    return failure if isinstance(error, base) else error
+
+
+def _class_code(cls: type[BaseException]) -> str | None:
+    """The ``code`` a class declares for its exceptions (a string class attribute), if any."""
+    try:
+        code = getattr(cls, "code", None)
+    except Exception:
+        return None
+    return code if isinstance(code, str) else None

@@ -26,7 +26,6 @@ a tool annotated ``amount: int`` receives whatever JSON the model put there.
 
 from __future__ import annotations
 
-import inspect
 import re
 import weakref
 from collections.abc import Iterable
@@ -35,8 +34,9 @@ from typing import TYPE_CHECKING, Any, Final, NotRequired, cast
 import orjson
 
 from agent_ledger.adapters._common import MalformedToolCall
+from agent_ledger.adapters._signature import REQUIRED, arguments, description
 from agent_ledger.errors import EffectLedgerValidationError
-from agent_ledger.tools import EFFECT_PARAMETER, Tool
+from agent_ledger.tools import Tool
 
 try:
     import pydantic
@@ -181,8 +181,11 @@ def selected_tools(
 
 
 def tool_description(tool: Tool[Any]) -> str | None:
-    """The function's docstring, cleaned of indentation; None without one."""
-    return inspect.getdoc(tool.fn) or None
+    """The function's docstring, cleaned of indentation; None without one.
+
+    The wrapped function's for a partial (``_signature.description``).
+    """
+    return description(tool) or None
 
 
 def parameters_schema(tool: Tool[Any]) -> dict[str, Any]:
@@ -195,35 +198,25 @@ def parameters_schema(tool: Tool[Any]) -> dict[str, Any]:
 
 
 def _build_schema(tool: Tool[Any]) -> dict[str, Any]:
-    try:
-        # The annotations as types: `from __future__ import annotations` makes them text.
-        signature = inspect.signature(tool.fn, eval_str=True)
-    except Exception as exc:
-        raise EffectLedgerValidationError(
-            f"tool {tool.name!r}: its parameters' annotations cannot be resolved "
-            f"({type(exc).__name__}: {exc}), so it has no JSON schema; annotate with types "
-            "defined at module level",
-            field="fn",
-        ) from exc
     fields: dict[str, Any] = {}
     defaults: dict[str, object] = {}
-    for param in signature.parameters.values():
-        if param.name == EFFECT_PARAMETER:
-            continue
-        annotation = Any if param.annotation is inspect.Parameter.empty else param.annotation
-        if param.default is inspect.Parameter.empty:
-            fields[param.name] = annotation
+    # The annotations as types, one parameter at a time (`from __future__ import
+    # annotations` makes them text): `effect`'s and the return's are never
+    # evaluated, so they may name types imported only for type checkers.
+    for argument in arguments(tool):
+        if argument.default is REQUIRED:
+            fields[argument.name] = argument.annotation
         else:
-            fields[param.name] = NotRequired[annotation]
-            defaults[param.name] = param.default
+            fields[argument.name] = NotRequired[argument.annotation]
+            defaults[argument.name] = argument.default
     # A TypedDict rather than a model: any parameter name works as a key (a
     # model's fields may not be called `model_config` or `json`). It is
     # typing_extensions' (pydantic wants that one before Python 3.12), called
     # through Any: mypy checks the functional form only with literal arguments.
-    arguments = cast(Any, TypedDict)(f"{tool.name}.arguments", fields)
-    arguments.__pydantic_config__ = pydantic.ConfigDict(extra="forbid")
+    typed = cast(Any, TypedDict)(f"{tool.name}.arguments", fields)
+    typed.__pydantic_config__ = pydantic.ConfigDict(extra="forbid")
     try:
-        schema: dict[str, Any] = pydantic.TypeAdapter(arguments).json_schema()
+        schema: dict[str, Any] = pydantic.TypeAdapter(typed).json_schema()
     except pydantic.PydanticUserError as exc:
         raise EffectLedgerValidationError(
             f"tool {tool.name!r}: its parameters have no JSON schema ({exc}); annotate "

@@ -21,6 +21,7 @@ anything is stored.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from collections.abc import Mapping
@@ -45,7 +46,9 @@ __all__ = [
     "arguments",
     "check_storable",
     "description",
+    "refuse_names",
     "return_annotation",
+    "wrapped_function",
 ]
 
 #: ``Argument.default`` of a parameter without a default.
@@ -80,6 +83,34 @@ def arguments(tool: Tool[Any]) -> list[Argument]:
     return found
 
 
+def refuse_names(tool: Tool[Any], framework: str, reserved: Mapping[str, str] = {}) -> None:
+    """Raise ``EffectLedgerValidationError`` for a parameter name ``framework`` cannot carry.
+
+    Frameworks build a pydantic model of the arguments, and pydantic drops a
+    name starting with ``_`` (private) and refuses ``model_config``; some
+    frameworks take other names for themselves (``reserved``: name to why).
+    Such a tool would convert, then fail every call blaming the model (the
+    argument never arrives), so it is refused when it is wrapped, naming the
+    parameter. The OpenAI and Anthropic adapters take any name.
+    """
+    for param in tool.signature.parameters.values():
+        name = param.name
+        if name == EFFECT_PARAMETER and param.kind is inspect.Parameter.KEYWORD_ONLY:
+            continue
+        if name.startswith("_"):
+            why = "pydantic, which builds its schema, takes a name starting with '_' as private"
+        elif name == "model_config":
+            why = "pydantic, which builds its schema, keeps that name for a model's settings"
+        else:
+            why = reserved.get(name, "")
+        if why:
+            raise EffectLedgerValidationError(
+                f"tool {tool.name!r}: {framework} cannot take a parameter named {name!r} "
+                f"({why}), so no call could pass it; rename the parameter",
+                field="fn",
+            )
+
+
 def return_annotation(tool: Tool[Any]) -> Any:
     """The tool function's evaluated return annotation, or ``REQUIRED`` if it has none
     or it cannot be evaluated (a schema for the result is optional)."""
@@ -93,14 +124,37 @@ def return_annotation(tool: Tool[Any]) -> Any:
 
 
 def description(tool: Tool[Any]) -> str:
-    """What a model reads about the tool: the function's docstring, cleaned, or ``""``."""
-    return inspect.getdoc(tool.fn) or ""
+    """What a model reads about the tool: the function's docstring, cleaned, or ``""``.
+
+    The function's, not a wrapper's: a tool registered from
+    ``functools.partial(send, "ops")`` is described by ``send``'s docstring,
+    not by ``partial``'s own ("partial(func, *args, **keywords) - new
+    function..."). Every adapter describes a tool with this.
+    """
+    return inspect.getdoc(wrapped_function(tool)) or ""
+
+
+def wrapped_function(tool: Tool[Any]) -> Any:
+    """The function underneath ``tool.fn``: partials and ``functools.wraps`` wrappers undone.
+
+    Its docstring describes the tool and its module's globals resolve the
+    annotations written as text.
+    """
+    fn: Any = tool.fn
+    for _ in range(100):  # a cycle of wrappers is not followed for ever
+        if isinstance(fn, (functools.partial, functools.partialmethod)):
+            fn = fn.func
+        elif callable(getattr(fn, "__wrapped__", None)):
+            fn = fn.__wrapped__
+        else:
+            break
+    return fn
 
 
 def _evaluate(tool: Tool[Any], annotation: Any, where: str) -> Any:
     if not isinstance(annotation, str):
         return annotation
-    target = inspect.unwrap(tool.fn)
+    target = wrapped_function(tool)
     namespace = getattr(target, "__globals__", None)
     if namespace is None:
         module = inspect.getmodule(target)

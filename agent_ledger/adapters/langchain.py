@@ -44,7 +44,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 
 try:
     from langchain_core.messages import ToolMessage
@@ -58,13 +58,15 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, create
 from pydantic_core import to_jsonable_python
 
 from agent_ledger.adapters._common import MalformedToolCall
-from agent_ledger.adapters._messages import first_raised, raised_as
+from agent_ledger.adapters._messages import answer_failure
+from agent_ledger.adapters._outcome import call_key, is_tool_failure, recorded_failure
 from agent_ledger.adapters._signature import (
     REQUIRED,
     JsonArguments,
     arguments,
     check_storable,
     description,
+    refuse_names,
 )
 from agent_ledger.errors import EffectFailedError, EffectLedgerValidationError
 from agent_ledger.options import RunOptions
@@ -75,6 +77,12 @@ if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
 
 __all__ = ["LedgerTool", "as_langchain_tool", "wrap_langchain_tool"]
+
+#: Parameter names LangChain fills itself, dropping what the model sent.
+_LANGCHAIN_NAMES: Final = dict.fromkeys(
+    ("config", "run_manager"),
+    "LangChain passes its own value under that name and drops the model's",
+)
 
 #: What model providers accept in a function name (OpenAI's rule; Anthropic's is the same set).
 _NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9_-]")
@@ -193,6 +201,7 @@ def as_langchain_tool(
             f"as_langchain_tool takes a ledger tool (from @ledger.tool), got {tool!r}",
             field="tool",
         )
+    refuse_names(tool, "LangChain", _LANGCHAIN_NAMES)
     lc_name = _langchain_name(tool.name) if name is None else name
     schema = _arguments_model(tool, lc_name)
     _refuse_factories(schema, f"tool {tool.name!r}", "fn")
@@ -332,8 +341,11 @@ def _build(
             return values
         try:
             return await tool.invoke(values, call_id=call_id, run_options=options)
-        except EffectFailedError as exc:
-            _raise_replayed(exc)
+        except Exception as exc:
+            answer = await _answer(tool, values, exc)
+            if answer is exc:
+                raise
+            raise answer from exc
 
     def func(**kwargs: Any) -> Any:
         # Sync invoke: the ledger runs the call on its own event loop thread
@@ -343,8 +355,11 @@ def _build(
             return values
         try:
             return tool.invoke_sync(values, call_id=call_id, run_options=options)
-        except EffectFailedError as exc:
-            _raise_replayed(exc)
+        except Exception as exc:
+            answer = tool.ledger.call_sync(_answer, tool, values, exc)
+            if answer is exc:
+                raise
+            raise answer from exc
 
     lc_tool = LedgerTool(
         name=name,
@@ -358,11 +373,25 @@ def _build(
     return lc_tool
 
 
-def _raise_replayed(error: EffectFailedError) -> NoReturn:
-    """A replayed failure raises ``ToolException`` again if the first call raised one."""
-    if raised_as(error, ToolException):
-        raise ToolException(first_raised(error)[1]) from error
-    raise error
+async def _answer(tool: Tool[Any], values: dict[str, object], error: Exception) -> Exception:
+    """What to raise for a run that raised ``error``, so a model reads the same every time.
+
+    A failure first raised as ``ToolException`` (the tool's own, a replay of
+    it, or a ledger error of a tool call inside the tool that was one) is
+    raised as ``ToolException`` with the recorded message, on the first call
+    and on every replay, so ``handle_tool_error`` treats them alike; see
+    ``answer_failure``. Anything else is raised as it is.
+    """
+    try:
+        key: str | None = call_key(tool, values)
+    except EffectLedgerValidationError:
+        key = None
+    if await is_tool_failure(tool.ledger, key, error):
+        failure = None if key is None else await recorded_failure(tool.ledger, key)
+        return answer_failure(failure, error, ToolException, ToolException)
+    if isinstance(error, EffectFailedError):  # a replay of this call's failure
+        return answer_failure(error, error, ToolException, ToolException)
+    return error
 
 
 def _langchain_name(ledger_name: str) -> str:

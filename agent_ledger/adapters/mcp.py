@@ -16,6 +16,10 @@ that retrying it is safe. That holds as long as a retry lands in the same
 workflow: with a ``workflow_id`` function that gives each request a workflow
 of its own, pass ``annotations=ToolAnnotations(idempotent_hint=False)``.
 
+A client that times out cancels its request and retries it: the run is not
+cut off with the request, but finishes in a task of its own and records its
+outcome, which the retry waits for or replays (see ``_outlive_request``).
+
 What the client reads (``isError`` results, text written for a model):
 
 * arguments the tool does not take, missing or of the wrong type, or that a
@@ -44,7 +48,10 @@ and the server logs it.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import inspect
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -60,13 +67,15 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
     ) from exc
 
 from agent_ledger.adapters._common import MalformedToolCall
-from agent_ledger.adapters._messages import first_raised, for_model, raised_as
+from agent_ledger.adapters._messages import answer_failure, for_model
+from agent_ledger.adapters._outcome import call_key, is_tool_failure, recorded_failure
 from agent_ledger.adapters._signature import (
     REQUIRED,
     JsonArguments,
     arguments,
     check_storable,
     description,
+    refuse_names,
     return_annotation,
 )
 from agent_ledger.errors import EffectFailedError, EffectLedgerValidationError
@@ -75,6 +84,12 @@ from agent_ledger.options import RunOptions
 from agent_ledger.tools import Tool
 
 __all__ = ["WorkflowFor", "add_tool", "add_tools"]
+
+_log = logging.getLogger(__name__)
+
+#: Runs whose request was cancelled while they ran, held until they settle: the
+#: event loop keeps only weak references to tasks.
+_DETACHED: set[asyncio.Task[Any]] = set()
 
 #: A workflow id for each call, from the request's MCP ``Context`` (its session, a header...).
 WorkflowFor = Callable[[Context[Any, Any]], str]
@@ -94,11 +109,19 @@ def add_tools(
     a tool with a workflow of its own (``@ledger.tool(workflow_id=...)``)
     keeps it: ``workflow_id`` applies to the others. The ledger's tools are
     taken as they are now (register tools first). Nothing is registered if
-    one of ``tools`` is not a ledger tool.
+    one of ``tools`` is not a ledger tool, is given twice, or has a name the
+    server already has a tool under.
     """
     found = list(tools.tools.values()) if isinstance(tools, EffectLedger) else list(tools)
+    names: set[str] = set()
     for tool in found:
         _check_tool(tool)
+        _check_name(server, tool.name)
+        if tool.name in names:
+            raise EffectLedgerValidationError(
+                f"tool {tool.name!r} is given twice; nothing was registered", field="tools"
+            )
+        names.add(tool.name)
     for tool in found:
         add_tool(
             server,
@@ -123,7 +146,10 @@ def add_tool(
     """Register one ledger tool on ``server``; its ``tools/call`` requests run through the ledger.
 
     ``name`` defaults to the ledger tool's name (MCP allows dots),
-    ``description`` to the function's docstring. ``annotations`` are
+    ``description`` to the function's docstring. A name the server already
+    has a tool under is refused (``EffectLedgerValidationError``; nothing
+    is registered): the SDK would keep the other tool, and calls would not
+    go through the ledger. ``annotations`` are
     passed on with ``idempotent_hint=True`` unless they set it (see the
     module doc).
 
@@ -153,10 +179,13 @@ def add_tool(
             f"workflow_id must be a string or a function of the MCP Context, got {workflow_id!r}",
             field="workflow_id",
         )
+    refuse_names(tool, "MCP")
+    mcp_name = tool.name if name is None else name
     fn = _function_for(tool, workflow_id, wait_for_approval)
+    _check_name(server, mcp_name)
     server.add_tool(
         fn,
-        name=tool.name if name is None else name,
+        name=mcp_name,
         title=title,
         description=_describe(tool) if description is None else description,
         annotations=_idempotent(annotations),
@@ -167,6 +196,23 @@ def _check_tool(tool: object) -> None:
     if not isinstance(tool, Tool):
         raise EffectLedgerValidationError(
             f"expected a ledger tool (from @ledger.tool), got {tool!r}", field="tool"
+        )
+
+
+def _check_name(server: MCPServer[Any], name: str) -> None:
+    """Refuse a name the server already has a tool under.
+
+    The SDK keeps the tool it has and only logs a warning, so calls of that
+    name would reach the other tool (an unprotected version, say) and never
+    the ledger. The SDK has no public lookup; its tool manager's is the one
+    its own request handling uses.
+    """
+    if server._tool_manager.get_tool(name) is not None:
+        raise EffectLedgerValidationError(
+            f"the server already has a tool named {name!r}, and the SDK would keep it, so "
+            "calls would not go through the ledger; nothing was registered. Remove it first "
+            "(server.remove_tool(name)) or register this tool under another name (name=...)",
+            field="name",
         )
 
 
@@ -215,24 +261,29 @@ def _function_for(
                 "Nothing ran and nothing was stored."
             )
         try:
-            try:
-                # The SDK validated the arguments into Python objects (an enum
-                # member, a date, a model): the key and the tool get their JSON.
-                values = tool.bind_arguments(to_json(kwargs, tool.name))
-            except EffectLedgerValidationError as exc:
-                raise MalformedToolCall(str(exc), tool=tool.name) from None
+            # The SDK validated the arguments into Python objects (an enum
+            # member, a date, a model): the key and the tool get their JSON.
+            values = tool.bind_arguments(to_json(kwargs, tool.name))
+        except EffectLedgerValidationError as exc:
+            raise ToolError(str(exc)) from None
+        try:
             check_storable(tool, values)
-            with scope(ctx):
-                return await tool.invoke(values, call_id=call_id, run_options=options)
-        except EffectFailedError as exc:
-            if raised_as(exc, ToolError):
-                raise ToolError(first_raised(exc)[1]) from exc
-            raise
+        except MalformedToolCall as exc:
+            raise ToolError(str(exc)) from None
+        with scope(ctx):
+            here = contextvars.copy_context()  # to work out the key, if the run fails
+            # The task copies this context (the workflow scope) when it is made.
+            run = asyncio.create_task(
+                tool.invoke(values, call_id=call_id, run_options=options),
+                name=f"agent-ledger mcp {tool.name} request {call_id}",
+            )
+        try:
+            return await _outlive_request(run, tool.name, call_id)
         except Exception as exc:
-            text = for_model(exc)
-            if text is None:
+            answer = await _answer(tool, here, values, exc)
+            if answer is exc:
                 raise
-            raise ToolError(text) from exc
+            raise answer from exc
 
     parameters = [
         inspect.Parameter(
@@ -256,8 +307,77 @@ def _function_for(
     if returns is not REQUIRED:
         fn.__annotations__["return"] = returns
     fn.__name__ = fn.__qualname__ = tool.name
-    fn.__doc__ = tool.fn.__doc__
+    fn.__doc__ = description(tool) or None
     return call_ledger_tool
+
+
+async def _answer(
+    tool: Tool[Any], here: contextvars.Context, values: dict[str, object], error: Exception
+) -> Exception:
+    """What to raise for a run that raised ``error``: the client reads the same every time.
+
+    The tool's own exception (a ledger error of a tool call inside it
+    included, see ``_outcome``) is answered from the effect's recorded
+    failure, as every replay is: its message when it was a ``ToolError``,
+    else a crash. This call's own ledger outcomes are told in a model's
+    terms (``for_model``); anything else (no workflow, a store that is
+    down) is the server's error.
+    """
+    try:
+        key: str | None = here.run(call_key, tool, values)
+    except EffectLedgerValidationError:
+        key = None
+    if await is_tool_failure(tool.ledger, key, error):
+        failure = None if key is None else await recorded_failure(tool.ledger, key)
+        return answer_failure(failure, error, ToolError, ToolError)
+    if isinstance(error, EffectFailedError):  # a replay of this call's failure
+        return answer_failure(error, error, ToolError, ToolError)
+    text = for_model(error)
+    return error if text is None else ToolError(text)
+
+
+async def _outlive_request(run: asyncio.Task[Any], name: str, call_id: str | None) -> Any:
+    """``run``'s outcome; if the request is cancelled first, ``run`` goes on without it.
+
+    A client cancels a request (``notifications/cancelled``) when it stops
+    waiting, on a read timeout above all, and then retries it: the tools are
+    annotated idempotent. Cancelling the run with the request would cut the
+    side effect off midway and record the effect canceled, so every retry
+    would read "stopped while it was running" and never get a result. So the
+    run finishes in a task of its own and records its outcome, which a
+    retry replays (or waits for, while it still runs). A run still going
+    when the event loop shuts down is cancelled then, and recorded canceled,
+    as any run cut off is.
+    """
+    try:
+        return await asyncio.shield(run)
+    except asyncio.CancelledError:
+        if not run.done():
+            _DETACHED.add(run)
+            run.add_done_callback(lambda task: _settled(task, name, call_id))
+        raise
+
+
+def _settled(run: asyncio.Task[Any], name: str, call_id: str | None) -> None:
+    """Log how a run its request stopped waiting for ended (nobody else will read it)."""
+    _DETACHED.discard(run)
+    if run.cancelled():
+        _log.warning(
+            "tool %r (request %s) was cancelled after its client stopped waiting; "
+            "its effect is recorded canceled",
+            name,
+            call_id,
+        )
+        return
+    error = run.exception()
+    if error is not None:
+        _log.warning(
+            "tool %r (request %s) ended with an error after its client stopped waiting; "
+            "a retry of the call reads its recorded outcome",
+            name,
+            call_id,
+            exc_info=error,
+        )
 
 
 def _request(ctx: Context[Any, Any]) -> tuple[str | None, Mapping[str, Any] | None]:

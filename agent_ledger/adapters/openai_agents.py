@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import inspect
 import re
-import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
@@ -75,6 +74,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
 import orjson
 
 from agent_ledger.adapters._common import MalformedToolCall, parse_arguments
+from agent_ledger.adapters._outcome import is_tool_failure
+from agent_ledger.adapters._signature import arguments, description, refuse_names
 from agent_ledger.errors import (
     ApprovalPendingError,
     EffectDeniedError,
@@ -156,6 +157,7 @@ def as_function_tool(
             f"{type(tool).__name__}",
             field="tool",
         )
+    refuse_names(tool, "the Agents SDK")
     sdk_name = _NOT_IN_NAME.sub("_", tool.name)[:64] if name is None else name
     if not isinstance(sdk_name, str) or not _NAME.fullmatch(sdk_name):
         raise EffectLedgerValidationError(
@@ -255,29 +257,18 @@ def _own_tool(ledger: EffectLedger, each: str | Tool[Any]) -> Tool[Any]:
 def _stand_in(tool: Tool[Any]) -> Callable[..., object]:
     """A function with the tool's signature minus ``effect``: what the SDK builds the schema of."""
     fn = tool.fn
-    try:
-        hints = typing.get_type_hints(fn, include_extras=True)
-    except TypeError:
-        # Not a plain function (a partial, a callable object): its signature's own.
-        hints = {
-            p.name: p.annotation
-            for p in tool.signature.parameters.values()
-            if p.annotation is not inspect.Parameter.empty
-        }
-    except Exception as exc:
-        raise EffectLedgerValidationError(
-            f"tool {tool.name!r}: its type hints do not resolve ({exc}); the JSON schema the "
-            "model sees is made from them",
-            field="fn",
-        ) from None
+    # Evaluated one parameter at a time, `effect` and the return left out: they
+    # may name types imported only for type checkers. Raises naming the
+    # parameter whose annotation does not resolve.
+    hints = {a.name: a.annotation for a in arguments(tool)}
     params = [p for p in tool.signature.parameters.values() if p.name != EFFECT_PARAMETER]
 
     def stand_in(*args: object, **kwargs: object) -> object:
         raise NotImplementedError  # only read, never called
 
     stand_in.__name__ = getattr(fn, "__name__", tool.name)
-    stand_in.__doc__ = getattr(fn, "__doc__", None)
-    stand_in.__annotations__ = {k: v for k, v in hints.items() if k != EFFECT_PARAMETER}
+    stand_in.__doc__ = description(tool) or None  # the wrapped function's, for a partial
+    stand_in.__annotations__ = hints
     stand_in.__signature__ = tool.signature.replace(parameters=params)  # type: ignore[attr-defined]
     return stand_in
 
@@ -389,14 +380,43 @@ class _Calls:
         """The SDK's ``on_invoke_tool``: one ``Tool.invoke``, answered in the model's terms."""
         try:
             values = self.arguments(raw)
-            result = await self.tool.invoke(values, call_id=ctx.tool_call_id, run_options=_NO_WAIT)
         except MalformedToolCall as exc:
             return str(exc)
-        except EffectDeniedError as exc:
+        try:
+            result = await self.tool.invoke(values, call_id=ctx.tool_call_id, run_options=_NO_WAIT)
+        except Exception as exc:
+            if await is_tool_failure(self.ledger, self._key(values), exc):
+                # The tool's own exception (a ledger error of a tool call inside
+                # it included), recorded as this effect's failure.
+                return await self._failure(ctx, exc)
+            return await self._own_outcome(ctx, exc, values)
+        return (
+            result if isinstance(result, str) else canonical_json(result, field="result").decode()
+        )
+
+    def _key(self, values: dict[str, object]) -> str | None:
+        """The call's key, None if it has none (no workflow: the run raised about that)."""
+        try:
+            return self.ledger.idem_key(self.tool_call(dict(values)))
+        except EffectLedgerValidationError:
+            return None
+
+    async def _failure(self, ctx: ToolContext[Any], exc: Exception) -> str:
+        """The tool's failure as ``failure_error_function`` words it (``None``: raised)."""
+        if self._on_error is None:
+            raise exc
+        message = self._on_error(ctx, exc)
+        return await message if inspect.isawaitable(message) else message
+
+    async def _own_outcome(
+        self, ctx: ToolContext[Any], exc: Exception, values: dict[str, object]
+    ) -> str:
+        """What the model reads for this call's own ledger outcome; raises what is the app's."""
+        if isinstance(exc, EffectDeniedError):
             return _decision_text(exc.effect)
-        except EffectPayloadMismatchError as exc:
+        if isinstance(exc, EffectPayloadMismatchError):
             return self._mismatch_text(exc, values)
-        except ApprovalPendingError as exc:
+        if isinstance(exc, ApprovalPendingError):
             if ctx.is_tool_approved(ctx.tool_name, ctx.tool_call_id):
                 raise EffectLedgerValidationError(
                     f"tool call {ctx.tool_call_id!r} ({self.sdk_name}) was approved in the "
@@ -413,22 +433,15 @@ class _Calls:
                 "This call is waiting for a person's approval and has not run; it cannot "
                 "run until a person approves it."
             )
-        except EffectLedgerValidationError as exc:
+        if isinstance(exc, EffectLedgerValidationError):
             if exc.field != "args":  # no workflow, a result that is not JSON: the app's
-                raise
+                raise exc
             return str(exc)  # the arguments, e.g. too large: the model's to fix
-        except (EffectStoreError, EffectInFlightError, EffectLedgerInvariantError):
-            raise
-        except Exception as exc:
-            # The tool's own failure: its exception, a replayed failure
-            # (EffectFailedError), or the wait for another worker timing out.
-            if self._on_error is None:
-                raise
-            message = self._on_error(ctx, exc)
-            return await message if inspect.isawaitable(message) else message
-        return (
-            result if isinstance(result, str) else canonical_json(result, field="result").decode()
-        )
+        if isinstance(exc, (EffectStoreError, EffectInFlightError, EffectLedgerInvariantError)):
+            raise exc
+        # A replayed failure (EffectFailedError), or the wait for another
+        # worker timing out: the tool's failure, as far as the model goes.
+        return await self._failure(ctx, exc)
 
     def _mismatch_text(self, exc: EffectPayloadMismatchError, values: dict[str, object]) -> str:
         keys = self.tool.idempotency_keys or ()

@@ -284,6 +284,49 @@ async def test_tool_exception_reads_the_same_on_replay(harness: StoreHarness) ->
     assert runs == ["A1"]
 
 
+class CardDeclined(ToolException):
+    code = "card_declined"  # recorded as the code, instead of the class name
+
+
+async def test_a_tool_exception_with_a_code_reads_the_same_on_replay(
+    harness: StoreHarness,
+) -> None:
+    """Regression: a ToolException subclass with a class-level code was recorded under
+    that code, which the replay did not recognise: the model read the message first,
+    and the application got EffectFailedError after. A code set on one instance only
+    cannot be recognised on a replay, so that call is not a ToolException from the
+    first call on (sync and async alike)."""
+    ledger = harness.ledger()
+
+    @ledger.tool("pay.charge")
+    async def charge(order: str) -> str:
+        raise CardDeclined("the card was declined; ask for another card")
+
+    @ledger.tool("pay.refund")
+    def refund(order: str) -> str:
+        error = ToolException("refunds are closed")
+        error.code = "refunds_closed"  # type: ignore[attr-defined]
+        raise error
+
+    charge_lc, refund_lc = as_langchain_tool(charge), as_langchain_tool(refund)
+    charge_lc.handle_tool_error = refund_lc.handle_tool_error = True
+    async with ledger.workflow("w"):
+        charged = [await charge_lc.ainvoke(c) for c in calls(charge_lc.name, {"order": "o"}, 2)]
+        with pytest.raises(EffectFailedError, match="refunds are closed") as first:
+            await refund_lc.ainvoke({"order": "o"})
+        with pytest.raises(EffectFailedError, match="refunds are closed"):
+            await refund_lc.ainvoke({"order": "o"})
+    assert isinstance(first.value.__cause__, ToolException)
+    with ledger.workflow("w"):
+        synced = [
+            await asyncio.to_thread(charge_lc.invoke, c)
+            for c in calls(charge_lc.name, {"order": "p"}, 2)
+        ]
+    assert [(r.status, r.text) for r in charged + synced] == [
+        ("error", "the card was declined; ask for another card")
+    ] * 4
+
+
 async def test_other_exceptions_reach_the_application(harness: StoreHarness) -> None:
     """The tool's own exception is raised as is; a replay raises EffectFailedError."""
     ledger = harness.ledger()

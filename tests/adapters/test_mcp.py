@@ -13,6 +13,7 @@ import datetime
 import enum
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,11 +33,15 @@ from mcp.types import (
 from pydantic import BaseModel
 
 from agent_ledger import (
+    ApprovalPendingError,
     Effect,
     EffectDeniedError,
     EffectLedger,
+    EffectLedgerOptions,
     EffectLedgerValidationError,
     EffectStatus,
+    RunOptions,
+    SqliteStore,
     ToolCall,
 )
 from agent_ledger.adapters.mcp import add_tool, add_tools
@@ -333,6 +338,94 @@ async def test_tool_errors_read_the_same_on_replay_and_crashes_stay_private(
     assert {e.status for e in await stored(ledger)} == {EffectStatus.FAILED}
 
 
+class CardDeclined(ToolError):
+    code = "card_declined"  # recorded as the code, instead of the class name
+
+
+async def test_a_tool_error_with_a_code_reads_the_same_on_replay(harness: StoreHarness) -> None:
+    """Regression: a ToolError subclass with a class-level code was recorded under that
+    code, which the replay did not recognise as a ToolError: the client read the message
+    first and "Error executing tool" after. A code set on one instance only cannot be
+    recognised on a replay, so that call is a crash from the first answer on."""
+    ledger = harness.ledger()
+
+    @ledger.tool("pay.charge")
+    async def charge(order: str) -> str:
+        raise CardDeclined("the card was declined; ask for another card")
+
+    @ledger.tool("pay.refund")
+    async def refund(order: str) -> str:
+        error = ToolError("refunds are closed")
+        error.code = "refunds_closed"  # type: ignore[attr-defined]
+        raise error
+
+    server = MCPServer("shop")
+    add_tools(server, [charge, refund], workflow_id="w")
+    async with Client(server) as client:
+        charged = [await client.call_tool("pay.charge", {"order": "o1"}) for _ in range(2)]
+        refunded = [await client.call_tool("pay.refund", {"order": "o1"}) for _ in range(2)]
+    assert [(r.is_error, text(r)) for r in charged] == [
+        (True, "Error executing tool pay.charge: the card was declined; ask for another card")
+    ] * 2
+    assert [(r.is_error, text(r)) for r in refunded] == [
+        (True, "Error executing tool pay.refund")
+    ] * 2
+    assert sorted(str(e.error.code) for e in await stored(ledger) if e.error) == [
+        "card_declined",
+        "refunds_closed",
+    ]
+
+
+async def test_a_nested_ledger_error_is_the_tools_failure_first_and_on_replay(
+    harness: StoreHarness,
+) -> None:
+    """Regression: a tool whose own tool call was denied told the client "A person denied
+    this call... It did not run" (it ran, and failed), and a replay "Error executing
+    tool". A nested error is the tool's exception: a crash, both times. A nested
+    failure that was a ToolError reads as the tool's recorded failure, both times."""
+    ledger = harness.ledger()
+    side_effects: list[str] = []
+
+    @ledger.tool("db.drop", requires_approval=True)
+    async def drop(table: str) -> str:
+        return f"dropped {table}"
+
+    @ledger.tool("db.cleanup")
+    async def cleanup(name: str) -> str:
+        side_effects.append(f"truncated {name}.log")
+        return await drop(f"{name}.tmp")
+
+    @ledger.tool("stock.check")
+    async def check(sku: str) -> str:
+        raise ToolError(f"{sku} is unknown")
+
+    @ledger.tool("stock.reserve")
+    async def reserve(sku: str) -> str:
+        return await check(sku)
+
+    server = MCPServer("db")
+    add_tools(server, [cleanup, reserve], workflow_id="w")
+    async with ledger.workflow("w"):
+        with pytest.raises(ToolError):
+            await check("A1")  # recorded failed: reserve's nested call replays it
+        with pytest.raises(ApprovalPendingError) as pending:
+            await drop.invoke({"table": "s.tmp"}, run_options=RunOptions(wait_for_approval=False))
+        assert await ledger.deny(pending.value.idem_key, reason="keep it", by="ada")
+    async with Client(server) as client:
+        cleaned = [await client.call_tool("db.cleanup", {"name": "s"}) for _ in range(2)]
+        reserved = [await client.call_tool("stock.reserve", {"sku": "A1"}) for _ in range(2)]
+    assert [(r.is_error, text(r)) for r in cleaned] == [
+        (True, "Error executing tool db.cleanup")
+    ] * 2
+    assert side_effects == ["truncated s.log"]
+    async with ledger.workflow("w"):
+        outer = await ledger.find_by_idem_key(ledger.idem_key(reserve.tool_call("A1")))
+    assert outer is not None and outer.error is not None and outer.error.code == "ToolError"
+    assert [(r.is_error, text(r)) for r in reserved] == [
+        (True, f"Error executing tool stock.reserve: {outer.error.message}")
+    ] * 2
+
+
 # -- workflows ------------------------------------------------------------------------------
 
 
@@ -389,6 +482,48 @@ def test_registration_refuses_what_would_not_work(harness: StoreHarness) -> None
         add_tool(object(), pinned)  # type: ignore[arg-type]
     with pytest.raises(EffectLedgerValidationError, match="workflow_id"):
         add_tool(server, pinned, workflow_id=5)  # type: ignore[arg-type]
+
+
+async def test_a_name_the_server_already_has_is_refused_before_anything_changes(
+    harness: StoreHarness,
+) -> None:
+    """The SDK keeps a tool it already has under a name (and only logs), so registering
+    the ledger tool there would leave calls bypassing the ledger: refused, naming the
+    tool, and the server's tools are as they were."""
+    ledger = harness.ledger()
+    runs: list[str] = []
+    server = MCPServer("shop")
+
+    @server.tool(name="payments.charge")
+    async def old_charge(order_id: str) -> str:
+        runs.append(f"old {order_id}")
+        return "charged without a ledger"
+
+    @ledger.tool("payments.charge")
+    async def charge(order_id: str) -> str:
+        runs.append(order_id)
+        return f"charged {order_id}"
+
+    @ledger.tool("payments.refund")
+    async def refund(order_id: str) -> str:
+        return f"refunded {order_id}"
+
+    with pytest.raises(EffectLedgerValidationError, match=r"named 'payments\.charge'"):
+        add_tool(server, charge, workflow_id="w")
+    with pytest.raises(EffectLedgerValidationError, match=r"named 'payments\.charge'"):
+        add_tools(server, ledger, workflow_id="w")  # refund comes second: not added either
+    with pytest.raises(EffectLedgerValidationError, match=r"'payments\.refund' is given twice"):
+        add_tools(server, [refund, refund], workflow_id="w")
+    assert [t.name for t in await server.list_tools()] == ["payments.charge"]
+    add_tool(server, charge, name="payments.charge.v2", workflow_id="w")
+    with pytest.raises(EffectLedgerValidationError, match=r"named 'payments\.charge\.v2'"):
+        add_tool(server, refund, name="payments.charge.v2", workflow_id="w")
+    async with Client(server) as client:
+        for _ in range(2):
+            result = await client.call_tool("payments.charge.v2", {"order_id": "o1"})
+            assert text(result) == "charged o1"
+    assert runs == ["o1"]
+    assert len(await stored(ledger)) == 1
 
 
 async def test_a_pinned_tool_keeps_its_workflow(harness: StoreHarness) -> None:
@@ -580,3 +715,107 @@ async def test_positional_only_parameters_and_a_parameter_named_ctx(harness: Sto
         result = await client.call_tool("notes.tag", {"note": 3, "ctx": "work"})
     assert set(listed.input_schema["properties"]) == {"note", "ctx"}
     assert text(result) == "3:work"
+
+
+# -- a client that stops waiting ------------------------------------------------------------
+
+
+async def test_a_retry_after_a_client_timeout_gets_the_first_calls_result(
+    harness: StoreHarness,
+) -> None:
+    """A client that times out cancels its request (notifications/cancelled) and retries
+    it. The run goes on without the request: it is not recorded canceled, and the retry
+    waits for it and reads its result; the tool ran once."""
+    ledger = harness.ledger()
+    started, release = asyncio.Event(), asyncio.Event()
+    runs: list[str] = []
+    cut_off: list[str] = []
+
+    @ledger.tool("reports.build")
+    async def build(month: str) -> str:
+        runs.append(month)
+        started.set()
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            cut_off.append(month)
+            raise
+        return f"report {month} built"
+
+    server = MCPServer("reports")
+    add_tools(server, ledger, workflow_id="w")
+    async with Client(server) as client:
+        first = asyncio.create_task(
+            client.call_tool("reports.build", {"month": "2025-05"}, read_timeout_seconds=0.2)
+        )
+        await started.wait()
+        with pytest.raises(Exception, match="Timed out"):
+            await first
+        # Answered after the server has read the cancellation sent before it.
+        await client.list_tools()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert cut_off == []
+        (effect,) = await stored(ledger)
+        assert effect.status is EffectStatus.PROCESSING
+        retry = asyncio.create_task(client.call_tool("reports.build", {"month": "2025-05"}))
+        await asyncio.sleep(0.05)  # the retry is waiting for the first run's outcome
+        release.set()
+        result = await retry
+        again = await client.call_tool("reports.build", {"month": "2025-05"})
+    assert [(r.is_error, text(r)) for r in (result, again)] == [(False, "report 2025-05 built")] * 2
+    assert runs == ["2025-05"]
+    (effect,) = await stored(ledger)
+    assert effect.status is EffectStatus.SUCCEEDED
+
+
+def test_a_run_still_going_when_the_server_stops_is_recorded_canceled(tmp_path: Path) -> None:
+    """A run whose request was cancelled outlives the request, not the event loop: when
+    the loop shuts down the run is cancelled and recorded canceled (it may have taken
+    effect), which a later retry reads."""
+    path = tmp_path / "ledger.db"
+    code = f"""
+import asyncio, logging
+from mcp import Client
+from mcp.server.mcpserver import MCPServer
+from agent_ledger import EffectLedger, EffectLedgerOptions, SqliteStore
+from agent_ledger.adapters.mcp import add_tools
+
+logging.disable(logging.CRITICAL)
+ledger = EffectLedger(EffectLedgerOptions(store=SqliteStore({str(path)!r})))
+started = asyncio.Event()
+
+@ledger.tool("reports.build")
+async def build(month: str) -> str:
+    started.set()
+    await asyncio.Event().wait()  # never ends on its own
+    return "built"
+
+async def main() -> None:
+    server = MCPServer("reports")
+    add_tools(server, ledger, workflow_id="w")
+    async with Client(server) as client:
+        try:
+            await client.call_tool("reports.build", {{"month": "5"}}, read_timeout_seconds=0.2)
+        except Exception as exc:
+            print("timed out:", type(exc).__name__)
+        await client.list_tools()
+    (effect,) = (await ledger.list_effects()).effects
+    print("after the request:", effect.status.value)
+
+asyncio.run(main())
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["timed out: MCPError", "after the request: processing"]
+
+    async def read() -> Effect:
+        ledger = EffectLedger(EffectLedgerOptions(store=SqliteStore(str(path))))
+        (effect,) = (await ledger.list_effects()).effects
+        return effect
+
+    effect = asyncio.run(read())
+    assert effect.status is EffectStatus.CANCELED
+    assert effect.error is not None and effect.error.code == "cancelled"

@@ -630,6 +630,89 @@ async def test_a_nested_tools_ledger_error_is_the_outer_tools_failure(
     assert text.endswith("was denied: no")
 
 
+async def test_a_nested_validation_error_is_the_outer_tools_failure_from_the_first_call(
+    harness: StoreHarness,
+) -> None:
+    """Regression: a tool whose own tool call had bad arguments raised the nested
+    EffectLedgerValidationError out of run_tool_calls on the first call, though it was
+    recorded as the tool's failure (which every replay answered)."""
+    ledger = harness.ledger()
+    runs: list[int] = []
+
+    @ledger.tool("inner")
+    async def inner(x: int) -> int:
+        return x
+
+    @ledger.tool("outer")
+    async def outer(x: int) -> int:
+        runs.append(x)
+        return await inner(y=x)  # a bug in the tool
+
+    async with ledger.workflow("conv-1"):
+        first = await run_tool_calls(ledger, [chat_call("c1", "outer", '{"x": 1}')])
+        replay = await run_tool_calls(ledger, [chat_call("c2", "outer", '{"x": 1}')])
+        effect = await stored(ledger, outer, 1)
+    assert runs == [1]
+    assert effect.status is EffectStatus.FAILED and effect.error is not None
+    assert (
+        first[0]["content"]
+        == replay[0]["content"]
+        == (f"Error: tool 'outer' failed (EffectLedgerValidationError): {effect.error.message}")
+    )
+    assert "unexpected keyword argument 'y'" in effect.error.message
+
+
+async def test_a_tool_calling_itself_reads_its_own_failure_not_the_nested_ones(
+    harness: StoreHarness,
+) -> None:
+    """Regression: a ledger error about another effect of the same tool (a tree walk)
+    was taken for this call's own outcome, because tool names were compared: the first
+    answer quoted the nested failure, every replay the recorded one. Nested denials were
+    raised out of the adapter as if this call had been denied."""
+    ledger = harness.ledger()
+    deleted: list[str] = []
+    children = {"/data": ["/data/locked"], "/srv": ["/srv/db"]}
+
+    @ledger.tool("fs.delete_tree", requires_approval=lambda call: call.args["path"] == "/srv/db")
+    async def delete_tree(path: str) -> str:
+        if path == "/data/locked":
+            raise PermissionError(f"{path} is locked")
+        for child in children.get(path, []):
+            await delete_tree(child)
+        deleted.append(path)
+        return f"deleted {path}"
+
+    def delete(call_id: str, path: str) -> list[ChatCompletionMessageFunctionToolCall]:
+        return [chat_call(call_id, "fs_delete_tree", orjson.dumps({"path": path}).decode())]
+
+    async with ledger.workflow("conv-1"):
+        (locked,) = await run_tool_calls(ledger, delete("c1", "/data/locked"))
+        first = await run_tool_calls(ledger, delete("c2", "/data"))
+        replay = await run_tool_calls(ledger, delete("c3", "/data"))
+        with pytest.raises(ApprovalPendingError) as pending:
+            await run_tool_calls(ledger, delete("c4", "/srv/db"), wait_for_approval=False)
+        assert await ledger.deny(pending.value.idem_key, reason="that is the database")
+        denied_first = await run_tool_calls(ledger, delete("c5", "/srv"))
+        denied_replay = await run_tool_calls(ledger, delete("c6", "/srv"))
+        with pytest.raises(EffectDeniedError):  # the denied call itself: raised, as ever
+            await run_tool_calls(ledger, delete("c7", "/srv/db"))
+        data = await stored(ledger, delete_tree, "/data")
+        srv = await stored(ledger, delete_tree, "/srv")
+    assert deleted == []
+    assert locked["content"] == (
+        "Error: tool 'fs_delete_tree' failed (PermissionError): /data/locked is locked"
+    )
+    for outer, answers in ((data, (first, replay)), (srv, (denied_first, denied_replay))):
+        assert outer.status is EffectStatus.FAILED and outer.error is not None
+        assert [a[0]["content"] for a in answers] == [
+            f"Error: tool 'fs_delete_tree' failed ({outer.error.code}): {outer.error.message}"
+        ] * 2
+    assert data.error is not None and data.error.message.endswith(
+        "failed [PermissionError]: /data/locked is locked"
+    )
+    assert srv.error is not None and srv.error.code == "EffectDeniedError"
+
+
 async def test_a_payload_mismatch_is_answered_and_runs_nothing(harness: StoreHarness) -> None:
     """Same order, another amount: the model is told; the stored charge stands."""
     ledger = harness.ledger()
@@ -950,7 +1033,10 @@ def test_a_signature_without_a_json_schema_is_refused() -> None:
     @unresolved.tool("later")
     async def later(thing: NotDefinedAnywhere) -> None: ...  # type: ignore[name-defined]  # noqa: F821
 
-    with pytest.raises(EffectLedgerValidationError, match="cannot be resolved"):
+    with pytest.raises(
+        EffectLedgerValidationError,
+        match="cannot evaluate the annotation 'NotDefinedAnywhere' of 'thing'",
+    ):
         responses_tools(unresolved)
 
 

@@ -453,6 +453,56 @@ async def test_a_tool_failure_reaches_the_model_through_failure_error_function(
     assert tries == ["ran", "ran", "ran"]
 
 
+async def test_a_nested_ledger_error_is_the_tools_failure_first_and_on_replay(
+    harness: StoreHarness,
+) -> None:
+    """Regression: a tool whose own tool call was denied told the model "A person denied
+    this call... It did not run" on the first call (it ran, and failed), and one whose
+    own tool call had bad arguments showed the nested validation error; every replay
+    read the failure text. Both are the tool's failure, every time."""
+    ledger = harness.ledger()
+    cleaned: list[str] = []
+
+    @ledger.tool("db.drop", requires_approval=True)
+    async def drop(table: str) -> str:
+        return f"dropped {table}"
+
+    @ledger.tool("db.cleanup")
+    async def cleanup(name: str) -> str:
+        cleaned.append(name)  # a side effect that did happen
+        return await drop(f"{name}.tmp")
+
+    @ledger.tool("db.vacuum")
+    async def vacuum(name: str) -> str:
+        cleaned.append(name)
+        return await drop(tabel=name)  # a bug: the nested call's arguments are refused
+
+    model = ScriptedModel(
+        [call("db_cleanup", {"name": "s"}, "a"), call("db_vacuum", {"name": "v"}, "b")],
+        [call("db_cleanup", {"name": "s"}, "c"), call("db_vacuum", {"name": "v"}, "d")],
+        [say("done")],
+    )
+    agent = Agent(
+        name="a", model=model, tools=as_function_tools(ledger, ["db.cleanup", "db.vacuum"])
+    )
+    async with ledger.workflow("w"):
+        with pytest.raises(ApprovalPendingError) as pending:
+            await drop.invoke({"table": "s.tmp"}, run_options=RunOptions(wait_for_approval=False))
+        assert await ledger.deny(pending.value.idem_key, reason="keep it", by="ada")
+        result = await Runner.run(agent, "go", run_config=NO_TRACING)
+        outer = [
+            await ledger.find_by_idem_key(ledger.idem_key(t.tool_call(n)))
+            for t, n in ((cleanup, "s"), (vacuum, "v"))
+        ]
+    failure = "An error occurred while running the tool. Please try again."
+    assert outputs(result) == {"a": failure, "b": failure, "c": failure, "d": failure}
+    assert cleaned == ["s", "v"]
+    assert [e.error.code if e is not None and e.error else None for e in outer] == [
+        "EffectDeniedError",
+        "EffectLedgerValidationError",
+    ]
+
+
 async def test_a_run_outside_a_workflow_raises_and_stores_nothing(harness: StoreHarness) -> None:
     """No ledger.workflow() around the run: the application's mistake, so the run stops."""
     ledger, charged = charge_ledger(harness)
