@@ -299,6 +299,9 @@ class FaultyStore(Generic[StoreT]):
     def transaction(self) -> AbstractAsyncContextManager[object]:
         return self.inner.transaction()
 
+    async def flush_counts(self) -> None:
+        await self._step("flush_counts", self.inner.flush_counts)
+
     async def close(self) -> None:
         await self.inner.close()
 
