@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Final
 
 from agent_ledger.errors import EffectLedgerValidationError, EffectStoreError
@@ -124,6 +124,9 @@ class PendingCounts:
         #: Recent flushes' batches, by the (even) epoch each started at.
         self._batches: dict[int, Collection[str]] = {}
         self._flushing: asyncio.Task[None] | None = None
+        #: Reads re-counting under ``quiet()``; no flush starts while there are any.
+        self._quiet = 0
+        self._loud: asyncio.Event | None = None
         self._timer: asyncio.Task[None] | None = None
         self._dropping = False
 
@@ -178,6 +181,25 @@ class PendingCounts:
         if flushing is not None:
             await asyncio.wait([flushing])
 
+    @contextlib.asynccontextmanager
+    async def quiet(self) -> AsyncIterator[None]:
+        """Hold off flushes, once the one in flight has ended: a read inside cannot
+        overlap a flush, so its counts plus ``overlay`` (taken inside too) are exact.
+
+        For the rare read that overlapped a flush: without this, a store that
+        flushes back to back could leave every read again ambiguous. Held for
+        one round trip; a flush waits for it.
+        """
+        self._quiet += 1
+        try:
+            while self._flushing is not None:
+                await self.settled()
+            yield
+        finally:
+            self._quiet -= 1
+            if not self._quiet and self._loud is not None:
+                self._loud.set()
+
     # -- writing ---------------------------------------------------------------------
 
     async def flush(self) -> None:
@@ -188,8 +210,13 @@ class PendingCounts:
         """
         # One flush at a time (the epochs count them): wait out any in flight,
         # then start ours with no await in between.
-        while self._flushing is not None:
-            await self.settled()
+        while self._flushing is not None or self._quiet:
+            if self._flushing is not None:
+                await self.settled()
+            else:
+                loud = self._loud = self._loud or asyncio.Event()
+                loud.clear()
+                await loud.wait()
         if not self.pending:
             return
         flushing = self._flushing = asyncio.get_running_loop().create_task(self._write_batch())

@@ -95,7 +95,7 @@ BEGIN_IN_TRANSACTION: Final[LiteralString] = (
 # One statement for every key this store counted duplicates of since the
 # last flush: `keys` and `counts` are parallel arrays. Committed
 # asynchronously (set_config(..., true) is SET LOCAL for the statement's own
-# transaction, read when it commits): a lost count is the documented bound,
+# transaction, read when it commits, after the statement): a lost count is the documented bound,
 # and the flush must not wait for the disk. A row another transaction has
 # locked is skipped (SKIP LOCKED), never waited for, so a flush neither
 # queues behind a caller's open transaction nor deadlocks with another
@@ -103,19 +103,20 @@ BEGIN_IN_TRANSACTION: Final[LiteralString] = (
 # exist, whose increments the store keeps for the next flush; a key that is
 # gone (purged) has nobody left to count for.
 DEDUP_FLUSH: Final[LiteralString] = (
-    "WITH cfg AS MATERIALIZED ("
-    " SELECT set_config('synchronous_commit', 'off', true)"
-    "), batch AS ("
+    "WITH batch AS ("
     " SELECT b.k, b.n FROM unnest(%(keys)s::text[], %(counts)s::int[]) AS b(k, n)"
     "), free AS ("
-    " SELECT e.id, batch.n FROM {effects} AS e JOIN batch ON e.idem_key = batch.k, cfg"
+    " SELECT e.id, batch.n FROM {effects} AS e JOIN batch ON e.idem_key = batch.k"
     " ORDER BY e.id FOR NO KEY UPDATE OF e SKIP LOCKED"
     "), bumped AS ("
     " UPDATE {effects} AS e SET dedup_count = e.dedup_count + free.n FROM free"
     " WHERE e.id = free.id RETURNING e.id"
     ") "
-    "SELECT e.idem_key FROM {effects} AS e JOIN batch ON e.idem_key = batch.k "
-    "WHERE e.id NOT IN (SELECT id FROM bumped)"
+    # A SELECT without FROM gives one row whatever the batch matched, so the
+    # setting is always made (in a CTE or a join it could go unevaluated).
+    "SELECT set_config('synchronous_commit', 'off', true),"
+    " ARRAY(SELECT e.idem_key FROM {effects} AS e JOIN batch ON e.idem_key = batch.k"
+    " WHERE e.id NOT IN (SELECT id FROM bumped))"
 )
 # This process's duplicates of these effects are added to what is read here
 # (see stores/_dedup.py): the count alone, read again after a flush.

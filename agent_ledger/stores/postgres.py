@@ -691,12 +691,12 @@ class PostgresStore:
             async with self._connection(None) as conn:
                 try:
                     cursor = await conn.execute(self._dedup_flush, params)
-                    rows = await cursor.fetchall()
+                    row = await cursor.fetchone()
                 except psycopg.OperationalError as exc:
                     if _connection_lost(exc, conn):
                         raise CountsLost("the connection was lost") from exc
                     raise
-        return [key for (key,) in rows]
+        return [] if row is None else list(row[1])
 
     async def _counted(
         self, rows: list[tuple[Any, ...]], started: int, tx: object | None
@@ -705,21 +705,19 @@ class PostgresStore:
         duplicates added to their ``dedup_count`` (``stores/_dedup.py``).
 
         A read that overlapped a flush of one of its keys may or may not hold
-        it: the counts alone are read again once that flush has ended.
+        it: the counts alone are read again once that flush has ended, with
+        the next one held off meanwhile.
         """
         counts = self._counts
-        for _ in range(3):
-            if not counts.ambiguous(rows, started):
-                break
-            await counts.settled()
-            started = counts.epoch
-            ids = [row_id(row) for row in rows]
+        if not counts.ambiguous(rows, started):
+            return [counts.overlay(row) for row in rows]
+        ids = [row_id(row) for row in rows]
+        async with counts.quiet():
             with self._errors("get"):
                 async with self._connection(tx) as conn:
                     cursor = await conn.execute(self._dedup_counts, {"ids": ids})
                     stored = dict(await cursor.fetchall())
-            rows = [with_count(row, stored.get(row_id(row))) for row in rows]
-        return [counts.overlay(row) for row in rows]
+            return [counts.overlay(with_count(row, stored.get(row_id(row)))) for row in rows]
 
     async def _one_counted(self, row: tuple[Any, ...], started: int, tx: object | None) -> Effect:
         (row,) = await self._counted([row], started, tx)

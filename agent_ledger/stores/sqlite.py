@@ -754,18 +754,16 @@ class SqliteStore:
         duplicates added to their ``dedup_count`` (``stores/_dedup.py``).
 
         A read that overlapped a flush of one of its keys may or may not hold
-        it: the counts alone are read again once that flush has ended.
+        it: the counts alone are read again once that flush has ended, with
+        the next one held off meanwhile.
         """
         counts = self._counts
-        for _ in range(3):
-            if not counts.ambiguous(rows, started):
-                break
-            await counts.settled()
-            started = counts.epoch
-            ids = orjson.dumps([row_id(row) for row in rows]).decode()
+        if not counts.ambiguous(rows, started):
+            return [counts.overlay(row) for row in rows]
+        ids = orjson.dumps([row_id(row) for row in rows]).decode()
+        async with counts.quiet():
             stored = await self._run("get", _stored_counts(ids), tx, write=False)
-            rows = [with_count(row, stored.get(row_id(row))) for row in rows]
-        return [counts.overlay(row) for row in rows]
+            return [counts.overlay(with_count(row, stored.get(row_id(row)))) for row in rows]
 
     async def _one_counted(
         self, row: tuple[Any, ...], started: int, tx: SqliteTransaction | None
