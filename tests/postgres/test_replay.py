@@ -135,7 +135,9 @@ async def test_another_process_sees_the_counts_after_a_flush_and_after_close(
 
 
 async def test_the_timer_writes_counts_without_being_asked(dsn: str, schema: str) -> None:
-    writer = await PostgresStore.connect(dsn, schema=schema, max_size=2, dedup_flush_interval_s=0.05)
+    writer = await PostgresStore.connect(
+        dsn, schema=schema, max_size=2, dedup_flush_interval_s=0.05
+    )
     other = await PostgresStore.connect(dsn, schema=schema, max_size=2)
     try:
         ledger = build_ledger(writer)
