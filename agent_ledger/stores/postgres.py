@@ -51,6 +51,7 @@ from agent_ledger.observability import logger
 from agent_ledger.options import DEFAULT_TX_LOCK_TIMEOUT_MS
 from agent_ledger.status import TERMINAL, EffectStatus
 from agent_ledger.stores import _postgres_queries as q
+from agent_ledger.stores._columns import ROW_COLUMNS
 from agent_ledger.stores._dedup import (
     DEFAULT_FLUSH_INTERVAL_S,
     CountsLost,
@@ -110,6 +111,10 @@ NOTIFY_CHANNEL: Final = "agent_ledger"
 _PROCESSING: Final = EffectStatus.PROCESSING.value
 #: A duplicate of an effect in one of these is only read by begin, and counted later.
 _FINISHED: Final = sorted(s.value for s in TERMINAL)
+_FINISHED_VALUES: Final = frozenset(_FINISHED)
+_STATUS_AT: Final = ROW_COLUMNS.index("status")
+#: How many keys a store remembers having begun (see ``PostgresStore.begin``).
+_KNOWN_KEYS: Final = 10_000
 _STATUS_BY_VALUE: Final = STATUS_BY_VALUE
 
 _T = TypeVar("_T")
@@ -268,6 +273,9 @@ class PostgresStore:
             self._write_counts, interval_s=interval_s, store=f"PostgresStore({schema})"
         )
         self._effects = effects
+        #: Keys this store has begun, oldest first: a begin of one of them
+        #: tries a plain read first (a replay, most likely).
+        self._known: dict[str, None] = {}
         self._listener = _Listener(pool, schema)
         self._beats = _ReservedConnection(pool)
 
@@ -395,8 +403,22 @@ class PostgresStore:
         if tx is not None:
             return await self._begin_inside(tx, new, params, lock_timeout_ms)
         key = new.idem_key
-        params["finished"] = _FINISHED
         counts = self._counts
+        known = self._known
+        if key in known:
+            # Seen here before: most likely a replay, and a plain read is the
+            # cheapest answer (no insert or update to set up on the server).
+            # Anything but a finished effect goes on to BEGIN as usual.
+            started = counts.epoch
+            row = await self._fetch_one("begin", self._find, {"idem_key": key}, None, idem_key=key)
+            if row is not None and row[_STATUS_AT] in _FINISHED_VALUES:
+                counts.add(key)
+                (row,) = await self._counted([row], started, None)
+                return BeginOutcome(_effect_from_row(row), created=False)
+        elif len(known) >= _KNOWN_KEYS:
+            del known[next(iter(known))]
+        known[key] = None
+        params["finished"] = _FINISHED
         # Twice at most in practice: nothing comes back only when a first
         # insert of the key committed after the statement's snapshot (BEGIN),
         # and the next snapshot sees it; a third try covers a purge between.

@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg import sql
 
 from agent_ledger import CommitSucceeded, ToolCall
@@ -165,3 +166,34 @@ async def test_the_flush_statement_commits_asynchronously(
     cursor = await pg.backdoor.execute("SHOW synchronous_commit")
     row = await cursor.fetchone()
     assert row is not None and row[0] == "on"
+
+
+async def test_replays_by_a_store_that_never_saw_the_key_and_by_one_that_did(
+    pg: PostgresHarness, dsn: str, schema: str
+) -> None:
+    """The first begin of a key in a store is the insert-or-get statement; later ones
+    read first. Both answer a replay with the outcome, and both counts land; a key
+    that was reopened meanwhile is not a replay, and runs again."""
+    stranger = await PostgresStore.connect(dsn, schema=schema, max_size=2)
+    try:
+        ledger = build_ledger(pg.store)
+        other = build_ledger(stranger)
+        assert await ledger.run(CALL, lambda e: "ok") == "ok"
+        assert await other.run(CALL, lambda e: "again") == "ok"  # unknown there: BEGIN
+        assert await other.run(CALL, lambda e: "again") == "ok"  # known now: a read
+        assert await ledger.run(CALL, lambda e: "again") == "ok"  # known: a read
+        await stranger.flush_counts()
+        await pg.store.flush_counts()
+        key = ledger.idem_key(CALL)
+        assert (await _row(pg.backdoor, schema, key))[0] == 3
+        failing = ToolCall(workflow_id="wf", tool="charge", args={"amount": 6})
+
+        def boom(effect: object) -> None:
+            raise RuntimeError("declined")
+
+        with pytest.raises(RuntimeError):
+            await ledger.run(failing, boom)
+        assert await ledger.reopen(ledger.idem_key(failing), by="ops", reason="retry")
+        assert await ledger.run(failing, lambda e: "second") == "second"
+    finally:
+        await stranger.close()
