@@ -76,6 +76,7 @@ STORE_STEPS: Final = (
     "find_legacy",
     "list_effects",
     "stats",
+    "flush_counts",
     "purge",
     "create_schema",
     "migrate",
