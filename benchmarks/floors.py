@@ -16,7 +16,7 @@ from typing import Any
 
 from agent_ledger.stores._postgres_queries import EFFECT_COLUMNS as PG_COLUMNS
 from agent_ledger.stores._sqlite_queries import FIND as SQLITE_FIND
-from agent_ledger.stores.sqlite import SQLITE_SCHEMA_SQL
+from agent_ledger.stores.sqlite import SQLITE_MIGRATIONS, SQLITE_SCHEMA_SQL
 
 
 async def handler(effect: object) -> dict[str, bool]:
@@ -76,6 +76,9 @@ class SqliteFloor:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = FULL")
         conn.executescript(SQLITE_SCHEMA_SQL)
+        # The later versions too: the replay floor reads every column the ledger reads.
+        for script in SQLITE_MIGRATIONS.values():
+            conn.executescript(script)
         return conn
 
     def _begin(self, key: str) -> str:
