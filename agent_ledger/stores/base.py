@@ -309,10 +309,13 @@ class Store(Protocol):
         the stored effect with ``created=False``. Exactly one of any number of
         concurrent begins for a key gets ``created=True``.
 
-        The SQL stores answer an existing key with one read that takes no
-        lock and writes nothing, and write the duplicate counts later, in
-        batches (see :meth:`flush_counts`); the effect they return already
-        includes this call's count, as every read in the same process does.
+        The SQL stores answer an existing *finished* effect with one read that
+        takes no lock and writes nothing, and write those duplicates' counts
+        later, in batches (see :meth:`flush_counts`); the effect they return
+        already includes this call's count, as every read in the same process
+        does. A duplicate of an effect still open is counted at once: a
+        caller that may wait for it must be counted before the holder commits
+        (PostgreSQL's notify trigger stays quiet for a commit nobody counted).
 
         With ``tx``, an existing effect is only read, never written (its
         ``dedup_count`` stays as it is): a write would lock its row until the
