@@ -445,24 +445,40 @@ class SqliteStore:
         key = new.idem_key
         counts = self._counts
         started = counts.epoch
-        if stx is None:
-            # A replay of a finished effect: one read, without the write lock
-            # (see "begin" in _sqlite_queries).
-            found = await self._run("begin", _find_row(key), None, write=False, idem_key=key)
-            if found is not None and found[_STATUS] in _FINISHED:
-                counts.add(key)
-                return BeginOutcome(await self._one_counted(found, started, None), created=False)
         params = {**begin_params(new), "id": new_effect_id()}
+        clock = self._clock
 
-        def work(conn: sqlite3.Connection, now: int) -> tuple[tuple[Any, ...], bool]:
+        def insert_or_get(conn: sqlite3.Connection, now: int) -> tuple[tuple[Any, ...], bool]:
             created = conn.execute(q.INSERT, {**params, "now": now}).rowcount == 1
             if not created and stx is None:  # with tx: only read (Store.begin)
                 conn.execute(q.COUNT_DUPLICATE, params)
             return conn.execute(q.FIND, (key,)).fetchone(), created
 
-        row, created = await self._run("begin", work, stx, write=True, idem_key=key)
+        def work(conn: sqlite3.Connection, now: int) -> tuple[tuple[Any, ...], bool, bool]:
+            """(row, created, replayed): one job, so one hop to the store's thread."""
+            if stx is not None:
+                return (*insert_or_get(conn, now), False)
+            # A replay of a finished effect: this read alone, as a WAL reader,
+            # without the write lock (see "begin" in _sqlite_queries).
+            found: tuple[Any, ...] | None = conn.execute(q.FIND, (key,)).fetchone()
+            if found is not None and found[_STATUS] in _FINISHED:
+                return found, False, True
+            conn.execute(q.TX_BEGIN)
+            try:
+                # The clock under the write lock, as every writing step reads it.
+                outcome = insert_or_get(conn, _to_us(clock()))
+                conn.execute(q.TX_COMMIT)
+            except BaseException:
+                _roll_back(conn)
+                raise
+            return (*outcome, False)
+
+        # write=False: the job takes the write lock itself, only when it must.
+        row, created, replayed = await self._run("begin", work, stx, write=False, idem_key=key)
         if created:
             return BeginOutcome(_effect_from_row(row), created=True)
+        if replayed:
+            counts.add(key)
         return BeginOutcome(await self._one_counted(row, started, stx), created=False)
 
     async def claim(

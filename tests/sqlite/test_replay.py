@@ -103,3 +103,19 @@ def test_a_bad_flush_interval_is_refused(tmp_path: Path, interval: object) -> No
     with pytest.raises(EffectLedgerValidationError, match="dedup_flush_interval_s"):
         SqliteStore(tmp_path / "ledger.db", dedup_flush_interval_s=interval)  # type: ignore[arg-type]
     assert not (tmp_path / "ledger.db").exists()
+
+
+async def test_stats_writes_the_pending_counts_first(tmp_path: Path) -> None:
+    """An aggregate cannot add pending counts per row: stats() writes them, so it adds up."""
+    path = tmp_path / "ledger.db"
+    store = SqliteStore(path, dedup_flush_interval_s=3600)
+    try:
+        ledger = build_ledger(store)
+        await ledger.run(CALL, lambda e: "ok")
+        for _ in range(3):
+            await ledger.run(CALL, lambda e: "again")
+        assert stored_count(path) == 0
+        assert (await ledger.stats()).duplicates == 3
+        assert stored_count(path) == 3
+    finally:
+        await store.close()
