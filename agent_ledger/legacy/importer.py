@@ -49,7 +49,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from agent_ledger.calls import ResourceDescriptor, ToolCall
 from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
@@ -59,6 +58,7 @@ from agent_ledger.options import DEFAULT_STALE_AFTER_MS
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _postgres_queries as q
 from agent_ledger.stores import _sqlite_queries as sq
+from agent_ledger.stores.url import split_schema as url_split_schema
 
 #: 0.2.x's table name (it had no prefix and lived in the connection's search path).
 LEGACY_TABLE: Final = "effects"
@@ -289,13 +289,13 @@ def _effect_values(item: Planned) -> dict[str, Any]:
 # -- reading the source ------------------------------------------------------------------
 
 
-def split_schema(url: str, schema: str | None) -> tuple[str, str]:
-    """libpq conninfo and schema: ``--schema``, else the URL's ``?schema=``, else public."""
-    parts = urlsplit(url)
-    params = parse_qsl(parts.query, keep_blank_values=True)
-    in_url = next((value for key, value in params if key == "schema"), None)
-    rest = urlencode([(key, value) for key, value in params if key != "schema"])
-    return urlunsplit(parts._replace(query=rest)), schema or in_url or "public"
+def split_schema(url: str, schema: str | None, *, field: str = "url") -> tuple[str, str]:
+    """libpq conninfo and schema: ``--schema``, else the URL's ``?schema=``, else public.
+
+    A malformed URL is an ``EffectLedgerValidationError`` naming ``field``.
+    """
+    conninfo, in_url = url_split_schema(url, field=field)
+    return conninfo, schema or in_url or "public"
 
 
 async def read_source(url: str, schema: str | None) -> tuple[str, list[LegacyRow]]:
@@ -314,7 +314,7 @@ async def read_source(url: str, schema: str | None) -> tuple[str, list[LegacyRow
             'reading a 0.2.x database needs the extra: pip install "agent-ledger[postgres]"',
             field="from",
         ) from None
-    conninfo, name = split_schema(url, schema)
+    conninfo, name = split_schema(url, schema, field="from")
     label = f'"{name}"."{LEGACY_TABLE}"'
     try:
         conn = await psycopg.AsyncConnection.connect(conninfo, connect_timeout=10)

@@ -50,3 +50,23 @@ def test_decision_arguments_have_help(tmp_path: Path, command: str) -> None:
     assert done.returncode == 0
     assert "id, its key, or a key prefix" in done.stdout  # the KEY argument
     assert done.stdout.count("kept on the receipt") == 2  # --by and --note/--reason
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--url", "postgresql://[::1", "stats"],
+        ["--url", "postgresql://[::1/db?schema=x", "list"],
+        ["--url", "sqlite:///./ledger.db", "import-0.2", "--from", "postgresql://[::1"],
+        ["--url", "postgresql://[::1", "import-0.2", "--from", "postgresql://u@h/db"],
+    ],
+)
+def test_a_malformed_postgres_url_is_one_line(tmp_path: Path, args: list[str]) -> None:
+    """urlsplit's ValueError ("Invalid IPv6 URL") is a usage error naming the URL."""
+    if "import-0.2" in args and args[1].startswith("sqlite"):
+        assert run("--url", args[1], "init", cwd=tmp_path).returncode == 0
+    done = run(*args, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1
+    assert done.stderr.startswith("agent-ledger: malformed URL 'postgresql://[::1")
+    assert "Invalid IPv6 URL" in done.stderr
