@@ -671,6 +671,17 @@ async def _dispatch(args: argparse.Namespace, out: Output) -> int:
         await store.close()
 
 
+def _say(message: str) -> None:
+    """An error as exactly one line on stderr: its first line.
+
+    A store error can carry the driver's whole text (psycopg's ``LINE 1:``
+    and caret under a failed statement, libpq's "Is the server running?");
+    its first line says what failed, the rest only where.
+    """
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    print(f"agent-ledger: {lines[0] if lines else 'failed'}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None) -> int:
     """Entry point of the ``agent-ledger`` console script."""
     parser = build_parser()
@@ -682,13 +693,13 @@ def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None) -> in
         _check_before_opening(args)
         return asyncio.run(_dispatch(args, Output(stream, colour)))
     except (UsageError, EffectLedgerValidationError) as exc:
-        print(f"agent-ledger: {exc}", file=sys.stderr)
+        _say(str(exc))
         return EXIT_USAGE
     except EffectStoreError as exc:
-        print(f"agent-ledger: {exc}", file=sys.stderr)
+        _say(str(exc))
         return EXIT_NOT_DONE
     except EffectLedgerError as exc:
-        print(f"agent-ledger: {type(exc).__name__}: {exc}", file=sys.stderr)
+        _say(f"{type(exc).__name__}: {exc}")
         return EXIT_NOT_DONE
     except KeyboardInterrupt:
         return 130

@@ -289,6 +289,14 @@ def _effect_values(item: Planned) -> dict[str, Any]:
 # -- reading the source ------------------------------------------------------------------
 
 
+def first_line(exc: BaseException) -> str:
+    """The driver's message without the rest: psycopg adds ``LINE 1: ...`` and a
+    caret under it, libpq a second "Is the server running...?" line, and the
+    CLI promises one line on stderr."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
 def split_schema(url: str, schema: str | None, *, field: str = "url") -> tuple[str, str]:
     """libpq conninfo and schema: ``--schema``, else the URL's ``?schema=``, else public.
 
@@ -320,7 +328,7 @@ async def read_source(url: str, schema: str | None) -> tuple[str, list[LegacyRow
         conn = await psycopg.AsyncConnection.connect(conninfo, connect_timeout=10)
     except psycopg.Error as exc:
         raise EffectStoreError(
-            f"cannot connect to the 0.2.x database: {exc}", operation="import-0.2"
+            f"cannot connect to the 0.2.x database: {first_line(exc)}", operation="import-0.2"
         ) from None
     try:
         async with conn.transaction():
@@ -341,7 +349,9 @@ async def read_source(url: str, schema: str | None) -> tuple[str, list[LegacyRow
             cursor = await conn.execute(query.format(sql.Identifier(name, LEGACY_TABLE)))
             rows = [LegacyRow(*record) for record in await cursor.fetchall()]
     except psycopg.Error as exc:
-        raise EffectStoreError(f"cannot read {label}: {exc}", operation="import-0.2") from None
+        raise EffectStoreError(
+            f"cannot read {label}: {first_line(exc)}", operation="import-0.2"
+        ) from None
     finally:
         await conn.close()
     return label, rows
@@ -397,7 +407,7 @@ async def write_postgres(
         conn = await psycopg.AsyncConnection.connect(conninfo, connect_timeout=10)
     except psycopg.Error as exc:
         raise EffectStoreError(
-            f"cannot connect to the target: {exc}", operation="import-0.2"
+            f"cannot connect to the target: {first_line(exc)}", operation="import-0.2"
         ) from None
     try:
         async with conn.transaction():
@@ -455,7 +465,9 @@ async def write_postgres(
                     record, {"legacy_key": item.row.idem_key, "idem_key": item.idem_key}
                 )
     except psycopg.Error as exc:
-        raise EffectStoreError(f"nothing written: {exc}", operation="import-0.2") from None
+        raise EffectStoreError(
+            f"nothing written: {first_line(exc)}", operation="import-0.2"
+        ) from None
     finally:
         await conn.close()
 
@@ -508,7 +520,9 @@ def write_sqlite(
     except sqlite3.Error as exc:
         report.imported = 0
         report.by_status.clear()
-        raise EffectStoreError(f"nothing written: {exc}", operation="import-0.2") from None
+        raise EffectStoreError(
+            f"nothing written: {first_line(exc)}", operation="import-0.2"
+        ) from None
     finally:
         conn.close()
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -255,18 +256,31 @@ def test_a_failure_mid_import_leaves_the_target_unchanged(
 
 
 def test_bad_input_is_one_line_on_stderr(
-    v021: V021, target: str, capsys: pytest.CaptureFixture[str]
+    v021: V021, target: str, schemas: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for source, expected in (
-        ("sqlite:///x.db", "--from must be a postgresql:// URL"),
-        (v021.url, "no agent-ledger 0.2.x table"),  # the schema has no table yet
+    # A table named effects that is not 0.2.x's (psycopg's error has a caret
+    # line), and a closed port (libpq adds "Is the server running...?").
+    foreign = new_schema(schemas, "foreign")
+    with psycopg.connect(DSN, autocommit=True) as conn:
+        conn.execute(
+            f'CREATE SCHEMA "{foreign}"; CREATE TABLE "{foreign}".effects '
+            "(idem_key text, args_canonical text, resource_id_canonical int)"
+        )
+    closed = urlunsplit(urlsplit(DSN)._replace(netloc="postgres@127.0.0.1:1"))
+    for source, expected, exit_code in (
+        ("sqlite:///x.db", "--from must be a postgresql:// URL", 2),
+        (v021.url, "no agent-ledger 0.2.x table", 2),  # the schema has no table yet
+        (f"{DSN}?schema={foreign}", 'column "id" does not exist', 1),
+        (closed, "Connection refused", 1),
     ):
         code, text = cli("--url", target, "import-0.2", "--from", source)
         err = capsys.readouterr().err
-        assert code == 2
+        assert code == exit_code, err
         assert text == ""
         assert err.startswith("agent-ledger: ") and expected in err
-        assert err.count("\n") == 1 and "Traceback" not in err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert "LINE 1" not in err and "Is the server running" not in err
+    assert rows(target) == []
 
 
 def test_the_migration_guides_procedure_runs_verbatim(
