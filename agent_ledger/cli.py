@@ -501,7 +501,8 @@ async def cmd_import_02(ctx: Context) -> int:
         ctx.out.line(f"read {_count(report.read, 'row')} from the 0.2.x table {report.source}")
         ctx.out.line(
             f"{done} {report.imported}, skipped {report.skipped} (already imported), "
-            f"collisions {len(report.collisions)}, unreadable {len(report.unreadable)}"
+            f"collisions {len(report.collisions)}, unreadable {len(report.unreadable)}, "
+            f"inexact results {len(report.inexact_results)}"
         )
         for status, count in sorted(report.by_status.items()):
             ctx.out.line(f"  {status:<17}  {count:>8}")
@@ -509,6 +510,11 @@ async def cmd_import_02(ctx: Context) -> int:
             ctx.out.line(f"collision: {line}")
         for line in report.unreadable:
             ctx.out.line(f"unreadable: {line}")
+        for effect_id in report.inexact_results:
+            ctx.out.line(
+                f"inexact result: effect {effect_id} replays an integer beyond 64 bits "
+                "as a float (see docs/migrating-from-0.2.md)"
+            )
         if report.dry_run:
             ctx.out.line("dry run: nothing written")
     return EXIT_OK

@@ -13,7 +13,9 @@ Rules (docs/migrating-from-0.2.md explains them to users):
   0.2.x id becomes the effect's id, which is what makes a second import a
   no-op (an effect with that id and that key is already there: skipped);
 * the result is copied as the JSON text PostgreSQL kept, never decoded and
-  re-encoded, so its floats are what 0.2.x itself would replay;
+  re-encoded, so its floats are what 0.2.x itself would replay; an integer
+  literal beyond 64 bits in it replays as a float here (orjson), so such
+  rows are imported and listed as ``inexact_results``;
 * ``processing`` comes across held by nobody: its heartbeat is 0.2.x's last
   ``updated_at`` and its lease the default stale window, so a caller takes it
   over once that has passed; ``requires_approval`` stays waiting for a
@@ -49,6 +51,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
+
+import orjson
 
 from agent_ledger.calls import ResourceDescriptor, ToolCall
 from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
@@ -117,6 +121,9 @@ class ImportReport:
     collisions: list[str] = field(default_factory=list)
     #: Rows whose call could not be rebuilt (not imported), one line each.
     unreadable: list[str] = field(default_factory=list)
+    #: Ids of imported effects whose result replays here not as 0.2.x replayed
+    #: it (an integer beyond 64 bits comes back a float; see ``result_is_exact``).
+    inexact_results: list[str] = field(default_factory=list)
     dry_run: bool = False
 
     def as_json(self) -> dict[str, object]:
@@ -127,6 +134,7 @@ class ImportReport:
             "skipped": self.skipped,
             "collisions": list(self.collisions),
             "unreadable": list(self.unreadable),
+            "inexact_results": list(self.inexact_results),
             "by_status": dict(sorted(self.by_status.items())),
             "dry_run": self.dry_run,
         }
@@ -216,6 +224,7 @@ def plan(rows: Sequence[LegacyRow], report: ImportReport) -> list[Planned]:
     for row in rows:
         try:
             EffectStatus(row.status)
+            _check_result_decodes(row)
             call = rebuild_call(row)
             canonical = canonicalize(call, max_args_size_bytes=2**62)
         except (ValueError, EffectLedgerError) as exc:
@@ -247,6 +256,57 @@ def plan(rows: Sequence[LegacyRow], report: ImportReport) -> list[Planned]:
             "keep one of them in the 0.2.x table and import again"
         )
     return kept
+
+
+# -- results this ledger cannot replay exactly ----------------------------------------
+
+
+def _same(ours: Any, theirs: Any) -> bool:
+    if type(ours) is not type(theirs):
+        return False
+    if isinstance(ours, dict):
+        return ours.keys() == theirs.keys() and all(_same(ours[k], theirs[k]) for k in ours)
+    if isinstance(ours, list):
+        return len(ours) == len(theirs) and all(map(_same, ours, theirs))
+    return bool(ours == theirs)
+
+
+def result_is_exact(result_json: str | None) -> bool:
+    """Does this ledger replay the stored result as 0.2.x did?
+
+    0.2.x decoded its jsonb text with Python's ``json`` (integers of any
+    size); the stores here decode with orjson, whose integers end at 64 bits
+    (-2**63 .. 2**64-1): a longer integer literal becomes the nearest float.
+    That includes floats jsonb normalised to integer literals (``1e20`` is
+    stored as ``100000000000000000000``). Decoding only imported results
+    exactly would need either a marker in the row or a scan of every result
+    on every read, so the import reports such rows instead.
+    """
+    if result_json is None:
+        return True
+    return _same(orjson.loads(result_json), json.loads(result_json))
+
+
+def _check_result_decodes(row: LegacyRow) -> None:
+    # An integer literal beyond float range (a Python int 0.2.x stored in
+    # jsonb) is not a number orjson can decode: imported, every read of the
+    # effect (list, export, its own call) would fail.
+    if row.result_json is None:
+        return
+    try:
+        orjson.loads(row.result_json)
+    except orjson.JSONDecodeError as exc:
+        raise EffectLedgerValidationError(
+            f"its result cannot be read here ({exc}); change that number in the 0.2.x "
+            "table (a string, say) and import again",
+            field="result",
+        ) from None
+
+
+def _note_inexact(items: Sequence[Planned], report: ImportReport) -> None:
+    report.inexact_results.extend(
+        item.row.id for item in items if not result_is_exact(item.row.result_json)
+    )
 
 
 # -- the effect's columns ------------------------------------------------------------
@@ -429,6 +489,7 @@ async def write_postgres(
             todo, mapped = _classify(items, existing, report)
             if dry_run:
                 _count(todo, report)
+                _note_inexact([*todo, *mapped], report)
                 return
             columns = [c for c in _TARGET_COLUMNS if not c.startswith("error_")]
             names = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
@@ -455,6 +516,7 @@ async def write_postgres(
                     continue
                 _count([item], report)
                 mapped.append(item)
+            _note_inexact(mapped, report)
             # 0.2.x's key of each imported effect, for legacy_keys=True (a
             # previous import's rows too, so a second run completes a first).
             record = sql.SQL(q.RECORD_LEGACY).format(
@@ -513,6 +575,7 @@ def write_sqlite(
                 for item in (*todo, *mapped):
                     conn.execute(sq.RECORD_LEGACY, (item.row.idem_key, item.idem_key))
             _count(todo, report)
+            _note_inexact([*todo, *mapped], report)
         except BaseException:
             conn.execute("ROLLBACK")
             raise

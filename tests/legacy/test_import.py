@@ -311,3 +311,57 @@ def test_the_migration_guides_procedure_runs_verbatim(
     assert (second["imported"], second["skipped"]) == (0, 11)
     assert "11 effects" in done.stdout  # agent-ledger stats
     assert len(rows(url)) == 11
+
+
+def test_results_beyond_64_bit_integers_are_imported_and_reported(v021: V021, target: str) -> None:
+    """0.2.1 replays any integer exactly (and a float jsonb stored as an integer
+    literal, 1e20, as that integer); here orjson decodes integers up to 64 bits,
+    so such a result replays as the nearest float. Imported anyway (never run
+    again), listed in the report; a number beyond float range is not importable."""
+    big = 12345678901234567890123
+    calls = {
+        "big": {"n": big, "ok": 2**63 - 1},
+        "jsonb_float": [1e20, 0.1],
+        "exact": {"u64": 2**64 - 1, "i64": -(2**63), "f": 1e16, "s": "1" * 30},
+        "huge": {"n": 10**400},
+    }
+    steps: list[dict[str, Any]] = [{"op": "init"}]
+    for name, result in calls.items():
+        steps.append({"op": "run", "call": {"workflow_id": "wf", "tool": name}, "result": result})
+    v021.call("ops", steps)
+    ids = dict(_ids(v021.schema))
+
+    report = import_json(v021.url, target)
+    assert report["imported"] == 3
+    assert sorted(report["inexact_results"]) == sorted([ids["big"], ids["jsonb_float"]])
+    [unreadable] = report["unreadable"]
+    assert ids["huge"] in unreadable and "its result cannot be read here" in unreadable
+    code, text = cli("--url", target, "import-0.2", "--from", v021.url)
+    assert code == 0
+    assert "inexact results 2" in text
+    assert f"inexact result: effect {ids['big']} replays an integer beyond 64 bits" in text
+
+    async def replay() -> dict[str, Any]:
+        store = await open_store(target, create=False)
+        ledger = EffectLedger(EffectLedgerOptions(store=store))
+        try:
+            return {
+                name: await ledger.run(ToolCall("wf", name, {}), lambda effect: "ran again")
+                for name in ("big", "jsonb_float", "exact")
+            }
+        finally:
+            await store.close()
+
+    got = asyncio.run(replay())
+    # What the migration guide says a replay gives.
+    assert got["big"] == {"n": float(big), "ok": 2**63 - 1}
+    assert type(got["big"]["n"]) is float
+    assert got["jsonb_float"] == [1e20, 0.1] and type(got["jsonb_float"][0]) is float
+    assert got["exact"] == calls["exact"]
+    assert type(got["exact"]["f"]) is int  # jsonb's 10000000000000000, as 0.2.1 replays it
+
+
+def _ids(schema: str) -> list[tuple[str, str]]:
+    with psycopg.connect(DSN) as conn:
+        found = conn.execute(f'SELECT tool, id::text FROM "{schema}".effects')
+        return [(str(tool), str(effect_id)) for tool, effect_id in found.fetchall()]
