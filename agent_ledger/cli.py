@@ -502,10 +502,16 @@ async def cmd_import_02(ctx: Context) -> int:
         ctx.out.line(
             f"{done} {report.imported}, skipped {report.skipped} (already imported), "
             f"collisions {len(report.collisions)}, unreadable {len(report.unreadable)}, "
-            f"inexact results {len(report.inexact_results)}"
+            f"inexact results {len(report.inexact_results)}, "
+            f"{'would update' if report.dry_run else 'updated'} {len(report.updated)}, "
+            f"conflicts {len(report.conflicts)}"
         )
         for status, count in sorted(report.by_status.items()):
             ctx.out.line(f"  {status:<17}  {count:>8}")
+        for line in report.updated:
+            ctx.out.line(f"{'would update' if report.dry_run else 'updated'}: {line}")
+        for line in report.conflicts:
+            ctx.out.line(f"conflict: {line}")
         for line in report.collisions:
             ctx.out.line(f"collision: {line}")
         for line in report.unreadable:

@@ -10,8 +10,11 @@ made with ``idempotency_keys`` is recognised too (the subset is searched).
 Rules (docs/migrating-from-0.2.md explains them to users):
 
 * status, result, error, dedup count, call id and timestamps are kept; the
-  0.2.x id becomes the effect's id, which is what makes a second import a
-  no-op (an effect with that id and that key is already there: skipped);
+  0.2.x id becomes the effect's id, which is what makes a second import
+  idempotent (an effect with that id and that key is already there);
+* on a second import such an effect is brought up to 0.2.x's current state
+  if nobody here has touched it since, by a compare-and-set; changed on
+  both sides, it is kept and reported as a conflict (``_reconcile``);
 * the result is copied as the JSON text PostgreSQL kept, never decoded and
   re-encoded, so its floats are what 0.2.x itself would replay; an integer
   literal beyond 64 bits in it replays as a float here (orjson), so such
@@ -114,8 +117,15 @@ class ImportReport:
     source: str
     read: int = 0
     imported: int = 0
-    #: Already in the target under the same id and key (a previous import).
+    #: Already in the target under the same id and key (a previous import),
+    #: and nothing to bring across: unchanged in 0.2.x, or moved on here only.
     skipped: int = 0
+    #: Rows a previous import brought in, untouched here since, that 0.2.x has
+    #: changed: brought up to 0.2.x's current state (one line each).
+    updated: list[str] = field(default_factory=list)
+    #: Rows changed on both sides since a previous import (one line each,
+    #: naming both states); the target's effect is kept.
+    conflicts: list[str] = field(default_factory=list)
     by_status: Counter[str] = field(default_factory=Counter)
     #: One line per collision; see the module doc.
     collisions: list[str] = field(default_factory=list)
@@ -132,6 +142,8 @@ class ImportReport:
             "read": self.read,
             "imported": self.imported,
             "skipped": self.skipped,
+            "updated": list(self.updated),
+            "conflicts": list(self.conflicts),
             "collisions": list(self.collisions),
             "unreadable": list(self.unreadable),
             "inexact_results": list(self.inexact_results),
@@ -431,8 +443,9 @@ _TARGET_COLUMNS: Final = (
 def _classify(
     items: Sequence[Planned], existing: dict[str, str], report: ImportReport
 ) -> tuple[list[Planned], list[Planned]]:
-    """Split off what the target already holds: same id and key (skipped, the
-    second list) or a clash (collision, dropped); the first list is to write.
+    """Split off what the target already holds: same id and key (a previous
+    import's, the second list, for ``_reconcile``) or a clash (collision,
+    dropped); the first list is to write.
 
     ``existing`` maps each id and each key the target has, among these rows',
     to the key (for an id) or the id (for a key) it goes with.
@@ -444,7 +457,6 @@ def _classify(
         if key_of_id is None and id_of_key is None:
             todo.append(item)
         elif key_of_id == item.idem_key:
-            report.skipped += 1
             skipped.append(item)
         else:
             report.collisions.append(
@@ -453,6 +465,116 @@ def _classify(
                 "different call or key; kept the target's, not imported"
             )
     return todo, skipped
+
+
+@dataclass(frozen=True, slots=True)
+class TargetState:
+    """What a re-import needs of an effect a previous import wrote."""
+
+    status: str
+    attempt: int
+    #: Times in the target's own form (datetime, or microseconds in SQLite):
+    #: only compared with each other and with the source's in that form.
+    updated_at: object
+    heartbeat_at: object
+    decided_by: str | None
+    history_json: str | None
+
+
+def _reopened_here(state: TargetState) -> bool:
+    events = json.loads(state.history_json) if state.history_json else []
+    return any(isinstance(e, dict) and e.get("kind") == "reopened" for e in events)
+
+
+def _reconcile(
+    present: Sequence[Planned],
+    states: dict[str, TargetState],
+    source_time: Any,
+    report: ImportReport,
+) -> list[tuple[Planned, TargetState]]:
+    """Decide, for each row a previous import wrote, what this run does with it.
+
+    An import writes ``attempt`` 1 and ``heartbeat_at = updated_at`` = 0.2.x's
+    ``updated_at``. Every change this ledger makes to such an effect moves
+    one of them: a claim or takeover moves ``attempt`` (and the heartbeat);
+    a decision, cancel, reopen or unfenced commit moves ``updated_at`` but
+    not the heartbeat (only the holder of a later attempt beats). Only a
+    duplicate call's ``dedup_count + 1`` moves neither. So:
+
+    * ``attempt`` 1 and ``heartbeat_at`` equal to 0.2.x's ``updated_at`` now:
+      0.2.x has not changed the row since (it moves ``updated_at`` on every
+      change, duplicates included): skipped;
+    * else, still as imported (``attempt`` 1, ``updated_at = heartbeat_at``,
+      nobody decided): brought up to 0.2.x's state (the list returned; the
+      UPDATE compares the same columns, so a worker here that changes it
+      meanwhile wins and the row becomes a conflict);
+    * ``attempt`` 1 but changed here, and changed in 0.2.x: a conflict;
+    * claimed here (``attempt`` > 1): 0.2.x's row was ``processing`` or
+      ``ready`` then (or failed/canceled, reopened here). If 0.2.x has since
+      completed, denied or canceled it, and it was not reopened here, both
+      sides went on with the call: a conflict ("ran on both sides" when both
+      completed it). Otherwise this ledger's run is the newer state: skipped.
+    """
+    todo: list[tuple[Planned, TargetState]] = []
+    for item in present:
+        row, state = item.row, states[item.row.id]
+        now = source_time(row.updated_at)
+        both = f"0.2.x has it {row.status}, this ledger {state.status}"
+        where = f"row {row.id} ({row.workflow_id} / {row.tool})"
+        if state.attempt == 1:
+            if state.heartbeat_at == now:
+                report.skipped += 1
+            elif state.updated_at == state.heartbeat_at and state.decided_by is None:
+                todo.append((item, state))
+            else:
+                report.conflicts.append(
+                    f"{where}: changed on both sides since it was imported ({both}); "
+                    "kept this ledger's"
+                )
+            continue
+        if row.status in _FINISHED_IN_0_2 and not _reopened_here(state):
+            if row.status in ("succeeded", "failed") and state.status in ("succeeded", "failed"):
+                what = "ran on both sides"
+            else:
+                what = "went on on both sides"
+            report.conflicts.append(
+                f"{where}: {what} since it was imported ({both}, after a run here); "
+                "kept this ledger's"
+            )
+        else:
+            report.skipped += 1
+    return todo
+
+
+#: 0.2.x statuses that end a call; one reached after a claim here is a conflict.
+_FINISHED_IN_0_2: Final = ("succeeded", "failed", "denied", "canceled")
+
+#: The columns a re-import brings up to 0.2.x's current state.
+_UPDATED_COLUMNS: Final = (
+    "status", "result", "error_message", "error_code", "updated_at", "completed_at",
+    "heartbeat_at", "decided_at", "lease_ms", "executions", "started_at",
+)  # fmt: skip
+
+
+def _updated(item: Planned, state: TargetState, report: ImportReport) -> None:
+    row = item.row
+    report.updated.append(
+        f"row {row.id} ({row.workflow_id} / {row.tool}): {state.status} -> {row.status}"
+    )
+
+
+def _lost_race(item: Planned, report: ImportReport) -> None:
+    row = item.row
+    report.conflicts.append(
+        f"row {row.id} ({row.workflow_id} / {row.tool}): changed here during the import "
+        f"(0.2.x has it {row.status}); kept this ledger's"
+    )
+
+
+def _error_json(values: dict[str, Any]) -> str | None:
+    if values["error_message"] is None:
+        return None
+    return json.dumps({"message": values["error_message"], "code": values["error_code"]})
 
 
 async def write_postgres(
@@ -487,10 +609,51 @@ async def write_postgres(
                 existing["id:" + effect_id] = key
                 existing["key:" + key] = effect_id
             todo, mapped = _classify(items, existing, report)
+            state_cursor = await conn.execute(
+                sql.SQL(
+                    "SELECT id::text, status, attempt, updated_at, heartbeat_at, decided_by, "
+                    "history::text FROM {} WHERE id::text = ANY(%s)"
+                ).format(table),
+                ([i.row.id for i in mapped],),
+            )
+            states = {
+                effect_id: TargetState(*rest) for effect_id, *rest in await state_cursor.fetchall()
+            }
+            changes = _reconcile(mapped, states, lambda moment: moment, report)
             if dry_run:
                 _count(todo, report)
+                for item, state in changes:
+                    _updated(item, state, report)
                 _note_inexact([*todo, *mapped], report)
                 return
+            update = sql.SQL(
+                "UPDATE {} SET status = %(status)s, result = %(result)s::json, "
+                "error = %(error)s::jsonb, dedup_count = greatest(dedup_count, %(dedup_count)s), "
+                "updated_at = %(updated_at)s, completed_at = %(completed_at)s, "
+                "heartbeat_at = %(heartbeat_at)s, decided_at = %(decided_at)s, "
+                "lease_ms = %(lease_ms)s, executions = %(executions)s, "
+                "started_at = %(started_at)s "
+                # Compare-and-set: still exactly as read (and as an import leaves it).
+                "WHERE id = %(id)s AND attempt = 1 AND status = %(was_status)s "
+                "AND updated_at = %(was_updated_at)s AND heartbeat_at = %(was_heartbeat_at)s "
+                "AND decided_by IS NULL RETURNING id"
+            ).format(table)
+            for item, state in changes:
+                values = _effect_values(item)
+                values["error"] = _error_json(values)
+                updated = await conn.execute(
+                    update,
+                    {
+                        **values,
+                        "was_status": state.status,
+                        "was_updated_at": state.updated_at,
+                        "was_heartbeat_at": state.heartbeat_at,
+                    },
+                )
+                if await updated.fetchone() is None:
+                    _lost_race(item, report)
+                else:
+                    _updated(item, state, report)
             columns = [c for c in _TARGET_COLUMNS if not c.startswith("error_")]
             names = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
             marks = sql.SQL(", ").join(
@@ -502,11 +665,7 @@ async def write_postgres(
             ).format(table, names, marks)
             for item in todo:
                 values = _effect_values(item)
-                error = (
-                    json.dumps({"message": values["error_message"], "code": values["error_code"]})
-                    if values["error_message"] is not None
-                    else None
-                )
+                error = _error_json(values)
                 row_cursor = await conn.execute(insert, [*(values[c] for c in columns), error])
                 if await row_cursor.fetchone() is None:
                     report.collisions.append(
@@ -558,7 +717,50 @@ def write_sqlite(
                     existing["id:" + effect_id] = key
                     existing["key:" + key] = effect_id
             todo, mapped = _classify(items, existing, report)
-            if not dry_run:
+            states: dict[str, TargetState] = {}
+            for item in mapped:
+                for effect_id, *rest in conn.execute(
+                    "SELECT id, status, attempt, updated_us, heartbeat_us, decided_by, history "
+                    "FROM agent_ledger_effects WHERE id = ?",
+                    (item.row.id,),
+                ):
+                    states[effect_id] = TargetState(*rest)
+            changes = _reconcile(mapped, states, _us, report)
+            if dry_run:
+                for item, state in changes:
+                    _updated(item, state, report)
+            else:
+                update = (
+                    "UPDATE agent_ledger_effects SET "
+                    + ", ".join(
+                        f"{c[:-3]}_us = ?" if c.endswith("_at") else f"{c} = ?"
+                        for c in _UPDATED_COLUMNS
+                    )
+                    + ", dedup_count = max(dedup_count, ?) "
+                    # Compare-and-set: still exactly as read (and as an import leaves it).
+                    "WHERE id = ? AND attempt = 1 AND status = ? AND updated_us = ? "
+                    "AND heartbeat_us = ? AND decided_by IS NULL"
+                )
+                for item, state in changes:
+                    values = _effect_values(item)
+                    done = conn.execute(
+                        update,
+                        [
+                            *(
+                                _us(values[c]) if c.endswith("_at") else values[c]
+                                for c in _UPDATED_COLUMNS
+                            ),
+                            values["dedup_count"],
+                            item.row.id,
+                            state.status,
+                            state.updated_at,
+                            state.heartbeat_at,
+                        ],
+                    )
+                    if done.rowcount == 1:
+                        _updated(item, state, report)
+                    else:
+                        _lost_race(item, report)
                 statement = (
                     f"INSERT INTO agent_ledger_effects ({', '.join(columns)}, attempt) "
                     f"VALUES ({', '.join('?' for _ in columns)}, 1)"

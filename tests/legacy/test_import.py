@@ -365,3 +365,175 @@ def _ids(schema: str) -> list[tuple[str, str]]:
     with psycopg.connect(DSN) as conn:
         found = conn.execute(f'SELECT tool, id::text FROM "{schema}".effects')
         return [(str(tool), str(effect_id)) for tool, effect_id in found.fetchall()]
+
+
+def _spec(tool: str) -> dict[str, Any]:
+    return {"workflow_id": "wf-re", "tool": tool, "args": {"n": 1}}
+
+
+def _call(tool: str) -> ToolCall:
+    return ToolCall("wf-re", tool, {"n": 1})
+
+
+def test_a_re_import_brings_rows_0_2_finished_since_up_to_date(v021: V021, target: str) -> None:
+    """The guide: re-run the import while old workers still run. A row still as
+    the first import left it follows what 0.2.1 did since (the adversary's case:
+    processing, then finished in 0.2.1, must not run again here)."""
+    v021.call(
+        "ops",
+        [
+            {"op": "init"},
+            {"op": "begin", "call": _spec("pay")},
+            {"op": "begin", "call": _spec("refund")},
+            *(
+                step
+                for tool in ("approve_me", "deny_me", "approve_and_run")
+                for step in (
+                    {"op": "begin", "call": _spec(tool)},
+                    {"op": "request_approval", "call": _spec(tool)},
+                )
+            ),
+            {"op": "run", "call": _spec("done"), "result": "done before"},
+        ],
+    )
+    first = import_json(v021.url, target)
+    assert first["imported"] == 6
+    v021.call(
+        "ops",
+        [
+            {"op": "succeed", "call": _spec("pay"), "result": {"charged": 10}},
+            {"op": "fail", "call": _spec("refund"), "error": ["card expired", "E42"]},
+            {"op": "approve", "call": _spec("approve_me")},
+            {"op": "deny", "call": _spec("deny_me"), "reason": "too risky"},
+            {"op": "approve", "call": _spec("approve_and_run")},
+            {"op": "run", "call": _spec("approve_and_run"), "result": "ran in 0.2.1"},
+        ],
+    )
+    before = rows(target)
+    code, text = cli("--url", target, "import-0.2", "--from", v021.url, "--dry-run")
+    assert code == 0 and "would update 5, conflicts 0" in text, text
+    assert "would update: row " in text and "processing -> succeeded" in text
+    assert rows(target) == before
+
+    second = import_json(v021.url, target)
+    assert (second["imported"], second["skipped"], second["conflicts"]) == (0, 1, [])
+    changes = sorted(line.split(": ", 1)[1] for line in second["updated"])
+    assert changes == [
+        "processing -> failed",
+        "processing -> succeeded",
+        "requires_approval -> denied",
+        "requires_approval -> ready",
+        "requires_approval -> succeeded",
+    ]
+    after = rows(target)
+    # Idempotent: a third run changes nothing.
+    third = import_json(v021.url, target)
+    assert (third["imported"], third["updated"], third["skipped"]) == (0, [], 6)
+    assert rows(target) == after
+
+    ran: list[str] = []
+
+    def handler(effect: Any) -> object:
+        ran.append(effect.tool)
+        return "ran here"
+
+    async def check() -> None:
+        store = await open_store(target, create=False)
+        ledger = EffectLedger(EffectLedgerOptions(store=store))
+        try:
+            assert await ledger.run(_call("pay"), handler) == {"charged": 10}
+            assert await ledger.run(_call("approve_and_run"), handler) == "ran in 0.2.1"
+            assert await ledger.run(_call("done"), handler) == "done before"
+            with pytest.raises(EffectFailedError) as failed:
+                await ledger.run(_call("refund"), handler)
+            assert (failed.value.message, failed.value.code) == ("card expired", "E42")
+            with pytest.raises(EffectDeniedError) as denied:
+                await ledger.run(_call("deny_me"), handler)
+            assert denied.value.reason == "too risky"
+            # Approved in 0.2.1 and not run there: it runs on its next call, once.
+            assert await ledger.run(_call("approve_me"), handler) == "ran here"
+            assert await ledger.run(_call("approve_me"), handler) == "ran here"
+            assert ran == ["approve_me"]
+        finally:
+            await store.close()
+
+    asyncio.run(check())
+
+
+def test_a_re_import_never_overwrites_what_this_ledger_changed(v021: V021, target: str) -> None:
+    """Changed on both sides since the first import: reported, the target's kept."""
+    v021.call(
+        "ops",
+        [
+            {"op": "init"},
+            {"op": "begin", "call": _spec("taken_over")},
+            {"op": "begin", "call": _spec("taken_over_only_here")},
+            {"op": "begin", "call": _spec("decided_twice")},
+            {"op": "request_approval", "call": _spec("decided_twice")},
+            {"op": "begin", "call": _spec("approved_here")},
+            {"op": "request_approval", "call": _spec("approved_here")},
+        ],
+    )
+    import_json(v021.url, target)
+    # This ledger takes two over (their 0.2.1 worker looks dead: a back door
+    # ages the heartbeat) and runs them, and decides two approvals.
+    ids = dict(_ids(v021.schema))
+    stale = [ids["taken_over"], ids["taken_over_only_here"]]
+    if target.startswith("sqlite:///"):
+        with sqlite3.connect(target[len("sqlite:///") :]) as conn:
+            conn.execute(
+                "UPDATE agent_ledger_effects SET heartbeat_us = heartbeat_us - 60000000 "
+                "WHERE id IN (?, ?)",
+                stale,
+            )
+    else:
+        schema = target.rsplit("schema=", 1)[1]
+        with psycopg.connect(DSN) as pg:
+            pg.execute(
+                f'UPDATE "{schema}".agent_ledger_effects '
+                "SET heartbeat_at = heartbeat_at - interval '60 seconds' WHERE id::text = ANY(%s)",
+                (stale,),
+            )
+
+    async def here() -> None:
+        store = await open_store(target, create=False)
+        ledger = EffectLedger(EffectLedgerOptions(store=store))
+        try:
+            for tool in ("taken_over", "taken_over_only_here"):
+                assert await ledger.run(_call(tool), lambda effect: "ran here") == "ran here"
+            assert await ledger.approve(ledger.idem_key(_call("decided_twice")), by="ops")
+            assert await ledger.approve(ledger.idem_key(_call("approved_here")), by="ops")
+        finally:
+            await store.close()
+
+    asyncio.run(here())
+    v021.call(
+        "ops",
+        [
+            {"op": "succeed", "call": _spec("taken_over"), "result": "ran in 0.2.1"},
+            {"op": "deny", "call": _spec("decided_twice"), "reason": "no"},
+        ],
+    )
+    before = rows(target)
+    report = import_json(v021.url, target)
+    assert (report["imported"], report["updated"], report["skipped"]) == (0, [], 2)
+    conflicts = sorted(report["conflicts"])
+    assert len(conflicts) == 2, conflicts
+    [both_ran] = [c for c in conflicts if ids["taken_over"] in c]
+    assert "ran on both sides" in both_ran
+    assert "0.2.x has it succeeded, this ledger succeeded" in both_ran
+    [decided] = [c for c in conflicts if ids["decided_twice"] in c]
+    assert (
+        "changed on both sides" in decided and "0.2.x has it denied, this ledger ready" in decided
+    )
+    assert rows(target) == before
+
+    async def replay() -> None:
+        store = await open_store(target, create=False)
+        ledger = EffectLedger(EffectLedgerOptions(store=store))
+        try:
+            assert await ledger.run(_call("taken_over"), lambda effect: "again") == "ran here"
+        finally:
+            await store.close()
+
+    asyncio.run(replay())
