@@ -501,14 +501,26 @@ async def cmd_import_02(ctx: Context) -> int:
         ctx.out.line(f"read {_count(report.read, 'row')} from the 0.2.x table {report.source}")
         ctx.out.line(
             f"{done} {report.imported}, skipped {report.skipped} (already imported), "
-            f"collisions {len(report.collisions)}, unreadable {len(report.unreadable)}"
+            f"collisions {len(report.collisions)}, unreadable {len(report.unreadable)}, "
+            f"inexact results {len(report.inexact_results)}, "
+            f"{'would update' if report.dry_run else 'updated'} {len(report.updated)}, "
+            f"conflicts {len(report.conflicts)}"
         )
         for status, count in sorted(report.by_status.items()):
             ctx.out.line(f"  {status:<17}  {count:>8}")
+        for line in report.updated:
+            ctx.out.line(f"{'would update' if report.dry_run else 'updated'}: {line}")
+        for line in report.conflicts:
+            ctx.out.line(f"conflict: {line}")
         for line in report.collisions:
             ctx.out.line(f"collision: {line}")
         for line in report.unreadable:
             ctx.out.line(f"unreadable: {line}")
+        for effect_id in report.inexact_results:
+            ctx.out.line(
+                f"inexact result: effect {effect_id} replays an integer beyond 64 bits "
+                "as a float (see docs/migrating-from-0.2.md)"
+            )
         if report.dry_run:
             ctx.out.line("dry run: nothing written")
     return EXIT_OK
@@ -671,6 +683,17 @@ async def _dispatch(args: argparse.Namespace, out: Output) -> int:
         await store.close()
 
 
+def _say(message: str) -> None:
+    """An error as exactly one line on stderr: its first line.
+
+    A store error can carry the driver's whole text (psycopg's ``LINE 1:``
+    and caret under a failed statement, libpq's "Is the server running?");
+    its first line says what failed, the rest only where.
+    """
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    print(f"agent-ledger: {lines[0] if lines else 'failed'}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None) -> int:
     """Entry point of the ``agent-ledger`` console script."""
     parser = build_parser()
@@ -682,13 +705,13 @@ def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None) -> in
         _check_before_opening(args)
         return asyncio.run(_dispatch(args, Output(stream, colour)))
     except (UsageError, EffectLedgerValidationError) as exc:
-        print(f"agent-ledger: {exc}", file=sys.stderr)
+        _say(str(exc))
         return EXIT_USAGE
     except EffectStoreError as exc:
-        print(f"agent-ledger: {exc}", file=sys.stderr)
+        _say(str(exc))
         return EXIT_NOT_DONE
     except EffectLedgerError as exc:
-        print(f"agent-ledger: {type(exc).__name__}: {exc}", file=sys.stderr)
+        _say(f"{type(exc).__name__}: {exc}")
         return EXIT_NOT_DONE
     except KeyboardInterrupt:
         return 130

@@ -9,7 +9,7 @@ import pytest
 
 from agent_ledger import EffectLedgerValidationError, MemoryStore, SqliteStore, open_store
 from agent_ledger.cli import UsageError, parse_duration, parse_moment
-from agent_ledger.stores.url import DEFAULT_URL, _split_schema, default_url
+from agent_ledger.stores.url import DEFAULT_URL, default_url, split_schema
 
 
 @pytest.mark.parametrize(
@@ -72,11 +72,12 @@ async def test_bad_urls_are_validation_errors(url: str, fragment: str) -> None:
 
 def test_postgres_schema_parameter_is_ours_not_libpq() -> None:
     """?schema= is taken out of the URL before psycopg sees it; other params stay."""
-    assert _split_schema("postgresql://u@h/db?schema=x&sslmode=disable") == (
+    assert split_schema("postgresql://u@h/db?schema=x&sslmode=disable") == (
         "postgresql://u@h/db?sslmode=disable",
         "x",
     )
-    assert _split_schema("postgresql://u@h/db") == ("postgresql://u@h/db", "public")
+    # None: the store's default (public) applies.
+    assert split_schema("postgresql://u@h/db") == ("postgresql://u@h/db", None)
 
 
 def test_default_url(monkeypatch: pytest.MonkeyPatch) -> None:
