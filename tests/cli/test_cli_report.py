@@ -189,6 +189,10 @@ def test_list_and_export_filter_by_duration_error_code_and_call_id(cli: Cli) -> 
         (["--min-duration", "fast"], "not a duration"),
         (["--max-duration=-5s"], "not a duration"),
         (["--min-duration", "2s", "--max-duration", "1s"], "no effect could match"),
+        (["--min-duration", "999999999d"], "duration too long"),
+        (["--max-duration", "99999999999999999999d"], "duration too long"),
+        (["--since", "99999999999999999999d"], "duration too long"),
+        (["--until", "400000d"], "duration too long"),
     ],
 )
 def test_bad_filters_are_one_line(cli: Cli, flags: list[str], says: str) -> None:

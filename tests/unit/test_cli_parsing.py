@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from agent_ledger import EffectLedgerValidationError, MemoryStore, SqliteStore, open_store
+from agent_ledger.audit import MAX_SPAN
 from agent_ledger.cli import UsageError, parse_duration, parse_moment
 from agent_ledger.stores.url import DEFAULT_URL, _split_schema, default_url
 
@@ -33,6 +34,30 @@ def test_bad_durations_are_usage_errors(text: str) -> None:
     """Anything else is refused with an example of what works."""
     with pytest.raises(UsageError, match="examples"):
         parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "365001d",
+        "999999999d",
+        "99999999999999999999d",
+        "9" * 400 + "ms",
+        "1000000000w",
+        "9" * 5000 + "s",
+    ],
+)
+def test_durations_past_the_bound_are_usage_errors(text: str) -> None:
+    """Past MAX_SPAN (and past what a timedelta holds): one usage error naming the bound."""
+    with pytest.raises(UsageError, match=r"duration too long: .* \(at most 365000d"):
+        parse_duration(text)
+    with pytest.raises(UsageError, match="duration too long"):
+        parse_moment(text)
+
+
+def test_the_bound_itself_is_a_duration() -> None:
+    assert parse_duration(f"{MAX_SPAN.days}d") == MAX_SPAN
+    assert parse_moment(f"{MAX_SPAN.days}d") < datetime(1100, 1, 1, tzinfo=UTC)
 
 
 def test_moments_are_iso_or_relative() -> None:
