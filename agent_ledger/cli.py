@@ -29,7 +29,7 @@ from agent_ledger.effects import Effect
 from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
 from agent_ledger.ledger import EffectLedger
 from agent_ledger.options import EffectLedgerOptions
-from agent_ledger.receipt import RECORD_FIELDS, effect_to_record, render_receipt
+from agent_ledger.receipt import RECORD_FIELDS, effect_to_record, render_receipt, visible
 from agent_ledger.report import render_report
 from agent_ledger.status import TERMINAL, EffectStatus
 from agent_ledger.stores.base import Store
@@ -143,8 +143,8 @@ def effects_table(out: Output, effects: Sequence[Effect]) -> None:
         (
             e.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"),
             e.status,
-            e.tool,
-            e.workflow_id,
+            visible(e.tool),
+            visible(e.workflow_id),
             str(e.executions),
             str(e.dedup_count),
             e.idem_key[:12],
