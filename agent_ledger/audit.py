@@ -16,6 +16,7 @@ from typing import Final
 
 import orjson
 
+from agent_ledger.backoff import MAX_MS
 from agent_ledger.effects import Effect
 from agent_ledger.errors import EffectLedgerValidationError, require_str
 from agent_ledger.ids import is_effect_id
@@ -31,7 +32,7 @@ MAX_PAGE_SIZE = 1_000
 #: ``purge`` subtracts the span from now, so past a common bound one store
 #: would answer while another overflows. No handler ran, and no effect was
 #: kept, that long, so the bound costs nothing.
-MAX_SPAN: Final = timedelta(days=365_000)
+MAX_SPAN: Final = timedelta(milliseconds=MAX_MS)
 #: The oldest cutoff ``purge`` accepts (``MAX_SPAN``).
 MAX_PURGE_AGE: Final = MAX_SPAN
 #: The shortest idempotency-key prefix ``lookup`` accepts.
