@@ -17,7 +17,7 @@ from typing import Final
 import orjson
 
 from agent_ledger.backoff import MAX_MS
-from agent_ledger.effects import Effect
+from agent_ledger.effects import Effect, storable_text
 from agent_ledger.errors import EffectLedgerValidationError, require_str
 from agent_ledger.ids import is_effect_id
 from agent_ledger.status import EffectStatus
@@ -94,6 +94,15 @@ def build_query(
         if value is not None and not isinstance(value, str):
             raise EffectLedgerValidationError(
                 f"{name} must be a string or None, got {type(value).__name__}", field=name
+            )
+        if value is not None and name != "cursor" and storable_text(value) != value:
+            # No stored text holds these (calls refuse NUL; error codes keep U+FFFD
+            # in their place), and each store failed differently on them.
+            stored_as = "; the ledger stored them as U+FFFD" if name == "error_code" else ""
+            raise EffectLedgerValidationError(
+                f"{name} must not contain U+0000 (NUL) or a lone surrogate: no stored "
+                f"{name} holds one{stored_as}",
+                field=name,
             )
     for moment, name in ((since, "since"), (until, "until")):
         if moment is not None and (not isinstance(moment, datetime) or moment.tzinfo is None):
