@@ -140,7 +140,9 @@ async def review(
         if not done:
             tally.quit = True
             say("")
-            say(f"stopped; {_count(len(pending) - number, 'effect')} not reviewed")
+            # The one on screen was not decided either: it and every one after it.
+            left = len(pending) - number + 1
+            say(f"stopped; {_count(left, 'effect')} not reviewed")
             break
     say("")
     say(f"review done: {tally}")

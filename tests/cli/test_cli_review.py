@@ -212,14 +212,24 @@ def test_quit_and_end_of_input_stop_the_walk(cli: Cli) -> None:
         assert "deciding as carol" in term.expect(PROMPT)
         term.type("q")
         rest = term.finish()
-    assert "stopped; 2 effects not reviewed" in rest
+    # Quitting at 1 of 3 leaves all three: the one on screen was not reviewed either.
+    assert "stopped; 3 effects not reviewed" in rest
     with terminal(cli) as term:
         term.expect(PROMPT)
         os.write(term.fd, b"\x04")  # Ctrl-D: end of input
         rest = term.finish()
-    assert "stopped; 2 effects not reviewed" in rest and "Traceback" not in rest
+    assert "stopped; 3 effects not reviewed" in rest and "Traceback" not in rest
     for key in keys:
         assert asyncio.run(stored(cli.url, key))[0] is EffectStatus.REQUIRES_APPROVAL
+    # Skip two, quit at the last: one left, the one on screen.
+    with terminal(cli) as term:
+        for _ in range(2):
+            term.expect(PROMPT)
+            term.type("s")
+        assert "[3/3]" in term.expect(PROMPT)
+        term.type("q")
+        rest = term.finish()
+    assert "stopped; 1 effect not reviewed" in rest
 
 
 def test_ctrl_c_at_a_prompt_stops_at_once(cli: Cli) -> None:
