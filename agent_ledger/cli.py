@@ -91,6 +91,22 @@ def parse_duration(text: str) -> timedelta:
     return span
 
 
+def format_duration(span: timedelta) -> str:
+    """``span`` exactly, in the form ``parse_duration`` reads (``1w``, ``1h30m``, ``250ms``).
+
+    Largest units first; sub-millisecond parts are never there (the CLI reads
+    whole milliseconds), so ``parse_duration(format_duration(d)) == d``.
+    """
+    left = span // timedelta(milliseconds=1)
+    parts = []
+    for unit in ("w", "d", "h", "m", "s", "ms"):
+        size = _UNITS[unit] // timedelta(milliseconds=1)
+        count, left = divmod(left, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts) or "0s"
+
+
 def parse_moment(text: str) -> datetime:
     """An ISO 8601 time (UTC when it has no offset), or a duration ago (``2h``)."""
     try:
@@ -370,7 +386,7 @@ def _given(args: argparse.Namespace) -> dict[str, str]:
     given: dict[str, str] = {}
     for name, value in _filters(args).items():
         if isinstance(value, timedelta):
-            value = f"{value / timedelta(milliseconds=1):g}ms"
+            value = format_duration(value)  # exact, and a form --min-duration reads
         elif isinstance(value, datetime):
             value = value.isoformat()
         if value is not None:
