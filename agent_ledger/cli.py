@@ -24,11 +24,12 @@ from typing import IO, Any, Final, TypeVar
 import orjson
 
 from agent_ledger._version import __version__
+from agent_ledger.audit import MAX_SPAN
 from agent_ledger.effects import Effect
 from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
 from agent_ledger.ledger import EffectLedger
 from agent_ledger.options import EffectLedgerOptions
-from agent_ledger.receipt import RECORD_FIELDS, effect_to_record, render_receipt
+from agent_ledger.receipt import RECORD_FIELDS, effect_to_record, render_receipt, visible
 from agent_ledger.report import render_report
 from agent_ledger.status import TERMINAL, EffectStatus
 from agent_ledger.stores.base import Store
@@ -66,12 +67,44 @@ class UsageError(Exception):
     """Bad arguments that argparse itself cannot see; exit code 2."""
 
 
+def _duration_parts(text: str) -> list[tuple[str, str]]:
+    """``text``'s (number, unit) pairs, or none when it is not a duration."""
+    parts: list[tuple[str, str]] = _DURATION.findall(text)
+    return parts if parts and "".join(n + u for n, u in parts) == text else []
+
+
 def parse_duration(text: str) -> timedelta:
     """``30d``, ``12h``, ``15m``, ``90s``, ``500ms``, ``2w``, or combinations like ``1h30m``."""
-    parts = _DURATION.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
+    parts = _duration_parts(text)
+    if not parts:
         raise UsageError(f"not a duration: {text!r} (examples: 30d, 12h, 15m, 1h30m)")
-    return sum((int(n) * _UNITS[u] for n, u in parts), timedelta())
+    try:
+        span = sum((int(n) * _UNITS[u] for n, u in parts), timedelta())
+    except (OverflowError, ValueError):  # past a timedelta, or past int()'s digit limit
+        span = None
+    # The ledger refuses spans past MAX_SPAN on every store; saying so here
+    # names the option, and keeps `--since 999999999d` from overflowing a date.
+    if span is None or span > MAX_SPAN:
+        raise UsageError(
+            f"duration too long: {_clip(text, 40)!r} (at most {MAX_SPAN.days}d, about 1000 years)"
+        )
+    return span
+
+
+def format_duration(span: timedelta) -> str:
+    """``span`` exactly, in the form ``parse_duration`` reads (``1w``, ``1h30m``, ``250ms``).
+
+    Largest units first; sub-millisecond parts are never there (the CLI reads
+    whole milliseconds), so ``parse_duration(format_duration(d)) == d``.
+    """
+    left = span // timedelta(milliseconds=1)
+    parts = []
+    for unit in ("w", "d", "h", "m", "s", "ms"):
+        size = _UNITS[unit] // timedelta(milliseconds=1)
+        count, left = divmod(left, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts) or "0s"
 
 
 def parse_moment(text: str) -> datetime:
@@ -79,12 +112,12 @@ def parse_moment(text: str) -> datetime:
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
-        try:
-            return datetime.now(UTC) - parse_duration(text)
-        except UsageError:
+        if not _duration_parts(text):
             raise UsageError(
                 f"not a time: {text!r} (use ISO 8601 like 2026-01-31T12:00, or 2h for 2 hours ago)"
             ) from None
+        # At most MAX_SPAN (parse_duration checks), so this never leaves the calendar.
+        return datetime.now(UTC) - parse_duration(text)
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
@@ -126,8 +159,8 @@ def effects_table(out: Output, effects: Sequence[Effect]) -> None:
         (
             e.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"),
             e.status,
-            e.tool,
-            e.workflow_id,
+            visible(e.tool),
+            visible(e.workflow_id),
             str(e.executions),
             str(e.dedup_count),
             e.idem_key[:12],
@@ -353,7 +386,7 @@ def _given(args: argparse.Namespace) -> dict[str, str]:
     given: dict[str, str] = {}
     for name, value in _filters(args).items():
         if isinstance(value, timedelta):
-            value = f"{value / timedelta(milliseconds=1):g}ms"
+            value = format_duration(value)  # exact, and a form --min-duration reads
         elif isinstance(value, datetime):
             value = value.isoformat()
         if value is not None:
