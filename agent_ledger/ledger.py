@@ -30,7 +30,7 @@ from agent_ledger.stores.base import Held, LedgerStats, Store
 
 if TYPE_CHECKING:
     from agent_ledger.retries import RetryPolicy
-    from agent_ledger.sagas import Saga
+    from agent_ledger.sagas import Saga, SagaRecovery
     from agent_ledger.tools import Tool, ToolDecorator, WorkflowScope
 
 __all__ = ["EffectLedger"]
@@ -181,6 +181,22 @@ class EffectLedger:
             on_compensation_failure=on_compensation_failure,
             owner=owner,
         )
+
+    async def recover_sagas(
+        self, *, owner: str | None = None, lease_ms: int | None = None, limit: int = 100
+    ) -> SagaRecovery:
+        """Finish the sagas whose owners are gone; what this pass did.
+
+        Claims each saga whose owner's lease ran out: one that was
+        compensating is finished from its stored steps and this ledger's
+        tools; one still running forward is rolled back once it has been left
+        longer than its ``abandon_after``, and is otherwise left for its code
+        to be re-run (listed in ``running``). Safe to run from several
+        processes at once: each saga is claimed by one, each undo runs once.
+        """
+        from agent_ledger.sagas import recover_sagas
+
+        return await recover_sagas(self, owner=owner, lease_ms=lease_ms, limit=limit)
 
     # -- running effects ---------------------------------------------------------
 

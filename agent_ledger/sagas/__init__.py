@@ -18,6 +18,7 @@ from agent_ledger.sagas._errors import (
     SagaOwnershipLostError,
 )
 from agent_ledger.sagas._outcome import SagaOutcome, StepOutcome
+from agent_ledger.sagas._recovery import SagaRecovery, recover_sagas
 from agent_ledger.sagas._saga import Saga
 from agent_ledger.stores.saga_base import SagaStatus
 
@@ -31,6 +32,8 @@ __all__ = [
     "SagaNondeterminismError",
     "SagaOutcome",
     "SagaOwnershipLostError",
+    "SagaRecovery",
     "SagaStatus",
     "StepOutcome",
+    "recover_sagas",
 ]

@@ -88,7 +88,7 @@ def saga_store(ledger: EffectLedger) -> SagaStore:
     return store
 
 
-def _lease(lease_ms: int | None) -> int:
+def lease_of(lease_ms: int | None) -> int:
     if lease_ms is None:
         return DEFAULT_STALE_AFTER_MS
     if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms < 100:
@@ -208,7 +208,7 @@ class Saga:
         self._new = NewSaga(
             saga_id,
             owner if owner is not None else default_owner(),
-            _lease(lease_ms),
+            lease_of(lease_ms),
             _abandon_ms(abandon_after),
             on_compensation_failure,
         )
@@ -407,6 +407,8 @@ class Saga:
                             effect.idem_key, reason="the saga was rolled back", by="saga"
                         )
             await asyncio.wait([t for t, _ in pending], timeout=0.05 if cancel_waiting else None)
+        for task, _ in self._tasks:
+            _failure(task)  # retrieved: the rollback reports the failures that matter
 
     # -- leaving -------------------------------------------------------------------
 
