@@ -182,6 +182,35 @@ class EffectLedger:
             owner=owner,
         )
 
+    async def run_saga(
+        self,
+        saga_id: str,
+        plan: Sequence[object],
+        *,
+        lease_ms: int | None = None,
+        abandon_after: timedelta | None = None,
+        on_compensation_failure: Literal["continue", "stop"] = "continue",
+        owner: str | None = None,
+    ) -> list[object]:
+        """Run a saga a model planned: ``[{"tool": name, "args": {...}}, [...], ...]``.
+
+        Each item is a step; a nested list is a parallel group. Tools are
+        looked up by name among this ledger's. The plan is checked whole
+        before anything is stored or run. Returns the results in the plan's
+        shape; raises like ``async with ledger.saga(...)`` (``SagaFailed``...).
+        """
+        from agent_ledger.sagas import run_saga
+
+        return await run_saga(
+            self,
+            saga_id,
+            plan,
+            lease_ms=lease_ms,
+            abandon_after=abandon_after,
+            on_compensation_failure=on_compensation_failure,
+            owner=owner,
+        )
+
     async def recover_sagas(
         self, *, owner: str | None = None, lease_ms: int | None = None, limit: int = 100
     ) -> SagaRecovery:

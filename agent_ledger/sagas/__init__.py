@@ -18,6 +18,7 @@ from agent_ledger.sagas._errors import (
     SagaOwnershipLostError,
 )
 from agent_ledger.sagas._outcome import SagaOutcome, StepOutcome
+from agent_ledger.sagas._plan import check_plan, run_saga
 from agent_ledger.sagas._recovery import SagaRecovery, recover_sagas
 from agent_ledger.sagas._saga import Saga
 from agent_ledger.stores.saga_base import SagaStatus
@@ -35,5 +36,7 @@ __all__ = [
     "SagaRecovery",
     "SagaStatus",
     "StepOutcome",
+    "check_plan",
     "recover_sagas",
+    "run_saga",
 ]

@@ -18,7 +18,7 @@ import contextlib
 import contextvars
 import os
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -361,10 +361,25 @@ class Saga:
         if self._closed or not self._entered:
             raise SagaError(f"saga {self.saga_id!r}: start() is for use inside the saga's block")
         tool.tool_call(*args, **kwargs)  # binds: bad arguments raise now
+        return self._start(tool(*args, **kwargs))
+
+    def start_invoke(self, tool: Tool[Any], arguments: Mapping[str, object]) -> asyncio.Task[Any]:
+        """``start`` with the arguments by name, as ``tool.invoke`` takes them."""
+        if not isinstance(tool, Tool) or tool.ledger is not self.ledger:
+            raise EffectLedgerValidationError(
+                f"saga.start_invoke takes a tool of this saga's ledger, got {tool!r}",
+                field="tool",
+            )
+        if self._closed or not self._entered:
+            raise SagaError(f"saga {self.saga_id!r}: start() is for use inside the saga's block")
+        tool.bind_arguments(arguments)  # bad arguments raise now
+        return self._start(tool.invoke(arguments))
+
+    def _start(self, step: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         position, group = self._place()
         context = contextvars.copy_context()
         context.run(_RESERVED.set, (self, position, group))
-        task = asyncio.create_task(tool(*args, **kwargs), context=context)
+        task = asyncio.create_task(step, context=context)
         self._tasks.append((task, position))
         return task
 
