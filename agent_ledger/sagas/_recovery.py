@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from agent_ledger.effects import EffectError
 from agent_ledger.observability import logger
+from agent_ledger.sagas._compensation import check_compensation_tool
 from agent_ledger.sagas._outcome import SagaOutcome
 from agent_ledger.sagas._saga import (
     Heartbeat,
@@ -70,6 +71,9 @@ async def recover_sagas(
     open_ = await store.list_sagas(statuses=frozenset({_G.RUNNING, _G.COMPENSATING}), limit=limit)
     for saga in sorted(open_, key=lambda s: (s.created_at, s.saga_id)):
         try:
+            # A pass that lacks a compensation tool leaves the saga unclaimed,
+            # so a pass that has it need not wait out this one's lease.
+            await _check_tools(ledger, store, saga)
             if saga.status is _G.COMPENSATING:
                 claimed = await store.claim_saga(
                     saga.saga_id,
@@ -91,6 +95,14 @@ async def recover_sagas(
             logger.warning("recover_sagas: saga %r not finished", saga.saga_id, exc_info=True)
             report.errors.append((saga.saga_id, f"{type(exc).__name__}: {exc}"))
     return report
+
+
+async def _check_tools(ledger: EffectLedger, store: SagaStore, saga: SagaRecord) -> None:
+    if saga.status is _G.RUNNING and saga.abandon_after_ms is None:
+        return
+    for step in await store.saga_steps(saga.saga_id):
+        if step.compensation is not None:
+            check_compensation_tool(ledger, step.tool, step.compensation)
 
 
 async def _abandon(

@@ -139,4 +139,7 @@ async def test_a_missing_compensation_tool_is_reported_and_the_saga_left_for_lat
     assert "not registered" in report.errors[0][1]
     saga = await store.get_saga("order-42")
     assert saga is not None and saga.status is G.COMPENSATING
+    assert saga.attempt == 1, "not claimed: a pass with the tools need not wait"
     assert shop.log == ["s1", "s2", "s3"], "nothing was undone"
+    report = await _recoverer(harness, shop).ledger.recover_sagas()
+    assert [o.status for o in report.finished] == [G.COMPENSATED]
