@@ -21,7 +21,7 @@ import socket
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 from agent_ledger.calls import ToolCall
 from agent_ledger.effects import Effect, EffectError
@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 __all__ = ["Saga", "default_owner", "finish_compensation", "saga_store"]
 
 _G = SagaStatus
+_R = TypeVar("_R")
 #: A position reserved by ``saga.start()`` for the task it starts: (saga, position, group).
 _RESERVED: contextvars.ContextVar[tuple[Saga, int, int] | None] = contextvars.ContextVar(
     "agent_ledger_saga_reserved", default=None
@@ -477,7 +478,9 @@ class Saga:
         if not isinstance(exc, Exception):
             return False  # KeyboardInterrupt and the like: left to recover_sagas()
         reason = EffectError(f"{type(exc).__name__}: {exc}", getattr(exc, "code", None))
-        outcome = await self._roll_back(reason)
+        # Shielded too: a cancellation arriving during the undo waits for it to
+        # end, then propagates instead of the SagaFailed.
+        outcome = await _shielded(self._roll_back(reason))
         raise rolled_back(outcome) from exc
 
     async def _stray_failure(self) -> BaseException | None:
@@ -511,10 +514,17 @@ def _failure(task: asyncio.Task[Any]) -> BaseException | None:
     return task.exception()
 
 
-async def _shielded(work: Any) -> None:
-    """Run ``work`` to its end even if the caller is cancelled again meanwhile."""
+async def _shielded(work: Coroutine[Any, Any, _R]) -> _R:
+    """Run ``work`` to its end even if the caller is cancelled meanwhile; then
+    re-raise that cancellation (if any), else return ``work``'s result."""
     task = asyncio.ensure_future(work)
+    cancelled = False
     while not task.done():
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await asyncio.shield(task)
-    task.result()
+        except asyncio.CancelledError:
+            cancelled = True
+    result = task.result()
+    if cancelled:
+        raise asyncio.CancelledError
+    return result

@@ -380,3 +380,41 @@ async def test_tools_outside_a_saga_are_unchanged(harness: StoreHarness) -> None
     async with ledger.workflow("plain"):
         assert await shop["s1"]("a") == {"done": "s1:a"}
     assert await saga_store(ledger).list_sagas() == []
+
+
+async def test_a_cancellation_during_the_undo_waits_for_it_then_propagates(
+    harness: StoreHarness,
+) -> None:
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "s1", "s2")
+    shop.failing.add("s2")
+    undoing = asyncio.Event()
+    may_finish = asyncio.Event()
+
+    @ledger.tool("s0", compensate="undo.slow")
+    async def s0() -> str:
+        return "ok"
+
+    @ledger.tool("undo.slow")
+    async def slow_undo(forward: object) -> str:
+        undoing.set()
+        await may_finish.wait()
+        shop.log.append("undo s0")
+        return "done"
+
+    async def order() -> None:
+        async with ledger.saga("cancel-during-undo"):
+            await s0()
+            await shop["s1"]("a")
+            await shop["s2"]("b")
+
+    task = asyncio.create_task(order())
+    await undoing.wait()
+    task.cancel()
+    await asyncio.sleep(0.05)
+    assert not task.done(), "the undo goes on"
+    may_finish.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert shop.log == ["s1", "s2", "undo s1", "undo s0"]
+    assert await _status(harness, "cancel-during-undo") is G.COMPENSATED
