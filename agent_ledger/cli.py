@@ -219,10 +219,19 @@ async def cmd_migrate(ctx: Context) -> int:
 
 
 async def cmd_demo(ctx: Context) -> int:
-    from agent_ledger.demo import run_demo
+    from agent_ledger.demo import run_demo, run_saga_demo
 
+    if ctx.args.which == "saga":
+        await run_saga_demo(ctx.store, ctx.out.line)
+        return EXIT_OK
     api = await run_demo(ctx.store, ctx.out.line)
     return EXIT_OK if len(api.charges) <= 1 else EXIT_NOT_DONE
+
+
+async def cmd_sagas(ctx: Context) -> int:
+    from agent_ledger.sagas._cli import sagas_command
+
+    return await sagas_command(ctx.ledger, ctx.args, ctx.out.line, ctx.out.json)
 
 
 def _filters(args: argparse.Namespace) -> dict[str, Any]:
@@ -635,7 +644,15 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_migrate,
         "upgrade the store's tables to this version of agent-ledger (idempotent)",
     )
-    command("demo", cmd_demo, "an agent retries a payment 5 times; the card is charged once")
+    sub = command("demo", cmd_demo, "an agent retries a payment 5 times; the card is charged once")
+    sub.add_argument(
+        "which", nargs="?", choices=["payment", "saga"], default="payment",
+        help="saga: a saga whose shipping step fails is rolled back",
+    )  # fmt: skip
+    sub = command("sagas", cmd_sagas, "sagas: list them, show one's steps, recover stuck ones")
+    from agent_ledger.sagas._cli import add_arguments
+
+    add_arguments(sub)
     sub = command("list", cmd_list, "effects, newest first")
     filters(sub)
     sub.add_argument("--limit", type=int, default=50)
