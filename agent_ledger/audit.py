@@ -16,7 +16,8 @@ from typing import Final
 
 import orjson
 
-from agent_ledger.effects import Effect
+from agent_ledger.backoff import MAX_MS
+from agent_ledger.effects import Effect, storable_text
 from agent_ledger.errors import EffectLedgerValidationError, require_str
 from agent_ledger.ids import is_effect_id
 from agent_ledger.status import EffectStatus
@@ -24,9 +25,16 @@ from agent_ledger.stores.base import EffectQuery, LedgerStats, SchemaCheck, Stor
 
 #: The largest page ``list_effects`` returns.
 MAX_PAGE_SIZE = 1_000
-#: The oldest cutoff ``purge`` accepts (about 1000 years): beyond it, date
-#: arithmetic overflows in every store.
-MAX_PURGE_AGE: Final = timedelta(days=365_000)
+#: The longest span a duration filter (``min_duration``, ``max_duration``) or
+#: ``purge``'s ``older_than`` accepts: about 1000 years. The stores hold spans
+#: differently (SQLite and PostgreSQL in 64-bit microseconds, about 292,000
+#: years; MemoryStore in Python's ``timedelta``, about 2.7 million years) and
+#: ``purge`` subtracts the span from now, so past a common bound one store
+#: would answer while another overflows. No handler ran, and no effect was
+#: kept, that long, so the bound costs nothing.
+MAX_SPAN: Final = timedelta(milliseconds=MAX_MS)
+#: The oldest cutoff ``purge`` accepts (``MAX_SPAN``).
+MAX_PURGE_AGE: Final = MAX_SPAN
 #: The shortest idempotency-key prefix ``lookup`` accepts.
 MIN_KEY_PREFIX: Final = 8
 _HEX: Final = re.compile(r"[0-9a-f]+")
@@ -87,16 +95,23 @@ def build_query(
             raise EffectLedgerValidationError(
                 f"{name} must be a string or None, got {type(value).__name__}", field=name
             )
+        if value is not None and name != "cursor" and storable_text(value) != value:
+            # No stored text holds these (calls refuse NUL; error codes keep U+FFFD
+            # in their place), and each store failed differently on them.
+            stored_as = "; the ledger stored them as U+FFFD" if name == "error_code" else ""
+            raise EffectLedgerValidationError(
+                f"{name} must not contain U+0000 (NUL) or a lone surrogate: no stored "
+                f"{name} holds one{stored_as}",
+                field=name,
+            )
     for moment, name in ((since, "since"), (until, "until")):
         if moment is not None and (not isinstance(moment, datetime) or moment.tzinfo is None):
             raise EffectLedgerValidationError(
                 f"{name} must be a timezone-aware datetime, got {moment!r}", field=name
             )
     for span, name in ((min_duration, "min_duration"), (max_duration, "max_duration")):
-        if span is not None and (not isinstance(span, timedelta) or span < timedelta(0)):
-            raise EffectLedgerValidationError(
-                f"{name} must be a non-negative timedelta, got {span!r}", field=name
-            )
+        if span is not None:
+            check_span(span, name)
     if min_duration is not None and max_duration is not None and min_duration > max_duration:
         raise EffectLedgerValidationError(
             f"min_duration ({min_duration}) is longer than max_duration ({max_duration}): "
@@ -120,6 +135,19 @@ def build_query(
         min_duration=min_duration,
         max_duration=max_duration,
     )
+
+
+def check_span(span: object, name: str) -> None:
+    """Refuse a span that is not a ``timedelta`` from zero to ``MAX_SPAN``."""
+    if not isinstance(span, timedelta) or span < timedelta(0):
+        raise EffectLedgerValidationError(
+            f"{name} must be a non-negative timedelta, got {span!r}", field=name
+        )
+    if span > MAX_SPAN:
+        raise EffectLedgerValidationError(
+            f"{name} must be at most {MAX_SPAN.days} days (about 1000 years), got {span!r}",
+            field=name,
+        )
 
 
 def parse_status(status: EffectStatus | str) -> EffectStatus:
@@ -177,21 +205,12 @@ class Audit:
         return await self._store.stats()
 
     async def purge(self, older_than: timedelta, statuses: Iterable[EffectStatus | str]) -> int:
-        if not isinstance(older_than, timedelta) or older_than < timedelta(0):
-            raise EffectLedgerValidationError(
-                f"older_than must be a non-negative timedelta, got {older_than!r}",
-                field="older_than",
-            )
+        check_span(older_than, "older_than")
         if isinstance(statuses, str) or not isinstance(statuses, Iterable):
             raise EffectLedgerValidationError(
                 f"statuses must be a set of statuses, got {statuses!r}", field="statuses"
             )
         parsed = frozenset(parse_status(s) for s in statuses)
-        if older_than > MAX_PURGE_AGE:
-            raise EffectLedgerValidationError(
-                f"older_than must be at most {MAX_PURGE_AGE.days} days, got {older_than!r}",
-                field="older_than",
-            )
         await self._schema.ensure()
         return await self._store.purge(older_than=older_than, statuses=parsed)
 

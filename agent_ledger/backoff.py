@@ -21,7 +21,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["COMMIT_RETRY", "LISTENER_RECONNECT", "Backoff"]
+__all__ = ["COMMIT_RETRY", "LISTENER_RECONNECT", "MAX_MS", "Backoff", "too_many_ms"]
+
+#: The longest time, in milliseconds, an option accepts: 365000 days (about
+#: 1000 years; ``audit.MAX_SPAN`` is the same span). Each clock the ledger
+#: turns an option into holds it exactly: seconds as a float for asyncio,
+#: a ``timedelta``, 64-bit microseconds in the stores. A longer one would
+#: overflow one of them (``10**400`` is past any float) in the middle of a
+#: run, after the effect was stored, so options refuse it when built.
+MAX_MS: Final = 365_000 * 86_400_000
+
+
+def too_many_ms(value: int, name: str, maximum: int = MAX_MS) -> str | None:
+    """Why ``value`` (ms) is past ``maximum``, naming the field and the bound; None if not.
+
+    A huge int is described by its size, never printed: ``str()`` of an int
+    with over 4300 digits raises.
+    """
+    if value <= maximum:
+        return None
+    shown = str(value) if value.bit_length() < 200 else f"an int of {value.bit_length()} bits"
+    return f"{name} must be at most {maximum} milliseconds, got {shown}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,11 +24,12 @@ from typing import IO, Any, Final, TypeVar
 import orjson
 
 from agent_ledger._version import __version__
+from agent_ledger.audit import MAX_SPAN
 from agent_ledger.effects import Effect
 from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
 from agent_ledger.ledger import EffectLedger
 from agent_ledger.options import EffectLedgerOptions
-from agent_ledger.receipt import RECORD_FIELDS, effect_to_record, render_receipt
+from agent_ledger.receipt import RECORD_FIELDS, effect_to_record, render_receipt, visible
 from agent_ledger.report import render_report
 from agent_ledger.status import TERMINAL, EffectStatus
 from agent_ledger.stores.base import Store
@@ -66,12 +67,44 @@ class UsageError(Exception):
     """Bad arguments that argparse itself cannot see; exit code 2."""
 
 
+def _duration_parts(text: str) -> list[tuple[str, str]]:
+    """``text``'s (number, unit) pairs, or none when it is not a duration."""
+    parts: list[tuple[str, str]] = _DURATION.findall(text)
+    return parts if parts and "".join(n + u for n, u in parts) == text else []
+
+
 def parse_duration(text: str) -> timedelta:
     """``30d``, ``12h``, ``15m``, ``90s``, ``500ms``, ``2w``, or combinations like ``1h30m``."""
-    parts = _DURATION.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
+    parts = _duration_parts(text)
+    if not parts:
         raise UsageError(f"not a duration: {text!r} (examples: 30d, 12h, 15m, 1h30m)")
-    return sum((int(n) * _UNITS[u] for n, u in parts), timedelta())
+    try:
+        span = sum((int(n) * _UNITS[u] for n, u in parts), timedelta())
+    except (OverflowError, ValueError):  # past a timedelta, or past int()'s digit limit
+        span = None
+    # The ledger refuses spans past MAX_SPAN on every store; saying so here
+    # names the option, and keeps `--since 999999999d` from overflowing a date.
+    if span is None or span > MAX_SPAN:
+        raise UsageError(
+            f"duration too long: {_clip(text, 40)!r} (at most {MAX_SPAN.days}d, about 1000 years)"
+        )
+    return span
+
+
+def format_duration(span: timedelta) -> str:
+    """``span`` exactly, in the form ``parse_duration`` reads (``1w``, ``1h30m``, ``250ms``).
+
+    Largest units first; sub-millisecond parts are never there (the CLI reads
+    whole milliseconds), so ``parse_duration(format_duration(d)) == d``.
+    """
+    left = span // timedelta(milliseconds=1)
+    parts = []
+    for unit in ("w", "d", "h", "m", "s", "ms"):
+        size = _UNITS[unit] // timedelta(milliseconds=1)
+        count, left = divmod(left, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts) or "0s"
 
 
 def parse_moment(text: str) -> datetime:
@@ -79,12 +112,12 @@ def parse_moment(text: str) -> datetime:
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
-        try:
-            return datetime.now(UTC) - parse_duration(text)
-        except UsageError:
+        if not _duration_parts(text):
             raise UsageError(
                 f"not a time: {text!r} (use ISO 8601 like 2026-01-31T12:00, or 2h for 2 hours ago)"
             ) from None
+        # At most MAX_SPAN (parse_duration checks), so this never leaves the calendar.
+        return datetime.now(UTC) - parse_duration(text)
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
@@ -126,8 +159,8 @@ def effects_table(out: Output, effects: Sequence[Effect]) -> None:
         (
             e.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"),
             e.status,
-            e.tool,
-            e.workflow_id,
+            visible(e.tool),
+            visible(e.workflow_id),
             str(e.executions),
             str(e.dedup_count),
             e.idem_key[:12],
@@ -186,10 +219,19 @@ async def cmd_migrate(ctx: Context) -> int:
 
 
 async def cmd_demo(ctx: Context) -> int:
-    from agent_ledger.demo import run_demo
+    from agent_ledger.demo import run_demo, run_saga_demo
 
+    if ctx.args.which == "saga":
+        await run_saga_demo(ctx.store, ctx.out.line)
+        return EXIT_OK
     api = await run_demo(ctx.store, ctx.out.line)
     return EXIT_OK if len(api.charges) <= 1 else EXIT_NOT_DONE
+
+
+async def cmd_sagas(ctx: Context) -> int:
+    from agent_ledger.sagas._cli import sagas_command
+
+    return await sagas_command(ctx.ledger, ctx.args, ctx.out.line, ctx.out.json)
 
 
 def _filters(args: argparse.Namespace) -> dict[str, Any]:
@@ -353,7 +395,7 @@ def _given(args: argparse.Namespace) -> dict[str, str]:
     given: dict[str, str] = {}
     for name, value in _filters(args).items():
         if isinstance(value, timedelta):
-            value = f"{value / timedelta(milliseconds=1):g}ms"
+            value = format_duration(value)  # exact, and a form --min-duration reads
         elif isinstance(value, datetime):
             value = value.isoformat()
         if value is not None:
@@ -501,14 +543,26 @@ async def cmd_import_02(ctx: Context) -> int:
         ctx.out.line(f"read {_count(report.read, 'row')} from the 0.2.x table {report.source}")
         ctx.out.line(
             f"{done} {report.imported}, skipped {report.skipped} (already imported), "
-            f"collisions {len(report.collisions)}, unreadable {len(report.unreadable)}"
+            f"collisions {len(report.collisions)}, unreadable {len(report.unreadable)}, "
+            f"inexact results {len(report.inexact_results)}, "
+            f"{'would update' if report.dry_run else 'updated'} {len(report.updated)}, "
+            f"conflicts {len(report.conflicts)}"
         )
         for status, count in sorted(report.by_status.items()):
             ctx.out.line(f"  {status:<17}  {count:>8}")
+        for line in report.updated:
+            ctx.out.line(f"{'would update' if report.dry_run else 'updated'}: {line}")
+        for line in report.conflicts:
+            ctx.out.line(f"conflict: {line}")
         for line in report.collisions:
             ctx.out.line(f"collision: {line}")
         for line in report.unreadable:
             ctx.out.line(f"unreadable: {line}")
+        for effect_id in report.inexact_results:
+            ctx.out.line(
+                f"inexact result: effect {effect_id} replays an integer beyond 64 bits "
+                "as a float (see docs/migrating-from-0.2.md)"
+            )
         if report.dry_run:
             ctx.out.line("dry run: nothing written")
     return EXIT_OK
@@ -590,7 +644,15 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_migrate,
         "upgrade the store's tables to this version of agent-ledger (idempotent)",
     )
-    command("demo", cmd_demo, "an agent retries a payment 5 times; the card is charged once")
+    sub = command("demo", cmd_demo, "an agent retries a payment 5 times; the card is charged once")
+    sub.add_argument(
+        "which", nargs="?", choices=["payment", "saga"], default="payment",
+        help="saga: a saga whose shipping step fails is rolled back",
+    )  # fmt: skip
+    sub = command("sagas", cmd_sagas, "sagas: list them, show one's steps, recover stuck ones")
+    from agent_ledger.sagas._cli import add_arguments
+
+    add_arguments(sub)
     sub = command("list", cmd_list, "effects, newest first")
     filters(sub)
     sub.add_argument("--limit", type=int, default=50)
@@ -671,6 +733,17 @@ async def _dispatch(args: argparse.Namespace, out: Output) -> int:
         await store.close()
 
 
+def _say(message: str) -> None:
+    """An error as exactly one line on stderr: its first line.
+
+    A store error can carry the driver's whole text (psycopg's ``LINE 1:``
+    and caret under a failed statement, libpq's "Is the server running?");
+    its first line says what failed, the rest only where.
+    """
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    print(f"agent-ledger: {lines[0] if lines else 'failed'}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None) -> int:
     """Entry point of the ``agent-ledger`` console script."""
     parser = build_parser()
@@ -682,13 +755,13 @@ def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None) -> in
         _check_before_opening(args)
         return asyncio.run(_dispatch(args, Output(stream, colour)))
     except (UsageError, EffectLedgerValidationError) as exc:
-        print(f"agent-ledger: {exc}", file=sys.stderr)
+        _say(str(exc))
         return EXIT_USAGE
     except EffectStoreError as exc:
-        print(f"agent-ledger: {exc}", file=sys.stderr)
+        _say(str(exc))
         return EXIT_NOT_DONE
     except EffectLedgerError as exc:
-        print(f"agent-ledger: {type(exc).__name__}: {exc}", file=sys.stderr)
+        _say(f"{type(exc).__name__}: {exc}")
         return EXIT_NOT_DONE
     except KeyboardInterrupt:
         return 130

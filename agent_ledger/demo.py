@@ -111,3 +111,58 @@ async def _refund(
         emit(f"  denied: {exc.reason}")
     else:
         emit(f"  approved, so it ran: {orjson.dumps(result).decode()}")
+
+
+async def run_saga_demo(store: Store, emit: Callable[[str], None] = print) -> list[str]:
+    """A saga rolls back: payment and reservation succeed, shipping fails, so the
+    reservation is released and the payment refunded, in that order. A second run
+    finds the saga rolled back and runs nothing. Returns what the fake services did."""
+    from agent_ledger.sagas import SagaFailed
+    from agent_ledger.sagas._report import render_saga
+
+    ledger = EffectLedger(EffectLedgerOptions(store=store))
+    done: list[str] = []
+
+    @ledger.tool("payments.charge", compensate="payments.refund")
+    async def charge(order_id: str, amount_cents: int) -> dict[str, object]:
+        done.append("charged")
+        return {"charge_id": "ch_2077", "amount": amount_cents}
+
+    @ledger.tool("payments.refund")
+    async def refund(forward: Effect) -> dict[str, object]:
+        done.append("refunded")
+        return {"refund_id": "re_2077", "charge_id": _field(forward, "charge_id")}
+
+    @ledger.tool("inventory.reserve", compensate="inventory.release")
+    async def reserve(sku: str, qty: int) -> dict[str, object]:
+        done.append("reserved")
+        return {"reservation": "rsv_9", "sku": sku, "qty": qty}
+
+    @ledger.tool("inventory.release")
+    async def release(forward: Effect) -> dict[str, object]:
+        done.append("released")
+        return {"released": _field(forward, "reservation")}
+
+    @ledger.tool("shipping.book")
+    async def ship(order_id: str) -> None:
+        done.append("shipping failed")
+        raise RuntimeError("no courier serves this address")
+
+    emit("An agent runs the order saga: charge, reserve stock, book shipping.")
+    try:
+        async with ledger.saga("order-2077"):
+            await charge("o2077", 12_900)
+            await reserve("sku-42", 1)
+            await ship("o2077")
+    except SagaFailed as failed:
+        if done:
+            emit(f"  what the services saw: {', '.join(done)}")
+        else:
+            emit("  (an earlier run already rolled it back: nothing runs again)")
+        emit(f"\nThe saga was {failed.status.value}: the undo ran in reverse order.\n")
+        emit(render_saga(failed.outcome))
+    return done
+
+
+def _field(effect: Effect, name: str) -> object:
+    return effect.result.get(name) if isinstance(effect.result, dict) else None

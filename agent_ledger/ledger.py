@@ -30,6 +30,7 @@ from agent_ledger.stores.base import Held, LedgerStats, Store
 
 if TYPE_CHECKING:
     from agent_ledger.retries import RetryPolicy
+    from agent_ledger.sagas import Saga, SagaRecovery
     from agent_ledger.tools import Tool, ToolDecorator, WorkflowScope
 
 __all__ = ["EffectLedger"]
@@ -90,6 +91,9 @@ class EffectLedger:
         run_options: RunOptions | None = None,
         retry: RetryPolicy | None = None,
         timeout_ms: int | None = None,
+        compensate: str | None = None,
+        compensate_if: Literal["succeeded", "attempted"] = "succeeded",
+        failure_scope: Literal["saga", "step"] = "saga",
     ) -> ToolDecorator:
         """Register a function as a tool: ``@ledger.tool("payments.charge", ...)``.
 
@@ -104,6 +108,11 @@ class EffectLedger:
         ``ledger.workflow(...)`` scope decides. ``retry`` is the tool's
         ``RunOptions.retry``: its failures are retried by that policy, and
         ``timeout_ms`` its ``RunOptions.timeout_ms``: the handler's deadline.
+        ``compensate`` names the tool that undoes a call inside a saga,
+        ``compensate_if`` whether a failed call is undone too ("attempted"),
+        and ``failure_scope`` whether its failure rolls the saga back
+        ("saga") or is recorded and the saga goes on ("step"); see
+        ``docs/sagas.md``.
         """
         from agent_ledger.tools import define
 
@@ -118,6 +127,9 @@ class EffectLedger:
             run_options=run_options,
             retry=retry,
             timeout_ms=timeout_ms,
+            compensate=compensate,
+            compensate_if=compensate_if,
+            failure_scope=failure_scope,
         )
 
     @property
@@ -133,6 +145,87 @@ class EffectLedger:
         from agent_ledger.tools import WorkflowScope
 
         return WorkflowScope(workflow_id)
+
+    # -- sagas -------------------------------------------------------------------------
+    # A door into agent_ledger.sagas, the layer above tools (imported when used).
+
+    def saga(
+        self,
+        saga_id: str,
+        *,
+        lease_ms: int | None = None,
+        abandon_after: timedelta | None = None,
+        on_compensation_failure: Literal["continue", "stop"] = "continue",
+        owner: str | None = None,
+    ) -> Saga:
+        """``async with ledger.saga("order-42") as saga:``: tool calls inside are steps.
+
+        A step that fails (or a cancelled task) undoes the completed steps in
+        reverse order, with each tool's ``compensate`` tool, and raises
+        ``SagaFailed`` (``SagaCompensationFailed`` if an undo kept failing).
+        ``saga_id`` is also the block's workflow id. Re-running an id replays
+        its steps from their receipts. ``lease_ms`` is how long the owner may
+        go without a heartbeat before another worker takes the saga over;
+        ``abandon_after`` lets ``recover_sagas()`` roll back a saga left
+        running that long (default: never, it is listed for a person);
+        ``on_compensation_failure="stop"`` stops undoing at the first
+        compensation that keeps failing. See ``docs/sagas.md``.
+        """
+        from agent_ledger.sagas import Saga
+
+        return Saga(
+            self,
+            saga_id,
+            lease_ms=lease_ms,
+            abandon_after=abandon_after,
+            on_compensation_failure=on_compensation_failure,
+            owner=owner,
+        )
+
+    async def run_saga(
+        self,
+        saga_id: str,
+        plan: Sequence[object],
+        *,
+        lease_ms: int | None = None,
+        abandon_after: timedelta | None = None,
+        on_compensation_failure: Literal["continue", "stop"] = "continue",
+        owner: str | None = None,
+    ) -> list[object]:
+        """Run a saga a model planned: ``[{"tool": name, "args": {...}}, [...], ...]``.
+
+        Each item is a step; a nested list is a parallel group. Tools are
+        looked up by name among this ledger's. The plan is checked whole
+        before anything is stored or run. Returns the results in the plan's
+        shape; raises like ``async with ledger.saga(...)`` (``SagaFailed``...).
+        """
+        from agent_ledger.sagas import run_saga
+
+        return await run_saga(
+            self,
+            saga_id,
+            plan,
+            lease_ms=lease_ms,
+            abandon_after=abandon_after,
+            on_compensation_failure=on_compensation_failure,
+            owner=owner,
+        )
+
+    async def recover_sagas(
+        self, *, owner: str | None = None, lease_ms: int | None = None, limit: int = 100
+    ) -> SagaRecovery:
+        """Finish the sagas whose owners are gone; what this pass did.
+
+        Claims each saga whose owner's lease ran out: one that was
+        compensating is finished from its stored steps and this ledger's
+        tools; one still running forward is rolled back once it has been left
+        longer than its ``abandon_after``, and is otherwise left for its code
+        to be re-run (listed in ``running``). Safe to run from several
+        processes at once: each saga is claimed by one, each undo runs once.
+        """
+        from agent_ledger.sagas import recover_sagas
+
+        return await recover_sagas(self, owner=owner, lease_ms=lease_ms, limit=limit)
 
     # -- running effects ---------------------------------------------------------
 

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Final, Literal, TypeAlias, TypeVar
 
-from agent_ledger.backoff import Backoff
+from agent_ledger.backoff import MAX_MS, Backoff, too_many_ms
 from agent_ledger.clock import Clock, utc_now
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.retries import RetryPolicy
@@ -46,6 +46,11 @@ DEFAULT_STALE_AFTER_MS: Final = 15_000
 DEFAULT_TX_LOCK_TIMEOUT_MS: Final = 1_000
 
 
+#: The longest ``StaleOptions.after_ms``: PostgreSQL keeps each effect's lease
+#: in a 32-bit integer column, so about 24.8 days.
+MAX_LEASE_MS: Final = 2**31 - 1
+
+
 def _check_int(
     value: object,
     name: str,
@@ -53,7 +58,9 @@ def _check_int(
     unit: str = "milliseconds",
     allow_none: bool = False,
     positive: bool = False,
+    maximum: int | None = MAX_MS,
 ) -> None:
+    """Refuse what is not an int in range; ``maximum`` (default ``MAX_MS``) bounds times."""
     if value is UNSET or (allow_none and value is None):
         return
     if type(value) is not int:
@@ -63,7 +70,12 @@ def _check_int(
         )
     if value < 0 or (positive and value == 0):
         bound = "> 0" if positive else ">= 0"
-        raise EffectLedgerValidationError(f"{name} must be {bound}, got {value}", field=name)
+        shown = value if value.bit_length() < 200 else "a huge negative int"
+        raise EffectLedgerValidationError(f"{name} must be {bound}, got {shown}", field=name)
+    if unit == "milliseconds" and maximum is not None:
+        refused = too_many_ms(value, name, maximum)
+        if refused is not None:
+            raise EffectLedgerValidationError(refused, field=name)
 
 
 #: agent-ledger 0.2.x's options in seconds (its ``ConcurrencyOptions``) -> the
@@ -184,7 +196,7 @@ class StaleOptions:
     max_takeovers: int | Unset | None = UNSET
 
     def __post_init__(self) -> None:
-        _check_int(self.after_ms, "after_ms")
+        _check_int(self.after_ms, "after_ms", maximum=MAX_LEASE_MS)
         _check_int(self.max_takeovers, "max_takeovers", unit="a count", allow_none=True)
 
 

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Final
@@ -172,6 +173,31 @@ def _required(moment: datetime | None, name: str) -> datetime:
     return moment
 
 
+#: Characters a terminal acts on instead of showing: the C0 controls (newline
+#: and tab too, since every value is shown on one line), DEL, the C1 controls
+#: U+0080-U+009F (U+009B alone is CSI, as ESC [ is), and the bidirectional
+#: marks, embeddings, overrides and isolates, which reorder what follows them.
+_UNSAFE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def visible(text: str) -> str:
+    """``text`` on one line with every character in ``_UNSAFE`` written as an escape
+    (``\\x1b``, ``\\x9b``, ``\\u202e``).
+
+    Agents choose tool names, args and ids, and people write notes and names;
+    printed raw, any of them could clear a reviewer's screen, recolour it,
+    rewrite the line above, or reverse the text after it, so what a person
+    reads would not be what was asked. Everything that shows stored text on
+    a terminal (``show``, ``list``, ``review``) goes through this function.
+    """
+    return _UNSAFE.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def render_receipt(effect: Effect) -> str:
     """A multi-line, aligned description of one effect, for terminals and logs.
 
@@ -213,7 +239,7 @@ def render_receipt(effect: Effect) -> str:
         rows.append(("tries", str(effect.tries)))
     rows += [_history_row(event) for event in effect.history]
     width = max(len(label) for label, _ in rows)
-    return "\n".join(f"{label.rjust(width)}  {value}" for label, value in rows)
+    return "\n".join(f"{label.rjust(width)}  {visible(value)}" for label, value in rows)
 
 
 def _outcome(effect: Effect) -> str:

@@ -38,7 +38,12 @@ _OTHERS: Final = (
     EffectStatus.READY,
     EffectStatus.SUCCEEDED,
 )
-_CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+#: What must never reach a reader raw: C0 controls but newline and tab, DEL, the C1
+#: controls (U+009B is a terminal's CSI) and the bidirectional marks and overrides
+#: (U+202E would show the text after it reversed). Printed as escapes instead.
+_CONTROL: Final = re.compile(
+    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+)
 _TICKS: Final = re.compile(r"`+")
 
 
@@ -200,8 +205,14 @@ def _event(event: TryFailure | Reopening) -> str:
 
 
 def _visible(text: str) -> str:
-    """``text`` with control characters (but newlines and tabs) shown as ``\\xNN``."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """``text`` with every ``_CONTROL`` character shown as ``\\xNN`` or ``\\uNNNN``
+    (a report is read with ``cat`` as often as it is rendered)."""
+    return _CONTROL.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def _code(text: str | None) -> str:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from agent_ledger.backoff import Backoff
+from agent_ledger.backoff import Backoff, too_many_ms
 from agent_ledger.errors import EffectLedgerValidationError
 
 __all__ = ["RETRIES_EXHAUSTED", "NonRetryableError", "RetryPolicy", "asked_delay_s"]
@@ -73,14 +73,21 @@ def _exception_types(on: object) -> tuple[type[Exception], ...]:
     return tuple(kinds)
 
 
-def _check_count(value: object, name: str, *, low: int, allow_none: bool = False) -> None:
+def _check_count(
+    value: object, name: str, *, low: int, allow_none: bool = False, ms: bool = False
+) -> None:
+    """An int from ``low`` up; a time (``ms``) at most ``MAX_MS``."""
     if allow_none and value is None:
         return
     if type(value) is not int or value < low:
         kind = "an int or None" if allow_none else "an int"
+        shown = repr(value) if type(value) is not int or value.bit_length() < 200 else "huge"
         raise EffectLedgerValidationError(
-            f"{name} must be {kind} >= {low}, got {value!r}", field=name
+            f"{name} must be {kind} >= {low}, got {shown}", field=name
         )
+    refused = too_many_ms(value, name) if ms else None
+    if refused is not None:
+        raise EffectLedgerValidationError(refused, field=name)
 
 
 def _check_number(value: object, name: str, low: float, high: float | None) -> None:
@@ -126,8 +133,8 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         types = _exception_types(self.on)
         _check_count(self.attempts, "attempts", low=1)
-        _check_count(self.initial_ms, "initial_ms", low=1)
-        _check_count(self.max_ms, "max_ms", low=1)
+        _check_count(self.initial_ms, "initial_ms", low=1, ms=True)
+        _check_count(self.max_ms, "max_ms", low=1, ms=True)
         if self.max_ms < self.initial_ms:
             raise EffectLedgerValidationError(
                 f"max_ms ({self.max_ms}) must not be less than initial_ms ({self.initial_ms})",
@@ -135,7 +142,7 @@ class RetryPolicy:
             )
         _check_number(self.multiplier, "multiplier", 1.0, None)
         _check_number(self.jitter, "jitter", 0.0, 1.0)
-        _check_count(self.timeout_ms, "timeout_ms", low=1, allow_none=True)
+        _check_count(self.timeout_ms, "timeout_ms", low=1, allow_none=True, ms=True)
         object.__setattr__(self, "_types", types)
         object.__setattr__(
             self,

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ import orjson
 
 from agent_ledger.effects import Effect
 from agent_ledger.ledger import EffectLedger
+from agent_ledger.receipt import visible
 from agent_ledger.status import EffectStatus
 
 __all__ = ["ReviewTally", "read_line", "review"]
@@ -51,7 +51,6 @@ _ANSWERS: Final = {
     "q": "quit",
     "quit": "quit",
 }
-_CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 @dataclass
@@ -123,7 +122,8 @@ async def review(
     if not pending:
         say("nothing waits for approval")
         return tally
-    say(f"{_count(len(pending), 'effect')} waiting for approval, oldest first; deciding as {by}")
+    waiting = _count(len(pending), "effect")
+    say(f"{waiting} waiting for approval, oldest first; deciding as {visible(by)}")
     for number, listed in enumerate(pending, 1):
         effect = await ledger.get_effect(listed.id)
         say("")
@@ -140,7 +140,9 @@ async def review(
         if not done:
             tally.quit = True
             say("")
-            say(f"stopped; {_count(len(pending) - number, 'effect')} not reviewed")
+            # The one on screen was not decided either: it and every one after it.
+            left = len(pending) - number + 1
+            say(f"stopped; {_count(left, 'effect')} not reviewed")
             break
     say("")
     say(f"review done: {tally}")
@@ -163,7 +165,7 @@ async def _decide(
         action = _ANSWERS.get(answer)
         if action is not None:
             break
-        say(f"not an answer: {answer!r}; type a, d, s or q")
+        say(f"not an answer: '{visible(answer)}'; type a, d, s or q")
     if action == "quit":
         return False
     if action == "skip":
@@ -181,10 +183,10 @@ async def _decide(
     if moved:
         if action == "approve":
             tally.approved += 1
-            say(f"approved {effect.tool} ({key[:12]}): the next call with its key runs it")
+            say(f"approved {visible(effect.tool)} ({key[:12]}): the next call with its key runs it")
         else:
             tally.denied += 1
-            say(f"denied {effect.tool} ({key[:12]}): its callers get the reason")
+            say(f"denied {visible(effect.tool)} ({key[:12]}): its callers get the reason")
         return True
     tally.taken += 1
     say(_taken(effect, await ledger.get_effect(effect.id)))
@@ -193,10 +195,10 @@ async def _decide(
 
 def _taken(listed: Effect, now: Effect | None) -> str:
     """Why an effect is no longer asked about: someone else decided it (or it is gone)."""
-    ref = f"{listed.tool} ({listed.idem_key[:12]})"
+    ref = f"{visible(listed.tool)} ({listed.idem_key[:12]})"
     if now is None:
         return f"{ref} is gone (purged); nothing to decide"
-    who = f" by {now.decided_by}" if now.decided_by else ""
+    who = f" by {visible(now.decided_by)}" if now.decided_by else ""
     return f"{ref} was already decided{who}: it is now {now.status.value}; nothing recorded"
 
 
@@ -204,27 +206,22 @@ def receipt(effect: Effect, now: datetime) -> str:
     """What a reviewer reads before deciding: the whole call, args pretty-printed."""
     args = orjson.dumps(effect.args, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
     rows = [
-        ("tool", _plain(effect.tool)),
-        ("workflow", _plain(effect.workflow_id)),
-        ("call id", _plain(effect.call_id) if effect.call_id is not None else "-"),
+        ("tool", visible(effect.tool)),
+        ("workflow", visible(effect.workflow_id)),
+        ("call id", visible(effect.call_id) if effect.call_id is not None else "-"),
         ("key", effect.idem_key),
         ("created", effect.created_at.astimezone(UTC).isoformat(timespec="milliseconds")),
         ("waiting", _waited(now - effect.created_at)),
         ("repeats", f"{effect.dedup_count} more calls asked for it"),
     ]
     if effect.resource is not None:
-        rows.append(("resource", orjson.dumps(effect.resource).decode()))
+        rows.append(("resource", visible(orjson.dumps(effect.resource).decode())))
     width = max(len(label) for label, _ in rows)
     lines = [f"  {label.rjust(width)}  {value}" for label, value in rows]
     lines.append(f"  {'args'.rjust(width)}")
-    lines += [f"    {line}" for line in args.splitlines()]
+    # JSON escapes C0 controls itself, but not DEL, C1 or bidirectional marks.
+    lines += [f"    {visible(line)}" for line in args.splitlines()]
     return "\n".join(lines)
-
-
-def _plain(text: str) -> str:
-    """``text`` with control characters shown as escapes: nothing an agent wrote can
-    move the reviewer's cursor or recolour the screen."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def _waited(span: timedelta) -> str:

@@ -176,6 +176,17 @@ class PostgresHarness:
             ms,
             ms,
         )
+        # Sagas age with the effects: their owners' heartbeats too.
+        await self._sql(
+            sql.SQL(
+                "UPDATE {} SET heartbeat_at = heartbeat_at - %s * interval '1 millisecond',"
+                " created_at = created_at - %s * interval '1 millisecond',"
+                " updated_at = updated_at - %s * interval '1 millisecond'"
+            ).format(sql.Identifier(TEST_SCHEMA, "agent_ledger_sagas")),
+            ms,
+            ms,
+            ms,
+        )
 
     async def raw_count(self) -> int:
         from psycopg import sql
@@ -243,8 +254,12 @@ async def open_harness(kind: str) -> AsyncIterator[StoreHarness]:
             from psycopg import sql
 
             legacy_keys = sql.Identifier(TEST_SCHEMA, "agent_ledger_legacy_keys")
+            sagas = sql.Identifier(TEST_SCHEMA, "agent_ledger_sagas")
+            steps = sql.Identifier(TEST_SCHEMA, "agent_ledger_saga_steps")
             await pg_harness._sql(
-                sql.SQL("TRUNCATE {}, {}").format(pg_harness._table(), legacy_keys)
+                sql.SQL("TRUNCATE {}, {}, {}, {}").format(
+                    pg_harness._table(), legacy_keys, sagas, steps
+                )
             )
             yield pg_harness
         finally:

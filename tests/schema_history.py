@@ -34,3 +34,8 @@ def executed_sql(sql_text: str) -> str:
     """The SQL without comments or blank lines: what a database executes."""
     lines = (line.split("--", 1)[0].rstrip() for line in sql_text.splitlines())
     return "\n".join(line for line in lines if line)
+
+
+#: The schemas as they stand at version 2 (the last version before sagas).
+POSTGRES_V2: Final = (FIXTURES / "postgres_schema_v2.sql").read_text(encoding="utf-8")
+SQLITE_V2: Final = (FIXTURES / "sqlite_schema_v2.sql").read_text(encoding="utf-8")

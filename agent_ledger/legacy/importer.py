@@ -10,10 +10,15 @@ made with ``idempotency_keys`` is recognised too (the subset is searched).
 Rules (docs/migrating-from-0.2.md explains them to users):
 
 * status, result, error, dedup count, call id and timestamps are kept; the
-  0.2.x id becomes the effect's id, which is what makes a second import a
-  no-op (an effect with that id and that key is already there: skipped);
+  0.2.x id becomes the effect's id, which is what makes a second import
+  idempotent (an effect with that id and that key is already there);
+* on a second import such an effect is brought up to 0.2.x's current state
+  if nobody here has touched it since, by a compare-and-set; changed on
+  both sides, it is kept and reported as a conflict (``_reconcile``);
 * the result is copied as the JSON text PostgreSQL kept, never decoded and
-  re-encoded, so its floats are what 0.2.x itself would replay;
+  re-encoded, so its floats are what 0.2.x itself would replay; an integer
+  literal beyond 64 bits in it replays as a float here (orjson), so such
+  rows are imported and listed as ``inexact_results``;
 * ``processing`` comes across held by nobody: its heartbeat is 0.2.x's last
   ``updated_at`` and its lease the default stale window, so a caller takes it
   over once that has passed; ``requires_approval`` stays waiting for a
@@ -49,7 +54,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import orjson
 
 from agent_ledger.calls import ResourceDescriptor, ToolCall
 from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
@@ -59,6 +65,7 @@ from agent_ledger.options import DEFAULT_STALE_AFTER_MS
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _postgres_queries as q
 from agent_ledger.stores import _sqlite_queries as sq
+from agent_ledger.stores.url import split_schema as url_split_schema
 
 #: 0.2.x's table name (it had no prefix and lived in the connection's search path).
 LEGACY_TABLE: Final = "effects"
@@ -110,13 +117,23 @@ class ImportReport:
     source: str
     read: int = 0
     imported: int = 0
-    #: Already in the target under the same id and key (a previous import).
+    #: Already in the target under the same id and key (a previous import),
+    #: and nothing to bring across: unchanged in 0.2.x, or moved on here only.
     skipped: int = 0
+    #: Rows a previous import brought in, untouched here since, that 0.2.x has
+    #: changed: brought up to 0.2.x's current state (one line each).
+    updated: list[str] = field(default_factory=list)
+    #: Rows changed on both sides since a previous import (one line each,
+    #: naming both states); the target's effect is kept.
+    conflicts: list[str] = field(default_factory=list)
     by_status: Counter[str] = field(default_factory=Counter)
     #: One line per collision; see the module doc.
     collisions: list[str] = field(default_factory=list)
     #: Rows whose call could not be rebuilt (not imported), one line each.
     unreadable: list[str] = field(default_factory=list)
+    #: Ids of imported effects whose result replays here not as 0.2.x replayed
+    #: it (an integer beyond 64 bits comes back a float; see ``result_is_exact``).
+    inexact_results: list[str] = field(default_factory=list)
     dry_run: bool = False
 
     def as_json(self) -> dict[str, object]:
@@ -125,8 +142,11 @@ class ImportReport:
             "read": self.read,
             "imported": self.imported,
             "skipped": self.skipped,
+            "updated": list(self.updated),
+            "conflicts": list(self.conflicts),
             "collisions": list(self.collisions),
             "unreadable": list(self.unreadable),
+            "inexact_results": list(self.inexact_results),
             "by_status": dict(sorted(self.by_status.items())),
             "dry_run": self.dry_run,
         }
@@ -216,6 +236,7 @@ def plan(rows: Sequence[LegacyRow], report: ImportReport) -> list[Planned]:
     for row in rows:
         try:
             EffectStatus(row.status)
+            _check_result_decodes(row)
             call = rebuild_call(row)
             canonical = canonicalize(call, max_args_size_bytes=2**62)
         except (ValueError, EffectLedgerError) as exc:
@@ -247,6 +268,57 @@ def plan(rows: Sequence[LegacyRow], report: ImportReport) -> list[Planned]:
             "keep one of them in the 0.2.x table and import again"
         )
     return kept
+
+
+# -- results this ledger cannot replay exactly ----------------------------------------
+
+
+def _same(ours: Any, theirs: Any) -> bool:
+    if type(ours) is not type(theirs):
+        return False
+    if isinstance(ours, dict):
+        return ours.keys() == theirs.keys() and all(_same(ours[k], theirs[k]) for k in ours)
+    if isinstance(ours, list):
+        return len(ours) == len(theirs) and all(map(_same, ours, theirs))
+    return bool(ours == theirs)
+
+
+def result_is_exact(result_json: str | None) -> bool:
+    """Does this ledger replay the stored result as 0.2.x did?
+
+    0.2.x decoded its jsonb text with Python's ``json`` (integers of any
+    size); the stores here decode with orjson, whose integers end at 64 bits
+    (-2**63 .. 2**64-1): a longer integer literal becomes the nearest float.
+    That includes floats jsonb normalised to integer literals (``1e20`` is
+    stored as ``100000000000000000000``). Decoding only imported results
+    exactly would need either a marker in the row or a scan of every result
+    on every read, so the import reports such rows instead.
+    """
+    if result_json is None:
+        return True
+    return _same(orjson.loads(result_json), json.loads(result_json))
+
+
+def _check_result_decodes(row: LegacyRow) -> None:
+    # An integer literal beyond float range (a Python int 0.2.x stored in
+    # jsonb) is not a number orjson can decode: imported, every read of the
+    # effect (list, export, its own call) would fail.
+    if row.result_json is None:
+        return
+    try:
+        orjson.loads(row.result_json)
+    except orjson.JSONDecodeError as exc:
+        raise EffectLedgerValidationError(
+            f"its result cannot be read here ({exc}); change that number in the 0.2.x "
+            "table (a string, say) and import again",
+            field="result",
+        ) from None
+
+
+def _note_inexact(items: Sequence[Planned], report: ImportReport) -> None:
+    report.inexact_results.extend(
+        item.row.id for item in items if not result_is_exact(item.row.result_json)
+    )
 
 
 # -- the effect's columns ------------------------------------------------------------
@@ -289,13 +361,21 @@ def _effect_values(item: Planned) -> dict[str, Any]:
 # -- reading the source ------------------------------------------------------------------
 
 
-def split_schema(url: str, schema: str | None) -> tuple[str, str]:
-    """libpq conninfo and schema: ``--schema``, else the URL's ``?schema=``, else public."""
-    parts = urlsplit(url)
-    params = parse_qsl(parts.query, keep_blank_values=True)
-    in_url = next((value for key, value in params if key == "schema"), None)
-    rest = urlencode([(key, value) for key, value in params if key != "schema"])
-    return urlunsplit(parts._replace(query=rest)), schema or in_url or "public"
+def first_line(exc: BaseException) -> str:
+    """The driver's message without the rest: psycopg adds ``LINE 1: ...`` and a
+    caret under it, libpq a second "Is the server running...?" line, and the
+    CLI promises one line on stderr."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def split_schema(url: str, schema: str | None, *, field: str = "url") -> tuple[str, str]:
+    """libpq conninfo and schema: ``--schema``, else the URL's ``?schema=``, else public.
+
+    A malformed URL is an ``EffectLedgerValidationError`` naming ``field``.
+    """
+    conninfo, in_url = url_split_schema(url, field=field)
+    return conninfo, schema or in_url or "public"
 
 
 async def read_source(url: str, schema: str | None) -> tuple[str, list[LegacyRow]]:
@@ -314,13 +394,13 @@ async def read_source(url: str, schema: str | None) -> tuple[str, list[LegacyRow
             'reading a 0.2.x database needs the extra: pip install "agent-ledger[postgres]"',
             field="from",
         ) from None
-    conninfo, name = split_schema(url, schema)
+    conninfo, name = split_schema(url, schema, field="from")
     label = f'"{name}"."{LEGACY_TABLE}"'
     try:
         conn = await psycopg.AsyncConnection.connect(conninfo, connect_timeout=10)
     except psycopg.Error as exc:
         raise EffectStoreError(
-            f"cannot connect to the 0.2.x database: {exc}", operation="import-0.2"
+            f"cannot connect to the 0.2.x database: {first_line(exc)}", operation="import-0.2"
         ) from None
     try:
         async with conn.transaction():
@@ -341,7 +421,9 @@ async def read_source(url: str, schema: str | None) -> tuple[str, list[LegacyRow
             cursor = await conn.execute(query.format(sql.Identifier(name, LEGACY_TABLE)))
             rows = [LegacyRow(*record) for record in await cursor.fetchall()]
     except psycopg.Error as exc:
-        raise EffectStoreError(f"cannot read {label}: {exc}", operation="import-0.2") from None
+        raise EffectStoreError(
+            f"cannot read {label}: {first_line(exc)}", operation="import-0.2"
+        ) from None
     finally:
         await conn.close()
     return label, rows
@@ -361,8 +443,9 @@ _TARGET_COLUMNS: Final = (
 def _classify(
     items: Sequence[Planned], existing: dict[str, str], report: ImportReport
 ) -> tuple[list[Planned], list[Planned]]:
-    """Split off what the target already holds: same id and key (skipped, the
-    second list) or a clash (collision, dropped); the first list is to write.
+    """Split off what the target already holds: same id and key (a previous
+    import's, the second list, for ``_reconcile``) or a clash (collision,
+    dropped); the first list is to write.
 
     ``existing`` maps each id and each key the target has, among these rows',
     to the key (for an id) or the id (for a key) it goes with.
@@ -374,7 +457,6 @@ def _classify(
         if key_of_id is None and id_of_key is None:
             todo.append(item)
         elif key_of_id == item.idem_key:
-            report.skipped += 1
             skipped.append(item)
         else:
             report.collisions.append(
@@ -383,6 +465,116 @@ def _classify(
                 "different call or key; kept the target's, not imported"
             )
     return todo, skipped
+
+
+@dataclass(frozen=True, slots=True)
+class TargetState:
+    """What a re-import needs of an effect a previous import wrote."""
+
+    status: str
+    attempt: int
+    #: Times in the target's own form (datetime, or microseconds in SQLite):
+    #: only compared with each other and with the source's in that form.
+    updated_at: object
+    heartbeat_at: object
+    decided_by: str | None
+    history_json: str | None
+
+
+def _reopened_here(state: TargetState) -> bool:
+    events = json.loads(state.history_json) if state.history_json else []
+    return any(isinstance(e, dict) and e.get("kind") == "reopened" for e in events)
+
+
+def _reconcile(
+    present: Sequence[Planned],
+    states: dict[str, TargetState],
+    source_time: Any,
+    report: ImportReport,
+) -> list[tuple[Planned, TargetState]]:
+    """Decide, for each row a previous import wrote, what this run does with it.
+
+    An import writes ``attempt`` 1 and ``heartbeat_at = updated_at`` = 0.2.x's
+    ``updated_at``. Every change this ledger makes to such an effect moves
+    one of them: a claim or takeover moves ``attempt`` (and the heartbeat);
+    a decision, cancel, reopen or unfenced commit moves ``updated_at`` but
+    not the heartbeat (only the holder of a later attempt beats). Only a
+    duplicate call's ``dedup_count + 1`` moves neither. So:
+
+    * ``attempt`` 1 and ``heartbeat_at`` equal to 0.2.x's ``updated_at`` now:
+      0.2.x has not changed the row since (it moves ``updated_at`` on every
+      change, duplicates included): skipped;
+    * else, still as imported (``attempt`` 1, ``updated_at = heartbeat_at``,
+      nobody decided): brought up to 0.2.x's state (the list returned; the
+      UPDATE compares the same columns, so a worker here that changes it
+      meanwhile wins and the row becomes a conflict);
+    * ``attempt`` 1 but changed here, and changed in 0.2.x: a conflict;
+    * claimed here (``attempt`` > 1): 0.2.x's row was ``processing`` or
+      ``ready`` then (or failed/canceled, reopened here). If 0.2.x has since
+      completed, denied or canceled it, and it was not reopened here, both
+      sides went on with the call: a conflict ("ran on both sides" when both
+      completed it). Otherwise this ledger's run is the newer state: skipped.
+    """
+    todo: list[tuple[Planned, TargetState]] = []
+    for item in present:
+        row, state = item.row, states[item.row.id]
+        now = source_time(row.updated_at)
+        both = f"0.2.x has it {row.status}, this ledger {state.status}"
+        where = f"row {row.id} ({row.workflow_id} / {row.tool})"
+        if state.attempt == 1:
+            if state.heartbeat_at == now:
+                report.skipped += 1
+            elif state.updated_at == state.heartbeat_at and state.decided_by is None:
+                todo.append((item, state))
+            else:
+                report.conflicts.append(
+                    f"{where}: changed on both sides since it was imported ({both}); "
+                    "kept this ledger's"
+                )
+            continue
+        if row.status in _FINISHED_IN_0_2 and not _reopened_here(state):
+            if row.status in ("succeeded", "failed") and state.status in ("succeeded", "failed"):
+                what = "ran on both sides"
+            else:
+                what = "went on on both sides"
+            report.conflicts.append(
+                f"{where}: {what} since it was imported ({both}, after a run here); "
+                "kept this ledger's"
+            )
+        else:
+            report.skipped += 1
+    return todo
+
+
+#: 0.2.x statuses that end a call; one reached after a claim here is a conflict.
+_FINISHED_IN_0_2: Final = ("succeeded", "failed", "denied", "canceled")
+
+#: The columns a re-import brings up to 0.2.x's current state.
+_UPDATED_COLUMNS: Final = (
+    "status", "result", "error_message", "error_code", "updated_at", "completed_at",
+    "heartbeat_at", "decided_at", "lease_ms", "executions", "started_at",
+)  # fmt: skip
+
+
+def _updated(item: Planned, state: TargetState, report: ImportReport) -> None:
+    row = item.row
+    report.updated.append(
+        f"row {row.id} ({row.workflow_id} / {row.tool}): {state.status} -> {row.status}"
+    )
+
+
+def _lost_race(item: Planned, report: ImportReport) -> None:
+    row = item.row
+    report.conflicts.append(
+        f"row {row.id} ({row.workflow_id} / {row.tool}): changed here during the import "
+        f"(0.2.x has it {row.status}); kept this ledger's"
+    )
+
+
+def _error_json(values: dict[str, Any]) -> str | None:
+    if values["error_message"] is None:
+        return None
+    return json.dumps({"message": values["error_message"], "code": values["error_code"]})
 
 
 async def write_postgres(
@@ -397,7 +589,7 @@ async def write_postgres(
         conn = await psycopg.AsyncConnection.connect(conninfo, connect_timeout=10)
     except psycopg.Error as exc:
         raise EffectStoreError(
-            f"cannot connect to the target: {exc}", operation="import-0.2"
+            f"cannot connect to the target: {first_line(exc)}", operation="import-0.2"
         ) from None
     try:
         async with conn.transaction():
@@ -417,9 +609,51 @@ async def write_postgres(
                 existing["id:" + effect_id] = key
                 existing["key:" + key] = effect_id
             todo, mapped = _classify(items, existing, report)
+            state_cursor = await conn.execute(
+                sql.SQL(
+                    "SELECT id::text, status, attempt, updated_at, heartbeat_at, decided_by, "
+                    "history::text FROM {} WHERE id::text = ANY(%s)"
+                ).format(table),
+                ([i.row.id for i in mapped],),
+            )
+            states = {
+                effect_id: TargetState(*rest) for effect_id, *rest in await state_cursor.fetchall()
+            }
+            changes = _reconcile(mapped, states, lambda moment: moment, report)
             if dry_run:
                 _count(todo, report)
+                for item, state in changes:
+                    _updated(item, state, report)
+                _note_inexact([*todo, *mapped], report)
                 return
+            update = sql.SQL(
+                "UPDATE {} SET status = %(status)s, result = %(result)s::json, "
+                "error = %(error)s::jsonb, dedup_count = greatest(dedup_count, %(dedup_count)s), "
+                "updated_at = %(updated_at)s, completed_at = %(completed_at)s, "
+                "heartbeat_at = %(heartbeat_at)s, decided_at = %(decided_at)s, "
+                "lease_ms = %(lease_ms)s, executions = %(executions)s, "
+                "started_at = %(started_at)s "
+                # Compare-and-set: still exactly as read (and as an import leaves it).
+                "WHERE id = %(id)s AND attempt = 1 AND status = %(was_status)s "
+                "AND updated_at = %(was_updated_at)s AND heartbeat_at = %(was_heartbeat_at)s "
+                "AND decided_by IS NULL RETURNING id"
+            ).format(table)
+            for item, state in changes:
+                values = _effect_values(item)
+                values["error"] = _error_json(values)
+                updated = await conn.execute(
+                    update,
+                    {
+                        **values,
+                        "was_status": state.status,
+                        "was_updated_at": state.updated_at,
+                        "was_heartbeat_at": state.heartbeat_at,
+                    },
+                )
+                if await updated.fetchone() is None:
+                    _lost_race(item, report)
+                else:
+                    _updated(item, state, report)
             columns = [c for c in _TARGET_COLUMNS if not c.startswith("error_")]
             names = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
             marks = sql.SQL(", ").join(
@@ -431,11 +665,7 @@ async def write_postgres(
             ).format(table, names, marks)
             for item in todo:
                 values = _effect_values(item)
-                error = (
-                    json.dumps({"message": values["error_message"], "code": values["error_code"]})
-                    if values["error_message"] is not None
-                    else None
-                )
+                error = _error_json(values)
                 row_cursor = await conn.execute(insert, [*(values[c] for c in columns), error])
                 if await row_cursor.fetchone() is None:
                     report.collisions.append(
@@ -445,6 +675,7 @@ async def write_postgres(
                     continue
                 _count([item], report)
                 mapped.append(item)
+            _note_inexact(mapped, report)
             # 0.2.x's key of each imported effect, for legacy_keys=True (a
             # previous import's rows too, so a second run completes a first).
             record = sql.SQL(q.RECORD_LEGACY).format(
@@ -455,7 +686,9 @@ async def write_postgres(
                     record, {"legacy_key": item.row.idem_key, "idem_key": item.idem_key}
                 )
     except psycopg.Error as exc:
-        raise EffectStoreError(f"nothing written: {exc}", operation="import-0.2") from None
+        raise EffectStoreError(
+            f"nothing written: {first_line(exc)}", operation="import-0.2"
+        ) from None
     finally:
         await conn.close()
 
@@ -484,7 +717,50 @@ def write_sqlite(
                     existing["id:" + effect_id] = key
                     existing["key:" + key] = effect_id
             todo, mapped = _classify(items, existing, report)
-            if not dry_run:
+            states: dict[str, TargetState] = {}
+            for item in mapped:
+                for effect_id, *rest in conn.execute(
+                    "SELECT id, status, attempt, updated_us, heartbeat_us, decided_by, history "
+                    "FROM agent_ledger_effects WHERE id = ?",
+                    (item.row.id,),
+                ):
+                    states[effect_id] = TargetState(*rest)
+            changes = _reconcile(mapped, states, _us, report)
+            if dry_run:
+                for item, state in changes:
+                    _updated(item, state, report)
+            else:
+                update = (
+                    "UPDATE agent_ledger_effects SET "
+                    + ", ".join(
+                        f"{c[:-3]}_us = ?" if c.endswith("_at") else f"{c} = ?"
+                        for c in _UPDATED_COLUMNS
+                    )
+                    + ", dedup_count = max(dedup_count, ?) "
+                    # Compare-and-set: still exactly as read (and as an import leaves it).
+                    "WHERE id = ? AND attempt = 1 AND status = ? AND updated_us = ? "
+                    "AND heartbeat_us = ? AND decided_by IS NULL"
+                )
+                for item, state in changes:
+                    values = _effect_values(item)
+                    done = conn.execute(
+                        update,
+                        [
+                            *(
+                                _us(values[c]) if c.endswith("_at") else values[c]
+                                for c in _UPDATED_COLUMNS
+                            ),
+                            values["dedup_count"],
+                            item.row.id,
+                            state.status,
+                            state.updated_at,
+                            state.heartbeat_at,
+                        ],
+                    )
+                    if done.rowcount == 1:
+                        _updated(item, state, report)
+                    else:
+                        _lost_race(item, report)
                 statement = (
                     f"INSERT INTO agent_ledger_effects ({', '.join(columns)}, attempt) "
                     f"VALUES ({', '.join('?' for _ in columns)}, 1)"
@@ -501,6 +777,7 @@ def write_sqlite(
                 for item in (*todo, *mapped):
                     conn.execute(sq.RECORD_LEGACY, (item.row.idem_key, item.idem_key))
             _count(todo, report)
+            _note_inexact([*todo, *mapped], report)
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -508,7 +785,9 @@ def write_sqlite(
     except sqlite3.Error as exc:
         report.imported = 0
         report.by_status.clear()
-        raise EffectStoreError(f"nothing written: {exc}", operation="import-0.2") from None
+        raise EffectStoreError(
+            f"nothing written: {first_line(exc)}", operation="import-0.2"
+        ) from None
     finally:
         conn.close()
 

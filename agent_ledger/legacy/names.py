@@ -3,7 +3,7 @@
 ``import agent_ledger`` resolves a missing name through :func:`resolve`
 (``agent_ledger.__getattr__``): a 0.2.x name with the same meaning here
 still works and warns (``DeprecationWarning``) with the new spelling; one
-without an equivalent raises ``AttributeError`` saying what to use instead.
+without an equivalent raises :class:`RemovedNameError` saying what to use instead.
 """
 
 from __future__ import annotations
@@ -22,6 +22,27 @@ CommitOutcome: TypeAlias = CommitSucceeded | CommitFailed
 def is_terminal_status(status: EffectStatus | str) -> bool:
     """0.2.x's test: is ``status`` final (succeeded, failed, canceled, denied)?"""
     return EffectStatus(status) in TERMINAL
+
+
+class RemovedNameError(ImportError):
+    """A 0.2.x public name with no equivalent in this version.
+
+    An ``ImportError`` and deliberately *not* an ``AttributeError``: for
+    ``from agent_ledger import canonicalize`` CPython replaces an
+    ``AttributeError`` raised by a module's ``__getattr__`` with its generic
+    "cannot import name", which would hide the guidance. The price, paid on
+    purpose for the names in :data:`GONE` only: ``hasattr(agent_ledger, name)``
+    and ``getattr(agent_ledger, name, default)`` raise this error instead of
+    answering False / the default, so code probing for a 0.2.x name learns
+    it is gone rather than silently taking another path.
+    """
+
+    def __init__(self, name: str, advice: str) -> None:
+        super().__init__(
+            f"agent_ledger.{name} (agent-ledger 0.2.x) has no equivalent here: {advice}; "
+            "see docs/migrating-from-0.2.md",
+            name="agent_ledger",
+        )
 
 
 #: 0.2.x name -> (module, attribute, how to spell it now).
@@ -70,7 +91,8 @@ GONE: dict[str, str] = {
 
 
 def resolve(name: str) -> object:
-    """The current object for 0.2.x's ``name`` (warning), or a clear AttributeError."""
+    """The current object for 0.2.x's ``name`` (warning), a :class:`RemovedNameError`
+    for a name 0.2.x had and this version dropped, else the usual AttributeError."""
     if name in RENAMED:
         module, attribute, spelling = RENAMED[name]
         warnings.warn(
@@ -80,8 +102,5 @@ def resolve(name: str) -> object:
         )
         return getattr(importlib.import_module(module), attribute)
     if name in GONE:
-        raise AttributeError(
-            f"agent_ledger.{name} (agent-ledger 0.2.x) has no equivalent here: {GONE[name]}; "
-            "see docs/migrating-from-0.2.md"
-        )
+        raise RemovedNameError(name, GONE[name])
     raise AttributeError(f"module 'agent_ledger' has no attribute {name!r}")

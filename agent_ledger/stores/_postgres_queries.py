@@ -339,3 +339,73 @@ PURGE: Final[LiteralString] = (
 SCHEMA_VERSION: Final[LiteralString] = "SELECT max(version) FROM {versions}"
 # Is there a version marker yet? `name` is the qualified, quoted table name.
 HAS_VERSIONS_TABLE: Final[LiteralString] = "SELECT to_regclass(%(name)s) IS NOT NULL"
+
+# -- sagas (schema version 3; see stores/saga_base.py) --
+# {sagas} and {steps} are the schema-qualified tables. Times come from
+# clock_timestamp(), the database's clock, as for effects.
+_SAGA_COLUMNS: Final[LiteralString] = (
+    "saga_id, status, attempt, owner, lease_ms, heartbeat_at, abandon_after_ms,"
+    " on_compensation_failure, error->>'message', error->>'code', created_at, updated_at,"
+    " completed_at"
+)
+_STEP_COLUMNS: Final[LiteralString] = (
+    "saga_id, position, group_index, tool, idem_key, compensation, compensation_key,"
+    " compensate_if, created_at"
+)
+# Insert-or-get in one statement; `xmax = 0` tells a fresh insert (as BEGIN does).
+SAGA_BEGIN: Final[LiteralString] = (
+    "INSERT INTO {sagas} AS s (saga_id, status, owner, lease_ms, abandon_after_ms,"
+    " on_compensation_failure)"
+    " VALUES (%(saga_id)s, %(status)s, %(owner)s, %(lease_ms)s, %(abandon_after_ms)s,"
+    " %(on_compensation_failure)s)"
+    " ON CONFLICT (saga_id) DO UPDATE SET saga_id = s.saga_id"
+    " RETURNING " + _SAGA_COLUMNS + ", (xmax = 0) AS created"
+)
+SAGA_GET: Final[LiteralString] = "SELECT " + _SAGA_COLUMNS + " FROM {sagas} WHERE saga_id = %s"
+# A takeover, as CLAIM is for effects: concurrent claims serialize on the
+# row and re-check the WHERE, so exactly one wins (+1 attempt).
+SAGA_CLAIM: Final[LiteralString] = (
+    "UPDATE {sagas} SET status = %(then)s, attempt = attempt + 1, owner = %(owner)s,"
+    " lease_ms = %(lease_ms)s, heartbeat_at = clock_timestamp(), updated_at = clock_timestamp()"
+    " WHERE saga_id = %(saga_id)s AND status = %(expect)s AND lease_ms > 0"
+    " AND heartbeat_at <= clock_timestamp()"
+    " - make_interval(secs => greatest(lease_ms, %(idle_ms)s) / 1000.0)"
+    " RETURNING " + _SAGA_COLUMNS
+)
+SAGA_HEARTBEAT: Final[LiteralString] = (
+    "UPDATE {sagas} SET heartbeat_at = clock_timestamp()"
+    " WHERE saga_id = %(saga_id)s AND attempt = %(attempt)s AND status = ANY(%(open)s)"
+)
+SAGA_FINISH: Final[LiteralString] = (
+    "UPDATE {sagas} SET status = %(then)s, heartbeat_at = clock_timestamp(),"
+    " updated_at = clock_timestamp(), error = coalesce(%(error)s::jsonb, error),"
+    " completed_at = CASE WHEN %(terminal)s THEN clock_timestamp() END"
+    " WHERE saga_id = %(saga_id)s AND attempt = %(attempt)s AND status = %(expect)s"
+)
+# Insert the step only for the owner of the running saga. FOR SHARE holds the
+# saga row until this statement's transaction ends, so a claim (an UPDATE of
+# that row) waits for it: a takeover that then reads the steps sees this one,
+# and an insert after the takeover finds the attempt changed and adds nothing.
+# The existing step comes back when the position was already recorded.
+STEP_RECORD: Final[LiteralString] = (
+    "WITH owner AS (SELECT saga_id FROM {sagas}"
+    " WHERE saga_id = %(saga_id)s AND attempt = %(attempt)s AND status = %(running)s"
+    " FOR SHARE),"
+    " inserted AS (INSERT INTO {steps} (saga_id, position, group_index, tool, idem_key,"
+    " compensation, compensation_key, compensate_if)"
+    " SELECT saga_id, %(position)s, %(group_index)s, %(tool)s, %(idem_key)s, %(compensation)s,"
+    " %(compensation_key)s, %(compensate_if)s FROM owner"
+    " ON CONFLICT (saga_id, position) DO NOTHING RETURNING " + _STEP_COLUMNS + ")"
+    " SELECT " + _STEP_COLUMNS + " FROM inserted"
+    " UNION ALL SELECT " + _STEP_COLUMNS + " FROM {steps}"
+    " WHERE saga_id = %(saga_id)s AND position = %(position)s"
+    " AND EXISTS (SELECT 1 FROM owner)"
+)
+SAGA_STEPS: Final[LiteralString] = (
+    "SELECT " + _STEP_COLUMNS + " FROM {steps} WHERE saga_id = %s ORDER BY position"
+)
+SAGA_LIST: Final[LiteralString] = (
+    "SELECT " + _SAGA_COLUMNS + " FROM {sagas}"
+    " WHERE %(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s)"
+    " ORDER BY created_at DESC, saga_id DESC LIMIT %(limit)s"
+)

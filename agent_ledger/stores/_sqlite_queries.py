@@ -262,3 +262,72 @@ PURGE: Final = (
     "DELETE FROM agent_ledger_effects WHERE status IN (SELECT value FROM json_each(:statuses))"
     " AND completed_us <= :cutoff"
 )
+
+# -- sagas (schema version 3; see stores/saga_base.py) --
+# Each runs under the write lock like every other writing step, so a check
+# and the write after it are one step.
+SAGA_COLUMNS: Final = (
+    "saga_id, status, attempt, owner, lease_ms, heartbeat_us, abandon_after_ms,"
+    " on_compensation_failure, error_message, error_code, created_us, updated_us, completed_us"
+)
+STEP_COLUMNS: Final = (
+    "saga_id, position, group_index, tool, idem_key, compensation, compensation_key,"
+    " compensate_if, created_us"
+)
+# Insert-or-get: a new id is inserted running at attempt 1 (rowcount 1);
+# SAGA_GET then reads it back either way.
+SAGA_INSERT: Final = (
+    "INSERT INTO agent_ledger_sagas (saga_id, status, owner, lease_ms, heartbeat_us,"
+    " abandon_after_ms, on_compensation_failure, created_us, updated_us)"
+    " VALUES (:saga_id, :status, :owner, :lease_ms, :now, :abandon_after_ms,"
+    " :on_compensation_failure, :now, :now)"
+    " ON CONFLICT (saga_id) DO NOTHING"
+)
+SAGA_GET: Final = "SELECT " + SAGA_COLUMNS + " FROM agent_ledger_sagas WHERE saga_id = ?"
+# A takeover: from :expect, only when the heartbeat is older than both the
+# holder's lease and :idle_ms (a lease of 0 is never taken over). +1 attempt
+# fences the old owner out of every later saga step.
+SAGA_CLAIM: Final = (
+    "UPDATE agent_ledger_sagas SET status = :then, attempt = attempt + 1, owner = :owner,"
+    " lease_ms = :lease_ms, heartbeat_us = :now, updated_us = :now"
+    " WHERE saga_id = :saga_id AND status = :expect AND lease_ms > 0"
+    " AND heartbeat_us <= :now - max(lease_ms, :idle_ms) * 1000"
+)
+SAGA_HEARTBEAT: Final = (
+    "UPDATE agent_ledger_sagas SET heartbeat_us = :now"
+    " WHERE saga_id = :saga_id AND attempt = :attempt"
+    " AND status IN (SELECT value FROM json_each(:open))"
+)
+# The owner's own move, fenced by its attempt; an error given replaces the stored one.
+SAGA_FINISH: Final = (
+    "UPDATE agent_ledger_sagas SET status = :then, heartbeat_us = :now, updated_us = :now,"
+    " error_message = CASE WHEN :has_error THEN :error_message ELSE error_message END,"
+    " error_code = CASE WHEN :has_error THEN :error_code ELSE error_code END,"
+    " completed_us = CASE WHEN :terminal THEN :now END"
+    " WHERE saga_id = :saga_id AND attempt = :attempt AND status = :expect"
+)
+# Is the caller still the owner of the running saga? Read under the write
+# lock, so no claim can come between it and STEP_INSERT.
+SAGA_OWNS_RUNNING: Final = (
+    "SELECT 1 FROM agent_ledger_sagas"
+    " WHERE saga_id = :saga_id AND attempt = :attempt AND status = :running"
+)
+STEP_INSERT: Final = (
+    "INSERT INTO agent_ledger_saga_steps (saga_id, position, group_index, tool, idem_key,"
+    " compensation, compensation_key, compensate_if, created_us)"
+    " VALUES (:saga_id, :position, :group_index, :tool, :idem_key, :compensation,"
+    " :compensation_key, :compensate_if, :now)"
+    " ON CONFLICT (saga_id, position) DO NOTHING"
+)
+STEP_GET: Final = (
+    "SELECT " + STEP_COLUMNS + " FROM agent_ledger_saga_steps"
+    " WHERE saga_id = :saga_id AND position = :position"
+)
+SAGA_STEPS: Final = (
+    "SELECT " + STEP_COLUMNS + " FROM agent_ledger_saga_steps WHERE saga_id = ? ORDER BY position"
+)
+SAGA_LIST: Final = (
+    "SELECT " + SAGA_COLUMNS + " FROM agent_ledger_sagas"
+    " WHERE :statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses))"
+    " ORDER BY created_us DESC, saga_id DESC LIMIT :limit"
+)

@@ -29,6 +29,7 @@ from agent_ledger.effects import (
 from agent_ledger.fields import EFFECT_FIELDS
 from agent_ledger.ids import new_effect_id
 from agent_ledger.status import CLAIMABLE, REOPENABLE, EffectStatus, decision_sources
+from agent_ledger.stores._memory_sagas import MemorySagas
 from agent_ledger.stores._rows import stats_from_groups
 from agent_ledger.stores._subscriptions import Registration, Subscribers
 from agent_ledger.stores._transactions import (
@@ -55,7 +56,7 @@ __all__ = ["MEMORY_SCHEMA_VERSION", "MemoryStore", "MemoryTransaction"]
 
 #: What ``MemoryStore.check_schema`` reports: the version of the SQL schemas
 #: whose behaviour it mirrors. It has nothing to create or migrate.
-MEMORY_SCHEMA_VERSION: Final = 2
+MEMORY_SCHEMA_VERSION: Final = 3
 
 _PROCESSING = EffectStatus.PROCESSING
 _REQUIRES_APPROVAL = EffectStatus.REQUIRES_APPROVAL
@@ -154,7 +155,7 @@ class MemoryTransaction(TransactionHandle):
         return self._undo
 
 
-class MemoryStore:
+class MemoryStore(MemorySagas):
     """Effects in a dict, with the same observable behaviour as the SQL stores.
 
     ``clock`` is the store's clock (inject a ``ManualClock`` to test
@@ -170,6 +171,7 @@ class MemoryStore:
         self._legacy: dict[str, str] = {}  # 0.2.x key -> idem key (import-0.2)
         self._subscribers = Subscribers()
         self._gate = TransactionGate(self, MemoryTransaction, "MemoryStore", self._subscribers)
+        self._init_sagas()
 
     # -- schema ------------------------------------------------------------
 

@@ -71,6 +71,7 @@ from agent_ledger.stores._params import (
     reopen_params,
     transition_params,
 )
+from agent_ledger.stores._postgres_sagas import PostgresSagas
 from agent_ledger.stores._rows import (
     EFFECT_WIDTH,
     STATUS_BY_VALUE,
@@ -97,7 +98,7 @@ from agent_ledger.stores.base import (
 __all__ = ["SCHEMA_SQL", "SCHEMA_VERSION", "PostgresStore"]
 
 #: The schema this version of the library needs (see the marker table).
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 #: The text of ``schema.sql``; apply it with ``conn.execute(SCHEMA_SQL)``.
 # Typed LiteralString so `conn.execute(SCHEMA_SQL)` type-checks: it is our own file.
 SCHEMA_SQL: Final[LiteralString] = (
@@ -210,7 +211,7 @@ async def _restore_transactional(conn: Connection) -> None:
         await conn.close()
 
 
-class PostgresStore:
+class PostgresStore(PostgresSagas):
     """Effects in PostgreSQL, shared by every worker that uses the same database.
 
     ``pool`` is the caller's ``psycopg_pool.AsyncConnectionPool`` (opened by

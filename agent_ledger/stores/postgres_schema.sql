@@ -1,4 +1,4 @@
--- agent-ledger PostgreSQL schema, version 2 (PostgreSQL 14 or later).
+-- agent-ledger PostgreSQL schema, version 3 (PostgreSQL 14 or later).
 --
 -- Apply it with `psql -f schema.sql`, `await conn.execute(SCHEMA_SQL)` or
 -- `await store.create_schema()`. It is idempotent: applying it twice is a
@@ -188,3 +188,71 @@ BEGIN
     INSERT INTO agent_ledger_schema_version (version) VALUES (2);
 END
 $version_2$;
+
+-- ===========================================================================
+-- Version 3: sagas and their steps
+-- ===========================================================================
+-- A saga (docs/sagas.md) is a row with a fenced owner, exactly as an effect
+-- has one: `attempt` is the fencing token (+1 on every claim: a re-run of
+-- the saga's code under the same id, or `recover_sagas()`), and the owner
+-- heartbeats `heartbeat_at` within its `lease_ms`. Its steps say which
+-- effect each position is (the forward key) and how to undo it (the
+-- compensation tool and the key of its effect, derived from the forward
+-- key). A step row is written once, before its forward effect begins, and
+-- never updated: what happened to a step is its effects' status, so the two
+-- can never disagree. Nothing existing changes; a version 2 ledger simply
+-- has no sagas yet.
+DO $version_3$
+BEGIN
+    IF EXISTS (SELECT 1 FROM agent_ledger_schema_version WHERE version = 3) THEN
+        RETURN;
+    END IF;
+    CREATE TABLE agent_ledger_sagas (
+        saga_id                  text        PRIMARY KEY,
+        -- Mirrors agent_ledger.stores.saga_base.SagaStatus; a test keeps the two equal.
+        status                   text        NOT NULL
+            CONSTRAINT agent_ledger_sagas_status_check CHECK (status IN (
+                'running', 'completed', 'compensating', 'compensated',
+                'compensation_failed', 'canceled')),
+        attempt                  integer     NOT NULL DEFAULT 1 CHECK (attempt >= 1),
+        -- Who holds it, for people (host:pid by default).
+        owner                    text,
+        -- The holder's lease in ms; 0: never taken over.
+        lease_ms                 integer     NOT NULL CHECK (lease_ms >= 0),
+        heartbeat_at             timestamptz NOT NULL DEFAULT clock_timestamp(),
+        -- A running saga idle this long is compensated by recover_sagas(); NULL: never.
+        abandon_after_ms         bigint      CHECK (abandon_after_ms >= 0),
+        on_compensation_failure  text        NOT NULL DEFAULT 'continue'
+            CHECK (on_compensation_failure IN ('continue', 'stop')),
+        -- {"message": ..., "code": ...}: why it was rolled back.
+        error                    jsonb,
+        created_at               timestamptz NOT NULL DEFAULT clock_timestamp(),
+        updated_at               timestamptz NOT NULL DEFAULT clock_timestamp(),
+        completed_at             timestamptz
+    );
+    -- Sagas a recoverer may claim (small: finished sagas are excluded).
+    CREATE INDEX agent_ledger_sagas_open_idx
+        ON agent_ledger_sagas (status, heartbeat_at)
+        WHERE status IN ('running', 'compensating');
+    CREATE INDEX agent_ledger_sagas_created_idx
+        ON agent_ledger_sagas (created_at DESC, saga_id DESC);
+    CREATE TABLE agent_ledger_saga_steps (
+        saga_id           text        NOT NULL
+            REFERENCES agent_ledger_sagas (saga_id) ON DELETE CASCADE,
+        -- The order the saga's code reached the step in, from 0.
+        position          integer     NOT NULL CHECK (position >= 0),
+        -- Steps of one parallel group share it; they are undone together.
+        group_index       integer     NOT NULL CHECK (group_index >= 0),
+        tool              text        NOT NULL,
+        -- The forward effect's key (agent_ledger_effects.idem_key).
+        idem_key          text        NOT NULL,
+        compensation      text,
+        compensation_key  text,
+        compensate_if     text        NOT NULL
+            CHECK (compensate_if IN ('succeeded', 'attempted')),
+        created_at        timestamptz NOT NULL DEFAULT clock_timestamp(),
+        PRIMARY KEY (saga_id, position)
+    );
+    INSERT INTO agent_ledger_schema_version (version) VALUES (3);
+END
+$version_3$;

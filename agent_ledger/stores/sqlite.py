@@ -64,6 +64,7 @@ from agent_ledger.stores._params import (
     transition_params,
 )
 from agent_ledger.stores._rows import STATUS_BY_VALUE, effect_from_row, stats_from_groups
+from agent_ledger.stores._sqlite_sagas import SqliteSagas
 from agent_ledger.stores._subscriptions import Registration, Subscribers
 from agent_ledger.stores._transactions import (
     LEASE_PAUSE_AFTER_MS,
@@ -95,7 +96,7 @@ __all__ = [
 
 #: The schema this version of the library needs: the newest version its schema
 #: files record in ``agent_ledger_schema_version`` (a test holds the two equal).
-SQLITE_SCHEMA_VERSION: Final = 2
+SQLITE_SCHEMA_VERSION: Final = 3
 
 #: The SQLite schema; applied by ``SqliteStore`` when it opens a database.
 SQLITE_SCHEMA_SQL: Final = (
@@ -241,7 +242,7 @@ class SqliteTransaction(TransactionHandle):
     opened_us: int | None = None
 
 
-class SqliteStore:
+class SqliteStore(SqliteSagas):
     """Effects in a SQLite file, durable and shared by every process on the machine.
 
     ``path`` is the database file (``":memory:"`` is refused: use

@@ -67,8 +67,10 @@ async def open_store(url: str, *, create: bool = True) -> Store:
                 'PostgreSQL URLs need the extra: pip install "agent-ledger[postgres]"',
                 field="url",
             ) from None
-        conninfo, schema = _split_schema(url)
-        return await PostgresStore.connect(conninfo, schema=schema, connect_timeout=10.0)
+        conninfo, schema = split_schema(url)
+        return await PostgresStore.connect(
+            conninfo, schema=schema or "public", connect_timeout=10.0
+        )
     raise EffectLedgerValidationError(
         f"unknown store URL scheme {scheme!r} in {url!r}; "
         "expected memory://, sqlite:///PATH or postgresql://...",
@@ -83,10 +85,22 @@ def sqlite_folder(url: str) -> Path | None:
     return Path(url[len("sqlite:///") :]).parent
 
 
-def _split_schema(url: str) -> tuple[str, str]:
-    """Take our own ``schema`` parameter out of a PostgreSQL URL (libpq would reject it)."""
-    parts = urlsplit(url)
+def split_schema(url: str, *, field: str = "url") -> tuple[str, str | None]:
+    """Take our own ``schema`` parameter out of a PostgreSQL URL (libpq would reject it).
+
+    Returns the libpq URL and the schema, None when the URL names none. A URL
+    ``urlsplit`` cannot read (``postgresql://[::1``) is an
+    ``EffectLedgerValidationError`` naming ``field``, not a ``ValueError``
+    from deep inside the standard library.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise EffectLedgerValidationError(
+            f"malformed URL {url!r} ({exc}); expected postgresql://user@host:5432/db?schema=x",
+            field=field,
+        ) from None
     params = parse_qsl(parts.query, keep_blank_values=True)
-    schema = next((value for key, value in params if key == "schema"), "public")
+    schema = next((value for key, value in params if key == "schema"), None)
     rest = urlencode([(key, value) for key, value in params if key != "schema"])
     return urlunsplit(parts._replace(query=rest)), schema

@@ -32,12 +32,16 @@ from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.keys import canonical_json
 from agent_ledger.options import UNSET, LedgerHooks, RunOptions, merge_run_options
 from agent_ledger.retries import RetryPolicy
+from agent_ledger.tools._steps import STEP_RUNNER
 from agent_ledger.tools._workflow import _CURRENT
 
 if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
 
 __all__ = ["EFFECT_PARAMETER", "Tool", "ToolDecorator", "define"]
+
+CompensateIf = Literal["succeeded", "attempted"]
+FailureScope = Literal["saga", "step"]
 
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
@@ -87,6 +91,9 @@ class Tool(Generic[R_co]):
         requires_approval: bool | Callable[[ToolCall], bool] | None,
         workflow_id: str | None,
         run_options: RunOptions | None,
+        compensate: str | None = None,
+        compensate_if: CompensateIf = "succeeded",
+        failure_scope: FailureScope = "saga",
     ) -> None:
         # First, and without merging fn.__dict__ into ours: attributes the
         # function carries (a `name`, say) must never overwrite the tool's.
@@ -105,6 +112,12 @@ class Tool(Generic[R_co]):
         self.workflow_id = workflow_id
         self.run_options = run_options
         self.is_async = inspect.iscoroutinefunction(fn)
+        #: In a saga: the tool that undoes a call of this one (by name), when
+        #: to undo it, and whether its failure rolls the saga back ("saga")
+        #: or is recorded and the saga goes on ("step"). See docs/sagas.md.
+        self.compensate, self.compensate_if, self.failure_scope = _saga_settings(
+            name, compensate, compensate_if, failure_scope
+        )
 
         self._takes_effect = False
         positional: list[str] = []
@@ -229,6 +242,12 @@ class Tool(Generic[R_co]):
     async def __call__(self, *args: object, **kwargs: object) -> R_co:
         values = self._bind(args, kwargs)
         call = self._tool_call(values)
+        runner = STEP_RUNNER.get()
+        if runner is not None and runner.ledger is self.ledger:
+            step = runner.run_step(
+                self, call, self._make_handler(values), self._run_options, self._hooks
+            )
+            return cast(R_co, await step)
         result = await self.ledger.run(
             call, self._make_handler(values), self._run_options, hooks=self._hooks
         )
@@ -301,6 +320,10 @@ class Tool(Generic[R_co]):
         options = self._run_options
         if run_options is not None:
             options = merge_run_options(options or RunOptions(), run_options)
+        runner = STEP_RUNNER.get()
+        if runner is not None and runner.ledger is self.ledger:
+            step = runner.run_step(self, call, self._make_handler(values), options, self._hooks)
+            return cast(R_co, await step)
         result = await self.ledger.run(call, self._make_handler(values), options, hooks=self._hooks)
         return cast(R_co, result)
 
@@ -316,6 +339,18 @@ class Tool(Generic[R_co]):
         already exists keeps its own status.
         """
         return self.ledger.approval_policy(self._run_options, hooks=self._hooks)
+
+    @property
+    def run_settings(self) -> tuple[RunOptions | None, LedgerHooks | None]:
+        """The run options and hooks each run of this tool gives ``ledger.run()``
+        (its ``retry``, ``timeout_ms`` and approval policy folded in): for
+        layers that run it their own way, as sagas run compensations."""
+        return self._run_options, self._hooks
+
+    @property
+    def takes_effect(self) -> bool:
+        """Whether the function has the keyword-only ``effect`` parameter."""
+        return self._takes_effect
 
     def _bad_call(self, problem: str) -> EffectLedgerValidationError:
         return EffectLedgerValidationError(
@@ -409,6 +444,38 @@ def _handler_factory(
             return lambda effect: fn(**(values if effect.attempt == 1 else effect.args))
 
     return make
+
+
+def _saga_settings(
+    name: str, compensate: str | None, compensate_if: object, failure_scope: object
+) -> tuple[str | None, CompensateIf, FailureScope]:
+    """Check a tool's saga settings at registration, naming what was wrong."""
+    if compensate is not None:
+        if not isinstance(compensate, str) or not compensate:
+            raise EffectLedgerValidationError(
+                f"tool {name!r}: compensate names the tool that undoes it, got {compensate!r}",
+                field="compensate",
+            )
+        if compensate == name:
+            raise EffectLedgerValidationError(
+                f"tool {name!r} cannot compensate itself: name the tool that undoes it",
+                field="compensate",
+            )
+        ToolCall(workflow_id="-", tool=compensate)  # the checks any tool name gets
+    if compensate_if not in ("succeeded", "attempted"):
+        raise EffectLedgerValidationError(
+            f"tool {name!r}: compensate_if must be 'succeeded' (undo only what succeeded) or "
+            f"'attempted' (undo also a failed call, which may have taken effect), got "
+            f"{compensate_if!r}",
+            field="compensate_if",
+        )
+    if failure_scope not in ("saga", "step"):
+        raise EffectLedgerValidationError(
+            f"tool {name!r}: failure_scope must be 'saga' (a failure rolls the saga back) or "
+            f"'step' (it is recorded and the saga goes on), got {failure_scope!r}",
+            field="failure_scope",
+        )
+    return compensate, compensate_if, failure_scope
 
 
 def _policy(
@@ -508,6 +575,9 @@ def define(
     run_options: RunOptions | None,
     retry: RetryPolicy | None = None,
     timeout_ms: int | None = None,
+    compensate: str | None = None,
+    compensate_if: CompensateIf = "succeeded",
+    failure_scope: FailureScope = "saga",
 ) -> ToolDecorator:
     """``EffectLedger.tool``: the decorator that registers a function in ``registry``."""
     if callable(name):
@@ -522,6 +592,7 @@ def define(
         run_options = _with_retry(name, run_options, retry)
     if timeout_ms is not None:
         run_options = _with_timeout(name, run_options, timeout_ms)
+    _saga_settings(name or "<function name>", compensate, compensate_if, failure_scope)
 
     def decorate(fn: Callable[..., Any]) -> Tool[Any]:
         if isinstance(fn, Tool):
@@ -561,6 +632,9 @@ def define(
             requires_approval=requires_approval,
             workflow_id=workflow_id,
             run_options=run_options,
+            compensate=compensate,
+            compensate_if=compensate_if,
+            failure_scope=failure_scope,
         )
         registry[tool_name] = tool
         return tool

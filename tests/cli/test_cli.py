@@ -105,6 +105,11 @@ def test_usage_errors_exit_2(cli: Cli) -> None:
     assert cli("frobnicate").returncode == 2
     assert cli("list", "--since", "last tuesday").returncode == 2
     assert cli("purge", "--older-than", "soon", "--yes").returncode == 2
+    too_long = cli("purge", "--older-than", "99999999999999999999d", "--yes")
+    assert too_long.returncode == 2 and "Traceback" not in too_long.stderr
+    assert too_long.stderr.splitlines()[-1].endswith(
+        "duration too long: '99999999999999999999d' (at most 365000d, about 1000 years)"
+    )
 
 
 def test_approve_from_the_cli_wakes_a_waiting_run(cli: Cli) -> None:

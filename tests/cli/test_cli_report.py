@@ -181,6 +181,12 @@ def test_list_and_export_filter_by_duration_error_code_and_call_id(cli: Cli) -> 
         f"1. canceled: `mail.send` ({keys['mail.send'][:12]})"
     ]
     assert "Selected by --min-duration `250ms`." in report.stdout
+    # Exact, in a form the CLI reads (it was `6.048e+08ms` and `1.23457e+09ms`).
+    report = cli(
+        "export", "--format", "md", "--min-duration", "1w", "--max-duration", "1234567891ms"
+    )
+    assert "--min-duration `1w`" in report.stdout
+    assert "--max-duration `2w6h56m7s891ms`" in report.stdout
 
 
 @pytest.mark.parametrize(
@@ -189,6 +195,10 @@ def test_list_and_export_filter_by_duration_error_code_and_call_id(cli: Cli) -> 
         (["--min-duration", "fast"], "not a duration"),
         (["--max-duration=-5s"], "not a duration"),
         (["--min-duration", "2s", "--max-duration", "1s"], "no effect could match"),
+        (["--min-duration", "999999999d"], "duration too long"),
+        (["--max-duration", "99999999999999999999d"], "duration too long"),
+        (["--since", "99999999999999999999d"], "duration too long"),
+        (["--until", "400000d"], "duration too long"),
     ],
 )
 def test_bad_filters_are_one_line(cli: Cli, flags: list[str], says: str) -> None:

@@ -12,6 +12,7 @@ import asyncio
 import fcntl
 import os
 import pty
+import re
 import select
 import subprocess
 import termios
@@ -22,7 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from agent_ledger import ApprovalPendingError, EffectStatus, RunOptions, ToolCall
+from agent_ledger import (
+    ApprovalPendingError,
+    EffectStatus,
+    ResourceDescriptor,
+    RunOptions,
+    ToolCall,
+)
 from agent_ledger.stores.url import open_store
 from agent_ledger.testing import build_ledger
 from tests.cli.conftest import SCRIPT, Cli
@@ -205,14 +212,24 @@ def test_quit_and_end_of_input_stop_the_walk(cli: Cli) -> None:
         assert "deciding as carol" in term.expect(PROMPT)
         term.type("q")
         rest = term.finish()
-    assert "stopped; 2 effects not reviewed" in rest
+    # Quitting at 1 of 3 leaves all three: the one on screen was not reviewed either.
+    assert "stopped; 3 effects not reviewed" in rest
     with terminal(cli) as term:
         term.expect(PROMPT)
         os.write(term.fd, b"\x04")  # Ctrl-D: end of input
         rest = term.finish()
-    assert "stopped; 2 effects not reviewed" in rest and "Traceback" not in rest
+    assert "stopped; 3 effects not reviewed" in rest and "Traceback" not in rest
     for key in keys:
         assert asyncio.run(stored(cli.url, key))[0] is EffectStatus.REQUIRES_APPROVAL
+    # Skip two, quit at the last: one left, the one on screen.
+    with terminal(cli) as term:
+        for _ in range(2):
+            term.expect(PROMPT)
+            term.type("s")
+        assert "[3/3]" in term.expect(PROMPT)
+        term.type("q")
+        rest = term.finish()
+    assert "stopped; 1 effect not reviewed" in rest
 
 
 def test_ctrl_c_at_a_prompt_stops_at_once(cli: Cli) -> None:
@@ -272,6 +289,63 @@ def test_an_effect_decided_before_it_is_shown_is_not_asked_about(cli: Cli) -> No
         assert "[3/3]" in shown and "mail.blast" in shown
         term.type("q")
         term.finish()
+
+
+#: What must never reach the reviewer's terminal raw (CR and LF are the pty's own).
+RAW_CONTROL = re.compile("[\x00-\x09\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+NASTY = [
+    ToolCall(
+        workflow_id="ops\x1b]0;owned\x07",
+        tool="evil\x1b[2J\u009b31mtool",
+        args={"c1": "A\u009b2JB", "del": "x\x7fy", "bidi": "pay \u202etxt.exe"},
+        resource=ResourceDescriptor(namespace="acct\u009b1m", type="t", id={"r": "r\x1b[5m"}),
+        call_id="c\u0085all",
+    ),
+    ToolCall(workflow_id="ops", tool="second\u009b2Ktool\n", args={}),
+]
+
+
+async def make_nasty(url: str) -> list[str]:
+    store = await open_store(url)
+    try:
+        ledger = build_ledger(store)
+        asking = RunOptions(requires_approval=True, wait_for_approval=False)
+        for call in NASTY:
+            with pytest.raises(ApprovalPendingError):
+                await ledger.run(call, lambda e: "ran", asking)
+            await asyncio.sleep(0.01)
+        return [ledger.idem_key(call) for call in NASTY]
+    finally:
+        await store.close()
+
+
+def test_agent_and_person_text_never_reaches_the_terminal_raw(cli: Cli) -> None:
+    """Tool, workflow, call id, args, resource, the reviewer's and another decider's
+    names: every one is shown with its ESC, C1, DEL and bidirectional characters
+    escaped, in the receipt, the approve line and the already-decided line."""
+    assert cli("init").returncode == 0
+    keys = asyncio.run(make_nasty(cli.url))
+    with terminal(cli, "--by", "eve\x1b[1m\u009b") as term:
+        first = term.expect(PROMPT)
+        assert "deciding as eve\\x1b[1m\\x9b" in first
+        assert "evil\\x1b[2J\\x9b31mtool" in first and "ops\\x1b]0;owned\\x07" in first
+        assert "c\\x85all" in first and "acct\\x9b1m" in first and "r\\u001b[5m" in first
+        assert "A\\x9b2JB" in first and "x\\x7fy" in first and "pay \\u202etxt.exe" in first
+        term.type("a")
+        term.expect("note (optional, Enter for none): ")
+        term.type("")
+        second = term.expect(PROMPT)
+        assert "approved evil\\x1b[2J\\x9b31mtool (" in second
+        assert "second\\x9b2Ktool\\x0a" in second
+        decided = cli("deny", keys[1][:12], "--reason", "no", "--by", "mal\x1b[8mlory")
+        assert decided.returncode == 0
+        term.type("d")
+        term.expect("reason (required; the caller sees it): ")
+        term.type("dup")
+        rest = term.finish()
+    assert "second\\x9b2Ktool\\x0a (" in rest
+    assert "was already decided by mal\\x1b[8mlory: it is now denied" in rest
+    assert RAW_CONTROL.findall(term.transcript) == []
 
 
 def test_review_refuses_without_a_terminal(cli: Cli) -> None:

@@ -23,6 +23,7 @@ from agent_ledger import (
     RunOptions,
     ToolCall,
 )
+from agent_ledger.audit import MAX_SPAN
 from agent_ledger.effects import handler_time
 from tests.harness import StoreHarness
 
@@ -127,6 +128,17 @@ async def test_every_store_agrees_with_handler_time(harness: StoreHarness) -> No
         ),
         ({"error_code": 7}, "error_code"),
         ({"call_id": b"x"}, "call_id"),
+        # NUL and lone surrogates: PostgreSQL raised, SQLite and memory answered "none".
+        ({"error_code": "bad\x00code"}, "error_code"),
+        ({"call_id": "a\x00b"}, "call_id"),
+        ({"tool": "a\x00b"}, "tool"),
+        ({"workflow_id": "a\x00b"}, "workflow_id"),
+        ({"tool": "a\ud800b"}, "tool"),
+        ({"error_code": "\udfff"}, "error_code"),
+        # Past MAX_SPAN: SQLite overflowed, PostgreSQL refused, memory answered.
+        ({"min_duration": MAX_SPAN + timedelta(microseconds=1)}, "min_duration"),
+        ({"min_duration": timedelta(days=999_999_999)}, "min_duration"),
+        ({"max_duration": timedelta.max}, "max_duration"),
     ],
 )
 async def test_bad_filters_are_refused(
@@ -135,3 +147,37 @@ async def test_bad_filters_are_refused(
     with pytest.raises(EffectLedgerValidationError) as info:
         await harness.ledger().list_effects(**filters)  # type: ignore[arg-type]
     assert info.value.field == field
+
+
+async def test_the_longest_span_gives_one_answer_on_every_store(harness: StoreHarness) -> None:
+    """``MAX_SPAN`` itself is a filter every store can hold, with the same answer."""
+    await populate(harness)
+    assert await names(harness, min_duration=MAX_SPAN) == set()
+    # Every effect whose handler time is known (not "stopped": see populate).
+    assert await names(harness, max_duration=MAX_SPAN) == {"slow", "fast", "approved", "running"}
+    assert await harness.ledger().purge(older_than=MAX_SPAN) == 0
+
+
+@pytest.mark.parametrize("name", ["min_duration", "max_duration"])
+async def test_spans_past_the_bound_name_field_and_limit(harness: StoreHarness, name: str) -> None:
+    with pytest.raises(EffectLedgerValidationError, match=f"{name} must be at most 365000 days"):
+        await harness.ledger().list_effects(**{name: timedelta(days=999_999_999)})  # type: ignore[arg-type]
+
+
+async def test_a_code_stored_with_u_fffd_is_found_by_what_was_stored(
+    harness: StoreHarness,
+) -> None:
+    """An error code with NUL is stored with U+FFFD in its place (EffectError), and
+    found by that text; asked for with NUL, every store refuses alike."""
+    ledger = harness.ledger()
+
+    def boom(effect: Effect) -> None:
+        error = Declined("x")
+        error.code = "bad\x00code"
+        raise error
+
+    with pytest.raises(Declined):
+        await ledger.run(call("nul"), boom)
+    assert await names(harness, error_code="bad\ufffdcode") == {"nul"}
+    with pytest.raises(EffectLedgerValidationError, match=r"the ledger stored them as U\+FFFD"):
+        await names(harness, error_code="bad\x00code")

@@ -30,6 +30,8 @@ from agent_ledger import (
     ToolCall,
     TryFailure,
 )
+from agent_ledger.backoff import MAX_MS
+from agent_ledger.options import MAX_LEASE_MS
 from agent_ledger.testing import build_ledger
 from tests.harness import StoreHarness
 
@@ -347,3 +349,26 @@ async def test_begin_and_commit_are_not_bound_by_a_deadline(harness: StoreHarnes
     assert await ledger.commit(begun.effect.id, CommitSucceeded("ok"), attempt=begun.effect.attempt)
     effect = await stored(harness)
     assert effect.status is EffectStatus.SUCCEEDED and effect.result == "ok"
+
+
+async def test_the_longest_times_options_accept_run_on_every_store(harness: StoreHarness) -> None:
+    """``MAX_MS`` (and ``MAX_LEASE_MS`` for the lease) are held by every clock and store:
+    a run with each of them at its bound runs its handler once and succeeds."""
+    longest = RunOptions(
+        timeout_ms=MAX_MS,
+        concurrency=ConcurrencyOptions(
+            wait_timeout_ms=MAX_MS, approval_timeout_ms=MAX_MS, max_interval_ms=MAX_MS
+        ),
+        stale=StaleOptions(after_ms=MAX_LEASE_MS),
+        retry=RetryPolicy(on=OSError, initial_ms=MAX_MS, max_ms=MAX_MS, timeout_ms=MAX_MS),
+    )
+    ran: list[int] = []
+
+    async def handler(effect: Effect) -> str:
+        ran.append(effect.attempt)
+        return "ok"
+
+    assert await harness.ledger().run(CALL, handler, longest) == "ok"
+    assert ran == [1]
+    effect = await stored(harness)
+    assert (effect.status, effect.lease_ms) == (EffectStatus.SUCCEEDED, MAX_LEASE_MS)

@@ -12,7 +12,7 @@ import agent_ledger
 from agent_ledger import CommitFailed, CommitSucceeded, EffectStatus, ToolCall
 from agent_ledger.effects import JSONValue
 from agent_ledger.keys import idempotency_key
-from agent_ledger.legacy.names import GONE
+from agent_ledger.legacy.names import GONE, RemovedNameError
 from agent_ledger.status import TERMINAL
 from agent_ledger.stores.base import Store
 
@@ -54,11 +54,28 @@ def test_compute_idem_key_gives_this_versions_key() -> None:
 
 @pytest.mark.parametrize("name", sorted(GONE))
 def test_names_without_an_equivalent_say_what_to_use(name: str) -> None:
-    with pytest.raises(AttributeError, match="has no equivalent here") as caught:
+    expected = f"agent_ledger.{name} (agent-ledger 0.2.x) has no equivalent here: {GONE[name]}"
+    # Attribute access and `from ... import` (CPython would replace an
+    # AttributeError from __getattr__ with its generic "cannot import name").
+    with pytest.raises(RemovedNameError) as attribute:
         getattr(agent_ledger, name)
-    assert "docs/migrating-from-0.2.md" in str(caught.value)
-    with pytest.raises(ImportError):
+    with pytest.raises(RemovedNameError) as imported:
         exec(f"from agent_ledger import {name}", {})
+    for caught in (attribute, imported):
+        message = str(caught.value)
+        assert message.startswith(expected)
+        assert message.endswith("see docs/migrating-from-0.2.md")
+        assert "cannot import name" not in message
+        assert isinstance(caught.value, ImportError)
+        assert not isinstance(caught.value, AttributeError)
+    # The documented price: probing for a removed name raises too.
+    with pytest.raises(RemovedNameError):
+        hasattr(agent_ledger, name)
+
+
+def test_thirteen_names_are_gone() -> None:
+    assert len(GONE) == 13
+    assert "canonicalize" in GONE
 
 
 def test_unknown_names_are_still_plain_attribute_errors() -> None:

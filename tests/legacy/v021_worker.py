@@ -8,7 +8,9 @@
 * ``key``: read calls as JSON on stdin, print 0.2.1's key for each;
 * ``run``: read one call as JSON on stdin and run it through 0.2.1's
   ``EffectLedger.run`` with a handler that sleeps ``sleep_s`` then returns
-  ``result``; print ``{"result": ..., "handler_ran": bool}`` or the error.
+  ``result``; print ``{"result": ..., "handler_ran": bool}`` or the error;
+* ``ops``: read a list of steps as JSON on stdin and apply them in order
+  through 0.2.1's public API (see ``ops``), printing one answer per step.
 
 This file imports 0.2.1's ``agent_ledger``, a different package from ours
 with the same name, which is why it runs in a separate interpreter.
@@ -176,6 +178,53 @@ async def run_one(dsn, schema, spec):
         await pool.close()
 
 
+async def ops(dsn, schema, steps):
+    """Steps: ``init`` (0.2.1's table), ``run`` (call, result: a handler
+    returning it), ``begin``, ``succeed`` (result) / ``fail`` (error: [message,
+    code]) by hand, ``request_approval``, ``approve``, ``deny`` (reason)."""
+    pool, ledger = await open_ledger(dsn, schema)
+    out = []
+    try:
+        for step in steps:
+            kind = step["op"]
+            if kind == "init":
+                async with pool.connection() as conn:
+                    await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+                    await conn.execute(SCHEMA_SQL)
+                out.append(None)
+                continue
+            call = tool_call(step["call"])
+            key = compute_idem_key(call)
+            if kind == "run":
+
+                async def handler(effect, _result=step["result"]):
+                    return _result
+
+                out.append(await ledger.run(call, handler))
+            elif kind == "begin":
+                out.append(str((await ledger.begin(call)).effect.id))
+            elif kind in ("succeed", "fail"):
+                effect = await ledger._store.find_by_idem_key(key)
+                outcome = (
+                    CommitSucceeded(result=step["result"])
+                    if kind == "succeed"
+                    else CommitFailed(error=EffectError(*step["error"]))
+                )
+                await ledger.commit(effect.id, outcome)
+                out.append(str(effect.id))
+            elif kind == "request_approval":
+                out.append(bool(await ledger.request_approval(key)))
+            elif kind == "approve":
+                out.append(bool(await ledger.approve(key)))
+            elif kind == "deny":
+                out.append(bool(await ledger.deny(key, reason=step.get("reason"))))
+            else:
+                raise SystemExit(f"unknown step {kind}")
+    finally:
+        await pool.close()
+    print(json.dumps(out))
+
+
 def main():
     dsn, schema, command = sys.argv[1:4]
     if command == "scenario":
@@ -185,6 +234,8 @@ def main():
         print(json.dumps([compute_idem_key(tool_call(spec)) for spec in specs]))
     elif command == "run":
         asyncio.run(run_one(dsn, schema, json.loads(sys.stdin.read())))
+    elif command == "ops":
+        asyncio.run(ops(dsn, schema, json.loads(sys.stdin.read())))
     else:
         raise SystemExit(f"unknown command {command}")
 

@@ -6,10 +6,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agent_ledger import EffectLedgerValidationError, MemoryStore, SqliteStore, open_store
-from agent_ledger.cli import UsageError, parse_duration, parse_moment
-from agent_ledger.stores.url import DEFAULT_URL, _split_schema, default_url
+from agent_ledger.audit import MAX_SPAN
+from agent_ledger.cli import UsageError, format_duration, parse_duration, parse_moment
+from agent_ledger.stores.url import DEFAULT_URL, default_url, split_schema
 
 
 @pytest.mark.parametrize(
@@ -33,6 +36,53 @@ def test_bad_durations_are_usage_errors(text: str) -> None:
     """Anything else is refused with an example of what works."""
     with pytest.raises(UsageError, match="examples"):
         parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "365001d",
+        "999999999d",
+        "99999999999999999999d",
+        "9" * 400 + "ms",
+        "1000000000w",
+        "9" * 5000 + "s",
+    ],
+)
+def test_durations_past_the_bound_are_usage_errors(text: str) -> None:
+    """Past MAX_SPAN (and past what a timedelta holds): one usage error naming the bound."""
+    with pytest.raises(UsageError, match=r"duration too long: .* \(at most 365000d"):
+        parse_duration(text)
+    with pytest.raises(UsageError, match="duration too long"):
+        parse_moment(text)
+
+
+def test_the_bound_itself_is_a_duration() -> None:
+    assert parse_duration(f"{MAX_SPAN.days}d") == MAX_SPAN
+    assert parse_moment(f"{MAX_SPAN.days}d") < datetime(1100, 1, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("span", "text"),
+    [
+        (timedelta(weeks=1), "1w"),
+        (timedelta(milliseconds=1_234_567_891), "2w6h56m7s891ms"),
+        (timedelta(milliseconds=250), "250ms"),
+        (timedelta(hours=1, minutes=30), "1h30m"),
+        (timedelta(0), "0s"),
+        (MAX_SPAN, "52142w6d"),
+    ],
+)
+def test_durations_are_shown_exactly_in_a_form_the_cli_reads(span: timedelta, text: str) -> None:
+    """The report's header printed 1w as 6.048e+08ms and 1234567891ms as 1.23457e+09ms."""
+    assert format_duration(span) == text
+    assert parse_duration(text) == span
+
+
+@given(st.integers(min_value=0, max_value=MAX_SPAN // timedelta(milliseconds=1)))
+def test_every_duration_round_trips(ms: int) -> None:
+    span = timedelta(milliseconds=ms)
+    assert parse_duration(format_duration(span)) == span
 
 
 def test_moments_are_iso_or_relative() -> None:
@@ -72,11 +122,12 @@ async def test_bad_urls_are_validation_errors(url: str, fragment: str) -> None:
 
 def test_postgres_schema_parameter_is_ours_not_libpq() -> None:
     """?schema= is taken out of the URL before psycopg sees it; other params stay."""
-    assert _split_schema("postgresql://u@h/db?schema=x&sslmode=disable") == (
+    assert split_schema("postgresql://u@h/db?schema=x&sslmode=disable") == (
         "postgresql://u@h/db?sslmode=disable",
         "x",
     )
-    assert _split_schema("postgresql://u@h/db") == ("postgresql://u@h/db", "public")
+    # None: the store's default (public) applies.
+    assert split_schema("postgresql://u@h/db") == ("postgresql://u@h/db", None)
 
 
 def test_default_url(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,22 +5,28 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
 
 from agent_ledger import (
+    ConcurrencyOptions,
     Effect,
     EffectError,
     EffectLedgerValidationError,
     EffectStatus,
     HandlerTimeoutError,
     MemoryStore,
+    RetryPolicy,
     RunOptions,
+    StaleOptions,
+    ToolCall,
 )
 from agent_ledger.adapters._messages import for_model
+from agent_ledger.backoff import MAX_MS
 from agent_ledger.engine.deadline import Late, late_outcome
-from agent_ledger.options import merge_run_options, resolve
+from agent_ledger.options import MAX_LEASE_MS, merge_run_options, resolve
 from agent_ledger.testing import build_ledger
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -116,3 +122,43 @@ def test_what_a_model_reads_about_a_handler_timeout() -> None:
     assert text is not None
     assert "time limit (50 ms" in text and "will not run again" in text
     assert "still being run" not in text  # not a wait's words
+
+
+#: Every option in milliseconds, built with ``value``.
+MS_OPTIONS: list[tuple[str, Callable[[int], object]]] = [
+    ("timeout_ms", lambda v: RunOptions(timeout_ms=v)),
+    ("wait_timeout_ms", lambda v: ConcurrencyOptions(wait_timeout_ms=v)),
+    ("approval_timeout_ms", lambda v: ConcurrencyOptions(approval_timeout_ms=v)),
+    ("initial_interval_ms", lambda v: ConcurrencyOptions(initial_interval_ms=v, max_interval_ms=v)),
+    ("max_interval_ms", lambda v: ConcurrencyOptions(max_interval_ms=v)),
+    ("initial_ms", lambda v: RetryPolicy(on=OSError, initial_ms=v, max_ms=v)),
+    ("max_ms", lambda v: RetryPolicy(on=OSError, max_ms=v)),
+    ("timeout_ms", lambda v: RetryPolicy(on=OSError, timeout_ms=v)),
+    ("after_ms", lambda v: StaleOptions(after_ms=v)),
+]
+
+
+@pytest.mark.parametrize(("field", "build"), MS_OPTIONS)
+@pytest.mark.parametrize("extra", [1, 10**20, 10**400, 10**5000], ids=["1", "e20", "e400", "e5000"])
+def test_a_time_no_clock_holds_is_refused_when_built(
+    field: str, build: Callable[[int], object], extra: int
+) -> None:
+    """10**400 ms was accepted, then overflowed a float mid-run (after the effect was
+    stored, as failed, its handler never run). The error names the field and the bound."""
+    maximum = MAX_LEASE_MS if field == "after_ms" else MAX_MS
+    build(maximum)  # the bound itself is accepted
+    with pytest.raises(EffectLedgerValidationError, match=f"{field} must be at most {maximum} "):
+        build(maximum + extra)
+
+
+async def test_a_huge_timeout_stores_nothing_and_a_tool_refuses_it_when_defined() -> None:
+    store = MemoryStore()
+    ledger = build_ledger(store)
+    with pytest.raises(EffectLedgerValidationError, match="timeout_ms must be at most") as info:
+        ledger.tool("t", timeout_ms=10**400)
+    assert info.value.field == "timeout_ms"
+    with pytest.raises(EffectLedgerValidationError, match="timeout_ms must be at most"):
+        await ledger.run(
+            ToolCall(workflow_id="wf", tool="t"), lambda e: 1, RunOptions(timeout_ms=10**400)
+        )
+    assert len(store) == 0

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import io
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from agent_ledger import Effect, EffectError, EffectStatus, Reopening, TryFailure
+from agent_ledger.cli import Output, effects_table
 from agent_ledger.receipt import render_receipt
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -141,3 +144,28 @@ def test_a_reopened_effect_shows_who_reopened_it_why_and_how_it_had_ended() -> N
 def test_a_run_in_one_try_does_not_say_so() -> None:
     done = dataclasses.replace(BASE, status=EffectStatus.SUCCEEDED, completed_at=T0, tries=1)
     assert "tries" not in rows(done)
+
+
+def test_show_and_list_escape_what_agents_and_people_wrote() -> None:
+    """`show` (the receipt) and `list` (the table) print no ESC, C1, DEL or bidi mark."""
+    nasty = dataclasses.replace(
+        BASE,
+        tool="t\x1b[2J\u009b31m",
+        workflow_id="w\u202e",
+        call_id="c\x85",
+        args_canonical='{"a":"\u009b2J\x7f"}',
+        status=EffectStatus.DENIED,
+        decided_at=T0,
+        decided_by="b\x1b]0;x\x07",
+        decision_note="line one\nline two",
+        error=EffectError("no\x1b[31m", "denied"),
+    )
+    unsafe = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+    shown = render_receipt(nasty)
+    assert unsafe.findall(shown) == []
+    assert rows(nasty)["tool"] == "t\\x1b[2J\\x9b31m"
+    assert rows(nasty)["decision"] == "denied by b\\x1b]0;x\\x07: line one\\x0aline two"
+    table = io.StringIO()
+    effects_table(Output(table, colour=False), [nasty])
+    assert unsafe.findall(table.getvalue()) == []
+    assert "t\\x1b[2J\\x9b31m" in table.getvalue() and "w\\u202e" in table.getvalue()

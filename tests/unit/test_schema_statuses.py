@@ -14,12 +14,21 @@ import pytest
 
 from agent_ledger.status import COMPLETIONS, TERMINAL, EffectStatus
 from agent_ledger.stores.postgres import SCHEMA_SQL
+from agent_ledger.stores.saga_base import SAGA_OPEN, SagaStatus
 from agent_ledger.stores.sqlite import SQLITE_MIGRATIONS, SQLITE_SCHEMA_SQL
 
 S = EffectStatus
+#: Version 3 keeps sagas, whose statuses are another table's (tested at the end).
+SAGAS_BEGIN = "Version 3: sagas"
 SCHEMAS = {
-    "postgres": SCHEMA_SQL,
-    "sqlite": "\n".join([SQLITE_SCHEMA_SQL, *SQLITE_MIGRATIONS.values()]),
+    "postgres": SCHEMA_SQL[: SCHEMA_SQL.index(SAGAS_BEGIN)],
+    "sqlite": "\n".join(
+        [SQLITE_SCHEMA_SQL, *(text for v, text in SQLITE_MIGRATIONS.items() if v != 3)]
+    ),
+}
+SAGA_SCHEMAS = {
+    "postgres": SCHEMA_SQL[SCHEMA_SQL.index(SAGAS_BEGIN) :],
+    "sqlite": SQLITE_MIGRATIONS[3],
 }
 #: Where each schema's version 2 begins.
 VERSION_2 = {"postgres": "Version 2:", "sqlite": "schema, version 2"}
@@ -85,3 +94,14 @@ def test_version_2_estimates_no_run_where_no_handler_could_have_run(kind: str) -
 def test_no_status_list_goes_unchecked(kind: str, count: int) -> None:
     """Pinned: a new status list in a schema needs its own test above."""
     assert len(status_lists(SCHEMAS[kind])) == count
+
+
+@pytest.mark.parametrize("kind", SAGA_SCHEMAS)
+def test_the_saga_tables_list_exactly_the_saga_statuses(kind: str) -> None:
+    """Version 3's check lists every SagaStatus; its open index exactly those with an owner."""
+    lists = status_lists(SAGA_SCHEMAS[kind])
+    [check] = [v for before, _, v in lists if "CHECK" in before[-40:]]
+    [open_list] = [v for before, _, v in lists if "open_idx" in before]
+    assert check == frozenset(s.value for s in SagaStatus)
+    assert open_list == frozenset(s.value for s in SAGA_OPEN)
+    assert len(lists) == 2

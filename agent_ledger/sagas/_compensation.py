@@ -1,0 +1,204 @@
+"""Undoing a saga's steps: groups in reverse order, each group's steps at once.
+
+Used by the worker whose saga failed and by ``recover_sagas()`` alike, and
+built only from stored steps, the effects they name and the ledger's tool
+registry, so a worker that never saw the saga's code can finish it.
+
+Whether a step is undone depends on its forward effect, settled first:
+
+* never began: it is closed (an effect with its key, ``canceled``), so an
+  old owner that wakes up later cannot begin it; nothing to undo;
+* waiting for a person (``requires_approval``, or approved and not yet
+  claimed): canceled; a later ``approve()`` returns False; nothing to undo;
+* running: waited for; if its holder stops heartbeating for a whole lease,
+  it is canceled and counts as attempted;
+* succeeded: undone; failed (or canceled after its handler started): undone
+  only when its tool says ``compensate_if="attempted"``; denied: never ran.
+
+Each undo is an ordinary effect keyed from the forward key, run with the
+compensation tool's retry policy (by default :data:`COMPENSATION_RETRY`):
+two workers finishing one saga run it once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+from agent_ledger.backoff import Backoff
+from agent_ledger.calls import ToolCall
+from agent_ledger.effects import Effect, EffectError
+from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.ledger import EffectLedger
+from agent_ledger.options import UNSET, RunOptions, merge_run_options
+from agent_ledger.retries import RetryPolicy
+from agent_ledger.status import EffectStatus
+from agent_ledger.stores.base import NewEffect
+from agent_ledger.stores.saga_base import SagaStep
+
+#: A compensation tool registered without a retry policy gets this one: a few
+#: tries with backoff, since an undo that gives up leaves money taken.
+COMPENSATION_RETRY: Final = RetryPolicy(on=Exception, attempts=3, initial_ms=200, max_ms=2_000)
+#: The argument a compensation's key is made of: the forward effect's key.
+FORWARD_ARGUMENT: Final = "forward"
+#: How often a settling step polls a forward effect someone else is running.
+_POLL: Final = Backoff(initial_s=0.02, multiplier=2.0, max_s=0.5)
+_S = EffectStatus
+_WAITING_FOR_A_PERSON: Final = frozenset({_S.REQUIRES_APPROVAL, _S.READY})
+
+
+@dataclass(frozen=True, slots=True)
+class Undo:
+    """What compensating one step did."""
+
+    step: SagaStep
+    #: True: undone (now or before); False: its compensation failed; None: nothing to undo.
+    undone: bool | None
+    error: EffectError | None = None
+
+
+def compensation_call(workflow_id: str, compensation: str, forward_key: str) -> ToolCall:
+    """The call whose effect undoes the forward effect keyed ``forward_key``."""
+    return ToolCall(
+        workflow_id=workflow_id, tool=compensation, args={FORWARD_ARGUMENT: forward_key}
+    )
+
+
+def check_compensation_tool(ledger: EffectLedger, tool_name: str, name: str) -> None:
+    """Raise unless ``name`` is a registered tool that can undo ``tool_name``'s calls."""
+    tool = ledger.tools.get(name)
+    if tool is None:
+        raise EffectLedgerValidationError(
+            f"tool {tool_name!r} is compensated by {name!r}, which is not registered on this "
+            f"ledger: register it (@ledger.tool({name!r})) before running the saga. "
+            "Nothing was run.",
+            field="compensate",
+        )
+    params = [
+        p
+        for p in tool.signature.parameters.values()
+        if p.name != "effect" or p.kind is not inspect.Parameter.KEYWORD_ONLY
+    ]
+    required = [p for p in params if p.default is inspect.Parameter.empty]
+    if not params or len(required) > 1 or params[0].kind is inspect.Parameter.KEYWORD_ONLY:
+        raise EffectLedgerValidationError(
+            f"compensation tool {name!r} must take the forward effect as its one positional "
+            f"parameter (`async def {name.rsplit('.', 1)[-1]}(forward: Effect)`); its "
+            f"signature is {tool.signature}. Nothing was run.",
+            field="compensate",
+        )
+
+
+async def compensate(
+    ledger: EffectLedger,
+    saga_id: str,
+    steps: Iterable[SagaStep],
+    *,
+    stop_on_failure: bool,
+) -> list[Undo]:
+    """Undo ``steps``: groups in reverse order, each group's steps concurrently.
+
+    With ``stop_on_failure``, no later group is started once a compensation
+    in a group failed (the group itself finishes).
+    """
+    groups: dict[int, list[SagaStep]] = {}
+    for step in steps:
+        groups.setdefault(step.group_index, []).append(step)
+    undone: list[Undo] = []
+    for index in sorted(groups, reverse=True):
+        results = await asyncio.gather(*(_undo(ledger, saga_id, s) for s in groups[index]))
+        undone.extend(results)
+        if stop_on_failure and any(r.undone is False for r in results):
+            break
+    return undone
+
+
+async def _undo(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Undo:
+    forward = await settle(ledger, saga_id, step)
+    if forward is None or step.compensation is None or not _due(step, forward):
+        return Undo(step, None)
+    tool = ledger.tools[step.compensation]
+    options, hooks = tool.run_settings
+    if options is None or options.retry is UNSET:
+        options = merge_run_options(options or RunOptions(), RunOptions(retry=COMPENSATION_RETRY))
+    call = compensation_call(forward.workflow_id, tool.name, forward.idem_key)
+
+    async def handler(effect: Effect) -> object:
+        kwargs = {"effect": effect} if tool.takes_effect else {}
+        if tool.is_async:
+            return await tool.fn(forward, **kwargs)
+        return await asyncio.to_thread(tool.fn, forward, **kwargs)
+
+    try:
+        await ledger.run(call, handler, options, hooks=hooks)
+    except Exception as exc:
+        message = f"{type(exc).__name__}: {exc}"
+        return Undo(step, False, EffectError(message, getattr(exc, "code", None)))
+    return Undo(step, True)
+
+
+def _due(step: SagaStep, forward: Effect) -> bool:
+    if forward.status is _S.SUCCEEDED:
+        return True
+    if step.compensate_if != "attempted":
+        return False
+    if forward.status is _S.FAILED:
+        return True
+    # Canceled: a cancel may have stopped a running handler; it counts as
+    # attempted only if a handler was started.
+    return forward.status is _S.CANCELED and forward.executions > 0
+
+
+async def settle(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Effect | None:
+    """The step's forward effect once nothing can change it any more; None if it
+    never began (and now never will)."""
+    attempt = 0
+    watched: tuple[object, float] | None = None
+    while True:
+        forward = await ledger.find_by_idem_key(step.idem_key)
+        if forward is None:
+            if await _close(ledger, saga_id, step):
+                return None
+            continue
+        if forward.status in _WAITING_FOR_A_PERSON:
+            if await ledger.cancel(step.idem_key, reason="the saga was rolled back", by="saga"):
+                return None
+            continue
+        if forward.status is not _S.PROCESSING:
+            return forward
+        # Running: wait for it. A holder that shows no heartbeat for a whole
+        # lease (measured here, so no two clocks are compared) is gone.
+        beat = (forward.attempt, forward.heartbeat_at)
+        now = time.monotonic()
+        if watched is None or watched[0] != beat:
+            watched = (beat, now)
+        elif forward.lease_ms > 0 and now - watched[1] > forward.lease_ms / 1000:
+            await ledger.cancel(step.idem_key, reason="its worker stopped; saga rolled back")
+            continue
+        await asyncio.sleep(_POLL.delay(min(attempt, 10)))
+        attempt += 1
+
+
+async def _close(ledger: EffectLedger, saga_id: str, step: SagaStep) -> bool:
+    """Give a step that never began an effect that is already ``canceled``; True if
+    this call made it (False: the effect appeared meanwhile)."""
+    store = ledger.store
+    new = NewEffect(
+        idem_key=step.idem_key,
+        workflow_id=saga_id,
+        call_id=None,
+        tool=step.tool,
+        args_canonical="{}",
+        resource_id_canonical=None,
+        requires_approval=True,
+    )
+    began = await store.begin(new)
+    if not began.created:
+        return False
+    error = EffectError("the saga was rolled back before this step began", "saga_rolled_back")
+    closed = await store.transition(step.idem_key, target=_S.CANCELED, error=error)
+    return closed is not None

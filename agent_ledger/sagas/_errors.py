@@ -1,0 +1,99 @@
+"""The errors a saga raises, under ``EffectLedgerError``.
+
+::
+
+    EffectLedgerError
+    └── SagaError
+        ├── SagaFailed                 a step failed: the saga was rolled back
+        │   └── SagaCompensationFailed  ... and at least one undo kept failing
+        ├── SagaNondeterminismError    the code asks for another step than the one recorded
+        ├── SagaInFlightError          another live worker owns the saga
+        └── SagaOwnershipLostError     this worker's saga was taken over meanwhile
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agent_ledger.errors import EffectLedgerError
+
+if TYPE_CHECKING:
+    from agent_ledger.sagas._outcome import SagaOutcome
+
+__all__ = [
+    "SagaCompensationFailed",
+    "SagaError",
+    "SagaFailed",
+    "SagaInFlightError",
+    "SagaNondeterminismError",
+    "SagaOwnershipLostError",
+]
+
+
+class SagaError(EffectLedgerError):
+    """Base class of the errors sagas raise."""
+
+
+class SagaFailed(SagaError):
+    """The saga was rolled back; ``outcome`` says what happened to every step.
+
+    Raised from the step's own error (``__cause__``) when the failure happened
+    in this run; a re-run of a saga that was already rolled back raises it
+    from the stored outcome, running nothing.
+    """
+
+    def __init__(self, outcome: SagaOutcome, message: str | None = None) -> None:
+        self.outcome = outcome
+        self.saga_id = outcome.saga_id
+        self.status = outcome.status
+        why = f": {outcome.error.message}" if outcome.error is not None else ""
+        super().__init__(message or f"saga {outcome.saga_id!r} was {outcome.status.value}{why}")
+
+
+class SagaCompensationFailed(SagaFailed):
+    """At least one compensation kept failing: the saga is ``compensation_failed``.
+
+    ``outcome.failed_compensations`` lists them; a person must look
+    (``agent-ledger sagas list --status compensation_failed``).
+    """
+
+
+class SagaNondeterminismError(SagaError):
+    """The saga's code asked for a different step than the one recorded at that position.
+
+    Raised before anything runs; the saga is left as it was. Saga code must
+    make the same calls in the same order on every run of one saga id.
+    """
+
+    def __init__(self, saga_id: str, position: int, recorded: str, asked: str) -> None:
+        self.saga_id = saga_id
+        self.position = position
+        super().__init__(
+            f"saga {saga_id!r}: step {position} was recorded as {recorded}, but the code now "
+            f"asks for {asked}. Nothing was run. A saga id must replay the same steps in the "
+            "same order; start a new saga id for a different plan."
+        )
+
+
+class SagaInFlightError(SagaError):
+    """Another worker owns the saga and is alive (its lease has not run out)."""
+
+    def __init__(self, saga_id: str, owner: str | None, status: str) -> None:
+        self.saga_id = saga_id
+        self.owner = owner
+        super().__init__(
+            f"saga {saga_id!r} is {status} in another worker ({owner or 'unnamed'}) whose lease "
+            "has not run out; run it again once that worker is gone, or let "
+            "recover_sagas() finish it"
+        )
+
+
+class SagaOwnershipLostError(SagaError):
+    """This worker's saga was taken over (its lease ran out): it may not go on."""
+
+    def __init__(self, saga_id: str) -> None:
+        self.saga_id = saga_id
+        super().__init__(
+            f"saga {saga_id!r} was taken over by another worker (this one stopped "
+            "heartbeating past its lease); this worker stops here and undoes nothing"
+        )

@@ -1,0 +1,142 @@
+"""``ledger.recover_sagas()``: finish the sagas whose owners are gone.
+
+A saga that was compensating when its owner died is finished from its stored
+steps and the tool registry: nothing of the dead worker's memory is needed.
+A saga that was still running forward cannot be continued here (the code
+that chooses its next step is gone): re-running that code under the same id
+continues it; otherwise it is rolled back once it has been left longer than
+its ``abandon_after``, and until then (or for ever, by default) it is listed
+for a person.
+
+Claims are fenced compare-and-sets, so of two recoverers (or a recoverer and
+a re-run of the code) one takes each saga; compensations are effects keyed
+from their forward keys, so even a recoverer that takes a saga over from a
+paused one runs each undo once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from agent_ledger.effects import EffectError
+from agent_ledger.observability import logger
+from agent_ledger.sagas._compensation import check_compensation_tool
+from agent_ledger.sagas._outcome import SagaOutcome
+from agent_ledger.sagas._saga import (
+    Heartbeat,
+    default_owner,
+    finish_compensation,
+    lease_of,
+    saga_store,
+)
+from agent_ledger.stores.saga_base import SagaRecord, SagaStatus, SagaStore
+
+if TYPE_CHECKING:
+    from agent_ledger.ledger import EffectLedger
+
+_G = SagaStatus
+#: The error an abandoned saga is rolled back with.
+ABANDONED_CODE = "abandoned"
+
+
+@dataclass(frozen=True, slots=True)
+class SagaRecovery:
+    """What one ``recover_sagas()`` pass did."""
+
+    #: Sagas this pass finished compensating (abandoned ones included), as they ended.
+    finished: list[SagaOutcome] = field(default_factory=list)
+    #: The ids of running sagas rolled back because they were abandoned.
+    abandoned: list[str] = field(default_factory=list)
+    #: Running sagas left alone: a live owner, or one whose code must be
+    #: re-run (no ``abandon_after``, or not abandoned long enough yet).
+    running: list[SagaRecord] = field(default_factory=list)
+    #: Sagas this pass could not finish, with why (a compensation tool not
+    #: registered in this process, say); another pass may.
+    errors: list[tuple[str, str]] = field(default_factory=list)
+
+
+async def recover_sagas(
+    ledger: EffectLedger,
+    *,
+    owner: str | None = None,
+    lease_ms: int | None = None,
+    limit: int = 100,
+) -> SagaRecovery:
+    """One pass over up to ``limit`` open sagas; see the module doc."""
+    store = saga_store(ledger)
+    lease = lease_of(lease_ms)
+    me = owner if owner is not None else default_owner()
+    report = SagaRecovery()
+    open_ = await store.list_sagas(statuses=frozenset({_G.RUNNING, _G.COMPENSATING}), limit=limit)
+    for saga in sorted(open_, key=lambda s: (s.created_at, s.saga_id)):
+        try:
+            # A pass that lacks a compensation tool leaves the saga unclaimed,
+            # so a pass that has it need not wait out this one's lease.
+            await _check_tools(ledger, store, saga)
+            if saga.status is _G.COMPENSATING:
+                claimed = await store.claim_saga(
+                    saga.saga_id,
+                    expect=_G.COMPENSATING,
+                    then=_G.COMPENSATING,
+                    lease_ms=lease,
+                    idle_ms=0,
+                    owner=me,
+                )
+            else:
+                claimed = await _abandon(store, saga, lease, me)
+                if claimed is None:
+                    report.running.append(saga)
+                    continue
+                report.abandoned.append(saga.saga_id)
+            if claimed is not None:
+                report.finished.append(await _finish(ledger, store, claimed))
+        except Exception as exc:
+            logger.warning("recover_sagas: saga %r not finished", saga.saga_id, exc_info=True)
+            report.errors.append((saga.saga_id, f"{type(exc).__name__}: {exc}"))
+    return report
+
+
+async def _check_tools(ledger: EffectLedger, store: SagaStore, saga: SagaRecord) -> None:
+    if saga.status is _G.RUNNING and saga.abandon_after_ms is None:
+        return
+    for step in await store.saga_steps(saga.saga_id):
+        if step.compensation is not None:
+            check_compensation_tool(ledger, step.tool, step.compensation)
+
+
+async def _abandon(
+    store: SagaStore, saga: SagaRecord, lease_ms: int, owner: str
+) -> SagaRecord | None:
+    """Take a running saga left longer than its ``abandon_after`` and start its undo."""
+    if saga.abandon_after_ms is None:
+        return None
+    claimed = await store.claim_saga(
+        saga.saga_id,
+        expect=_G.RUNNING,
+        then=_G.RUNNING,
+        lease_ms=lease_ms,
+        idle_ms=saga.abandon_after_ms,
+        owner=owner,
+    )
+    if claimed is None:
+        return None
+    reason = EffectError(
+        f"abandoned: its owner ({saga.owner or 'unnamed'}) was gone for longer than "
+        f"abandon_after ({saga.abandon_after_ms} ms)",
+        ABANDONED_CODE,
+    )
+    moved = await store.finish_saga(
+        saga.saga_id, attempt=claimed.attempt, expect=_G.RUNNING, then=_G.COMPENSATING, error=reason
+    )
+    if not moved:
+        return None
+    return await store.get_saga(saga.saga_id)
+
+
+async def _finish(ledger: EffectLedger, store: SagaStore, saga: SagaRecord) -> SagaOutcome:
+    heartbeat = Heartbeat(store, saga.saga_id, saga.attempt, saga.lease_ms)
+    try:
+        return await finish_compensation(ledger, store, saga)
+    finally:
+        await heartbeat.stop()

@@ -1,0 +1,530 @@
+"""``async with ledger.saga(id) as saga:``: tool calls inside are the saga's steps.
+
+The saga owns a row in the store with a fenced owner. Each tool call inside
+the block is given a position (the order the code reaches it), recorded
+(only by the current owner) before its forward effect begins, and then run
+through ``ledger.run()`` like any tool call. If a step fails, or the task is
+cancelled, the block's exit undoes every completed step (see
+``_compensation``) before the error leaves it.
+
+Re-running the block under the same id replays: each position must ask for
+the step recorded there, whose effect answers from its receipt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import os
+import socket
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from datetime import timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+
+from agent_ledger.calls import ToolCall
+from agent_ledger.effects import Effect, EffectError
+from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.observability import logger
+from agent_ledger.options import DEFAULT_STALE_AFTER_MS, LedgerHooks, RunOptions
+from agent_ledger.sagas._compensation import (
+    check_compensation_tool,
+    compensate,
+    compensation_call,
+)
+from agent_ledger.sagas._errors import (
+    SagaCompensationFailed,
+    SagaError,
+    SagaFailed,
+    SagaInFlightError,
+    SagaNondeterminismError,
+    SagaOwnershipLostError,
+)
+from agent_ledger.sagas._outcome import SagaOutcome, read_outcome
+from agent_ledger.status import EffectStatus
+from agent_ledger.stores.saga_base import (
+    ON_COMPENSATION_FAILURE,
+    NewSaga,
+    NewSagaStep,
+    SagaRecord,
+    SagaStatus,
+    SagaStep,
+    SagaStore,
+)
+from agent_ledger.tools import Tool
+from agent_ledger.tools._steps import STEP_RUNNER
+from agent_ledger.tools._workflow import WorkflowScope
+
+if TYPE_CHECKING:
+    from agent_ledger.ledger import EffectLedger
+
+__all__ = ["Saga", "default_owner", "finish_compensation", "saga_store"]
+
+_G = SagaStatus
+_R = TypeVar("_R")
+#: A position reserved by ``saga.start()`` for the task it starts: (saga, position, group).
+_RESERVED: contextvars.ContextVar[tuple[Saga, int, int] | None] = contextvars.ContextVar(
+    "agent_ledger_saga_reserved", default=None
+)
+_WAITING: Final = frozenset({EffectStatus.REQUIRES_APPROVAL, EffectStatus.READY})
+#: The error a saga records when the task running it was cancelled.
+CANCELED_CODE: Final = "canceled"
+
+
+def default_owner() -> str:
+    """Who holds a saga, for people: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def saga_store(ledger: EffectLedger) -> SagaStore:
+    store = ledger.store
+    if not isinstance(store, SagaStore):
+        raise EffectLedgerValidationError(
+            f"{type(store).__name__} does not keep sagas (it does not implement "
+            "agent_ledger.stores.saga_base.SagaStore); use MemoryStore, SqliteStore or "
+            "PostgresStore",
+            field="store",
+        )
+    return store
+
+
+def lease_of(lease_ms: int | None) -> int:
+    if lease_ms is None:
+        return DEFAULT_STALE_AFTER_MS
+    if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms < 100:
+        raise EffectLedgerValidationError(
+            f"lease_ms must be an int of at least 100 (ms), got {lease_ms!r}", field="lease_ms"
+        )
+    return lease_ms
+
+
+def _abandon_ms(abandon_after: timedelta | None) -> int | None:
+    if abandon_after is None:
+        return None
+    if not isinstance(abandon_after, timedelta) or abandon_after < timedelta(0):
+        raise EffectLedgerValidationError(
+            f"abandon_after must be a non-negative timedelta or None, got {abandon_after!r}",
+            field="abandon_after",
+        )
+    return int(abandon_after / timedelta(milliseconds=1))
+
+
+class Heartbeat:
+    """Keeps a saga's owner alive: one heartbeat every third of its lease.
+
+    ``lost`` turns True when a heartbeat finds the saga no longer ours (taken
+    over, or finished): the owner must stop.
+    """
+
+    def __init__(self, store: SagaStore, saga_id: str, attempt: int, lease_ms: int) -> None:
+        self.lost = False
+        self._task = asyncio.create_task(self._beat(store, saga_id, attempt, lease_ms / 3000))
+
+    async def _beat(self, store: SagaStore, saga_id: str, attempt: int, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                alive = await store.heartbeat_saga(saga_id, attempt=attempt)
+            except Exception:
+                logger.warning("saga %r: heartbeat failed; retrying", saga_id, exc_info=True)
+                continue
+            if not alive:
+                self.lost = True
+                return
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+async def finish_compensation(
+    ledger: EffectLedger, store: SagaStore, saga: SagaRecord
+) -> SagaOutcome:
+    """Undo the steps of ``saga`` (compensating, owned at ``saga.attempt``) and record
+    how it ended; the outcome as stored."""
+    steps = await store.saga_steps(saga.saga_id)
+    for step in steps:
+        if step.compensation is not None:
+            check_compensation_tool(ledger, step.tool, step.compensation)
+    undone = await compensate(
+        ledger,
+        saga.saga_id,
+        steps,
+        stop_on_failure=saga.on_compensation_failure == "stop",
+    )
+    if any(u.undone is False for u in undone):
+        final = _G.COMPENSATION_FAILED
+    elif saga.error is not None and saga.error.code == CANCELED_CODE:
+        final = _G.CANCELED
+    else:
+        final = _G.COMPENSATED
+    moved = await store.finish_saga(
+        saga.saga_id, attempt=saga.attempt, expect=_G.COMPENSATING, then=final, error=None
+    )
+    if not moved:
+        raise SagaOwnershipLostError(saga.saga_id)
+    stored = await store.get_saga(saga.saga_id)
+    assert stored is not None
+    return await read_outcome(ledger, store, stored)
+
+
+def rolled_back(outcome: SagaOutcome) -> SagaFailed:
+    """The error for a saga that ended rolled back."""
+    if outcome.status is _G.COMPENSATION_FAILED:
+        failed = ", ".join(f"{s.position} ({s.tool})" for s in outcome.failed_compensations)
+        return SagaCompensationFailed(
+            outcome,
+            f"saga {outcome.saga_id!r} could not be undone: the compensation of step(s) "
+            f"{failed or '?'} kept failing. It is listed by `agent-ledger sagas list "
+            "--status compensation_failed` for a person to finish.",
+        )
+    return SagaFailed(outcome)
+
+
+class Saga:
+    """One run of a saga's code; see the module doc and ``docs/sagas.md``."""
+
+    def __init__(
+        self,
+        ledger: EffectLedger,
+        saga_id: str,
+        *,
+        lease_ms: int | None = None,
+        abandon_after: timedelta | None = None,
+        on_compensation_failure: Literal["continue", "stop"] = "continue",
+        owner: str | None = None,
+    ) -> None:
+        self._scope = WorkflowScope(saga_id)  # the checks any workflow id gets
+        if on_compensation_failure not in ON_COMPENSATION_FAILURE:
+            raise EffectLedgerValidationError(
+                "on_compensation_failure must be 'continue' (try every other compensation) or "
+                f"'stop', got {on_compensation_failure!r}",
+                field="on_compensation_failure",
+            )
+        self.ledger = ledger
+        self.saga_id = saga_id
+        self._store = saga_store(ledger)
+        self._new = NewSaga(
+            saga_id,
+            owner if owner is not None else default_owner(),
+            lease_of(lease_ms),
+            _abandon_ms(abandon_after),
+            on_compensation_failure,
+        )
+        self.attempt = 0
+        #: Steps that failed with failure_scope="step": (position, the error).
+        self.step_failures: list[tuple[int, BaseException]] = []
+        self._recorded: dict[int, SagaStep] = {}
+        self._replay_only = False
+        self._next_position = 0
+        self._next_group = 0
+        self._group: int | None = None
+        self._tasks: list[tuple[asyncio.Task[Any], int]] = []
+        self._keys: dict[int, str] = {}
+        self._heartbeat: Heartbeat | None = None
+        self._tokens: list[contextvars.Token[Any]] = []
+        self._entered = False
+        self._closed = False
+
+    # -- entering ------------------------------------------------------------------
+
+    async def __aenter__(self) -> Saga:
+        if self._entered:
+            raise SagaError(f"saga {self.saga_id!r}: this Saga object was already entered")
+        self._entered = True
+        began = await self._store.begin_saga(self._new)
+        saga = began.saga
+        if not began.created:
+            saga = await self._take(saga)
+        self.attempt = saga.attempt
+        if saga.status is _G.COMPLETED:
+            self._replay_only = True
+        if not began.created:
+            self._recorded = {s.position: s for s in await self._store.saga_steps(self.saga_id)}
+        if not self._replay_only:
+            self._heartbeat = Heartbeat(self._store, self.saga_id, saga.attempt, saga.lease_ms)
+        self._scope.__enter__()
+        self._tokens.append(STEP_RUNNER.set(self))
+        return self
+
+    async def _take(self, saga: SagaRecord) -> SagaRecord:
+        """An existing saga: replay it, continue it, finish it or refuse, by its status."""
+        if saga.status is _G.COMPLETED:
+            return saga
+        if saga.status.is_terminal:
+            raise rolled_back(await read_outcome(self.ledger, self._store, saga))
+        claimed = await self._store.claim_saga(
+            self.saga_id,
+            expect=saga.status,
+            then=saga.status,
+            lease_ms=self._new.lease_ms,
+            idle_ms=0,
+            owner=self._new.owner,
+        )
+        if claimed is None:
+            now = await self._store.get_saga(self.saga_id)
+            assert now is not None
+            if now.status.is_terminal or now.status is not saga.status:
+                return await self._take(now)
+            raise SagaInFlightError(self.saga_id, now.owner, now.status.value)
+        if claimed.status is _G.COMPENSATING:
+            # Its owner died while undoing it: finish the undo, then report it.
+            heartbeat = Heartbeat(self._store, self.saga_id, claimed.attempt, claimed.lease_ms)
+            try:
+                outcome = await finish_compensation(self.ledger, self._store, claimed)
+            finally:
+                await heartbeat.stop()
+            raise rolled_back(outcome)
+        return claimed
+
+    # -- steps ---------------------------------------------------------------------
+
+    def _place(self) -> tuple[int, int]:
+        position = self._next_position
+        self._next_position += 1
+        if self._group is not None:
+            return position, self._group
+        group = self._next_group
+        self._next_group += 1
+        return position, group
+
+    async def run_step(
+        self,
+        tool: Tool[object],
+        call: ToolCall,
+        handler: Callable[[Effect], object],
+        run_options: RunOptions | None,
+        hooks: LedgerHooks | None,
+    ) -> object:
+        """A tool call inside the block: record it at its position, then run it."""
+        reserved = _RESERVED.get()
+        if reserved is not None and reserved[0] is self:
+            _RESERVED.set(None)  # this task's own context: one call per start()
+            position, group = reserved[1], reserved[2]
+        else:
+            if self._closed:
+                raise SagaError(
+                    f"saga {self.saga_id!r}: a tool was called after the saga's block ended"
+                )
+            position, group = self._place()
+        if self._heartbeat is not None and self._heartbeat.lost:
+            raise SagaOwnershipLostError(self.saga_id)
+        key = self.ledger.idem_key(call)
+        compensation_key = None
+        if tool.compensate is not None:
+            check_compensation_tool(self.ledger, tool.name, tool.compensate)
+            undo = compensation_call(call.workflow_id, tool.compensate, key)
+            compensation_key = self.ledger.idem_key(undo)
+        await self._record(position, group, tool, key, compensation_key)
+        self._keys[position] = key
+        try:
+            return await self.ledger.run(call, handler, run_options, hooks=hooks)
+        except Exception as exc:
+            if tool.failure_scope != "step":
+                raise
+            self.step_failures.append((position, exc))
+            return None
+
+    async def _record(
+        self, position: int, group: int, tool: Tool[object], key: str, undo_key: str | None
+    ) -> None:
+        asked = f"tool {tool.name!r} (key {key[:12]}…)"
+        recorded = self._recorded.get(position)
+        if recorded is None and self._replay_only:
+            raise SagaNondeterminismError(
+                self.saga_id,
+                position,
+                f"nothing (the saga completed with {len(self._recorded)} steps)",
+                asked,
+            )
+        if recorded is None:
+            step = NewSagaStep(
+                position, group, tool.name, key, tool.compensate, undo_key, tool.compensate_if
+            )
+            recorded = await self._store.record_step(self.saga_id, attempt=self.attempt, step=step)
+            if recorded is None:
+                raise SagaOwnershipLostError(self.saga_id)
+        if (recorded.tool, recorded.idem_key) != (tool.name, key):
+            was = f"tool {recorded.tool!r} (key {recorded.idem_key[:12]}…)"
+            raise SagaNondeterminismError(self.saga_id, position, was, asked)
+
+    def start(self, tool: Tool[Any], /, *args: object, **kwargs: object) -> asyncio.Task[Any]:
+        """Start ``tool(*args, **kwargs)`` as a step in its own task (inside
+        ``saga.parallel()``: one of the group). Its position is taken now, in
+        the order of ``start`` calls, so a re-run places it the same way.
+        Bad arguments raise here, before anything is stored."""
+        if not isinstance(tool, Tool) or tool.ledger is not self.ledger:
+            raise EffectLedgerValidationError(
+                f"saga.start takes a tool of this saga's ledger, got {tool!r}", field="tool"
+            )
+        if self._closed or not self._entered:
+            raise SagaError(f"saga {self.saga_id!r}: start() is for use inside the saga's block")
+        tool.tool_call(*args, **kwargs)  # binds: bad arguments raise now
+        return self._start(tool(*args, **kwargs))
+
+    def start_invoke(self, tool: Tool[Any], arguments: Mapping[str, object]) -> asyncio.Task[Any]:
+        """``start`` with the arguments by name, as ``tool.invoke`` takes them."""
+        if not isinstance(tool, Tool) or tool.ledger is not self.ledger:
+            raise EffectLedgerValidationError(
+                f"saga.start_invoke takes a tool of this saga's ledger, got {tool!r}",
+                field="tool",
+            )
+        if self._closed or not self._entered:
+            raise SagaError(f"saga {self.saga_id!r}: start() is for use inside the saga's block")
+        tool.bind_arguments(arguments)  # bad arguments raise now
+        return self._start(tool.invoke(arguments))
+
+    def _start(self, step: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        position, group = self._place()
+        context = contextvars.copy_context()
+        context.run(_RESERVED.set, (self, position, group))
+        task = asyncio.create_task(step, context=context)
+        self._tasks.append((task, position))
+        return task
+
+    @contextlib.asynccontextmanager
+    async def parallel(self) -> AsyncIterator[Saga]:
+        """A group: steps started inside (``saga.start``) run concurrently and are
+        undone together. The block's end waits for them all; if one failed, the
+        others still running are waited for (those waiting for a person are
+        canceled) and the first failure, by position, is raised."""
+        if self._group is not None:
+            raise SagaError(f"saga {self.saga_id!r}: parallel groups do not nest")
+        self._group = self._next_group
+        self._next_group += 1
+        first = len(self._tasks)
+        try:
+            yield self
+        finally:
+            self._group = None
+        tasks = self._tasks[first:]
+        pending = {task for task, _ in tasks}
+        while pending:
+            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+            failed = [(p, t) for t, p in tasks if t.done() and _failure(t) is not None]
+            if failed:
+                await self._drain(cancel_waiting=True)
+                error = _failure(min(failed, key=lambda f: f[0])[1])
+                assert error is not None
+                raise error
+
+    async def _drain(self, *, cancel_waiting: bool) -> None:
+        """Wait for every started step; with ``cancel_waiting``, cancel the effects
+        of those waiting for a person, so they end (their approve() returns False)."""
+        while pending := [(t, p) for t, p in self._tasks if not t.done()]:
+            if cancel_waiting:
+                for _, position in pending:
+                    key = self._keys.get(position)
+                    effect = None if key is None else await self.ledger.find_by_idem_key(key)
+                    if effect is not None and effect.status in _WAITING:
+                        await self.ledger.cancel(
+                            effect.idem_key, reason="the saga was rolled back", by="saga"
+                        )
+            await asyncio.wait([t for t, _ in pending], timeout=0.05 if cancel_waiting else None)
+        for task, _ in self._tasks:
+            _failure(task)  # retrieved: the rollback reports the failures that matter
+
+    # -- leaving -------------------------------------------------------------------
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # Never swallows the block's exception: it leaves wrapped (SagaFailed)
+        # or as it was (a cancellation, a SagaError).
+        self._closed = True
+        try:
+            await self._exit(exc)
+        finally:
+            if self._heartbeat is not None:
+                await self._heartbeat.stop()
+            for token in reversed(self._tokens):
+                token.var.reset(token)
+            self._scope.__exit__(None, None, None)
+
+    async def _exit(self, exc: BaseException | None) -> bool:
+        if self._replay_only:
+            await self._drain(cancel_waiting=False)
+            return False
+        failure: BaseException | None = None
+        if exc is None:
+            failure = await self._stray_failure()
+            if failure is None:
+                moved = await self._store.finish_saga(
+                    self.saga_id,
+                    attempt=self.attempt,
+                    expect=_G.RUNNING,
+                    then=_G.COMPLETED,
+                    error=None,
+                )
+                if not moved:
+                    raise SagaOwnershipLostError(self.saga_id)
+                return False
+            exc = failure
+        if isinstance(exc, SagaError):
+            # The code changed, or the saga is no longer ours: leave it as it is.
+            await self._drain(cancel_waiting=False)
+            if exc is not failure:
+                return False
+            raise exc
+        if isinstance(exc, asyncio.CancelledError):
+            reason = EffectError("the task running the saga was cancelled", CANCELED_CODE)
+            await _shielded(self._roll_back(reason))
+            return False  # the cancellation propagates
+        if not isinstance(exc, Exception):
+            return False  # KeyboardInterrupt and the like: left to recover_sagas()
+        reason = EffectError(f"{type(exc).__name__}: {exc}", getattr(exc, "code", None))
+        # Shielded too: a cancellation arriving during the undo waits for it to
+        # end, then propagates instead of the SagaFailed.
+        outcome = await _shielded(self._roll_back(reason))
+        raise rolled_back(outcome) from exc
+
+    async def _stray_failure(self) -> BaseException | None:
+        """Steps started outside ``parallel()`` are waited for at the block's end."""
+        await self._drain(cancel_waiting=False)
+        failed = sorted((p, t) for t, p in self._tasks if _failure(t) is not None)
+        return _failure(failed[0][1]) if failed else None
+
+    async def _roll_back(self, reason: EffectError) -> SagaOutcome:
+        moved = await self._store.finish_saga(
+            self.saga_id,
+            attempt=self.attempt,
+            expect=_G.RUNNING,
+            then=_G.COMPENSATING,
+            error=reason,
+        )
+        await self._drain(cancel_waiting=True)
+        if not moved:
+            raise SagaOwnershipLostError(self.saga_id)
+        saga = await self._store.get_saga(self.saga_id)
+        assert saga is not None
+        return await finish_compensation(self.ledger, self._store, saga)
+
+    def __repr__(self) -> str:
+        return f"<Saga {self.saga_id!r} attempt={self.attempt}>"
+
+
+def _failure(task: asyncio.Task[Any]) -> BaseException | None:
+    if task.cancelled():
+        return SagaError("a step's task was cancelled")
+    return task.exception()
+
+
+async def _shielded(work: Coroutine[Any, Any, _R]) -> _R:
+    """Run ``work`` to its end even if the caller is cancelled meanwhile; then
+    re-raise that cancellation (if any), else return ``work``'s result."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    result = task.result()
+    if cancelled:
+        raise asyncio.CancelledError
+    return result

@@ -1,0 +1,180 @@
+"""PostgresStore's saga steps (``SagaStore``), kept apart from its effect steps.
+
+Each step is one statement in autocommit (``_postgres_queries``); none is
+repeated after a lost reply (they are not in ``REPEATABLE_STEPS``): the
+caller sees the error, as for a commit.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Final, LiteralString, TypeVar
+
+from psycopg import AsyncConnection, sql
+
+from agent_ledger.effects import EffectError
+from agent_ledger.stores import _postgres_queries as q
+from agent_ledger.stores.saga_base import (
+    SAGA_OPEN,
+    NewSaga,
+    NewSagaStep,
+    SagaBegin,
+    SagaRecord,
+    SagaStatus,
+    SagaStep,
+    check_saga_move,
+    saga_error_json,
+    saga_from_row,
+    step_from_row,
+)
+
+_T = TypeVar("_T")
+Connection = AsyncConnection[Any]
+SAGAS_TABLE: Final = "agent_ledger_sagas"
+STEPS_TABLE: Final = "agent_ledger_saga_steps"
+_OPEN: Final = sorted(s.value for s in SAGA_OPEN)
+
+
+def _when(moment: datetime) -> datetime:
+    return moment.astimezone(UTC)
+
+
+def _saga(row: tuple[Any, ...]) -> SagaRecord:
+    return saga_from_row(row, _when)
+
+
+def _step(row: tuple[Any, ...]) -> SagaStep:
+    return step_from_row(row, _when)
+
+
+class PostgresSagas:
+    """Mixed into ``PostgresStore``: the saga tables of schema version 3."""
+
+    if TYPE_CHECKING:
+        schema: str
+
+        async def _statement(
+            self,
+            operation: str,
+            work: Callable[[Connection], Awaitable[_T]],
+            tx: object | None,
+            *,
+            idem_key: str | None = None,
+            effect_id: str | None = None,
+        ) -> _T: ...
+
+    @functools.cached_property
+    def _saga_sql(self) -> dict[str, sql.Composed]:
+        tables = {
+            "sagas": sql.Identifier(self.schema, SAGAS_TABLE),
+            "steps": sql.Identifier(self.schema, STEPS_TABLE),
+        }
+        texts: dict[str, LiteralString] = {
+            "begin": q.SAGA_BEGIN,
+            "get": q.SAGA_GET,
+            "claim": q.SAGA_CLAIM,
+            "heartbeat": q.SAGA_HEARTBEAT,
+            "finish": q.SAGA_FINISH,
+            "record": q.STEP_RECORD,
+            "steps": q.SAGA_STEPS,
+            "list": q.SAGA_LIST,
+        }
+        return {name: sql.SQL(text).format(**tables) for name, text in texts.items()}
+
+    async def _saga_rows(
+        self, operation: str, name: str, params: Mapping[str, object] | tuple[object, ...]
+    ) -> list[tuple[Any, ...]]:
+        statement = self._saga_sql[name]
+
+        async def fetch(conn: Connection) -> list[tuple[Any, ...]]:
+            cursor = await conn.execute(statement, params)
+            return await cursor.fetchall() if cursor.description is not None else []
+
+        return await self._statement(operation, fetch, None)
+
+    async def _saga_count(self, operation: str, name: str, params: Mapping[str, object]) -> int:
+        statement = self._saga_sql[name]
+
+        async def execute(conn: Connection) -> int:
+            cursor = await conn.execute(statement, params)
+            return cursor.rowcount
+
+        return await self._statement(operation, execute, None)
+
+    async def begin_saga(self, new: NewSaga) -> SagaBegin:
+        params = {**new._asdict(), "status": SagaStatus.RUNNING.value}
+        [row] = await self._saga_rows("begin_saga", "begin", params)
+        return SagaBegin(_saga(row[:-1]), bool(row[-1]))
+
+    async def claim_saga(
+        self,
+        saga_id: str,
+        *,
+        expect: SagaStatus,
+        then: SagaStatus,
+        lease_ms: int,
+        idle_ms: int,
+        owner: str | None,
+    ) -> SagaRecord | None:
+        params = {
+            "saga_id": saga_id,
+            "expect": expect.value,
+            "then": then.value,
+            "lease_ms": lease_ms,
+            "idle_ms": idle_ms,
+            "owner": owner,
+        }
+        rows = await self._saga_rows("claim_saga", "claim", params)
+        return _saga(rows[0]) if rows else None
+
+    async def heartbeat_saga(self, saga_id: str, *, attempt: int) -> bool:
+        params = {"saga_id": saga_id, "attempt": attempt, "open": _OPEN}
+        return await self._saga_count("heartbeat_saga", "heartbeat", params) == 1
+
+    async def finish_saga(
+        self,
+        saga_id: str,
+        *,
+        attempt: int,
+        expect: SagaStatus,
+        then: SagaStatus,
+        error: EffectError | None,
+    ) -> bool:
+        check_saga_move(expect, then)
+        params = {
+            "saga_id": saga_id,
+            "attempt": attempt,
+            "expect": expect.value,
+            "then": then.value,
+            "error": saga_error_json(error),
+            "terminal": then.is_terminal,
+        }
+        return await self._saga_count("finish_saga", "finish", params) == 1
+
+    async def record_step(
+        self, saga_id: str, *, attempt: int, step: NewSagaStep
+    ) -> SagaStep | None:
+        params = {
+            **step._asdict(),
+            "saga_id": saga_id,
+            "attempt": attempt,
+            "running": SagaStatus.RUNNING.value,
+        }
+        rows = await self._saga_rows("record_step", "record", params)
+        return _step(rows[0]) if rows else None
+
+    async def get_saga(self, saga_id: str) -> SagaRecord | None:
+        rows = await self._saga_rows("get_saga", "get", (saga_id,))
+        return _saga(rows[0]) if rows else None
+
+    async def saga_steps(self, saga_id: str) -> list[SagaStep]:
+        return [_step(row) for row in await self._saga_rows("saga_steps", "steps", (saga_id,))]
+
+    async def list_sagas(
+        self, *, statuses: frozenset[SagaStatus] | None = None, limit: int = 100
+    ) -> list[SagaRecord]:
+        wanted = None if statuses is None else sorted(s.value for s in statuses)
+        rows = await self._saga_rows("list_sagas", "list", {"statuses": wanted, "limit": limit})
+        return [_saga(row) for row in rows]

@@ -1,0 +1,120 @@
+"""`agent-ledger sagas [list|show|recover]` and `agent-ledger demo saga`, through the
+real console script, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from pathlib import Path
+
+import orjson
+import pytest
+
+from agent_ledger import open_store
+from agent_ledger.sagas import SagaCompensationFailed
+from agent_ledger.testing import build_ledger
+from tests.cli.conftest import Cli
+from tests.sagas.conftest import shop_of
+
+APP = """
+from agent_ledger import EffectLedger, EffectLedgerOptions, MemoryStore
+
+# Only its tools are used: the command's --url names the store.
+ledger = EffectLedger(EffectLedgerOptions(store=MemoryStore()))
+
+
+@ledger.tool("s1", compensate="undo.s1")
+async def s1(item: str) -> str:
+    return item
+
+
+@ledger.tool("undo.s1")
+async def undo_s1(forward) -> str:
+    with open({log!r}, "a") as f:
+        f.write("undo s1\\n")
+    return "undone"
+"""
+
+
+def test_demo_saga_rolls_back_and_a_second_run_runs_nothing(cli: Cli) -> None:
+    first = cli("demo", "saga")
+    assert first.returncode == 0, first.stderr
+    assert "charged, reserved, shipping failed, released, refunded" in first.stdout
+    assert "saga order-2077: compensated" in first.stdout
+    assert '"refund_id":"re_2077"' in first.stdout
+    again = cli("demo", "saga")
+    assert again.returncode == 0 and "nothing runs again" in again.stdout
+    listed = cli("sagas", "list")
+    assert listed.returncode == 0
+    assert listed.stdout.splitlines()[1].split()[2:4] == ["compensated", "order-2077"]
+    shown = cli("sagas", "show", "order-2077", "--json")
+    record = orjson.loads(shown.stdout)
+    assert [s["tool"] for s in record["steps"]] == [
+        "payments.charge",
+        "inventory.reserve",
+        "shipping.book",
+    ]
+    assert [s["undo"] and s["undo"]["status"] for s in record["steps"]] == [
+        "succeeded",
+        "succeeded",
+        None,
+    ]
+    missing = cli("sagas", "show", "nope")
+    assert missing.returncode == 1 and "no saga 'nope'" in missing.stdout
+
+
+def test_a_saga_whose_undo_keeps_failing_is_listed_for_a_person(cli: Cli) -> None:
+    assert cli("init").returncode == 0
+
+    async def stuck() -> None:
+        store = await open_store(cli.url)
+        ledger = build_ledger(store)
+        shop = shop_of(ledger, "s1", "s2")
+        shop.failing.add("s2")
+        shop.undo_fails.add("s1")
+        with pytest.raises(SagaCompensationFailed, match="could not be undone"):
+            async with ledger.saga("stuck"):
+                await shop["s1"]("a")
+                await shop["s2"]("b")
+        async with ledger.saga("fine"):
+            await shop["s1"]("c")
+        await store.close()
+
+    asyncio.run(stuck())
+    failed = cli("sagas", "list", "--status", "compensation_failed")
+    assert failed.returncode == 0
+    assert [line.split()[3] for line in failed.stdout.splitlines()[1:]] == ["stuck"]
+    shown = cli("sagas", "show", "stuck")
+    assert "undo   undo.s1 failed, 3 tries" in shown.stdout
+    assert "s1 is down" in shown.stdout
+
+
+def test_recover_finishes_an_abandoned_saga_with_the_apps_tools(cli: Cli, tmp_path: Path) -> None:
+    assert cli("init").returncode == 0
+    log = tmp_path / "undo.log"
+    (tmp_path / "shopapp.py").write_text(textwrap.dedent(APP.format(log=str(log))))
+
+    async def abandon() -> None:
+        from datetime import timedelta
+
+        store = await open_store(cli.url)
+        ledger = build_ledger(store)
+        shop = shop_of(ledger, "s1")
+        saga = ledger.saga("left", lease_ms=100, abandon_after=timedelta(0))
+        await saga.__aenter__()
+        await shop["s1"]("a")
+        assert saga._heartbeat is not None
+        await saga._heartbeat.stop()  # the worker "dies"
+        await asyncio.sleep(0.3)
+        await store.close()
+
+    asyncio.run(abandon())
+    without = cli("sagas", "recover")
+    assert without.returncode == 1 and "not registered" in without.stdout
+    done = cli("sagas", "recover", "--app", "shopapp:ledger")
+    assert done.returncode == 0, done.stderr
+    assert "finished left: compensated" in done.stdout
+    assert log.read_text() == "undo s1\n"
+    assert cli("sagas", "recover").stdout == "no saga needed recovery\n"
+    bad = cli("sagas", "recover", "--app", "shopapp")
+    assert bad.returncode == 2 and "MODULE:ATTRIBUTE" in bad.stderr

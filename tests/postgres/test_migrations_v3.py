@@ -1,0 +1,106 @@
+"""Upgrading a real PostgreSQL schema written at version 2 to version 3 (sagas).
+
+``tests/fixtures/postgres_schema_v2.sql`` is ``schema.sql`` as it stood at
+version 2, byte for byte; today's file must execute it unchanged and then
+add version 3's section once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from agent_ledger import EffectStoreError, SchemaMigration, ToolCall
+from agent_ledger.stores.postgres import SCHEMA_SQL, PostgresStore
+from agent_ledger.stores.saga_base import NewSaga, NewSagaStep, SagaStatus
+from agent_ledger.testing import build_ledger
+from tests.schema_history import POSTGRES_V2, executed_sql
+
+
+@pytest.fixture
+async def v2_schema(dsn: str) -> AsyncIterator[str]:
+    name = f"agent_ledger_v2_{uuid.uuid4().hex[:8]}"
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+        await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(name)))
+        await conn.execute(POSTGRES_V2)
+        for i in range(3):
+            await conn.execute(
+                "INSERT INTO agent_ledger_effects (idem_key, workflow_id, tool, status,"
+                " args_canonical, result, executions, tries)"
+                " VALUES (%s, 'w', 't', 'succeeded', '{}', '\"kept\"', 1, 1)",
+                (f"key-{i}",),
+            )
+    yield name
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+async def _versions(dsn: str, schema: str) -> list[int]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        table = sql.Identifier(schema, "agent_ledger_schema_version")
+        cursor = await conn.execute(sql.SQL("SELECT version FROM {} ORDER BY 1").format(table))
+        return [v for (v,) in await cursor.fetchall()]
+
+
+def test_version_2_is_never_edited_in_place() -> None:
+    assert executed_sql(SCHEMA_SQL).startswith(executed_sql(POSTGRES_V2) + "\n")
+
+
+async def test_migrate_adds_the_saga_tables_once_and_keeps_every_effect(
+    dsn: str, v2_schema: str
+) -> None:
+    stores = [await PostgresStore.connect(dsn, schema=v2_schema) for _ in range(3)]
+    try:
+        with pytest.raises(EffectStoreError, match=r"version 2, this library needs 3"):
+            await stores[0].check_schema()
+        reports = await asyncio.gather(*(s.migrate() for s in stores))
+        assert sorted(reports) == [SchemaMigration(2, 3)] + [SchemaMigration(3, 3)] * 2
+        assert await _versions(dsn, v2_schema) == [1, 2, 3]
+        store = stores[0]
+        ledger = build_ledger(store)
+        effects = (await ledger.list_effects(limit=10)).effects
+        assert sorted(e.idem_key for e in effects) == ["key-0", "key-1", "key-2"]
+        assert await ledger.run(ToolCall(workflow_id="w", tool="t"), lambda e: 1) == 1
+        began = await store.begin_saga(NewSaga("s", None, 1000, None, "continue"))
+        assert began.created and began.saga.status is SagaStatus.RUNNING
+        step = NewSagaStep(0, 0, "t", "key-0", None, None, "succeeded")
+        assert await store.record_step("s", attempt=1, step=step) is not None
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def test_applying_todays_schema_sql_to_version_2_upgrades_it(
+    dsn: str, v2_schema: str
+) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(v2_schema)))
+        await conn.execute(SCHEMA_SQL)
+        await conn.execute(SCHEMA_SQL)
+    assert await _versions(dsn, v2_schema) == [1, 2, 3]
+
+
+async def test_a_failed_version_3_leaves_the_schema_at_version_2(dsn: str, v2_schema: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        steps = sql.Identifier(v2_schema, "agent_ledger_saga_steps")
+        await conn.execute(sql.SQL("CREATE TABLE {} (x int)").format(steps))
+    store = await PostgresStore.connect(dsn, schema=v2_schema)
+    try:
+        with pytest.raises(EffectStoreError, match="agent_ledger_saga_steps"):
+            await store.migrate()
+        assert await _versions(dsn, v2_schema) == [1, 2]
+    finally:
+        await store.close()
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cursor = await conn.execute(
+            "SELECT count(*) FROM information_schema.tables"
+            " WHERE table_schema = %s AND table_name = 'agent_ledger_sagas'",
+            (v2_schema,),
+        )
+        assert await cursor.fetchone() == (0,), "the whole version was rolled back"
