@@ -76,6 +76,7 @@ STORE_STEPS: Final = (
     "find_legacy",
     "list_effects",
     "stats",
+    "flush_counts",
     "purge",
     "create_schema",
     "migrate",
@@ -298,6 +299,9 @@ class FaultyStore(Generic[StoreT]):
 
     def transaction(self) -> AbstractAsyncContextManager[object]:
         return self.inner.transaction()
+
+    async def flush_counts(self) -> None:
+        await self._step("flush_counts", self.inner.flush_counts)
 
     async def close(self) -> None:
         await self.inner.close()

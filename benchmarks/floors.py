@@ -14,7 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from agent_ledger.stores.sqlite import SQLITE_SCHEMA_SQL
+from agent_ledger.stores._postgres_queries import EFFECT_COLUMNS as PG_COLUMNS
+from agent_ledger.stores._sqlite_queries import FIND as SQLITE_FIND
+from agent_ledger.stores.sqlite import SQLITE_MIGRATIONS, SQLITE_SCHEMA_SQL
 
 
 async def handler(effect: object) -> dict[str, bool]:
@@ -38,19 +40,15 @@ class PostgresFloor:
         " completed_at = clock_timestamp(), updated_at = clock_timestamp()"
         " WHERE id = %(id)s AND status = 'processing'"
     )
-    #: Replay floor: the single-row upsert that answers a duplicate.
-    UPSERT = (
-        "INSERT INTO {t} AS e (idem_key, workflow_id, tool, args_canonical, status)"
-        " VALUES (%(k)s, 'bench', 'floor', '{{}}', 'processing')"
-        " ON CONFLICT (idem_key) DO UPDATE SET dedup_count = e.dedup_count + 1"
-        " RETURNING id, status, result::text"
-    )
+    #: Replay floor: the cheapest thing that can answer a duplicate, a read of
+    #: the row by its unique key, of the columns the ledger reads.
+    READ = "SELECT " + PG_COLUMNS + " FROM {t} WHERE idem_key = %(k)s"
 
     def __init__(self, pool: Any, table: str) -> None:
         self.pool = pool
         self.insert = self.INSERT.format(t=table)
         self.update = self.UPDATE.format(t=table)
-        self.upsert = self.UPSERT.format(t=table)
+        self.read = self.READ.format(t=table)
 
     async def fresh(self, key: str) -> None:
         async with self.pool.connection() as conn:
@@ -61,7 +59,7 @@ class PostgresFloor:
 
     async def replay(self, key: str) -> None:
         async with self.pool.connection() as conn:
-            cursor = await conn.execute(self.upsert, {"k": key})
+            cursor = await conn.execute(self.read, {"k": key})
             await cursor.fetchone()
 
 
@@ -78,6 +76,9 @@ class SqliteFloor:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = FULL")
         conn.executescript(SQLITE_SCHEMA_SQL)
+        # The later versions too: the replay floor reads every column the ledger reads.
+        for script in SQLITE_MIGRATIONS.values():
+            conn.executescript(script)
         return conn
 
     def _begin(self, key: str) -> str:
@@ -101,6 +102,9 @@ class SqliteFloor:
         conn.execute("COMMIT")
         return str(row[0])
 
+    def _read(self, key: str) -> None:
+        self.conn.execute(SQLITE_FIND, (key,)).fetchone()
+
     def _commit(self, effect_id: str) -> None:
         self.conn.execute(
             "UPDATE agent_ledger_effects SET status = 'succeeded', result = '{\"ok\":true}',"
@@ -114,7 +118,8 @@ class SqliteFloor:
         await loop.run_in_executor(self.executor, self._commit, effect_id)
 
     async def replay(self, key: str) -> None:
-        await asyncio.get_running_loop().run_in_executor(self.executor, self._begin, key)
+        """The replay floor: a raw read of the row by its unique key, on the same thread."""
+        await asyncio.get_running_loop().run_in_executor(self.executor, self._read, key)
 
     def close(self) -> None:
         self.executor.submit(self.conn.close).result()

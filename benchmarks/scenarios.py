@@ -113,6 +113,47 @@ async def throughput(
     return {name: figure(values, "calls/s") for name, values in results.items()}
 
 
+# -- 2b: hot keys: 32 tasks replaying the same 10 keys ----------------------------------------
+
+HOT_KEYS = 10
+
+
+async def hot_keys(
+    ledger: EffectLedger,
+    floor_fresh_call: Callable[[str], Awaitable[object]],
+    floor_replay_call: Callable[[str], Awaitable[object]],
+    sizes: Sizes,
+) -> dict[str, Figure]:
+    """calls/s of ``CONCURRENCY`` tasks replaying the same ``HOT_KEYS`` finished keys,
+    ledger and floor (the floor reads the same 10 rows of its own table)."""
+    results: dict[str, list[float]] = {"replay": [], "floor_replay": []}
+
+    async def measure(rep: int) -> float:
+        run_id = uuid.uuid4().hex[:8]
+        hot = calls_for(run_id, HOT_KEYS)
+        keys = [f"{run_id}-{i:08d}".ljust(64, "0") for i in range(HOT_KEYS)]
+        for call in hot:
+            await ledger.run(call, handler)
+        for key in keys:
+            await floor_fresh_call(key)
+        gc.collect()
+        replay = await drive(
+            (hot[i % HOT_KEYS] for i in range(sizes.calls)),
+            lambda c: ledger.run(c, handler),
+            CONCURRENCY,
+        )
+        floor = await drive(
+            (keys[i % HOT_KEYS] for i in range(sizes.calls)), floor_replay_call, CONCURRENCY
+        )
+        if rep >= 0:
+            results["replay"].append(sizes.calls / replay)
+            results["floor_replay"].append(sizes.calls / floor)
+        return replay
+
+    await repeat(sizes.repetitions, measure)
+    return {name: figure(values, "calls/s") for name, values in results.items()}
+
+
 # -- 3: contention: 50 callers, one key, a 100 ms handler -------------------------------------
 
 

@@ -42,3 +42,8 @@ def test_benchmark_suite_runs_and_writes_results(store: str, tmp_path: Path) -> 
     if store == "postgres":
         assert rows["statements per fresh run (counted)"]["ledger"] == 2
         assert rows["statements per replay (counted)"]["ledger"] == 1
+        # Not a timing: begin's statement gets no transaction id for a finished effect.
+        assert rows["transaction ids given to replays (caller's path)"]["ledger"] == 0
+        assert rows["WAL bytes per replay, caller's path (EXPLAIN)"]["ledger"] >= 0
+        hot = rows["replay run, 32 tasks on 10 hot keys"]
+        assert hot["ratio"] > 0 and hot["floor"]["samples"] >= 5

@@ -31,44 +31,97 @@ EFFECT_COLUMNS: Final = select_list(_EXPRESSIONS)
 _CTE_COLUMNS: Final = select_list(prefix="c.")
 
 # -- begin --
-# Insert-or-get in one statement. A new key is inserted as processing (or,
-# for a call that needs approval, straight into requires_approval: never
-# claimable before a person decides), attempt 1, with its creator's lease;
-# as processing it is the first execution. An existing one only gets
-# dedup_count + 1 (never its heartbeat: duplicates must not keep a dead
-# worker's effect looking alive).
-# `xmax = 0` is true only for a freshly inserted row version, which tells
-# "created" from "existing" without a second query.
-BEGIN: Final[LiteralString] = (
+# Insert-or-get in one statement, which writes nothing for a finished effect.
+# A new key is inserted (c) as processing (or, for a call that needs
+# approval, straight into requires_approval: never claimable before a person
+# decides), attempt 1, with its creator's lease; as processing it is the
+# first execution, and comes back with created = true.
+# An existing key: ON CONFLICT DO NOTHING finds the conflict in the unique
+# index before writing anything. If the effect is still open (not in
+# `finished`), its duplicate is counted here, synchronously (u), as it
+# always was: a caller that may wait for it must have counted before the
+# holder commits, because the notify trigger stays quiet for a commit with
+# dedup_count = 0. If it is finished (a replay), the row is only read: u's
+# WHERE rejects it before any lock, so the statement takes no row lock, gets
+# no transaction id, writes no WAL and waits for no flush at commit, and
+# PostgresStore counts the duplicate later, in a batch (DEDUP_FLUSH).
+# `counted` tells the two apart. When the conflicting row was committed after
+# the statement's snapshot was taken (the insert waited for a concurrent
+# first insert of the key), the snapshot cannot see it and nothing comes
+# back: that is not "absent", and PostgresStore runs the statement again,
+# whose fresh snapshot sees it.
+_INSERT: Final[LiteralString] = (
     "INSERT INTO {effects} AS e "
     "(idem_key, workflow_id, call_id, tool, args_canonical, resource_id_canonical, status,"
     " lease_ms, executions, started_at) "
     "VALUES (%(idem_key)s, %(workflow_id)s, %(call_id)s, %(tool)s, %(args_canonical)s, "
     "%(resource_id_canonical)s, %(status)s, %(lease_ms)s, %(executions)s,"
-    " CASE WHEN %(executions)s > 0 THEN clock_timestamp() END) "
-    "ON CONFLICT (idem_key) DO UPDATE SET dedup_count = e.dedup_count + 1 "
-    "RETURNING " + EFFECT_COLUMNS + ", (xmax = 0) AS created"
+    " CASE WHEN %(executions)s > 0 THEN clock_timestamp() END)"
+    " ON CONFLICT (idem_key) DO NOTHING RETURNING " + EFFECT_COLUMNS
+)
+BEGIN: Final[LiteralString] = (
+    "WITH c AS (" + _INSERT + "), "
+    "u AS ("
+    " UPDATE {effects} AS e SET dedup_count = e.dedup_count + 1"
+    " WHERE e.idem_key = %(idem_key)s AND e.status <> ALL(%(finished)s)"
+    " AND NOT EXISTS (SELECT 1 FROM c)"
+    " RETURNING " + EFFECT_COLUMNS + ") "
+    "SELECT " + _CTE_COLUMNS + ", true AS created, false AS counted FROM c "
+    "UNION ALL "
+    "SELECT " + select_list(prefix="u.") + ", false AS created, true AS counted FROM u "
+    "UNION ALL "
+    "SELECT " + EFFECT_COLUMNS + ", false AS created, false AS counted FROM {effects} "
+    "WHERE idem_key = %(idem_key)s AND NOT EXISTS (SELECT 1 FROM c)"
+    " AND NOT EXISTS (SELECT 1 FROM u)"
 )
 
 # -- begin, inside a caller's transaction --
-# BEGIN's insert (the same text up to ON CONFLICT, so the two cannot drift),
-# but an existing key is left alone: DO UPDATE would lock its row until the
-# caller's transaction ends, and the holder's heartbeats and commit would
-# queue behind it. So nothing counts the duplicate here (Store.begin says so).
-# An existing row comes back with created = false from the statement's
-# snapshot; when the conflicting row was committed after that snapshot (this
-# insert waited for its transaction) nothing comes back, and FIND reads it.
+# The insert alone: an existing key is only read, whatever its status. A
+# write would lock its row until the caller's transaction ends, and the
+# holder's heartbeats and commit would queue behind it. So nothing counts
+# the duplicate here (Store.begin says so). An existing row comes back with
+# created = false from the statement's snapshot; when the conflicting row
+# was committed after that snapshot (this insert waited for its
+# transaction) nothing comes back, and FIND reads it.
 BEGIN_IN_TRANSACTION: Final[LiteralString] = (
-    "WITH c AS ("
-    + BEGIN[: BEGIN.index(" ON CONFLICT")]
-    + " ON CONFLICT (idem_key) DO NOTHING RETURNING "
-    + EFFECT_COLUMNS
-    + ") SELECT "
-    + _CTE_COLUMNS
-    + ", true AS created FROM c "
+    "WITH c AS (" + _INSERT + ") "
+    "SELECT " + _CTE_COLUMNS + ", true AS created FROM c "
     "UNION ALL "
     "SELECT " + EFFECT_COLUMNS + ", false AS created FROM {effects} "
     "WHERE idem_key = %(idem_key)s AND NOT EXISTS (SELECT 1 FROM c)"
+)
+
+# -- duplicate counts --
+# One statement for every key this store counted duplicates of since the
+# last flush: `keys` and `counts` are parallel arrays. Committed
+# asynchronously (set_config(..., true) is SET LOCAL for the statement's own
+# transaction, read when it commits, after the statement): a lost count is the documented bound,
+# and the flush must not wait for the disk. A row another transaction has
+# locked is skipped (SKIP LOCKED), never waited for, so a flush neither
+# queues behind a caller's open transaction nor deadlocks with another
+# process's flush. The statement returns the keys it skipped that still
+# exist, whose increments the store keeps for the next flush; a key that is
+# gone (purged) has nobody left to count for.
+DEDUP_FLUSH: Final[LiteralString] = (
+    "WITH batch AS ("
+    " SELECT b.k, b.n FROM unnest(%(keys)s::text[], %(counts)s::int[]) AS b(k, n)"
+    "), free AS ("
+    " SELECT e.id, batch.n FROM {effects} AS e JOIN batch ON e.idem_key = batch.k"
+    " ORDER BY e.id FOR NO KEY UPDATE OF e SKIP LOCKED"
+    "), bumped AS ("
+    " UPDATE {effects} AS e SET dedup_count = e.dedup_count + free.n FROM free"
+    " WHERE e.id = free.id RETURNING e.id"
+    ") "
+    # A SELECT without FROM gives one row whatever the batch matched, so the
+    # setting is always made (in a CTE or a join it could go unevaluated).
+    "SELECT set_config('synchronous_commit', 'off', true),"
+    " ARRAY(SELECT e.idem_key FROM {effects} AS e JOIN batch ON e.idem_key = batch.k"
+    " WHERE e.id NOT IN (SELECT id FROM bumped))"
+)
+# This process's duplicates of these effects are added to what is read here
+# (see stores/_dedup.py): the count alone, read again after a flush.
+DEDUP_COUNTS: Final[LiteralString] = (
+    "SELECT id::text, dedup_count FROM {effects} WHERE id = ANY(%(ids)s::uuid[])"
 )
 
 # -- bounded lock waits, inside a caller's transaction --

@@ -66,13 +66,16 @@ PAUSE_LEASES: Final = (
 )
 
 # -- begin --
-# Insert-or-get, in two statements under the write lock. A new key is inserted
-# as processing (the first execution), or straight into requires_approval
-# for a call that needs approval, attempt 1 (the column default), with its
-# creator's lease; for an existing one the
-# insert does nothing (rowcount 0), and COUNT_DUPLICATE adds 1 to
-# dedup_count and nothing else (never the heartbeat: duplicates must not keep
-# a dead worker's effect looking alive). FIND then reads the effect back.
+# First FIND alone, outside any transaction: a WAL reader, which never takes
+# (or waits for) the write lock. A finished effect ends it there (a replay:
+# its duplicate is counted later, in a batch, DEDUP_FLUSH). Any other answer
+# goes on to insert-or-get under the write lock, as before the fast path: a
+# new key is inserted as processing (the first execution), or straight into
+# requires_approval for a call that needs approval, attempt 1 (the column
+# default), with its creator's lease; for an existing one the insert does
+# nothing (rowcount 0), and COUNT_DUPLICATE adds 1 to dedup_count and
+# nothing else (never the heartbeat: duplicates must not keep a dead
+# worker's effect looking alive). FIND then reads the effect back.
 INSERT: Final = (
     "INSERT INTO agent_ledger_effects (id, idem_key, workflow_id, call_id, tool, status,"
     " args_canonical, resource_id_canonical, lease_ms, executions, created_us, updated_us,"
@@ -84,6 +87,19 @@ INSERT: Final = (
 )
 COUNT_DUPLICATE: Final = (
     "UPDATE agent_ledger_effects SET dedup_count = dedup_count + 1 WHERE idem_key = :idem_key"
+)
+
+# -- duplicate counts --
+# Every key this store counted duplicates of since the last flush, in one
+# statement: :batch is a JSON object {idem_key: increment}. A key that is gone
+# (purged) matches no row. The count alone is read back by DEDUP_COUNTS
+# (:ids a JSON array) after a read overlapped a flush (see stores/_dedup.py).
+DEDUP_FLUSH: Final = (
+    "UPDATE agent_ledger_effects AS e SET dedup_count = e.dedup_count + b.value"
+    " FROM json_each(:batch) AS b WHERE e.idem_key = b.key"
+)
+DEDUP_COUNTS: Final = (
+    "SELECT id, dedup_count FROM agent_ledger_effects WHERE id IN (SELECT value FROM json_each(?))"
 )
 
 # -- claim --

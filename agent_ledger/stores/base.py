@@ -71,7 +71,11 @@ reopen          no      Likewise: a repeat after a landed reopen finds the
 get, find       yes     Reads.
 find_legacy     yes     A read.
 list_effects    yes     A read.
-stats           yes     A read.
+stats           yes     A read (after writing the caller's pending duplicate
+                        counts: a flush, which is safe to repeat too).
+flush_counts    yes     A flush whose reply was lost is never sent again (its
+                        counts are dropped, see ``stores/_dedup.py``), so a
+                        repeat writes only what is still pending.
 purge           no      A repeat deletes nothing the lost try deleted, so its
                         count would be wrong; the caller sees the error and
                         may run purge again knowingly.
@@ -113,6 +117,7 @@ STEP_REPEATABLE: Final[Mapping[str, bool]] = MappingProxyType(
         "find_legacy": True,
         "list_effects": True,
         "stats": True,
+        "flush_counts": True,
         "purge": False,
         "create_schema": True,
         "migrate": True,
@@ -299,10 +304,18 @@ class Store(Protocol):
         ``attempt=1``, ``dedup_count=0``, ``heartbeat_at=now`` and
         ``lease_ms=new.lease_ms``; as processing it also gets
         ``executions=1`` and ``started_at=now`` (0 and None otherwise). Return
-        ``created=True``. Otherwise increment ``dedup_count`` (and nothing
-        else: a duplicate must never refresh liveness) and return the stored
-        effect with ``created=False``. Exactly one of any number of
+        ``created=True``. Otherwise count one duplicate (``dedup_count`` + 1,
+        and nothing else: a duplicate must never refresh liveness) and return
+        the stored effect with ``created=False``. Exactly one of any number of
         concurrent begins for a key gets ``created=True``.
+
+        The SQL stores answer an existing *finished* effect with one read that
+        takes no lock and writes nothing, and write those duplicates' counts
+        later, in batches (see :meth:`flush_counts`); the effect they return
+        already includes this call's count, as every read in the same process
+        does. A duplicate of an effect still open is counted at once: a
+        caller that may wait for it must be counted before the holder commits
+        (PostgreSQL's notify trigger stays quiet for a commit nobody counted).
 
         With ``tx``, an existing effect is only read, never written (its
         ``dedup_count`` stays as it is): a write would lock its row until the
@@ -481,6 +494,19 @@ class Store(Protocol):
         """Counts by status and tool, and the total of duplicates."""
         ...
 
+    async def flush_counts(self) -> None:
+        """Write every duplicate this store has counted and not yet written, now.
+
+        The SQL stores count duplicates in memory and write them in one
+        statement for all keys every flush interval (the store's
+        ``dedup_flush_interval_s``), here, on ``stats`` and on ``close``.
+        Effects this process reads always include its own counts; other
+        processes see them once written. A failed write raises
+        ``EffectStoreError`` and keeps them for the next try. MemoryStore
+        counts at once: nothing to do.
+        """
+        ...
+
     async def purge(self, *, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:
         """Delete effects in ``statuses`` (terminal ones only) completed at least
         ``older_than`` ago by the store's clock, atomically; return how many.
@@ -500,7 +526,8 @@ class Store(Protocol):
         ...
 
     async def close(self) -> None:
-        """Release what the store itself opened (not what the user passed in)."""
+        """Write pending duplicate counts (see ``flush_counts``; a failure is logged),
+        then release what the store itself opened (not what the user passed in)."""
         ...
 
 

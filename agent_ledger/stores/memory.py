@@ -482,6 +482,9 @@ class MemoryStore(MemorySagas):
     def subscribe(self, idem_key: str) -> Registration:
         return self._subscribers.subscribe(idem_key)
 
+    async def flush_counts(self) -> None:
+        """Nothing waits: MemoryStore counts each duplicate at once, in the same step."""
+
     async def close(self) -> None:
         """Nothing to release; present to satisfy the Store protocol."""
 

@@ -49,8 +49,17 @@ from agent_ledger.errors import (
 from agent_ledger.ids import is_effect_id
 from agent_ledger.observability import logger
 from agent_ledger.options import DEFAULT_TX_LOCK_TIMEOUT_MS
-from agent_ledger.status import EffectStatus
+from agent_ledger.status import TERMINAL, EffectStatus
 from agent_ledger.stores import _postgres_queries as q
+from agent_ledger.stores._columns import ROW_COLUMNS
+from agent_ledger.stores._dedup import (
+    DEFAULT_FLUSH_INTERVAL_S,
+    CountsLost,
+    PendingCounts,
+    check_flush_interval,
+    row_id,
+    with_count,
+)
 from agent_ledger.stores._params import (
     Dialect,
     begin_params,
@@ -101,6 +110,12 @@ LEGACY_KEYS_TABLE: Final = "agent_ledger_legacy_keys"
 NOTIFY_CHANNEL: Final = "agent_ledger"
 
 _PROCESSING: Final = EffectStatus.PROCESSING.value
+#: A duplicate of an effect in one of these is only read by begin, and counted later.
+_FINISHED: Final = sorted(s.value for s in TERMINAL)
+_FINISHED_VALUES: Final = frozenset(_FINISHED)
+_STATUS_AT: Final = ROW_COLUMNS.index("status")
+#: How many keys a store remembers having begun (see ``PostgresStore.begin``).
+_KNOWN_KEYS: Final = 10_000
 _STATUS_BY_VALUE: Final = STATUS_BY_VALUE
 
 _T = TypeVar("_T")
@@ -206,16 +221,27 @@ class PostgresStore(PostgresSagas):
     the pool with ``kwargs={"autocommit": True}`` to skip even that.
     ``schema`` is where the tables live (validated; only ever quoted as an
     identifier).
+
+    Duplicates are counted in memory and written every
+    ``dedup_flush_interval_s`` seconds in one statement for all keys, on
+    :meth:`flush_counts` and on :meth:`close`, so that a replay is one read
+    (``stores/_dedup.py`` says what a reader sees and what a crash may lose).
     """
 
     def __init__(
-        self, pool: AsyncConnectionPool[Any], *, schema: str = "public", _owns_pool: bool = False
+        self,
+        pool: AsyncConnectionPool[Any],
+        *,
+        schema: str = "public",
+        dedup_flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+        _owns_pool: bool = False,
     ) -> None:
         if not isinstance(schema, str) or not schema or len(schema.encode()) > 63:
             raise EffectLedgerValidationError(
                 f"schema must be a PostgreSQL identifier of 1 to 63 bytes, got {schema!r}",
                 field="schema",
             )
+        interval_s = check_flush_interval(dedup_flush_interval_s)
         self._pool = pool
         self._owns_pool = _owns_pool
         self.schema = schema
@@ -242,7 +268,15 @@ class PostgresStore(PostgresSagas):
         self._schema_version = compose(q.SCHEMA_VERSION)
         self._stats = compose(q.STATS)
         self._purge = compose(q.PURGE)
+        self._dedup_flush = compose(q.DEDUP_FLUSH)
+        self._dedup_counts = compose(q.DEDUP_COUNTS)
+        self._counts = PendingCounts(
+            self._write_counts, interval_s=interval_s, store=f"PostgresStore({schema})"
+        )
         self._effects = effects
+        #: Keys this store has begun, oldest first: a begin of one of them
+        #: tries a plain read first (a replay, most likely).
+        self._known: dict[str, None] = {}
         self._listener = _Listener(pool, schema)
         self._beats = _ReservedConnection(pool)
 
@@ -255,6 +289,7 @@ class PostgresStore(PostgresSagas):
         min_size: int = 1,
         max_size: int = 10,
         connect_timeout: float = 30.0,
+        dedup_flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
     ) -> PostgresStore:
         """Open a pool of autocommit connections that the store owns and closes.
 
@@ -263,6 +298,7 @@ class PostgresStore(PostgresSagas):
         connection (no such database or role, a closed port, an unknown host)
         fails at once, with the server's own message.
         """
+        check_flush_interval(dedup_flush_interval_s)
         deadline = asyncio.get_running_loop().time() + connect_timeout
         await _probe(conninfo, connect_timeout)
         remaining = max(deadline - asyncio.get_running_loop().time(), 0.1)
@@ -274,7 +310,9 @@ class PostgresStore(PostgresSagas):
         except Exception as exc:
             await pool.close()
             raise EffectStoreError(f"{type(exc).__name__}: {exc}", operation="connect") from exc
-        return cls(pool, schema=schema, _owns_pool=True)
+        return cls(
+            pool, schema=schema, dedup_flush_interval_s=dedup_flush_interval_s, _owns_pool=True
+        )
 
     # -- schema ----------------------------------------------------------------
 
@@ -365,10 +403,44 @@ class PostgresStore(PostgresSagas):
         params = begin_params(new)
         if tx is not None:
             return await self._begin_inside(tx, new, params, lock_timeout_ms)
-        row = await self._fetch_one("begin", self._begin, params, tx, idem_key=new.idem_key)
-        if row is None:
-            raise EffectStoreError("INSERT ... RETURNING gave no row", operation="begin")
-        return BeginOutcome(_effect_from_row(row), created=bool(row[_EFFECT_WIDTH]))
+        key = new.idem_key
+        counts = self._counts
+        known = self._known
+        if key in known:
+            # Seen here before: most likely a replay, and a plain read is the
+            # cheapest answer (no insert or update to set up on the server).
+            # Anything but a finished effect goes on to BEGIN as usual.
+            started = counts.epoch
+            row = await self._fetch_one("begin", self._find, {"idem_key": key}, None, idem_key=key)
+            if row is not None and row[_STATUS_AT] in _FINISHED_VALUES:
+                counts.add(key)
+                (row,) = await self._counted([row], started, None)
+                return BeginOutcome(_effect_from_row(row), created=False)
+        elif len(known) >= _KNOWN_KEYS:
+            del known[next(iter(known))]
+        known[key] = None
+        params["finished"] = _FINISHED
+        # Twice at most in practice: nothing comes back only when a first
+        # insert of the key committed after the statement's snapshot (BEGIN),
+        # and the next snapshot sees it; a third try covers a purge between.
+        for _ in range(3):
+            started = counts.epoch
+            row = await self._fetch_one("begin", self._begin, params, None, idem_key=key)
+            if row is None:
+                continue
+            if row[_EFFECT_WIDTH]:
+                return BeginOutcome(_effect_from_row(row), created=True)
+            if not row[_EFFECT_WIDTH + 1]:
+                # Finished (or finished while the statement ran): count it later.
+                counts.add(key)
+            (row,) = await self._counted([row], started, None)
+            return BeginOutcome(_effect_from_row(row), created=False)
+        raise EffectStoreError(
+            "the effect this key conflicted with was not found three times "
+            "(purged meanwhile?); call again",
+            operation="begin",
+            idem_key=key,
+        )
 
     async def _begin_inside(
         self, tx: object, new: NewEffect, params: dict[str, object], lock_timeout_ms: int | None
@@ -376,13 +448,18 @@ class PostgresStore(PostgresSagas):
         """``begin`` inside a caller's transaction: insert, or only read (see
         ``BEGIN_IN_TRANSACTION``), waiting for no lock longer than the bound."""
         key = new.idem_key
+        started = self._counts.epoch
         row = await self._bounded(
             "begin", self._begin_in_transaction, params, tx, lock_timeout_ms, key
         )
         if row is not None:
-            return BeginOutcome(_effect_from_row(row), created=bool(row[_EFFECT_WIDTH]))
+            created = bool(row[_EFFECT_WIDTH])
+            if not created:
+                (row,) = await self._counted([row], started, tx)
+            return BeginOutcome(_effect_from_row(row), created=created)
         # The key was inserted by a transaction that committed after this
         # statement began (the insert waited for it): read it with a fresh snapshot.
+        started = self._counts.epoch
         row = await self._fetch_one("begin", self._find, {"idem_key": key}, tx, idem_key=key)
         if row is None:
             raise EffectStoreError(
@@ -390,6 +467,7 @@ class PostgresStore(PostgresSagas):
                 operation="begin",
                 idem_key=key,
             )
+        (row,) = await self._counted([row], started, tx)
         return BeginOutcome(_effect_from_row(row), created=False)
 
     async def claim(
@@ -402,13 +480,16 @@ class PostgresStore(PostgresSagas):
         lock_timeout_ms: int | None = None,
     ) -> ClaimOutcome:
         params = claim_params(_DIALECT, idem_key, stale_after_ms=stale_after_ms, lease_ms=lease_ms)
+        started = self._counts.epoch
         if tx is not None:
             row = await self._bounded("claim", self._claim, params, tx, lock_timeout_ms, idem_key)
         else:
             row = await self._fetch_one("claim", self._claim, params, tx, idem_key=idem_key)
         if row is None:
             return ClaimOutcome(None, claimed=False)
-        return ClaimOutcome(_effect_from_row(row), claimed=bool(row[_EFFECT_WIDTH]))
+        claimed = bool(row[_EFFECT_WIDTH])
+        (row,) = await self._counted([row], started, tx)
+        return ClaimOutcome(_effect_from_row(row), claimed=claimed)
 
     async def heartbeat(self, held: Sequence[Held]) -> HeartbeatOutcome:
         batch = [one for one in held if is_effect_id(one.effect_id)]
@@ -485,29 +566,34 @@ class PostgresStore(PostgresSagas):
         params = transition_params(
             _DIALECT, idem_key, target=target, error=error, decision=decision
         )
+        started = self._counts.epoch
         row = await self._fetch_one("transition", self._transition, params, tx, idem_key=idem_key)
-        return None if row is None else _effect_from_row(row)
+        return None if row is None else await self._one_counted(row, started, tx)
 
     async def reopen(self, idem_key: str, *, by: str, reason: str) -> Effect | None:
         params = reopen_params(_DIALECT, idem_key, by=by, reason=reason)
+        started = self._counts.epoch
         row = await self._fetch_one("reopen", self._reopen, params, None, idem_key=idem_key)
-        return None if row is None else _effect_from_row(row)
+        return None if row is None else await self._one_counted(row, started, None)
 
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
         if not is_effect_id(effect_id):
             return None
+        started = self._counts.epoch
         row = await self._fetch_one("get", self._get, {"id": effect_id}, tx, effect_id=effect_id)
-        return None if row is None else _effect_from_row(row)
+        return None if row is None else await self._one_counted(row, started, tx)
 
     async def find(self, idem_key: str, *, tx: object | None = None) -> Effect | None:
         params = {"idem_key": idem_key}
+        started = self._counts.epoch
         row = await self._fetch_one("find", self._find, params, tx, idem_key=idem_key)
-        return None if row is None else _effect_from_row(row)
+        return None if row is None else await self._one_counted(row, started, tx)
 
     async def find_legacy(self, legacy_key: str, *, tx: object | None = None) -> Effect | None:
         params = {"legacy_key": legacy_key}
+        started = self._counts.epoch
         row = await self._fetch_one("find_legacy", self._find_legacy, params, tx)
-        return None if row is None else _effect_from_row(row)
+        return None if row is None else await self._one_counted(row, started, tx)
 
     async def record_legacy(self, legacy_key: str, idem_key: str) -> bool:
         """Record that 0.2.x's ``legacy_key`` names the effect keyed ``idem_key``
@@ -531,12 +617,17 @@ class PostgresStore(PostgresSagas):
             where = sql.SQL(" AND ").join(sql.SQL(f) for f in filters)
             statement = statement + sql.SQL(" WHERE ") + where
         statement = statement + sql.SQL(q.LIST_ORDER)
+        started = self._counts.epoch
         with self._errors("list_effects"):
             async with self._connection(None) as conn:
                 cursor = await conn.execute(statement, params)
-                return [_effect_from_row(row) for row in await cursor.fetchall()]
+                rows = await cursor.fetchall()
+        return [_effect_from_row(row) for row in await self._counted(rows, started, None)]
 
     async def stats(self) -> LedgerStats:
+        """Counts over the table, after writing this process's pending duplicate counts
+        (an aggregate cannot add them per row), so its ``duplicates`` include them."""
+        await self.flush_counts()
         with self._errors("stats"):
             async with self._connection(None) as conn:
                 cursor = await conn.execute(self._stats)
@@ -589,15 +680,71 @@ class PostgresStore(PostgresSagas):
             yield subscription
 
     async def close(self) -> None:
-        """Stop the notification listener and close the heartbeat connection; close
-        the pool if the store opened it.
+        """Write the pending duplicate counts, stop the notification listener and close
+        the heartbeat connection; close the pool if the store opened it.
 
-        Using the store again afterwards opens them again as needed.
+        A failure to write the counts is logged, not raised, and loses them:
+        call :meth:`flush_counts` first to see it. Using the store again
+        afterwards opens what it needs again.
         """
+        await self._counts.close()
         await self._listener.stop()
         await self._beats.close()
         if self._owns_pool:
             await self._pool.close()
+
+    # -- duplicate counts --------------------------------------------------------
+
+    async def flush_counts(self) -> None:
+        """Write every duplicate this store counted so far, in one statement, now.
+
+        Every other process then sees them (this one always does). Raises
+        ``EffectStoreError`` if the write failed; the counts stay pending for
+        the next flush, except when the reply was lost after the statement was
+        sent (they are dropped rather than risk counting them twice). Rows
+        another transaction holds locked are left for the next flush.
+        Cancelling the caller does not cancel the write.
+        """
+        await self._counts.flush()
+
+    async def _write_counts(self, batch: Mapping[str, int]) -> list[str]:
+        """``DEDUP_FLUSH`` for ``batch``; the keys it skipped (locked rows)."""
+        params = {"keys": list(batch), "counts": list(batch.values())}
+        with self._errors("flush_counts"):
+            async with self._connection(None) as conn:
+                try:
+                    cursor = await conn.execute(self._dedup_flush, params)
+                    row = await cursor.fetchone()
+                except psycopg.OperationalError as exc:
+                    if _connection_lost(exc, conn):
+                        raise CountsLost("the connection was lost") from exc
+                    raise
+        return [] if row is None else list(row[1])
+
+    async def _counted(
+        self, rows: list[tuple[Any, ...]], started: int, tx: object | None
+    ) -> list[tuple[Any, ...]]:
+        """``rows``, read from epoch ``started`` on, with this process's unwritten
+        duplicates added to their ``dedup_count`` (``stores/_dedup.py``).
+
+        A read that overlapped a flush of one of its keys may or may not hold
+        it: the counts alone are read again once that flush has ended, with
+        the next one held off meanwhile.
+        """
+        counts = self._counts
+        if not counts.ambiguous(rows, started):
+            return [counts.overlay(row) for row in rows]
+        ids = [row_id(row) for row in rows]
+        async with counts.quiet():
+            with self._errors("get"):
+                async with self._connection(tx) as conn:
+                    cursor = await conn.execute(self._dedup_counts, {"ids": ids})
+                    stored = dict(await cursor.fetchall())
+            return [counts.overlay(with_count(row, stored.get(row_id(row)))) for row in rows]
+
+    async def _one_counted(self, row: tuple[Any, ...], started: int, tx: object | None) -> Effect:
+        (row,) = await self._counted([row], started, tx)
+        return _effect_from_row(row)
 
     # -- plumbing ---------------------------------------------------------------
 

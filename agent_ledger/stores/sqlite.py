@@ -27,7 +27,7 @@ import functools
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
@@ -42,8 +42,16 @@ from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
 from agent_ledger.ids import is_effect_id, new_effect_id
 from agent_ledger.observability import logger
-from agent_ledger.status import EffectStatus
+from agent_ledger.status import TERMINAL, EffectStatus
 from agent_ledger.stores import _sqlite_queries as q
+from agent_ledger.stores._columns import ROW_COLUMNS
+from agent_ledger.stores._dedup import (
+    DEFAULT_FLUSH_INTERVAL_S,
+    PendingCounts,
+    check_flush_interval,
+    row_id,
+    with_count,
+)
 from agent_ledger.stores._params import (
     Dialect,
     begin_params,
@@ -191,6 +199,11 @@ _T = TypeVar("_T")
 _PROCESSING: Final = EffectStatus.PROCESSING.value
 _STATUS_BY_VALUE: Final = STATUS_BY_VALUE
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_STATUS: Final = ROW_COLUMNS.index("status")
+#: A duplicate of an effect in one of these is only read by begin, and counted later.
+_FINISHED: Final = frozenset(s.value for s in TERMINAL)
+#: A flush of duplicate counts waits at most this long for the write lock.
+_FLUSH_BUSY_TIMEOUT_MS: Final = 100
 
 
 def _to_us(moment: datetime) -> int:
@@ -237,6 +250,12 @@ class SqliteStore(SqliteSagas):
     ``EffectStoreError`` instead of being created. Opening connects on the
     store's own thread and waits for it: the constructor may block briefly,
     like opening a file.
+
+    Duplicates are counted in memory and written every
+    ``dedup_flush_interval_s`` seconds in one statement for all keys, on
+    :meth:`flush_counts` and on :meth:`close`, so that a replay is one read
+    that never takes the write lock (``stores/_dedup.py`` says what a reader
+    sees and what a crash may lose).
     """
 
     def __init__(
@@ -247,6 +266,7 @@ class SqliteStore(SqliteSagas):
         create: bool = True,
         synchronous: Literal["FULL", "NORMAL"] = "FULL",
         busy_timeout_ms: int = 30_000,
+        dedup_flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
     ) -> None:
         if str(path) in ("", ":memory:"):
             raise EffectLedgerValidationError(
@@ -257,8 +277,13 @@ class SqliteStore(SqliteSagas):
             raise EffectLedgerValidationError(
                 f"synchronous must be 'FULL' or 'NORMAL', got {synchronous!r}", field="synchronous"
             )
+        interval_s = check_flush_interval(dedup_flush_interval_s)
         self.path = Path(path)
         self._clock = clock
+        self._busy_timeout_ms = int(busy_timeout_ms)
+        self._counts = PendingCounts(
+            self._write_counts, interval_s=interval_s, store=f"SqliteStore({self.path})"
+        )
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="agent-ledger-sqlite")
         self._subscribers = Subscribers()
         self._gate = TransactionGate(self, SqliteTransaction, "SqliteStore", self._subscribers)
@@ -418,16 +443,44 @@ class SqliteStore(SqliteSagas):
         self, new: NewEffect, *, tx: object | None = None, lock_timeout_ms: int | None = None
     ) -> BeginOutcome:
         stx = await self._enter(tx)
+        key = new.idem_key
+        counts = self._counts
+        started = counts.epoch
         params = {**begin_params(new), "id": new_effect_id()}
+        clock = self._clock
 
-        def work(conn: sqlite3.Connection, now: int) -> BeginOutcome:
+        def insert_or_get(conn: sqlite3.Connection, now: int) -> tuple[tuple[Any, ...], bool]:
             created = conn.execute(q.INSERT, {**params, "now": now}).rowcount == 1
             if not created and stx is None:  # with tx: only read (Store.begin)
                 conn.execute(q.COUNT_DUPLICATE, params)
-            row = conn.execute(q.FIND, (new.idem_key,)).fetchone()
-            return BeginOutcome(_effect_from_row(row), created=created)
+            return conn.execute(q.FIND, (key,)).fetchone(), created
 
-        return await self._run("begin", work, stx, write=True, idem_key=new.idem_key)
+        def work(conn: sqlite3.Connection, now: int) -> tuple[tuple[Any, ...], bool, bool]:
+            """(row, created, replayed): one job, so one hop to the store's thread."""
+            if stx is not None:
+                return (*insert_or_get(conn, now), False)
+            # A replay of a finished effect: this read alone, as a WAL reader,
+            # without the write lock (see "begin" in _sqlite_queries).
+            found: tuple[Any, ...] | None = conn.execute(q.FIND, (key,)).fetchone()
+            if found is not None and found[_STATUS] in _FINISHED:
+                return found, False, True
+            conn.execute(q.TX_BEGIN)
+            try:
+                # The clock under the write lock, as every writing step reads it.
+                outcome = insert_or_get(conn, _to_us(clock()))
+                conn.execute(q.TX_COMMIT)
+            except BaseException:
+                _roll_back(conn)
+                raise
+            return (*outcome, False)
+
+        # write=False: the job takes the write lock itself, only when it must.
+        row, created, replayed = await self._run("begin", work, stx, write=False, idem_key=key)
+        if created:
+            return BeginOutcome(_effect_from_row(row), created=True)
+        if replayed:
+            counts.add(key)
+        return BeginOutcome(await self._one_counted(row, started, stx), created=False)
 
     async def claim(
         self,
@@ -440,17 +493,19 @@ class SqliteStore(SqliteSagas):
     ) -> ClaimOutcome:
         stx = await self._enter(tx)
         params = claim_params(_DIALECT, idem_key, stale_after_ms=stale_after_ms, lease_ms=lease_ms)
+        started = self._counts.epoch
 
-        def work(conn: sqlite3.Connection, now: int) -> ClaimOutcome:
+        def work(conn: sqlite3.Connection, now: int) -> tuple[tuple[Any, ...] | None, bool]:
             params["now"] = now
             claimed = conn.execute(q.CLAIM, params).rowcount == 1
-            row = conn.execute(q.FIND, (idem_key,)).fetchone()
-            return ClaimOutcome(None if row is None else _effect_from_row(row), claimed=claimed)
+            return conn.execute(q.FIND, (idem_key,)).fetchone(), claimed
 
-        outcome = await self._run("claim", work, stx, write=True, idem_key=idem_key)
-        if outcome.claimed:
+        row, claimed = await self._run("claim", work, stx, write=True, idem_key=idem_key)
+        if claimed:
             self._gate.changed(idem_key, stx)
-        return outcome
+        if row is None:
+            return ClaimOutcome(None, claimed=claimed)
+        return ClaimOutcome(await self._one_counted(row, started, stx), claimed=claimed)
 
     async def heartbeat(self, held: Sequence[Held]) -> HeartbeatOutcome:
         await self._enter(None)
@@ -553,64 +608,71 @@ class SqliteStore(SqliteSagas):
     ) -> Effect | None:
         check_transition_target(target)
         stx = await self._enter(tx)
+        started = self._counts.epoch
 
-        def work(conn: sqlite3.Connection, now: int) -> Effect | None:
+        def work(conn: sqlite3.Connection, now: int) -> tuple[Any, ...] | None:
             params = transition_params(
                 _DIALECT, idem_key, target=target, error=error, decision=decision
             )
             params["now"] = now
             if conn.execute(q.TRANSITION, params).rowcount != 1:
                 return None
-            return _effect_from_row(conn.execute(q.FIND, (idem_key,)).fetchone())
+            row: tuple[Any, ...] = conn.execute(q.FIND, (idem_key,)).fetchone()
+            return row
 
         moved = await self._run("transition", work, stx, write=True, idem_key=idem_key)
-        if moved is not None:
-            self._gate.changed(idem_key, stx)
-        return moved
+        if moved is None:
+            return None
+        self._gate.changed(idem_key, stx)
+        return await self._one_counted(moved, started, stx)
 
     async def reopen(self, idem_key: str, *, by: str, reason: str) -> Effect | None:
         await self._enter(None)
         params = reopen_params(_DIALECT, idem_key, by=by, reason=reason)
+        started = self._counts.epoch
 
-        def work(conn: sqlite3.Connection, now: int) -> Effect | None:
+        def work(conn: sqlite3.Connection, now: int) -> tuple[Any, ...] | None:
             params["now"], params["at"] = now, _from_us(now).isoformat()
             if conn.execute(q.REOPEN, params).rowcount != 1:
                 return None
-            return _effect_from_row(conn.execute(q.FIND, (idem_key,)).fetchone())
+            row: tuple[Any, ...] = conn.execute(q.FIND, (idem_key,)).fetchone()
+            return row
 
         moved = await self._run("reopen", work, None, write=True, idem_key=idem_key)
-        if moved is not None:
-            self._gate.changed(idem_key, None)
-        return moved
+        if moved is None:
+            return None
+        self._gate.changed(idem_key, None)
+        return await self._one_counted(moved, started, None)
 
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
         stx = await self._enter(tx)
         if not is_effect_id(effect_id):
             return None
+        started = self._counts.epoch
 
-        def work(conn: sqlite3.Connection, now: int) -> Effect | None:
-            row = conn.execute(q.GET, (effect_id,)).fetchone()
-            return None if row is None else _effect_from_row(row)
+        def work(conn: sqlite3.Connection, now: int) -> tuple[Any, ...] | None:
+            row: tuple[Any, ...] | None = conn.execute(q.GET, (effect_id,)).fetchone()
+            return row
 
-        return await self._run("get", work, stx, write=False, effect_id=effect_id)
+        row = await self._run("get", work, stx, write=False, effect_id=effect_id)
+        return None if row is None else await self._one_counted(row, started, stx)
 
     async def find(self, idem_key: str, *, tx: object | None = None) -> Effect | None:
         stx = await self._enter(tx)
-
-        def work(conn: sqlite3.Connection, now: int) -> Effect | None:
-            row = conn.execute(q.FIND, (idem_key,)).fetchone()
-            return None if row is None else _effect_from_row(row)
-
-        return await self._run("find", work, stx, write=False, idem_key=idem_key)
+        started = self._counts.epoch
+        row = await self._run("find", _find_row(idem_key), stx, write=False, idem_key=idem_key)
+        return None if row is None else await self._one_counted(row, started, stx)
 
     async def find_legacy(self, legacy_key: str, *, tx: object | None = None) -> Effect | None:
         stx = await self._enter(tx)
+        started = self._counts.epoch
 
-        def work(conn: sqlite3.Connection, now: int) -> Effect | None:
-            row = conn.execute(q.FIND_LEGACY, (legacy_key,)).fetchone()
-            return None if row is None else _effect_from_row(row)
+        def work(conn: sqlite3.Connection, now: int) -> tuple[Any, ...] | None:
+            row: tuple[Any, ...] | None = conn.execute(q.FIND_LEGACY, (legacy_key,)).fetchone()
+            return row
 
-        return await self._run("find_legacy", work, stx, write=False)
+        row = await self._run("find_legacy", work, stx, write=False)
+        return None if row is None else await self._one_counted(row, started, stx)
 
     async def record_legacy(self, legacy_key: str, idem_key: str) -> bool:
         """Record that 0.2.x's ``legacy_key`` names the effect keyed ``idem_key``
@@ -634,15 +696,19 @@ class SqliteStore(SqliteSagas):
         filters = [q.LIST_FILTERS[name] for name in names]
         # Only fixed fragments are joined; every value is a parameter.
         statement = q.LIST + (" WHERE " + " AND ".join(filters) if filters else "") + q.LIST_ORDER
+        started = self._counts.epoch
 
-        def work(conn: sqlite3.Connection, now: int) -> list[Effect]:
+        def work(conn: sqlite3.Connection, now: int) -> list[tuple[Any, ...]]:
             # :now is the store's clock, for the handler time of running effects.
-            rows = conn.execute(statement, params | {"now": now})
-            return [_effect_from_row(row) for row in rows]
+            return conn.execute(statement, params | {"now": now}).fetchall()
 
-        return await self._run("list_effects", work, None, write=False)
+        rows = await self._run("list_effects", work, None, write=False)
+        return [_effect_from_row(row) for row in await self._counted(rows, started, None)]
 
     async def stats(self) -> LedgerStats:
+        """Counts over the table, after writing this process's pending duplicate counts
+        (an aggregate cannot add them per row), so its ``duplicates`` include them."""
+        await self.flush_counts()
         await self._enter(None)
 
         def work(conn: sqlite3.Connection, now: int) -> list[tuple[str, str, int, int]]:
@@ -661,6 +727,66 @@ class SqliteStore(SqliteSagas):
             return conn.execute(q.PURGE, {"statuses": names, "cutoff": cutoff}).rowcount
 
         return await self._run("purge", work, None, write=True)
+
+    # -- duplicate counts ---------------------------------------------------------
+
+    async def flush_counts(self) -> None:
+        """Write every duplicate this store counted so far, in one statement, now.
+
+        Every other process then sees them (this one always does). Raises
+        ``EffectStoreError`` if the write failed; the counts stay pending for
+        the next flush. The write waits for the write lock at most 100 ms (or
+        ``busy_timeout_ms`` if shorter): it shares the store's one thread
+        with every read, and a replay must not wait behind another process's
+        long write for a statistic. Cancelling the caller does not cancel the
+        write.
+        """
+        await self._counts.flush()
+
+    async def _write_counts(self, batch: Mapping[str, int]) -> tuple[str, ...]:
+        await self._enter(None)
+        text = orjson.dumps(batch).decode()
+        wait_ms = min(self._busy_timeout_ms, _FLUSH_BUSY_TIMEOUT_MS)
+
+        def work(conn: sqlite3.Connection, now: int) -> tuple[str, ...]:
+            conn.execute(q.BUSY_TIMEOUT.format(ms=wait_ms))
+            try:
+                conn.execute(q.TX_BEGIN)
+            finally:
+                conn.execute(q.BUSY_TIMEOUT.format(ms=self._busy_timeout_ms))
+            try:
+                conn.execute(q.DEDUP_FLUSH, {"batch": text})
+                conn.execute(q.TX_COMMIT)
+            except BaseException:
+                _roll_back(conn)
+                raise
+            return ()
+
+        return await self._run("flush_counts", work, None, write=False)
+
+    async def _counted(
+        self, rows: list[tuple[Any, ...]], started: int, tx: SqliteTransaction | None
+    ) -> list[tuple[Any, ...]]:
+        """``rows``, read from epoch ``started`` on, with this process's unwritten
+        duplicates added to their ``dedup_count`` (``stores/_dedup.py``).
+
+        A read that overlapped a flush of one of its keys may or may not hold
+        it: the counts alone are read again once that flush has ended, with
+        the next one held off meanwhile.
+        """
+        counts = self._counts
+        if not counts.ambiguous(rows, started):
+            return [counts.overlay(row) for row in rows]
+        ids = orjson.dumps([row_id(row) for row in rows]).decode()
+        async with counts.quiet():
+            stored = await self._run("get", _stored_counts(ids), tx, write=False)
+            return [counts.overlay(with_count(row, stored.get(row_id(row)))) for row in rows]
+
+    async def _one_counted(
+        self, row: tuple[Any, ...], started: int, tx: SqliteTransaction | None
+    ) -> Effect:
+        (row,) = await self._counted([row], started, tx)
+        return _effect_from_row(row)
 
     # -- transactions and notifications -------------------------------------------
 
@@ -729,13 +855,34 @@ class SqliteStore(SqliteSagas):
         return self._subscribers.subscribe(idem_key)
 
     async def close(self) -> None:
-        """Close the connection and stop the store's thread."""
+        """Write the pending duplicate counts, close the connection and stop the
+        store's thread.
+
+        A failure to write the counts is logged, not raised, and loses them:
+        call :meth:`flush_counts` first to see it.
+        """
         if self._closed:
             return
+        await self._counts.close()
         self._closed = True
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self._conn.close)
         self._executor.shutdown(wait=True)
+
+
+def _find_row(idem_key: str) -> Callable[[sqlite3.Connection, int], tuple[Any, ...] | None]:
+    def work(conn: sqlite3.Connection, now: int) -> tuple[Any, ...] | None:
+        row: tuple[Any, ...] | None = conn.execute(q.FIND, (idem_key,)).fetchone()
+        return row
+
+    return work
+
+
+def _stored_counts(ids: str) -> Callable[[sqlite3.Connection, int], dict[str, int]]:
+    def work(conn: sqlite3.Connection, now: int) -> dict[str, int]:
+        return dict(conn.execute(q.DEDUP_COUNTS, (ids,)).fetchall())
+
+    return work
 
 
 def _roll_back(conn: sqlite3.Connection) -> None:

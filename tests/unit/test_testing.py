@@ -65,6 +65,7 @@ def step_calls(store: Store, effect_id: str) -> dict[str, Callable[[], Awaitable
         "find_legacy": lambda: store.find_legacy("0" * 64),
         "list_effects": lambda: store.list_effects(EffectQuery()),
         "stats": lambda: store.stats(),
+        "flush_counts": lambda: store.flush_counts(),
         "purge": lambda: store.purge(
             older_than=timedelta(days=1), statuses=frozenset({EffectStatus.SUCCEEDED})
         ),

@@ -1,0 +1,199 @@
+"""A replay on PostgreSQL is one read: no transaction id (so no WAL and no flush wait
+at commit), no row lock; duplicate counts land later, in batches (issue 14)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from agent_ledger import CommitSucceeded, ToolCall
+from agent_ledger.stores._params import begin_params
+from agent_ledger.stores.base import NewEffect
+from agent_ledger.stores.postgres import _FINISHED, PostgresStore
+from agent_ledger.testing import build_ledger
+from tests.harness import PostgresHarness
+
+CALL = ToolCall(workflow_id="wf", tool="charge", args={"amount": 5})
+
+
+def _table(schema: str) -> sql.Composed:
+    return sql.SQL("{}").format(sql.Identifier(schema, "agent_ledger_effects"))
+
+
+async def _row(conn: Any, schema: str, key: str) -> tuple[Any, ...]:
+    cursor = await conn.execute(
+        sql.SQL("SELECT dedup_count, xmin::text FROM {} WHERE idem_key = %s").format(
+            _table(schema)
+        ),
+        (key,),
+    )
+    row = await cursor.fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+async def _xid_of_begin(pg: PostgresHarness, key: str) -> object:
+    """Run begin's own statement for ``key`` inside a transaction of the back door and
+    say whether it was given a transaction id (what makes a commit write and flush WAL)."""
+    store = pg.store
+    new = NewEffect(idem_key=key, workflow_id="wf", call_id=None, tool="charge",
+                    args_canonical="{}", resource_id_canonical=None)  # fmt: skip
+    params = {**begin_params(new), "finished": _FINISHED}
+    async with pg.backdoor.transaction(force_rollback=True):
+        await pg.backdoor.execute(store._begin, params)
+        cursor = await pg.backdoor.execute("SELECT pg_current_xact_id_if_assigned()")
+        row = await cursor.fetchone()
+    assert row is not None
+    return row[0]
+
+
+async def test_a_replay_of_a_finished_effect_gets_no_transaction_id(
+    pg: PostgresHarness,
+) -> None:
+    """No xid: nothing is written, so no WAL record and no flush wait at commit. The same
+    statement on an effect still processing does write (its duplicate counts at once)."""
+    ledger = build_ledger(pg.store)
+    begun = await ledger.begin(CALL)
+    key = begun.effect.idem_key
+    assert await _xid_of_begin(pg, key) is not None  # processing: counted, written
+    assert await ledger.commit(begun.effect.id, CommitSucceeded(result="ok"))
+    assert await _xid_of_begin(pg, key) is None  # finished: read only
+
+
+async def test_replays_leave_the_row_untouched_until_the_flush(
+    pg: PostgresHarness, schema: str
+) -> None:
+    ledger = build_ledger(pg.store)
+    await ledger.run(CALL, lambda e: "ok")
+    key = ledger.idem_key(CALL)
+    before = await _row(pg.backdoor, schema, key)
+    for _ in range(20):
+        assert await ledger.run(CALL, lambda e: "again") == "ok"
+    assert await _row(pg.backdoor, schema, key) == before  # same version: no write
+    await pg.store.flush_counts()
+    count, xmin = await _row(pg.backdoor, schema, key)
+    assert count == 20 and xmin != before[1]
+
+
+async def test_a_replay_does_not_wait_for_a_row_lock(pg: PostgresHarness, schema: str) -> None:
+    """Another transaction holds the finished row FOR UPDATE: replays still answer at once
+    (the old upsert queued behind that lock), and the flush skips the locked row, keeping
+    its counts for the next flush instead of waiting."""
+    ledger = build_ledger(pg.store)
+    await ledger.run(CALL, lambda e: "ok")
+    key = ledger.idem_key(CALL)
+    locker = await psycopg.AsyncConnection.connect(pg.backdoor.info.dsn)
+    try:
+        await locker.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE idem_key = %s FOR UPDATE").format(_table(schema)),
+            (key,),
+        )
+        async with asyncio.timeout(5):
+            for _ in range(5):
+                assert await ledger.run(CALL, lambda e: "again") == "ok"
+            await pg.store.flush_counts()  # skips the locked row: does not wait
+        assert (await _row(pg.backdoor, schema, key))[0] == 0
+        effect = await ledger.find_by_idem_key(key)
+        assert effect is not None and effect.dedup_count == 5  # still pending, still shown
+        await locker.rollback()
+        await pg.store.flush_counts()
+        assert (await _row(pg.backdoor, schema, key))[0] == 5
+    finally:
+        await locker.close()
+
+
+async def test_another_process_sees_the_counts_after_a_flush_and_after_close(
+    pg: PostgresHarness, dsn: str, schema: str
+) -> None:
+    other = await PostgresStore.connect(dsn, schema=schema, max_size=2)
+    writer = await PostgresStore.connect(
+        dsn, schema=schema, max_size=2, dedup_flush_interval_s=3600
+    )
+    try:
+        ledger = build_ledger(writer)
+        await ledger.run(CALL, lambda e: "ok")
+        key = ledger.idem_key(CALL)
+        for _ in range(3):
+            await ledger.run(CALL, lambda e: "again")
+        seen = await other.find(key)
+        assert seen is not None and seen.dedup_count == 0  # not written yet
+        await writer.flush_counts()
+        seen = await other.find(key)
+        assert seen is not None and seen.dedup_count == 3
+        for _ in range(2):
+            await ledger.run(CALL, lambda e: "again")
+        await writer.close()  # writes the last two
+        seen = await other.find(key)
+        assert seen is not None and seen.dedup_count == 5
+        assert (await other.stats()).duplicates == 5
+    finally:
+        await writer.close()
+        await other.close()
+
+
+async def test_the_timer_writes_counts_without_being_asked(dsn: str, schema: str) -> None:
+    writer = await PostgresStore.connect(
+        dsn, schema=schema, max_size=2, dedup_flush_interval_s=0.05
+    )
+    other = await PostgresStore.connect(dsn, schema=schema, max_size=2)
+    try:
+        ledger = build_ledger(writer)
+        call = ToolCall(workflow_id="timer", tool="t", args={})
+        await ledger.run(call, lambda e: "ok")
+        await ledger.run(call, lambda e: "again")
+        key = ledger.idem_key(call)
+        async with asyncio.timeout(5):
+            while (seen := await other.find(key)) is None or seen.dedup_count != 1:
+                await asyncio.sleep(0.02)
+    finally:
+        await writer.close()
+        await other.close()
+
+
+async def test_the_flush_statement_commits_asynchronously(
+    pg: PostgresHarness,
+) -> None:
+    """DEDUP_FLUSH turns synchronous_commit off for its own transaction only."""
+    async with pg.backdoor.transaction(force_rollback=True):
+        await pg.backdoor.execute(pg.store._dedup_flush, {"keys": ["nope"], "counts": [1]})
+        cursor = await pg.backdoor.execute("SHOW synchronous_commit")
+        row = await cursor.fetchone()
+        assert row is not None and row[0] == "off"
+    cursor = await pg.backdoor.execute("SHOW synchronous_commit")
+    row = await cursor.fetchone()
+    assert row is not None and row[0] == "on"
+
+
+async def test_replays_by_a_store_that_never_saw_the_key_and_by_one_that_did(
+    pg: PostgresHarness, dsn: str, schema: str
+) -> None:
+    """The first begin of a key in a store is the insert-or-get statement; later ones
+    read first. Both answer a replay with the outcome, and both counts land; a key
+    that was reopened meanwhile is not a replay, and runs again."""
+    stranger = await PostgresStore.connect(dsn, schema=schema, max_size=2)
+    try:
+        ledger = build_ledger(pg.store)
+        other = build_ledger(stranger)
+        assert await ledger.run(CALL, lambda e: "ok") == "ok"
+        assert await other.run(CALL, lambda e: "again") == "ok"  # unknown there: BEGIN
+        assert await other.run(CALL, lambda e: "again") == "ok"  # known now: a read
+        assert await ledger.run(CALL, lambda e: "again") == "ok"  # known: a read
+        await stranger.flush_counts()
+        await pg.store.flush_counts()
+        key = ledger.idem_key(CALL)
+        assert (await _row(pg.backdoor, schema, key))[0] == 3
+        failing = ToolCall(workflow_id="wf", tool="charge", args={"amount": 6})
+
+        def boom(effect: object) -> None:
+            raise RuntimeError("declined")
+
+        with pytest.raises(RuntimeError):
+            await ledger.run(failing, boom)
+        assert await ledger.reopen(ledger.idem_key(failing), by="ops", reason="retry")
+        assert await ledger.run(failing, lambda e: "second") == "second"
+    finally:
+        await stranger.close()

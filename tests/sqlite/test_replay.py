@@ -1,0 +1,121 @@
+"""A replay on SQLite is one read that never takes the write lock; duplicate counts
+land later, in batches, and a flush never waits long for the lock (issue 14)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent_ledger import ToolCall
+from agent_ledger.errors import EffectLedgerValidationError, EffectStoreError
+from agent_ledger.stores.sqlite import SqliteStore
+from agent_ledger.testing import build_ledger
+
+CALL = ToolCall(workflow_id="wf", tool="charge", args={"amount": 5})
+
+
+@contextlib.contextmanager
+def write_lock(path: Path) -> Iterator[sqlite3.Connection]:
+    """Another connection holding the write lock (BEGIN IMMEDIATE, left open)."""
+    conn = sqlite3.connect(path, isolation_level=None, timeout=0)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()
+
+
+def stored_count(path: Path) -> int:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return int(conn.execute("SELECT dedup_count FROM agent_ledger_effects").fetchone()[0])
+
+
+async def test_a_replay_does_not_need_the_write_lock(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    store = SqliteStore(path, busy_timeout_ms=5_000, dedup_flush_interval_s=3600)
+    try:
+        ledger = build_ledger(store)
+        await ledger.run(CALL, lambda e: "ok")
+        with write_lock(path):
+            async with asyncio.timeout(2):  # far below the 5 s busy timeout
+                for _ in range(5):
+                    assert await ledger.run(CALL, lambda e: "again") == "ok"
+            # The flush needs the lock: it gives up fast, keeping the counts.
+            with pytest.raises(EffectStoreError, match="flush_counts"):
+                async with asyncio.timeout(2):
+                    await store.flush_counts()
+        effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
+        assert effect is not None and effect.dedup_count == 5
+        assert stored_count(path) == 0
+        await store.flush_counts()
+        assert stored_count(path) == 5
+    finally:
+        await store.close()
+
+
+async def test_close_writes_the_counts_and_another_store_sees_them(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    store = SqliteStore(path, dedup_flush_interval_s=3600)
+    other = SqliteStore(path)
+    try:
+        ledger = build_ledger(store)
+        await ledger.run(CALL, lambda e: "ok")
+        for _ in range(3):
+            await ledger.run(CALL, lambda e: "again")
+        key = ledger.idem_key(CALL)
+        seen = await other.find(key)
+        assert seen is not None and seen.dedup_count == 0
+        await store.flush_counts()
+        seen = await other.find(key)
+        assert seen is not None and seen.dedup_count == 3
+        await ledger.run(CALL, lambda e: "again")
+        await store.close()
+        seen = await other.find(key)
+        assert seen is not None and seen.dedup_count == 4
+        assert (await other.stats()).duplicates == 4
+    finally:
+        await store.close()
+        await other.close()
+
+
+async def test_the_timer_writes_counts_without_being_asked(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    store = SqliteStore(path, dedup_flush_interval_s=0.05)
+    try:
+        ledger = build_ledger(store)
+        await ledger.run(CALL, lambda e: "ok")
+        await ledger.run(CALL, lambda e: "again")
+        async with asyncio.timeout(5):
+            while stored_count(path) != 1:
+                await asyncio.sleep(0.02)
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("interval", [0, -1, 3601, float("nan"), "1", True])
+def test_a_bad_flush_interval_is_refused(tmp_path: Path, interval: object) -> None:
+    with pytest.raises(EffectLedgerValidationError, match="dedup_flush_interval_s"):
+        SqliteStore(tmp_path / "ledger.db", dedup_flush_interval_s=interval)  # type: ignore[arg-type]
+    assert not (tmp_path / "ledger.db").exists()
+
+
+async def test_stats_writes_the_pending_counts_first(tmp_path: Path) -> None:
+    """An aggregate cannot add pending counts per row: stats() writes them, so it adds up."""
+    path = tmp_path / "ledger.db"
+    store = SqliteStore(path, dedup_flush_interval_s=3600)
+    try:
+        ledger = build_ledger(store)
+        await ledger.run(CALL, lambda e: "ok")
+        for _ in range(3):
+            await ledger.run(CALL, lambda e: "again")
+        assert stored_count(path) == 0
+        assert (await ledger.stats()).duplicates == 3
+        assert stored_count(path) == 3
+    finally:
+        await store.close()
