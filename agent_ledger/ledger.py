@@ -287,7 +287,7 @@ class EffectLedger:
             self._enter(loop)
         prepared = self._engine.prepare(call, run_options, hooks)
         with span("agent_ledger.run", call.tool, prepared.new.idem_key):
-            return await self._engine.run(prepared, handler, tx)
+            return await self._engine.run(prepared, handler, tx, loop)
 
     async def begin(
         self,

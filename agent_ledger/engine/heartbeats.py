@@ -97,9 +97,17 @@ class Heartbeats:
         #: How long the task lingers once no handler runs: the latest beat's interval.
         self._last_interval_s = 0.0
 
-    def start(self, effect: Effect, stale_after_ms: int) -> Beat:
-        """Keep ``effect`` alive until the returned beat is stopped."""
-        loop = asyncio.get_running_loop()
+    def start(
+        self, effect: Effect, stale_after_ms: int, loop: asyncio.AbstractEventLoop | None = None
+    ) -> Beat:
+        """Keep ``effect`` alive until the returned beat is stopped.
+
+        ``loop``: the running loop, when the caller has it at hand. On Python
+        3.11 ``asyncio.get_running_loop()`` checks the process id with a
+        ``getpid()`` system call, which costs more than the rest of this.
+        """
+        if loop is None:
+            loop = asyncio.get_running_loop()
         interval_s = stale_after_ms / 1000.0 / BEATS_PER_WINDOW
         beat = Beat(self, effect, interval_s, loop.time())
         self._running.add(beat)

@@ -236,9 +236,17 @@ class Engine:
     # -- run and begin -----------------------------------------------------------
 
     async def run(
-        self, prepared: Prepared, handler: Callable[[Effect], object], tx: object | None
+        self,
+        prepared: Prepared,
+        handler: Callable[[Effect], object],
+        tx: object | None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> object:
-        """Acquire, execute while we own the effect, and return its outcome."""
+        """Acquire, execute while we own the effect, and return its outcome.
+
+        ``loop`` is the running loop when the caller already has it (see
+        ``Heartbeats.start``: asking Python 3.11 for it is a system call).
+        """
         if not callable(handler):
             # Checked before anything is stored: a handler that cannot be
             # called would otherwise be recorded as the effect's failure.
@@ -256,7 +264,7 @@ class Engine:
             prepared = await self._follow_legacy_key(prepared, prepared.legacy_key, tx)
         acquired = await self.acquire(prepared, tx)
         while acquired.owned:
-            recorded = await self.execute(acquired.effect, handler, prepared.opts, tx)
+            recorded = await self.execute(acquired.effect, handler, prepared.opts, tx, loop)
             if recorded.won:
                 return recorded.value
             # Our commit lost to another attempt: the winner's outcome decides.
@@ -434,6 +442,7 @@ class Engine:
         handler: Callable[[Effect], object],
         opts: ResolvedRunOptions,
         tx: object | None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> _Recorded:
         """Run the handler for an owned effect and record what happened.
 
@@ -448,7 +457,7 @@ class Engine:
         # Inside a transaction the row is invisible to other workers until
         # commit, so nobody can take it over and no heartbeat is needed.
         beat = (
-            self._heartbeats.start(effect, opts.stale_after_ms)
+            self._heartbeats.start(effect, opts.stale_after_ms, loop)
             if opts.stale_after_ms > 0 and tx is None
             else None
         )
