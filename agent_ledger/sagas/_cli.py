@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
 
 EXIT_OK, EXIT_NOT_DONE = 0, 1
+#: How many sagas ``sagas list`` shows unless ``--limit`` says otherwise.
+LIST_LIMIT = 50
 
 
 def add_arguments(sub: argparse.ArgumentParser) -> None:
@@ -44,7 +46,13 @@ def add_arguments(sub: argparse.ArgumentParser) -> None:
         choices=[s.value for s in SagaStatus],
         help="list only these statuses (repeatable)",
     )
-    sub.add_argument("--limit", type=int, default=50)
+    sub.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help="list: show at most this many (default 50); recover: finish at most this many "
+        "(default 100)",
+    )
     sub.add_argument(
         "--app",
         metavar="MODULE:ATTRIBUTE",
@@ -94,7 +102,8 @@ async def sagas_command(
     store = saga_store(ledger)
     if args.action == "list":
         statuses = None if not args.status else frozenset(SagaStatus(s) for s in args.status)
-        sagas = await store.list_sagas(statuses=statuses, limit=args.limit)
+        limit = LIST_LIMIT if args.limit is None else args.limit
+        sagas = await store.list_sagas(statuses=statuses, limit=limit)
         if args.json:
             json([saga_to_record(s) for s in sagas])
         else:
@@ -116,7 +125,9 @@ async def sagas_command(
         return EXIT_OK
     if args.app:
         _adopt_tools(ledger, args.app)
-    report = await ledger.recover_sagas(limit=args.limit)
+    report = await (
+        ledger.recover_sagas() if args.limit is None else ledger.recover_sagas(limit=args.limit)
+    )
     if args.json:
         json(
             {

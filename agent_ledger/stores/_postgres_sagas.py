@@ -80,6 +80,7 @@ class PostgresSagas:
             "record": q.STEP_RECORD,
             "steps": q.SAGA_STEPS,
             "list": q.SAGA_LIST,
+            "claimable": q.SAGA_CLAIMABLE,
         }
         return {name: sql.SQL(text).format(**tables) for name, text in texts.items()}
 
@@ -177,4 +178,17 @@ class PostgresSagas:
     ) -> list[SagaRecord]:
         wanted = None if statuses is None else sorted(s.value for s in statuses)
         rows = await self._saga_rows("list_sagas", "list", {"statuses": wanted, "limit": limit})
+        return [_saga(row) for row in rows]
+
+    async def claimable_sagas(
+        self, *, limit: int = 100, after: tuple[datetime, str] | None = None
+    ) -> list[SagaRecord]:
+        params = {
+            "compensating": SagaStatus.COMPENSATING.value,
+            "running": SagaStatus.RUNNING.value,
+            "after_at": None if after is None else after[0],
+            "after_id": None if after is None else after[1],
+            "limit": limit,
+        }
+        rows = await self._saga_rows("claimable_sagas", "claimable", params)
         return [_saga(row) for row in rows]

@@ -182,3 +182,20 @@ class SqliteSagas:
             return [_saga(row) for row in conn.execute(q.SAGA_LIST, params)]
 
         return await self._run("list_sagas", work, None, write=False)
+
+    async def claimable_sagas(
+        self, *, limit: int = 100, after: tuple[datetime, str] | None = None
+    ) -> list[SagaRecord]:
+        await self._enter(None)
+        params: dict[str, object] = {
+            "compensating": SagaStatus.COMPENSATING.value,
+            "running": SagaStatus.RUNNING.value,
+            "after_us": None if after is None else (after[0] - _EPOCH) // timedelta(microseconds=1),
+            "after_id": None if after is None else after[1],
+            "limit": limit,
+        }
+
+        def work(conn: sqlite3.Connection, now: int) -> list[SagaRecord]:
+            return [_saga(row) for row in conn.execute(q.SAGA_CLAIMABLE, params | {"now": now})]
+
+        return await self._run("claimable_sagas", work, None, write=False)
