@@ -452,14 +452,23 @@ class Saga:
             return False
         failure: BaseException | None = None
         if exc is None:
-            failure = await self._stray_failure()
+            try:
+                failure = await self._stray_failure()
+            except asyncio.CancelledError as cancelled:
+                # Cancelled while waiting for a stray step: a cancellation
+                # like any other (the block's code is done, its steps not).
+                failure = cancelled
             if failure is None:
-                moved = await self._store.finish_saga(
-                    self.saga_id,
-                    attempt=self.attempt,
-                    expect=_G.RUNNING,
-                    then=_G.COMPLETED,
-                    error=None,
+                # Shielded: a cancellation now must not leave the saga running
+                # with every step done; it propagates once this is stored.
+                moved = await _shielded(
+                    self._store.finish_saga(
+                        self.saga_id,
+                        attempt=self.attempt,
+                        expect=_G.RUNNING,
+                        then=_G.COMPLETED,
+                        error=None,
+                    )
                 )
                 if not moved:
                     raise SagaOwnershipLostError(self.saga_id)
@@ -474,6 +483,8 @@ class Saga:
         if isinstance(exc, asyncio.CancelledError):
             reason = EffectError("the task running the saga was cancelled", CANCELED_CODE)
             await _shielded(self._roll_back(reason))
+            if exc is failure:
+                raise exc
             return False  # the cancellation propagates
         if not isinstance(exc, Exception):
             return False  # KeyboardInterrupt and the like: left to recover_sagas()

@@ -418,3 +418,38 @@ async def test_a_cancellation_during_the_undo_waits_for_it_then_propagates(
         await task
     assert shop.log == ["s1", "s2", "undo s1", "undo s0"]
     assert await _status(harness, "cancel-during-undo") is G.COMPENSATED
+
+
+async def test_a_cancellation_while_the_exit_waits_for_a_stray_step_still_rolls_back(
+    harness: StoreHarness,
+) -> None:
+    """The block's code is done; its end waits for a step started outside
+    parallel(). Cancelling then used to leave the saga running, nothing undone."""
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "s1", "s2")
+    started = asyncio.Event()
+    may_finish = asyncio.Event()
+
+    @ledger.tool("stray", compensate="undo.s2")
+    async def stray() -> str:
+        started.set()
+        await may_finish.wait()
+        shop.log.append("stray")
+        return "sent"
+
+    async def order() -> None:
+        async with ledger.saga("stray-cancel") as saga:
+            await shop["s1"]("a")
+            saga.start(stray)
+
+    task = asyncio.create_task(order())
+    await started.wait()
+    await asyncio.sleep(0.02)  # the block's end is waiting for the stray step
+    task.cancel()
+    await asyncio.sleep(0.05)
+    assert not task.done(), "the undo waits for the stray step to end"
+    may_finish.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert shop.log == ["s1", "stray", "undo s2", "undo s1"]
+    assert await _status(harness, "stray-cancel") is G.CANCELED
