@@ -40,6 +40,7 @@ from agent_ledger.sagas._errors import (
     SagaInFlightError,
     SagaNondeterminismError,
     SagaOwnershipLostError,
+    SagaStepCancelled,
 )
 from agent_ledger.sagas._outcome import SagaOutcome, read_outcome
 from agent_ledger.status import EffectStatus
@@ -403,10 +404,11 @@ class Saga:
         pending = {task for task, _ in tasks}
         while pending:
             _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-            failed = [(p, t) for t, p in tasks if t.done() and _failure(t) is not None]
+            failed = [(p, t) for t, p in tasks if t.done() and _failure(t, p) is not None]
             if failed:
                 await self._drain(cancel_waiting=True)
-                error = _failure(min(failed, key=lambda f: f[0])[1])
+                position, task = min(failed, key=lambda f: f[0])
+                error = _failure(task, position)
                 assert error is not None
                 raise error
 
@@ -423,8 +425,8 @@ class Saga:
                             effect.idem_key, reason="the saga was rolled back", by="saga"
                         )
             await asyncio.wait([t for t, _ in pending], timeout=0.05 if cancel_waiting else None)
-        for task, _ in self._tasks:
-            _failure(task)  # retrieved: the rollback reports the failures that matter
+        for task, position in self._tasks:
+            _failure(task, position)  # retrieved: the rollback reports the failures that matter
 
     # -- leaving -------------------------------------------------------------------
 
@@ -497,8 +499,8 @@ class Saga:
     async def _stray_failure(self) -> BaseException | None:
         """Steps started outside ``parallel()`` are waited for at the block's end."""
         await self._drain(cancel_waiting=False)
-        failed = sorted((p, t) for t, p in self._tasks if _failure(t) is not None)
-        return _failure(failed[0][1]) if failed else None
+        failed = sorted((p, t) for t, p in self._tasks if _failure(t, p) is not None)
+        return _failure(failed[0][1], failed[0][0]) if failed else None
 
     async def _roll_back(self, reason: EffectError) -> SagaOutcome:
         moved = await self._store.finish_saga(
@@ -519,9 +521,10 @@ class Saga:
         return f"<Saga {self.saga_id!r} attempt={self.attempt}>"
 
 
-def _failure(task: asyncio.Task[Any]) -> BaseException | None:
+def _failure(task: asyncio.Task[Any], position: int) -> BaseException | None:
+    """The step's failure; a cancelled step task is a failed step."""
     if task.cancelled():
-        return SagaError("a step's task was cancelled")
+        return SagaStepCancelled(position)
     return task.exception()
 
 

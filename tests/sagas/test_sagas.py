@@ -17,6 +17,7 @@ from agent_ledger.sagas import (
     SagaNondeterminismError,
     SagaOwnershipLostError,
     SagaStatus,
+    SagaStepCancelled,
 )
 from agent_ledger.sagas._compensation import compensate
 from agent_ledger.sagas._saga import saga_store
@@ -453,3 +454,40 @@ async def test_a_cancellation_while_the_exit_waits_for_a_stray_step_still_rolls_
         await task
     assert shop.log == ["s1", "stray", "undo s2", "undo s1"]
     assert await _status(harness, "stray-cancel") is G.CANCELED
+
+
+@pytest.mark.parametrize("grouped", [True, False], ids=["in a group", "stray"])
+async def test_a_cancelled_step_task_is_a_failed_step_and_rolls_the_saga_back(
+    harness: StoreHarness, grouped: bool
+) -> None:
+    """A step task cancelled on its own (a wait_for timing out on it) used to
+    raise a SagaError that left the saga running, its completed steps never undone."""
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "s1")
+    started = asyncio.Event()
+
+    @ledger.tool("slow.quote")
+    async def quote() -> str:
+        started.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    with pytest.raises(SagaFailed) as failed:
+        async with ledger.saga(f"cancelled-step-{grouped}") as saga:
+            await shop["s1"]("a")
+            if grouped:
+                async with saga.parallel():
+                    slow = saga.start(quote)
+                    await started.wait()
+                    slow.cancel()
+            else:
+                slow = saga.start(quote)
+                await started.wait()
+                slow.cancel()
+    assert isinstance(failed.value.__cause__, SagaStepCancelled)
+    assert failed.value.__cause__.position == 1
+    assert failed.value.status is G.COMPENSATED
+    assert failed.value.outcome.error is not None
+    assert failed.value.outcome.error.code == "step_canceled"
+    assert shop.log == ["s1", "undo s1"]
+    assert await _status(harness, f"cancelled-step-{grouped}") is G.COMPENSATED
