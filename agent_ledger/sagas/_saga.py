@@ -228,6 +228,9 @@ class Saga:
         self._tokens: list[contextvars.Token[Any]] = []
         self._entered = False
         self._closed = False
+        #: The first nondeterminism found: (position, what was recorded, what was asked).
+        #: Once set, no new step of this run may begin (see ``_check_position``).
+        self._diverged: tuple[int, str, str] | None = None
 
     # -- entering ------------------------------------------------------------------
 
@@ -328,28 +331,39 @@ class Saga:
             self.step_failures.append((position, exc))
             return None
 
+    def _check_position(self, position: int, tool: str, key: str) -> SagaStep | None:
+        """Raise ``SagaNondeterminismError`` if ``tool``/``key`` is not what was
+        recorded at ``position``, or if any step of this run already diverged:
+        after a divergence no new step begins, so a parallel group's sibling of
+        the diverging step never runs. Synchronous, so ``start()`` checks a
+        position before the step's task exists. The recorded step, if any."""
+        if self._diverged is not None:
+            raise SagaNondeterminismError(self.saga_id, *self._diverged)
+        recorded = self._recorded.get(position)
+        asked = f"tool {tool!r} (key {key[:12]}…)"
+        was = None
+        if recorded is None and self._replay_only:
+            was = f"nothing (the saga completed with {len(self._recorded)} steps)"
+        elif recorded is not None and (recorded.tool, recorded.idem_key) != (tool, key):
+            was = f"tool {recorded.tool!r} (key {recorded.idem_key[:12]}…)"
+        if was is not None:
+            self._diverged = (position, was, asked)
+            raise SagaNondeterminismError(self.saga_id, position, was, asked)
+        return recorded
+
     async def _record(
         self, position: int, group: int, tool: Tool[object], key: str, undo_key: str | None
     ) -> None:
-        asked = f"tool {tool.name!r} (key {key[:12]}…)"
-        recorded = self._recorded.get(position)
-        if recorded is None and self._replay_only:
-            raise SagaNondeterminismError(
-                self.saga_id,
-                position,
-                f"nothing (the saga completed with {len(self._recorded)} steps)",
-                asked,
-            )
+        recorded = self._check_position(position, tool.name, key)
         if recorded is None:
             step = NewSagaStep(
                 position, group, tool.name, key, tool.compensate, undo_key, tool.compensate_if
             )
-            recorded = await self._store.record_step(self.saga_id, attempt=self.attempt, step=step)
-            if recorded is None:
+            stored = await self._store.record_step(self.saga_id, attempt=self.attempt, step=step)
+            if stored is None:
                 raise SagaOwnershipLostError(self.saga_id)
-        if (recorded.tool, recorded.idem_key) != (tool.name, key):
-            was = f"tool {recorded.tool!r} (key {recorded.idem_key[:12]}…)"
-            raise SagaNondeterminismError(self.saga_id, position, was, asked)
+            self._recorded.setdefault(position, stored)
+            self._check_position(position, tool.name, key)  # the row found there, if not ours
 
     def start(self, tool: Tool[Any], /, *args: object, **kwargs: object) -> asyncio.Task[Any]:
         """Start ``tool(*args, **kwargs)`` as a step in its own task (inside
@@ -362,8 +376,8 @@ class Saga:
             )
         if self._closed or not self._entered:
             raise SagaError(f"saga {self.saga_id!r}: start() is for use inside the saga's block")
-        tool.tool_call(*args, **kwargs)  # binds: bad arguments raise now
-        return self._start(tool(*args, **kwargs))
+        call = tool.tool_call(*args, **kwargs)  # binds: bad arguments raise now
+        return self._start(tool, call, tool(*args, **kwargs))
 
     def start_invoke(self, tool: Tool[Any], arguments: Mapping[str, object]) -> asyncio.Task[Any]:
         """``start`` with the arguments by name, as ``tool.invoke`` takes them."""
@@ -374,10 +388,22 @@ class Saga:
             )
         if self._closed or not self._entered:
             raise SagaError(f"saga {self.saga_id!r}: start() is for use inside the saga's block")
-        tool.bind_arguments(arguments)  # bad arguments raise now
-        return self._start(tool.invoke(arguments))
+        # Bad arguments raise now; the same ToolCall invoke() makes.
+        call = tool._tool_call(tool.bind_arguments(arguments))
+        return self._start(tool, call, tool.invoke(arguments))
 
-    def _start(self, step: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+    def _start(
+        self, tool: Tool[Any], call: ToolCall, step: Coroutine[Any, Any, Any]
+    ) -> asyncio.Task[Any]:
+        """Check the step (its key: arguments that are not JSON raise; its
+        position: a step other than the recorded one raises) before anything
+        is stored or started, then start its task."""
+        try:
+            key = self.ledger.idem_key(call)
+            self._check_position(self._next_position, tool.name, key)
+        except BaseException:
+            step.close()  # never awaited: nothing ran
+            raise
         position, group = self._place()
         context = contextvars.copy_context()
         context.run(_RESERVED.set, (self, position, group))

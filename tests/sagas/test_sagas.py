@@ -491,3 +491,40 @@ async def test_a_cancelled_step_task_is_a_failed_step_and_rolls_the_saga_back(
     assert failed.value.outcome.error.code == "step_canceled"
     assert shop.log == ["s1", "undo s1"]
     assert await _status(harness, f"cancelled-step-{grouped}") is G.COMPENSATED
+
+
+class _Died(BaseException):
+    """The worker stops mid-saga (left to recovery, as after a KeyboardInterrupt)."""
+
+
+@pytest.mark.parametrize("changed_args", [True, False], ids=["changed args", "changed tool"])
+async def test_nondeterminism_in_a_group_runs_no_sibling_and_leaves_the_saga(
+    harness: StoreHarness, changed_args: bool
+) -> None:
+    """A changed step inside a parallel group used to let its new sibling be
+    recorded and run (a charge nobody would undo)."""
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "s1", "s2", "s3")
+    with pytest.raises(_Died):
+        async with ledger.saga("group-8", lease_ms=1_000) as saga:
+            await shop["s1"]("a")
+            await shop["s2"]("b")
+            # a group whose step 3 was recorded, step 2 not yet, when the worker died
+            key = ledger.idem_key(shop["s2"].tool_call("c"))
+            await saga._record(3, 2, shop["s2"], key, None)
+            raise _Died
+    await harness.age(2_000)
+    before = await saga_store(ledger).saga_steps("group-8")
+    with pytest.raises(SagaNondeterminismError, match=r"step 3 was recorded as tool 's2'"):
+        async with ledger.saga("group-8", lease_ms=1_000) as saga:
+            await shop["s1"]("a")
+            await shop["s2"]("b")
+            async with saga.parallel():
+                late = saga.start(shop["s1"], "late")  # position 2, before the check: new
+                with pytest.raises(SagaNondeterminismError):  # position 3: was s2("c")
+                    saga.start(shop["s2"] if changed_args else shop["s3"], "changed")
+                saga.start(shop["s3"], "new")  # position 4: new
+            pytest.fail(f"the group raises: {late}")
+    assert shop.log == ["s1", "s2"], "nothing ran in the re-run, not even step 2"
+    assert await saga_store(ledger).saga_steps("group-8") == before, "nothing recorded"
+    assert await _status(harness, "group-8") is G.RUNNING, "left as it was"
