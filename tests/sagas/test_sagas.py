@@ -528,3 +528,23 @@ async def test_nondeterminism_in_a_group_runs_no_sibling_and_leaves_the_saga(
     assert shop.log == ["s1", "s2"], "nothing ran in the re-run, not even step 2"
     assert await saga_store(ledger).saga_steps("group-8") == before, "nothing recorded"
     assert await _status(harness, "group-8") is G.RUNNING, "left as it was"
+
+
+@pytest.mark.parametrize("invoke", [False, True], ids=["start", "start_invoke"])
+async def test_start_refuses_arguments_that_are_not_json_before_anything_is_stored(
+    harness: StoreHarness, invoke: bool
+) -> None:
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "s1", "s2")
+    async with ledger.saga("bad-start") as saga, saga.parallel():
+        saga.start(shop["s1"], "a")
+        with pytest.raises(EffectLedgerValidationError, match="set is not a JSON value"):
+            if invoke:
+                saga.start_invoke(shop["s2"], {"item": {"x"}})
+            else:
+                saga.start(shop["s2"], {"x"})
+        saga.start(shop["s2"], "b")  # the refused call took no position
+    steps = await saga_store(ledger).saga_steps("bad-start")
+    assert [(s.position, s.tool) for s in steps] == [(0, "s1"), (1, "s2")]
+    assert sorted(shop.log) == ["s1", "s2"]
+    assert await _status(harness, "bad-start") is G.COMPLETED
