@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.receipt import visible
 from agent_ledger.sagas._outcome import read_outcome
 from agent_ledger.sagas._report import (
     outcome_to_record,
@@ -115,7 +116,7 @@ async def sagas_command(
             raise EffectLedgerValidationError("sagas show needs a SAGA_ID", field="saga_id")
         saga = await store.get_saga(args.saga_id)
         if saga is None:
-            line(f"no saga {args.saga_id!r}")
+            line(f"no saga '{visible(args.saga_id)}'")
             return EXIT_NOT_DONE
         outcome = await read_outcome(ledger, store, saga)
         if args.json:
@@ -139,11 +140,12 @@ async def sagas_command(
         )
     else:
         for outcome in report.finished:
-            line(f"finished {outcome.saga_id}: {outcome.status.value}")
+            line(f"finished {visible(outcome.saga_id)}: {outcome.status.value}")
         for saga in report.running:
-            line(f"running  {saga.saga_id}: owner {saga.owner or '-'} (re-run its code, or wait)")
+            owner = visible(saga.owner or "-")
+            line(f"running  {visible(saga.saga_id)}: owner {owner} (re-run its code, or wait)")
         for saga_id, error in report.errors:
-            line(f"not done {saga_id}: {error}")
+            line(f"not done {visible(saga_id)}: {visible(error)}")
         if not (report.finished or report.running or report.errors):
             line("no saga needed recovery")
     return EXIT_NOT_DONE if report.errors else EXIT_OK
