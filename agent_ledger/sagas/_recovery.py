@@ -31,7 +31,7 @@ from agent_ledger.sagas._saga import (
     lease_of,
     saga_store,
 )
-from agent_ledger.stores.saga_base import SagaRecord, SagaStatus, SagaStore
+from agent_ledger.stores.saga_base import SagaRecord, SagaStatus, SagaStore, check_saga_limit
 
 if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
@@ -68,6 +68,7 @@ async def recover_sagas(
     """One pass: finish up to ``limit`` sagas a claim can take now, oldest first;
     then list up to ``limit`` running sagas for a person. See the module doc."""
     store = saga_store(ledger)
+    check_saga_limit(limit)
     lease = lease_of(lease_ms)
     me = owner if owner is not None else default_owner()
     report = SagaRecovery()

@@ -19,6 +19,7 @@ from agent_ledger.stores.saga_base import (
     SagaRecord,
     SagaStatus,
     SagaStep,
+    check_saga_limit,
     check_saga_move,
 )
 
@@ -139,6 +140,7 @@ class MemorySagas:
     async def list_sagas(
         self, *, statuses: frozenset[SagaStatus] | None = None, limit: int = 100
     ) -> list[SagaRecord]:
+        check_saga_limit(limit)
         rows = [s for s in self._saga_rows.values() if statuses is None or s.status in statuses]
         rows.sort(key=lambda s: (s.created_at, s.saga_id), reverse=True)
         return rows[:limit]
@@ -146,6 +148,7 @@ class MemorySagas:
     async def claimable_sagas(
         self, *, limit: int = 100, after: tuple[datetime, str] | None = None
     ) -> list[SagaRecord]:
+        check_saga_limit(limit)
         now: datetime = self._clock()
         rows = [
             s

@@ -24,6 +24,7 @@ from agent_ledger.stores.saga_base import (
     SagaRecord,
     SagaStatus,
     SagaStep,
+    check_saga_limit,
     check_saga_move,
     saga_error_json,
     saga_from_row,
@@ -176,6 +177,7 @@ class PostgresSagas:
     async def list_sagas(
         self, *, statuses: frozenset[SagaStatus] | None = None, limit: int = 100
     ) -> list[SagaRecord]:
+        check_saga_limit(limit)
         wanted = None if statuses is None else sorted(s.value for s in statuses)
         rows = await self._saga_rows("list_sagas", "list", {"statuses": wanted, "limit": limit})
         return [_saga(row) for row in rows]
@@ -183,6 +185,7 @@ class PostgresSagas:
     async def claimable_sagas(
         self, *, limit: int = 100, after: tuple[datetime, str] | None = None
     ) -> list[SagaRecord]:
+        check_saga_limit(limit)
         params = {
             "compensating": SagaStatus.COMPENSATING.value,
             "running": SagaStatus.RUNNING.value,

@@ -227,6 +227,21 @@ class SagaStore(Protocol):
         ...
 
 
+#: The most sagas one ``list_sagas`` / ``claimable_sagas`` call returns (as for effects).
+MAX_SAGA_PAGE: Final = 1_000
+
+
+def check_saga_limit(limit: object) -> int:
+    """``limit`` for ``list_sagas``/``claimable_sagas``/``recover_sagas``, checked once
+    here so that every store refuses the same values the same way (a negative
+    LIMIT meant "all" in SQLite and an error in PostgreSQL)."""
+    if type(limit) is not int or not 1 <= limit <= MAX_SAGA_PAGE:
+        raise EffectLedgerValidationError(
+            f"limit must be an int from 1 to {MAX_SAGA_PAGE}, got {limit!r}", field="limit"
+        )
+    return limit
+
+
 def check_saga_move(expect: SagaStatus, then: SagaStatus) -> None:
     """Raise unless the saga table allows ``expect -> then`` as an owner's move."""
     if then is expect or then not in SAGA_TRANSITIONS[expect]:

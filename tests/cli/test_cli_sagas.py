@@ -160,3 +160,11 @@ def test_stored_text_is_printed_escaped_by_list_show_and_recover(cli: Cli) -> No
     assert "no courier\\x1b[2J" in outputs["show"].stdout
     assert "ship\\x9b2J" in outputs["show"].stdout
     assert "host\\x1b[1A" in outputs["recover"].stdout
+
+
+@pytest.mark.parametrize("action", ["list", "recover"])
+def test_a_bad_limit_is_one_line_on_stderr(cli: Cli, action: str) -> None:
+    assert cli("init").returncode == 0
+    out = cli("sagas", action, "--limit", "-1")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == "agent-ledger: limit must be an int from 1 to 1000, got -1\n"

@@ -209,3 +209,19 @@ async def test_claimable_selects_only_what_a_claim_takes_oldest_first_in_pages(
             owner="r",
         )
     assert await store.claimable_sagas() == []
+
+
+@pytest.mark.parametrize("limit", [0, -1, 1_001, True, 2.0, "5"])
+async def test_a_bad_limit_is_refused_alike_by_every_store(
+    harness: StoreHarness, limit: object
+) -> None:
+    """A negative LIMIT meant "every saga" in SQLite and a store error in PostgreSQL."""
+    store = _sagas(harness)
+    await store.begin_saga(_new())
+    with pytest.raises(EffectLedgerValidationError, match="limit must be an int from 1 to 1000"):
+        await store.list_sagas(limit=limit)  # type: ignore[arg-type]
+    with pytest.raises(EffectLedgerValidationError, match="limit must be an int from 1 to 1000"):
+        await store.claimable_sagas(limit=limit)  # type: ignore[arg-type]
+    with pytest.raises(EffectLedgerValidationError, match="limit must be an int from 1 to 1000"):
+        await harness.ledger().recover_sagas(limit=limit)  # type: ignore[arg-type]
+    assert [s.saga_id for s in await store.list_sagas(limit=1_000)] == ["order-42"]
