@@ -74,8 +74,13 @@ def _adopt_tools(ledger: EffectLedger, spec: str) -> None:
         sys.path.insert(0, os.getcwd())
     try:
         app = getattr(importlib.import_module(module), attribute, None)
-    except ImportError as exc:
-        raise EffectLedgerValidationError(f"--app {spec}: {exc}", field="app") from exc
+    except Exception as exc:
+        # Whatever importing the application raises (a missing module, a
+        # SyntaxError, its own start-up failing): one line naming the module.
+        raise EffectLedgerValidationError(
+            f"--app {spec}: importing {module!r} failed: {type(exc).__name__}: {visible(str(exc))}",
+            field="app",
+        ) from exc
     if not isinstance(app, EffectLedger):
         raise EffectLedgerValidationError(
             f"--app {spec}: {attribute!r} in {module} is not an EffectLedger", field="app"

@@ -168,3 +168,24 @@ def test_a_bad_limit_is_one_line_on_stderr(cli: Cli, action: str) -> None:
     out = cli("sagas", action, "--limit", "-1")
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr == "agent-ledger: limit must be an int from 1 to 1000, got -1\n"
+
+
+@pytest.mark.parametrize(
+    ("source", "problem"),
+    [
+        ('raise RuntimeError("config\\nmissing")\n', "RuntimeError: config\\x0amissing"),
+        ("def f(:\n", "SyntaxError: "),
+        (None, "ModuleNotFoundError: No module named 'brokenapp'"),
+    ],
+    ids=["raises", "syntax error", "missing"],
+)
+def test_an_app_that_fails_to_import_is_one_line_on_stderr(
+    cli: Cli, tmp_path: Path, source: str | None, problem: str
+) -> None:
+    assert cli("init").returncode == 0
+    if source is not None:
+        (tmp_path / "brokenapp.py").write_text(source)
+    out = cli("sagas", "recover", "--app", "brokenapp:ledger")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("agent-ledger: --app brokenapp:ledger: importing 'brokenapp'")
+    assert problem in out.stderr and out.stderr.count("\n") == 1, out.stderr
