@@ -16,6 +16,7 @@ from agent_ledger.sagas._errors import (
     SagaInFlightError,
     SagaNondeterminismError,
     SagaOwnershipLostError,
+    SagaStepCancelled,
 )
 from agent_ledger.sagas._outcome import SagaOutcome, StepOutcome
 from agent_ledger.sagas._plan import check_plan, run_saga
@@ -35,6 +36,7 @@ __all__ = [
     "SagaOwnershipLostError",
     "SagaRecovery",
     "SagaStatus",
+    "SagaStepCancelled",
     "StepOutcome",
     "check_plan",
     "recover_sagas",

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.receipt import visible
 from agent_ledger.sagas._outcome import read_outcome
 from agent_ledger.sagas._report import (
     outcome_to_record,
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
 
 EXIT_OK, EXIT_NOT_DONE = 0, 1
+#: How many sagas ``sagas list`` shows unless ``--limit`` says otherwise.
+LIST_LIMIT = 50
 
 
 def add_arguments(sub: argparse.ArgumentParser) -> None:
@@ -44,7 +47,13 @@ def add_arguments(sub: argparse.ArgumentParser) -> None:
         choices=[s.value for s in SagaStatus],
         help="list only these statuses (repeatable)",
     )
-    sub.add_argument("--limit", type=int, default=50)
+    sub.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help="list: show at most this many (default 50); recover: finish at most this many "
+        "(default 100)",
+    )
     sub.add_argument(
         "--app",
         metavar="MODULE:ATTRIBUTE",
@@ -65,8 +74,13 @@ def _adopt_tools(ledger: EffectLedger, spec: str) -> None:
         sys.path.insert(0, os.getcwd())
     try:
         app = getattr(importlib.import_module(module), attribute, None)
-    except ImportError as exc:
-        raise EffectLedgerValidationError(f"--app {spec}: {exc}", field="app") from exc
+    except Exception as exc:
+        # Whatever importing the application raises (a missing module, a
+        # SyntaxError, its own start-up failing): one line naming the module.
+        raise EffectLedgerValidationError(
+            f"--app {spec}: importing {module!r} failed: {type(exc).__name__}: {visible(str(exc))}",
+            field="app",
+        ) from exc
     if not isinstance(app, EffectLedger):
         raise EffectLedgerValidationError(
             f"--app {spec}: {attribute!r} in {module} is not an EffectLedger", field="app"
@@ -94,7 +108,8 @@ async def sagas_command(
     store = saga_store(ledger)
     if args.action == "list":
         statuses = None if not args.status else frozenset(SagaStatus(s) for s in args.status)
-        sagas = await store.list_sagas(statuses=statuses, limit=args.limit)
+        limit = LIST_LIMIT if args.limit is None else args.limit
+        sagas = await store.list_sagas(statuses=statuses, limit=limit)
         if args.json:
             json([saga_to_record(s) for s in sagas])
         else:
@@ -106,7 +121,7 @@ async def sagas_command(
             raise EffectLedgerValidationError("sagas show needs a SAGA_ID", field="saga_id")
         saga = await store.get_saga(args.saga_id)
         if saga is None:
-            line(f"no saga {args.saga_id!r}")
+            line(f"no saga '{visible(args.saga_id)}'")
             return EXIT_NOT_DONE
         outcome = await read_outcome(ledger, store, saga)
         if args.json:
@@ -116,7 +131,9 @@ async def sagas_command(
         return EXIT_OK
     if args.app:
         _adopt_tools(ledger, args.app)
-    report = await ledger.recover_sagas(limit=args.limit)
+    report = await (
+        ledger.recover_sagas() if args.limit is None else ledger.recover_sagas(limit=args.limit)
+    )
     if args.json:
         json(
             {
@@ -128,11 +145,12 @@ async def sagas_command(
         )
     else:
         for outcome in report.finished:
-            line(f"finished {outcome.saga_id}: {outcome.status.value}")
+            line(f"finished {visible(outcome.saga_id)}: {outcome.status.value}")
         for saga in report.running:
-            line(f"running  {saga.saga_id}: owner {saga.owner or '-'} (re-run its code, or wait)")
+            owner = visible(saga.owner or "-")
+            line(f"running  {visible(saga.saga_id)}: owner {owner} (re-run its code, or wait)")
         for saga_id, error in report.errors:
-            line(f"not done {saga_id}: {error}")
+            line(f"not done {visible(saga_id)}: {visible(error)}")
         if not (report.finished or report.running or report.errors):
             line("no saga needed recovery")
     return EXIT_NOT_DONE if report.errors else EXIT_OK

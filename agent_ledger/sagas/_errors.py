@@ -9,6 +9,7 @@
         ├── SagaNondeterminismError    the code asks for another step than the one recorded
         ├── SagaInFlightError          another live worker owns the saga
         └── SagaOwnershipLostError     this worker's saga was taken over meanwhile
+    SagaStepCancelled                  a step's own task was cancelled: the saga rolls back
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "SagaInFlightError",
     "SagaNondeterminismError",
     "SagaOwnershipLostError",
+    "SagaStepCancelled",
 ]
 
 
@@ -96,4 +98,23 @@ class SagaOwnershipLostError(SagaError):
         super().__init__(
             f"saga {saga_id!r} was taken over by another worker (this one stopped "
             "heartbeating past its lease); this worker stops here and undoes nothing"
+        )
+
+
+class SagaStepCancelled(EffectLedgerError):
+    """The task of a step started with ``saga.start()`` was cancelled (by
+    ``asyncio.wait_for`` timing out on it, say) while the saga's own task was
+    not. That step failed, so the saga rolls back like for any failed step:
+    this is the ``__cause__`` of the ``SagaFailed`` the block raises. Not a
+    ``SagaError``: those leave the saga as it is, and a half-done saga must
+    not be left so.
+    """
+
+    code = "step_canceled"
+
+    def __init__(self, position: int) -> None:
+        self.position = position
+        super().__init__(
+            f"the task of step {position} (started with saga.start) was cancelled; "
+            "the saga was rolled back as for a failed step"
         )

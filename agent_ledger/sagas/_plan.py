@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
+from agent_ledger.calls import ToolCall
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.sagas._compensation import check_compensation_tool
 from agent_ledger.sagas._saga import Saga
@@ -59,7 +60,20 @@ def _step(ledger: EffectLedger, where: str, item: object) -> _Step:
     if not isinstance(args, Mapping):
         raise _bad(where, f"args must be a mapping of name to value, got {args!r}")
     try:
-        tool.bind_arguments(args)
+        values = tool.bind_arguments(args)
+        # The key, made now: arguments that are not JSON (a set, NaN) or lack a
+        # key field are refused with the rest of the plan, before the saga's
+        # row exists (its id is not used up by a plan that cannot run). The
+        # workflow is a stand-in: it changes the key, never what is checked.
+        ledger.idem_key(
+            ToolCall(
+                workflow_id=tool.workflow_id or "plan-check",
+                tool=tool.name,
+                args=values,  # type: ignore[arg-type]  # checked as JSON by idem_key
+                idempotency_keys=tool.idempotency_keys,
+                validate_keys=tool.validate_keys,
+            )
+        )
         if tool.compensate is not None:
             check_compensation_tool(ledger, tool.name, tool.compensate)
     except EffectLedgerValidationError as exc:

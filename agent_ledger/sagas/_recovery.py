@@ -17,6 +17,7 @@ paused one runs each undo once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from agent_ledger.effects import EffectError
@@ -30,7 +31,7 @@ from agent_ledger.sagas._saga import (
     lease_of,
     saga_store,
 )
-from agent_ledger.stores.saga_base import SagaRecord, SagaStatus, SagaStore
+from agent_ledger.stores.saga_base import SagaRecord, SagaStatus, SagaStore, check_saga_limit
 
 if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
@@ -48,8 +49,9 @@ class SagaRecovery:
     finished: list[SagaOutcome] = field(default_factory=list)
     #: The ids of running sagas rolled back because they were abandoned.
     abandoned: list[str] = field(default_factory=list)
-    #: Running sagas left alone: a live owner, or one whose code must be
-    #: re-run (no ``abandon_after``, or not abandoned long enough yet).
+    #: Up to ``limit`` running sagas (newest first) this pass left alone: a
+    #: live owner, or one whose code must be re-run (no ``abandon_after``, or
+    #: not abandoned long enough yet), for a person to look at.
     running: list[SagaRecord] = field(default_factory=list)
     #: Sagas this pass could not finish, with why (a compensation tool not
     #: registered in this process, say); another pass may.
@@ -63,38 +65,69 @@ async def recover_sagas(
     lease_ms: int | None = None,
     limit: int = 100,
 ) -> SagaRecovery:
-    """One pass over up to ``limit`` open sagas; see the module doc."""
+    """One pass: finish up to ``limit`` sagas a claim can take now, oldest first;
+    then list up to ``limit`` running sagas for a person. See the module doc."""
     store = saga_store(ledger)
+    check_saga_limit(limit)
     lease = lease_of(lease_ms)
     me = owner if owner is not None else default_owner()
     report = SagaRecovery()
-    open_ = await store.list_sagas(statuses=frozenset({_G.RUNNING, _G.COMPENSATING}), limit=limit)
-    for saga in sorted(open_, key=lambda s: (s.created_at, s.saga_id)):
-        try:
-            # A pass that lacks a compensation tool leaves the saga unclaimed,
-            # so a pass that has it need not wait out this one's lease.
-            await _check_tools(ledger, store, saga)
-            if saga.status is _G.COMPENSATING:
-                claimed = await store.claim_saga(
-                    saga.saga_id,
-                    expect=_G.COMPENSATING,
-                    then=_G.COMPENSATING,
-                    lease_ms=lease,
-                    idle_ms=0,
-                    owner=me,
-                )
-            else:
-                claimed = await _abandon(store, saga, lease, me)
-                if claimed is None:
-                    report.running.append(saga)
-                    continue
-                report.abandoned.append(saga.saga_id)
-            if claimed is not None:
-                report.finished.append(await _finish(ledger, store, claimed))
-        except Exception as exc:
-            logger.warning("recover_sagas: saga %r not finished", saga.saga_id, exc_info=True)
-            report.errors.append((saga.saga_id, f"{type(exc).__name__}: {exc}"))
+    # The store selects only sagas a claim can take (never the newest open
+    # ones, filtered here: live or kept running sagas would hide a dead one
+    # behind them). A saga this pass cannot finish (a tool missing) does not
+    # count, and the pass pages on past it, so it always makes progress.
+    after: tuple[datetime, str] | None = None
+    taken = 0
+    while taken < limit:
+        page = await store.claimable_sagas(limit=limit, after=after)
+        for saga in page:
+            if taken >= limit:
+                break
+            after = (saga.created_at, saga.saga_id)
+            if await _recover_one(ledger, store, saga, lease, me, report):
+                taken += 1
+        if len(page) < limit:
+            break
+    abandoned = set(report.abandoned)
+    running = await store.list_sagas(statuses=frozenset({_G.RUNNING}), limit=limit)
+    report.running.extend(s for s in running if s.saga_id not in abandoned)
     return report
+
+
+async def _recover_one(
+    ledger: EffectLedger,
+    store: SagaStore,
+    saga: SagaRecord,
+    lease: int,
+    me: str,
+    report: SagaRecovery,
+) -> bool:
+    """Claim and finish ``saga``; True if this pass took it."""
+    try:
+        # A pass that lacks a compensation tool leaves the saga unclaimed,
+        # so a pass that has it need not wait out this one's lease.
+        await _check_tools(ledger, store, saga)
+        if saga.status is _G.COMPENSATING:
+            claimed = await store.claim_saga(
+                saga.saga_id,
+                expect=_G.COMPENSATING,
+                then=_G.COMPENSATING,
+                lease_ms=lease,
+                idle_ms=0,
+                owner=me,
+            )
+        else:
+            claimed = await _abandon(store, saga, lease, me)
+            if claimed is not None:
+                report.abandoned.append(saga.saga_id)
+        if claimed is None:
+            return False  # taken by another recoverer, or its owner came back
+        report.finished.append(await _finish(ledger, store, claimed))
+        return True
+    except Exception as exc:
+        logger.warning("recover_sagas: saga %r not finished", saga.saga_id, exc_info=True)
+        report.errors.append((saga.saga_id, f"{type(exc).__name__}: {exc}"))
+        return False
 
 
 async def _check_tools(ledger: EffectLedger, store: SagaStore, saga: SagaRecord) -> None:

@@ -2,7 +2,9 @@
 
 ``render_saga`` draws one saga the way saga-agent's report does: its status,
 then each step with its forward status, its error, its compensation's status
-and key, and when each happened. Everything comes from the store.
+and key, and when each happened. Everything comes from the store, and every
+stored string is printed through ``receipt.visible`` (ids, owners, tool names
+and error messages are chosen by agents and could carry terminal controls).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Final
 import orjson
 
 from agent_ledger.effects import Effect, JSONValue
+from agent_ledger.receipt import visible
 from agent_ledger.sagas._outcome import SagaOutcome, StepOutcome
 from agent_ledger.stores.saga_base import SagaRecord
 
@@ -34,7 +37,8 @@ def sagas_table(sagas: Sequence[SagaRecord]) -> list[str]:
         return ["no sagas"]
     headers = ("CREATED (UTC)", "STATUS", "SAGA", "ATT", "OWNER", "HEARTBEAT (UTC)")
     rows = [
-        (_when(s.created_at), s.status.value, s.saga_id, str(s.attempt), s.owner or _MISSING,
+        (_when(s.created_at), s.status.value, visible(s.saga_id), str(s.attempt),
+         visible(s.owner or _MISSING),
          _when(s.heartbeat_at) if not s.status.is_terminal else _MISSING)
         for s in sagas
     ]  # fmt: skip
@@ -55,34 +59,37 @@ def _effect_line(effect: Effect | None, what: str) -> str:
 
 def _step_lines(step: StepOutcome) -> list[str]:
     row = step.step
-    lines = [f"  [{row.position}] group {row.group_index}  {row.tool}  key {row.idem_key[:12]}"]
+    lines = [
+        f"  [{row.position}] group {row.group_index}  {visible(row.tool)}"
+        f"  key {visible(row.idem_key[:12])}"
+    ]
     lines.append("      " + _effect_line(step.forward, "forward"))
     if step.forward is not None and step.forward.error is not None:
-        lines.append(f"      error  {step.forward.error.message}")
+        lines.append(f"      error  {visible(step.forward.error.message)}")
     if row.compensation is None:
         lines.append("      undo   none (no compensation tool)")
         return lines
-    key = row.compensation_key[:12] if row.compensation_key else _MISSING
-    undo = _effect_line(step.compensation, f"undo   {row.compensation}")
+    key = visible(row.compensation_key[:12]) if row.compensation_key else _MISSING
+    undo = _effect_line(step.compensation, f"undo   {visible(row.compensation)}")
     lines.append(f"      {undo}  key {key}")
     if step.compensation is not None:
         if step.compensation.error is not None:
-            lines.append(f"      error  {step.compensation.error.message}")
+            lines.append(f"      error  {visible(step.compensation.error.message)}")
         if step.compensation.result is not None:
             receipt = orjson.dumps(step.compensation.result).decode()
-            lines.append(f"      receipt {receipt}")
+            lines.append(f"      receipt {visible(receipt)}")
     return lines
 
 
 def render_saga(outcome: SagaOutcome) -> str:
     """The saga and each of its steps, for a person."""
     lines = [
-        f"saga {outcome.saga_id}: {outcome.status.value}",
-        f"  owner {outcome.owner or _MISSING}, attempt {outcome.attempt}",
+        f"saga {visible(outcome.saga_id)}: {outcome.status.value}",
+        f"  owner {visible(outcome.owner or _MISSING)}, attempt {outcome.attempt}",
         f"  created {_when(outcome.created_at)}, finished {_when(outcome.completed_at)}",
     ]
     if outcome.error is not None:
-        lines.append(f"  why    {outcome.error.message}")
+        lines.append(f"  why    {visible(outcome.error.message)}")
     if not outcome.steps:
         lines.append("  no steps")
     for step in outcome.steps:

@@ -40,6 +40,7 @@ from agent_ledger.sagas._errors import (
     SagaInFlightError,
     SagaNondeterminismError,
     SagaOwnershipLostError,
+    SagaStepCancelled,
 )
 from agent_ledger.sagas._outcome import SagaOutcome, read_outcome
 from agent_ledger.status import EffectStatus
@@ -227,6 +228,9 @@ class Saga:
         self._tokens: list[contextvars.Token[Any]] = []
         self._entered = False
         self._closed = False
+        #: The first nondeterminism found: (position, what was recorded, what was asked).
+        #: Once set, no new step of this run may begin (see ``_check_position``).
+        self._diverged: tuple[int, str, str] | None = None
 
     # -- entering ------------------------------------------------------------------
 
@@ -327,28 +331,39 @@ class Saga:
             self.step_failures.append((position, exc))
             return None
 
+    def _check_position(self, position: int, tool: str, key: str) -> SagaStep | None:
+        """Raise ``SagaNondeterminismError`` if ``tool``/``key`` is not what was
+        recorded at ``position``, or if any step of this run already diverged:
+        after a divergence no new step begins, so a parallel group's sibling of
+        the diverging step never runs. Synchronous, so ``start()`` checks a
+        position before the step's task exists. The recorded step, if any."""
+        if self._diverged is not None:
+            raise SagaNondeterminismError(self.saga_id, *self._diverged)
+        recorded = self._recorded.get(position)
+        asked = f"tool {tool!r} (key {key[:12]}…)"
+        was = None
+        if recorded is None and self._replay_only:
+            was = f"nothing (the saga completed with {len(self._recorded)} steps)"
+        elif recorded is not None and (recorded.tool, recorded.idem_key) != (tool, key):
+            was = f"tool {recorded.tool!r} (key {recorded.idem_key[:12]}…)"
+        if was is not None:
+            self._diverged = (position, was, asked)
+            raise SagaNondeterminismError(self.saga_id, position, was, asked)
+        return recorded
+
     async def _record(
         self, position: int, group: int, tool: Tool[object], key: str, undo_key: str | None
     ) -> None:
-        asked = f"tool {tool.name!r} (key {key[:12]}…)"
-        recorded = self._recorded.get(position)
-        if recorded is None and self._replay_only:
-            raise SagaNondeterminismError(
-                self.saga_id,
-                position,
-                f"nothing (the saga completed with {len(self._recorded)} steps)",
-                asked,
-            )
+        recorded = self._check_position(position, tool.name, key)
         if recorded is None:
             step = NewSagaStep(
                 position, group, tool.name, key, tool.compensate, undo_key, tool.compensate_if
             )
-            recorded = await self._store.record_step(self.saga_id, attempt=self.attempt, step=step)
-            if recorded is None:
+            stored = await self._store.record_step(self.saga_id, attempt=self.attempt, step=step)
+            if stored is None:
                 raise SagaOwnershipLostError(self.saga_id)
-        if (recorded.tool, recorded.idem_key) != (tool.name, key):
-            was = f"tool {recorded.tool!r} (key {recorded.idem_key[:12]}…)"
-            raise SagaNondeterminismError(self.saga_id, position, was, asked)
+            self._recorded.setdefault(position, stored)
+            self._check_position(position, tool.name, key)  # the row found there, if not ours
 
     def start(self, tool: Tool[Any], /, *args: object, **kwargs: object) -> asyncio.Task[Any]:
         """Start ``tool(*args, **kwargs)`` as a step in its own task (inside
@@ -361,8 +376,8 @@ class Saga:
             )
         if self._closed or not self._entered:
             raise SagaError(f"saga {self.saga_id!r}: start() is for use inside the saga's block")
-        tool.tool_call(*args, **kwargs)  # binds: bad arguments raise now
-        return self._start(tool(*args, **kwargs))
+        call = tool.tool_call(*args, **kwargs)  # binds: bad arguments raise now
+        return self._start(tool, call, tool(*args, **kwargs))
 
     def start_invoke(self, tool: Tool[Any], arguments: Mapping[str, object]) -> asyncio.Task[Any]:
         """``start`` with the arguments by name, as ``tool.invoke`` takes them."""
@@ -373,10 +388,22 @@ class Saga:
             )
         if self._closed or not self._entered:
             raise SagaError(f"saga {self.saga_id!r}: start() is for use inside the saga's block")
-        tool.bind_arguments(arguments)  # bad arguments raise now
-        return self._start(tool.invoke(arguments))
+        # Bad arguments raise now; the same ToolCall invoke() makes.
+        call = tool._tool_call(tool.bind_arguments(arguments))
+        return self._start(tool, call, tool.invoke(arguments))
 
-    def _start(self, step: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+    def _start(
+        self, tool: Tool[Any], call: ToolCall, step: Coroutine[Any, Any, Any]
+    ) -> asyncio.Task[Any]:
+        """Check the step (its key: arguments that are not JSON raise; its
+        position: a step other than the recorded one raises) before anything
+        is stored or started, then start its task."""
+        try:
+            key = self.ledger.idem_key(call)
+            self._check_position(self._next_position, tool.name, key)
+        except BaseException:
+            step.close()  # never awaited: nothing ran
+            raise
         position, group = self._place()
         context = contextvars.copy_context()
         context.run(_RESERVED.set, (self, position, group))
@@ -403,10 +430,11 @@ class Saga:
         pending = {task for task, _ in tasks}
         while pending:
             _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-            failed = [(p, t) for t, p in tasks if t.done() and _failure(t) is not None]
+            failed = [(p, t) for t, p in tasks if t.done() and _failure(t, p) is not None]
             if failed:
                 await self._drain(cancel_waiting=True)
-                error = _failure(min(failed, key=lambda f: f[0])[1])
+                position, task = min(failed, key=lambda f: f[0])
+                error = _failure(task, position)
                 assert error is not None
                 raise error
 
@@ -423,8 +451,8 @@ class Saga:
                             effect.idem_key, reason="the saga was rolled back", by="saga"
                         )
             await asyncio.wait([t for t, _ in pending], timeout=0.05 if cancel_waiting else None)
-        for task, _ in self._tasks:
-            _failure(task)  # retrieved: the rollback reports the failures that matter
+        for task, position in self._tasks:
+            _failure(task, position)  # retrieved: the rollback reports the failures that matter
 
     # -- leaving -------------------------------------------------------------------
 
@@ -452,14 +480,23 @@ class Saga:
             return False
         failure: BaseException | None = None
         if exc is None:
-            failure = await self._stray_failure()
+            try:
+                failure = await self._stray_failure()
+            except asyncio.CancelledError as cancelled:
+                # Cancelled while waiting for a stray step: a cancellation
+                # like any other (the block's code is done, its steps not).
+                failure = cancelled
             if failure is None:
-                moved = await self._store.finish_saga(
-                    self.saga_id,
-                    attempt=self.attempt,
-                    expect=_G.RUNNING,
-                    then=_G.COMPLETED,
-                    error=None,
+                # Shielded: a cancellation now must not leave the saga running
+                # with every step done; it propagates once this is stored.
+                moved = await _shielded(
+                    self._store.finish_saga(
+                        self.saga_id,
+                        attempt=self.attempt,
+                        expect=_G.RUNNING,
+                        then=_G.COMPLETED,
+                        error=None,
+                    )
                 )
                 if not moved:
                     raise SagaOwnershipLostError(self.saga_id)
@@ -474,6 +511,8 @@ class Saga:
         if isinstance(exc, asyncio.CancelledError):
             reason = EffectError("the task running the saga was cancelled", CANCELED_CODE)
             await _shielded(self._roll_back(reason))
+            if exc is failure:
+                raise exc
             return False  # the cancellation propagates
         if not isinstance(exc, Exception):
             return False  # KeyboardInterrupt and the like: left to recover_sagas()
@@ -486,8 +525,8 @@ class Saga:
     async def _stray_failure(self) -> BaseException | None:
         """Steps started outside ``parallel()`` are waited for at the block's end."""
         await self._drain(cancel_waiting=False)
-        failed = sorted((p, t) for t, p in self._tasks if _failure(t) is not None)
-        return _failure(failed[0][1]) if failed else None
+        failed = sorted((p, t) for t, p in self._tasks if _failure(t, p) is not None)
+        return _failure(failed[0][1], failed[0][0]) if failed else None
 
     async def _roll_back(self, reason: EffectError) -> SagaOutcome:
         moved = await self._store.finish_saga(
@@ -508,9 +547,10 @@ class Saga:
         return f"<Saga {self.saga_id!r} attempt={self.attempt}>"
 
 
-def _failure(task: asyncio.Task[Any]) -> BaseException | None:
+def _failure(task: asyncio.Task[Any], position: int) -> BaseException | None:
+    """The step's failure; a cancelled step task is a failed step."""
     if task.cancelled():
-        return SagaError("a step's task was cancelled")
+        return SagaStepCancelled(position)
     return task.exception()
 
 

@@ -19,6 +19,7 @@ from agent_ledger.stores.saga_base import (
     SagaRecord,
     SagaStatus,
     SagaStep,
+    check_saga_limit,
     check_saga_move,
 )
 
@@ -139,6 +140,33 @@ class MemorySagas:
     async def list_sagas(
         self, *, statuses: frozenset[SagaStatus] | None = None, limit: int = 100
     ) -> list[SagaRecord]:
+        check_saga_limit(limit)
         rows = [s for s in self._saga_rows.values() if statuses is None or s.status in statuses]
         rows.sort(key=lambda s: (s.created_at, s.saga_id), reverse=True)
         return rows[:limit]
+
+    async def claimable_sagas(
+        self, *, limit: int = 100, after: tuple[datetime, str] | None = None
+    ) -> list[SagaRecord]:
+        check_saga_limit(limit)
+        now: datetime = self._clock()
+        rows = [
+            s
+            for s in self._saga_rows.values()
+            if _claimable(s, now) and (after is None or (s.created_at, s.saga_id) > after)
+        ]
+        rows.sort(key=lambda s: (s.created_at, s.saga_id))
+        return rows[:limit]
+
+
+def _claimable(saga: SagaRecord, now: datetime) -> bool:
+    """What ``claim_saga`` from a recoverer would take now (see ``claimable_sagas``)."""
+    if saga.lease_ms <= 0:
+        return False
+    if saga.status is SagaStatus.COMPENSATING:
+        idle_ms = saga.lease_ms
+    elif saga.status is SagaStatus.RUNNING and saga.abandon_after_ms is not None:
+        idle_ms = max(saga.lease_ms, saga.abandon_after_ms)
+    else:
+        return False
+    return saga.heartbeat_at <= now - timedelta(milliseconds=idle_ms)

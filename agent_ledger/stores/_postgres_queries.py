@@ -409,3 +409,15 @@ SAGA_LIST: Final[LiteralString] = (
     " WHERE %(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s)"
     " ORDER BY created_at DESC, saga_id DESC LIMIT %(limit)s"
 )
+# What a recoverer's SAGA_CLAIM would take now, oldest first, after a cursor.
+SAGA_CLAIMABLE: Final[LiteralString] = (
+    "SELECT " + _SAGA_COLUMNS + " FROM {sagas} WHERE lease_ms > 0"
+    " AND ((status = %(compensating)s"
+    " AND heartbeat_at <= clock_timestamp() - make_interval(secs => lease_ms / 1000.0))"
+    " OR (status = %(running)s AND abandon_after_ms IS NOT NULL"
+    " AND heartbeat_at <= clock_timestamp()"
+    " - make_interval(secs => greatest(lease_ms, abandon_after_ms) / 1000.0)))"
+    " AND (%(after_at)s::timestamptz IS NULL"
+    " OR (created_at, saga_id) > (%(after_at)s::timestamptz, %(after_id)s::text))"
+    " ORDER BY created_at, saga_id LIMIT %(limit)s"
+)

@@ -24,6 +24,7 @@ from agent_ledger.stores.saga_base import (
     SagaRecord,
     SagaStatus,
     SagaStep,
+    check_saga_limit,
     check_saga_move,
     saga_error_json,
     saga_from_row,
@@ -80,6 +81,7 @@ class PostgresSagas:
             "record": q.STEP_RECORD,
             "steps": q.SAGA_STEPS,
             "list": q.SAGA_LIST,
+            "claimable": q.SAGA_CLAIMABLE,
         }
         return {name: sql.SQL(text).format(**tables) for name, text in texts.items()}
 
@@ -175,6 +177,21 @@ class PostgresSagas:
     async def list_sagas(
         self, *, statuses: frozenset[SagaStatus] | None = None, limit: int = 100
     ) -> list[SagaRecord]:
+        check_saga_limit(limit)
         wanted = None if statuses is None else sorted(s.value for s in statuses)
         rows = await self._saga_rows("list_sagas", "list", {"statuses": wanted, "limit": limit})
+        return [_saga(row) for row in rows]
+
+    async def claimable_sagas(
+        self, *, limit: int = 100, after: tuple[datetime, str] | None = None
+    ) -> list[SagaRecord]:
+        check_saga_limit(limit)
+        params = {
+            "compensating": SagaStatus.COMPENSATING.value,
+            "running": SagaStatus.RUNNING.value,
+            "after_at": None if after is None else after[0],
+            "after_id": None if after is None else after[1],
+            "limit": limit,
+        }
+        rows = await self._saga_rows("claimable_sagas", "claimable", params)
         return [_saga(row) for row in rows]

@@ -24,6 +24,7 @@ from agent_ledger.stores.saga_base import (
     SagaRecord,
     SagaStatus,
     SagaStep,
+    check_saga_limit,
     check_saga_move,
     saga_from_row,
     step_from_row,
@@ -174,6 +175,7 @@ class SqliteSagas:
     async def list_sagas(
         self, *, statuses: frozenset[SagaStatus] | None = None, limit: int = 100
     ) -> list[SagaRecord]:
+        check_saga_limit(limit)
         await self._enter(None)
         wanted = None if statuses is None else orjson.dumps(sorted(statuses)).decode()
         params = {"statuses": wanted, "limit": limit}
@@ -182,3 +184,21 @@ class SqliteSagas:
             return [_saga(row) for row in conn.execute(q.SAGA_LIST, params)]
 
         return await self._run("list_sagas", work, None, write=False)
+
+    async def claimable_sagas(
+        self, *, limit: int = 100, after: tuple[datetime, str] | None = None
+    ) -> list[SagaRecord]:
+        check_saga_limit(limit)
+        await self._enter(None)
+        params: dict[str, object] = {
+            "compensating": SagaStatus.COMPENSATING.value,
+            "running": SagaStatus.RUNNING.value,
+            "after_us": None if after is None else (after[0] - _EPOCH) // timedelta(microseconds=1),
+            "after_id": None if after is None else after[1],
+            "limit": limit,
+        }
+
+        def work(conn: sqlite3.Connection, now: int) -> list[SagaRecord]:
+            return [_saga(row) for row in conn.execute(q.SAGA_CLAIMABLE, params | {"now": now})]
+
+        return await self._run("claimable_sagas", work, None, write=False)

@@ -213,6 +213,34 @@ class SagaStore(Protocol):
         """Up to ``limit`` sagas in ``statuses`` (all when None), newest first."""
         ...
 
+    async def claimable_sagas(
+        self, *, limit: int = 100, after: tuple[datetime, str] | None = None
+    ) -> list[SagaRecord]:
+        """Up to ``limit`` sagas a recoverer's claim could take now, oldest
+        (``created_at``, then ``saga_id``) first, strictly after the cursor
+        ``after`` (the ``created_at`` and ``saga_id`` of the last one of the
+        previous page). Claimable: ``compensating`` with a heartbeat older than
+        its lease, or ``running`` with an ``abandon_after_ms`` and a heartbeat
+        older than both its lease and that (a lease of 0 is never claimable).
+        Selected in the store, so newer sagas that cannot be claimed never hide
+        an older one that can."""
+        ...
+
+
+#: The most sagas one ``list_sagas`` / ``claimable_sagas`` call returns (as for effects).
+MAX_SAGA_PAGE: Final = 1_000
+
+
+def check_saga_limit(limit: object) -> int:
+    """``limit`` for ``list_sagas``/``claimable_sagas``/``recover_sagas``, checked once
+    here so that every store refuses the same values the same way (a negative
+    LIMIT meant "all" in SQLite and an error in PostgreSQL)."""
+    if type(limit) is not int or not 1 <= limit <= MAX_SAGA_PAGE:
+        raise EffectLedgerValidationError(
+            f"limit must be an int from 1 to {MAX_SAGA_PAGE}, got {limit!r}", field="limit"
+        )
+    return limit
+
 
 def check_saga_move(expect: SagaStatus, then: SagaStatus) -> None:
     """Raise unless the saga table allows ``expect -> then`` as an owner's move."""

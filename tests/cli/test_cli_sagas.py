@@ -118,3 +118,74 @@ def test_recover_finishes_an_abandoned_saga_with_the_apps_tools(cli: Cli, tmp_pa
     assert cli("sagas", "recover").stdout == "no saga needed recovery\n"
     bad = cli("sagas", "recover", "--app", "shopapp")
     assert bad.returncode == 2 and "MODULE:ATTRIBUTE" in bad.stderr
+
+
+EVIL = "order\x1b]0;pwned\x07-1\u202e"
+
+
+def test_stored_text_is_printed_escaped_by_list_show_and_recover(cli: Cli) -> None:
+    """Saga ids, owners, tool names and errors are chosen by agents: printed raw,
+    a terminal control in one could rewrite what the person reads."""
+    assert cli("init").returncode == 0
+
+    async def evil() -> None:
+        store = await open_store(cli.url)
+        ledger = build_ledger(store)
+
+        @ledger.tool("ship\x9b2J")
+        async def ship(item: str) -> str:
+            raise RuntimeError("no courier\x1b[2J\x1b[31mALL GOOD\u202e")
+
+        with pytest.raises(Exception, match="no courier"):
+            async with ledger.saga(EVIL, owner="host\x1b[1A"):
+                await ship("a")
+        kept = ledger.saga(EVIL + "kept", owner="host\x1b[1A")  # left running: listed
+        await kept.__aenter__()
+        assert kept._heartbeat is not None
+        await kept._heartbeat.stop()
+        await store.close()
+
+    asyncio.run(evil())
+    outputs = {
+        "list": cli("sagas", "list"),
+        "show": cli("sagas", "show", EVIL),
+        "show missing": cli("sagas", "show", EVIL + "nope"),
+        "recover": cli("sagas", "recover"),
+    }
+    for name, out in outputs.items():
+        assert out.stdout, name
+        for raw in ("\x1b", "\x07", "\x9b", "\u202e"):
+            assert raw not in out.stdout, (name, raw, out.stdout)
+    assert "order\\x1b]0;pwned\\x07-1\\u202e" in outputs["show"].stdout
+    assert "no courier\\x1b[2J" in outputs["show"].stdout
+    assert "ship\\x9b2J" in outputs["show"].stdout
+    assert "host\\x1b[1A" in outputs["recover"].stdout
+
+
+@pytest.mark.parametrize("action", ["list", "recover"])
+def test_a_bad_limit_is_one_line_on_stderr(cli: Cli, action: str) -> None:
+    assert cli("init").returncode == 0
+    out = cli("sagas", action, "--limit", "-1")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == "agent-ledger: limit must be an int from 1 to 1000, got -1\n"
+
+
+@pytest.mark.parametrize(
+    ("source", "problem"),
+    [
+        ('raise RuntimeError("config\\nmissing")\n', "RuntimeError: config\\x0amissing"),
+        ("def f(:\n", "SyntaxError: "),
+        (None, "ModuleNotFoundError: No module named 'brokenapp'"),
+    ],
+    ids=["raises", "syntax error", "missing"],
+)
+def test_an_app_that_fails_to_import_is_one_line_on_stderr(
+    cli: Cli, tmp_path: Path, source: str | None, problem: str
+) -> None:
+    assert cli("init").returncode == 0
+    if source is not None:
+        (tmp_path / "brokenapp.py").write_text(source)
+    out = cli("sagas", "recover", "--app", "brokenapp:ledger")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("agent-ledger: --app brokenapp:ledger: importing 'brokenapp'")
+    assert problem in out.stderr and out.stderr.count("\n") == 1, out.stderr

@@ -169,3 +169,59 @@ async def test_list_filters_by_status_newest_first(harness: StoreHarness) -> Non
     running = await store.list_sagas(statuses=frozenset({G.RUNNING}))
     assert [s.saga_id for s in running] == ["c", "a"]
     assert [s.saga_id for s in await store.list_sagas(limit=1)] == ["c"]
+
+
+async def test_claimable_selects_only_what_a_claim_takes_oldest_first_in_pages(
+    harness: StoreHarness,
+) -> None:
+    """The store, not the caller, picks the sagas a recoverer can take: newer
+    running sagas (live, or kept for a person) never hide an older dead one."""
+    store = _sagas(harness)
+    await store.begin_saga(NewSaga("gone", "w", LEASE, 5_000, "continue"))
+    await harness.age(10)
+    for name in ("dead-undo", "live-undo"):
+        await store.begin_saga(_new(name))
+        assert await store.finish_saga(
+            name, attempt=1, expect=G.RUNNING, then=G.COMPENSATING, error=None
+        )
+        await harness.age(10)
+    await store.begin_saga(NewSaga("not-yet", "w", LEASE, 60_000, "continue"))
+    await store.begin_saga(_new("kept"))  # no abandon_after: listed, never claimed
+    await store.begin_saga(_new("done"))
+    assert await store.finish_saga(
+        "done", attempt=1, expect=G.RUNNING, then=G.COMPLETED, error=None
+    )
+    await harness.age(6_000)
+    assert await store.heartbeat_saga("live-undo", attempt=1)
+    claimable = await store.claimable_sagas()
+    assert [s.saga_id for s in claimable] == ["gone", "dead-undo"]
+    [first] = await store.claimable_sagas(limit=1)
+    [second] = await store.claimable_sagas(limit=1, after=(first.created_at, first.saga_id))
+    assert (first.saga_id, second.saga_id) == ("gone", "dead-undo")
+    assert await store.claimable_sagas(after=(second.created_at, second.saga_id)) == []
+    for saga in claimable:  # each one is indeed claimable, and then no longer
+        assert await store.claim_saga(
+            saga.saga_id,
+            expect=saga.status,
+            then=saga.status,
+            lease_ms=LEASE,
+            idle_ms=saga.abandon_after_ms or 0,
+            owner="r",
+        )
+    assert await store.claimable_sagas() == []
+
+
+@pytest.mark.parametrize("limit", [0, -1, 1_001, True, 2.0, "5"])
+async def test_a_bad_limit_is_refused_alike_by_every_store(
+    harness: StoreHarness, limit: object
+) -> None:
+    """A negative LIMIT meant "every saga" in SQLite and a store error in PostgreSQL."""
+    store = _sagas(harness)
+    await store.begin_saga(_new())
+    with pytest.raises(EffectLedgerValidationError, match="limit must be an int from 1 to 1000"):
+        await store.list_sagas(limit=limit)  # type: ignore[arg-type]
+    with pytest.raises(EffectLedgerValidationError, match="limit must be an int from 1 to 1000"):
+        await store.claimable_sagas(limit=limit)  # type: ignore[arg-type]
+    with pytest.raises(EffectLedgerValidationError, match="limit must be an int from 1 to 1000"):
+        await harness.ledger().recover_sagas(limit=limit)  # type: ignore[arg-type]
+    assert [s.saga_id for s in await store.list_sagas(limit=1_000)] == ["order-42"]

@@ -12,7 +12,7 @@ import pytest
 from agent_ledger import EffectDeniedError, EffectStatus
 from agent_ledger.sagas import Saga, SagaFailed, SagaStatus
 from agent_ledger.sagas._saga import saga_store
-from agent_ledger.stores.saga_base import SagaStore
+from agent_ledger.stores.saga_base import NewSaga, NewSagaStep, SagaStore
 from tests.harness import StoreHarness
 from tests.sagas.conftest import Shop, shop_of
 
@@ -143,3 +143,39 @@ async def test_a_missing_compensation_tool_is_reported_and_the_saga_left_for_lat
     assert shop.log == ["s1", "s2", "s3"], "nothing was undone"
     report = await _recoverer(harness, shop).ledger.recover_sagas()
     assert [o.status for o in report.finished] == [G.COMPENSATED]
+
+
+async def test_a_dead_saga_behind_more_than_limit_newer_running_ones_is_finished(
+    harness: StoreHarness,
+) -> None:
+    """recover_sagas used to read the `limit` newest open sagas and filter them:
+    a dead compensating saga behind that many running ones was never reached."""
+    shop, store = await _dead_while_compensating(harness)
+    for i in range(4):  # newer, running, live owners (and one kept for a person)
+        await store.begin_saga(NewSaga(f"busy-{i}", "w2", 600_000, None, "continue"))
+    report = await _recoverer(harness, shop).ledger.recover_sagas(limit=2)
+    assert [o.saga_id for o in report.finished] == ["order-42"]
+    assert [o.status for o in report.finished] == [G.COMPENSATED]
+    assert len(report.running) == 2, "running sagas are listed up to the limit"
+    assert shop.log == ["s1", "s2", "s3", "undo s2", "undo s1"]
+
+
+async def test_sagas_this_pass_cannot_finish_do_not_use_up_its_limit(
+    harness: StoreHarness,
+) -> None:
+    """Older sagas whose compensation tool is missing here are reported and
+    skipped; the pass goes on to the ones it can finish."""
+    store = saga_store(harness.ledger())
+    for i in range(3):
+        name = f"unknown-{i}"
+        await store.begin_saga(NewSaga(name, "w", LEASE, None, "continue"))
+        step = NewSagaStep(0, 0, "elsewhere", f"k{i}", "elsewhere.undo", f"u{i}", "succeeded")
+        assert await store.record_step(name, attempt=1, step=step) is not None
+        assert await store.finish_saga(
+            name, attempt=1, expect=G.RUNNING, then=G.COMPENSATING, error=None
+        )
+        await harness.age(10)
+    shop, _ = await _dead_while_compensating(harness)
+    report = await _recoverer(harness, shop).ledger.recover_sagas(limit=1)
+    assert [saga_id for saga_id, _ in report.errors] == ["unknown-0", "unknown-1", "unknown-2"]
+    assert [o.saga_id for o in report.finished] == ["order-42"]

@@ -68,6 +68,11 @@ async def test_a_failing_planned_step_rolls_the_plan_back(harness: StoreHarness)
         ([{"tool": "pay", "args": ["x"]}], "step 1: args must be a mapping"),
         ([{"tool": "pay", "arguments": {}}], r"step 1: expected \{'tool'"),
         ([{"tool": "orphan", "args": {}}], "step 1: tool 'orphan' is compensated by 'nobody'"),
+        ([PLAN[0], {"tool": "pay", "args": {"item": {"x"}}}], r"step 2: args\['item'\]: set"),
+        (
+            [PLAN[0], [PLAN[0], {"tool": "pay", "args": {"item": float("nan")}}]],
+            r"step 2\.2: .*item",
+        ),
     ],
 )
 async def test_a_bad_plan_is_refused_before_anything_exists(
@@ -85,3 +90,15 @@ async def test_a_bad_plan_is_refused_before_anything_exists(
     assert "Nothing was run" in str(refused.value)
     assert await saga_store(ledger).get_saga("bad") is None
     assert (await ledger.stats()).total == 0 and shop.log == []
+
+
+async def test_a_refused_plan_does_not_use_up_its_saga_id(harness: StoreHarness) -> None:
+    """A non-JSON argument found only when its step ran used to leave the saga
+    rolled back under that id, so the corrected plan could never run there."""
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "pay")
+    bad = [PLAN[0], {"tool": "pay", "args": {"item": {"not", "json"}}}]
+    with pytest.raises(EffectLedgerValidationError, match="Nothing was run"):
+        await ledger.run_saga("fixable", bad)
+    assert await ledger.run_saga("fixable", [PLAN[0]]) == [{"done": "pay:o42"}]
+    assert shop.log == ["pay"]

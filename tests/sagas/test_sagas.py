@@ -17,6 +17,7 @@ from agent_ledger.sagas import (
     SagaNondeterminismError,
     SagaOwnershipLostError,
     SagaStatus,
+    SagaStepCancelled,
 )
 from agent_ledger.sagas._compensation import compensate
 from agent_ledger.sagas._saga import saga_store
@@ -418,3 +419,132 @@ async def test_a_cancellation_during_the_undo_waits_for_it_then_propagates(
         await task
     assert shop.log == ["s1", "s2", "undo s1", "undo s0"]
     assert await _status(harness, "cancel-during-undo") is G.COMPENSATED
+
+
+async def test_a_cancellation_while_the_exit_waits_for_a_stray_step_still_rolls_back(
+    harness: StoreHarness,
+) -> None:
+    """The block's code is done; its end waits for a step started outside
+    parallel(). Cancelling then used to leave the saga running, nothing undone."""
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "s1", "s2")
+    started = asyncio.Event()
+    may_finish = asyncio.Event()
+
+    @ledger.tool("stray", compensate="undo.s2")
+    async def stray() -> str:
+        started.set()
+        await may_finish.wait()
+        shop.log.append("stray")
+        return "sent"
+
+    async def order() -> None:
+        async with ledger.saga("stray-cancel") as saga:
+            await shop["s1"]("a")
+            saga.start(stray)
+
+    task = asyncio.create_task(order())
+    await started.wait()
+    await asyncio.sleep(0.02)  # the block's end is waiting for the stray step
+    task.cancel()
+    await asyncio.sleep(0.05)
+    assert not task.done(), "the undo waits for the stray step to end"
+    may_finish.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert shop.log == ["s1", "stray", "undo s2", "undo s1"]
+    assert await _status(harness, "stray-cancel") is G.CANCELED
+
+
+@pytest.mark.parametrize("grouped", [True, False], ids=["in a group", "stray"])
+async def test_a_cancelled_step_task_is_a_failed_step_and_rolls_the_saga_back(
+    harness: StoreHarness, grouped: bool
+) -> None:
+    """A step task cancelled on its own (a wait_for timing out on it) used to
+    raise a SagaError that left the saga running, its completed steps never undone."""
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "s1")
+    started = asyncio.Event()
+
+    @ledger.tool("slow.quote")
+    async def quote() -> str:
+        started.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    with pytest.raises(SagaFailed) as failed:
+        async with ledger.saga(f"cancelled-step-{grouped}") as saga:
+            await shop["s1"]("a")
+            if grouped:
+                async with saga.parallel():
+                    slow = saga.start(quote)
+                    await started.wait()
+                    slow.cancel()
+            else:
+                slow = saga.start(quote)
+                await started.wait()
+                slow.cancel()
+    assert isinstance(failed.value.__cause__, SagaStepCancelled)
+    assert failed.value.__cause__.position == 1
+    assert failed.value.status is G.COMPENSATED
+    assert failed.value.outcome.error is not None
+    assert failed.value.outcome.error.code == "step_canceled"
+    assert shop.log == ["s1", "undo s1"]
+    assert await _status(harness, f"cancelled-step-{grouped}") is G.COMPENSATED
+
+
+class _Died(BaseException):
+    """The worker stops mid-saga (left to recovery, as after a KeyboardInterrupt)."""
+
+
+@pytest.mark.parametrize("changed_args", [True, False], ids=["changed args", "changed tool"])
+async def test_nondeterminism_in_a_group_runs_no_sibling_and_leaves_the_saga(
+    harness: StoreHarness, changed_args: bool
+) -> None:
+    """A changed step inside a parallel group used to let its new sibling be
+    recorded and run (a charge nobody would undo)."""
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "s1", "s2", "s3")
+    with pytest.raises(_Died):
+        async with ledger.saga("group-8", lease_ms=1_000) as saga:
+            await shop["s1"]("a")
+            await shop["s2"]("b")
+            # a group whose step 3 was recorded, step 2 not yet, when the worker died
+            key = ledger.idem_key(shop["s2"].tool_call("c"))
+            await saga._record(3, 2, shop["s2"], key, None)
+            raise _Died
+    await harness.age(2_000)
+    before = await saga_store(ledger).saga_steps("group-8")
+    with pytest.raises(SagaNondeterminismError, match=r"step 3 was recorded as tool 's2'"):
+        async with ledger.saga("group-8", lease_ms=1_000) as saga:
+            await shop["s1"]("a")
+            await shop["s2"]("b")
+            async with saga.parallel():
+                late = saga.start(shop["s1"], "late")  # position 2, before the check: new
+                with pytest.raises(SagaNondeterminismError):  # position 3: was s2("c")
+                    saga.start(shop["s2"] if changed_args else shop["s3"], "changed")
+                saga.start(shop["s3"], "new")  # position 4: new
+            pytest.fail(f"the group raises: {late}")
+    assert shop.log == ["s1", "s2"], "nothing ran in the re-run, not even step 2"
+    assert await saga_store(ledger).saga_steps("group-8") == before, "nothing recorded"
+    assert await _status(harness, "group-8") is G.RUNNING, "left as it was"
+
+
+@pytest.mark.parametrize("invoke", [False, True], ids=["start", "start_invoke"])
+async def test_start_refuses_arguments_that_are_not_json_before_anything_is_stored(
+    harness: StoreHarness, invoke: bool
+) -> None:
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "s1", "s2")
+    async with ledger.saga("bad-start") as saga, saga.parallel():
+        saga.start(shop["s1"], "a")
+        with pytest.raises(EffectLedgerValidationError, match="set is not a JSON value"):
+            if invoke:
+                saga.start_invoke(shop["s2"], {"item": {"x"}})
+            else:
+                saga.start(shop["s2"], {"x"})
+        saga.start(shop["s2"], "b")  # the refused call took no position
+    steps = await saga_store(ledger).saga_steps("bad-start")
+    assert [(s.position, s.tool) for s in steps] == [(0, "s1"), (1, "s2")]
+    assert sorted(shop.log) == ["s1", "s2"]
+    assert await _status(harness, "bad-start") is G.COMPLETED
