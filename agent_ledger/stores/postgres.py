@@ -413,7 +413,7 @@ class PostgresStore(PostgresSagas):
             started = counts.epoch
             row = await self._fetch_one("begin", self._find, {"idem_key": key}, None, idem_key=key)
             if row is not None and row[_STATUS_AT] in _FINISHED_VALUES:
-                counts.add(key)
+                counts.add(row_id(row))
                 (row,) = await self._counted([row], started, None)
                 return BeginOutcome(_effect_from_row(row), created=False)
         elif len(known) >= _KNOWN_KEYS:
@@ -432,7 +432,7 @@ class PostgresStore(PostgresSagas):
                 return BeginOutcome(_effect_from_row(row), created=True)
             if not row[_EFFECT_WIDTH + 1]:
                 # Finished (or finished while the statement ran): count it later.
-                counts.add(key)
+                counts.add(row_id(row))
             (row,) = await self._counted([row], started, None)
             return BeginOutcome(_effect_from_row(row), created=False)
         raise EffectStoreError(
@@ -708,8 +708,8 @@ class PostgresStore(PostgresSagas):
         await self._counts.flush()
 
     async def _write_counts(self, batch: Mapping[str, int]) -> list[str]:
-        """``DEDUP_FLUSH`` for ``batch``; the keys it skipped (locked rows)."""
-        params = {"keys": list(batch), "counts": list(batch.values())}
+        """``DEDUP_FLUSH`` for ``batch`` (by effect id); the ids it skipped (locked rows)."""
+        params = {"ids": list(batch), "counts": list(batch.values())}
         with self._errors("flush_counts"):
             async with self._connection(None) as conn:
                 try:

@@ -479,7 +479,7 @@ class SqliteStore(SqliteSagas):
         if created:
             return BeginOutcome(_effect_from_row(row), created=True)
         if replayed:
-            counts.add(key)
+            counts.add(row_id(row))
         return BeginOutcome(await self._one_counted(row, started, stx), created=False)
 
     async def claim(

@@ -159,7 +159,8 @@ async def test_the_flush_statement_commits_asynchronously(
 ) -> None:
     """DEDUP_FLUSH turns synchronous_commit off for its own transaction only."""
     async with pg.backdoor.transaction(force_rollback=True):
-        await pg.backdoor.execute(pg.store._dedup_flush, {"keys": ["nope"], "counts": [1]})
+        params = {"ids": ["00000000-0000-0000-0000-000000000000"], "counts": [1]}
+        await pg.backdoor.execute(pg.store._dedup_flush, params)
         cursor = await pg.backdoor.execute("SHOW synchronous_commit")
         row = await cursor.fetchone()
         assert row is not None and row[0] == "off"

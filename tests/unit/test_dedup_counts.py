@@ -180,5 +180,5 @@ def _row(key: str) -> tuple[object, ...]:
     from agent_ledger.stores._columns import ROW_COLUMNS
 
     row: list[object] = [None] * len(ROW_COLUMNS)
-    row[ROW_COLUMNS.index("idem_key")] = key
+    row[ROW_COLUMNS.index("id")] = key
     return tuple(row)
