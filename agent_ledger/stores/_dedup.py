@@ -56,6 +56,7 @@ __all__ = [
     "CountsLost",
     "PendingCounts",
     "check_flush_interval",
+    "plus_one",
     "row_id",
     "with_count",
 ]
@@ -78,6 +79,11 @@ Writer = Callable[[Mapping[str, int]], Awaitable[Collection[str]]]
 def row_id(row: tuple[Any, ...]) -> str:
     """The effect id of a row (``ROW_COLUMNS`` first)."""
     return str(row[_ID])
+
+
+def plus_one(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``row`` with one more duplicate counted (a replay's own, counted once it is answered)."""
+    return (*row[:_DEDUP], row[_DEDUP] + 1, *row[_DEDUP + 1 :])
 
 
 def with_count(row: tuple[Any, ...], dedup_count: int | None) -> tuple[Any, ...]:
@@ -134,11 +140,18 @@ class PendingCounts:
         self._loud: asyncio.Event | None = None
         self._timer: asyncio.Task[None] | None = None
         self._dropping = False
+        #: Set by ``close()``: no timer runs from then on (see ``add``).
+        self.closed = False
 
     # -- counting --------------------------------------------------------------------
 
     def add(self, effect_id: str) -> None:
-        """Count one duplicate of the effect ``effect_id``; the next flush writes it."""
+        """Count one duplicate of the effect ``effect_id``; the next flush writes it.
+
+        After ``close()`` the count is kept but no timer starts: only an explicit
+        ``flush()`` or another ``close()`` writes it. A closed store must not keep
+        a task retrying against resources it has released.
+        """
         pending = self.pending
         count = pending.get(effect_id, 0)
         if not count and len(pending) >= self._max_keys:
@@ -153,6 +166,8 @@ class PendingCounts:
             return
         pending[effect_id] = count + 1
         timer = self._timer
+        if self.closed:
+            return
         if timer is None or timer.done():
             self._timer = asyncio.get_running_loop().create_task(self._tick())
 
@@ -166,6 +181,14 @@ class PendingCounts:
         if not extra:
             return row
         return (*row[:_DEDUP], row[_DEDUP] + extra, *row[_DEDUP + 1 :])
+
+    def fallback(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``overlay(row)`` for a read that overlapped a flush whose counts could not be
+        read again: call it with no flush in flight (inside ``quiet()``). The flush's
+        increments were either written (no longer unwritten here, maybe in ``row``),
+        or put back (unwritten, and not in ``row``), so nothing is counted twice; the
+        written ones may be missing from ``row``: a count low, never high."""
+        return self.overlay(row)
 
     def ambiguous(self, rows: Iterable[tuple[Any, ...]], started: int) -> bool:
         """Whether a read begun at epoch ``started`` may or may not hold a flush of one
@@ -273,8 +296,10 @@ class PendingCounts:
 
     async def _tick(self) -> None:
         """Flush every interval while anything waits; end when nothing does."""
-        while self.pending or self._flushing is not None:
+        while (self.pending or self._flushing is not None) and not self.closed:
             await asyncio.sleep(self.interval_s)
+            if self.closed:
+                return
             try:
                 await self.flush()
             except Exception as exc:
@@ -288,7 +313,10 @@ class PendingCounts:
 
     async def close(self) -> None:
         """Stop the timer and write what is pending; a failure is logged, not raised
-        (``close()`` must release the store's resources however the database is doing)."""
+        (``close()`` must release the store's resources however the database is doing).
+
+        From here on no timer runs (see ``add``)."""
+        self.closed = True
         timer, self._timer = self._timer, None
         if timer is not None and not timer.done():
             timer.cancel()

@@ -57,6 +57,7 @@ from agent_ledger.stores._dedup import (
     CountsLost,
     PendingCounts,
     check_flush_interval,
+    plus_one,
     row_id,
     with_count,
 )
@@ -413,9 +414,10 @@ class PostgresStore(PostgresSagas):
             started = counts.epoch
             row = await self._fetch_one("begin", self._find, {"idem_key": key}, None, idem_key=key)
             if row is not None and row[_STATUS_AT] in _FINISHED_VALUES:
-                counts.add(row_id(row))
+                # Counted once the answer is certain: a replay that raises counts nothing.
                 (row,) = await self._counted([row], started, None)
-                return BeginOutcome(_effect_from_row(row), created=False)
+                counts.add(row_id(row))
+                return BeginOutcome(_effect_from_row(plus_one(row)), created=False)
         elif len(known) >= _KNOWN_KEYS:
             del known[next(iter(known))]
         known[key] = None
@@ -430,10 +432,13 @@ class PostgresStore(PostgresSagas):
                 continue
             if row[_EFFECT_WIDTH]:
                 return BeginOutcome(_effect_from_row(row), created=True)
-            if not row[_EFFECT_WIDTH + 1]:
-                # Finished (or finished while the statement ran): count it later.
-                counts.add(row_id(row))
+            finished = not row[_EFFECT_WIDTH + 1]
             (row,) = await self._counted([row], started, None)
+            if finished:
+                # Finished (or finished while the statement ran): count it later,
+                # and only once the answer is certain.
+                counts.add(row_id(row))
+                row = plus_one(row)
             return BeginOutcome(_effect_from_row(row), created=False)
         raise EffectStoreError(
             "the effect this key conflicted with was not found three times "
@@ -736,10 +741,15 @@ class PostgresStore(PostgresSagas):
             return [counts.overlay(row) for row in rows]
         ids = [row_id(row) for row in rows]
         async with counts.quiet():
-            with self._errors("get"):
-                async with self._connection(tx) as conn:
-                    cursor = await conn.execute(self._dedup_counts, {"ids": ids})
-                    stored = dict(await cursor.fetchall())
+            try:
+                with self._errors("get"):
+                    async with self._connection(tx) as conn:
+                        cursor = await conn.execute(self._dedup_counts, {"ids": ids})
+                        stored = dict(await cursor.fetchall())
+            except EffectStoreError:
+                # The rows were read; only their counts are unsure (e.g. the store
+                # was closed meanwhile): low, never high (see stores/_dedup.py).
+                return [counts.fallback(row) for row in rows]
             return [counts.overlay(with_count(row, stored.get(row_id(row)))) for row in rows]
 
     async def _one_counted(self, row: tuple[Any, ...], started: int, tx: object | None) -> Effect:

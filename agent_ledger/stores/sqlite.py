@@ -49,6 +49,7 @@ from agent_ledger.stores._dedup import (
     DEFAULT_FLUSH_INTERVAL_S,
     PendingCounts,
     check_flush_interval,
+    plus_one,
     row_id,
     with_count,
 )
@@ -478,9 +479,12 @@ class SqliteStore(SqliteSagas):
         row, created, replayed = await self._run("begin", work, stx, write=False, idem_key=key)
         if created:
             return BeginOutcome(_effect_from_row(row), created=True)
+        (row,) = await self._counted([row], started, stx)
         if replayed:
+            # Counted once the answer is certain: a replay that raises counts nothing.
             counts.add(row_id(row))
-        return BeginOutcome(await self._one_counted(row, started, stx), created=False)
+            row = plus_one(row)
+        return BeginOutcome(_effect_from_row(row), created=False)
 
     async def claim(
         self,
@@ -779,7 +783,12 @@ class SqliteStore(SqliteSagas):
             return [counts.overlay(row) for row in rows]
         ids = orjson.dumps([row_id(row) for row in rows]).decode()
         async with counts.quiet():
-            stored = await self._run("get", _stored_counts(ids), tx, write=False)
+            try:
+                stored = await self._run("get", _stored_counts(ids), tx, write=False)
+            except EffectStoreError:
+                # The rows were read; only their counts are unsure (e.g. the store
+                # was closed meanwhile): low, never high (see stores/_dedup.py).
+                return [counts.fallback(row) for row in rows]
             return [counts.overlay(with_count(row, stored.get(row_id(row)))) for row in rows]
 
     async def _one_counted(

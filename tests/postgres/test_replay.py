@@ -4,6 +4,7 @@ at commit), no row lock; duplicate counts land later, in batches (issue 14)."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import psycopg
@@ -198,3 +199,39 @@ async def test_replays_by_a_store_that_never_saw_the_key_and_by_one_that_did(
         assert await ledger.run(failing, lambda e: "second") == "second"
     finally:
         await stranger.close()
+
+
+async def test_close_during_replays_leaves_no_timer_and_counts_only_answered_replays(
+    dsn: str, schema: str
+) -> None:
+    """close() while replays run: each replay that read the finished effect returns its
+    outcome (its count re-read after close is dropped, not raised); one that failed
+    counts nothing; and no timer runs after close()."""
+    # A key of its own: the session's schema is shared with other tests.
+    closing = ToolCall(workflow_id=f"close-{uuid.uuid4()}", tool="charge", args={})
+    store = await PostgresStore.connect(dsn, schema=schema, dedup_flush_interval_s=0.05)
+    ledger = build_ledger(store)
+    assert await ledger.run(closing, lambda e: "ok") == "ok"
+
+    async def replay() -> bool:
+        try:
+            assert await ledger.run(closing, lambda e: "no") == "ok"
+        except Exception:
+            return False
+        return True
+
+    tasks = [asyncio.create_task(replay()) for _ in range(30)]
+    await asyncio.sleep(0.002)
+    await store.close()
+    answered = sum(await asyncio.gather(*tasks))
+    timer = store._counts._timer
+    assert timer is None or timer.done()
+    pending = sum(store._counts.pending.values())
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        (stored, _) = await _row(conn, schema, build_ledger(store).idem_key(closing))
+        # Nothing more is written behind close()'s back.
+        await asyncio.sleep(0.2)
+        assert (await _row(conn, schema, build_ledger(store).idem_key(closing)))[0] == stored
+    assert sum(store._counts.pending.values()) == pending
+    # Every answered replay counted once (written by close, or kept after it); no other.
+    assert stored + pending == answered
