@@ -182,6 +182,12 @@ class PendingCounts:
             return row
         return (*row[:_DEDUP], row[_DEDUP] + extra, *row[_DEDUP + 1 :])
 
+    def snapshot(self) -> dict[str, int]:
+        """The increments not yet written, by effect id; take it inside ``quiet()``
+        (no flush in flight) and add those of effects read afterwards to an aggregate
+        read of the stored counts: the two together count each duplicate once."""
+        return dict(self.pending)
+
     def fallback(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
         """``overlay(row)`` for a read that overlapped a flush whose counts could not be
         read again: call it with no flush in flight (inside ``quiet()``). The flush's
