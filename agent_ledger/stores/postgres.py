@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import math
 from collections.abc import (
@@ -630,14 +631,32 @@ class PostgresStore(PostgresSagas):
         return [_effect_from_row(row) for row in await self._counted(rows, started, None)]
 
     async def stats(self) -> LedgerStats:
-        """Counts over the table, after writing this process's pending duplicate counts
-        (an aggregate cannot add them per row), so its ``duplicates`` include them."""
-        await self.flush_counts()
-        with self._errors("stats"):
-            async with self._connection(None) as conn:
-                cursor = await conn.execute(self._stats)
-                rows = await cursor.fetchall()
-        return stats_from_groups((_STATUS_BY_VALUE[st], tool, n, d) for st, tool, n, d in rows)
+        """Counts over the table; its ``duplicates`` include this process's counts.
+
+        It first writes the pending duplicate counts (so other processes see them
+        too). Those the write left pending (a row another transaction holds
+        locked is skipped, not waited for; or the write failed) are added to the
+        totals, as every read adds them to the rows it returns: those of effects
+        still stored, read after the totals (an effect purged in between is left
+        out: low, never high).
+        """
+        with contextlib.suppress(EffectStoreError):
+            await self.flush_counts()
+        counts = self._counts
+        async with counts.quiet():
+            unwritten = counts.snapshot()
+            with self._errors("stats"):
+                async with self._connection(None) as conn:
+                    cursor = await conn.execute(self._stats)
+                    rows = await cursor.fetchall()
+                    stored: list[tuple[str, int]] = []
+                    if unwritten:
+                        ids = list(unwritten)
+                        cursor = await conn.execute(self._dedup_counts, {"ids": ids})
+                        stored = await cursor.fetchall()
+        totals = stats_from_groups((_STATUS_BY_VALUE[st], tool, n, d) for st, tool, n, d in rows)
+        extra = sum(unwritten[effect_id] for effect_id, _ in stored)
+        return dataclasses.replace(totals, duplicates=totals.duplicates + extra)
 
     async def purge(self, *, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:
         check_purge_statuses(statuses)

@@ -235,3 +235,35 @@ async def test_close_during_replays_leaves_no_timer_and_counts_only_answered_rep
     assert sum(store._counts.pending.values()) == pending
     # Every answered replay counted once (written by close, or kept after it); no other.
     assert stored + pending == answered
+
+
+async def test_stats_includes_the_counts_the_flush_skipped_on_a_locked_row(
+    dsn: str, schema: str
+) -> None:
+    """The flush skips a row another transaction holds locked; stats() then adds the
+    counts it left pending, as find() does, rather than leave them out."""
+    call = ToolCall(workflow_id=f"locked-{uuid.uuid4()}", tool="charge", args={})
+    store = await PostgresStore.connect(dsn, schema=schema, dedup_flush_interval_s=3600)
+    try:
+        ledger = build_ledger(store)
+        key = ledger.idem_key(call)
+        assert await ledger.run(call, lambda e: "ok") == "ok"
+        before = (await ledger.stats()).duplicates
+        for _ in range(5):
+            await ledger.run(call, lambda e: "again")
+        async with await psycopg.AsyncConnection.connect(dsn) as locker:
+            await locker.execute(
+                sql.SQL("SELECT 1 FROM {} WHERE idem_key = %s FOR UPDATE").format(_table(schema)),
+                (key,),
+            )
+            found = await ledger.find_by_idem_key(key)
+            assert found is not None and found.dedup_count == 5
+            assert (await ledger.stats()).duplicates == before + 5
+            assert (await _row(locker, schema, key))[0] == 0  # not written: skipped
+            await locker.rollback()
+        # Written by the next flush, and counted once.
+        assert (await ledger.stats()).duplicates == before + 5
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            assert (await _row(conn, schema, key))[0] == 5
+    finally:
+        await store.close()
