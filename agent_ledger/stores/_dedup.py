@@ -4,10 +4,16 @@ Why: a replay must cost one read. Counting the duplicate in the same
 statement (``dedup_count + 1``) made every replay a row-locking write that
 waited for a durable commit, and calls on one hot key queued behind each
 other's row lock. The count is a statistic: nothing in the ledger decides
-anything by it. So a replay only notes "one more for this key" here, and
-:class:`PendingCounts` writes every key's increments in one statement per
+anything by it. So a replay only notes "one more for this effect" here, and
+:class:`PendingCounts` writes every effect's increments in one statement per
 flush: every ``interval_s``, on ``flush()`` (the store's ``flush_counts()``)
 and on the store's ``close()``.
+
+Increments are kept by effect id, not by idempotency key: a key whose effect
+was purged may be used again by a new effect, and a replay of the old one
+must never be counted on the new one (a count may come out low, never high).
+A flush matches rows by id, so the increments of an effect that is gone
+match nothing and are dropped.
 
 What a reader sees: the store adds this process's increments that are not
 written yet to every effect it returns (``unwritten``), so a process reads
@@ -50,6 +56,7 @@ __all__ = [
     "CountsLost",
     "PendingCounts",
     "check_flush_interval",
+    "plus_one",
     "row_id",
     "with_count",
 ]
@@ -62,10 +69,9 @@ MAX_PENDING_KEYS: Final = 100_000
 _REMEMBERED_FLUSHES: Final = 8
 
 _ID: Final = ROW_COLUMNS.index("id")
-_KEY: Final = ROW_COLUMNS.index("idem_key")
 _DEDUP: Final = ROW_COLUMNS.index("dedup_count")
 
-#: Writes a batch {idem_key: increment}; returns the keys it had to leave for
+#: Writes a batch {effect id: increment}; returns the ids it had to leave for
 #: later (a row another transaction held locked).
 Writer = Callable[[Mapping[str, int]], Awaitable[Collection[str]]]
 
@@ -73,6 +79,11 @@ Writer = Callable[[Mapping[str, int]], Awaitable[Collection[str]]]
 def row_id(row: tuple[Any, ...]) -> str:
     """The effect id of a row (``ROW_COLUMNS`` first)."""
     return str(row[_ID])
+
+
+def plus_one(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``row`` with one more duplicate counted (a replay's own, counted once it is answered)."""
+    return (*row[:_DEDUP], row[_DEDUP] + 1, *row[_DEDUP + 1 :])
 
 
 def with_count(row: tuple[Any, ...], dedup_count: int | None) -> tuple[Any, ...]:
@@ -115,7 +126,7 @@ class PendingCounts:
         self.interval_s = interval_s
         self._store = store
         self._max_keys = max_keys
-        #: Increments not yet sent, by key.
+        #: Increments not yet sent, by effect id.
         self.pending: dict[str, int] = {}
         #: The batch being written now (empty when none is).
         self._inflight: Mapping[str, int] = {}
@@ -129,13 +140,20 @@ class PendingCounts:
         self._loud: asyncio.Event | None = None
         self._timer: asyncio.Task[None] | None = None
         self._dropping = False
+        #: Set by ``close()``: no timer runs from then on (see ``add``).
+        self.closed = False
 
     # -- counting --------------------------------------------------------------------
 
-    def add(self, idem_key: str) -> None:
-        """Count one duplicate of ``idem_key``; it is written by the next flush."""
+    def add(self, effect_id: str) -> None:
+        """Count one duplicate of the effect ``effect_id``; the next flush writes it.
+
+        After ``close()`` the count is kept but no timer starts: only an explicit
+        ``flush()`` or another ``close()`` writes it. A closed store must not keep
+        a task retrying against resources it has released.
+        """
         pending = self.pending
-        count = pending.get(idem_key, 0)
+        count = pending.get(effect_id, 0)
         if not count and len(pending) >= self._max_keys:
             if not self._dropping:
                 self._dropping = True
@@ -146,29 +164,45 @@ class PendingCounts:
                     len(pending),
                 )
             return
-        pending[idem_key] = count + 1
+        pending[effect_id] = count + 1
         timer = self._timer
+        if self.closed:
+            return
         if timer is None or timer.done():
             self._timer = asyncio.get_running_loop().create_task(self._tick())
 
-    def unwritten(self, idem_key: str) -> int:
-        """This process's increments of ``idem_key`` that no committed flush holds yet."""
-        return self.pending.get(idem_key, 0) + self._inflight.get(idem_key, 0)
+    def unwritten(self, effect_id: str) -> int:
+        """This process's increments of ``effect_id`` that no committed flush holds yet."""
+        return self.pending.get(effect_id, 0) + self._inflight.get(effect_id, 0)
 
     def overlay(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
         """``row`` (``ROW_COLUMNS`` first) with this process's unwritten increments added."""
-        extra = self.unwritten(row[_KEY])
+        extra = self.unwritten(row_id(row))
         if not extra:
             return row
         return (*row[:_DEDUP], row[_DEDUP] + extra, *row[_DEDUP + 1 :])
 
+    def snapshot(self) -> dict[str, int]:
+        """The increments not yet written, by effect id; take it inside ``quiet()``
+        (no flush in flight) and add those of effects read afterwards to an aggregate
+        read of the stored counts: the two together count each duplicate once."""
+        return dict(self.pending)
+
+    def fallback(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``overlay(row)`` for a read that overlapped a flush whose counts could not be
+        read again: call it with no flush in flight (inside ``quiet()``). The flush's
+        increments were either written (no longer unwritten here, maybe in ``row``),
+        or put back (unwritten, and not in ``row``), so nothing is counted twice; the
+        written ones may be missing from ``row``: a count low, never high."""
+        return self.overlay(row)
+
     def ambiguous(self, rows: Iterable[tuple[Any, ...]], started: int) -> bool:
         """Whether a read begun at epoch ``started`` may or may not hold a flush of one
-        of its ``rows``' keys: some flush of one of them was in flight while it ran."""
+        of its ``rows``: some flush of one of them was in flight while it ran."""
         now = self.epoch
         if now == started and not started & 1:
             return False
-        keys = {row[_KEY] for row in rows}
+        keys = {row_id(row) for row in rows}
         for start in range(started - (started & 1), now, 2):
             batch = self._batches.get(start)
             if batch is None or not keys.isdisjoint(batch):
@@ -268,8 +302,10 @@ class PendingCounts:
 
     async def _tick(self) -> None:
         """Flush every interval while anything waits; end when nothing does."""
-        while self.pending or self._flushing is not None:
+        while (self.pending or self._flushing is not None) and not self.closed:
             await asyncio.sleep(self.interval_s)
+            if self.closed:
+                return
             try:
                 await self.flush()
             except Exception as exc:
@@ -283,7 +319,10 @@ class PendingCounts:
 
     async def close(self) -> None:
         """Stop the timer and write what is pending; a failure is logged, not raised
-        (``close()`` must release the store's resources however the database is doing)."""
+        (``close()`` must release the store's resources however the database is doing).
+
+        From here on no timer runs (see ``add``)."""
+        self.closed = True
         timer, self._timer = self._timer, None
         if timer is not None and not timer.done():
             timer.cancel()

@@ -99,14 +99,16 @@ BEGIN_IN_TRANSACTION: Final[LiteralString] = (
 # and the flush must not wait for the disk. A row another transaction has
 # locked is skipped (SKIP LOCKED), never waited for, so a flush neither
 # queues behind a caller's open transaction nor deadlocks with another
-# process's flush. The statement returns the keys it skipped that still
-# exist, whose increments the store keeps for the next flush; a key that is
-# gone (purged) has nobody left to count for.
+# process's flush. `ids` are effect ids, not keys: a key purged and used
+# again by a new effect must not get the old effect's counts. The statement
+# returns the ids it skipped that still exist, whose increments the store
+# keeps for the next flush; an effect that is gone (purged) has nobody left
+# to count for.
 DEDUP_FLUSH: Final[LiteralString] = (
     "WITH batch AS ("
-    " SELECT b.k, b.n FROM unnest(%(keys)s::text[], %(counts)s::int[]) AS b(k, n)"
+    " SELECT b.k, b.n FROM unnest(%(ids)s::uuid[], %(counts)s::int[]) AS b(k, n)"
     "), free AS ("
-    " SELECT e.id, batch.n FROM {effects} AS e JOIN batch ON e.idem_key = batch.k"
+    " SELECT e.id, batch.n FROM {effects} AS e JOIN batch ON e.id = batch.k"
     " ORDER BY e.id FOR NO KEY UPDATE OF e SKIP LOCKED"
     "), bumped AS ("
     " UPDATE {effects} AS e SET dedup_count = e.dedup_count + free.n FROM free"
@@ -115,7 +117,7 @@ DEDUP_FLUSH: Final[LiteralString] = (
     # A SELECT without FROM gives one row whatever the batch matched, so the
     # setting is always made (in a CTE or a join it could go unevaluated).
     "SELECT set_config('synchronous_commit', 'off', true),"
-    " ARRAY(SELECT e.idem_key FROM {effects} AS e JOIN batch ON e.idem_key = batch.k"
+    " ARRAY(SELECT e.id::text FROM {effects} AS e JOIN batch ON e.id = batch.k"
     " WHERE e.id NOT IN (SELECT id FROM bumped))"
 )
 # This process's duplicates of these effects are added to what is read here

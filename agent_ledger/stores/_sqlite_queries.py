@@ -90,13 +90,14 @@ COUNT_DUPLICATE: Final = (
 )
 
 # -- duplicate counts --
-# Every key this store counted duplicates of since the last flush, in one
-# statement: :batch is a JSON object {idem_key: increment}. A key that is gone
-# (purged) matches no row. The count alone is read back by DEDUP_COUNTS
+# Every effect this store counted duplicates of since the last flush, in one
+# statement: :batch is a JSON object {effect id: increment}. By id, not key: a
+# key purged and used again by a new effect must not get the old one's counts;
+# an effect that is gone (purged) matches no row. The count alone is read back by DEDUP_COUNTS
 # (:ids a JSON array) after a read overlapped a flush (see stores/_dedup.py).
 DEDUP_FLUSH: Final = (
     "UPDATE agent_ledger_effects AS e SET dedup_count = e.dedup_count + b.value"
-    " FROM json_each(:batch) AS b WHERE e.idem_key = b.key"
+    " FROM json_each(:batch) AS b WHERE e.id = b.key"
 )
 DEDUP_COUNTS: Final = (
     "SELECT id, dedup_count FROM agent_ledger_effects WHERE id IN (SELECT value FROM json_each(?))"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import math
 from collections.abc import (
@@ -57,6 +58,7 @@ from agent_ledger.stores._dedup import (
     CountsLost,
     PendingCounts,
     check_flush_interval,
+    plus_one,
     row_id,
     with_count,
 )
@@ -413,9 +415,10 @@ class PostgresStore(PostgresSagas):
             started = counts.epoch
             row = await self._fetch_one("begin", self._find, {"idem_key": key}, None, idem_key=key)
             if row is not None and row[_STATUS_AT] in _FINISHED_VALUES:
-                counts.add(key)
+                # Counted once the answer is certain: a replay that raises counts nothing.
                 (row,) = await self._counted([row], started, None)
-                return BeginOutcome(_effect_from_row(row), created=False)
+                counts.add(row_id(row))
+                return BeginOutcome(_effect_from_row(plus_one(row)), created=False)
         elif len(known) >= _KNOWN_KEYS:
             del known[next(iter(known))]
         known[key] = None
@@ -430,10 +433,13 @@ class PostgresStore(PostgresSagas):
                 continue
             if row[_EFFECT_WIDTH]:
                 return BeginOutcome(_effect_from_row(row), created=True)
-            if not row[_EFFECT_WIDTH + 1]:
-                # Finished (or finished while the statement ran): count it later.
-                counts.add(key)
+            finished = not row[_EFFECT_WIDTH + 1]
             (row,) = await self._counted([row], started, None)
+            if finished:
+                # Finished (or finished while the statement ran): count it later,
+                # and only once the answer is certain.
+                counts.add(row_id(row))
+                row = plus_one(row)
             return BeginOutcome(_effect_from_row(row), created=False)
         raise EffectStoreError(
             "the effect this key conflicted with was not found three times "
@@ -625,14 +631,32 @@ class PostgresStore(PostgresSagas):
         return [_effect_from_row(row) for row in await self._counted(rows, started, None)]
 
     async def stats(self) -> LedgerStats:
-        """Counts over the table, after writing this process's pending duplicate counts
-        (an aggregate cannot add them per row), so its ``duplicates`` include them."""
-        await self.flush_counts()
-        with self._errors("stats"):
-            async with self._connection(None) as conn:
-                cursor = await conn.execute(self._stats)
-                rows = await cursor.fetchall()
-        return stats_from_groups((_STATUS_BY_VALUE[st], tool, n, d) for st, tool, n, d in rows)
+        """Counts over the table; its ``duplicates`` include this process's counts.
+
+        It first writes the pending duplicate counts (so other processes see them
+        too). Those the write left pending (a row another transaction holds
+        locked is skipped, not waited for; or the write failed) are added to the
+        totals, as every read adds them to the rows it returns: those of effects
+        still stored, read after the totals (an effect purged in between is left
+        out: low, never high).
+        """
+        with contextlib.suppress(EffectStoreError):
+            await self.flush_counts()
+        counts = self._counts
+        async with counts.quiet():
+            unwritten = counts.snapshot()
+            with self._errors("stats"):
+                async with self._connection(None) as conn:
+                    cursor = await conn.execute(self._stats)
+                    rows = await cursor.fetchall()
+                    stored: list[tuple[str, int]] = []
+                    if unwritten:
+                        ids = list(unwritten)
+                        cursor = await conn.execute(self._dedup_counts, {"ids": ids})
+                        stored = await cursor.fetchall()
+        totals = stats_from_groups((_STATUS_BY_VALUE[st], tool, n, d) for st, tool, n, d in rows)
+        extra = sum(unwritten[effect_id] for effect_id, _ in stored)
+        return dataclasses.replace(totals, duplicates=totals.duplicates + extra)
 
     async def purge(self, *, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:
         check_purge_statuses(statuses)
@@ -708,8 +732,8 @@ class PostgresStore(PostgresSagas):
         await self._counts.flush()
 
     async def _write_counts(self, batch: Mapping[str, int]) -> list[str]:
-        """``DEDUP_FLUSH`` for ``batch``; the keys it skipped (locked rows)."""
-        params = {"keys": list(batch), "counts": list(batch.values())}
+        """``DEDUP_FLUSH`` for ``batch`` (by effect id); the ids it skipped (locked rows)."""
+        params = {"ids": list(batch), "counts": list(batch.values())}
         with self._errors("flush_counts"):
             async with self._connection(None) as conn:
                 try:
@@ -736,10 +760,15 @@ class PostgresStore(PostgresSagas):
             return [counts.overlay(row) for row in rows]
         ids = [row_id(row) for row in rows]
         async with counts.quiet():
-            with self._errors("get"):
-                async with self._connection(tx) as conn:
-                    cursor = await conn.execute(self._dedup_counts, {"ids": ids})
-                    stored = dict(await cursor.fetchall())
+            try:
+                with self._errors("get"):
+                    async with self._connection(tx) as conn:
+                        cursor = await conn.execute(self._dedup_counts, {"ids": ids})
+                        stored = dict(await cursor.fetchall())
+            except EffectStoreError:
+                # The rows were read; only their counts are unsure (e.g. the store
+                # was closed meanwhile): low, never high (see stores/_dedup.py).
+                return [counts.fallback(row) for row in rows]
             return [counts.overlay(with_count(row, stored.get(row_id(row)))) for row in rows]
 
     async def _one_counted(self, row: tuple[Any, ...], started: int, tx: object | None) -> Effect:

@@ -23,6 +23,8 @@ machine all processes read the same system clock, and tests inject a
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import functools
 import os
 import sqlite3
@@ -49,6 +51,7 @@ from agent_ledger.stores._dedup import (
     DEFAULT_FLUSH_INTERVAL_S,
     PendingCounts,
     check_flush_interval,
+    plus_one,
     row_id,
     with_count,
 )
@@ -281,6 +284,8 @@ class SqliteStore(SqliteSagas):
         self.path = Path(path)
         self._clock = clock
         self._busy_timeout_ms = int(busy_timeout_ms)
+        #: How long a flush waits for the write lock (``close()`` raises it).
+        self._flush_wait_ms = _FLUSH_BUSY_TIMEOUT_MS
         self._counts = PendingCounts(
             self._write_counts, interval_s=interval_s, store=f"SqliteStore({self.path})"
         )
@@ -478,9 +483,12 @@ class SqliteStore(SqliteSagas):
         row, created, replayed = await self._run("begin", work, stx, write=False, idem_key=key)
         if created:
             return BeginOutcome(_effect_from_row(row), created=True)
+        (row,) = await self._counted([row], started, stx)
         if replayed:
-            counts.add(key)
-        return BeginOutcome(await self._one_counted(row, started, stx), created=False)
+            # Counted once the answer is certain: a replay that raises counts nothing.
+            counts.add(row_id(row))
+            row = plus_one(row)
+        return BeginOutcome(_effect_from_row(row), created=False)
 
     async def claim(
         self,
@@ -706,16 +714,33 @@ class SqliteStore(SqliteSagas):
         return [_effect_from_row(row) for row in await self._counted(rows, started, None)]
 
     async def stats(self) -> LedgerStats:
-        """Counts over the table, after writing this process's pending duplicate counts
-        (an aggregate cannot add them per row), so its ``duplicates`` include them."""
-        await self.flush_counts()
+        """Counts over the table; its ``duplicates`` include this process's counts.
+
+        It first tries to write the pending duplicate counts (so other processes
+        see them too). A read must answer even while another connection holds
+        the write lock, so if that write fails the counts stay pending and are
+        added to the totals instead: those of effects still stored, read after
+        the totals (an effect purged in between is left out: low, never high).
+        """
+        with contextlib.suppress(EffectStoreError):
+            await self.flush_counts()
         await self._enter(None)
+        counts = self._counts
+        async with counts.quiet():
+            unwritten = counts.snapshot()
+            ids = orjson.dumps(list(unwritten)).decode()
 
-        def work(conn: sqlite3.Connection, now: int) -> list[tuple[str, str, int, int]]:
-            return conn.execute(q.STATS).fetchall()
+            def work(
+                conn: sqlite3.Connection, now: int
+            ) -> tuple[list[tuple[str, str, int, int]], list[tuple[str, int]]]:
+                # The totals first, then which pending effects exist: never high.
+                totals = conn.execute(q.STATS).fetchall()
+                return totals, conn.execute(q.DEDUP_COUNTS, (ids,)).fetchall() if unwritten else []
 
-        rows = await self._run("stats", work, None, write=False)
-        return stats_from_groups((_STATUS_BY_VALUE[st], tool, n, d) for st, tool, n, d in rows)
+            rows, stored = await self._run("stats", work, None, write=False)
+        totals = stats_from_groups((_STATUS_BY_VALUE[st], tool, n, d) for st, tool, n, d in rows)
+        extra = sum(unwritten[effect_id] for effect_id, _ in stored)
+        return dataclasses.replace(totals, duplicates=totals.duplicates + extra)
 
     async def purge(self, *, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:
         check_purge_statuses(statuses)
@@ -738,15 +763,15 @@ class SqliteStore(SqliteSagas):
         the next flush. The write waits for the write lock at most 100 ms (or
         ``busy_timeout_ms`` if shorter): it shares the store's one thread
         with every read, and a replay must not wait behind another process's
-        long write for a statistic. Cancelling the caller does not cancel the
-        write.
+        long write for a statistic (``close()`` waits up to ``busy_timeout_ms``).
+        Cancelling the caller does not cancel the write.
         """
         await self._counts.flush()
 
     async def _write_counts(self, batch: Mapping[str, int]) -> tuple[str, ...]:
         await self._enter(None)
         text = orjson.dumps(batch).decode()
-        wait_ms = min(self._busy_timeout_ms, _FLUSH_BUSY_TIMEOUT_MS)
+        wait_ms = min(self._busy_timeout_ms, self._flush_wait_ms)
 
         def work(conn: sqlite3.Connection, now: int) -> tuple[str, ...]:
             conn.execute(q.BUSY_TIMEOUT.format(ms=wait_ms))
@@ -779,7 +804,12 @@ class SqliteStore(SqliteSagas):
             return [counts.overlay(row) for row in rows]
         ids = orjson.dumps([row_id(row) for row in rows]).decode()
         async with counts.quiet():
-            stored = await self._run("get", _stored_counts(ids), tx, write=False)
+            try:
+                stored = await self._run("get", _stored_counts(ids), tx, write=False)
+            except EffectStoreError:
+                # The rows were read; only their counts are unsure (e.g. the store
+                # was closed meanwhile): low, never high (see stores/_dedup.py).
+                return [counts.fallback(row) for row in rows]
             return [counts.overlay(with_count(row, stored.get(row_id(row)))) for row in rows]
 
     async def _one_counted(
@@ -858,11 +888,15 @@ class SqliteStore(SqliteSagas):
         """Write the pending duplicate counts, close the connection and stop the
         store's thread.
 
-        A failure to write the counts is logged, not raised, and loses them:
-        call :meth:`flush_counts` first to see it.
+        The write waits for the write lock up to ``busy_timeout_ms`` (not the
+        100 ms of other flushes). A failure to write the counts is logged, not
+        raised, and loses them: call :meth:`flush_counts` first to see it.
         """
         if self._closed:
             return
+        # The last write: worth waiting for the lock as long as any step does,
+        # rather than dropping the counts after 100 ms.
+        self._flush_wait_ms = self._busy_timeout_ms
         await self._counts.close()
         self._closed = True
         loop = asyncio.get_running_loop()

@@ -10,6 +10,7 @@ and counts that add up, in this process at once and everywhere after
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 from agent_ledger import ConcurrencyOptions, Effect, EffectStatus, RunOptions, ToolCall
 from agent_ledger.stores.base import EffectQuery
@@ -171,6 +172,31 @@ async def test_duplicates_of_an_open_effect_are_counted_too(harness: StoreHarnes
         await ledger.run(CALL, slow)
     await harness.store.flush_counts()
     assert (await ledger.stats()).duplicates == 5
+
+
+async def test_counts_of_a_purged_effect_never_land_on_a_new_effect_of_its_key(
+    harness: StoreHarness,
+) -> None:
+    """Replays of an effect counted, not yet written, then the effect purged and its key
+    used again: the new effect was never replayed, so it counts 0, before and after a
+    flush, and so does stats() (a count may come out low, never high)."""
+    ledger = harness.ledger()
+    key = ledger.idem_key(CALL)
+    await ledger.run(CALL, lambda e: "first")
+    for _ in range(3):
+        assert await ledger.run(CALL, lambda e: "again") == "first"
+    old = await ledger.find_by_idem_key(key)
+    assert old is not None and old.dedup_count == 3
+    await harness.age(1000)
+    assert await ledger.purge(timedelta(0)) == 1
+    assert await ledger.run(CALL, lambda e: "second") == "second"
+    new = await ledger.find_by_idem_key(key)
+    assert new is not None and new.id != old.id and new.dedup_count == 0
+    assert (await ledger.stats()).duplicates == 0
+    await harness.store.flush_counts()
+    new = await ledger.find_by_idem_key(key)
+    assert new is not None and new.dedup_count == 0
+    assert (await ledger.stats()).duplicates == 0
 
 
 def _all() -> EffectQuery:

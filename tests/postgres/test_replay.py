@@ -4,6 +4,7 @@ at commit), no row lock; duplicate counts land later, in batches (issue 14)."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import psycopg
@@ -159,7 +160,8 @@ async def test_the_flush_statement_commits_asynchronously(
 ) -> None:
     """DEDUP_FLUSH turns synchronous_commit off for its own transaction only."""
     async with pg.backdoor.transaction(force_rollback=True):
-        await pg.backdoor.execute(pg.store._dedup_flush, {"keys": ["nope"], "counts": [1]})
+        params = {"ids": ["00000000-0000-0000-0000-000000000000"], "counts": [1]}
+        await pg.backdoor.execute(pg.store._dedup_flush, params)
         cursor = await pg.backdoor.execute("SHOW synchronous_commit")
         row = await cursor.fetchone()
         assert row is not None and row[0] == "off"
@@ -197,3 +199,71 @@ async def test_replays_by_a_store_that_never_saw_the_key_and_by_one_that_did(
         assert await ledger.run(failing, lambda e: "second") == "second"
     finally:
         await stranger.close()
+
+
+async def test_close_during_replays_leaves_no_timer_and_counts_only_answered_replays(
+    dsn: str, schema: str
+) -> None:
+    """close() while replays run: each replay that read the finished effect returns its
+    outcome (its count re-read after close is dropped, not raised); one that failed
+    counts nothing; and no timer runs after close()."""
+    # A key of its own: the session's schema is shared with other tests.
+    closing = ToolCall(workflow_id=f"close-{uuid.uuid4()}", tool="charge", args={})
+    store = await PostgresStore.connect(dsn, schema=schema, dedup_flush_interval_s=0.05)
+    ledger = build_ledger(store)
+    assert await ledger.run(closing, lambda e: "ok") == "ok"
+
+    async def replay() -> bool:
+        try:
+            assert await ledger.run(closing, lambda e: "no") == "ok"
+        except Exception:
+            return False
+        return True
+
+    tasks = [asyncio.create_task(replay()) for _ in range(30)]
+    await asyncio.sleep(0.002)
+    await store.close()
+    answered = sum(await asyncio.gather(*tasks))
+    timer = store._counts._timer
+    assert timer is None or timer.done()
+    pending = sum(store._counts.pending.values())
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        (stored, _) = await _row(conn, schema, build_ledger(store).idem_key(closing))
+        # Nothing more is written behind close()'s back.
+        await asyncio.sleep(0.2)
+        assert (await _row(conn, schema, build_ledger(store).idem_key(closing)))[0] == stored
+    assert sum(store._counts.pending.values()) == pending
+    # Every answered replay counted once (written by close, or kept after it); no other.
+    assert stored + pending == answered
+
+
+async def test_stats_includes_the_counts_the_flush_skipped_on_a_locked_row(
+    dsn: str, schema: str
+) -> None:
+    """The flush skips a row another transaction holds locked; stats() then adds the
+    counts it left pending, as find() does, rather than leave them out."""
+    call = ToolCall(workflow_id=f"locked-{uuid.uuid4()}", tool="charge", args={})
+    store = await PostgresStore.connect(dsn, schema=schema, dedup_flush_interval_s=3600)
+    try:
+        ledger = build_ledger(store)
+        key = ledger.idem_key(call)
+        assert await ledger.run(call, lambda e: "ok") == "ok"
+        before = (await ledger.stats()).duplicates
+        for _ in range(5):
+            await ledger.run(call, lambda e: "again")
+        async with await psycopg.AsyncConnection.connect(dsn) as locker:
+            await locker.execute(
+                sql.SQL("SELECT 1 FROM {} WHERE idem_key = %s FOR UPDATE").format(_table(schema)),
+                (key,),
+            )
+            found = await ledger.find_by_idem_key(key)
+            assert found is not None and found.dedup_count == 5
+            assert (await ledger.stats()).duplicates == before + 5
+            assert (await _row(locker, schema, key))[0] == 0  # not written: skipped
+            await locker.rollback()
+        # Written by the next flush, and counted once.
+        assert (await ledger.stats()).duplicates == before + 5
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            assert (await _row(conn, schema, key))[0] == 5
+    finally:
+        await store.close()

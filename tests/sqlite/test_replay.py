@@ -119,3 +119,56 @@ async def test_stats_writes_the_pending_counts_first(tmp_path: Path) -> None:
         assert stored_count(path) == 3
     finally:
         await store.close()
+
+
+async def test_stats_answers_under_another_writers_lock_with_the_pending_counts(
+    tmp_path: Path,
+) -> None:
+    """stats() is a read: when its flush cannot get the write lock, the pending counts
+    (of effects still stored) are added to the totals instead of failing."""
+    path = tmp_path / "ledger.db"
+    store = SqliteStore(path, busy_timeout_ms=5_000, dedup_flush_interval_s=3600)
+    try:
+        ledger = build_ledger(store)
+        await ledger.run(CALL, lambda e: "ok")
+        await ledger.run(ToolCall(workflow_id="wf", tool="other", args={}), lambda e: "ok")
+        with write_lock(path):
+            for _ in range(3):
+                await ledger.run(CALL, lambda e: "again")
+            async with asyncio.timeout(2):
+                stats = await ledger.stats()
+        assert stats.duplicates == 3 and stats.total == 2
+        assert stored_count_of(path, "charge") == 0
+        # Written once the lock is free, and not counted twice.
+        assert (await ledger.stats()).duplicates == 3
+        assert stored_count_of(path, "charge") == 3
+    finally:
+        await store.close()
+
+
+async def test_close_waits_for_the_write_lock_up_to_the_busy_timeout(tmp_path: Path) -> None:
+    """close() is the last chance to write the counts: it waits for another writer's
+    lock as long as busy_timeout_ms allows, not the 100 ms of other flushes."""
+    path = tmp_path / "ledger.db"
+    store = SqliteStore(path, busy_timeout_ms=5_000, dedup_flush_interval_s=3600)
+    ledger = build_ledger(store)
+    await ledger.run(CALL, lambda e: "ok")
+    for _ in range(2):
+        await ledger.run(CALL, lambda e: "again")
+    other = sqlite3.connect(path, isolation_level=None, timeout=0, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    release = asyncio.get_running_loop().call_later(0.5, other.execute, "ROLLBACK")
+    try:
+        await store.close()
+    finally:
+        release.cancel()
+        if other.in_transaction:
+            other.execute("ROLLBACK")
+        other.close()
+    assert stored_count(path) == 2
+
+
+def stored_count_of(path: Path, tool: str) -> int:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        query = "SELECT dedup_count FROM agent_ledger_effects WHERE tool = ?"
+        return int(conn.execute(query, (tool,)).fetchone()[0])

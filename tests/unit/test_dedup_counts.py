@@ -176,9 +176,23 @@ async def test_close_writes_what_is_pending_and_logs_a_failure(
     assert "closed without writing 1 duplicate counts" in caplog.text
 
 
+async def test_after_close_a_count_starts_no_timer_and_waits_for_a_flush() -> None:
+    table = Table()
+    pending = PendingCounts(table.write, interval_s=0.01, store="test")
+    pending.add("a")
+    await pending.close()
+    assert table.rows == {"a": 1}
+    pending.add("a")
+    assert pending._timer is None
+    await asyncio.sleep(0.05)
+    assert table.writes == 1 and pending.unwritten("a") == 1
+    await pending.flush()
+    assert table.rows == {"a": 2}
+
+
 def _row(key: str) -> tuple[object, ...]:
     from agent_ledger.stores._columns import ROW_COLUMNS
 
     row: list[object] = [None] * len(ROW_COLUMNS)
-    row[ROW_COLUMNS.index("idem_key")] = key
+    row[ROW_COLUMNS.index("id")] = key
     return tuple(row)
