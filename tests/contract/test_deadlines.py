@@ -234,7 +234,10 @@ async def test_a_handler_ignoring_cancellation_keeps_the_effect_held(
     """It keeps running after its deadline's cancellation: heartbeats go on, nobody takes
     the effect over (its lease is shorter than the wait), and every caller then gets the
     handler timeout."""
-    lease = StaleOptions(after_ms=300)
+    # 600 ms: between two beats (200 ms apart) the loop below ages the row by
+    # 400 ms at most, leaving 200 ms for a beat delayed by a busy host (300 ms
+    # left 100 ms, and a loaded CI run once saw the effect taken over).
+    lease = StaleOptions(after_ms=600)
     ledger = harness.ledger(RunOptions(stale=lease))
     ignoring = asyncio.Event()
     finish = asyncio.Event()
@@ -259,7 +262,7 @@ async def test_a_handler_ignoring_cancellation_keeps_the_effect_held(
 
     waiting = harness.ledger(RunOptions(stale=lease, concurrency=ConcurrencyOptions()))
     second = asyncio.create_task(waiting.run(CALL, second_handler))
-    for _ in range(20):  # 1 s, past the lease, by every store's clock (manual or real)
+    for _ in range(20):  # 1 s or more, past the lease, by every store's clock (manual or real)
         await harness.age(50)
         await asyncio.sleep(0.05)
     during = await stored(harness)
