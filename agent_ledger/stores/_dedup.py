@@ -130,6 +130,9 @@ class PendingCounts:
         self.pending: dict[str, int] = {}
         #: The batch being written now (empty when none is).
         self._inflight: Mapping[str, int] = {}
+        #: Set by the store's writer, on the thread that wrote it, once the batch
+        #: in flight is committed: for ``overlay_unshared`` (see there).
+        self.inflight_committed = False
         #: +1 when a flush starts and +1 when it ends: odd while one is in flight.
         self.epoch = 0
         #: Recent flushes' batches, by the (even) epoch each started at.
@@ -178,6 +181,25 @@ class PendingCounts:
     def overlay(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
         """``row`` (``ROW_COLUMNS`` first) with this process's unwritten increments added."""
         extra = self.unwritten(row_id(row))
+        if not extra:
+            return row
+        return (*row[:_DEDUP], row[_DEDUP] + extra, *row[_DEDUP + 1 :])
+
+    def overlay_unshared(self, row: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``overlay(row)`` for a read that no flush's write can overlap, so that it
+        holds exactly the flushes committed before it: a read inside SQLite's own
+        transaction, which every flush waits for (a flush already past that wait
+        ran its statement first, on the store's one thread).
+
+        Such a read must not wait for the flush in flight as ``quiet()`` does
+        (the flush waits for the transaction the read belongs to: neither would
+        ever end), and it need not: the in-flight batch is in ``row`` exactly when
+        its writer said it committed.
+        """
+        effect_id = row_id(row)
+        extra = self.pending.get(effect_id, 0)
+        if not self.inflight_committed:
+            extra += self._inflight.get(effect_id, 0)
         if not extra:
             return row
         return (*row[:_DEDUP], row[_DEDUP] + extra, *row[_DEDUP + 1 :])
@@ -262,6 +284,7 @@ class PendingCounts:
         self._batches[start] = batch.keys()
         self._batches.pop(start - 2 * _REMEMBERED_FLUSHES, None)
         self._inflight = batch
+        self.inflight_committed = False
         self.epoch = start + 1
         try:
             busy = await self._write(batch)
@@ -291,6 +314,7 @@ class PendingCounts:
             self._dropping = False
         finally:
             self._inflight = {}
+            self.inflight_committed = False
             self.epoch = start + 2
             self._flushing = None
 

@@ -78,6 +78,8 @@ class TransactionGate(Generic[H]):
         self.lock = asyncio.Lock()
         #: The open transaction, if any; stores read it for a lock-free fast path.
         self.active: H | None = None
+        #: The task that opened it: the one task that must never wait for it.
+        self._owner: asyncio.Task[object] | None = None
 
     async def enter(self, tx: object | None) -> H | None:
         """Check ``tx``, or wait until no other task's transaction is open."""
@@ -91,19 +93,35 @@ class TransactionGate(Generic[H]):
                     "tx is a transaction that has already ended", field="tx"
                 )
             return tx
-        while self.active is not None:
-            async with self.lock:
-                pass
+        if self.active is not None:
+            self.refuse_inside()
+            while self.active is not None:
+                async with self.lock:
+                    pass
         return None
+
+    def refuse_inside(self) -> None:
+        """Refuse a step that would wait for the open transaction from the task
+        that holds it: the transaction cannot end while its own task waits, so
+        the step would hang for ever. Cheap: call it only while one is open."""
+        if self.active is not None and asyncio.current_task() is self._owner:
+            raise EffectLedgerValidationError(
+                f"this task has {self._store_name}.transaction() open, and a step without "
+                "tx= waits for that transaction to end: it would wait for ever. Pass "
+                "tx=<the handle the block yields>, or make the call after the block",
+                field="tx",
+            )
 
     def open(self, handle: H) -> None:
         """Mark ``handle`` as the open transaction (call with ``lock`` held)."""
         self.active = handle
+        self._owner = asyncio.current_task()
 
     def close(self, handle: H) -> None:
         """The transaction ended, committed or not: its handle is no longer valid."""
         handle.active = False
         self.active = None
+        self._owner = None
 
     def changed(self, idem_key: str, tx: H | None) -> None:
         """``idem_key`` changed: wake its waiters now, or when ``tx`` commits."""

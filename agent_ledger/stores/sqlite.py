@@ -766,6 +766,9 @@ class SqliteStore(SqliteSagas):
         long write for a statistic (``close()`` waits up to ``busy_timeout_ms``).
         Cancelling the caller does not cancel the write.
         """
+        # The write waits for an open transaction of this store, so the task
+        # holding one must not wait for the write.
+        self._gate.refuse_inside()
         await self._counts.flush()
 
     async def _write_counts(self, batch: Mapping[str, int]) -> tuple[str, ...]:
@@ -785,6 +788,8 @@ class SqliteStore(SqliteSagas):
             except BaseException:
                 _roll_back(conn)
                 raise
+            # Before any later job on this thread reads: see overlay_unshared.
+            self._counts.inflight_committed = True
             return ()
 
         return await self._run("flush_counts", work, None, write=False)
@@ -802,6 +807,9 @@ class SqliteStore(SqliteSagas):
         counts = self._counts
         if not counts.ambiguous(rows, started):
             return [counts.overlay(row) for row in rows]
+        if tx is not None:
+            # Inside this store's transaction, which the flush waits for.
+            return [counts.overlay_unshared(row) for row in rows]
         ids = orjson.dumps([row_id(row) for row in rows]).decode()
         async with counts.quiet():
             try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -212,3 +212,36 @@ async def test_a_long_transaction_on_an_embedded_store_pauses_other_leases(
     assert await ledger.run(CALL, lambda e: e.attempt) == 2
     taken = await ledger.get_effect(held.effect.id)
     assert taken is not None and taken.executions == 2
+
+
+async def test_a_step_without_tx_from_inside_the_block_is_refused_not_hung(
+    harness: StoreHarness,
+) -> None:
+    """On Memory/SQLite a step without ``tx=`` waits for the open transaction to
+    end; from the task that holds it, that wait would never end. It is refused
+    at once, naming the fix; another task's step still waits, then goes on."""
+    if harness.kind == "postgres":
+        pytest.skip("PostgreSQL locks rows, not the store: such a step does not wait")
+    ledger = harness.ledger()
+    await ledger.run(CALL, lambda e: 1)
+    key = ledger.idem_key(CALL)
+    async with harness.store.transaction() as tx:
+        other_task = asyncio.create_task(harness.store.find(key))
+        steps: list[Callable[[], Awaitable[object]]] = [
+            lambda: harness.store.find(key),
+            lambda: ledger.stats(),
+            lambda: ledger.run(OTHER, lambda e: 2),
+        ]
+        if harness.kind == "sqlite":  # MemoryStore has nothing to flush: it returns at once
+            steps.append(lambda: harness.store.flush_counts())
+        async with asyncio.timeout(5):
+            for step in steps:
+                with pytest.raises(EffectLedgerValidationError, match="tx=") as refused:
+                    await step()
+                assert refused.value.field == "tx"
+        found = await harness.store.find(key, tx=tx)
+        assert found is not None and found.result == 1
+        await asyncio.sleep(0.01)
+        assert not other_task.done()
+    assert (await other_task) is not None
+    assert await ledger.find_by_idem_key(ledger.idem_key(OTHER)) is None

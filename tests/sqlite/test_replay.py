@@ -172,3 +172,32 @@ def stored_count_of(path: Path, tool: str) -> int:
     with contextlib.closing(sqlite3.connect(path)) as conn:
         query = "SELECT dedup_count FROM agent_ledger_effects WHERE tool = ?"
         return int(conn.execute(query, (tool,)).fetchone()[0])
+
+
+async def test_a_read_inside_a_transaction_never_waits_for_a_flush(tmp_path: Path) -> None:
+    """A flush waits for the store's open transaction to end; a read inside that
+    transaction which overlapped the flush must not wait for the flush in turn
+    (it did: the two waited for each other for ever). Its count is still exact."""
+    path = tmp_path / "ledger.db"
+    store = SqliteStore(path, dedup_flush_interval_s=3600)
+    try:
+        ledger = build_ledger(store)
+        await ledger.run(CALL, lambda e: "ok")
+        for _ in range(3):
+            await ledger.run(CALL, lambda e: "again")
+        key = ledger.idem_key(CALL)
+        async with store.transaction() as tx:
+            flushing = asyncio.create_task(store.flush_counts())
+            for _ in range(5):  # the flush starts and waits for the transaction
+                await asyncio.sleep(0)
+            async with asyncio.timeout(5):
+                seen = await store.find(key, tx=tx)
+            assert seen is not None and seen.dedup_count == 3
+            assert not flushing.done()
+            assert stored_count(path) == 0
+        await flushing
+        assert stored_count(path) == 3
+        seen = await store.find(key)
+        assert seen is not None and seen.dedup_count == 3
+    finally:
+        await store.close()
