@@ -44,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from agent_ledger.errors import EffectLedgerValidationError, EffectStoreError
 from agent_ledger.observability import logger
@@ -67,6 +67,9 @@ DEFAULT_FLUSH_INTERVAL_S: Final = 1.0
 MAX_PENDING_KEYS: Final = 100_000
 #: How many recent flushes' keys are remembered to judge a read that overlapped them.
 _REMEMBERED_FLUSHES: Final = 8
+
+#: A store's transaction handle (or None), passed through to its count read.
+_Tx = TypeVar("_Tx")
 
 _ID: Final = ROW_COLUMNS.index("id")
 _DEDUP: Final = ROW_COLUMNS.index("dedup_count")
@@ -217,6 +220,33 @@ class PendingCounts:
         or put back (unwritten, and not in ``row``), so nothing is counted twice; the
         written ones may be missing from ``row``: a count low, never high."""
         return self.overlay(row)
+
+    async def counted(
+        self,
+        rows: list[tuple[Any, ...]],
+        started: int,
+        read_counts: Callable[[list[str], _Tx], Awaitable[Mapping[str, int]]],
+        tx: _Tx,
+    ) -> list[tuple[Any, ...]]:
+        """``rows``, read from epoch ``started`` on, with this process's unwritten
+        duplicates added to their ``dedup_count``: what every store's read returns.
+
+        A read that overlapped a flush of one of its effects may or may not hold
+        it: the counts alone are read again (``read_counts(ids, tx)``, the
+        store's own statement) once that flush has ended, with the next one held
+        off meanwhile. If that read fails, the rows keep the counts they were
+        read with: low, never high.
+        """
+        if not self.ambiguous(rows, started):
+            return [self.overlay(row) for row in rows]
+        async with self.quiet():
+            try:
+                stored = await read_counts([row_id(row) for row in rows], tx)
+            except EffectStoreError:
+                # The rows were read; only their counts are unsure (e.g. the store
+                # was closed meanwhile).
+                return [self.fallback(row) for row in rows]
+            return [self.overlay(with_count(row, stored.get(row_id(row)))) for row in rows]
 
     def ambiguous(self, rows: Iterable[tuple[Any, ...]], started: int) -> bool:
         """Whether a read begun at epoch ``started`` may or may not hold a flush of one

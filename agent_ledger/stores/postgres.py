@@ -60,7 +60,6 @@ from agent_ledger.stores._dedup import (
     check_flush_interval,
     plus_one,
     row_id,
-    with_count,
 )
 from agent_ledger.stores._params import (
     Dialect,
@@ -748,28 +747,15 @@ class PostgresStore(PostgresSagas):
     async def _counted(
         self, rows: list[tuple[Any, ...]], started: int, tx: object | None
     ) -> list[tuple[Any, ...]]:
-        """``rows``, read from epoch ``started`` on, with this process's unwritten
-        duplicates added to their ``dedup_count`` (``stores/_dedup.py``).
+        """``rows`` with this process's unwritten duplicates counted (``PendingCounts.counted``)."""
+        return await self._counts.counted(rows, started, self._read_counts, tx)
 
-        A read that overlapped a flush of one of its keys may or may not hold
-        it: the counts alone are read again once that flush has ended, with
-        the next one held off meanwhile.
-        """
-        counts = self._counts
-        if not counts.ambiguous(rows, started):
-            return [counts.overlay(row) for row in rows]
-        ids = [row_id(row) for row in rows]
-        async with counts.quiet():
-            try:
-                with self._errors("get"):
-                    async with self._connection(tx) as conn:
-                        cursor = await conn.execute(self._dedup_counts, {"ids": ids})
-                        stored = dict(await cursor.fetchall())
-            except EffectStoreError:
-                # The rows were read; only their counts are unsure (e.g. the store
-                # was closed meanwhile): low, never high (see stores/_dedup.py).
-                return [counts.fallback(row) for row in rows]
-            return [counts.overlay(with_count(row, stored.get(row_id(row)))) for row in rows]
+    async def _read_counts(self, ids: list[str], tx: object | None) -> dict[str, int]:
+        """The stored ``dedup_count`` of each of ``ids`` that still exists."""
+        with self._errors("get"):
+            async with self._connection(tx) as conn:
+                cursor = await conn.execute(self._dedup_counts, {"ids": ids})
+                return dict(await cursor.fetchall())
 
     async def _one_counted(self, row: tuple[Any, ...], started: int, tx: object | None) -> Effect:
         (row,) = await self._counted([row], started, tx)

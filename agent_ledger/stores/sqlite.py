@@ -53,7 +53,6 @@ from agent_ledger.stores._dedup import (
     check_flush_interval,
     plus_one,
     row_id,
-    with_count,
 )
 from agent_ledger.stores._params import (
     Dialect,
@@ -797,28 +796,19 @@ class SqliteStore(SqliteSagas):
     async def _counted(
         self, rows: list[tuple[Any, ...]], started: int, tx: SqliteTransaction | None
     ) -> list[tuple[Any, ...]]:
-        """``rows``, read from epoch ``started`` on, with this process's unwritten
-        duplicates added to their ``dedup_count`` (``stores/_dedup.py``).
+        """``rows`` with this process's unwritten duplicates counted (``PendingCounts.counted``).
 
-        A read that overlapped a flush of one of its keys may or may not hold
-        it: the counts alone are read again once that flush has ended, with
-        the next one held off meanwhile.
+        Inside this store's own transaction a read never waits for a flush (the
+        flush waits for the transaction): ``overlay_unshared`` counts it exactly.
         """
         counts = self._counts
-        if not counts.ambiguous(rows, started):
-            return [counts.overlay(row) for row in rows]
-        if tx is not None:
-            # Inside this store's transaction, which the flush waits for.
+        if tx is not None and counts.ambiguous(rows, started):
             return [counts.overlay_unshared(row) for row in rows]
-        ids = orjson.dumps([row_id(row) for row in rows]).decode()
-        async with counts.quiet():
-            try:
-                stored = await self._run("get", _stored_counts(ids), tx, write=False)
-            except EffectStoreError:
-                # The rows were read; only their counts are unsure (e.g. the store
-                # was closed meanwhile): low, never high (see stores/_dedup.py).
-                return [counts.fallback(row) for row in rows]
-            return [counts.overlay(with_count(row, stored.get(row_id(row)))) for row in rows]
+        return await counts.counted(rows, started, self._read_counts, tx)
+
+    async def _read_counts(self, ids: list[str], tx: SqliteTransaction | None) -> dict[str, int]:
+        """The stored ``dedup_count`` of each of ``ids`` that still exists."""
+        return await self._run("get", _stored_counts(orjson.dumps(ids).decode()), tx, write=False)
 
     async def _one_counted(
         self, row: tuple[Any, ...], started: int, tx: SqliteTransaction | None
