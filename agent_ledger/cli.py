@@ -221,11 +221,16 @@ async def cmd_migrate(ctx: Context) -> int:
 async def cmd_demo(ctx: Context) -> int:
     from agent_ledger.demo import run_demo, run_saga_demo
 
-    if ctx.args.which == "saga":
+    which = ctx.args.which
+    charged_once = True
+    if which in ("all", "payment"):
+        api = await run_demo(ctx.store, ctx.out.line)
+        charged_once = len(api.charges) <= 1
+    if which == "all":
+        ctx.out.line("\n" + "-" * 72 + "\n")
+    if which in ("all", "saga"):
         await run_saga_demo(ctx.store, ctx.out.line)
-        return EXIT_OK
-    api = await run_demo(ctx.store, ctx.out.line)
-    return EXIT_OK if len(api.charges) <= 1 else EXIT_NOT_DONE
+    return EXIT_OK if charged_once else EXIT_NOT_DONE
 
 
 async def cmd_sagas(ctx: Context) -> int:
@@ -644,10 +649,14 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_migrate,
         "upgrade the store's tables to this version of agent-ledger (idempotent)",
     )
-    sub = command("demo", cmd_demo, "an agent retries a payment 5 times; the card is charged once")
+    sub = command(
+        "demo", cmd_demo,
+        "an agent retries a payment 5 times and it is charged once; then a saga rolls back",
+    )  # fmt: skip
     sub.add_argument(
-        "which", nargs="?", choices=["payment", "saga"], default="payment",
-        help="saga: a saga whose shipping step fails is rolled back",
+        "which", nargs="?", choices=["all", "payment", "saga"], default="all",
+        help="payment: only the retried payment and its refund; saga: only the saga "
+        "whose shipping step fails and is rolled back (default: both)",
     )  # fmt: skip
     sub = command("sagas", cmd_sagas, "sagas: list them, show one's steps, recover stuck ones")
     from agent_ledger.sagas._cli import add_arguments

@@ -24,7 +24,8 @@ async def test_demo_charges_once_for_every_retry() -> None:
 
 
 def test_demo_command_runs(tmp_path: Path) -> None:
-    """`python -m agent_ledger demo` exits 0, prints the receipt, and keeps it on disk."""
+    """`python -m agent_ledger demo` exits 0, prints the receipt and the rolled-back saga,
+    and keeps them on disk."""
     env = {k: v for k, v in os.environ.items() if k != "AGENT_LEDGER_URL"}
     done = subprocess.run(
         [sys.executable, "-m", "agent_ledger", "demo"],
@@ -37,4 +38,9 @@ def test_demo_command_runs(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "The payment API was charged once" in done.stdout
     assert "status  succeeded" in done.stdout
+    # Then the saga whose shipping fails, undone in reverse order.
+    assert "what the services saw: charged, reserved, shipping failed, released, refunded" in (
+        done.stdout
+    )
+    assert "saga order-2077: compensated" in done.stdout
     assert (tmp_path / "agent_ledger.db").exists()  # the embedded default store

@@ -142,6 +142,8 @@ VOLATILE = [
     (re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"), "<time>"),
     (re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"), "<uuid>"),
     (re.compile(r"\d+\.\d m?s\b"), "<duration>"),
+    # A saga's owner: host name and process id.
+    (re.compile(r"(?<=owner )\S+:\d+"), "<owner>"),
 ]
 #: "Save this as `name`:" right before a python block puts that file in the session's folder.
 SAVED_AS = re.compile(r"Save this as `([^`]+)`:\n\n```python\n(.*?)^```$", flags=re.M | re.S)

@@ -42,11 +42,14 @@ def test_demo_twice_replays_from_the_store(cli: Cli) -> None:
     assert "charged once for 5 tries" in first.stdout
     assert "already in the store" in second.stdout and "not charged at all" in second.stdout
     assert "charged the card" not in second.stdout
+    # The saga it plays after the payment was rolled back once, by the first run.
+    assert "charged, reserved, shipping failed, released, refunded" in first.stdout
+    assert "already rolled it back: nothing runs again" in second.stdout
 
 
 def test_list_show_and_stats(cli: Cli) -> None:
     """The demo's effect is listed, shown by key prefix, and counted."""
-    assert cli("demo").returncode == 0
+    assert cli("demo", "payment").returncode == 0
     listed = cli("list")
     assert listed.returncode == 0
     lines = listed.stdout.splitlines()
@@ -240,7 +243,7 @@ def _from_csv(row: dict[str, str]) -> dict[str, Any]:
 
 def test_purge_needs_confirmation_and_removes_old_terminal_effects(cli: Cli) -> None:
     """Without --yes and without a terminal, purge refuses; with --yes it deletes."""
-    assert cli("demo").returncode == 0
+    assert cli("demo", "payment").returncode == 0
     refused = cli("purge", "--older-than", "0s")
     assert refused.returncode == 2 and "--yes" in refused.stderr
     kept = json.loads(cli("purge", "--older-than", "30d", "--yes", "--json").stdout)

@@ -370,7 +370,7 @@ def test_the_session_on_the_cli_page_is_real(tmp_path: Path) -> None:
     command, _, expected = shown.partition("\n")
     assert command == "$ agent-ledger review --by ada"
     cli = Cli(f"sqlite:///{tmp_path / 'agent_ledger.db'}", tmp_path)
-    assert cli("demo").returncode == 0  # leaves the refund waiting for a person
+    assert cli("demo", "payment").returncode == 0  # leaves the refund waiting for a person
     with terminal(cli, "--by", "ada") as term:
         term.expect(PROMPT)
         term.type("a")
