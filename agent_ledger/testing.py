@@ -5,7 +5,8 @@
   ``SqliteStore(..., clock=...)``).
 - :class:`FaultyStore` wraps any store and fails chosen steps on demand, so a
   test can simulate an outage, a slow server or a lost reply without
-  subclassing a store (and without depending on its private methods).
+  subclassing a store (and without depending on its private methods). It
+  forwards the saga steps too (:data:`SAGA_STEPS`), so sagas run through it.
 - :func:`build_ledger` builds an :class:`EffectLedger` in one call, because a
   test wants a store and maybe some defaults, not three nested option objects.
 - :class:`StatementCounter` counts the statements a PostgreSQL client really
@@ -23,13 +24,13 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 
 from agent_ledger.clock import ManualClock
 from agent_ledger.effects import Effect, EffectError
-from agent_ledger.errors import EffectStoreError
+from agent_ledger.errors import EffectLedgerValidationError, EffectStoreError
 from agent_ledger.ledger import EffectLedger
 from agent_ledger.options import EffectLedgerOptions, LedgerDefaults, LedgerHooks, RunOptions
 from agent_ledger.status import EffectStatus
@@ -46,11 +47,21 @@ from agent_ledger.stores.base import (
     Store,
     Subscription,
 )
+from agent_ledger.stores.saga_base import (
+    NewSaga,
+    NewSagaStep,
+    SagaBegin,
+    SagaRecord,
+    SagaStatus,
+    SagaStep,
+    SagaStore,
+)
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
 
 __all__ = [
+    "SAGA_STEPS",
     "STORE_STEPS",
     "FaultyStore",
     "ManualClock",
@@ -81,6 +92,19 @@ STORE_STEPS: Final = (
     "create_schema",
     "migrate",
     "check_schema",
+)
+#: The saga steps (``SagaStore``) a :class:`FaultyStore` forwards, faultable like
+#: the others, when the store it wraps keeps sagas (every store of this package).
+SAGA_STEPS: Final = (
+    "begin_saga",
+    "claim_saga",
+    "heartbeat_saga",
+    "finish_saga",
+    "record_step",
+    "get_saga",
+    "saga_steps",
+    "list_sagas",
+    "claimable_sagas",
 )
 
 StoreT = TypeVar("StoreT", bound=Store)
@@ -306,6 +330,86 @@ class FaultyStore(Generic[StoreT]):
     async def close(self) -> None:
         await self.inner.close()
 
+    # --- the SagaStore protocol, forwarded ---------------------------------------
+
+    def _sagas(self) -> SagaStore:
+        inner = self.inner
+        if not isinstance(inner, SagaStore):
+            raise EffectLedgerValidationError(
+                f"FaultyStore wraps a {type(inner).__name__}, which keeps no sagas "
+                "(it does not implement agent_ledger.stores.saga_base.SagaStore)",
+                field="store",
+            )
+        return inner
+
+    async def begin_saga(self, new: NewSaga) -> SagaBegin:
+        return await self._step("begin_saga", lambda: self._sagas().begin_saga(new))
+
+    async def claim_saga(
+        self,
+        saga_id: str,
+        *,
+        expect: SagaStatus,
+        then: SagaStatus,
+        lease_ms: int,
+        idle_ms: int,
+        owner: str | None,
+    ) -> SagaRecord | None:
+        return await self._step(
+            "claim_saga",
+            lambda: self._sagas().claim_saga(
+                saga_id, expect=expect, then=then, lease_ms=lease_ms, idle_ms=idle_ms, owner=owner
+            ),
+        )
+
+    async def heartbeat_saga(self, saga_id: str, *, attempt: int) -> bool:
+        return await self._step(
+            "heartbeat_saga", lambda: self._sagas().heartbeat_saga(saga_id, attempt=attempt)
+        )
+
+    async def finish_saga(
+        self,
+        saga_id: str,
+        *,
+        attempt: int,
+        expect: SagaStatus,
+        then: SagaStatus,
+        error: EffectError | None,
+    ) -> bool:
+        return await self._step(
+            "finish_saga",
+            lambda: self._sagas().finish_saga(
+                saga_id, attempt=attempt, expect=expect, then=then, error=error
+            ),
+        )
+
+    async def record_step(
+        self, saga_id: str, *, attempt: int, step: NewSagaStep
+    ) -> SagaStep | None:
+        return await self._step(
+            "record_step", lambda: self._sagas().record_step(saga_id, attempt=attempt, step=step)
+        )
+
+    async def get_saga(self, saga_id: str) -> SagaRecord | None:
+        return await self._step("get_saga", lambda: self._sagas().get_saga(saga_id))
+
+    async def saga_steps(self, saga_id: str) -> list[SagaStep]:
+        return await self._step("saga_steps", lambda: self._sagas().saga_steps(saga_id))
+
+    async def list_sagas(
+        self, *, statuses: frozenset[SagaStatus] | None = None, limit: int = 100
+    ) -> list[SagaRecord]:
+        return await self._step(
+            "list_sagas", lambda: self._sagas().list_sagas(statuses=statuses, limit=limit)
+        )
+
+    async def claimable_sagas(
+        self, *, limit: int = 100, after: tuple[datetime, str] | None = None
+    ) -> list[SagaRecord]:
+        return await self._step(
+            "claimable_sagas", lambda: self._sagas().claimable_sagas(limit=limit, after=after)
+        )
+
     # --- the one place a fault happens ------------------------------------------
 
     async def _step(
@@ -347,9 +451,10 @@ class FaultyStore(Generic[StoreT]):
 
 def _checked(steps: tuple[str, ...]) -> tuple[str, ...]:
     """The steps, once each is known: a typo must fail the test, not inject nothing."""
-    unknown = [s for s in steps if s not in STORE_STEPS]
+    known = STORE_STEPS + SAGA_STEPS
+    unknown = [s for s in steps if s not in known]
     if unknown or not steps:
-        raise ValueError(f"unknown store steps {unknown or '(none given)'}; known: {STORE_STEPS}")
+        raise ValueError(f"unknown store steps {unknown or '(none given)'}; known: {known}")
     return steps
 
 
