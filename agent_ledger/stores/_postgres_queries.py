@@ -412,11 +412,15 @@ SAGA_LIST: Final[LiteralString] = (
     " ORDER BY created_at DESC, saga_id DESC LIMIT %(limit)s"
 )
 # What a recoverer's SAGA_CLAIM would take now, oldest first, after a cursor.
+# The statuses are written out, not passed: a prepared statement's generic plan
+# can then use the partial index of open sagas instead of reading every saga
+# ever finished.
 SAGA_CLAIMABLE: Final[LiteralString] = (
     "SELECT " + _SAGA_COLUMNS + " FROM {sagas} WHERE lease_ms > 0"
-    " AND ((status = %(compensating)s"
+    " AND status IN ('compensating', 'running')"
+    " AND ((status = 'compensating'"
     " AND heartbeat_at <= clock_timestamp() - make_interval(secs => lease_ms / 1000.0))"
-    " OR (status = %(running)s AND abandon_after_ms IS NOT NULL"
+    " OR (status = 'running' AND abandon_after_ms IS NOT NULL"
     " AND heartbeat_at <= clock_timestamp()"
     " - make_interval(secs => greatest(lease_ms, abandon_after_ms) / 1000.0)))"
     " AND (%(after_at)s::timestamptz IS NULL"

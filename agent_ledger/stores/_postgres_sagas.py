@@ -187,8 +187,6 @@ class PostgresSagas:
     ) -> list[SagaRecord]:
         check_saga_limit(limit)
         params = {
-            "compensating": SagaStatus.COMPENSATING.value,
-            "running": SagaStatus.RUNNING.value,
             "after_at": None if after is None else after[0],
             "after_id": None if after is None else after[1],
             "limit": limit,

@@ -333,10 +333,13 @@ SAGA_LIST: Final = (
     " ORDER BY created_us DESC, saga_id DESC LIMIT :limit"
 )
 # What a recoverer's SAGA_CLAIM would take now, oldest first, after a cursor.
+# The statuses are written out, not bound: only then may SQLite use the
+# partial index of open sagas rather than read every saga ever finished.
 SAGA_CLAIMABLE: Final = (
     "SELECT " + SAGA_COLUMNS + " FROM agent_ledger_sagas WHERE lease_ms > 0"
-    " AND ((status = :compensating AND heartbeat_us <= :now - lease_ms * 1000)"
-    " OR (status = :running AND abandon_after_ms IS NOT NULL"
+    " AND status IN ('running', 'compensating')"
+    " AND ((status = 'compensating' AND heartbeat_us <= :now - lease_ms * 1000)"
+    " OR (status = 'running' AND abandon_after_ms IS NOT NULL"
     " AND heartbeat_us <= :now - max(lease_ms, abandon_after_ms) * 1000))"
     " AND (:after_us IS NULL OR created_us > :after_us"
     " OR (created_us = :after_us AND saga_id > :after_id))"

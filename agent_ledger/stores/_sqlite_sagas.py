@@ -191,8 +191,6 @@ class SqliteSagas:
         check_saga_limit(limit)
         await self._enter(None)
         params: dict[str, object] = {
-            "compensating": SagaStatus.COMPENSATING.value,
-            "running": SagaStatus.RUNNING.value,
             "after_us": None if after is None else (after[0] - _EPOCH) // timedelta(microseconds=1),
             "after_id": None if after is None else after[1],
             "limit": limit,

@@ -173,3 +173,33 @@ async def test_the_ledger_checks_the_schema_version_on_first_use(
         assert (await store.stats()).total == 0
     finally:
         await store.close()
+
+
+async def test_recovery_reads_only_open_sagas_even_with_a_generic_plan(
+    dsn: str, scratch_schema: str
+) -> None:
+    """`claimable_sagas` runs often, as a prepared statement: its generic plan must
+    use the partial index of open sagas, not read every saga ever finished."""
+    from agent_ledger.stores import _postgres_queries as q
+
+    store = await PostgresStore.connect(dsn, schema=scratch_schema)
+    try:
+        await store.create_schema()
+    finally:
+        await store.close()
+    text = q.SAGA_CLAIMABLE.replace("{sagas}", "agent_ledger_sagas")
+    for name, number in (("after_at", 1), ("after_id", 2), ("limit", 3)):
+        text = text.replace(f"%({name})s", f"${number}")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(scratch_schema)))
+        await conn.execute(
+            "INSERT INTO agent_ledger_sagas (saga_id, status, lease_ms, heartbeat_at,"
+            " created_at, updated_at, completed_at) SELECT 's' || g, 'completed', 15000,"
+            " now(), now(), now(), now() FROM generate_series(1, 20000) g"
+        )
+        await conn.execute("ANALYZE agent_ledger_sagas")
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        await conn.execute(f"PREPARE claimable (timestamptz, text, int) AS {text}")
+        cursor = await conn.execute("EXPLAIN EXECUTE claimable (NULL, NULL, 100)")
+        plan = "\n".join(line for (line,) in await cursor.fetchall())
+    assert "agent_ledger_sagas_open_idx" in plan, plan

@@ -121,3 +121,22 @@ async def test_wal_mode_and_full_sync_by_default(tmp_path: Path) -> None:
         assert sync == 2  # FULL
     finally:
         await store.close()
+
+
+async def test_recovery_reads_only_open_sagas(tmp_path: Path) -> None:
+    """`claimable_sagas` searches the partial index of open sagas, not every saga."""
+    from agent_ledger.stores import _sqlite_queries as q
+
+    path = tmp_path / "plan.db"
+    store = SqliteStore(path)
+    await store.create_schema()
+    await store.close()
+    conn = sqlite3.connect(path)
+    try:
+        plan = conn.execute(
+            "EXPLAIN QUERY PLAN " + q.SAGA_CLAIMABLE,
+            {"now": 0, "after_us": None, "after_id": None, "limit": 10},
+        ).fetchall()
+    finally:
+        conn.close()
+    assert any("agent_ledger_sagas_open_idx" in str(row[3]) for row in plan), plan
