@@ -16,15 +16,16 @@ If the step made the caller the owner, the effect is given back
 cancellation propagates. Inside a caller's transaction none of this is
 needed: the cancellation rolls the transaction back, with the step.
 
-Cost, measured per ``begin`` against a direct await: about 1 µs. On 3.12+
-the task starts eagerly, and a step that never waits (MemoryStore's)
-finishes without a task switch; on 3.11 :func:`own` starts the step by hand
-to the same effect (a task and two turns of the event loop cost about 11 µs
-there). On SQLite and PostgreSQL (a ``run()`` costs about
-1 ms) the difference was lost in the noise: paired medians of 0 to 50 µs.
-There is no cheaper exact way: awaiting the step directly and then reading
-the effect back cannot tell our insert or claim from another caller's, and
-psycopg gives up waiting for a cancelled statement after 5 s.
+Cost, measured per ``begin`` against a direct await: about 1 µs. :func:`own`
+starts the step by hand, in the caller's task, so a step that never waits
+(MemoryStore's) finishes without a task switch (a task and two turns of the
+event loop cost about 11 µs on 3.11); only a step that waits is carried on in
+a task. (Not an eager task on 3.12+: see :class:`_Resumed`.) On SQLite and
+PostgreSQL (a ``run()`` costs about 1 ms) the difference was lost in the
+noise: paired medians of 0 to 50 µs. There is no cheaper exact way: awaiting
+the step directly and then reading the effect back cannot tell our insert or
+claim from another caller's, and psycopg gives up waiting for a cancelled
+statement after 5 s.
 """
 
 from __future__ import annotations
@@ -32,9 +33,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import sys
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 from agent_ledger.effects import Effect
 from agent_ledger.observability import effect_fields, log_effect, logger
@@ -44,29 +44,21 @@ __all__ = ["own"]
 
 T = TypeVar("T")
 
-if sys.version_info >= (3, 12):
-
-    def _start(step: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
-        # Eager: the step runs at once, up to its first real wait. (The loop
-        # must be passed: 3.12.1's eager start fails without it.)
-        return asyncio.Task(step, loop=asyncio.get_running_loop(), eager_start=True)
-
-else:
-
-    def _start(step: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
-        return asyncio.get_running_loop().create_task(step)
-
 
 class _Resumed:
     """Awaiting this goes on with a coroutine that was started by hand and is
     suspended on ``waiting_on`` (what its first ``send`` yielded).
 
-    Python 3.11 has no eager tasks, so :func:`own` starts the step itself:
-    a step that never waits (MemoryStore's) then ends without a task or a
-    turn of the event loop. One that does wait is handed to a task that runs
-    this: it yields the step's pending future to the task, exactly as the
-    step would have, and relays what comes back (values, exceptions and the
-    task's cancellation) into the step, as ``yield from`` would.
+    :func:`own` starts the step itself, in the caller's task: a step that
+    never waits (MemoryStore's) then ends without a task or a turn of the
+    event loop, and whatever the step checks before its first wait sees the
+    caller as the current task (a store refuses a step from the task that
+    holds its transaction open: in a task of the step's own, even an eager
+    one, that check could not tell, and the step would wait for ever). One
+    that does wait is handed to a task that runs this: it yields the step's
+    pending future to the task, exactly as the step would have, and relays
+    what comes back (values, exceptions and the task's cancellation) into the
+    step, as ``yield from`` would.
     """
 
     __slots__ = ("_step", "_waiting_on")
@@ -100,10 +92,6 @@ async def _resume(step: Coroutine[Any, Any, T], waiting_on: object) -> T:
     return result
 
 
-#: Start steps by hand where the interpreter cannot start a task eagerly.
-_START_BY_HAND: Final = sys.version_info < (3, 12)
-
-
 async def own(
     store: Store,
     step: Coroutine[Any, Any, T],
@@ -118,16 +106,13 @@ async def own(
     effect it made ours, and raise the cancellation. ``name`` is the step's
     name, for the log.
     """
-    if _START_BY_HAND:
-        try:
-            waiting_on = step.send(None)
-        except StopIteration as done:
-            # Ended without waiting: no cancellation could land meanwhile.
-            result: T = done.value
-            return result
-        task = asyncio.get_running_loop().create_task(_resume(step, waiting_on))
-    else:
-        task = _start(step)
+    try:
+        waiting_on = step.send(None)
+    except StopIteration as done:
+        # Ended without waiting: no cancellation could land meanwhile.
+        result: T = done.value
+        return result
+    task = asyncio.get_running_loop().create_task(_resume(step, waiting_on))
     if not task.done():
         # Not `await task` (our cancellation would cancel the step too) and
         # not asyncio.shield (one more future and loop turn): a future of our
@@ -166,7 +151,9 @@ async def _give_back(
     effect = owned(task.result())
     if effect is None:
         raise interrupted
-    release = _start(store.release(effect.id, attempt=effect.attempt))
+    release = asyncio.get_running_loop().create_task(
+        store.release(effect.id, attempt=effect.attempt)
+    )
     if not await _until_done(release):
         raise interrupted
     error = release.exception()
