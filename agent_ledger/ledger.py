@@ -61,6 +61,11 @@ class Recording(Protocol):
         """
         ...
 
+    async def recorded(self, idem_key: str) -> Effect | None:
+        """The finished effect recorded under ``idem_key``, or None: for layers that read
+        an effect's receipt rather than call it (a saga settling a step to undo)."""
+        ...
+
 
 #: The recording answering this context's calls, or None (almost always):
 #: reading it is all a call pays for replay. asyncio copies it into tasks

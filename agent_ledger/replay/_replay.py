@@ -169,6 +169,12 @@ class Replay:
         )
         return None
 
+    async def recorded(self, idem_key: str) -> Effect | None:
+        """The finished effect recorded under ``idem_key``, or None."""
+        effects = self._effects if self._effects is not None else await self._recording()
+        effect = effects.get(idem_key)
+        return effect if effect is not None and effect.status.is_terminal else None
+
     def _why_unrecorded(
         self, new: NewEffect, recorded: Effect | None, effects: Mapping[str, Effect]
     ) -> tuple[str, tuple[str, ...]]:
