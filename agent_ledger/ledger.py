@@ -21,9 +21,14 @@ from agent_ledger.background import BackgroundLoop, LoopClosing, run_blocking
 from agent_ledger.calls import ToolCall
 from agent_ledger.decisions import Decisions
 from agent_ledger.effects import BeginResult, CommitOutcome, Effect
-from agent_ledger.engine import Acquired, Engine
+from agent_ledger.engine import Acquired, Engine, Prepared
 from agent_ledger.engine.lifecycle import recorded_outcome
-from agent_ledger.errors import EffectLedgerValidationError, require_str
+from agent_ledger.errors import (
+    EffectLedgerValidationError,
+    EffectPayloadMismatchError,
+    require_str,
+)
+from agent_ledger.keys import mismatched_args
 from agent_ledger.observability import span
 from agent_ledger.options import EffectLedgerOptions, LedgerHooks, RunOptions
 from agent_ledger.status import TERMINAL, EffectStatus
@@ -73,6 +78,20 @@ class Recording(Protocol):
 RECORDING: contextvars.ContextVar[Recording | None] = contextvars.ContextVar(
     "agent_ledger_recording", default=None
 )
+
+
+async def _from_recording(recording: Recording, prepared: Prepared) -> Effect | None:
+    """The recorded effect answering a call, checked as the engine checks one it finds:
+    a call that differs in its ``validate_keys`` args gets ``EffectPayloadMismatchError``,
+    never the outcome of a request it did not make."""
+    recorded = await recording.answer(prepared.new)
+    if recorded is not None and prepared.validate_keys is not None:
+        differ = mismatched_args(
+            recorded.args_canonical, prepared.new.args_canonical, prepared.validate_keys
+        )
+        if differ:
+            raise EffectPayloadMismatchError(recorded, differ)
+    return recorded
 
 
 class EffectLedger:
@@ -352,7 +371,7 @@ class EffectLedger:
         prepared = self._engine.prepare(call, run_options, hooks)
         recording = RECORDING.get()
         if recording is not None and recording.ledger is self:
-            recorded = await recording.answer(prepared.new)
+            recorded = await _from_recording(recording, prepared)
             if recorded is not None:
                 # Shared: one recorded result answers every call with its key.
                 return recorded_outcome(Acquired(recorded, owned=False, shared=True))
@@ -384,7 +403,7 @@ class EffectLedger:
         prepared = self._engine.prepare(call, run_options, hooks)
         recording = RECORDING.get()
         if recording is not None and recording.ledger is self:
-            recorded = await recording.answer(prepared.new)
+            recorded = await _from_recording(recording, prepared)
             if recorded is not None:
                 outcome = recorded_outcome(Acquired(recorded, owned=False, shared=True))
                 return BeginResult(

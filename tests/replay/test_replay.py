@@ -30,6 +30,7 @@ from agent_ledger import (
     EffectLedger,
     EffectLedgerError,
     EffectLedgerValidationError,
+    EffectPayloadMismatchError,
     EffectStatus,
     MemoryStore,
     RunOptions,
@@ -381,6 +382,32 @@ async def test_another_ledgers_calls_are_not_replayed(harness: StoreHarness) -> 
     async with agent.ledger.replay(WORKFLOW, source=harness.store):
         assert await other.tools["catalog.search"]("lamp") == ["lamp-0", "lamp-1"]
     assert other.runs == ["search lamp"]
+
+
+async def test_validated_args_are_checked_against_the_recording(harness: StoreHarness) -> None:
+    """Keyed on the order, validated on the amount: a replay with another amount raises
+    EffectPayloadMismatchError, as a normal replay would; another note replays."""
+    ran: list[int] = []
+
+    def refund_tool(ledger: EffectLedger) -> Tool[Any]:
+        @ledger.tool("payments.refund", idempotency_keys=["order_id"], validate_keys=["cents"])
+        async def refund(order_id: str, cents: int, note: str) -> str:
+            ran.append(cents)
+            return f"refunded {cents}"
+
+        return refund
+
+    ledger = harness.ledger()
+    async with ledger.workflow(WORKFLOW):
+        assert await refund_tool(ledger)("o-7", 500, "sorry") == "refunded 500"
+    replaying = build_ledger(MemoryStore())
+    refund = refund_tool(replaying)
+    async with replaying.replay(WORKFLOW, source=harness.store):
+        with pytest.raises(EffectPayloadMismatchError) as raised:
+            await refund("o-7", 900, "sorry")
+        assert await refund("o-7", 500, "another note") == "refunded 500"
+    assert raised.value.fields == ("cents",)
+    assert ran == [500]
 
 
 # -- sagas ----------------------------------------------------------------------------
