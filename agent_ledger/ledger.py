@@ -352,7 +352,9 @@ class EffectLedger:
           and code; denied or canceled: raises ``EffectDeniedError``;
         * another caller holds it: waits for that caller's outcome (or takes
           the effect over if its worker stopped heartbeating);
-        * approval required: waits for ``approve()``/``deny()``.
+        * approval required: waits for ``approve()``/``deny()``;
+        * inside ``ledger.replay()``: answered from the recording, as if
+          the recorded effect had been found (see ``replay``).
 
         If the handler raises, the failure is recorded and the original
         exception re-raised. A non-JSON result is recorded as failed
