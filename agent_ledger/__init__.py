@@ -31,6 +31,7 @@ from agent_ledger.errors import (
     EffectStoreError,
     EffectTimeoutError,
     HandlerTimeoutError,
+    UnrecordedEffectError,
 )
 from agent_ledger.ledger import EffectLedger
 from agent_ledger.options import (
@@ -89,6 +90,7 @@ __all__ = [
     "Store",
     "ToolCall",
     "TryFailure",
+    "UnrecordedEffectError",
     "__version__",
     "open_store",
 ]

@@ -10,6 +10,7 @@
     ├── EffectInFlightError          inside a transaction, someone else holds the effect
     ├── ApprovalPendingError         the call asked not to wait for a person, and one must decide
     ├── EffectPayloadMismatchError   same key, different values of validated args
+    ├── UnrecordedEffectError        a strict replay met a call its recording cannot answer
     ├── EffectLedgerValidationError  bad input; nothing was stored
     ├── EffectStoreError             the backend failed (wraps the driver error)
     └── EffectLedgerInvariantError   a store broke its contract (a bug)
@@ -39,6 +40,7 @@ __all__ = [
     "EffectStoreError",
     "EffectTimeoutError",
     "HandlerTimeoutError",
+    "UnrecordedEffectError",
 ]
 
 
@@ -232,6 +234,41 @@ class EffectPayloadMismatchError(EffectLedgerError):
         )
 
 
+class UnrecordedEffectError(EffectLedgerError):
+    """Raised in a strict ``ledger.replay()`` by a call the recording has no outcome for.
+
+    The replayed code asked for something the recorded run did not (other
+    args, another tool, another workflow), or for a call the recording holds
+    but that had not finished when it was made (``recorded_status`` says how
+    far it got). Raised before any handler runs; nothing is stored anywhere.
+    The message names the tool and the args that differ from the closest
+    recorded call of that tool. Not a validation error on purpose: code that
+    turns bad input into an error result for a model (the adapters) must
+    not swallow a replay that went off its recording.
+
+    ``workflow_id``, ``tool`` and ``idem_key`` are the call's;
+    ``differing`` the names of the args that differ from the closest
+    recorded call of that tool (empty when none was recorded).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        workflow_id: str,
+        tool: str,
+        idem_key: str,
+        differing: tuple[str, ...] = (),
+        recorded_status: EffectStatus | None = None,
+    ) -> None:
+        self.workflow_id = workflow_id
+        self.tool = tool
+        self.idem_key = idem_key
+        self.differing = differing
+        self.recorded_status = recorded_status
+        super().__init__(message)
+
+
 class EffectLedgerValidationError(EffectLedgerError, ValueError):
     """Raised for bad input: a malformed call, non-JSON args or result, bad options.
 
@@ -295,6 +332,7 @@ for _cls in (
     EffectInFlightError,
     ApprovalPendingError,
     EffectPayloadMismatchError,
+    UnrecordedEffectError,
     EffectLedgerValidationError,
     EffectStoreError,
     EffectLedgerInvariantError,

@@ -14,29 +14,84 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from agent_ledger.audit import Audit, EffectPage
 from agent_ledger.background import BackgroundLoop, LoopClosing, run_blocking
 from agent_ledger.calls import ToolCall
 from agent_ledger.decisions import Decisions
 from agent_ledger.effects import BeginResult, CommitOutcome, Effect
-from agent_ledger.engine import Engine
-from agent_ledger.errors import EffectLedgerValidationError, require_str
+from agent_ledger.engine import Acquired, Engine, Prepared
+from agent_ledger.engine.lifecycle import recorded_outcome
+from agent_ledger.errors import (
+    EffectLedgerValidationError,
+    EffectPayloadMismatchError,
+    require_str,
+)
+from agent_ledger.keys import mismatched_args
 from agent_ledger.observability import span
 from agent_ledger.options import EffectLedgerOptions, LedgerHooks, RunOptions
 from agent_ledger.status import TERMINAL, EffectStatus
-from agent_ledger.stores.base import Held, LedgerStats, Store
+from agent_ledger.stores.base import Held, LedgerStats, NewEffect, Store
 
 if TYPE_CHECKING:
+    from os import PathLike
+
+    from agent_ledger.replay import Replay
     from agent_ledger.retries import RetryPolicy
     from agent_ledger.sagas import Saga, SagaRecovery
     from agent_ledger.tools import Tool, ToolDecorator, WorkflowScope
 
-__all__ = ["EffectLedger"]
+__all__ = ["RECORDING", "EffectLedger", "Recording"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
+
+
+class Recording(Protocol):
+    """What answers calls instead of the engine, for one ledger (``ledger.replay()``).
+
+    The replay layer (``agent_ledger.replay``, above this one) puts one in
+    ``RECORDING`` for the block it opens. ``run()`` and ``begin()`` ask it,
+    after the call is checked and its key made and before anything is
+    stored: the engine never knows.
+    """
+
+    ledger: EffectLedger
+
+    async def answer(self, new: NewEffect) -> Effect | None:
+        """The finished effect to answer ``new`` from; None to run it as usual.
+
+        Raises to refuse the call (``UnrecordedEffectError``) before anything runs.
+        """
+        ...
+
+    async def recorded(self, idem_key: str) -> Effect | None:
+        """The finished effect recorded under ``idem_key``, or None: for layers that read
+        an effect's receipt rather than call it (a saga settling a step to undo)."""
+        ...
+
+
+#: The recording answering this context's calls, or None (almost always):
+#: reading it is all a call pays for replay. asyncio copies it into tasks
+#: started inside the block, as with ``ledger.workflow()``.
+RECORDING: contextvars.ContextVar[Recording | None] = contextvars.ContextVar(
+    "agent_ledger_recording", default=None
+)
+
+
+async def _from_recording(recording: Recording, prepared: Prepared) -> Effect | None:
+    """The recorded effect answering a call, checked as the engine checks one it finds:
+    a call that differs in its ``validate_keys`` args gets ``EffectPayloadMismatchError``,
+    never the outcome of a request it did not make."""
+    recorded = await recording.answer(prepared.new)
+    if recorded is not None and prepared.validate_keys is not None:
+        differ = mismatched_args(
+            recorded.args_canonical, prepared.new.args_canonical, prepared.validate_keys
+        )
+        if differ:
+            raise EffectPayloadMismatchError(recorded, differ)
+    return recorded
 
 
 class EffectLedger:
@@ -145,6 +200,34 @@ class EffectLedger:
         from agent_ledger.tools import WorkflowScope
 
         return WorkflowScope(workflow_id)
+
+    # -- replay ------------------------------------------------------------------------
+    # A door into agent_ledger.replay, beside sagas above tools (imported when used).
+
+    def replay(
+        self,
+        workflow_id: str,
+        *,
+        source: Store | str | PathLike[str],
+        strict: bool = True,
+    ) -> Replay:
+        """``async with ledger.replay("wf-7", source="wf-7.jsonl"):`` re-runs a recorded workflow.
+
+        Inside the block (``with`` or ``async with``, which also makes it
+        ``ledger.workflow(workflow_id)``), every call this ledger gets is
+        answered from the recording by its idempotency key, never by
+        position: a recorded result is returned, a recorded failure or
+        denial raised as a replay raises it, and no handler runs. ``source``
+        is a store holding the run (only read: nothing in it changes) or the
+        path of ``agent-ledger export --workflow W --format jsonl`` output,
+        and must not be this ledger's own store. A call the recording cannot
+        answer raises ``UnrecordedEffectError`` before anything runs, or with
+        ``strict=False`` runs on this ledger's store and is logged. See
+        ``docs/replay.md``.
+        """
+        from agent_ledger.replay import Replay
+
+        return Replay(self, workflow_id, source, strict=strict)
 
     # -- sagas -------------------------------------------------------------------------
     # A door into agent_ledger.sagas, the layer above tools (imported when used).
@@ -269,7 +352,9 @@ class EffectLedger:
           and code; denied or canceled: raises ``EffectDeniedError``;
         * another caller holds it: waits for that caller's outcome (or takes
           the effect over if its worker stopped heartbeating);
-        * approval required: waits for ``approve()``/``deny()``.
+        * approval required: waits for ``approve()``/``deny()``;
+        * inside ``ledger.replay()``: answered from the recording, as if
+          the recorded effect had been found (see ``replay``).
 
         If the handler raises, the failure is recorded and the original
         exception re-raised. A non-JSON result is recorded as failed
@@ -286,6 +371,12 @@ class EffectLedger:
         if loop is not self._loop:
             self._enter(loop)
         prepared = self._engine.prepare(call, run_options, hooks)
+        recording = RECORDING.get()
+        if recording is not None and recording.ledger is self:
+            recorded = await _from_recording(recording, prepared)
+            if recorded is not None:
+                # Shared: one recorded result answers every call with its key.
+                return recorded_outcome(Acquired(recorded, owned=False, shared=True))
         with span("agent_ledger.run", call.tool, prepared.new.idem_key):
             return await self._engine.run(prepared, handler, tx, loop)
 
@@ -311,7 +402,16 @@ class EffectLedger:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._enter(loop)
-        return await self._engine.begin(self._engine.prepare(call, run_options, hooks), tx)
+        prepared = self._engine.prepare(call, run_options, hooks)
+        recording = RECORDING.get()
+        if recording is not None and recording.ledger is self:
+            recorded = await _from_recording(recording, prepared)
+            if recorded is not None:
+                outcome = recorded_outcome(Acquired(recorded, owned=False, shared=True))
+                return BeginResult(
+                    recorded, cached=True, idempotency_status="replayed", cached_result=outcome
+                )
+        return await self._engine.begin(prepared, tx)
 
     async def commit(
         self,

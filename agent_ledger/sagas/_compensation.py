@@ -33,7 +33,7 @@ from agent_ledger.backoff import Backoff
 from agent_ledger.calls import ToolCall
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerValidationError
-from agent_ledger.ledger import EffectLedger
+from agent_ledger.ledger import RECORDING, EffectLedger
 from agent_ledger.options import UNSET, RunOptions, merge_run_options
 from agent_ledger.retries import RetryPolicy
 from agent_ledger.status import EffectStatus
@@ -155,7 +155,17 @@ def _due(step: SagaStep, forward: Effect) -> bool:
 
 async def settle(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Effect | None:
     """The step's forward effect once nothing can change it any more; None if it
-    never began (and now never will)."""
+    never began (and now never will).
+
+    In a ``ledger.replay()`` block the forward effect is the recorded one:
+    the step was answered from the recording, so the ledger's store has no
+    receipt of it, and the undo is answered from the recording in turn.
+    """
+    recording = RECORDING.get()
+    if recording is not None and recording.ledger is ledger:
+        recorded = await recording.recorded(step.idem_key)
+        if recorded is not None:
+            return recorded
     attempt = 0
     watched: tuple[object, float] | None = None
     while True:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import assert_type
 
-from agent_ledger import BeginResult, Effect, EffectLedger, JSONValue, ToolCall
+from agent_ledger import BeginResult, Effect, EffectLedger, JSONValue, MemoryStore, ToolCall
 
 
 async def check(ledger: EffectLedger, call: ToolCall) -> None:
@@ -67,3 +67,16 @@ async def retries_and_schema(ledger: EffectLedger, effect: Effect) -> None:
     assert_type(effect.tries, int)
     for event in effect.history:
         assert_type(event, TryFailure | Reopening)
+
+
+async def replays(ledger: EffectLedger, store: MemoryStore) -> None:
+    from pathlib import Path
+
+    from agent_ledger.replay import Replay
+
+    # A store or an export's path (str or Path); `with` and `async with` give the Replay.
+    async with ledger.replay("wf", source=store) as replay:
+        assert_type(replay, Replay)
+    with ledger.replay("wf", source=Path("wf.jsonl"), strict=False) as replay:
+        assert_type(replay, Replay)
+    assert_type(ledger.replay("wf", source="wf.jsonl"), Replay)
