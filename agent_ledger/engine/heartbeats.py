@@ -6,10 +6,14 @@ handler lives that long, so per-run timers or tasks would be pure overhead
 on the hot path. Instead each ledger keeps a set of running handlers
 (adding and removing one costs a set operation) and a single background task
 that sleeps until the earliest one is due, then sends *one* batch
-(``Store.heartbeat``) with every beat that is due or nearly due. When the set
-empties, the task lingers for one beat interval before it exits: a caller
-making calls one after another would otherwise start a task (and spend a
-turn of the event loop on it) for every call.
+(``Store.heartbeat``) with every beat that is due or nearly due. The task is
+started only when a beat falls due: the first beat arms one timer
+(``loop.call_at``) at its due time, and almost every handler returns before
+it fires, which then finds nothing to do. A caller making calls one after
+another therefore pays a set operation per call, not a task (and a turn of
+the event loop) each; and when no handler runs the task exits at once, so
+nothing is left pending when an application closes its loop (a timer is
+dropped silently; a pending task is reported as destroyed).
 
 One batch per tick, rather than one call per effect, is what keeps
 heartbeats out of the application's way: a SQL store answers it with one
@@ -94,8 +98,8 @@ class Heartbeats:
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._next_due = float("inf")
-        #: How long the task lingers once no handler runs: the latest beat's interval.
-        self._last_interval_s = 0.0
+        #: Armed while no task runs: starts one when the earliest beat falls due.
+        self._timer: asyncio.TimerHandle | None = None
 
     def start(
         self, effect: Effect, stale_after_ms: int, loop: asyncio.AbstractEventLoop | None = None
@@ -111,38 +115,50 @@ class Heartbeats:
         interval_s = stale_after_ms / 1000.0 / BEATS_PER_WINDOW
         beat = Beat(self, effect, interval_s, loop.time())
         self._running.add(beat)
-        self._last_interval_s = interval_s
-        if self._task is None or self._task.done() or self._loop is not loop:
+        if self._loop is not loop:
             # First run on this loop (a ledger may outlive an event loop).
-            self._loop = loop
-            self._wake = asyncio.Event()
-            self._next_due = beat.due
-            self._task = loop.create_task(self._run(loop))
-        elif beat.due < self._next_due:
-            assert self._wake is not None
-            self._wake.set()
+            self._loop, self._task = loop, None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        if self._task is not None:
+            if beat.due < self._next_due:
+                assert self._wake is not None
+                self._wake.set()
+            return beat
+        timer = self._timer
+        if timer is None or beat.due < timer.when():
+            if timer is not None:
+                timer.cancel()
+            self._timer = loop.call_at(beat.due, self._fall_due, loop)
         return beat
+
+    def _fall_due(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The timer fired: start the task if a handler still runs."""
+        self._timer = None
+        if self._running and self._task is None and self._loop is loop:
+            self._wake = asyncio.Event()
+            self._next_due = float("inf")
+            self._task = loop.create_task(self._run(loop))
 
     def forget(self, beat: Beat) -> None:
         """Stop beating for ``beat`` (its handler returned, or it lost the effect)."""
-        self._running.discard(beat)
+        running = self._running
+        running.discard(beat)
+        if not running and self._task is not None:
+            # The last one: the task ends now rather than at its next tick.
+            assert self._wake is not None
+            self._wake.set()
 
     async def _run(self, loop: asyncio.AbstractEventLoop) -> None:
         wake = self._wake
         assert wake is not None
-        idle_until: float | None = None
-        while True:
-            now = loop.time()
-            if not self._running:
-                if idle_until is None:
-                    # A beat started meanwhile is due no sooner than one
-                    # interval from now, so it does not have to wake us.
-                    idle_until = now + self._last_interval_s
-                elif now >= idle_until:
-                    break
-                self._next_due = idle_until
-            else:
-                idle_until = None
+        try:
+            # Ends as soon as no handler runs (``forget`` wakes it for that): a
+            # beat started later arms a timer again (see ``start``). No await
+            # lies between the last check and the end.
+            while self._running:
+                now = loop.time()
                 batch = due_beats(self._running, now)
                 if batch:
                     # Awaited here, not in a task of its own: one batch at a time
@@ -150,13 +166,16 @@ class Heartbeats:
                     await self._send(batch, now)
                     continue
                 self._next_due = min(b.due for b in self._running)
-            wake.clear()
-            try:
-                async with asyncio.timeout(max(self._next_due - loop.time(), 0.0)):
-                    await wake.wait()
-            except TimeoutError:
-                pass
-        self._next_due = float("inf")
+                wake.clear()
+                try:
+                    async with asyncio.timeout(max(self._next_due - loop.time(), 0.0)):
+                        await wake.wait()
+                except TimeoutError:
+                    pass
+        finally:
+            self._next_due = float("inf")
+            if self._task is asyncio.current_task():
+                self._task = None
 
     async def _send(self, batch: list[Beat], sent_at: float) -> None:
         """One heartbeat for every beat of ``batch``; stop the ones no longer held."""

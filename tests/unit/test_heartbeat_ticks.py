@@ -90,35 +90,66 @@ def test_a_beat_starts_confirmed_at_the_claim() -> None:
 # -- the heartbeat task between handlers (real event loop) -----------------------------
 
 
-async def test_back_to_back_runs_share_one_heartbeat_task() -> None:
-    """Sequential calls must not start a task each: once no handler runs, the task
-    lingers for one beat interval, and the next run's beat joins it."""
+async def test_back_to_back_runs_start_no_heartbeat_task() -> None:
+    """Sequential calls must not start a task each: handlers that return before
+    their first beat is due leave one timer armed and no task at all."""
     ledger = EffectLedger(EffectLedgerOptions(store=MemoryStore()))
-    tasks = set()
+    heartbeats = ledger._engine._heartbeats
+    timers = set()
     for i in range(20):
         await ledger.run(ToolCall(workflow_id="w", tool="t", args={"i": i}), lambda e: 1)
-        tasks.add(ledger._engine._heartbeats._task)
-    (task,) = tasks
-    assert task is not None and not task.done()
+        assert heartbeats._task is None
+        timers.add(heartbeats._timer)
+    (timer,) = timers
+    assert timer is not None and not timer.cancelled()
 
 
-async def test_the_lingering_task_ends_after_one_interval() -> None:
-    """Idle for one interval (50 ms here), the task exits: nothing is left running."""
+async def test_a_long_handler_starts_the_task_and_it_ends_with_the_handler() -> None:
+    """A handler still running when its first beat falls due gets a task that
+    beats for it; once the handler returns the task ends at once."""
+    store = MemoryStore()
     ledger = EffectLedger(
         EffectLedgerOptions(
-            store=MemoryStore(),
-            defaults=LedgerDefaults(RunOptions(stale=StaleOptions(after_ms=150))),
+            store=store, defaults=LedgerDefaults(RunOptions(stale=StaleOptions(after_ms=150)))
         )
     )
-    await ledger.run(ToolCall(workflow_id="w", tool="t"), lambda e: 1)
-    task = ledger._engine._heartbeats._task
+    heartbeats = ledger._engine._heartbeats
+    seen: list[asyncio.Task[None] | None] = []
+
+    async def slow(effect: Effect) -> int:
+        await asyncio.sleep(0.2)  # four beats of 50 ms
+        seen.append(heartbeats._task)
+        stored = await store.get(effect.id)
+        assert stored is not None and stored.heartbeat_at > effect.heartbeat_at
+        return 1
+
+    assert await ledger.run(ToolCall(workflow_id="w", tool="t"), slow) == 1
+    (task,) = seen
     assert task is not None
-    await asyncio.wait_for(asyncio.shield(task), timeout=2.0)
+    await asyncio.wait_for(asyncio.shield(task), timeout=1.0)
+    assert heartbeats._task is None
 
 
-async def test_a_shorter_beat_wakes_the_lingering_task_in_time() -> None:
-    """The task lingers on a 1 s interval; a handler with a 150 ms lease that runs
-    400 ms must still be kept alive: its beat wakes the task early."""
+def test_closing_the_loop_after_the_last_call_leaves_no_pending_task() -> None:
+    """An application that drives its own loop and closes it without cancelling
+    anything must not get "Task was destroyed but it is pending"."""
+    ledger = EffectLedger(EffectLedgerOptions(store=MemoryStore()))
+
+    async def calls() -> None:
+        for i in range(5):
+            await ledger.run(ToolCall(workflow_id="w", tool="t", args={"i": i}), lambda e: 1)
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(calls())
+        assert [t for t in asyncio.all_tasks(loop) if not t.done()] == []
+    finally:
+        loop.close()
+
+
+async def test_a_shorter_beat_re_arms_the_timer_in_time() -> None:
+    """A timer is armed for a 1 s interval; a handler with a 150 ms lease that runs
+    400 ms must still be kept alive: its beat re-arms the timer earlier."""
     store = MemoryStore()
     ledger = EffectLedger(EffectLedgerOptions(store=store))
     await ledger.run(
