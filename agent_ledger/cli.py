@@ -462,7 +462,7 @@ def _format_export(records: list[dict[str, Any]], fmt: str) -> str:
 
 
 #: Columns holding JSON values; CSV writes them as JSON text.
-CSV_JSON_COLUMNS: Final = frozenset({"args", "resource", "result", "history"})
+CSV_JSON_COLUMNS: Final = frozenset({"args", "resource", "result", "history", "usage"})
 
 
 def csv_cells(record: dict[str, Any]) -> list[str]:
