@@ -61,8 +61,9 @@ async def test_eight_processes_never_spend_past_one_budget(
     # low: tests/contract/test_budgets.py). Every estimate here is its call's
     # upper bound, so no interleaving of the eight may go over at all.
     assert total <= limit
-    # The last refusals came when less than one call's estimate was left.
-    assert total > limit - 300_000
+    # A call is refused only when the spent and reserved amounts (each call at
+    # most its $0.30 estimate) leave less than $0.30: ten calls always fit.
+    assert len(paid) >= 10
     # A restarted worker (a new store and ledger) sees exactly what was paid.
     ledger = build_ledger(pg.store)
     state = await ledger.budget(WORKFLOW)
