@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from agent_ledger._version import __version__
 from agent_ledger.audit import EffectPage
+from agent_ledger.budgets import Budget, BudgetState, Spend
 from agent_ledger.calls import ResourceDescriptor, ToolCall
 from agent_ledger.clock import ManualClock
 from agent_ledger.effects import (
@@ -18,9 +19,13 @@ from agent_ledger.effects import (
     JSONValue,
     Reopening,
     TryFailure,
+    Usage,
+    WithUsage,
 )
 from agent_ledger.errors import (
     ApprovalPendingError,
+    BudgetExceededError,
+    BudgetMismatchError,
     EffectDeniedError,
     EffectFailedError,
     EffectInFlightError,
@@ -49,11 +54,16 @@ from agent_ledger.stores.base import LedgerStats, SchemaMigration, Store
 from agent_ledger.stores.memory import MemoryStore
 from agent_ledger.stores.sqlite import SqliteStore
 from agent_ledger.stores.url import open_store
+from agent_ledger.tools import LLMReply, LLMResult
 
 __all__ = [
     "UNSET",
     "ApprovalPendingError",
     "BeginResult",
+    "Budget",
+    "BudgetExceededError",
+    "BudgetMismatchError",
+    "BudgetState",
     "CommitFailed",
     "CommitSucceeded",
     "ConcurrencyOptions",
@@ -74,6 +84,8 @@ __all__ = [
     "EffectTimeoutError",
     "HandlerTimeoutError",
     "JSONValue",
+    "LLMReply",
+    "LLMResult",
     "LedgerDefaults",
     "LedgerHooks",
     "LedgerStats",
@@ -85,12 +97,15 @@ __all__ = [
     "RetryPolicy",
     "RunOptions",
     "SchemaMigration",
+    "Spend",
     "SqliteStore",
     "StaleOptions",
     "Store",
     "ToolCall",
     "TryFailure",
     "UnrecordedEffectError",
+    "Usage",
+    "WithUsage",
     "__version__",
     "open_store",
 ]

@@ -25,6 +25,7 @@ import orjson
 
 from agent_ledger._version import __version__
 from agent_ledger.audit import MAX_SPAN
+from agent_ledger.budgets import BudgetState
 from agent_ledger.effects import Effect
 from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
 from agent_ledger.ledger import EffectLedger
@@ -33,6 +34,7 @@ from agent_ledger.receipt import RECORD_FIELDS, effect_to_record, render_receipt
 from agent_ledger.report import render_report
 from agent_ledger.status import TERMINAL, EffectStatus
 from agent_ledger.stores.base import Store
+from agent_ledger.stores.budget_base import BudgetStore
 from agent_ledger.stores.url import URL_ENV, default_url, open_store, sqlite_folder
 
 _T = TypeVar("_T")
@@ -231,6 +233,60 @@ async def cmd_demo(ctx: Context) -> int:
     if which in ("all", "saga"):
         await run_saga_demo(ctx.store, ctx.out.line)
     return EXIT_OK if charged_once else EXIT_NOT_DONE
+
+
+#: How many workflows' spend ``stats`` lists (most recently changed first).
+STATS_BUDGETS: Final = 20
+
+
+def _amount(value: float | int | None, unit: str) -> str:
+    if value is None:
+        return "unlimited"
+    return f"${value:,.6f}" if unit == "usd" else f"{value:,}"
+
+
+def _budget_lines(state: BudgetState) -> list[str]:
+    """``budget show``: one line per unit: limit, spent, reserved, remaining."""
+    limits, spent, reserved, remaining = (
+        state.limits,
+        state.spent,
+        state.reserved,
+        state.remaining(),
+    )
+    rows = [
+        ("usd", limits.usd, spent.usd, reserved.usd),
+        ("input_tokens", limits.input_tokens, spent.input_tokens, reserved.input_tokens),
+        ("output_tokens", limits.output_tokens, spent.output_tokens, reserved.output_tokens),
+        ("tool_calls", limits.tool_calls, spent.tool_calls, reserved.tool_calls),
+    ]
+    lines = [
+        f"budget of workflow {visible(state.workflow_id)} "
+        f"({_count(state.holds, 'open hold')}, updated {state.updated_at.isoformat()})",
+        "",
+        f"  {'unit':<13}  {'limit':>18}  {'spent':>18}  {'reserved':>18}  {'remaining':>18}",
+    ]
+    for unit, limit, used, held in rows:
+        lines.append(
+            f"  {unit:<13}  {_amount(limit, unit):>18}  {_amount(used, unit):>18}  "
+            f"{_amount(held, unit):>18}  {_amount(remaining[unit], unit):>18}"
+        )
+    return lines
+
+
+async def cmd_budget(ctx: Context) -> int:
+    store = ctx.store
+    if not isinstance(store, BudgetStore):
+        raise UsageError(f"{type(store).__name__} keeps no budgets")
+    state = await store.get_budget(ctx.args.workflow_id)
+    if state is None:
+        _say(f"no budget is stored for workflow {ctx.args.workflow_id!r}")
+        return EXIT_NOT_DONE
+    if ctx.args.json:
+        ctx.out.json(state.to_json())
+    else:
+        for line in _budget_lines(state):
+            ctx.out.line(line)
+    return EXIT_OK
 
 
 async def cmd_sagas(ctx: Context) -> int:
@@ -467,7 +523,7 @@ def _format_export(records: list[dict[str, Any]], fmt: str) -> str:
 
 
 #: Columns holding JSON values; CSV writes them as JSON text.
-CSV_JSON_COLUMNS: Final = frozenset({"args", "resource", "result", "history"})
+CSV_JSON_COLUMNS: Final = frozenset({"args", "resource", "result", "history", "usage"})
 
 
 def csv_cells(record: dict[str, Any]) -> list[str]:
@@ -484,6 +540,10 @@ def csv_cells(record: dict[str, Any]) -> list[str]:
 
 async def cmd_stats(ctx: Context) -> int:
     stats = await ctx.ledger.stats()
+    store = ctx.store
+    budgets = (
+        await store.list_budgets(limit=STATS_BUDGETS) if isinstance(store, BudgetStore) else []
+    )
     if ctx.args.json:
         ctx.out.json(
             {
@@ -491,6 +551,7 @@ async def cmd_stats(ctx: Context) -> int:
                 "duplicates": stats.duplicates,
                 "by_status": {s.value: n for s, n in stats.by_status.items()},
                 "by_tool": dict(stats.by_tool),
+                "budgets": [state.to_json() for state in budgets],
             }
         )
         return EXIT_OK
@@ -509,6 +570,19 @@ async def cmd_stats(ctx: Context) -> int:
         tool_width = min(max(len(t) for t in stats.by_tool), WIDTH - 14)
         for tool, count in sorted(stats.by_tool.items(), key=lambda item: (-item[1], item[0])):
             ctx.out.line(f"  {_clip(tool, tool_width).ljust(tool_width)}  {count:>8}")
+    if budgets:
+        ctx.out.line()
+        ctx.out.line("spend by workflow (budgets, most recently changed first):")
+        name_width = min(max(len(b.workflow_id) for b in budgets), 40)
+        for state in budgets:
+            spent, limit = state.spent, state.limits
+            of = "" if limit.usd is None else f" of {_amount(limit.usd, 'usd')}"
+            ctx.out.line(
+                f"  {_clip(visible(state.workflow_id), name_width).ljust(name_width)}  "
+                f"{_amount(spent.usd, 'usd')}{of}, "
+                f"{spent.input_tokens:,} in / {spent.output_tokens:,} out tokens, "
+                f"{_count(spent.tool_calls, 'tool call')}"
+            )
     return EXIT_OK
 
 
@@ -704,7 +778,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="md: a Markdown incident report (summary, failures first, one section per effect)",
     )
     sub.add_argument("-o", "--output", help="file to write (default: stdout)")
-    command("stats", cmd_stats, "counts by status and tool")
+    command("stats", cmd_stats, "counts by status and tool, and spend by workflow")
+    sub = command("budget", cmd_budget, "a workflow's budget: limits, spent, reserved, remaining")
+    sub.add_argument("action", choices=["show"])
+    sub.add_argument("workflow_id", metavar="WORKFLOW_ID")
     sub = command("purge", cmd_purge, "delete old finished effects")
     sub.add_argument(
         "--older-than", required=True, type=_argument(_duration_text), help="e.g. 30d, 12h"

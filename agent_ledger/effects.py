@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
 
 import orjson
 
+from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.status import TRANSITIONS, EffectStatus
 
 #: Any value JSON can represent. Args and results must be of this shape.
@@ -50,6 +52,71 @@ class EffectError:
 
     def __str__(self) -> str:
         return f"[{self.code}] {self.message}" if self.code else self.message
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What one model call consumed, as recorded on its effect (``Effect.usage``).
+
+    Token counts come from the provider's own response (the adapters read
+    them from the SDKs' objects); ``cost_usd`` is what the pricing callback
+    given to ``ledger.llm(..., pricing=...)`` made of them, or None when no
+    price was known. Budgets are booked from this record, never from memory,
+    so a replay or another worker sees the same spend.
+    """
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("input_tokens", "output_tokens"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise EffectLedgerValidationError(
+                    f"Usage.{name} must be an int >= 0 (a token count), got {value!r}",
+                    field=name,
+                )
+        cost = self.cost_usd
+        if cost is not None:
+            if type(cost) not in (int, float) or not math.isfinite(cost) or cost < 0:
+                raise EffectLedgerValidationError(
+                    f"Usage.cost_usd must be a finite number >= 0 (US dollars) or None, "
+                    f"got {cost!r}",
+                    field="cost_usd",
+                )
+            object.__setattr__(self, "cost_usd", float(cost))
+
+    def to_json(self) -> dict[str, JSONValue]:
+        """The stored (and exported) form: a JSON object with the three fields."""
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cost_usd": self.cost_usd,
+        }
+
+    @classmethod
+    def from_json(cls, value: object) -> Usage:
+        """The inverse of :meth:`to_json` (a stored or exported usage object)."""
+        if not isinstance(value, dict):
+            raise EffectLedgerValidationError(
+                f"usage must be a JSON object, got {value!r}", field="usage"
+            )
+        return cls(
+            input_tokens=value.get("input_tokens", 0),
+            output_tokens=value.get("output_tokens", 0),
+            cost_usd=value.get("cost_usd"),
+        )
+
+
+def usage_from_json(text: str | None) -> Usage | None:
+    """A stored ``usage`` column (JSON text, or NULL) as a ``Usage``."""
+    return None if text is None else Usage.from_json(orjson.loads(text))
+
+
+def usage_to_json(usage: Usage | None) -> str | None:
+    """The text a store keeps in its ``usage`` column."""
+    return None if usage is None else orjson.dumps(usage.to_json()).decode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +311,9 @@ class Effect:
     #: What happened before the outcome, oldest first: each failed try of a
     #: retried handler (``TryFailure``), and each ``reopen()`` (``Reopening``).
     history: tuple[HistoryEvent, ...] = ()
+    #: What a model call consumed (tokens, and its price), recorded with its
+    #: outcome by ``ledger.llm()``; None for every other effect.
+    usage: Usage | None = None
 
 
 #: The statuses a run ends in (from ``processing``, the terminal ones): their
@@ -295,9 +365,26 @@ class BeginResult(Generic[T]):
 
 @dataclass(frozen=True, slots=True)
 class CommitSucceeded:
-    """Outcome for ``commit()``: the tool succeeded with ``result`` (must be JSON)."""
+    """Outcome for ``commit()``: the tool succeeded with ``result`` (must be JSON).
+
+    ``usage``, for a model call, is recorded with it in the same statement.
+    """
 
     result: JSONValue = field(default=None)
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WithUsage:
+    """What a handler returns to have ``usage`` recorded with its ``result``.
+
+    ``ledger.run()`` records both in the one statement that records the
+    outcome (so a receipt never has a result without its usage) and returns
+    ``result``. ``ledger.llm()`` builds it; other handlers rarely need to.
+    """
+
+    result: object
+    usage: Usage
 
 
 @dataclass(frozen=True, slots=True)

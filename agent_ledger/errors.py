@@ -12,6 +12,8 @@
     ├── EffectPayloadMismatchError   same key, different values of validated args
     ├── UnrecordedEffectError        a strict replay met a call its recording cannot answer
     ├── EffectLedgerValidationError  bad input; nothing was stored
+    │   └── BudgetMismatchError      a workflow id already has a budget with other limits
+    ├── BudgetExceededError          a call did not fit its workflow's budget; it did not run
     ├── EffectStoreError             the backend failed (wraps the driver error)
     └── EffectLedgerInvariantError   a store broke its contract (a bug)
 
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ApprovalPendingError",
+    "BudgetExceededError",
+    "BudgetMismatchError",
     "EffectDeniedError",
     "EffectFailedError",
     "EffectInFlightError",
@@ -283,6 +287,52 @@ class EffectLedgerValidationError(EffectLedgerError, ValueError):
         super().__init__(message)
 
 
+class BudgetMismatchError(EffectLedgerValidationError):
+    """Raised when a workflow id already has a stored budget with other limits.
+
+    A budget is stored once per workflow id and shared by every worker and
+    restart; quietly using either set of limits would let one process spend
+    what another forbade. Nothing was changed and nothing ran. Use the stored
+    limits (``agent-ledger budget show ID``), or a new workflow id.
+    """
+
+    def __init__(self, workflow_id: str, stored: object, given: object) -> None:
+        self.workflow_id = workflow_id
+        self.stored = stored
+        self.given = given
+        super().__init__(
+            f"workflow {workflow_id!r} already has a budget {stored!r}; this call gave "
+            f"{given!r}. A budget's limits are fixed when it is first stored, so every "
+            "worker enforces the same ones. Nothing ran. Pass the stored limits, or use "
+            "a new workflow id.",
+            field="budget",
+        )
+
+
+class BudgetExceededError(EffectLedgerError):
+    """Raised *before* a model or tool call runs, when it does not fit its budget.
+
+    The call's estimate did not fit in ``spent + reserved + estimate <= limit``
+    for some unit (``units``), so nothing was reserved, the provider or
+    handler was not called and no effect was created. ``budget`` is the
+    budget as read just after the refusal (``agent_ledger.budgets.BudgetState``,
+    or None if it could not be read), ``workflow_id`` the budget's id and
+    ``tool`` the refused call's tool name.
+    """
+
+    def __init__(self, workflow_id: str, tool: str, units: tuple[str, ...], budget: object) -> None:
+        self.workflow_id = workflow_id
+        self.tool = tool
+        self.units = units
+        self.budget = budget
+        which = ", ".join(units) if units else "its limits"
+        super().__init__(
+            f"{tool}: workflow {workflow_id!r} has no budget left for this call ({which}); "
+            "it was not run. See `agent-ledger budget show` for what was spent and "
+            "reserved."
+        )
+
+
 class EffectStoreError(EffectLedgerError):
     """Raised when the store's backend failed; the driver error is ``__cause__``.
 
@@ -336,5 +386,7 @@ for _cls in (
     EffectLedgerValidationError,
     EffectStoreError,
     EffectLedgerInvariantError,
+    BudgetMismatchError,
+    BudgetExceededError,
 ):
     _cls.__module__ = "agent_ledger"

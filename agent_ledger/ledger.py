@@ -37,10 +37,12 @@ from agent_ledger.stores.base import Held, LedgerStats, NewEffect, Store
 if TYPE_CHECKING:
     from os import PathLike
 
+    from agent_ledger.budgets import Budget, BudgetState
+    from agent_ledger.effects import JSONValue, Usage
     from agent_ledger.replay import Replay
     from agent_ledger.retries import RetryPolicy
     from agent_ledger.sagas import Saga, SagaRecovery
-    from agent_ledger.tools import Tool, ToolDecorator, WorkflowScope
+    from agent_ledger.tools import LLMReply, LLMResult, Pricing, Tool, ToolDecorator, WorkflowScope
 
 __all__ = ["RECORDING", "EffectLedger", "Recording"]
 
@@ -192,14 +194,74 @@ class EffectLedger:
         """The tools registered on this ledger, by name (read-only)."""
         return self._tools_view
 
-    def workflow(self, workflow_id: str) -> WorkflowScope:
+    def workflow(self, workflow_id: str, *, budget: Budget | None = None) -> WorkflowScope:
         """A ``with`` / ``async with`` scope: tool calls inside belong to ``workflow_id``.
 
         Scopes nest (the innermost wins) and reach tasks started inside them.
+        With ``budget``, every tool call and ``llm()`` call inside (inner
+        scopes' too) reserves its estimate on that budget, stored durably
+        under ``workflow_id``, before it runs, and raises
+        ``BudgetExceededError`` instead of running when it does not fit; see
+        ``docs/budgets.md``.
         """
-        from agent_ledger.tools import WorkflowScope
+        from agent_ledger.tools import BudgetScope, WorkflowScope
 
-        return WorkflowScope(workflow_id)
+        if budget is None:
+            return WorkflowScope(workflow_id)
+        scope = WorkflowScope(workflow_id)  # checks the id before the budget
+        scope.budget = BudgetScope(self, workflow_id, budget)
+        return scope
+
+    async def llm(
+        self,
+        call_fn: Callable[[Any], object],
+        *,
+        provider: str,
+        model: str,
+        request: JSONValue,
+        pricing: Pricing | None = None,
+        estimate: Usage | None = None,
+        read: Callable[[Any], LLMResult] | None = None,
+        workflow_id: str | None = None,
+        run_options: RunOptions | None = None,
+        hold_ttl_ms: int | None = None,
+    ) -> LLMReply:
+        """A model call as an effect: ``call_fn(request)`` runs at most once per
+        (workflow, provider, model, request), and its response and usage are
+        recorded on the effect.
+
+        ``call_fn`` (sync or async) gets a copy of ``request`` and returns an
+        ``LLMResult(response, usage)``, or anything ``read`` turns into one
+        (the adapters' ``llm_result`` reads the SDKs' responses). ``pricing``,
+        ``(provider, model, usage) -> USD``, prices the usage (asked once on
+        ``estimate`` before anything runs, so a broken callback fails early);
+        a dollar budget needs it. ``estimate`` is the usage to reserve under
+        a budget (default: none, which still stops at an exhausted limit).
+        Returns the recorded response and usage with the receipt, the same on
+        a replay. See ``docs/budgets.md``.
+        """
+        from agent_ledger.tools import DEFAULT_HOLD_TTL_MS, call_llm
+
+        return await call_llm(
+            self,
+            call_fn,
+            provider=provider,
+            model=model,
+            request=request,
+            pricing=pricing,
+            estimate=estimate,
+            read=read,
+            workflow_id=workflow_id,
+            run_options=run_options,
+            hold_ttl_ms=DEFAULT_HOLD_TTL_MS if hold_ttl_ms is None else hold_ttl_ms,
+        )
+
+    async def budget(self, workflow_id: str) -> BudgetState | None:
+        """The budget stored for ``workflow_id`` (limits, spent, reserved), or None."""
+        from agent_ledger.tools import budget_store
+
+        require_str(workflow_id, "workflow_id")
+        return await budget_store(self).get_budget(workflow_id)
 
     # -- replay ------------------------------------------------------------------------
     # A door into agent_ledger.replay, beside sagas above tools (imported when used).
@@ -240,6 +302,7 @@ class EffectLedger:
         abandon_after: timedelta | None = None,
         on_compensation_failure: Literal["continue", "stop"] = "continue",
         owner: str | None = None,
+        budget: Budget | None = None,
     ) -> Saga:
         """``async with ledger.saga("order-42") as saga:``: tool calls inside are steps.
 
@@ -252,7 +315,10 @@ class EffectLedger:
         ``abandon_after`` lets ``recover_sagas()`` roll back a saga left
         running that long (default: never, it is listed for a person);
         ``on_compensation_failure="stop"`` stops undoing at the first
-        compensation that keeps failing. See ``docs/sagas.md``.
+        compensation that keeps failing. ``budget`` limits the steps' (and
+        model calls') spend as ``workflow(saga_id, budget=...)`` does;
+        compensations are never refused for lack of budget. See
+        ``docs/sagas.md`` and ``docs/budgets.md``.
         """
         from agent_ledger.sagas import Saga
 
@@ -263,6 +329,7 @@ class EffectLedger:
             abandon_after=abandon_after,
             on_compensation_failure=on_compensation_failure,
             owner=owner,
+            budget=budget,
         )
 
     async def run_saga(

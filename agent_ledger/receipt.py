@@ -21,6 +21,7 @@ from agent_ledger.effects import (
     JSONValue,
     Reopening,
     TryFailure,
+    Usage,
     event_from_dict,
     event_to_dict,
 )
@@ -69,6 +70,7 @@ _ENCODERS: Final[Mapping[str, Callable[[Effect], JSONValue]]] = {
     "error_message": lambda effect: None if effect.error is None else effect.error.message,
     "error_code": lambda effect: None if effect.error is None else effect.error.code,
     "history": lambda effect: [event_to_dict(event) for event in effect.history],
+    "usage": lambda effect: None if effect.usage is None else effect.usage.to_json(),
     **{name: _time_encoder(name) for name in _TIMES},
 }
 
@@ -125,7 +127,14 @@ def effect_from_record(record: Mapping[str, object]) -> Effect:
         lease_ms=_count(record, "lease_ms"),
         tries=_count(record, "tries"),
         history=_history(record),
+        # Exports written before schema version 3 have no usage.
+        usage=_usage(record),
     )
+
+
+def _usage(record: Mapping[str, object]) -> Usage | None:
+    value = record.get("usage")
+    return None if value is None else Usage.from_json(value)
 
 
 def _history(record: Mapping[str, object]) -> tuple[HistoryEvent, ...]:
@@ -238,6 +247,12 @@ def render_receipt(effect: Effect) -> str:
     if effect.tries > 1 or effect.history:
         rows.append(("tries", str(effect.tries)))
     rows += [_history_row(event) for event in effect.history]
+    if effect.usage is not None:
+        usage = effect.usage
+        cost = "price unknown" if usage.cost_usd is None else f"${usage.cost_usd:.6f}"
+        rows.append(
+            ("usage", f"{usage.input_tokens} in / {usage.output_tokens} out tokens, {cost}")
+        )
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label.rjust(width)}  {visible(value)}" for label, value in rows)
 

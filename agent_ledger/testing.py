@@ -234,6 +234,7 @@ class FaultyStore(Generic[StoreT]):
         error: EffectError | None,
         tx: object | None = None,
         ends_try: bool = True,
+        usage_json: str | None = None,
     ) -> bool:
         return await self._step(
             "commit",
@@ -245,6 +246,7 @@ class FaultyStore(Generic[StoreT]):
                 error=error,
                 tx=tx,
                 ends_try=ends_try,
+                usage_json=usage_json,
             ),
             effect_id=effect_id,
         )

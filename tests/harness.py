@@ -176,6 +176,13 @@ class PostgresHarness:
             ms,
             ms,
         )
+        # Budget holds age too: their expiry comes closer.
+        await self._sql(
+            sql.SQL("UPDATE {} SET expires_at = expires_at - %s * interval '1 millisecond'").format(
+                sql.Identifier(TEST_SCHEMA, "agent_ledger_budget_holds")
+            ),
+            ms,
+        )
         # Sagas age with the effects: their owners' heartbeats too.
         await self._sql(
             sql.SQL(
@@ -256,9 +263,17 @@ async def open_harness(kind: str) -> AsyncIterator[StoreHarness]:
             legacy_keys = sql.Identifier(TEST_SCHEMA, "agent_ledger_legacy_keys")
             sagas = sql.Identifier(TEST_SCHEMA, "agent_ledger_sagas")
             steps = sql.Identifier(TEST_SCHEMA, "agent_ledger_saga_steps")
+            budgets = [
+                sql.Identifier(TEST_SCHEMA, name)
+                for name in (
+                    "agent_ledger_budgets",
+                    "agent_ledger_budget_holds",
+                    "agent_ledger_budget_charges",
+                )
+            ]
             await pg_harness._sql(
-                sql.SQL("TRUNCATE {}, {}, {}, {}").format(
-                    pg_harness._table(), legacy_keys, sagas, steps
+                sql.SQL("TRUNCATE {}, {}, {}, {}, {}, {}, {}").format(
+                    pg_harness._table(), legacy_keys, sagas, steps, *budgets
                 )
             )
             yield pg_harness

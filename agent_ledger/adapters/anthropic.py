@@ -44,19 +44,22 @@ from agent_ledger.adapters._schema import (
 )
 
 try:
-    from anthropic.types import ToolParam, ToolResultBlockParam
+    from anthropic.types import Message, ToolParam, ToolResultBlockParam
 except ImportError as exc:
     raise ImportError(
         "agent_ledger.adapters.anthropic needs the Anthropic SDK: "
         'pip install "agent-ledger[anthropic]"'
     ) from exc
 
+from agent_ledger.effects import Usage
+from agent_ledger.tools import LLMResult
+
 if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
     from agent_ledger.options import RunOptions
     from agent_ledger.tools import Tool
 
-__all__ = ["run_tool_uses", "run_tool_uses_sync", "tool_definitions"]
+__all__ = ["llm_result", "run_tool_uses", "run_tool_uses_sync", "tool_definitions", "usage_of"]
 
 
 async def run_tool_uses(
@@ -147,3 +150,35 @@ def _tool_result(reply: Reply) -> ToolResultBlockParam:
     if reply.is_error:
         block["is_error"] = True
     return block
+
+
+# -- model calls (ledger.llm) ---------------------------------------------------------
+
+
+def usage_of(message: Message) -> Usage:
+    """The tokens an Anthropic ``Message`` says it used, as a ``Usage`` (no price yet).
+
+    Anthropic reports the prompt in three parts: ``input_tokens`` (after the
+    last cache breakpoint), ``cache_creation_input_tokens`` and
+    ``cache_read_input_tokens``. All three are input the model read, so they
+    are added up here; a pricing callback that bills cache reads at their
+    lower rate must be given the parts itself (from the recorded response).
+    """
+    if not isinstance(message, Message):
+        raise TypeError(f"usage_of() reads an anthropic Message, got {type(message).__name__}")
+    usage = message.usage
+    read = (
+        usage.input_tokens
+        + (usage.cache_creation_input_tokens or 0)
+        + (usage.cache_read_input_tokens or 0)
+    )
+    return Usage(int(read), int(usage.output_tokens))
+
+
+def llm_result(message: Message) -> LLMResult:
+    """An Anthropic ``Message`` as ``ledger.llm()`` records it: its JSON and its usage.
+
+    ``await ledger.llm(lambda req: client.messages.create(**req),
+    provider="anthropic", model=..., request=..., read=llm_result, pricing=...)``.
+    """
+    return LLMResult(response=message.model_dump(mode="json"), usage=usage_of(message))

@@ -47,16 +47,20 @@ from agent_ledger.adapters._schema import (
 
 try:
     from openai.types.chat import (
+        ChatCompletion,
         ChatCompletionFunctionToolParam,
         ChatCompletionToolMessageParam,
     )
-    from openai.types.responses import FunctionToolParam
+    from openai.types.responses import FunctionToolParam, Response
     from openai.types.responses.response_input_item_param import FunctionCallOutput
     from openai.types.shared_params import FunctionDefinition
 except ImportError as exc:
     raise ImportError(
         'agent_ledger.adapters.openai needs the OpenAI SDK: pip install "agent-ledger[openai]"'
     ) from exc
+
+from agent_ledger.effects import Usage
+from agent_ledger.tools import LLMResult
 
 if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
@@ -65,11 +69,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "chat_tools",
+    "llm_result",
     "responses_tools",
     "run_function_calls",
     "run_function_calls_sync",
     "run_tool_calls",
     "run_tool_calls_sync",
+    "usage_of",
 ]
 
 
@@ -238,3 +244,36 @@ def _tool_message(reply: Reply) -> ChatCompletionToolMessageParam:
 
 def _function_call_output(reply: Reply) -> FunctionCallOutput:
     return {"type": "function_call_output", "call_id": reply.call.call_id, "output": reply.content}
+
+
+# -- model calls (ledger.llm) ---------------------------------------------------------
+
+
+def usage_of(response: ChatCompletion | Response) -> Usage:
+    """The tokens an OpenAI response says it used, as a ``Usage`` (no price yet).
+
+    Chat Completions report ``prompt_tokens``/``completion_tokens``, the
+    Responses API ``input_tokens``/``output_tokens``; cached and reasoning
+    tokens are already inside those totals. A response without ``usage``
+    (a stream that did not ask for it) counts as 0 tokens: ask for usage
+    (``stream_options={"include_usage": True}``) when a budget counts tokens.
+    """
+    usage = getattr(response, "usage", None)
+    if usage is None:
+        return Usage()
+    if isinstance(response, ChatCompletion):
+        return Usage(int(usage.prompt_tokens), int(usage.completion_tokens))
+    if isinstance(response, Response):
+        return Usage(int(usage.input_tokens), int(usage.output_tokens))
+    raise TypeError(
+        f"usage_of() reads an openai ChatCompletion or Response, got {type(response).__name__}"
+    )
+
+
+def llm_result(response: ChatCompletion | Response) -> LLMResult:
+    """An OpenAI response as ``ledger.llm()`` records it: its JSON and its usage.
+
+    ``await ledger.llm(lambda req: client.chat.completions.create(**req),
+    provider="openai", model=..., request=..., read=llm_result, pricing=...)``.
+    """
+    return LLMResult(response=response.model_dump(mode="json"), usage=usage_of(response))

@@ -36,6 +36,9 @@ from agent_ledger.effects import (
     Effect,
     EffectError,
     TryFailure,
+    Usage,
+    WithUsage,
+    usage_to_json,
 )
 from agent_ledger.engine.deadline import Late, late_outcome, within
 from agent_ledger.engine.heartbeats import Beat, Heartbeats
@@ -506,8 +509,16 @@ class Engine:
         tx: object | None,
         beat: Beat | None,
     ) -> _Recorded:
-        """Record the handler's return value as the outcome (a non-JSON one as a failure)."""
+        """Record the handler's return value as the outcome (a non-JSON one as a failure).
+
+        A ``WithUsage`` value records its usage in the same commit and hands
+        back only its ``result``.
+        """
         until = self._stop_beat(beat, opts)
+        usage_json = None
+        if type(value) is WithUsage:
+            usage_json = usage_to_json(value.usage)
+            value = value.result
         try:
             result_json = canonical_json(value, field="result", sort_keys=False).decode()
         except EffectLedgerValidationError as exc:
@@ -515,7 +526,9 @@ class Engine:
             if await self._record_landed(effect, EffectStatus.FAILED, None, error, tx, until):
                 raise
             return _LOST
-        if await self._record_landed(effect, EffectStatus.SUCCEEDED, result_json, None, tx, until):
+        if await self._record_landed(
+            effect, EffectStatus.SUCCEEDED, result_json, None, tx, until, usage_json=usage_json
+        ):
             log_effect(logging.DEBUG, "effect succeeded", effect)
             return _Recorded(won=True, value=value)
         return _LOST
@@ -532,8 +545,14 @@ class Engine:
         ``HandlerTimeoutError`` if the record is ours. Never retried."""
         assert opts.timeout_ms is not None
         until = self._stop_beat(beat, opts)
+        usage_json = None
+        if type(late.value) is WithUsage:  # a model call that answered late still cost
+            usage_json = usage_to_json(late.value.usage)
+            late = late._replace(value=late.value.result)
         status, result_json, error = late_outcome(late, opts.timeout_ms)
-        if not await self._record_landed(effect, status, result_json, error, tx, until):
+        if not await self._record_landed(
+            effect, status, result_json, error, tx, until, usage_json=usage_json
+        ):
             return _LOST
         log_effect(logging.WARNING, f"handler timed out: {error.message}", effect)
         recorded = dataclasses.replace(effect, status=status, error=error)
@@ -809,6 +828,7 @@ class Engine:
         *,
         maybe_landed: bool = False,
         ends_try: bool = True,
+        usage_json: str | None = None,
     ) -> bool:
         """Record a handler's outcome; True if this attempt's commit won.
 
@@ -838,6 +858,7 @@ class Engine:
                     error=error,
                     tx=tx,
                     ends_try=ends_try,
+                    usage_json=usage_json,
                 )
             except EffectStoreError:
                 remaining_s = retry_until - asyncio.get_running_loop().time()
@@ -877,6 +898,7 @@ class Engine:
         retry_until: float,
         *,
         ends_try: bool = True,
+        usage_json: str | None = None,
     ) -> bool:
         """``record``, carried through to the end even if this task is cancelled meanwhile.
 
@@ -890,7 +912,14 @@ class Engine:
         """
         try:
             return await self.record(
-                effect, status, result_json, error, tx, retry_until, ends_try=ends_try
+                effect,
+                status,
+                result_json,
+                error,
+                tx,
+                retry_until,
+                ends_try=ends_try,
+                usage_json=usage_json,
             )
         except asyncio.CancelledError as exc:
             interrupted = exc
@@ -904,6 +933,7 @@ class Engine:
                 retry_until,
                 maybe_landed=True,
                 ends_try=ends_try,
+                usage_json=usage_json,
             )
         )
         while not write.done():
@@ -963,9 +993,17 @@ class Engine:
             raise EffectLedgerValidationError(
                 f"attempt must be a positive int, got {attempt!r}", field="attempt"
             )
+        usage_json = None
         if isinstance(outcome, CommitSucceeded):
             result_json = canonical_json(outcome.result, field="result", sort_keys=False).decode()
             status, error = EffectStatus.SUCCEEDED, None
+            if outcome.usage is not None:
+                if not isinstance(outcome.usage, Usage):
+                    raise EffectLedgerValidationError(
+                        f"CommitSucceeded.usage must be a Usage or None, got {outcome.usage!r}",
+                        field="usage",
+                    )
+                usage_json = usage_to_json(outcome.usage)
         elif isinstance(outcome, CommitFailed) and isinstance(outcome.error, EffectError):
             result_json, status, error = None, EffectStatus.FAILED, outcome.error
         else:
@@ -975,7 +1013,13 @@ class Engine:
                 field="outcome",
             )
         return await self._store.commit(
-            effect_id, attempt=attempt, status=status, result_json=result_json, error=error, tx=tx
+            effect_id,
+            attempt=attempt,
+            status=status,
+            result_json=result_json,
+            error=error,
+            tx=tx,
+            usage_json=usage_json,
         )
 
 

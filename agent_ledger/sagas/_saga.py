@@ -54,10 +54,12 @@ from agent_ledger.stores.saga_base import (
     SagaStore,
 )
 from agent_ledger.tools import Tool
+from agent_ledger.tools._budget import BudgetScope
 from agent_ledger.tools._steps import STEP_RUNNER
 from agent_ledger.tools._workflow import WorkflowScope
 
 if TYPE_CHECKING:
+    from agent_ledger.budgets import Budget
     from agent_ledger.ledger import EffectLedger
 
 __all__ = ["Saga", "default_owner", "finish_compensation", "saga_store"]
@@ -196,8 +198,13 @@ class Saga:
         abandon_after: timedelta | None = None,
         on_compensation_failure: Literal["continue", "stop"] = "continue",
         owner: str | None = None,
+        budget: Budget | None = None,
     ) -> None:
         self._scope = WorkflowScope(saga_id)  # the checks any workflow id gets
+        if budget is not None:
+            # Its steps (tool calls) and model calls reserve on it; the
+            # compensations run through ledger.run() and never ask it.
+            self._scope.budget = BudgetScope(ledger, saga_id, budget)
         if on_compensation_failure not in ON_COMPENSATION_FAILURE:
             raise EffectLedgerValidationError(
                 "on_compensation_failure must be 'continue' (try every other compensation) or "
@@ -238,6 +245,9 @@ class Saga:
         if self._entered:
             raise SagaError(f"saga {self.saga_id!r}: this Saga object was already entered")
         self._entered = True
+        if self._scope.budget is not None:
+            # Before the saga row: a budget that does not match stores nothing.
+            await self._scope.budget.open()
         began = await self._store.begin_saga(self._new)
         saga = began.saga
         if not began.created:

@@ -92,6 +92,7 @@ def commit_params(
     result_json: str | None,
     error: EffectError | None,
     ends_try: bool = True,
+    usage_json: str | None = None,
 ) -> dict[str, object]:
     """For the commit compare-and-set (``processing`` -> ``status`` at ``attempt``);
     ``tried`` is what it adds to ``tries``."""
@@ -100,6 +101,7 @@ def commit_params(
         "attempt": attempt,
         "status": status.value,
         "result": result_json,
+        "usage": usage_json,
         "processing": _PROCESSING,
         "tried": 1 if ends_try else 0,
         **dialect.error(error),

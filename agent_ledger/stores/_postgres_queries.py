@@ -23,6 +23,7 @@ _EXPRESSIONS: Final = {
     "error_code": "error->>'code' AS error_code",
     # Parsed by the library (orjson), not by psycopg's json loader.
     "history": "history::text AS history",
+    "usage": "usage::text AS usage",
 }
 #: The columns every query returns, in the order ``effect_from_row`` reads them.
 #: Built only from the constant names in _columns and above, never from caller text.
@@ -206,6 +207,7 @@ HEARTBEAT: Final[LiteralString] = (
 # matches no row. A NULL attempt skips the fencing check (unfenced commit()).
 COMMIT: Final[LiteralString] = (
     "UPDATE {effects} SET status = %(status)s, result = %(result)s::json,"
+    " usage = %(usage)s::json,"
     " error = %(error)s::jsonb, tries = tries + %(tried)s::integer,"
     " completed_at = clock_timestamp(), updated_at = clock_timestamp() "
     "WHERE id = %(id)s AND status = %(processing)s"
@@ -426,4 +428,133 @@ SAGA_CLAIMABLE: Final[LiteralString] = (
     " AND (%(after_at)s::timestamptz IS NULL"
     " OR (created_at, saga_id) > (%(after_at)s::timestamptz, %(after_id)s::text))"
     " ORDER BY created_at, saga_id LIMIT %(limit)s"
+)
+
+# -- budgets (schema version 3; see stores/budget_base.py) --
+# {budgets}, {holds} and {charges} are the schema-qualified tables. Amounts
+# are bigints in each unit (dollars in millionths). Every step that deletes
+# holds locks them in hold_id order before it touches the budget row, and
+# reserve locks only the budget row, so two steps never wait on each other
+# in a circle.
+_BUDGET_COLUMNS: Final[LiteralString] = (
+    "b.workflow_id, b.limit_usd_micros, b.limit_input_tokens, b.limit_output_tokens,"
+    " b.limit_tool_calls, b.spent_usd_micros, b.spent_input_tokens, b.spent_output_tokens,"
+    " b.spent_tool_calls, b.reserved_usd_micros, b.reserved_input_tokens,"
+    " b.reserved_output_tokens, b.reserved_tool_calls,"
+    " (SELECT count(*) FROM {holds} AS h WHERE h.workflow_id = b.workflow_id),"
+    " b.created_at, b.updated_at"
+)
+# Insert-or-get; DO UPDATE (a no-op write) so that the row comes back even when
+# a concurrent open inserted it after this statement's snapshot.
+BUDGET_OPEN: Final[LiteralString] = (
+    "INSERT INTO {budgets} AS b (workflow_id, limit_usd_micros, limit_input_tokens,"
+    " limit_output_tokens, limit_tool_calls)"
+    " VALUES (%(workflow_id)s, %(limit_usd_micros)s, %(limit_input_tokens)s,"
+    " %(limit_output_tokens)s, %(limit_tool_calls)s)"
+    " ON CONFLICT (workflow_id) DO UPDATE SET workflow_id = b.workflow_id"
+    " RETURNING " + _BUDGET_COLUMNS
+)
+BUDGET_GET: Final[LiteralString] = (
+    "SELECT " + _BUDGET_COLUMNS + " FROM {budgets} AS b WHERE b.workflow_id = %s"
+)
+BUDGET_LIST: Final[LiteralString] = (
+    "SELECT " + _BUDGET_COLUMNS + " FROM {budgets} AS b"
+    " ORDER BY b.updated_at DESC, b.workflow_id DESC LIMIT %(limit)s"
+)
+# The reservation: one conditional UPDATE of the budget row, then the hold,
+# in one statement. Concurrent reservations queue on the row lock, and each
+# re-checks the WHERE against the row as the one before it left it
+# (READ COMMITTED re-evaluates an updated row), so they can never both take
+# the last room. Per unit: no limit, or the call does not count in it (a
+# NULL estimate), or spent + reserved + estimate <= limit with room left.
+BUDGET_RESERVE: Final[LiteralString] = (
+    "WITH b AS (UPDATE {budgets} SET"
+    " reserved_usd_micros = reserved_usd_micros + %(add_usd_micros)s,"
+    " reserved_input_tokens = reserved_input_tokens + %(add_input_tokens)s,"
+    " reserved_output_tokens = reserved_output_tokens + %(add_output_tokens)s,"
+    " reserved_tool_calls = reserved_tool_calls + %(add_tool_calls)s,"
+    " updated_at = clock_timestamp()"
+    " WHERE workflow_id = %(workflow_id)s"
+    " AND (limit_usd_micros IS NULL OR %(est_usd_micros)s::bigint IS NULL"
+    " OR (spent_usd_micros + reserved_usd_micros + %(est_usd_micros)s::bigint"
+    " <= limit_usd_micros AND spent_usd_micros + reserved_usd_micros < limit_usd_micros))"
+    " AND (limit_input_tokens IS NULL OR %(est_input_tokens)s::bigint IS NULL"
+    " OR (spent_input_tokens + reserved_input_tokens + %(est_input_tokens)s::bigint"
+    " <= limit_input_tokens AND spent_input_tokens + reserved_input_tokens < limit_input_tokens))"
+    " AND (limit_output_tokens IS NULL OR %(est_output_tokens)s::bigint IS NULL"
+    " OR (spent_output_tokens + reserved_output_tokens + %(est_output_tokens)s::bigint"
+    " <= limit_output_tokens"
+    " AND spent_output_tokens + reserved_output_tokens < limit_output_tokens))"
+    " AND (limit_tool_calls IS NULL OR %(est_tool_calls)s::bigint IS NULL"
+    " OR (spent_tool_calls + reserved_tool_calls + %(est_tool_calls)s::bigint"
+    " <= limit_tool_calls AND spent_tool_calls + reserved_tool_calls < limit_tool_calls))"
+    " RETURNING workflow_id)"
+    " INSERT INTO {holds} (hold_id, workflow_id, idem_key, usd_micros, input_tokens,"
+    " output_tokens, tool_calls, expires_at)"
+    " SELECT %(hold_id)s, workflow_id, %(idem_key)s, %(add_usd_micros)s, %(add_input_tokens)s,"
+    " %(add_output_tokens)s, %(add_tool_calls)s,"
+    " clock_timestamp() + make_interval(secs => %(ttl_ms)s / 1000.0) FROM b"
+)
+# Booking an effect: its charge once per (budget, idem key) (the primary key:
+# a second booker's insert waits for the first and then does nothing), its
+# holds released (the caller's, and any other for the same effect, which has
+# finished), both applied to the budget row. `n` says whether this call
+# recorded the charge.
+BUDGET_BOOK: Final[LiteralString] = (
+    "WITH gone AS (DELETE FROM {holds} WHERE hold_id IN (SELECT hold_id FROM {holds}"
+    " WHERE workflow_id = %(workflow_id)s"
+    " AND (hold_id = %(hold_id)s OR idem_key = %(idem_key)s) ORDER BY hold_id FOR UPDATE)"
+    " RETURNING usd_micros, input_tokens, output_tokens, tool_calls),"
+    " freed AS (SELECT coalesce(sum(usd_micros), 0)::bigint AS usd_micros,"
+    " coalesce(sum(input_tokens), 0)::bigint AS input_tokens,"
+    " coalesce(sum(output_tokens), 0)::bigint AS output_tokens,"
+    " coalesce(sum(tool_calls), 0)::bigint AS tool_calls FROM gone),"
+    " charged AS (INSERT INTO {charges} (workflow_id, idem_key, usd_micros, input_tokens,"
+    " output_tokens, tool_calls)"
+    " SELECT workflow_id, %(idem_key)s, %(add_usd_micros)s, %(add_input_tokens)s,"
+    " %(add_output_tokens)s, %(add_tool_calls)s FROM {budgets}"
+    " WHERE workflow_id = %(workflow_id)s"
+    " ON CONFLICT (workflow_id, idem_key) DO NOTHING"
+    " RETURNING usd_micros, input_tokens, output_tokens, tool_calls),"
+    " added AS (SELECT coalesce(sum(usd_micros), 0)::bigint AS usd_micros,"
+    " coalesce(sum(input_tokens), 0)::bigint AS input_tokens,"
+    " coalesce(sum(output_tokens), 0)::bigint AS output_tokens,"
+    " coalesce(sum(tool_calls), 0)::bigint AS tool_calls, count(*) AS n FROM charged)"
+    " UPDATE {budgets} AS b SET"
+    " spent_usd_micros = b.spent_usd_micros + added.usd_micros,"
+    " spent_input_tokens = b.spent_input_tokens + added.input_tokens,"
+    " spent_output_tokens = b.spent_output_tokens + added.output_tokens,"
+    " spent_tool_calls = b.spent_tool_calls + added.tool_calls,"
+    " reserved_usd_micros = b.reserved_usd_micros - freed.usd_micros,"
+    " reserved_input_tokens = b.reserved_input_tokens - freed.input_tokens,"
+    " reserved_output_tokens = b.reserved_output_tokens - freed.output_tokens,"
+    " reserved_tool_calls = b.reserved_tool_calls - freed.tool_calls,"
+    " updated_at = clock_timestamp()"
+    " FROM freed, added WHERE b.workflow_id = %(workflow_id)s RETURNING added.n"
+)
+# Giving back the holds `gone` picks: the caller's one (release), or every
+# expired one of the budget (reclaim: FOR UPDATE waits for a concurrent
+# reclaim and skips what it deleted, so each hold is given back once).
+_GIVE_BACK: Final[LiteralString] = (
+    " RETURNING workflow_id, usd_micros, input_tokens, output_tokens, tool_calls),"
+    " freed AS (SELECT count(*) AS n, coalesce(sum(usd_micros), 0)::bigint AS usd_micros,"
+    " coalesce(sum(input_tokens), 0)::bigint AS input_tokens,"
+    " coalesce(sum(output_tokens), 0)::bigint AS output_tokens,"
+    " coalesce(sum(tool_calls), 0)::bigint AS tool_calls FROM gone)"
+    " UPDATE {budgets} AS b SET"
+    " reserved_usd_micros = b.reserved_usd_micros - freed.usd_micros,"
+    " reserved_input_tokens = b.reserved_input_tokens - freed.input_tokens,"
+    " reserved_output_tokens = b.reserved_output_tokens - freed.output_tokens,"
+    " reserved_tool_calls = b.reserved_tool_calls - freed.tool_calls,"
+    " updated_at = clock_timestamp()"
+    " FROM freed WHERE b.workflow_id = %(workflow_id)s AND freed.n > 0 RETURNING freed.n"
+)
+BUDGET_RELEASE: Final[LiteralString] = (
+    "WITH gone AS (DELETE FROM {holds}"
+    " WHERE workflow_id = %(workflow_id)s AND hold_id = %(hold_id)s" + _GIVE_BACK
+)
+BUDGET_RECLAIM: Final[LiteralString] = (
+    "WITH gone AS (DELETE FROM {holds} WHERE hold_id IN (SELECT hold_id FROM {holds}"
+    " WHERE workflow_id = %(workflow_id)s AND expires_at <= clock_timestamp()"
+    " ORDER BY hold_id FOR UPDATE)" + _GIVE_BACK
 )

@@ -8,7 +8,7 @@ from typing import Any, Final
 
 import orjson
 
-from agent_ledger.effects import Effect, EffectError, history_from_json
+from agent_ledger.effects import Effect, EffectError, history_from_json, usage_from_json
 from agent_ledger.fields import ERROR_PARTS, TIME_FIELDS
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores._columns import ROW_COLUMNS
@@ -24,6 +24,7 @@ _STATUS: Final = ROW_COLUMNS.index("status")
 _RESULT: Final = ROW_COLUMNS.index("result")
 _ERROR: Final = ROW_COLUMNS.index(ERROR_PARTS[0])
 _HISTORY: Final = ROW_COLUMNS.index("history")
+_USAGE: Final = ROW_COLUMNS.index("usage")
 _TIMES: Final = tuple(ROW_COLUMNS.index(name) for name in sorted(TIME_FIELDS))
 
 
@@ -43,6 +44,7 @@ def effect_from_row(row: tuple[Any, ...], to_time: Callable[[Any], datetime]) ->
         values[_RESULT] = orjson.loads(values[_RESULT])
     # Before the error's two parts become one: the index is the row's.
     values[_HISTORY] = history_from_json(values[_HISTORY])
+    values[_USAGE] = usage_from_json(values[_USAGE])
     message, code = values[_ERROR], values[_ERROR + 1]
     values[_ERROR : _ERROR + 2] = [None if message is None else EffectError(message, code)]
     return Effect(*values)

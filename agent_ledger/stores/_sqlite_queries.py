@@ -135,7 +135,7 @@ HEARTBEAT: Final = (
 # matches no row. A NULL attempt skips the fencing check (unfenced commit()).
 # KEY_OF then names the key whose waiters to wake.
 COMMIT: Final = (
-    "UPDATE agent_ledger_effects SET status = :status, result = :result,"
+    "UPDATE agent_ledger_effects SET status = :status, result = :result, usage = :usage,"
     " error_message = :error_message, error_code = :error_code, tries = tries + :tried,"
     " completed_us = :now, updated_us = :now"
     " WHERE id = :id AND status = :processing AND (:attempt IS NULL OR attempt = :attempt)"
@@ -344,4 +344,97 @@ SAGA_CLAIMABLE: Final = (
     " AND (:after_us IS NULL OR created_us > :after_us"
     " OR (created_us = :after_us AND saga_id > :after_id))"
     " ORDER BY created_us, saga_id LIMIT :limit"
+)
+
+# -- budgets (schema version 3; see stores/budget_base.py) --
+# Each step runs in one BEGIN IMMEDIATE transaction (SqliteStore._run), so
+# its check and its writes see no other writer in between: the same
+# atomicity PostgreSQL gets from its single statements.
+BUDGET_COLUMNS: Final = (
+    "b.workflow_id, b.limit_usd_micros, b.limit_input_tokens, b.limit_output_tokens,"
+    " b.limit_tool_calls, b.spent_usd_micros, b.spent_input_tokens, b.spent_output_tokens,"
+    " b.spent_tool_calls, b.reserved_usd_micros, b.reserved_input_tokens,"
+    " b.reserved_output_tokens, b.reserved_tool_calls,"
+    " (SELECT count(*) FROM agent_ledger_budget_holds AS h WHERE h.workflow_id = b.workflow_id),"
+    " b.created_us, b.updated_us"
+)
+BUDGET_INSERT: Final = (
+    "INSERT INTO agent_ledger_budgets (workflow_id, limit_usd_micros, limit_input_tokens,"
+    " limit_output_tokens, limit_tool_calls, created_us, updated_us)"
+    " VALUES (:workflow_id, :limit_usd_micros, :limit_input_tokens, :limit_output_tokens,"
+    " :limit_tool_calls, :now, :now)"
+    " ON CONFLICT (workflow_id) DO NOTHING"
+)
+BUDGET_GET: Final = (
+    "SELECT " + BUDGET_COLUMNS + " FROM agent_ledger_budgets AS b WHERE b.workflow_id = ?"
+)
+BUDGET_LIST: Final = (
+    "SELECT " + BUDGET_COLUMNS + " FROM agent_ledger_budgets AS b"
+    " ORDER BY b.updated_us DESC, b.workflow_id DESC LIMIT :limit"
+)
+# The reservation's conditional UPDATE (the rule: stores/budget_base.py); the
+# hold is inserted only when it changed the row.
+BUDGET_RESERVE: Final = (
+    "UPDATE agent_ledger_budgets SET"
+    " reserved_usd_micros = reserved_usd_micros + :add_usd_micros,"
+    " reserved_input_tokens = reserved_input_tokens + :add_input_tokens,"
+    " reserved_output_tokens = reserved_output_tokens + :add_output_tokens,"
+    " reserved_tool_calls = reserved_tool_calls + :add_tool_calls, updated_us = :now"
+    " WHERE workflow_id = :workflow_id"
+    " AND (limit_usd_micros IS NULL OR :est_usd_micros IS NULL"
+    " OR (spent_usd_micros + reserved_usd_micros + :est_usd_micros <= limit_usd_micros"
+    " AND spent_usd_micros + reserved_usd_micros < limit_usd_micros))"
+    " AND (limit_input_tokens IS NULL OR :est_input_tokens IS NULL"
+    " OR (spent_input_tokens + reserved_input_tokens + :est_input_tokens <= limit_input_tokens"
+    " AND spent_input_tokens + reserved_input_tokens < limit_input_tokens))"
+    " AND (limit_output_tokens IS NULL OR :est_output_tokens IS NULL"
+    " OR (spent_output_tokens + reserved_output_tokens + :est_output_tokens"
+    " <= limit_output_tokens"
+    " AND spent_output_tokens + reserved_output_tokens < limit_output_tokens))"
+    " AND (limit_tool_calls IS NULL OR :est_tool_calls IS NULL"
+    " OR (spent_tool_calls + reserved_tool_calls + :est_tool_calls <= limit_tool_calls"
+    " AND spent_tool_calls + reserved_tool_calls < limit_tool_calls))"
+)
+HOLD_INSERT: Final = (
+    "INSERT INTO agent_ledger_budget_holds (hold_id, workflow_id, idem_key, usd_micros,"
+    " input_tokens, output_tokens, tool_calls, created_us, expires_us)"
+    " VALUES (:hold_id, :workflow_id, :idem_key, :add_usd_micros, :add_input_tokens,"
+    " :add_output_tokens, :add_tool_calls, :now, :now + :ttl_ms * 1000)"
+)
+# The holds a step gives back: what they hold in total, then the rows.
+_HOLD_SUMS: Final = (
+    "SELECT count(*), coalesce(sum(usd_micros), 0), coalesce(sum(input_tokens), 0),"
+    " coalesce(sum(output_tokens), 0), coalesce(sum(tool_calls), 0)"
+    " FROM agent_ledger_budget_holds WHERE workflow_id = :workflow_id AND "
+)
+_OF_EFFECT: Final = "(hold_id = :hold_id OR idem_key = :idem_key)"
+_ONE_HOLD: Final = "hold_id = :hold_id"
+_EXPIRED: Final = "expires_us <= :now"
+HOLDS_OF_EFFECT: Final = _HOLD_SUMS + _OF_EFFECT
+HOLD_ONE: Final = _HOLD_SUMS + _ONE_HOLD
+HOLDS_EXPIRED: Final = _HOLD_SUMS + _EXPIRED
+_HOLD_DELETE: Final = "DELETE FROM agent_ledger_budget_holds WHERE workflow_id = :workflow_id AND "
+DELETE_HOLDS_OF_EFFECT: Final = _HOLD_DELETE + _OF_EFFECT
+DELETE_HOLD_ONE: Final = _HOLD_DELETE + _ONE_HOLD
+DELETE_HOLDS_EXPIRED: Final = _HOLD_DELETE + _EXPIRED
+# A charge, once per (budget, idem key): the primary key ignores a second one.
+CHARGE_INSERT: Final = (
+    "INSERT INTO agent_ledger_budget_charges (workflow_id, idem_key, usd_micros, input_tokens,"
+    " output_tokens, tool_calls, booked_us)"
+    " SELECT workflow_id, :idem_key, :add_usd_micros, :add_input_tokens, :add_output_tokens,"
+    " :add_tool_calls, :now FROM agent_ledger_budgets WHERE workflow_id = :workflow_id"
+    " ON CONFLICT (workflow_id, idem_key) DO NOTHING"
+)
+# What was booked (:spent_*, zero when nothing was) and given back (:freed_*).
+BUDGET_APPLY: Final = (
+    "UPDATE agent_ledger_budgets SET"
+    " spent_usd_micros = spent_usd_micros + :spent_usd_micros,"
+    " spent_input_tokens = spent_input_tokens + :spent_input_tokens,"
+    " spent_output_tokens = spent_output_tokens + :spent_output_tokens,"
+    " spent_tool_calls = spent_tool_calls + :spent_tool_calls,"
+    " reserved_usd_micros = reserved_usd_micros - :freed_usd_micros,"
+    " reserved_input_tokens = reserved_input_tokens - :freed_input_tokens,"
+    " reserved_output_tokens = reserved_output_tokens - :freed_output_tokens,"
+    " reserved_tool_calls = reserved_tool_calls - :freed_tool_calls, updated_us = :now"
+    " WHERE workflow_id = :workflow_id"
 )

@@ -378,13 +378,15 @@ class Store(Protocol):
         error: EffectError | None,
         tx: object | None = None,
         ends_try: bool = True,
+        usage_json: str | None = None,
     ) -> bool:
         """Compare-and-set ``processing`` -> ``status`` (succeeded, failed or canceled).
 
         Applies only if the effect is ``processing`` and, when ``attempt`` is
         given, still at that attempt (fencing: a late worker never
         overwrites the winner). Records ``result_json`` (JSON text) or
-        ``error``, and ``completed_at=updated_at=now``; with ``ends_try``
+        ``error`` (and ``usage_json``, a model call's ``Usage`` as JSON text, in
+        the same step), and ``completed_at=updated_at=now``; with ``ends_try``
         (the default: the outcome is a try's) adds one to ``tries``. First
         commit wins; every later one returns False. Wakes subscribers.
         """

@@ -24,11 +24,14 @@ from agent_ledger.effects import (
     HistoryEvent,
     Reopening,
     TryFailure,
+    Usage,
     handler_time,
+    usage_from_json,
 )
 from agent_ledger.fields import EFFECT_FIELDS
 from agent_ledger.ids import new_effect_id
 from agent_ledger.status import CLAIMABLE, REOPENABLE, EffectStatus, decision_sources
+from agent_ledger.stores._memory_budgets import MemoryBudgets
 from agent_ledger.stores._memory_sagas import MemorySagas
 from agent_ledger.stores._rows import stats_from_groups
 from agent_ledger.stores._subscriptions import Registration, Subscribers
@@ -95,6 +98,7 @@ class _Row:
         self.decided_at: datetime | None = None
         self.tries = 0
         self.history: tuple[HistoryEvent, ...] = ()
+        self.usage: Usage | None = None
 
     def snapshot(self) -> Effect:
         # Decoding on every read hands each caller its own result object, as
@@ -155,7 +159,7 @@ class MemoryTransaction(TransactionHandle):
         return self._undo
 
 
-class MemoryStore(MemorySagas):
+class MemoryStore(MemorySagas, MemoryBudgets):
     """Effects in a dict, with the same observable behaviour as the SQL stores.
 
     ``clock`` is the store's clock (inject a ``ManualClock`` to test
@@ -172,6 +176,7 @@ class MemoryStore(MemorySagas):
         self._subscribers = Subscribers()
         self._gate = TransactionGate(self, MemoryTransaction, "MemoryStore", self._subscribers)
         self._init_sagas()
+        self._init_budgets()
 
     # -- schema ------------------------------------------------------------
 
@@ -308,6 +313,7 @@ class MemoryStore(MemorySagas):
         error: EffectError | None,
         tx: object | None = None,
         ends_try: bool = True,
+        usage_json: str | None = None,
     ) -> bool:
         check_commit_status(status)
         mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
@@ -321,6 +327,7 @@ class MemoryStore(MemorySagas):
         now = self._clock()
         row.status = status
         row.result_json = result_json
+        row.usage = usage_from_json(usage_json)
         row.error = error
         row.tries += ends_try
         row.completed_at = row.updated_at = now

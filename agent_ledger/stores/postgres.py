@@ -72,6 +72,7 @@ from agent_ledger.stores._params import (
     reopen_params,
     transition_params,
 )
+from agent_ledger.stores._postgres_budgets import PostgresBudgets
 from agent_ledger.stores._postgres_sagas import PostgresSagas
 from agent_ledger.stores._rows import (
     EFFECT_WIDTH,
@@ -212,7 +213,7 @@ async def _restore_transactional(conn: Connection) -> None:
         await conn.close()
 
 
-class PostgresStore(PostgresSagas):
+class PostgresStore(PostgresSagas, PostgresBudgets):
     """Effects in PostgreSQL, shared by every worker that uses the same database.
 
     ``pool`` is the caller's ``psycopg_pool.AsyncConnectionPool`` (opened by
@@ -527,6 +528,7 @@ class PostgresStore(PostgresSagas):
         error: EffectError | None,
         tx: object | None = None,
         ends_try: bool = True,
+        usage_json: str | None = None,
     ) -> bool:
         check_commit_status(status)
         if not is_effect_id(effect_id):
@@ -539,6 +541,7 @@ class PostgresStore(PostgresSagas):
             result_json=result_json,
             error=error,
             ends_try=ends_try,
+            usage_json=usage_json,
         )
         return await self._execute("commit", self._commit, params, tx, effect_id=effect_id)
 

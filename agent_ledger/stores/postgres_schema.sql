@@ -190,7 +190,7 @@ END
 $version_2$;
 
 -- ===========================================================================
--- Version 3: sagas and their steps
+-- Version 3: sagas and their steps; model calls' usage and spend budgets
 -- ===========================================================================
 -- A saga (docs/sagas.md) is a row with a fenced owner, exactly as an effect
 -- has one: `attempt` is the fencing token (+1 on every claim: a re-run of
@@ -253,6 +253,71 @@ BEGIN
         created_at        timestamptz NOT NULL DEFAULT clock_timestamp(),
         PRIMARY KEY (saga_id, position)
     );
+
+    -- -----------------------------------------------------------------------
+    -- Version 3, continued: model calls' usage, and spend budgets
+    -- -----------------------------------------------------------------------
+    -- `usage` is what a model call consumed ({"input_tokens", "output_tokens",
+    -- "cost_usd"}), recorded by ledger.llm() in the statement that records
+    -- its outcome; NULL for every other effect (and for every version 2 row).
+    -- A budget (docs/budgets.md) is one row per workflow id: its limits
+    -- (NULL: unlimited), what was booked (`spent_*`) and what calls in flight
+    -- hold (`reserved_*`), dollars in millionths. A hold is one call's
+    -- reservation until its effect is booked, it is released, or it expires;
+    -- a charge is one booked effect, at most once per budget (its primary
+    -- key), so replays and a second worker book nothing.
+    ALTER TABLE agent_ledger_effects ADD COLUMN usage json;
+    CREATE TABLE agent_ledger_budgets (
+        workflow_id             text        PRIMARY KEY,
+        limit_usd_micros        bigint      CHECK (limit_usd_micros >= 0),
+        limit_input_tokens      bigint      CHECK (limit_input_tokens >= 0),
+        limit_output_tokens     bigint      CHECK (limit_output_tokens >= 0),
+        limit_tool_calls        bigint      CHECK (limit_tool_calls >= 0),
+        spent_usd_micros        bigint      NOT NULL DEFAULT 0 CHECK (spent_usd_micros >= 0),
+        spent_input_tokens      bigint      NOT NULL DEFAULT 0 CHECK (spent_input_tokens >= 0),
+        spent_output_tokens     bigint      NOT NULL DEFAULT 0 CHECK (spent_output_tokens >= 0),
+        spent_tool_calls        bigint      NOT NULL DEFAULT 0 CHECK (spent_tool_calls >= 0),
+        reserved_usd_micros     bigint      NOT NULL DEFAULT 0 CHECK (reserved_usd_micros >= 0),
+        reserved_input_tokens   bigint      NOT NULL DEFAULT 0 CHECK (reserved_input_tokens >= 0),
+        reserved_output_tokens  bigint      NOT NULL DEFAULT 0 CHECK (reserved_output_tokens >= 0),
+        reserved_tool_calls     bigint      NOT NULL DEFAULT 0 CHECK (reserved_tool_calls >= 0),
+        created_at              timestamptz NOT NULL DEFAULT clock_timestamp(),
+        updated_at              timestamptz NOT NULL DEFAULT clock_timestamp()
+    );
+    CREATE INDEX agent_ledger_budgets_updated_idx
+        ON agent_ledger_budgets (updated_at DESC, workflow_id DESC);
+    CREATE TABLE agent_ledger_budget_holds (
+        -- Chosen by the caller before it reserves (a UUID), so that a caller
+        -- cut off mid-statement can still release it.
+        hold_id        text        PRIMARY KEY,
+        workflow_id    text        NOT NULL
+            REFERENCES agent_ledger_budgets (workflow_id) ON DELETE CASCADE,
+        -- The effect it holds room for; booking that effect releases it.
+        idem_key       text        NOT NULL,
+        usd_micros     bigint      NOT NULL CHECK (usd_micros >= 0),
+        input_tokens   bigint      NOT NULL CHECK (input_tokens >= 0),
+        output_tokens  bigint      NOT NULL CHECK (output_tokens >= 0),
+        tool_calls     bigint      NOT NULL CHECK (tool_calls >= 0),
+        created_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
+        -- After this, a reclaim gives its room back (its caller is gone).
+        expires_at     timestamptz NOT NULL
+    );
+    CREATE INDEX agent_ledger_budget_holds_key_idx
+        ON agent_ledger_budget_holds (workflow_id, idem_key);
+    CREATE INDEX agent_ledger_budget_holds_expiry_idx
+        ON agent_ledger_budget_holds (workflow_id, expires_at);
+    CREATE TABLE agent_ledger_budget_charges (
+        workflow_id    text        NOT NULL
+            REFERENCES agent_ledger_budgets (workflow_id) ON DELETE CASCADE,
+        idem_key       text        NOT NULL,
+        usd_micros     bigint      NOT NULL CHECK (usd_micros >= 0),
+        input_tokens   bigint      NOT NULL CHECK (input_tokens >= 0),
+        output_tokens  bigint      NOT NULL CHECK (output_tokens >= 0),
+        tool_calls     bigint      NOT NULL CHECK (tool_calls >= 0),
+        booked_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+        PRIMARY KEY (workflow_id, idem_key)
+    );
+
     INSERT INTO agent_ledger_schema_version (version) VALUES (3);
 END
 $version_3$;

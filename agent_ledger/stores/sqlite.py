@@ -66,6 +66,7 @@ from agent_ledger.stores._params import (
     transition_params,
 )
 from agent_ledger.stores._rows import STATUS_BY_VALUE, effect_from_row, stats_from_groups
+from agent_ledger.stores._sqlite_budgets import SqliteBudgets
 from agent_ledger.stores._sqlite_sagas import SqliteSagas
 from agent_ledger.stores._subscriptions import Registration, Subscribers
 from agent_ledger.stores._transactions import (
@@ -244,7 +245,7 @@ class SqliteTransaction(TransactionHandle):
     opened_us: int | None = None
 
 
-class SqliteStore(SqliteSagas):
+class SqliteStore(SqliteSagas, SqliteBudgets):
     """Effects in a SQLite file, durable and shared by every process on the machine.
 
     ``path`` is the database file (``":memory:"`` is refused: use
@@ -545,6 +546,7 @@ class SqliteStore(SqliteSagas):
         error: EffectError | None,
         tx: object | None = None,
         ends_try: bool = True,
+        usage_json: str | None = None,
     ) -> bool:
         check_commit_status(status)
         stx = await self._enter(tx)
@@ -560,6 +562,7 @@ class SqliteStore(SqliteSagas):
                 result_json=result_json,
                 error=error,
                 ends_try=ends_try,
+                usage_json=usage_json,
             )
             params["now"] = now
             if conn.execute(q.COMMIT, params).rowcount != 1:

@@ -1,9 +1,10 @@
 -- agent-ledger SQLite schema, version 3, applied once on top of version 2.
 --
--- Sagas and their steps. SqliteStore runs it under the write lock, and only
--- when the file's version is 2. What each column means, and why a step row
--- is never updated: see the version 3 section of the PostgreSQL schema
--- (postgres_schema.sql). Times are integer microseconds, as elsewhere.
+-- Sagas and their steps; model calls' usage and spend budgets. SqliteStore
+-- runs it under the write lock, and only when the file's version is 2. What
+-- each column means, and why a step row is never updated: see the version 3
+-- section of the PostgreSQL schema (postgres_schema.sql). Times are integer
+-- microseconds, as elsewhere.
 
 CREATE TABLE agent_ledger_sagas (
     saga_id                  TEXT    PRIMARY KEY,
@@ -42,6 +43,62 @@ CREATE TABLE agent_ledger_saga_steps (
     compensate_if     TEXT    NOT NULL CHECK (compensate_if IN ('succeeded', 'attempted')),
     created_us        INTEGER NOT NULL,
     PRIMARY KEY (saga_id, position)
+);
+
+-- ---------------------------------------------------------------------------
+-- Version 3, continued: model calls' usage, and spend budgets
+-- ---------------------------------------------------------------------------
+-- What each column means, and why a charge is booked once: see the same
+-- part of the PostgreSQL schema. `usage` is JSON text, like `result`.
+ALTER TABLE agent_ledger_effects ADD COLUMN usage TEXT;
+
+CREATE TABLE agent_ledger_budgets (
+    workflow_id             TEXT    PRIMARY KEY,
+    limit_usd_micros        INTEGER CHECK (limit_usd_micros >= 0),
+    limit_input_tokens      INTEGER CHECK (limit_input_tokens >= 0),
+    limit_output_tokens     INTEGER CHECK (limit_output_tokens >= 0),
+    limit_tool_calls        INTEGER CHECK (limit_tool_calls >= 0),
+    spent_usd_micros        INTEGER NOT NULL DEFAULT 0 CHECK (spent_usd_micros >= 0),
+    spent_input_tokens      INTEGER NOT NULL DEFAULT 0 CHECK (spent_input_tokens >= 0),
+    spent_output_tokens     INTEGER NOT NULL DEFAULT 0 CHECK (spent_output_tokens >= 0),
+    spent_tool_calls        INTEGER NOT NULL DEFAULT 0 CHECK (spent_tool_calls >= 0),
+    reserved_usd_micros     INTEGER NOT NULL DEFAULT 0 CHECK (reserved_usd_micros >= 0),
+    reserved_input_tokens   INTEGER NOT NULL DEFAULT 0 CHECK (reserved_input_tokens >= 0),
+    reserved_output_tokens  INTEGER NOT NULL DEFAULT 0 CHECK (reserved_output_tokens >= 0),
+    reserved_tool_calls     INTEGER NOT NULL DEFAULT 0 CHECK (reserved_tool_calls >= 0),
+    created_us              INTEGER NOT NULL,
+    updated_us              INTEGER NOT NULL
+);
+CREATE INDEX agent_ledger_budgets_updated_idx
+    ON agent_ledger_budgets (updated_us DESC, workflow_id DESC);
+
+CREATE TABLE agent_ledger_budget_holds (
+    hold_id        TEXT    PRIMARY KEY,
+    workflow_id    TEXT    NOT NULL
+        REFERENCES agent_ledger_budgets (workflow_id) ON DELETE CASCADE,
+    idem_key       TEXT    NOT NULL,
+    usd_micros     INTEGER NOT NULL CHECK (usd_micros >= 0),
+    input_tokens   INTEGER NOT NULL CHECK (input_tokens >= 0),
+    output_tokens  INTEGER NOT NULL CHECK (output_tokens >= 0),
+    tool_calls     INTEGER NOT NULL CHECK (tool_calls >= 0),
+    created_us     INTEGER NOT NULL,
+    expires_us     INTEGER NOT NULL
+);
+CREATE INDEX agent_ledger_budget_holds_key_idx
+    ON agent_ledger_budget_holds (workflow_id, idem_key);
+CREATE INDEX agent_ledger_budget_holds_expiry_idx
+    ON agent_ledger_budget_holds (workflow_id, expires_us);
+
+CREATE TABLE agent_ledger_budget_charges (
+    workflow_id    TEXT    NOT NULL
+        REFERENCES agent_ledger_budgets (workflow_id) ON DELETE CASCADE,
+    idem_key       TEXT    NOT NULL,
+    usd_micros     INTEGER NOT NULL CHECK (usd_micros >= 0),
+    input_tokens   INTEGER NOT NULL CHECK (input_tokens >= 0),
+    output_tokens  INTEGER NOT NULL CHECK (output_tokens >= 0),
+    tool_calls     INTEGER NOT NULL CHECK (tool_calls >= 0),
+    booked_us      INTEGER NOT NULL,
+    PRIMARY KEY (workflow_id, idem_key)
 );
 
 INSERT INTO agent_ledger_schema_version (version, applied_us)

@@ -7,14 +7,29 @@ API: a tool call is a ``ToolCall`` plus a handler given to ``ledger.run()``.
 
 from __future__ import annotations
 
+from agent_ledger.tools._budget import (
+    DEFAULT_HOLD_TTL_MS,
+    BudgetScope,
+    active_budgets,
+    budget_store,
+)
+from agent_ledger.tools._llm import LLMReply, LLMResult, Pricing, call_llm
 from agent_ledger.tools._tool import EFFECT_PARAMETER, Tool, ToolDecorator, define
 from agent_ledger.tools._workflow import WorkflowScope, current_workflow
 
 __all__ = [
+    "DEFAULT_HOLD_TTL_MS",
     "EFFECT_PARAMETER",
+    "BudgetScope",
+    "LLMReply",
+    "LLMResult",
+    "Pricing",
     "Tool",
     "ToolDecorator",
     "WorkflowScope",
+    "active_budgets",
+    "budget_store",
+    "call_llm",
     "current_workflow",
     "define",
 ]

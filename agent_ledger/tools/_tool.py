@@ -26,12 +26,14 @@ from typing import (
     overload,
 )
 
+from agent_ledger.budgets import Spend
 from agent_ledger.calls import ToolCall
 from agent_ledger.effects import Effect
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.keys import canonical_json
 from agent_ledger.options import UNSET, LedgerHooks, RunOptions, merge_run_options
 from agent_ledger.retries import RetryPolicy
+from agent_ledger.tools._budget import _BUDGETS, TOOL_UNITS, active_budgets, gate, tool_charge
 from agent_ledger.tools._steps import STEP_RUNNER
 from agent_ledger.tools._workflow import _CURRENT
 
@@ -242,6 +244,8 @@ class Tool(Generic[R_co]):
     async def __call__(self, *args: object, **kwargs: object) -> R_co:
         values = self._bind(args, kwargs)
         call = self._tool_call(values)
+        if _BUDGETS.get():
+            return await self._budgeted(call, values, self._run_options)
         runner = STEP_RUNNER.get()
         if runner is not None and runner.ledger is self.ledger:
             step = runner.run_step(
@@ -252,6 +256,34 @@ class Tool(Generic[R_co]):
             call, self._make_handler(values), self._run_options, hooks=self._hooks
         )
         # The function's R on a fresh run; on a replay its JSON (a tuple as a list).
+        return cast(R_co, result)
+
+    async def _budgeted(
+        self, call: ToolCall, values: dict[str, object], options: RunOptions | None
+    ) -> R_co:
+        """The call under the budgets in scope: one tool call reserved before it runs
+        (``BudgetExceededError`` if it does not fit), booked once if it executes."""
+        handler = self._make_handler(values)
+        runner = STEP_RUNNER.get()
+
+        async def run() -> object:
+            if runner is not None and runner.ledger is self.ledger:
+                return await runner.run_step(self, call, handler, options, self._hooks)
+            return await self.ledger.run(call, handler, options, hooks=self._hooks)
+
+        scopes = active_budgets(self.ledger)
+        if not scopes:
+            return cast(R_co, await run())
+        result = await gate(
+            self.ledger,
+            scopes,
+            idem_key=self.ledger.idem_key(call),
+            tool=self.name,
+            estimate=Spend(tool_calls=1),
+            units=TOOL_UNITS,
+            charge=tool_charge,
+            run=run,
+        )
         return cast(R_co, result)
 
     def sync(self, *args: object, **kwargs: object) -> R_co:
@@ -320,6 +352,8 @@ class Tool(Generic[R_co]):
         options = self._run_options
         if run_options is not None:
             options = merge_run_options(options or RunOptions(), run_options)
+        if _BUDGETS.get():
+            return await self._budgeted(call, values, options)
         runner = STEP_RUNNER.get()
         if runner is not None and runner.ledger is self.ledger:
             step = runner.run_step(self, call, self._make_handler(values), options, self._hooks)

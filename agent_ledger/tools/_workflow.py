@@ -6,6 +6,7 @@ from contextvars import ContextVar, Token
 from types import TracebackType
 
 from agent_ledger.calls import ToolCall
+from agent_ledger.tools._budget import BudgetScope, pop, push
 
 # One variable for the process, created once at import (context variables are
 # never collected). asyncio copies the context into every task it starts, so
@@ -14,8 +15,8 @@ _CURRENT: ContextVar[str | None] = ContextVar("agent_ledger_workflow", default=N
 #: The scopes entered in this context, innermost last, with the token that
 #: undoes each. Kept in the context too, so one scope object entered by two
 #: tasks or threads at once undoes each entry in the context that made it.
-_ENTERED: ContextVar[tuple[tuple[WorkflowScope, Token[str | None]], ...]] = ContextVar(
-    "agent_ledger_workflow_scopes", default=()
+_ENTERED: ContextVar[tuple[tuple[WorkflowScope, Token[str | None], object | None], ...]] = (
+    ContextVar("agent_ledger_workflow_scopes", default=())
 )
 
 
@@ -33,17 +34,21 @@ class WorkflowScope:
     inside it use it.
     """
 
-    __slots__ = ("workflow_id",)
+    __slots__ = ("budget", "workflow_id")
 
-    def __init__(self, workflow_id: str) -> None:
+    def __init__(self, workflow_id: str, budget: BudgetScope | None = None) -> None:
         # The same checks a ToolCall makes, at the scope's start rather than
         # at the first call inside it.
         ToolCall(workflow_id=workflow_id, tool="-")
         self.workflow_id = workflow_id
+        #: The spend budget the block's tool and model calls reserve on
+        #: (``ledger.workflow(id, budget=...)``); inner scopes keep it too.
+        self.budget = budget
 
     def __enter__(self) -> WorkflowScope:
         token = _CURRENT.set(self.workflow_id)
-        _ENTERED.set((*_ENTERED.get(), (self, token)))
+        budget_token = None if self.budget is None else push(self.budget)
+        _ENTERED.set((*_ENTERED.get(), (self, token, budget_token)))
         return self
 
     def __exit__(
@@ -54,14 +59,19 @@ class WorkflowScope:
     ) -> None:
         entered = _ENTERED.get()
         for i in range(len(entered) - 1, -1, -1):
-            scope, token = entered[i]
+            scope, token, budget_token = entered[i]
             if scope is self:
                 _ENTERED.set(entered[:i] + entered[i + 1 :])
+                if budget_token is not None:
+                    pop(budget_token)
                 _CURRENT.reset(token)
                 return
         raise RuntimeError(f"{self!r} was exited in a context that did not enter it")
 
     async def __aenter__(self) -> WorkflowScope:
+        if self.budget is not None:
+            # Stored (or checked) now, so a mismatch fails before the block runs.
+            await self.budget.open()
         return self.__enter__()
 
     async def __aexit__(

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from agent_ledger import EffectStoreError, SchemaMigration, ToolCall
+from agent_ledger import Budget, EffectStoreError, LLMResult, SchemaMigration, ToolCall, Usage
 from agent_ledger.stores.postgres import SCHEMA_SQL, PostgresStore
 from agent_ledger.stores.saga_base import NewSaga, NewSagaStep, SagaStatus
 from agent_ledger.testing import build_ledger
@@ -66,7 +66,20 @@ async def test_migrate_adds_the_saga_tables_once_and_keeps_every_effect(
         ledger = build_ledger(store)
         effects = (await ledger.list_effects(limit=10)).effects
         assert sorted(e.idem_key for e in effects) == ["key-0", "key-1", "key-2"]
+        assert all(e.usage is None for e in effects), "rows from version 2 cost nothing"
         assert await ledger.run(ToolCall(workflow_id="w", tool="t"), lambda e: 1) == 1
+        async with ledger.workflow("w", budget=Budget(usd=1.0)):
+            reply = await ledger.llm(
+                lambda request: LLMResult({"ok": True}, Usage(7, 3)),
+                provider="p",
+                model="m",
+                request={},
+                pricing=lambda p, m, u: 0.25,
+            )
+        assert reply.usage == Usage(7, 3, 0.25)
+        assert (await ledger.find_by_idem_key(reply.effect.idem_key)) == reply.effect
+        state = await ledger.budget("w")
+        assert state is not None and state.spent.usd == 0.25
         began = await store.begin_saga(NewSaga("s", None, 1000, None, "continue"))
         assert began.created and began.saga.status is SagaStatus.RUNNING
         step = NewSagaStep(0, 0, "t", "key-0", None, None, "succeeded")
@@ -74,6 +87,31 @@ async def test_migrate_adds_the_saga_tables_once_and_keeps_every_effect(
     finally:
         for s in stores:
             await s.close()
+
+
+async def test_the_usage_column_and_budget_tables_are_added(dsn: str, v2_schema: str) -> None:
+    store = await PostgresStore.connect(dsn, schema=v2_schema)
+    try:
+        await store.migrate()
+    finally:
+        await store.close()
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cursor = await conn.execute(
+            "SELECT data_type FROM information_schema.columns WHERE table_schema = %s"
+            " AND table_name = 'agent_ledger_effects' AND column_name = 'usage'",
+            (v2_schema,),
+        )
+        assert await cursor.fetchone() == ("json",)
+        cursor = await conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s"
+            " AND table_name LIKE 'agent_ledger_budget%%' ORDER BY 1",
+            (v2_schema,),
+        )
+        assert [name for (name,) in await cursor.fetchall()] == [
+            "agent_ledger_budget_charges",
+            "agent_ledger_budget_holds",
+            "agent_ledger_budgets",
+        ]
 
 
 async def test_applying_todays_schema_sql_to_version_2_upgrades_it(

@@ -117,6 +117,7 @@ class OutageAt(FaultyStore[PostgresStore]):
         error: EffectError | None,
         tx: object | None = None,
         ends_try: bool = True,
+        usage_json: str | None = None,
     ) -> bool:
         self.trigger("commit")
         return await super().commit(
@@ -127,6 +128,7 @@ class OutageAt(FaultyStore[PostgresStore]):
             error=error,
             tx=tx,
             ends_try=ends_try,
+            usage_json=usage_json,
         )
 
 

@@ -81,6 +81,7 @@ class Recorded(FaultyStore[Store]):
         error: EffectError | None,
         tx: object | None = None,
         ends_try: bool = True,
+        usage_json: str | None = None,
     ) -> bool:
         won = await super().commit(
             effect_id,
@@ -90,6 +91,7 @@ class Recorded(FaultyStore[Store]):
             error=error,
             tx=tx,
             ends_try=ends_try,
+            usage_json=usage_json,
         )
         log(self.path, event="commit", attempt=attempt, won=won)
         return won

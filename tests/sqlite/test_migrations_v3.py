@@ -1,4 +1,5 @@
-"""Upgrading a real SQLite database written at schema version 2 to version 3 (sagas).
+"""Upgrading a real SQLite database written at schema version 2 to version 3 (sagas,
+the effects' usage column, budgets).
 
 ``tests/fixtures/sqlite_schema_v2.sql`` is version 1 and version 2's script
 as they stand, byte for byte. A file is built from it with effects in it;
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_ledger import EffectStoreError, SchemaMigration, ToolCall
+from agent_ledger import Budget, EffectStoreError, LLMResult, SchemaMigration, ToolCall, Usage
 from agent_ledger.stores.saga_base import NewSaga, NewSagaStep, SagaStatus
 from agent_ledger.stores.sqlite import SQLITE_MIGRATIONS, SQLITE_SCHEMA_SQL, SqliteStore
 from agent_ledger.testing import build_ledger
@@ -62,13 +63,34 @@ async def test_opening_a_version_2_file_adds_the_saga_tables_and_keeps_every_eff
     finally:
         await bare.close()
     assert sorted(_versions(db)) == [1, 2, 3]
+    assert {
+        "agent_ledger_budgets",
+        "agent_ledger_budget_holds",
+        "agent_ledger_budget_charges",
+    } <= _tables(db)
     store = SqliteStore(db)
     try:
         ledger = build_ledger(store)
         effects = (await ledger.list_effects(limit=10)).effects
         assert sorted(e.idem_key for e in effects) == ["key-0", "key-1", "key-2"]
         assert all(e.result == "kept" for e in effects)
+        assert all(e.usage is None for e in effects), "rows from version 2 cost nothing"
         assert await ledger.run(ToolCall(workflow_id="w", tool="t"), lambda e: 1) == 1
+        # The usage column: a model call's usage lands beside its result.
+        async with ledger.workflow("w"):
+            reply = await ledger.llm(
+                lambda request: LLMResult({"ok": True}, Usage(7, 3)),
+                provider="p",
+                model="m",
+                request={},
+                pricing=lambda p, m, u: 0.25,
+            )
+        assert reply.usage == Usage(7, 3, 0.25)
+        # The budget tables.
+        async with ledger.workflow("w", budget=Budget(usd=1.0)):
+            await ledger.run(ToolCall(workflow_id="w", tool="t", args={"n": 2}), lambda e: 2)
+        state = await ledger.budget("w")
+        assert state is not None and state.limits == Budget(usd=1.0)
         began = await store.begin_saga(NewSaga("s", None, 1000, None, "continue"))
         assert began.created and began.saga.status is SagaStatus.RUNNING
         step = NewSagaStep(0, 0, "t", "key-0", None, None, "succeeded")

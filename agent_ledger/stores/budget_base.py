@@ -1,0 +1,180 @@
+"""What a store keeps for spend budgets, and the small Protocol through which it keeps it.
+
+A budget is one row per workflow id: its limits, what was booked (``spent``)
+and what calls in flight hold (``reserved``). Beside it, a *hold* per call
+that reserved and has not been settled (its estimate, the effect it is for,
+and when it expires), and a *charge* per effect that was booked (its
+amounts). The rules the layer above builds on:
+
+* **Reserve** is one atomic conditional step: the estimate is added to
+  ``reserved`` and its hold recorded only if, in every unit the call counts
+  in, ``spent + reserved + estimate <= limit`` and ``spent + reserved < limit``
+  (so a call estimated at 0 still stops at an exhausted limit). Concurrent
+  reservations serialize on the budget row: two callers can never both take
+  the last room.
+* **Book** records the charge of an effect at most once per (budget, idem key)
+  however many workers or replays book it, adds it to ``spent``, and
+  releases the caller's hold and any other hold for that effect (it has
+  finished: nobody needs to hold room for it any more), in one step.
+* **Release** gives a hold's estimate back without booking anything (the call
+  never reached its handler, or its outcome is not known yet).
+* **Reclaim** gives back the holds that expired (their caller crashed between
+  reserving and booking, or was cut off), so a lost hold never keeps its
+  room for ever.
+
+Kept apart from :class:`~agent_ledger.stores.base.Store`, as sagas are
+(``saga_base.py``): a store that keeps budgets implements both. Each method is
+one atomic step; times use the store's clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, Final, NamedTuple, Protocol, runtime_checkable
+
+from agent_ledger.budgets import USD_MICROS, Budget, BudgetState, Spend
+from agent_ledger.errors import EffectLedgerValidationError
+
+#: The units a budget counts, in the order every row and parameter lists them.
+UNITS: Final = ("usd_micros", "input_tokens", "output_tokens", "tool_calls")
+#: The most budgets one ``list_budgets`` call returns.
+MAX_BUDGET_PAGE: Final = 1_000
+
+
+class NewHold(NamedTuple):
+    """What ``reserve_budget`` records when the estimate fits."""
+
+    #: Chosen by the caller (a UUID) before the step, so a caller cut off
+    #: mid-step can still release what it may have reserved.
+    hold_id: str
+    workflow_id: str
+    #: The effect the hold is for; booking that effect releases it.
+    idem_key: str
+    estimate: Spend
+    #: The units this call counts in (a subset of ``UNITS``): only their limits are checked.
+    units: frozenset[str]
+    #: How long the hold keeps its room if nobody books or releases it, in ms.
+    ttl_ms: int
+
+
+@runtime_checkable
+class BudgetStore(Protocol):
+    """Where budgets live; see the module doc for the shared rules."""
+
+    async def open_budget(self, workflow_id: str, limits: Budget) -> BudgetState:
+        """Insert-or-get: a new id is stored with ``limits`` and nothing spent;
+        an existing one is returned as stored, unchanged (the caller compares
+        the limits). Of concurrent opens exactly one inserts."""
+        ...
+
+    async def reserve_budget(self, hold: NewHold) -> bool:
+        """Add ``hold.estimate`` to ``reserved`` and record the hold, if it fits
+        (module doc), in one atomic step. True if it did; False, changing
+        nothing, if it does not fit or the budget does not exist."""
+        ...
+
+    async def book_charge(
+        self, workflow_id: str, *, idem_key: str, charge: Spend, hold_id: str | None
+    ) -> bool:
+        """Record ``charge`` for the effect ``idem_key`` unless one is recorded
+        already, add it to ``spent``, and delete the hold ``hold_id`` and every
+        other hold for ``idem_key`` (taking their estimates off ``reserved``),
+        in one atomic step. True if this call recorded the charge."""
+        ...
+
+    async def release_hold(self, workflow_id: str, hold_id: str) -> bool:
+        """Delete the hold (its estimate off ``reserved``); True if it was there."""
+        ...
+
+    async def reclaim_holds(self, workflow_id: str) -> int:
+        """Delete the budget's expired holds (their estimates off ``reserved``);
+        how many. Concurrent reclaims give each hold back once."""
+        ...
+
+    async def get_budget(self, workflow_id: str) -> BudgetState | None: ...
+
+    async def list_budgets(self, *, limit: int = 100) -> list[BudgetState]:
+        """Up to ``limit`` budgets, most recently changed first."""
+        ...
+
+
+def check_budget_limit(limit: object) -> int:
+    """``limit`` for ``list_budgets``, checked the same way for every store."""
+    if type(limit) is not int or not 1 <= limit <= MAX_BUDGET_PAGE:
+        raise EffectLedgerValidationError(
+            f"limit must be an int from 1 to {MAX_BUDGET_PAGE}, got {limit!r}", field="limit"
+        )
+    return limit
+
+
+def limit_params(limits: Budget) -> dict[str, int | None]:
+    """The stored limits: one nullable integer per unit (dollars in millionths)."""
+    return {
+        "limit_usd_micros": limits.usd_micros,
+        "limit_input_tokens": limits.input_tokens,
+        "limit_output_tokens": limits.output_tokens,
+        "limit_tool_calls": limits.tool_calls,
+    }
+
+
+def estimate_params(hold: NewHold) -> dict[str, int | None]:
+    """``est_<unit>``: the estimate in each unit the call counts in, NULL in the others
+    (a NULL estimate is never checked against its limit)."""
+    return {
+        f"est_{unit}": (amount if unit in hold.units else None)
+        for unit, amount in zip(UNITS, hold.estimate, strict=True)
+    }
+
+
+def amount_params(prefix: str, amount: Spend) -> dict[str, int]:
+    return {f"{prefix}_{unit}": value for unit, value in zip(UNITS, amount, strict=True)}
+
+
+def fits(
+    limits: Sequence[int | None],
+    spent: Sequence[int],
+    reserved: Sequence[int],
+    estimate: Sequence[int | None],
+) -> bool:
+    """The reservation rule in Python (MemoryStore; the SQL stores say it in SQL)."""
+    for limit, used, held, est in zip(limits, spent, reserved, estimate, strict=True):
+        if limit is None or est is None:
+            continue
+        if used + held + est > limit or used + held >= limit:
+            return False
+    return True
+
+
+#: The budget columns every SQL store selects, in the order ``budget_from_row`` reads them.
+BUDGET_ROW: Final = (
+    "workflow_id",
+    *(f"limit_{u}" for u in UNITS),
+    *(f"spent_{u}" for u in UNITS),
+    *(f"reserved_{u}" for u in UNITS),
+    "holds", "created", "updated",
+)  # fmt: skip
+
+
+def budget_from_row(row: Sequence[Any], when: Callable[[Any], datetime]) -> BudgetState:
+    """A ``BudgetState`` from a row in ``BUDGET_ROW`` order; ``when`` reads a stored time."""
+    workflow_id = row[0]
+    limit_usd, limit_in, limit_out, limit_calls = row[1:5]
+    spent = Spend(*(int(v) for v in row[5:9]))
+    reserved = Spend(*(int(v) for v in row[9:13]))
+    holds, created, updated = row[13:16]
+    limits = Budget(
+        usd=None if limit_usd is None else int(limit_usd) / USD_MICROS,
+        input_tokens=None if limit_in is None else int(limit_in),
+        output_tokens=None if limit_out is None else int(limit_out),
+        tool_calls=None if limit_calls is None else int(limit_calls),
+    )
+    return BudgetState(
+        workflow_id=workflow_id,
+        limits=limits,
+        spent=spent,
+        reserved=reserved,
+        holds=int(holds),
+        created_at=when(created),
+        updated_at=when(updated),
+    )

@@ -1,0 +1,290 @@
+"""Spend budgets, enforced around tool and model calls: reserve, run, book.
+
+The budget rides in a context variable beside the workflow id: entering
+``ledger.workflow(id, budget=...)`` (or ``ledger.saga(id, budget=...)``)
+pushes it, and every tool call and ``ledger.llm()`` call inside (tasks
+started inside included) goes through :func:`gate`:
+
+1. **Reserve** the call's estimate on every budget in scope (the outermost
+   first: a nested workflow's calls count against its parents' budgets too,
+   so nesting never escapes a limit). One atomic store step per budget. If
+   it does not fit, expired holds are reclaimed and it is tried once more;
+   then, unless the effect already finished (a replay needs no room), the
+   reservations already made are released and ``BudgetExceededError`` is
+   raised *before* the handler or the provider is called.
+2. **Run** the call through ``ledger.run()``.
+3. **Settle**, whatever happened (a cancellation included, shielded): read
+   the effect; if it finished, book its charge (from its receipt: a model
+   call's ``usage``, one tool call if its handler ever ran) once per effect
+   and release every hold for it; otherwise release this call's holds.
+
+Nothing here is inside the engine: the engine runs effects and records
+their usage, and knows nothing of budgets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from agent_ledger.budgets import Budget, BudgetState, Spend, usd_to_micros
+from agent_ledger.effects import Effect
+from agent_ledger.errors import (
+    BudgetExceededError,
+    BudgetMismatchError,
+    EffectLedgerValidationError,
+)
+from agent_ledger.stores.budget_base import UNITS, BudgetStore, NewHold
+
+if TYPE_CHECKING:
+    from agent_ledger.ledger import EffectLedger
+
+__all__ = ["BudgetScope", "active_budgets", "gate", "llm_charge", "tool_charge"]
+
+logger = logging.getLogger("agent_ledger")
+_T = TypeVar("_T")
+
+#: How long a hold keeps its room when nobody books or releases it (its caller
+#: crashed mid-call): 15 minutes, longer than any model call should take.
+DEFAULT_HOLD_TTL_MS: Final = 15 * 60 * 1000
+#: The units a tool call counts in, and a model call.
+TOOL_UNITS: Final = frozenset({"tool_calls"})
+LLM_UNITS: Final = frozenset({"usd_micros", "input_tokens", "output_tokens"})
+
+_BUDGETS: ContextVar[tuple[BudgetScope, ...]] = ContextVar("agent_ledger_budgets", default=())
+
+
+def budget_store(ledger: EffectLedger) -> BudgetStore:
+    """The ledger's store as a ``BudgetStore``, or a clear error."""
+    store = ledger.store
+    if not isinstance(store, BudgetStore):
+        raise EffectLedgerValidationError(
+            f"budgets need a store that keeps them (MemoryStore, SqliteStore, "
+            f"PostgresStore); {type(store).__name__} does not. Nothing was stored.",
+            field="budget",
+        )
+    return store
+
+
+class BudgetScope:
+    """One budget attached to one workflow id of one ledger.
+
+    Stored (or checked against the stored one) once, on the first use:
+    ``async with`` does it on entering, so a mismatch fails at the top of
+    the block; a sync ``with`` at the first call inside.
+    """
+
+    __slots__ = ("_opened", "budget", "ledger", "store", "workflow_id")
+
+    def __init__(self, ledger: EffectLedger, workflow_id: str, budget: Budget) -> None:
+        if not isinstance(budget, Budget):
+            raise EffectLedgerValidationError(
+                f"budget must be an agent_ledger.Budget, got {type(budget).__name__}. "
+                "Nothing was stored.",
+                field="budget",
+            )
+        self.ledger = ledger
+        self.store = budget_store(ledger)
+        self.workflow_id = workflow_id
+        self.budget = budget
+        self._opened = False
+
+    async def open(self) -> BudgetState:
+        """Store the budget, or check it against the stored one; its state."""
+        state = await self.store.open_budget(self.workflow_id, self.budget)
+        if not state.limits.same_limits(self.budget):
+            raise BudgetMismatchError(self.workflow_id, state.limits, self.budget)
+        self._opened = True
+        return state
+
+    async def ensure_open(self) -> None:
+        if not self._opened:
+            await self.open()
+
+    def __repr__(self) -> str:
+        return f"BudgetScope({self.workflow_id!r}, {self.budget!r})"
+
+
+def push(scope: BudgetScope) -> object:
+    """Make ``scope`` the innermost budget of this context; the token to undo it."""
+    return _BUDGETS.set((*_BUDGETS.get(), scope))
+
+
+def pop(token: object) -> None:
+    _BUDGETS.reset(token)  # type: ignore[arg-type]  # the token push() returned
+
+
+def active_budgets(ledger: EffectLedger) -> tuple[BudgetScope, ...]:
+    """The budgets in scope for ``ledger``'s calls, outermost first."""
+    scopes = _BUDGETS.get()
+    if not scopes:
+        return ()
+    return tuple(s for s in scopes if s.ledger is ledger)
+
+
+def tool_charge(effect: Effect) -> Spend:
+    """What a finished tool effect costs: one tool call if its handler ever ran."""
+    return Spend(tool_calls=1 if effect.executions > 0 else 0)
+
+
+def llm_charge(effect: Effect) -> Spend:
+    """What a finished model call costs: its recorded usage (nothing if none)."""
+    usage = effect.usage
+    if usage is None:
+        return Spend()
+    cost = 0 if usage.cost_usd is None else usd_to_micros(usage.cost_usd, field="cost_usd")
+    return Spend(cost, usage.input_tokens, usage.output_tokens, 0)
+
+
+async def gate(
+    ledger: EffectLedger,
+    scopes: tuple[BudgetScope, ...],
+    *,
+    idem_key: str,
+    tool: str,
+    estimate: Spend,
+    units: frozenset[str],
+    charge: Callable[[Effect], Spend],
+    run: Callable[[], Awaitable[_T]],
+    hold_ttl_ms: int = DEFAULT_HOLD_TTL_MS,
+) -> _T:
+    """Reserve on every scope, run, settle (see the module doc)."""
+    holds = await _reserve_all(ledger, scopes, idem_key, tool, estimate, units, hold_ttl_ms)
+    try:
+        return await run()
+    finally:
+        await _shielded(_settle(ledger, scopes, idem_key, holds, charge))
+
+
+async def _reserve_all(
+    ledger: EffectLedger,
+    scopes: tuple[BudgetScope, ...],
+    idem_key: str,
+    tool: str,
+    estimate: Spend,
+    units: frozenset[str],
+    ttl_ms: int,
+) -> dict[str, str]:
+    """A hold on each scope (workflow id -> hold id); ``{}`` for a replay that
+    did not fit (it needs no room). Raises ``BudgetExceededError`` (holding
+    nothing) when the call does not fit and has not finished."""
+    holds: dict[str, str] = {}
+    try:
+        for scope in scopes:
+            await scope.ensure_open()
+            hold_id = str(uuid.uuid4())
+            # Noted before the step: if this task is cancelled while it runs,
+            # the release below gives back whatever it may have reserved.
+            holds[scope.workflow_id] = hold_id
+            hold = NewHold(hold_id, scope.workflow_id, idem_key, estimate, units, ttl_ms)
+            if await scope.store.reserve_budget(hold):
+                continue
+            if await scope.store.reclaim_holds(scope.workflow_id) and (
+                await scope.store.reserve_budget(hold)
+            ):
+                continue
+            del holds[scope.workflow_id]
+            found = await ledger.find_by_idem_key(idem_key)
+            if found is not None and found.status.is_terminal:
+                await _release(scopes, holds)  # a replay: served from its receipt
+                return {}
+            state = await scope.store.get_budget(scope.workflow_id)
+            raise BudgetExceededError(
+                scope.workflow_id, tool, _short_units(state, estimate, units), state
+            )
+    except BaseException:
+        await _shielded(_release(scopes, holds))
+        raise
+    return holds
+
+
+def _short_units(
+    state: BudgetState | None, estimate: Spend, units: frozenset[str]
+) -> tuple[str, ...]:
+    """The units in which ``estimate`` does not fit ``state`` (for the error message)."""
+    if state is None:
+        return ()
+    limits = state.limits
+    limit_of = dict(
+        zip(
+            UNITS,
+            (limits.usd_micros, limits.input_tokens, limits.output_tokens, limits.tool_calls),
+            strict=True,
+        )
+    )
+    short = []
+    for unit, spent, reserved, est in zip(
+        UNITS, state.spent, state.reserved, estimate, strict=True
+    ):
+        limit = limit_of[unit]
+        if (
+            unit in units
+            and limit is not None
+            and (spent + reserved + est > limit or spent + reserved >= limit)
+        ):
+            short.append("usd" if unit == "usd_micros" else unit)
+    return tuple(short)
+
+
+async def _release(scopes: tuple[BudgetScope, ...], holds: dict[str, str]) -> None:
+    for scope in scopes:
+        hold_id = holds.get(scope.workflow_id)
+        if hold_id is not None:
+            await scope.store.release_hold(scope.workflow_id, hold_id)
+
+
+async def _settle(
+    ledger: EffectLedger,
+    scopes: tuple[BudgetScope, ...],
+    idem_key: str,
+    holds: dict[str, str],
+    charge: Callable[[Effect], Spend],
+) -> None:
+    """Book the effect's charge if it finished, else give this call's holds back.
+
+    A store error here is logged, not raised: the call itself is done, a hold
+    left behind expires, and a charge left unbooked is booked when the
+    effect is next called (a replay settles it from its receipt).
+    """
+    try:
+        effect = await ledger.find_by_idem_key(idem_key)
+        if effect is None or not effect.status.is_terminal:
+            await _release(scopes, holds)
+            return
+        amount = charge(effect)
+        for scope in scopes:
+            await scope.store.book_charge(
+                scope.workflow_id,
+                idem_key=idem_key,
+                charge=amount,
+                hold_id=holds.get(scope.workflow_id),
+            )
+    except Exception:
+        logger.exception(
+            "could not book or release a budget reservation for effect %s; a hold left "
+            "behind expires, and an unbooked charge is booked the next time this call "
+            "is made",
+            idem_key[:12],
+        )
+
+
+async def _shielded(work: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``work`` to its end even if the caller is cancelled meanwhile; then
+    re-raise that cancellation (if any)."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            cancelled = True
+    result = task.result()
+    if cancelled:
+        raise asyncio.CancelledError
+    return result

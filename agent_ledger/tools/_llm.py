@@ -1,0 +1,203 @@
+"""Model calls as effects: ``await ledger.llm(call_fn, provider=..., model=..., request=...)``.
+
+A model call is an ordinary effect keyed over (workflow, provider, model,
+request): asked twice, it runs once and the second call gets the recorded
+response, as a replay or another worker would. Its handler calls the
+provider and returns the response with its token usage, priced by the
+caller's pricing callback (no price table is built in: prices change, and
+differ by contract); the engine records the three in one statement, so a
+receipt never lacks what its call cost. Under a budget the call is gated
+like a tool call (``_budget.gate``), counting dollars and tokens.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
+
+from agent_ledger.budgets import Spend, usd_to_micros
+from agent_ledger.calls import ToolCall
+from agent_ledger.effects import Effect, JSONValue, Usage, WithUsage
+from agent_ledger.errors import EffectLedgerInvariantError, EffectLedgerValidationError
+from agent_ledger.options import RunOptions
+from agent_ledger.tools._budget import (
+    DEFAULT_HOLD_TTL_MS,
+    LLM_UNITS,
+    active_budgets,
+    gate,
+    llm_charge,
+)
+from agent_ledger.tools._workflow import _CURRENT
+
+if TYPE_CHECKING:
+    from agent_ledger.ledger import EffectLedger
+
+__all__ = ["LLMReply", "LLMResult", "Pricing", "call_llm"]
+
+#: ``pricing(provider, model, usage) -> US dollars`` for one call's tokens.
+Pricing: TypeAlias = Callable[[str, str, Usage], float]
+
+#: The tool name a model call's effect is recorded under: ``llm.<provider>``.
+TOOL_PREFIX: Final = "llm."
+
+
+@dataclass(frozen=True, slots=True)
+class LLMResult:
+    """What a model call's ``call_fn`` returns: the response as JSON, and its usage.
+
+    The adapters build it from the SDKs' own objects
+    (``agent_ledger.adapters.openai.llm_result``, ``...anthropic.llm_result``).
+    ``usage.cost_usd`` may be left None: the pricing callback fills it in.
+    """
+
+    response: JSONValue
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True)
+class LLMReply:
+    """What ``ledger.llm()`` returns: the recorded response, its usage, and the receipt.
+
+    The same on the first call and on every replay (both read the receipt),
+    so code after a model call cannot tell a fresh answer from a recorded one.
+    """
+
+    response: JSONValue
+    usage: Usage | None
+    effect: Effect
+
+
+def _price(pricing: Pricing, provider: str, model: str, usage: Usage) -> float:
+    """The callback's price for ``usage``, checked: a finite number of dollars >= 0."""
+    cost = pricing(provider, model, usage)
+    if type(cost) not in (int, float) or not math.isfinite(cost) or cost < 0:
+        raise EffectLedgerValidationError(
+            f"pricing({provider!r}, {model!r}, ...) must return a finite number of US "
+            f"dollars >= 0, got {cost!r}",
+            field="pricing",
+        )
+    return float(cost)
+
+
+def _text(value: object, name: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise EffectLedgerValidationError(
+            f"{name} must be a non-empty string, got {value!r}. Nothing was stored.", field=name
+        )
+    return value
+
+
+async def call_llm(
+    ledger: EffectLedger,
+    call_fn: Callable[[Any], object],
+    *,
+    provider: str,
+    model: str,
+    request: JSONValue,
+    pricing: Pricing | None = None,
+    estimate: Usage | None = None,
+    read: Callable[[Any], LLMResult] | None = None,
+    workflow_id: str | None = None,
+    run_options: RunOptions | None = None,
+    hold_ttl_ms: int = DEFAULT_HOLD_TTL_MS,
+) -> LLMReply:
+    """``EffectLedger.llm`` (see there)."""
+    if not callable(call_fn):
+        raise EffectLedgerValidationError(
+            f"call_fn must be callable (it calls the provider), got {call_fn!r}. "
+            "Nothing was stored.",
+            field="call_fn",
+        )
+    provider = _text(provider, "provider")
+    model = _text(model, "model")
+    for name, fn in (("pricing", pricing), ("read", read)):
+        if fn is not None and not callable(fn):
+            raise EffectLedgerValidationError(
+                f"{name} must be callable or None, got {fn!r}. Nothing was stored.", field=name
+            )
+    if estimate is not None and not isinstance(estimate, Usage):
+        raise EffectLedgerValidationError(
+            f"estimate must be a Usage (the tokens you expect), got {estimate!r}. "
+            "Nothing was stored.",
+            field="estimate",
+        )
+    if type(hold_ttl_ms) is not int or hold_ttl_ms < 1:
+        raise EffectLedgerValidationError(
+            f"hold_ttl_ms must be a positive int, got {hold_ttl_ms!r}", field="hold_ttl_ms"
+        )
+    workflow = workflow_id if workflow_id is not None else _CURRENT.get()
+    if workflow is None:
+        raise EffectLedgerValidationError(
+            "ledger.llm() was called outside a workflow, so it has no key. Call it inside "
+            '`async with ledger.workflow("<id>"):`, or pass workflow_id=. Nothing was stored.',
+            field="workflow_id",
+        )
+    call = ToolCall(
+        workflow_id=workflow,
+        tool=TOOL_PREFIX + provider,
+        args={"provider": provider, "model": model, "request": request},
+    )
+    idem_key = ledger.idem_key(call)  # checks the request is JSON, before anything runs
+    scopes = active_budgets(ledger)
+    expected = estimate if estimate is not None else Usage()
+    if pricing is not None:
+        # Asked once before anything runs, so a broken callback fails here,
+        # not after the provider was paid.
+        expected_usd = _price(pricing, provider, model, expected)
+    else:
+        expected_usd = expected.cost_usd or 0.0
+        if any(s.budget.usd is not None for s in scopes):
+            raise EffectLedgerValidationError(
+                f"workflow {scopes[0].workflow_id!r} has a budget in dollars, so ledger.llm() "
+                "needs pricing=(provider, model, usage) -> USD to know what calls cost. "
+                "Nothing was stored.",
+                field="pricing",
+            )
+
+    async def handler(effect: Effect) -> WithUsage:
+        value = call_fn(effect.args["request"])  # a fresh copy: call_fn may change it
+        if inspect.isawaitable(value):
+            value = await value
+        result = read(value) if read is not None else value
+        if not isinstance(result, LLMResult):
+            raise EffectLedgerValidationError(
+                "call_fn must return an LLMResult(response=..., usage=Usage(...)) (the "
+                "adapters' llm_result() makes one from an SDK response), or pass read= to "
+                f"turn what it returns into one; got {type(result).__name__}",
+                field="call_fn",
+            )
+        usage = result.usage
+        if pricing is not None:
+            usage = replace(usage, cost_usd=_price(pricing, provider, model, usage))
+        return WithUsage(result.response, usage)
+
+    async def run() -> object:
+        return await ledger.run(call, handler, run_options)
+
+    if scopes:
+        estimate_spend = Spend(
+            usd_to_micros(expected_usd, field="estimate"),
+            expected.input_tokens,
+            expected.output_tokens,
+            0,
+        )
+        await gate(
+            ledger,
+            scopes,
+            idem_key=idem_key,
+            tool=call.tool,
+            estimate=estimate_spend,
+            units=LLM_UNITS,
+            charge=llm_charge,
+            run=run,
+            hold_ttl_ms=hold_ttl_ms,
+        )
+    else:
+        await run()
+    effect = await ledger.find_by_idem_key(idem_key)
+    if effect is None:  # it was just run or replayed: only a purge in between removes it
+        raise EffectLedgerInvariantError(f"model call {idem_key[:12]}… vanished after it ran")
+    return LLMReply(response=effect.result, usage=effect.usage, effect=effect)
