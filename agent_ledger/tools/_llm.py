@@ -22,6 +22,7 @@ from agent_ledger.budgets import Spend, usd_to_micros
 from agent_ledger.calls import ToolCall
 from agent_ledger.effects import Effect, JSONValue, Usage, WithUsage
 from agent_ledger.errors import EffectLedgerInvariantError, EffectLedgerValidationError
+from agent_ledger.ledger import RECORDING
 from agent_ledger.options import RunOptions
 from agent_ledger.tools._budget import (
     DEFAULT_HOLD_TTL_MS,
@@ -198,6 +199,11 @@ async def call_llm(
     else:
         await run()
     effect = await ledger.find_by_idem_key(idem_key)
+    if effect is None:
+        # Inside ledger.replay() the receipt is the recording's, not the store's.
+        recording = RECORDING.get()
+        if recording is not None and recording.ledger is ledger:
+            effect = await recording.recorded(idem_key)
     if effect is None:  # it was just run or replayed: only a purge in between removes it
         raise EffectLedgerInvariantError(f"model call {idem_key[:12]}… vanished after it ran")
     return LLMReply(response=effect.result, usage=effect.usage, effect=effect)
