@@ -16,7 +16,9 @@ from agent_ledger.effects import (
     Effect,
     EffectError,
     JSONValue,
+    Parked,
     Reopening,
+    Settlement,
     TryFailure,
 )
 from agent_ledger.errors import (
@@ -79,11 +81,13 @@ __all__ = [
     "ManualClock",
     "MemoryStore",
     "NonRetryableError",
+    "Parked",
     "Reopening",
     "ResourceDescriptor",
     "RetryPolicy",
     "RunOptions",
     "SchemaMigration",
+    "Settlement",
     "SqliteStore",
     "StaleOptions",
     "Store",

@@ -22,6 +22,8 @@ EFFECT_FIELDS: Final = (
     "updated_at", "completed_at", "heartbeat_at", "decided_by", "decision_note", "decided_at",
     # Schema version 2, last so that exports keep their columns where they were.
     "started_at", "executions", "lease_ms", "tries", "history",
+    # Schema version 3 (ambiguous attempts parked for a person).
+    "park_attempt", "worker",
 )  # fmt: skip
 
 #: The fields that hold a moment (named ``*_at``; a test checks they are the datetimes).

@@ -8,7 +8,15 @@ from datetime import UTC, datetime
 
 import orjson
 
-from agent_ledger.effects import Effect, EffectError, Reopening, TryFailure, event_to_dict
+from agent_ledger.effects import (
+    Effect,
+    EffectError,
+    Parked,
+    Reopening,
+    Settlement,
+    TryFailure,
+    event_to_dict,
+)
 from agent_ledger.fields import EFFECT_FIELDS, ERROR_PARTS, TIME_FIELDS
 from agent_ledger.receipt import RECORD_FIELDS, effect_from_record, effect_to_record
 from agent_ledger.status import EffectStatus
@@ -46,7 +54,11 @@ FULL = Effect(
     history=(
         TryFailure(1, 1, "timed out", "TimeoutError", "TimeoutError", AT),
         Reopening(EffectStatus.FAILED, EffectError("boom", "E"), 3, "ops", "fixed", AT),
+        Parked(1, AT, "host:42", AT, AT),
+        Settlement(EffectStatus.DENIED, 2, "ana", "not charged", AT),
     ),
+    park_attempt=1,
+    worker="host:42",
 )
 
 
@@ -75,13 +87,15 @@ def test_select_lists_are_derived_per_dialect() -> None:
         "error->>'code' AS error_code, dedup_count, attempt, created_at, updated_at, "
         "completed_at, heartbeat_at, decided_by, decision_note, decided_at, "
         # Schema version 2 appended its columns.
-        "started_at, executions, lease_ms, tries, history::text AS history"
+        "started_at, executions, lease_ms, tries, history::text AS history, "
+        # Schema version 3 appended the ambiguous attempt's two.
+        "park_attempt, worker"
     )
     assert sqlite_queries.EFFECT_COLUMNS == (
         "id, idem_key, workflow_id, call_id, tool, status, args_canonical, "
         "resource_id_canonical, result, error_message, error_code, dedup_count, attempt, "
         "created_us, updated_us, completed_us, heartbeat_us, decided_by, decision_note, "
-        "decided_us, started_us, executions, lease_ms, tries, history"
+        "decided_us, started_us, executions, lease_ms, tries, history, park_attempt, worker"
     )
 
 
@@ -113,6 +127,8 @@ def test_export_format_is_unchanged() -> None:
         "decision_note", "decided_at",
         # Added with schema version 2, after every column that was there before.
         "started_at", "executions", "lease_ms", "tries", "history",
+        # Added with schema version 3, after those.
+        "park_attempt", "worker",
     )  # fmt: skip
     record = effect_to_record(FULL)
     assert tuple(record) == RECORD_FIELDS
