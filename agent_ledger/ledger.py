@@ -94,6 +94,7 @@ class EffectLedger:
         compensate: str | None = None,
         compensate_if: Literal["succeeded", "attempted"] = "succeeded",
         failure_scope: Literal["saga", "step"] = "saga",
+        on_stale: Literal["take_over", "park"] | None = None,
     ) -> ToolDecorator:
         """Register a function as a tool: ``@ledger.tool("payments.charge", ...)``.
 
@@ -112,7 +113,9 @@ class EffectLedger:
         ``compensate_if`` whether a failed call is undone too ("attempted"),
         and ``failure_scope`` whether its failure rolls the saga back
         ("saga") or is recorded and the saga goes on ("step"); see
-        ``docs/sagas.md``.
+        ``docs/sagas.md``. ``on_stale`` is the tool's ``RunOptions.on_stale``:
+        ``"park"`` for a side effect that must never repeat and cannot take an
+        idempotency key downstream (``docs/choosing-recovery.md``).
         """
         from agent_ledger.tools import define
 
@@ -130,6 +133,7 @@ class EffectLedger:
             compensate=compensate,
             compensate_if=compensate_if,
             failure_scope=failure_scope,
+            on_stale=on_stale,
         )
 
     @property

@@ -285,7 +285,9 @@ class Engine:
         acquired = await self.acquire(prepared, tx)
         while acquired.owned and prepared.opts.on_stale == "park":
             # The caller runs the tool as soon as this returns: its start is now.
-            if await mark_started(self._store, acquired.effect, tx):
+            marked = await mark_started(self._store, acquired.effect, tx)
+            if marked is not None:
+                acquired = acquired._replace(effect=marked)
                 break
             acquired = await self._wait(prepared, acquired.effect, tx)
         if acquired.owned:
@@ -472,9 +474,12 @@ class Engine:
         policy = opts.retry
         if policy is not None and effect.tries >= policy.attempts:
             return await self._fail_used_up(effect, policy, opts, tx)
-        if opts.on_stale == "park" and not await mark_started(self._store, effect, tx):
-            # Taken over or canceled before the handler started: theirs to decide.
-            return _LOST
+        if opts.on_stale == "park":
+            marked = await mark_started(self._store, effect, tx)
+            if marked is None:
+                # Taken over or canceled before the handler started: theirs to decide.
+                return _LOST
+            effect = marked
         # Inside a transaction the row is invisible to other workers until
         # commit, so nobody can take it over and no heartbeat is needed.
         beat = (

@@ -20,6 +20,7 @@ under ``take_over``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 
@@ -44,9 +45,10 @@ def worker_name() -> str:
     return _worker[1]
 
 
-async def mark_started(store: Store, effect: Effect, tx: object | None) -> bool:
-    """Record that ``effect``'s handler starts now; False if the effect is no
-    longer ours (taken over or canceled meanwhile): the handler must not run.
+async def mark_started(store: Store, effect: Effect, tx: object | None) -> Effect | None:
+    """Record that ``effect``'s handler starts now and return it so recorded; None
+    if the effect is no longer ours (taken over or canceled meanwhile): the
+    handler must not run.
 
     Outside a caller's transaction, a cancellation while the record is in
     flight waits for it and gives the effect back (``ownership.own``): the
@@ -57,7 +59,15 @@ async def mark_started(store: Store, effect: Effect, tx: object | None) -> bool:
     """
     worker = worker_name()
     if tx is not None:
-        return await store.mark_started(effect.id, attempt=effect.attempt, worker=worker, tx=tx)
+        marked = await store.mark_started(effect.id, attempt=effect.attempt, worker=worker, tx=tx)
+    else:
+        marked = await _own_mark(store, effect, worker)
+    return (
+        dataclasses.replace(effect, park_attempt=effect.attempt, worker=worker) if marked else None
+    )
+
+
+async def _own_mark(store: Store, effect: Effect, worker: str) -> bool:
     step = store.mark_started(effect.id, attempt=effect.attempt, worker=worker)
     try:
         return await own(
