@@ -71,7 +71,9 @@ class Decisions:
         expected_attempt: int | None = None,
     ) -> bool:
         error = EffectError(message=_reason(reason, "denied"), code="denied")
-        decision = _decision(by, None if reason is None else error.message)
+        # The reason is the denial's error (callers see it), as before settle
+        # existed; the history's settlement keeps who and when.
+        decision = _decision(by, None)
         attempt = _expected_attempt(expected_attempt)
         moved = await self._settle(idem_key, EffectStatus.DENIED, decision, attempt, error=error)
         return moved is not None
@@ -135,9 +137,9 @@ class Decisions:
             )
         return False
 
-    async def park_stale(self, *, stale_after_ms: int) -> list[Effect]:
-        """Park every effect whose holder went silent after its handler started under
-        ``on_stale="park"``; return those this call parked."""
+    async def park_stale(self) -> list[Effect]:
+        """Park every effect whose holder went silent for its own lease after its
+        handler started under ``on_stale="park"``; return those this call parked."""
         await self._schema.ensure()
         parked: list[Effect] = []
         before: tuple[datetime, str] | None = None
@@ -148,8 +150,9 @@ class Decisions:
             for effect in page:
                 if effect.park_attempt != effect.attempt:
                     continue
+                # A window of 1 ms: the holder's own lease (the longer) decides.
                 outcome = await self._store.park(
-                    effect.idem_key, stale_after_ms=stale_after_ms, error=ambiguous_error()
+                    effect.idem_key, stale_after_ms=1, error=ambiguous_error()
                 )
                 if outcome.claimed and outcome.effect is not None:
                     log_effect(logging.WARNING, "effect parked by a sweep", outcome.effect)

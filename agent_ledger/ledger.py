@@ -597,11 +597,12 @@ class EffectLedger:
         An effect whose holder went silent for its lease after its handler
         started under ``on_stale="park"`` is moved, one fenced statement
         each, to ``requires_approval`` (error code ``ambiguous_attempt``), as
-        its next caller would move it; returns those this call parked. The
-        window is the ledger's default ``StaleOptions.after_ms`` (the holder's
-        own lease counts if longer). From a shell: ``agent-ledger park-stale``.
+        its next caller would move it; returns those this call parked.
+        Staleness is judged by each holder's own lease alone (``lease_ms``,
+        by the store's clock): the holder promised to heartbeat within it.
+        From a shell: ``agent-ledger park-stale``.
         """
-        return await self._decisions.park_stale(stale_after_ms=self._engine.default_stale_after_ms)
+        return await self._decisions.park_stale()
 
     async def cancel(
         self, idem_key: str, *, reason: str | None = None, by: str | None = None

@@ -214,11 +214,6 @@ class Engine:
             return False
         return functools.partial(_policy_says_yes, policy)
 
-    @property
-    def default_stale_after_ms(self) -> int:
-        """The ledger's default stale window (``StaleOptions.after_ms``)."""
-        return self._resolved_defaults.stale_after_ms
-
     def idem_key(self, call: ToolCall) -> str:
         """The idempotency key ``prepare`` computes for ``call``."""
         return self._canonical(call).idem_key
