@@ -247,7 +247,7 @@ def render_receipt(effect: Effect) -> str:
     rows += [("started", _stamp(effect.started_at)), ("completed", _stamp(effect.completed_at))]
     if effect.started_at is not None and effect.completed_at is not None:
         rows.append(("run time", _elapsed(effect.completed_at - effect.started_at)))
-    if effect.tries > 1 or effect.history:
+    if effect.tries > 1 or any(isinstance(e, TryFailure | Reopening) for e in effect.history):
         rows.append(("tries", str(effect.tries)))
     rows += [_history_row(event) for event in effect.history]
     width = max(len(label) for label, _ in rows)
