@@ -71,3 +71,60 @@ async def test_a_parked_step_parks_its_saga_until_settled(
         assert failed.value.outcome.status is SagaStatus.COMPENSATED
         assert shop.log == ["s1", "undo s1"]
     assert charges == ["o9"]
+
+
+async def test_a_rollback_waits_for_a_parked_step_then_undoes_what_happened(
+    harness: StoreHarness,
+) -> None:
+    """A rollback never cancels a parked step: it waits (the saga stays compensating),
+    and once the step is resolved as having happened, undoes it like any success."""
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "s1")
+    started, wake = asyncio.Event(), asyncio.Event()
+    undone: list[object] = []
+
+    @ledger.tool(
+        "pay",
+        on_stale="park",
+        compensate="refund",
+        run_options=RunOptions(stale=StaleOptions(after_ms=3_000)),
+    )
+    async def pay(order: str) -> dict[str, str]:
+        started.set()
+        await wake.wait()
+        return {"charge": "ch_worker"}
+
+    @ledger.tool("refund")
+    async def refund(forward: object) -> str:
+        undone.append(forward)
+        return "refunded"
+
+    async def saga_code() -> None:
+        async with ledger.saga("order-10") as saga:
+            await shop["s1"]("o10")
+            saga.start(pay, "o10")
+            await started.wait()
+            raise RuntimeError("the customer cancelled the order")
+
+    running = asyncio.create_task(saga_code())
+    await started.wait()
+    await harness.age(60_000)
+    (parked,) = await ledger.park_stale()
+    store = saga_store(ledger)
+    saga = None
+    for _ in range(200):  # the rollback starts and waits on the parked step
+        saga = await store.get_saga("order-10")
+        if saga is not None and saga.status is SagaStatus.COMPENSATING:
+            break
+        await asyncio.sleep(0.01)
+    assert saga is not None and saga.status is SagaStatus.COMPENSATING
+    await asyncio.sleep(0.2)
+    still = await ledger.find_by_idem_key(parked.idem_key)
+    assert still is not None and still.parked  # not canceled by the rollback
+    assert (await read_outcome(ledger, store, saga)).parked == ("step 1 pay (forward)",)
+    assert await ledger.resolve(parked.idem_key, result={"charge": "ch_provider"}, by="ops")
+    wake.set()
+    with pytest.raises(SagaFailed) as failed:
+        await asyncio.wait_for(running, 10)
+    assert failed.value.outcome.status is SagaStatus.COMPENSATED
+    assert len(undone) == 1 and shop.log == ["s1", "undo s1"]
