@@ -26,7 +26,7 @@ import orjson
 from agent_ledger._version import __version__
 from agent_ledger.audit import MAX_SPAN
 from agent_ledger.budgets import BudgetState
-from agent_ledger.effects import Effect
+from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
 from agent_ledger.ledger import EffectLedger
 from agent_ledger.options import EffectLedgerOptions
@@ -326,13 +326,99 @@ async def cmd_list(ctx: Context) -> int:
     return EXIT_OK
 
 
+def pending_reason(effect: Effect) -> str:
+    """Why an effect waits for a person, in a word or two."""
+    return "ambiguous attempt" if effect.parked else "approval"
+
+
+def pending_table(out: Output, effects: Sequence[Effect]) -> None:
+    """One line per waiting effect: why it waits, and for a parked one which
+    attempt ran, when it started and where (the worker), so a person knows what
+    to check downstream before settling it."""
+    if not effects:
+        out.line("no effects waiting for a person")
+        return
+    headers = ("CREATED (UTC)", "REASON", "ATT", "STARTED (UTC)", "WORKER", "TOOL", "KEY")
+    rows = [
+        (
+            e.created_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"),
+            pending_reason(e),
+            str(e.attempt) if e.parked else "-",
+            e.started_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+            if e.parked and e.started_at is not None
+            else "-",
+            _clip(visible(e.worker), 24) if e.parked and e.worker else "-",
+            _clip(visible(e.tool), 28),
+            e.idem_key[:12],
+        )
+        for e in effects
+    ]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    for row in (headers, *rows):
+        out.line("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
 async def cmd_pending(ctx: Context) -> int:
     effects = await ctx.ledger.pending_approvals(limit=ctx.args.limit)
     if ctx.args.json:
-        ctx.out.json([effect_to_record(e) for e in effects])
+        ctx.out.json(
+            [{**effect_to_record(e), "pending_reason": pending_reason(e)} for e in effects]
+        )
     else:
-        effects_table(ctx.out, effects)
+        pending_table(ctx.out, effects)
     return EXIT_OK
+
+
+async def cmd_park_stale(ctx: Context) -> int:
+    parked = await ctx.ledger.park_stale()
+    if ctx.args.json:
+        ctx.out.json([effect_to_record(e) for e in parked])
+    else:
+        for effect in parked:
+            ctx.out.line(
+                f"parked {visible(effect.tool)} ({effect.idem_key[:12]}), attempt "
+                f"{effect.attempt}: settle it with approve, deny or resolve"
+            )
+        if not parked:
+            ctx.out.line("nothing to park")
+    return EXIT_OK
+
+
+async def cmd_resolve(ctx: Context) -> int:
+    args = ctx.args
+    if (args.result is None) == (args.error is None):
+        raise UsageError("give exactly one of --result JSON (it happened) or --error TEXT")
+    effect = await _resolve(ctx)
+    if effect is None:
+        return EXIT_NOT_DONE
+    if args.result is not None:
+        try:
+            result = orjson.loads(args.result)
+        except orjson.JSONDecodeError as exc:
+            raise UsageError(f"--result is not JSON ({exc}): {args.result!r}") from None
+        settle = ctx.ledger.resolve(
+            effect.idem_key,
+            result=result,
+            by=args.by,
+            note=args.note,
+            expected_attempt=args.expected_attempt,
+        )
+    else:
+        settle = ctx.ledger.resolve(
+            effect.idem_key,
+            error=EffectError(args.error, args.code),
+            by=args.by,
+            note=args.note,
+            expected_attempt=args.expected_attempt,
+        )
+    try:
+        moved = await settle
+    except EffectLedgerValidationError as exc:
+        if exc.field != "idem_key":
+            raise  # bad input: a usage error
+        print(f"agent-ledger: cannot resolve {effect.idem_key[:12]}: {exc}", file=sys.stderr)
+        return EXIT_NOT_DONE
+    return _settled(ctx, effect, "resolve", moved, await ctx.ledger.get_effect(effect.id))
 
 
 async def _resolve(ctx: Context) -> Effect | None:
@@ -358,13 +444,20 @@ async def _decide(ctx: Context, verb: str, act: Callable[[str], Any]) -> int:
     if effect is None:
         return EXIT_NOT_DONE
     moved = await act(effect.idem_key)
-    after = await ctx.ledger.get_effect(effect.id) or effect
+    return _settled(ctx, effect, verb, moved, await ctx.ledger.get_effect(effect.id))
+
+
+def _settled(ctx: Context, effect: Effect, verb: str, moved: bool, now: Effect | None) -> int:
+    after = now or effect
     if ctx.args.json:
         ctx.out.json({"transitioned": moved, "effect": effect_to_record(after)})
     elif moved:
         ctx.out.line(f"{effect.tool} ({effect.idem_key[:12]}) is now {after.status.value}")
     else:
         state = after.status.value
+        expected = getattr(ctx.args, "expected_attempt", None)
+        if expected is not None and after.attempt != expected:
+            state += f" at attempt {after.attempt}, not {expected}"
         print(f"agent-ledger: cannot {verb} {effect.idem_key[:12]}: it is {state}", file=sys.stderr)
     return EXIT_OK if moved else EXIT_NOT_DONE
 
@@ -372,14 +465,22 @@ async def _decide(ctx: Context, verb: str, act: Callable[[str], Any]) -> int:
 async def cmd_approve(ctx: Context) -> int:
     args = ctx.args
     return await _decide(
-        ctx, "approve", lambda key: ctx.ledger.approve(key, by=args.by, note=args.note)
+        ctx,
+        "approve",
+        lambda key: ctx.ledger.approve(
+            key, by=args.by, note=args.note, expected_attempt=args.expected_attempt
+        ),
     )
 
 
 async def cmd_deny(ctx: Context) -> int:
     args = ctx.args
     return await _decide(
-        ctx, "deny", lambda key: ctx.ledger.deny(key, reason=args.reason, by=args.by)
+        ctx,
+        "deny",
+        lambda key: ctx.ledger.deny(
+            key, reason=args.reason, by=args.by, expected_attempt=args.expected_attempt
+        ),
     )
 
 
@@ -742,9 +843,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--cursor", help="continue after a previous page")
     sub = command("show", cmd_show, "one effect's full receipt")
     sub.add_argument("ref", metavar="IDEM_KEY_OR_ID", help="id, key, or a key prefix (8+ chars)")
-    sub = command("pending", cmd_pending, "effects waiting for approval")
+    sub = command(
+        "pending",
+        cmd_pending,
+        "effects waiting for a person: approvals, and ambiguous attempts (parked)",
+    )
     sub.add_argument("--limit", type=int, default=100)
     ref_help = "the effect: its id, its key, or a key prefix (8+ chars)"
+    expected_help = "the attempt you saw (pending's ATT): refused if the effect has moved on since"
     sub = command(
         "review", cmd_review, "decide pending approvals one by one, oldest first (interactive)"
     )
@@ -753,10 +859,29 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("ref", metavar="KEY", help=ref_help)
     sub.add_argument("--by", help="who approves (kept on the receipt)")
     sub.add_argument("--note", help="why (kept on the receipt)")
+    sub.add_argument("--expected-attempt", type=int, metavar="N", help=expected_help)
     sub = command("deny", cmd_deny, "deny a pending effect")
     sub.add_argument("ref", metavar="KEY", help=ref_help)
     sub.add_argument("--reason", help="why not (kept on the receipt; callers see it)")
     sub.add_argument("--by", help="who denies (kept on the receipt)")
+    sub.add_argument("--expected-attempt", type=int, metavar="N", help=expected_help)
+    sub = command(
+        "resolve",
+        cmd_resolve,
+        "settle a parked effect with what happened downstream (callers get it as the receipt)",
+    )
+    sub.add_argument("ref", metavar="KEY", help=ref_help)
+    sub.add_argument("--result", metavar="JSON", help="it happened: the provider's result")
+    sub.add_argument("--error", metavar="TEXT", help="it failed: why (recorded as failed)")
+    sub.add_argument("--code", help="the error's code, with --error (e.g. card_declined)")
+    sub.add_argument("--by", required=True, help="who resolves it (kept on the receipt)")
+    sub.add_argument("--note", help="what you checked (kept on the receipt)")
+    sub.add_argument("--expected-attempt", type=int, metavar="N", help=expected_help)
+    command(
+        "park-stale",
+        cmd_park_stale,
+        "park every ambiguous attempt now (on_stale='park' runs whose worker went silent)",
+    )
     sub = command("cancel", cmd_cancel, "cancel an effect that has not finished")
     sub.add_argument("ref", metavar="KEY", help=ref_help)
     sub.add_argument("--reason", help="why (kept on the receipt; callers see it)")

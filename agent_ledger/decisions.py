@@ -1,25 +1,36 @@
-"""People's decisions on effects: request approval, approve, deny, cancel, reopen.
+"""People's decisions on effects: request approval, approve, deny, resolve, cancel,
+reopen; and the sweep that parks ambiguous attempts.
 
-Each decision is one compare-and-set in the store (``Store.transition``, or
-``Store.reopen``), so two operators acting on the same stale screen cannot
-both win: the second gets False. Who decided, and their note or reason, go
-on the receipt.
+Each decision is one compare-and-set in the store (``Store.transition``,
+``Store.settle`` or ``Store.reopen``), so two operators acting on the same
+stale screen cannot both win: the second gets False. ``expected_attempt``
+narrows approve, deny and resolve to the attempt the person saw, so a
+decision made on an older run of the effect changes nothing. Who decided,
+and their note or reason, go on the receipt and into its history.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+from datetime import datetime
 from typing import Final
 
-from agent_ledger.effects import Effect, EffectError, storable_text
+from agent_ledger.effects import Effect, EffectError, JSONValue, storable_text
 from agent_ledger.errors import EffectLedgerValidationError, require_str
+from agent_ledger.keys import canonical_json
 from agent_ledger.observability import effect_fields, log_effect, logger
 from agent_ledger.options import LedgerHooks
-from agent_ledger.status import REOPENABLE, EffectStatus
-from agent_ledger.stores.base import Decision, SchemaCheck, Store
+from agent_ledger.status import AMBIGUOUS_ATTEMPT, REOPENABLE, EffectStatus
+from agent_ledger.stores.base import Decision, EffectQuery, SchemaCheck, Store
 
-__all__ = ["Decisions", "notify_approval_required"]
+__all__ = [
+    "AMBIGUOUS_REASON",
+    "NO_RESULT",
+    "Decisions",
+    "ambiguous_error",
+    "notify_approval_required",
+]
 
 
 class Decisions:
@@ -38,14 +49,143 @@ class Decisions:
             await notify_approval_required(moved, hooks)
         return moved is not None
 
-    async def approve(self, idem_key: str, *, by: str | None, note: str | None) -> bool:
+    async def approve(
+        self,
+        idem_key: str,
+        *,
+        by: str | None,
+        note: str | None,
+        expected_attempt: int | None = None,
+    ) -> bool:
         decision = _decision(by, note)
-        return await self._move(idem_key, EffectStatus.READY, None, decision) is not None
+        attempt = _expected_attempt(expected_attempt)
+        moved = await self._settle(idem_key, EffectStatus.READY, decision, attempt)
+        return moved is not None
 
-    async def deny(self, idem_key: str, *, reason: str | None, by: str | None) -> bool:
+    async def deny(
+        self,
+        idem_key: str,
+        *,
+        reason: str | None,
+        by: str | None,
+        expected_attempt: int | None = None,
+    ) -> bool:
         error = EffectError(message=_reason(reason, "denied"), code="denied")
+        # The reason is the denial's error (callers see it), as before settle
+        # existed; the history's settlement keeps who and when.
         decision = _decision(by, None)
-        return await self._move(idem_key, EffectStatus.DENIED, error, decision) is not None
+        attempt = _expected_attempt(expected_attempt)
+        moved = await self._settle(idem_key, EffectStatus.DENIED, decision, attempt, error=error)
+        return moved is not None
+
+    async def resolve(
+        self,
+        idem_key: str,
+        *,
+        result: object,
+        error: EffectError | None,
+        by: str,
+        note: str | None,
+        expected_attempt: int | None,
+    ) -> bool:
+        """Record a parked effect's outcome as a person read it downstream."""
+        require_str(idem_key, "idem_key")
+        has_result = result is not _NO_RESULT
+        if has_result == (error is not None):
+            raise EffectLedgerValidationError(
+                "resolve() takes exactly one of result= (the side effect happened: what the "
+                "provider reports) or error=EffectError(...) (it failed). Nothing changed.",
+                field="result",
+            )
+        if error is not None and not isinstance(error, EffectError):
+            raise EffectLedgerValidationError(
+                f"error must be an EffectError(message, code), got {type(error).__name__}",
+                field="error",
+            )
+        # Checked like a handler's return value: bad input changes nothing.
+        result_json = (
+            canonical_json(result, field="result", sort_keys=False).decode() if has_result else None
+        )
+        decision = Decision(
+            by=_required_text(by, "by", "who resolves the effect"),
+            note=_decision(None, note).note,
+        )
+        attempt = _expected_attempt(expected_attempt)
+        target = EffectStatus.SUCCEEDED if has_result else EffectStatus.FAILED
+        moved = await self._settle(
+            idem_key,
+            target,
+            decision,
+            attempt,
+            only_parked=True,
+            result_json=result_json,
+            error=error,
+        )
+        if moved is not None:
+            return True
+        found = await self._store.find(idem_key)
+        if (
+            found is not None
+            and found.status is EffectStatus.REQUIRES_APPROVAL
+            and not found.parked
+        ):
+            raise EffectLedgerValidationError(
+                f"effect {idem_key[:12]}… ({found.tool}) waits for an approval, not because an "
+                "attempt's outcome is unknown: its handler never ran, so there is no outcome "
+                "to resolve. approve() or deny() it. Nothing changed.",
+                field="idem_key",
+            )
+        return False
+
+    async def park_stale(self) -> list[Effect]:
+        """Park every effect whose holder went silent for its own lease after its
+        handler started under ``on_stale="park"``; return those this call parked."""
+        await self._schema.ensure()
+        parked: list[Effect] = []
+        before: tuple[datetime, str] | None = None
+        while True:
+            page = await self._store.list_effects(
+                EffectQuery(status=EffectStatus.PROCESSING, limit=_SWEEP_PAGE, before=before)
+            )
+            for effect in page:
+                if effect.park_attempt != effect.attempt:
+                    continue
+                # A window of 1 ms: the holder's own lease (the longer) decides.
+                outcome = await self._store.park(
+                    effect.idem_key, stale_after_ms=1, error=ambiguous_error()
+                )
+                if outcome.claimed and outcome.effect is not None:
+                    log_effect(logging.WARNING, "effect parked by a sweep", outcome.effect)
+                    parked.append(outcome.effect)
+            if len(page) < _SWEEP_PAGE:
+                return parked
+            before = (page[-1].created_at, page[-1].id)
+
+    async def _settle(
+        self,
+        idem_key: str,
+        target: EffectStatus,
+        decision: Decision,
+        expected_attempt: int | None,
+        *,
+        only_parked: bool = False,
+        result_json: str | None = None,
+        error: EffectError | None = None,
+    ) -> Effect | None:
+        require_str(idem_key, "idem_key")
+        await self._schema.ensure()
+        moved = await self._store.settle(
+            idem_key,
+            target=target,
+            decision=decision,
+            expected_attempt=expected_attempt,
+            only_parked=only_parked,
+            result_json=result_json,
+            error=error,
+        )
+        if moved is not None:
+            log_effect(logging.INFO, f"effect settled: {target.value}", moved)
+        return moved
 
     async def cancel(self, idem_key: str, *, reason: str | None, by: str | None) -> bool:
         error = EffectError(message=_reason(reason, "canceled"), code="canceled")
@@ -133,14 +273,52 @@ _NOT_REOPENED: Final = {
 }
 
 
-def _required_text(value: object, name: str) -> str:
+def _required_text(value: object, name: str, saying: str | None = None) -> str:
     if not isinstance(value, str) or not value.strip():
+        what = saying or ("who reopens the effect" if name == "by" else "why")
         raise EffectLedgerValidationError(
-            f"{name} is required: a non-empty string saying "
-            f"{'who reopens the effect' if name == 'by' else 'why'}, got {value!r}",
+            f"{name} is required: a non-empty string saying {what}, got {value!r}",
             field=name,
         )
     return storable_text(value)
+
+
+def _expected_attempt(value: object) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int or value < 1:
+        raise EffectLedgerValidationError(
+            f"expected_attempt must be a positive int (the attempt you saw), got {value!r}",
+            field="expected_attempt",
+        )
+    return value
+
+
+#: The reason a parked effect carries (its ``error.message``).
+AMBIGUOUS_REASON: Final = (
+    "the worker running the handler stopped heartbeating after the handler started and "
+    "before its outcome was recorded, so whether the side effect happened is unknown; the tool "
+    "runs with on_stale='park', so it is not run again automatically. Check with the "
+    "downstream system, then resolve() it with what happened, approve() it to run it "
+    "again, or deny() it."
+)
+
+
+def ambiguous_error() -> EffectError:
+    """The reason a parked effect carries (its history's ``Parked`` names the attempt)."""
+    return EffectError(AMBIGUOUS_REASON, AMBIGUOUS_ATTEMPT)
+
+
+class _NoResult:
+    """``resolve()`` was given no ``result=`` (None is a result: a handler may return it)."""
+
+    def __repr__(self) -> str:
+        return "<no result>"
+
+
+_NO_RESULT: Final[JSONValue] = _NoResult()  # type: ignore[assignment]
+#: How many processing effects a sweep reads at a time.
+_SWEEP_PAGE: Final = 500
 
 
 def _reason(reason: str | None, what: str) -> str:
@@ -151,3 +329,7 @@ def _reason(reason: str | None, what: str) -> str:
             f"reason must be a string or None, got {type(reason).__name__}", field="reason"
         )
     return reason or what
+
+
+#: ``resolve()``'s default for ``result``: none given.
+NO_RESULT: Final = _NO_RESULT

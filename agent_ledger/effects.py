@@ -10,7 +10,7 @@ from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
 import orjson
 
 from agent_ledger.errors import EffectLedgerValidationError
-from agent_ledger.status import TRANSITIONS, EffectStatus
+from agent_ledger.status import AMBIGUOUS_ATTEMPT, TRANSITIONS, EffectStatus
 
 #: Any value JSON can represent. Args and results must be of this shape.
 JSONValue: TypeAlias = (
@@ -158,12 +158,46 @@ class Reopening:
     at: datetime
 
 
+@dataclass(frozen=True, slots=True)
+class Parked:
+    """A run under ``on_stale="park"`` whose holder went silent after its handler
+    started: the effect was sent to a person instead of being taken over."""
+
+    #: The attempt whose handler may or may not have done its side effect.
+    attempt: int
+    #: When that attempt's handler was handed the effect, and who ran it
+    #: (``host:pid`` by default), as its run recorded them.
+    started_at: datetime | None
+    worker: str | None
+    #: The holder's last sign of life, by the store's clock.
+    heartbeat_at: datetime
+    #: When it was parked, by the store's clock.
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """A person's decision on an effect waiting for one: ``approve`` (``ready``),
+    ``deny`` (``denied``) or ``resolve`` (``succeeded``/``failed``)."""
+
+    #: The status the decision moved the effect to.
+    status: EffectStatus
+    #: The attempt the decision was made on (the one the person saw).
+    attempt: int
+    by: str | None
+    note: str | None
+    #: When, by the store's clock; also the effect's ``decided_at`` until a later decision.
+    at: datetime
+
+
 #: What ``Effect.history`` holds, oldest first.
-HistoryEvent: TypeAlias = TryFailure | Reopening
+HistoryEvent: TypeAlias = TryFailure | Reopening | Parked | Settlement
 
 #: The ``kind`` of each event in the stored JSON.
 TRY_FAILED: Final = "try_failed"
 REOPENED: Final = "reopened"
+PARKED: Final = "parked"
+SETTLED: Final = "settled"
 
 
 def history_from_json(text: str | None) -> tuple[HistoryEvent, ...]:
@@ -173,10 +207,35 @@ def history_from_json(text: str | None) -> tuple[HistoryEvent, ...]:
     return tuple(event_from_dict(item) for item in orjson.loads(text))
 
 
+def _moment(text: str) -> datetime:
+    at = datetime.fromisoformat(text)
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+
+
+def _text_or_none(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
 def event_from_dict(item: dict[str, Any]) -> HistoryEvent:
     """One event from its JSON object (see :func:`event_to_dict`)."""
-    at = datetime.fromisoformat(item["at"])
-    at = at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+    at = _moment(item["at"])
+    if item["kind"] == PARKED:
+        started = item.get("started_at")
+        return Parked(
+            attempt=int(item["attempt"]),
+            started_at=None if started is None else _moment(started),
+            worker=_text_or_none(item.get("worker")),
+            heartbeat_at=_moment(item["heartbeat_at"]),
+            at=at,
+        )
+    if item["kind"] == SETTLED:
+        return Settlement(
+            status=EffectStatus(item["status"]),
+            attempt=int(item["attempt"]),
+            by=_text_or_none(item.get("by")),
+            note=_text_or_none(item.get("note")),
+            at=at,
+        )
     if item["kind"] == TRY_FAILED:
         return TryFailure(
             number=int(item["try"]),
@@ -209,6 +268,24 @@ def event_to_dict(event: HistoryEvent) -> dict[str, JSONValue]:
             "message": event.message,
             "code": event.code,
             "type": event.type,
+            "at": event.at.isoformat(),
+        }
+    if isinstance(event, Parked):
+        return {
+            "kind": PARKED,
+            "attempt": event.attempt,
+            "started_at": None if event.started_at is None else event.started_at.isoformat(),
+            "worker": event.worker,
+            "heartbeat_at": event.heartbeat_at.isoformat(),
+            "at": event.at.isoformat(),
+        }
+    if isinstance(event, Settlement):
+        return {
+            "kind": SETTLED,
+            "status": event.status.value,
+            "attempt": event.attempt,
+            "by": event.by,
+            "note": event.note,
             "at": event.at.isoformat(),
         }
     error = event.error
@@ -309,11 +386,29 @@ class Effect:
     #: the effect over continues from here; ``reopen()`` starts it again at 0.
     tries: int = 0
     #: What happened before the outcome, oldest first: each failed try of a
-    #: retried handler (``TryFailure``), and each ``reopen()`` (``Reopening``).
+    #: retried handler (``TryFailure``), each ``reopen()`` (``Reopening``),
+    #: each park of an ambiguous attempt (``Parked``) and each person's
+    #: approve, deny or resolve (``Settlement``).
     history: tuple[HistoryEvent, ...] = ()
     #: What a model call consumed (tokens, and its price), recorded with its
     #: outcome by ``ledger.llm()``; None for every other effect.
     usage: Usage | None = None
+    #: The attempt whose handler a run under ``on_stale="park"`` recorded as
+    #: started, just before calling it: should that attempt's holder go
+    #: silent, the effect is parked for a person instead of taken over. None
+    #: when no such run started (``take_over`` runs never record it).
+    park_attempt: int | None = None
+    #: Who ran that handler (``host:pid`` by default), as its run recorded it.
+    worker: str | None = None
+
+    @property
+    def parked(self) -> bool:
+        """Waiting for a person because an attempt's outcome is unknown (``ambiguous_attempt``)."""
+        return (
+            self.status is EffectStatus.REQUIRES_APPROVAL
+            and self.error is not None
+            and self.error.code == AMBIGUOUS_ATTEMPT
+        )
 
 
 #: The statuses a run ends in (from ``processing``, the terminal ones): their

@@ -24,6 +24,8 @@ EFFECT_FIELDS: Final = (
     "started_at", "executions", "lease_ms", "tries", "history",
     # Schema version 3: a model call's tokens and price (ledger.llm).
     "usage",
+    # Schema version 3 (ambiguous attempts parked for a person).
+    "park_attempt", "worker",
 )  # fmt: skip
 
 #: The fields that hold a moment (named ``*_at``; a test checks they are the datetimes).

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, ov
 from agent_ledger.audit import Audit, EffectPage
 from agent_ledger.background import BackgroundLoop, LoopClosing, run_blocking
 from agent_ledger.calls import ToolCall
-from agent_ledger.decisions import Decisions
-from agent_ledger.effects import BeginResult, CommitOutcome, Effect
+from agent_ledger.decisions import NO_RESULT, Decisions
+from agent_ledger.effects import BeginResult, CommitOutcome, Effect, EffectError, JSONValue
 from agent_ledger.engine import Acquired, Engine, Prepared
 from agent_ledger.engine.lifecycle import recorded_outcome
 from agent_ledger.errors import (
@@ -151,6 +151,7 @@ class EffectLedger:
         compensate: str | None = None,
         compensate_if: Literal["succeeded", "attempted"] = "succeeded",
         failure_scope: Literal["saga", "step"] = "saga",
+        on_stale: Literal["take_over", "park"] | None = None,
     ) -> ToolDecorator:
         """Register a function as a tool: ``@ledger.tool("payments.charge", ...)``.
 
@@ -169,7 +170,9 @@ class EffectLedger:
         ``compensate_if`` whether a failed call is undone too ("attempted"),
         and ``failure_scope`` whether its failure rolls the saga back
         ("saga") or is recorded and the saga goes on ("step"); see
-        ``docs/sagas.md``.
+        ``docs/sagas.md``. ``on_stale`` is the tool's ``RunOptions.on_stale``:
+        ``"park"`` for a side effect that must never repeat and cannot take an
+        idempotency key downstream (``docs/choosing-recovery.md``).
         """
         from agent_ledger.tools import define
 
@@ -187,6 +190,7 @@ class EffectLedger:
             compensate=compensate,
             compensate_if=compensate_if,
             failure_scope=failure_scope,
+            on_stale=on_stale,
         )
 
     @property
@@ -682,20 +686,90 @@ class EffectLedger:
         return await self._decisions.request_approval(idem_key, self._engine.hooks)
 
     async def approve(
-        self, idem_key: str, *, by: str | None = None, note: str | None = None
+        self,
+        idem_key: str,
+        *,
+        by: str | None = None,
+        note: str | None = None,
+        expected_attempt: int | None = None,
     ) -> bool:
         """Approve a pending effect (``requires_approval`` -> ``ready``); True if it moved.
 
-        ``by`` and ``note`` are kept on the receipt. A waiting ``run()`` then
-        claims the effect and runs the handler.
+        ``by`` and ``note`` are kept on the receipt and in its history. A
+        waiting ``run()`` then claims the effect and runs the handler. For a
+        parked effect (an ambiguous attempt) approving says "I checked: it did
+        not happen, run it again". ``expected_attempt`` (the ``attempt`` you
+        saw) makes it a compare-and-set on that attempt too: False, changing
+        nothing, if the effect has moved on since.
         """
-        return await self._decisions.approve(idem_key, by=by, note=note)
+        return await self._decisions.approve(
+            idem_key, by=by, note=note, expected_attempt=expected_attempt
+        )
 
     async def deny(
-        self, idem_key: str, *, reason: str | None = None, by: str | None = None
+        self,
+        idem_key: str,
+        *,
+        reason: str | None = None,
+        by: str | None = None,
+        expected_attempt: int | None = None,
     ) -> bool:
-        """Deny a pending effect (-> ``denied``, terminal); True if it moved."""
-        return await self._decisions.deny(idem_key, reason=reason, by=by)
+        """Deny a pending effect (-> ``denied``, terminal); True if it moved.
+
+        Callers get ``EffectDeniedError`` with the reason. ``expected_attempt``
+        as for :meth:`approve`.
+        """
+        return await self._decisions.deny(
+            idem_key, reason=reason, by=by, expected_attempt=expected_attempt
+        )
+
+    async def resolve(
+        self,
+        idem_key: str,
+        *,
+        result: JSONValue = NO_RESULT,
+        error: EffectError | None = None,
+        by: str,
+        note: str | None = None,
+        expected_attempt: int | None = None,
+    ) -> bool:
+        """Settle a parked effect with the outcome you read downstream; True if it moved.
+
+        For an effect parked because its worker went silent after its
+        handler started (``on_stale="park"``, error code
+        ``ambiguous_attempt``): ``result=`` says "it did happen, here is what
+        the provider says" and records ``succeeded`` with that result (every
+        waiting and later caller gets it, as a replay); ``error=EffectError(...)``
+        records ``failed``. Exactly one of the two; ``result`` must be JSON,
+        like a handler's (bad input raises ``EffectLedgerValidationError``
+        and changes nothing). ``by`` (required) and ``note`` go on the
+        receipt and into its history. ``expected_attempt`` as for
+        :meth:`approve`. An effect waiting for an ordinary approval (its
+        handler never ran) raises ``EffectLedgerValidationError``: approve
+        or deny it. False means nothing changed: no such key, not waiting,
+        another attempt, or someone settled it first.
+        """
+        return await self._decisions.resolve(
+            idem_key,
+            result=result,
+            error=error,
+            by=by,
+            note=note,
+            expected_attempt=expected_attempt,
+        )
+
+    async def park_stale(self) -> list[Effect]:
+        """Park every ambiguous attempt now, without waiting for its next caller.
+
+        An effect whose holder went silent for its lease after its handler
+        started under ``on_stale="park"`` is moved, one fenced statement
+        each, to ``requires_approval`` (error code ``ambiguous_attempt``), as
+        its next caller would move it; returns those this call parked.
+        Staleness is judged by each holder's own lease alone (``lease_ms``,
+        by the store's clock): the holder promised to heartbeat within it.
+        From a shell: ``agent-ledger park-stale``.
+        """
+        return await self._decisions.park_stale()
 
     async def cancel(
         self, idem_key: str, *, reason: str | None = None, by: str | None = None

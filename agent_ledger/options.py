@@ -202,6 +202,10 @@ class StaleOptions:
 
 #: Where ``run()`` calls a plain (non-async) handler; see ``RunOptions``.
 SyncHandlers: TypeAlias = Literal["thread", "loop"]
+#: What happens to a run whose holder goes silent for its lease; see ``RunOptions``.
+OnStale: TypeAlias = Literal["take_over", "park"]
+#: The recovery policies, in the order the docs list them.
+ON_STALE_POLICIES: Final = ("take_over", "park")
 
 
 @_refuse_0_2_seconds
@@ -235,6 +239,18 @@ class RunOptions:
     interrupted: a deadline breach is recorded when it returns. ``run()``
     returns only once the handler has stopped. See ``engine.deadline``.
     ``None`` set explicitly turns off a deadline a lower level gave.
+
+    ``on_stale`` (default ``"take_over"``) says what happens when the worker
+    running this call's handler goes silent for its whole lease, so nobody
+    knows whether the side effect happened. ``"take_over"``: the next caller
+    runs the handler again (right for idempotent tools, and for tools that
+    pass ``effect.idem_key`` downstream). ``"park"``: the effect is never run
+    again automatically; it waits for a person (``requires_approval``, error
+    code ``ambiguous_attempt``), who approves, denies or ``resolve()``s it.
+    Under ``"park"`` the run records that its handler starts (one more
+    statement, fenced by the attempt) just before calling it, so a run that
+    died before that is still taken over. The policy of the run that holds
+    the effect decides, never a caller's; see docs/choosing-recovery.md.
     """
 
     requires_approval: bool | Unset = UNSET
@@ -244,9 +260,15 @@ class RunOptions:
     wait_for_approval: bool | Unset = UNSET
     retry: RetryPolicy | Unset | None = UNSET
     timeout_ms: int | Unset | None = UNSET
+    on_stale: OnStale | Unset = UNSET
 
     def __post_init__(self) -> None:
         _check_int(self.timeout_ms, "timeout_ms", allow_none=True, positive=True)
+        if self.on_stale is not UNSET and self.on_stale not in ON_STALE_POLICIES:
+            raise EffectLedgerValidationError(
+                f"on_stale must be 'take_over' or 'park', got {self.on_stale!r}",
+                field="on_stale",
+            )
         for flag in ("requires_approval", "wait_for_approval"):
             value = getattr(self, flag)
             if value is not UNSET and type(value) is not bool:
@@ -397,6 +419,8 @@ class ResolvedRunOptions:
     retry: RetryPolicy | None = None
     #: The handler's deadline per try, in ms; None: none.
     timeout_ms: int | None = None
+    #: What a silent holder's effect becomes: taken over, or parked for a person.
+    on_stale: OnStale = "take_over"
 
 
 def _overlay(base: _Opt, top: _Opt) -> _Opt:
@@ -432,6 +456,7 @@ def merge_run_options(base: RunOptions, top: RunOptions | None) -> RunOptions:
         # only make sense together (attempts with the exceptions they cover).
         retry=base.retry if top.retry is UNSET else top.retry,
         timeout_ms=base.timeout_ms if top.timeout_ms is UNSET else top.timeout_ms,
+        on_stale=base.on_stale if top.on_stale is UNSET else top.on_stale,
     )
 
 
@@ -486,4 +511,5 @@ def resolve(options: RunOptions) -> ResolvedRunOptions:
         wait_for_approval=options.wait_for_approval is not False,
         retry=None if options.retry is UNSET else options.retry,
         timeout_ms=None if options.timeout_ms is UNSET else options.timeout_ms,
+        on_stale="take_over" if options.on_stale is UNSET else options.on_stale,
     )

@@ -19,7 +19,9 @@ from agent_ledger.effects import (
     EffectError,
     HistoryEvent,
     JSONValue,
+    Parked,
     Reopening,
+    Settlement,
     TryFailure,
     Usage,
     event_from_dict,
@@ -127,14 +129,23 @@ def effect_from_record(record: Mapping[str, object]) -> Effect:
         lease_ms=_count(record, "lease_ms"),
         tries=_count(record, "tries"),
         history=_history(record),
-        # Exports written before schema version 3 have no usage.
+        # Exports written before schema version 3 have no usage, park_attempt or worker.
         usage=_usage(record),
+        park_attempt=_optional_count(record, "park_attempt"),
+        worker=str(record["worker"]) if record.get("worker") not in (None, "") else None,
     )
 
 
 def _usage(record: Mapping[str, object]) -> Usage | None:
     value = record.get("usage")
     return None if value is None else Usage.from_json(value)
+
+
+def _optional_count(record: Mapping[str, object], name: str) -> int | None:
+    value = record.get(name)
+    if value is None or value == "":  # CSV writes None as an empty cell
+        return None
+    return _count(record, name)
 
 
 def _history(record: Mapping[str, object]) -> tuple[HistoryEvent, ...]:
@@ -244,7 +255,7 @@ def render_receipt(effect: Effect) -> str:
     rows += [("started", _stamp(effect.started_at)), ("completed", _stamp(effect.completed_at))]
     if effect.started_at is not None and effect.completed_at is not None:
         rows.append(("run time", _elapsed(effect.completed_at - effect.started_at)))
-    if effect.tries > 1 or effect.history:
+    if effect.tries > 1 or any(isinstance(e, TryFailure | Reopening) for e in effect.history):
         rows.append(("tries", str(effect.tries)))
     rows += [_history_row(event) for event in effect.history]
     if effect.usage is not None:
@@ -277,6 +288,20 @@ def _elapsed(span: timedelta) -> str:
 
 
 def _history_row(event: HistoryEvent) -> tuple[str, str]:
+    if isinstance(event, Parked):
+        ran = f"started {_stamp(event.started_at)} by {event.worker or 'an unnamed worker'}"
+        return (
+            "parked",
+            f"{_stamp(event.at)}: attempt {event.attempt} ({ran}) went silent after "
+            f"{_stamp(event.heartbeat_at)}; outcome unknown",
+        )
+    if isinstance(event, Settlement):
+        note = f": {event.note}" if event.note else ""
+        who = event.by or "someone unnamed"
+        return (
+            _SETTLED_AS.get(event.status, event.status.value),
+            f"{_stamp(event.at)} by {who} (attempt {event.attempt}){note}",
+        )
     if isinstance(event, TryFailure):
         error = EffectError(event.message, event.code)
         return (f"try {event.number}", f"{_stamp(event.at)} failed: {error} ({event.type})")
@@ -287,15 +312,27 @@ def _history_row(event: HistoryEvent) -> tuple[str, str]:
     return ("reopened", f"{_stamp(event.at)} by {event.by}: {event.reason}; was {was}{tries}")
 
 
+#: How a settlement reads in a receipt's history.
+_SETTLED_AS: Final = {
+    EffectStatus.READY: "approved",
+    EffectStatus.DENIED: "denied",
+    EffectStatus.SUCCEEDED: "resolved",
+    EffectStatus.FAILED: "resolved failed",
+}
+
+
 def _decision_kind(effect: Effect) -> str:
-    # Decisions are made by approve, deny, cancel and reopen. A denial or a
-    # cancellation ends the effect, so its status tells; a reopening is in the
-    # history, at the decision's own time; any other decision was an approval.
+    # Decisions are made by approve, deny, resolve, cancel and reopen. A
+    # denial or a cancellation ends the effect, so its status tells; a
+    # reopening or a settlement is in the history, at the decision's own
+    # time; any other decision was an approval.
     if effect.status in (EffectStatus.DENIED, EffectStatus.CANCELED):
         return effect.status.value
     last = effect.history[-1] if effect.history else None
     if isinstance(last, Reopening) and last.at == effect.decided_at:
         return "reopened"
+    if isinstance(last, Settlement) and last.at == effect.decided_at:
+        return _SETTLED_AS.get(last.status, "approved")
     return "approved"
 
 

@@ -23,7 +23,15 @@ from typing import Final
 
 import orjson
 
-from agent_ledger.effects import Effect, JSONValue, Reopening, TryFailure, handler_time
+from agent_ledger.effects import (
+    Effect,
+    HistoryEvent,
+    JSONValue,
+    Parked,
+    Settlement,
+    TryFailure,
+    handler_time,
+)
 from agent_ledger.status import EffectStatus
 
 __all__ = ["FAILURES", "render_report"]
@@ -192,7 +200,21 @@ def _section(number: int, effect: Effect, now: datetime) -> list[str]:
     return lines
 
 
-def _event(event: TryFailure | Reopening) -> str:
+def _event(event: HistoryEvent) -> str:
+    if isinstance(event, Parked):
+        worker = _code(event.worker) if event.worker else "an unnamed worker"
+        return (
+            f"{_stamp(event.at)}: parked: attempt {event.attempt}, started "
+            f"{_stamp(event.started_at)} by {worker}, went silent after "
+            f"{_stamp(event.heartbeat_at)}; outcome unknown"
+        )
+    if isinstance(event, Settlement):
+        who = _code(event.by) if event.by else "someone unnamed"
+        note = f": {_code(_one_line(event.note, 200))}" if event.note else ""
+        return (
+            f"{_stamp(event.at)}: settled as {event.status.value} by {who} "
+            f"(attempt {event.attempt}){note}"
+        )
     if isinstance(event, TryFailure):
         code = f" {_code(event.code)}" if event.code else ""
         message = _code(_one_line(event.message, 200))

@@ -3,7 +3,7 @@
 Every other module (the engine, each store, the schema tests) derives what
 it needs from :data:`TRANSITIONS`; nothing else lists them.
 
-Five kinds of step move an effect, and the table covers them all:
+Seven kinds of step move an effect, and the table covers them all:
 
 * a **claim** moves it *into* ``processing`` and increments ``attempt`` (the
   fencing token): from ``ready`` (an approved or released effect is run) or
@@ -18,12 +18,21 @@ Five kinds of step move an effect, and the table covers them all:
   fixed, the outage is over). It is the only way out of those two statuses,
   and nothing takes an effect out of ``succeeded`` or ``denied``: a result is
   the receipt, and a denial stands (a new decision needs a new call);
+* a **park** sends a ``processing`` effect to ``requires_approval``
+  (:data:`PARK`): its holder ran the handler under ``on_stale="park"`` and
+  then went silent for its whole lease, so nobody knows whether the side
+  effect happened, and a person decides instead of a takeover. Fenced by the
+  stale attempt, and only once the lease is out;
+* a **resolve** records an outcome a person read from the provider,
+  ``requires_approval`` -> ``succeeded`` or ``failed`` (:data:`RESOLVE`),
+  for a parked effect only;
 * a **decision** (request approval, approve, deny, cancel) is everything else.
 
-A running effect (``processing``) can never be sent back for approval: its
-handler is already executing, so the approval could not stop it, and its
-commit would then be refused and the handler run a second time after the
-approval. Effects that need approval are inserted as ``requires_approval``;
+A *running* effect (``processing``, its holder alive) can never be sent back
+for approval: its handler is already executing, so the approval could not
+stop it, and its commit would then be refused and the handler run a second
+time after the approval. A park takes only an effect whose holder is gone.
+Effects that need approval are inserted as ``requires_approval``;
 ``request_approval`` only sends a ``ready`` effect (approved or released, not
 yet claimed) back for another look.
 """
@@ -64,9 +73,15 @@ _S = EffectStatus
 TRANSITIONS: Final[Mapping[EffectStatus, frozenset[EffectStatus]]] = MappingProxyType(
     {
         # processing -> processing is a takeover: a claim with attempt + 1;
-        # processing -> ready a release (never a decision: see RELEASE).
-        _S.PROCESSING: frozenset({_S.PROCESSING, _S.SUCCEEDED, _S.FAILED, _S.CANCELED, _S.READY}),
-        _S.REQUIRES_APPROVAL: frozenset({_S.READY, _S.DENIED, _S.CANCELED}),
+        # processing -> ready a release (never a decision: see RELEASE);
+        # processing -> requires_approval a park (see PARK).
+        _S.PROCESSING: frozenset(
+            {_S.PROCESSING, _S.SUCCEEDED, _S.FAILED, _S.CANCELED, _S.READY, _S.REQUIRES_APPROVAL}
+        ),
+        # -> succeeded/failed: only resolve, for a parked effect (see RESOLVE).
+        _S.REQUIRES_APPROVAL: frozenset(
+            {_S.READY, _S.DENIED, _S.CANCELED, _S.SUCCEEDED, _S.FAILED}
+        ),
         # ready -> requires_approval: an approval taken back before anyone claimed it.
         _S.READY: frozenset({_S.PROCESSING, _S.REQUIRES_APPROVAL, _S.CANCELED}),
         _S.SUCCEEDED: frozenset(),
@@ -83,6 +98,18 @@ REOPEN: Final[frozenset[tuple[EffectStatus, EffectStatus]]] = frozenset(
 )
 #: The statuses ``reopen`` takes an effect from.
 REOPENABLE: Final[frozenset[EffectStatus]] = frozenset(source for source, _ in REOPEN)
+#: The edge only ``Store.park`` takes: the holder of a run under
+#: ``on_stale="park"`` went silent after its handler started, so the effect
+#: waits for a person instead of being taken over. Fenced by the stale attempt.
+PARK: Final = (_S.PROCESSING, _S.REQUIRES_APPROVAL)
+#: The edges only ``Store.settle`` takes for ``resolve()``: a person records the
+#: outcome of a parked effect's run, as the provider reports it.
+RESOLVE: Final[frozenset[tuple[EffectStatus, EffectStatus]]] = frozenset(
+    {(_S.REQUIRES_APPROVAL, _S.SUCCEEDED), (_S.REQUIRES_APPROVAL, _S.FAILED)}
+)
+#: The code a parked effect's ``error`` carries: the reason it waits for a
+#: person (an effect waiting because a policy asked for approval has none).
+AMBIGUOUS_ATTEMPT: Final = "ambiguous_attempt"
 
 #: Statuses whose outcome is final: nothing but a person's reopen leads out of them.
 TERMINAL: Final[frozenset[EffectStatus]] = frozenset(
@@ -103,12 +130,21 @@ COMPLETIONS: Final[frozenset[EffectStatus]] = frozenset(
 #: goes to ``ready`` too, but only from ``requires_approval``: no decision may
 #: take an effect from its holder (see :func:`decision_sources`).
 RELEASE: Final = (_S.PROCESSING, _S.READY)
-#: Outcomes only a handler's commit records: no decision claims success or failure.
+#: Outcomes a handler's commit records: no decision claims success or failure
+#: (``resolve`` does, for a parked effect only: :data:`RESOLVE`).
 HANDLER_OUTCOMES: Final[frozenset[EffectStatus]] = frozenset({_S.SUCCEEDED, _S.FAILED})
 #: What a decision may set: every target but ``processing`` (only a claim reaches
-#: it) and the handler's own outcomes.
+#: it) and the handler's own outcomes (a person records those only through
+#: ``resolve``, :data:`RESOLVE`).
 DECISION_TARGETS: Final[frozenset[EffectStatus]] = (
     frozenset(t for out in TRANSITIONS.values() for t in out) - {_S.PROCESSING} - HANDLER_OUTCOMES
+)
+
+
+#: What ``Store.settle`` may set from ``requires_approval``: approve (``ready``),
+#: deny (``denied``), and resolve's two outcomes.
+SETTLE_TARGETS: Final[frozenset[EffectStatus]] = frozenset(
+    {_S.READY, _S.DENIED} | {target for _, target in RESOLVE}
 )
 
 
@@ -125,8 +161,9 @@ def sources_of(target: EffectStatus) -> frozenset[EffectStatus]:
 def decision_sources(target: EffectStatus) -> frozenset[EffectStatus]:
     """Every status from which a decision (``Store.transition``) may reach ``target``.
 
-    ``sources_of(target)`` without the :data:`RELEASE` and :data:`REOPEN`
-    edges: ``approve()`` moves only ``requires_approval`` to ``ready``, never
+    ``sources_of(target)`` without the :data:`RELEASE`, :data:`REOPEN`,
+    :data:`PARK` and :data:`RESOLVE` edges: ``approve()`` moves only
+    ``requires_approval`` to ``ready``, never
     a ``processing`` effect, whose holder may be running its handler, nor a
     finished one. Stores use this as the ``WHERE status IN (...)`` half of a
     decision's compare-and-set.
@@ -143,7 +180,11 @@ _SOURCES: Final[Mapping[EffectStatus, frozenset[EffectStatus]]] = MappingProxyTy
 _DECISION_SOURCES: Final[Mapping[EffectStatus, frozenset[EffectStatus]]] = MappingProxyType(
     {
         target: frozenset(
-            s for s in sources if (s, target) != RELEASE and (s, target) not in REOPEN
+            s
+            for s in sources
+            if (s, target) not in (RELEASE, PARK)
+            and (s, target) not in REOPEN
+            and (s, target) not in RESOLVE
         )
         for target, sources in _SOURCES.items()
     }

@@ -82,6 +82,9 @@ STORE_STEPS: Final = (
     "release",
     "transition",
     "reopen",
+    "mark_started",
+    "park",
+    "settle",
     "get",
     "find",
     "find_legacy",
@@ -287,6 +290,47 @@ class FaultyStore(Generic[StoreT]):
     async def reopen(self, idem_key: str, *, by: str, reason: str) -> Effect | None:
         return await self._step(
             "reopen", lambda: self.inner.reopen(idem_key, by=by, reason=reason), idem_key=idem_key
+        )
+
+    async def mark_started(
+        self, effect_id: str, *, attempt: int, worker: str, tx: object | None = None
+    ) -> bool:
+        return await self._step(
+            "mark_started",
+            lambda: self.inner.mark_started(effect_id, attempt=attempt, worker=worker, tx=tx),
+            effect_id=effect_id,
+        )
+
+    async def park(self, idem_key: str, *, stale_after_ms: int, error: EffectError) -> ClaimOutcome:
+        return await self._step(
+            "park",
+            lambda: self.inner.park(idem_key, stale_after_ms=stale_after_ms, error=error),
+            idem_key=idem_key,
+        )
+
+    async def settle(
+        self,
+        idem_key: str,
+        *,
+        target: EffectStatus,
+        decision: Decision,
+        expected_attempt: int | None = None,
+        only_parked: bool = False,
+        result_json: str | None = None,
+        error: EffectError | None = None,
+    ) -> Effect | None:
+        return await self._step(
+            "settle",
+            lambda: self.inner.settle(
+                idem_key,
+                target=target,
+                decision=decision,
+                expected_attempt=expected_attempt,
+                only_parked=only_parked,
+                result_json=result_json,
+                error=error,
+            ),
+            idem_key=idem_key,
         )
 
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:

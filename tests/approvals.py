@@ -8,6 +8,8 @@ waiting at once, so the effect is left pending and no task lingers.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import pytest
 
 from agent_ledger import (
@@ -18,13 +20,16 @@ from agent_ledger import (
     EffectTimeoutError,
     LedgerHooks,
     RunOptions,
+    StaleOptions,
     ToolCall,
 )
 
-__all__ = ["PENDING", "make_pending"]
+__all__ = ["PARK", "PENDING", "make_parked", "make_pending"]
 
 #: Needs approval, and does not stay to wait for it.
 PENDING = RunOptions(requires_approval=True, concurrency=ConcurrencyOptions(approval_timeout_ms=0))
+#: A run whose silent holder is parked for a person, with a 1 s lease.
+PARK = RunOptions(on_stale="park", stale=StaleOptions(after_ms=1_000))
 
 
 async def make_pending(
@@ -36,3 +41,20 @@ async def make_pending(
     effect = await ledger.find_by_idem_key(ledger.idem_key(call))
     assert effect is not None and effect.status is EffectStatus.REQUIRES_APPROVAL
     return effect
+
+
+async def make_parked(
+    ledger: EffectLedger, call: ToolCall, age: Callable[[float], Awaitable[None]]
+) -> Effect:
+    """Create ``call``'s effect parked as an ambiguous attempt, as a dead worker leaves it.
+
+    A worker ``begin()``s it under ``on_stale="park"`` (which records the
+    handler's start) and never commits; ``age`` moves the store's clock past
+    its lease; the sweep parks it.
+    """
+    begun = await ledger.begin(call, run_options=PARK)
+    assert begun.effect.status is EffectStatus.PROCESSING
+    await age(60_000)
+    parked = [e for e in await ledger.park_stale() if e.idem_key == begun.effect.idem_key]
+    assert len(parked) == 1 and parked[0].parked, parked
+    return parked[0]

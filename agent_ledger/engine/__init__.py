@@ -10,6 +10,9 @@ which depends on the ``Store`` Protocol alone:
   effect or a person has to decide, and claims it when it may;
 * :mod:`~agent_ledger.engine.ownership` carries a begin or claim to its end
   when the run is cancelled, and gives back an effect it made the run's;
+* :mod:`~agent_ledger.engine.parking` records a handler's start under
+  ``on_stale="park"``, so that a silent holder is parked for a person
+  instead of taken over;
 * :mod:`~agent_ledger.engine.heartbeats` keeps running handlers alive;
 * :mod:`~agent_ledger.engine.polling` lets waiters on one key share a read.
 

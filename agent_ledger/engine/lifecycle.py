@@ -35,6 +35,7 @@ from agent_ledger.effects import (
     CommitSucceeded,
     Effect,
     EffectError,
+    Parked,
     TryFailure,
     Usage,
     WithUsage,
@@ -43,6 +44,7 @@ from agent_ledger.effects import (
 from agent_ledger.engine.deadline import Late, late_outcome, within
 from agent_ledger.engine.heartbeats import Beat, Heartbeats
 from agent_ledger.engine.ownership import own
+from agent_ledger.engine.parking import mark_started
 from agent_ledger.engine.waiting import Acquired, Waiter
 from agent_ledger.errors import (
     ApprovalPendingError,
@@ -279,6 +281,13 @@ class Engine:
         if prepared.legacy_key is not None:
             prepared = await self._follow_legacy_key(prepared, prepared.legacy_key, tx)
         acquired = await self.acquire(prepared, tx)
+        while acquired.owned and prepared.opts.on_stale == "park":
+            # The caller runs the tool as soon as this returns: its start is now.
+            marked = await mark_started(self._store, acquired.effect, tx)
+            if marked is not None:
+                acquired = acquired._replace(effect=marked)
+                break
+            acquired = await self._wait(prepared, acquired.effect, tx)
         if acquired.owned:
             return BeginResult(
                 acquired.effect,
@@ -389,7 +398,13 @@ class Engine:
         """
         if tx is not None:
             return await self._claim_in_transaction(prepared, effect, tx)
-        acquired = await self._waiter.wait(prepared.new.idem_key, effect, prepared.opts, tx)
+        acquired = await self._waiter.wait(
+            prepared.new.idem_key,
+            effect,
+            prepared.opts,
+            tx,
+            on_parked=functools.partial(notify_approval_required, hooks=prepared.hooks),
+        )
         limit = prepared.opts.max_takeovers
         claimed = acquired.effect
         if not acquired.owned or limit is None or takeovers(claimed) <= limit:
@@ -457,6 +472,12 @@ class Engine:
         policy = opts.retry
         if policy is not None and effect.tries >= policy.attempts:
             return await self._fail_used_up(effect, policy, opts, tx)
+        if opts.on_stale == "park":
+            marked = await mark_started(self._store, effect, tx)
+            if marked is None:
+                # Taken over or canceled before the handler started: theirs to decide.
+                return _LOST
+            effect = marked
         # Inside a transaction the row is invisible to other workers until
         # commit, so nobody can take it over and no heartbeat is needed.
         beat = (
@@ -1060,13 +1081,15 @@ def lease_end(alive_at: float, lease_ms: int) -> float:
 def takeovers(effect: Effect) -> int:
     """How often ``effect`` was taken over from a holder that stopped heartbeating.
 
-    Every execution but the first began with a takeover: the only ways into
-    ``processing`` are the insert, the claim of an approved effect (before
-    any run: a running effect cannot be sent back for approval), a takeover,
-    and the claim of a released effect (a release takes back the execution
-    its own claim added, so the counts still hold).
+    Every execution but the first began with a takeover, or with a person's
+    approval of a parked run: the only ways into ``processing`` are the
+    insert, the claim of an approved effect (before any run, or after a
+    park: the history counts those), a takeover, and the claim of a
+    released effect (a release takes back the execution its own claim
+    added, so the counts still hold).
     """
-    return max(effect.executions - 1, 0)
+    parks = sum(1 for event in effect.history if isinstance(event, Parked))
+    return max(effect.executions - 1 - parks, 0)
 
 
 def _created_to_run(begun: BeginOutcome) -> Effect | None:

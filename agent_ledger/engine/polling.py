@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 
+from agent_ledger.decisions import ambiguous_error
 from agent_ledger.effects import Effect
 from agent_ledger.engine.ownership import own
 from agent_ledger.stores.base import ClaimOutcome, Store
@@ -29,13 +30,19 @@ class SharedPolls:
         self._in_flight: dict[str, asyncio.Future[tuple[Effect | None, bool]]] = {}
 
     async def poll(
-        self, idem_key: str, *, claim_stale_after_ms: int | None, tx: object | None
+        self,
+        idem_key: str,
+        *,
+        claim_stale_after_ms: int | None,
+        tx: object | None,
+        park: bool = False,
     ) -> tuple[Effect | None, bool, bool]:
-        """Read the effect, claiming it when ``claim_stale_after_ms`` is given.
+        """Read the effect, claiming it when ``claim_stale_after_ms`` is given (or,
+        with ``park``, parking it: ``Store.park`` with that window instead).
 
-        Returns ``(effect, claimed, shared)``: ``claimed`` only for the caller
-        whose own query claimed it, ``shared`` when the answer came from
-        another caller's query.
+        Returns ``(effect, won, shared)``: ``won`` (claimed, or parked) only
+        for the caller whose own query made the change, ``shared`` when the
+        answer came from another caller's query.
         """
         running = self._in_flight.get(idem_key)
         if running is not None and tx is None and running.get_loop() is asyncio.get_running_loop():
@@ -45,10 +52,10 @@ class SharedPolls:
                 pass  # the sender's poll failed or was abandoned: poll ourselves
             else:
                 return effect, False, True
-        return await self._own_poll(idem_key, claim_stale_after_ms, tx)
+        return await self._own_poll(idem_key, claim_stale_after_ms, tx, park)
 
     async def _own_poll(
-        self, idem_key: str, claim_stale_after_ms: int | None, tx: object | None
+        self, idem_key: str, claim_stale_after_ms: int | None, tx: object | None, park: bool
     ) -> tuple[Effect | None, bool, bool]:
         # Inside a transaction the caller may see its own uncommitted writes:
         # such a read is not for sharing.
@@ -57,7 +64,15 @@ class SharedPolls:
             future = asyncio.get_running_loop().create_future()
             self._in_flight[idem_key] = future
         try:
-            if claim_stale_after_ms is not None:
+            if claim_stale_after_ms is not None and park and tx is None:
+                # Parking makes nobody the owner: nothing to give back if cancelled.
+                last = await self._store.park(
+                    idem_key,
+                    stale_after_ms=claim_stale_after_ms,
+                    error=ambiguous_error(),
+                )
+                result = (last.effect, last.claimed)
+            elif claim_stale_after_ms is not None:
                 claim = self._store.claim(idem_key, stale_after_ms=claim_stale_after_ms, tx=tx)
                 # Outside a transaction, a cancelled claim is waited for, and an
                 # effect it took is given back (see ownership).

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Final, NamedTuple
 
 from agent_ledger.effects import Effect
@@ -33,7 +34,7 @@ from agent_ledger.options import ResolvedConcurrency, ResolvedRunOptions
 from agent_ledger.status import CLAIMABLE, EffectStatus
 from agent_ledger.stores.base import Store
 
-__all__ = ["Acquired", "WaitBudget", "Waiter", "claim_window"]
+__all__ = ["Acquired", "WaitBudget", "Waiter", "claim_window", "parks_instead"]
 
 _PROCESSING: Final = EffectStatus.PROCESSING
 _READY: Final = EffectStatus.READY
@@ -57,6 +58,14 @@ class _Poll(NamedTuple):
     shared: bool
     #: The store error this poll hit; the effect is then the last one seen.
     error: EffectStoreError | None
+    #: This poll parked the effect (an ambiguous attempt, see ``parking``).
+    parked: bool = False
+
+
+def parks_instead(effect: Effect) -> bool:
+    """Whether a stale holder of ``effect`` is parked rather than taken over: its
+    current attempt's handler started under ``on_stale="park"``."""
+    return effect.status is _PROCESSING and effect.park_attempt == effect.attempt
 
 
 def claim_window(status: EffectStatus, stale_after_ms: int) -> int | None:
@@ -121,9 +130,20 @@ class Waiter:
         self._polls = SharedPolls(store)
 
     async def wait(
-        self, idem_key: str, effect: Effect, opts: ResolvedRunOptions, tx: object | None
+        self,
+        idem_key: str,
+        effect: Effect,
+        opts: ResolvedRunOptions,
+        tx: object | None,
+        on_parked: Callable[[Effect], Awaitable[None]] | None = None,
     ) -> Acquired:
-        """Poll (woken early by notifications) until we own the effect or it ends."""
+        """Poll (woken early by notifications) until we own the effect or it ends.
+
+        A holder that went silent after its handler started under
+        ``on_stale="park"`` is parked instead of taken over; the caller whose
+        poll parked it calls ``on_parked`` and, like every other, then waits
+        for a person as for an approval.
+        """
         budget = WaitBudget(opts.concurrency)
         async with self._store.subscribe(idem_key) as changes:
             while True:
@@ -131,6 +151,15 @@ class Waiter:
                 # caller's last read and this wait can be missed.
                 poll = await self._poll(idem_key, effect, opts.stale_after_ms, tx)
                 effect = poll.effect
+                if poll.parked:
+                    log_effect(
+                        logging.WARNING,
+                        f"effect parked: attempt {effect.attempt}'s worker went silent after "
+                        "its handler started (on_stale='park'); it waits for a person",
+                        effect,
+                    )
+                    if on_parked is not None:
+                        await on_parked(effect)
                 if poll.claimed:
                     # attempt 2+ from ready is an approval; from processing, a takeover.
                     log_effect(logging.INFO, f"claimed effect (attempt {effect.attempt})", effect)
@@ -147,9 +176,10 @@ class Waiter:
         self, idem_key: str, last_seen: Effect, stale_after_ms: int, tx: object | None
     ) -> _Poll:
         window = claim_window(last_seen.status, stale_after_ms)
+        park = window is not None and tx is None and parks_instead(last_seen)
         try:
-            current, claimed, shared = await self._polls.poll(
-                idem_key, claim_stale_after_ms=window, tx=tx
+            current, won, shared = await self._polls.poll(
+                idem_key, claim_stale_after_ms=window, tx=tx, park=park
             )
         except EffectStoreError as exc:
             # Waiting is retryable: a failed poll (a dropped connection, a
@@ -163,4 +193,4 @@ class Waiter:
             raise EffectLedgerInvariantError(
                 f"effect {idem_key} disappeared from the store while a caller waited on it"
             )
-        return _Poll(current, claimed, shared, None)
+        return _Poll(current, won and not park, shared, None, parked=won and park)

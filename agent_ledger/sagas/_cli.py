@@ -110,10 +110,16 @@ async def sagas_command(
         statuses = None if not args.status else frozenset(SagaStatus(s) for s in args.status)
         limit = LIST_LIMIT if args.limit is None else args.limit
         sagas = await store.list_sagas(statuses=statuses, limit=limit)
+        # An open saga may wait for a person on a parked step (an ambiguous attempt).
+        waiting = {
+            saga.saga_id: (await read_outcome(ledger, store, saga)).parked
+            for saga in sagas
+            if not saga.status.is_terminal
+        }
         if args.json:
-            json([saga_to_record(s) for s in sagas])
+            json([{**saga_to_record(s), "parked": list(waiting.get(s.saga_id, ()))} for s in sagas])
         else:
-            for text in sagas_table(sagas):
+            for text in sagas_table(sagas, waiting):
                 line(text)
         return EXIT_OK
     if args.action == "show":

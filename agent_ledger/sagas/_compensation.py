@@ -11,7 +11,11 @@ Whether a step is undone depends on its forward effect, settled first:
 * waiting for a person (``requires_approval``, or approved and not yet
   claimed): canceled; a later ``approve()`` returns False; nothing to undo;
 * running: waited for; if its holder stops heartbeating for a whole lease,
-  it is canceled and counts as attempted;
+  it is canceled and counts as attempted, unless its handler started under
+  ``on_stale="park"``: then it is parked for a person;
+* parked (an ambiguous attempt): waited for until a person settles it
+  (resolved: undone like any success or failure; denied: nothing to undo;
+  approved: canceled, as any approved step of a rolled-back saga);
 * succeeded: undone; failed (or canceled after its handler started): undone
   only when its tool says ``compensate_if="attempted"``; denied: never ran.
 
@@ -31,6 +35,7 @@ from typing import Final
 
 from agent_ledger.backoff import Backoff
 from agent_ledger.calls import ToolCall
+from agent_ledger.decisions import ambiguous_error
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.ledger import RECORDING, EffectLedger
@@ -174,6 +179,13 @@ async def settle(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Effect |
             if await _close(ledger, saga_id, step):
                 return None
             continue
+        if forward.parked:
+            # An ambiguous attempt: only a person can say whether it happened
+            # (resolve: undo it; deny: nothing to undo; approve: it is canceled
+            # below). The saga waits for them, as its step's callers do.
+            await asyncio.sleep(_POLL.delay(min(attempt, 10)))
+            attempt += 1
+            continue
         if forward.status in _WAITING_FOR_A_PERSON:
             if await ledger.cancel(step.idem_key, reason="the saga was rolled back", by="saga"):
                 return None
@@ -187,6 +199,11 @@ async def settle(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Effect |
         if watched is None or watched[0] != beat:
             watched = (beat, now)
         elif forward.lease_ms > 0 and now - watched[1] > forward.lease_ms / 1000:
+            if forward.park_attempt == forward.attempt:
+                # Its handler started under on_stale="park": park it for a
+                # person (judged by the store's clock) rather than cancel it.
+                await ledger.store.park(step.idem_key, stale_after_ms=1, error=ambiguous_error())
+                continue
             await ledger.cancel(step.idem_key, reason="its worker stopped; saga rolled back")
             continue
         await asyncio.sleep(_POLL.delay(min(attempt, 10)))

@@ -54,6 +54,20 @@ class SagaOutcome:
     attempt: int
 
     @property
+    def parked(self) -> tuple[str, ...]:
+        """What the saga waits for a person on: each parked effect of its steps (an
+        ambiguous attempt of an ``on_stale="park"`` tool), as ``"step N tool
+        (forward|undo)"``. The saga stays running (or compensating) meanwhile
+        and goes on once the effect is settled (``resolve``, ``approve``, ``deny``)."""
+        waiting = []
+        for s in self.steps:
+            if s.forward is not None and s.forward.parked:
+                waiting.append(f"step {s.position} {s.tool} (forward)")
+            if s.compensation is not None and s.compensation.parked:
+                waiting.append(f"step {s.position} {s.step.compensation} (undo)")
+        return tuple(waiting)
+
+    @property
     def failed_compensations(self) -> tuple[StepOutcome, ...]:
         """Steps whose compensation ended failed (or never got an effect: no such tool)."""
         return tuple(s for s in self.steps if _compensation_failed(s))

@@ -9,7 +9,7 @@ and error messages are chosen by agents and could carry terminal controls).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Final
 
@@ -31,15 +31,20 @@ def _iso(moment: datetime | None) -> str | None:
     return None if moment is None else moment.astimezone(UTC).isoformat(timespec="milliseconds")
 
 
-def sagas_table(sagas: Sequence[SagaRecord]) -> list[str]:
-    """One aligned line per saga, newest first as given."""
+def sagas_table(
+    sagas: Sequence[SagaRecord], waiting: Mapping[str, Sequence[str]] | None = None
+) -> list[str]:
+    """One aligned line per saga, newest first as given; ``waiting`` names, by saga
+    id, the parked steps a saga waits for a person on."""
     if not sagas:
         return ["no sagas"]
-    headers = ("CREATED (UTC)", "STATUS", "SAGA", "ATT", "OWNER", "HEARTBEAT (UTC)")
+    waiting = waiting or {}
+    headers = ("CREATED (UTC)", "STATUS", "SAGA", "ATT", "OWNER", "HEARTBEAT (UTC)", "WAITING ON")
     rows = [
         (_when(s.created_at), s.status.value, visible(s.saga_id), str(s.attempt),
          visible(s.owner or _MISSING),
-         _when(s.heartbeat_at) if not s.status.is_terminal else _MISSING)
+         _when(s.heartbeat_at) if not s.status.is_terminal else _MISSING,
+         visible("parked " + ", ".join(waiting[s.saga_id])) if waiting.get(s.saga_id) else "")
         for s in sagas
     ]  # fmt: skip
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
@@ -52,6 +57,11 @@ def sagas_table(sagas: Sequence[SagaRecord]) -> list[str]:
 def _effect_line(effect: Effect | None, what: str) -> str:
     if effect is None:
         return f"{what} {_MISSING}"
+    if effect.parked:
+        return (
+            f"{what} parked: attempt {effect.attempt}'s outcome is unknown; settle it with "
+            f"`agent-ledger resolve|approve|deny {effect.idem_key[:12]}`"
+        )
     ended = f" at {_when(effect.completed_at)}" if effect.completed_at is not None else ""
     tries = f", {effect.tries} tries" if effect.tries > 1 else ""
     return f"{what} {effect.status.value}{tries}{ended}"
@@ -90,6 +100,8 @@ def render_saga(outcome: SagaOutcome) -> str:
     ]
     if outcome.error is not None:
         lines.append(f"  why    {visible(outcome.error.message)}")
+    if outcome.parked:
+        lines.append(f"  waits for a person: parked {visible(', '.join(outcome.parked))}")
     if not outcome.steps:
         lines.append("  no steps")
     for step in outcome.steps:
@@ -138,6 +150,7 @@ def outcome_to_record(outcome: SagaOutcome) -> dict[str, JSONValue]:
         "error": None if outcome.error is None else outcome.error.message,
         "created_at": _iso(outcome.created_at),
         "completed_at": _iso(outcome.completed_at),
+        "parked": list(outcome.parked),
         "steps": [
             {
                 "position": s.position,

@@ -456,7 +456,9 @@ class Saga:
                 for _, position in pending:
                     key = self._keys.get(position)
                     effect = None if key is None else await self.ledger.find_by_idem_key(key)
-                    if effect is not None and effect.status in _WAITING:
+                    # A parked step (an ambiguous attempt) is left to a person:
+                    # cancelling it would hide a side effect that may have happened.
+                    if effect is not None and effect.status in _WAITING and not effect.parked:
                         await self.ledger.cancel(
                             effect.idem_key, reason="the saga was rolled back", by="saga"
                         )

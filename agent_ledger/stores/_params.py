@@ -16,8 +16,22 @@ from typing import Final
 
 import orjson
 
-from agent_ledger.effects import REOPENED, RUN_ENDS, TRY_FAILED, EffectError, storable_text
-from agent_ledger.status import CLAIMABLE, REOPENABLE, EffectStatus, decision_sources
+from agent_ledger.effects import (
+    PARKED,
+    REOPENED,
+    RUN_ENDS,
+    SETTLED,
+    TRY_FAILED,
+    EffectError,
+    storable_text,
+)
+from agent_ledger.status import (
+    AMBIGUOUS_ATTEMPT,
+    CLAIMABLE,
+    REOPENABLE,
+    EffectStatus,
+    decision_sources,
+)
 from agent_ledger.stores.base import Decision, EffectQuery, NewEffect
 
 __all__ = [
@@ -27,9 +41,12 @@ __all__ = [
     "claim_params",
     "commit_params",
     "list_params",
+    "mark_started_params",
+    "park_params",
     "record_try_params",
     "release_params",
     "reopen_params",
+    "settle_params",
     "transition_params",
 ]
 
@@ -173,6 +190,61 @@ def transition_params(
         "decided": decision is not None,
         "decided_by": decision.by if decision is not None else None,
         "decision_note": decision.note if decision is not None else None,
+    }
+
+
+def mark_started_params(effect_id: str, *, attempt: int, worker: str) -> dict[str, object]:
+    """For mark_started (``processing`` at ``attempt``: its handler starts under park)."""
+    return {
+        "id": effect_id,
+        "attempt": attempt,
+        "processing": _PROCESSING,
+        "worker": storable_text(worker),
+    }
+
+
+def park_params(
+    dialect: Dialect, idem_key: str, *, stale_after_ms: int, error: EffectError
+) -> dict[str, object]:
+    """For the park compare-and-set: ``processing``, its handler recorded as started
+    at the current attempt, and silent for the longer of the holder's lease and
+    ``stale_after_ms`` -> ``requires_approval`` with ``error`` as the reason."""
+    return {
+        "idem_key": idem_key,
+        "processing": _PROCESSING,
+        "requires_approval": _REQUIRES_APPROVAL,
+        "stale_ms": stale_after_ms,
+        "kind": PARKED,
+        **dialect.error(error),
+    }
+
+
+def settle_params(
+    dialect: Dialect,
+    idem_key: str,
+    *,
+    target: EffectStatus,
+    expected_attempt: int | None,
+    only_parked: bool,
+    result_json: str | None,
+    error: EffectError | None,
+    decision: Decision,
+) -> dict[str, object]:
+    """For the settle compare-and-set: ``requires_approval`` (at ``expected_attempt``
+    when given; parked only, with ``only_parked``) -> ``target``."""
+    return {
+        "idem_key": idem_key,
+        "requires_approval": _REQUIRES_APPROVAL,
+        "target": target.value,
+        "expected_attempt": expected_attempt,
+        "only_parked": only_parked,
+        "ambiguous": AMBIGUOUS_ATTEMPT,
+        "result": result_json,
+        "terminal": target.is_terminal,
+        "kind": SETTLED,
+        **dialect.error(error),
+        "decided_by": decision.by,
+        "decision_note": decision.note,
     }
 
 

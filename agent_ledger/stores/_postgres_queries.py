@@ -154,7 +154,8 @@ LOCK_BOUND_UNDO: Final[LiteralString] = (
 # Take the effect from any status in `claimable` (status.CLAIMABLE: ready, and
 # processing itself), but from processing only when its heartbeat is older
 # than the holder's lease, and than the caller's stale_ms, by the database
-# clock: a takeover (0 on either side: never). +1 attempt fences the previous
+# clock: a takeover (0 on either side: never), and never of an attempt whose
+# handler started under on_stale="park" (PARK takes those). +1 attempt fences the previous
 # holder; the caller's lease_ms becomes the new holder's lease. Concurrent
 # claims serialize on the row lock and re-check the WHERE, so one wins. If
 # nothing was claimed, the same statement returns the row as it stands, so a
@@ -168,7 +169,8 @@ CLAIM: Final[LiteralString] = (
     " WHERE idem_key = %(idem_key)s AND status = ANY(%(claimable)s)"
     " AND (status <> %(processing)s OR (%(stale_ms)s > 0 AND lease_ms > 0"
     " AND heartbeat_at <= clock_timestamp()"
-    " - greatest(lease_ms, %(stale_ms)s) * interval '1 millisecond'))"
+    " - greatest(lease_ms, %(stale_ms)s) * interval '1 millisecond'"
+    " AND park_attempt IS DISTINCT FROM attempt))"
     " RETURNING " + EFFECT_COLUMNS + ") "
     "SELECT " + _CTE_COLUMNS + ", true AS claimed FROM c "
     "UNION ALL "
@@ -272,6 +274,62 @@ REOPEN: Final[LiteralString] = (
     " decided_by = %(by)s, decision_note = %(reason)s, decided_at = n.now, updated_at = n.now "
     "FROM (SELECT clock_timestamp() AS now) AS n "
     "WHERE e.idem_key = %(idem_key)s AND e.status = ANY(%(sources)s) "
+    "RETURNING " + EFFECT_COLUMNS
+)
+
+# -- ambiguous attempts (schema version 3) --
+# mark_started: a run under on_stale="park" records, fenced by its attempt,
+# that its handler starts now, and who runs it. A sign of life too.
+MARK_STARTED: Final[LiteralString] = (
+    "UPDATE {effects} SET park_attempt = attempt, worker = %(worker)s,"
+    " heartbeat_at = clock_timestamp() "
+    "WHERE id = %(id)s AND status = %(processing)s AND attempt = %(attempt)s"
+)
+# park: processing -> requires_approval, only for the attempt whose handler
+# was recorded as started under park, and only once its holder has been
+# silent for the longer of its lease and stale_ms (0 on either side: never),
+# as a takeover would judge it. Concurrent parks and claims serialize on the
+# row lock and re-check the WHERE, so one wins. The reason goes to the
+# error; the history keeps which attempt, when it started, who ran it, its
+# last heartbeat and when it was parked (SET reads the row's old values).
+# The attempt stays: it is the one a person settles. If nothing was parked,
+# the same statement returns the row as it stands (a waiter's poll).
+PARK: Final[LiteralString] = (
+    "WITH c AS ("
+    " UPDATE {effects} AS e SET status = %(requires_approval)s, error = %(error)s::jsonb,"
+    " updated_at = n.now,"
+    " history = e.history || jsonb_build_array(jsonb_build_object('kind', %(kind)s::text,"
+    " 'attempt', e.attempt, 'started_at', e.started_at, 'worker', e.worker,"
+    " 'heartbeat_at', e.heartbeat_at, 'at', n.now))"
+    " FROM (SELECT clock_timestamp() AS now) AS n"
+    " WHERE e.idem_key = %(idem_key)s AND e.status = %(processing)s"
+    " AND e.park_attempt = e.attempt AND %(stale_ms)s > 0 AND e.lease_ms > 0"
+    " AND e.heartbeat_at <= n.now - greatest(e.lease_ms, %(stale_ms)s) * interval '1 millisecond'"
+    " RETURNING " + EFFECT_COLUMNS + ") "
+    "SELECT " + _CTE_COLUMNS + ", true AS parked FROM c "
+    "UNION ALL "
+    "SELECT " + EFFECT_COLUMNS + ", false AS parked FROM {effects} "
+    "WHERE idem_key = %(idem_key)s AND NOT EXISTS (SELECT 1 FROM c)"
+)
+# settle: a person's approve, deny or resolve, requires_approval -> target,
+# at the attempt they saw (expected_attempt; NULL: any) and, for resolve,
+# only a parked effect. The error and result become what the decision says
+# (approve clears a park's reason); the history keeps who, the attempt, the
+# note and when (one reading of the clock, equal to decided_at), and the
+# decision is the latest one.
+SETTLE: Final[LiteralString] = (
+    "UPDATE {effects} AS e SET status = %(target)s, result = %(result)s::json,"
+    " error = %(error)s::jsonb,"
+    " history = e.history || jsonb_build_array(jsonb_build_object('kind', %(kind)s::text,"
+    " 'status', %(target)s::text, 'attempt', e.attempt, 'by', %(decided_by)s::text,"
+    " 'note', %(decision_note)s::text, 'at', n.now)),"
+    " decided_by = %(decided_by)s, decision_note = %(decision_note)s, decided_at = n.now,"
+    " completed_at = CASE WHEN %(terminal)s THEN n.now ELSE e.completed_at END,"
+    " updated_at = n.now "
+    "FROM (SELECT clock_timestamp() AS now) AS n "
+    "WHERE e.idem_key = %(idem_key)s AND e.status = %(requires_approval)s"
+    " AND (%(expected_attempt)s::integer IS NULL OR e.attempt = %(expected_attempt)s::integer)"
+    " AND (NOT %(only_parked)s OR e.error->>'code' = %(ambiguous)s) "
     "RETURNING " + EFFECT_COLUMNS
 )
 

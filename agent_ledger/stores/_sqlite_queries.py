@@ -107,7 +107,8 @@ DEDUP_COUNTS: Final = (
 # Take the effect from any status in :claimable (status.CLAIMABLE as a JSON
 # array: ready, and processing itself), but from processing only when its
 # heartbeat is older than the holder's lease, and than the caller's stale_ms,
-# by the store's clock: a takeover (0 on either side: never). +1 attempt
+# by the store's clock: a takeover (0 on either side: never), and never of an
+# attempt whose handler started under on_stale="park" (PARK takes those). +1 attempt
 # fences the previous holder; the caller's lease_ms becomes the new holder's
 # lease. The write lock makes the check and the
 # update one step, so of concurrent claims exactly one changes a row
@@ -118,7 +119,8 @@ CLAIM: Final = (
     " heartbeat_us = :now, started_us = :now, updated_us = :now"
     " WHERE idem_key = :idem_key AND status IN (SELECT value FROM json_each(:claimable))"
     " AND (status <> :processing OR (:stale_ms > 0 AND lease_ms > 0"
-    " AND heartbeat_us <= :now - max(lease_ms, :stale_ms) * 1000))"
+    " AND heartbeat_us <= :now - max(lease_ms, :stale_ms) * 1000"
+    " AND park_attempt IS NOT attempt))"
 )
 
 # -- heartbeat --
@@ -199,6 +201,57 @@ REOPEN: Final = (
     " error_message = NULL, error_code = NULL, tries = 0, completed_us = NULL,"
     " decided_by = :by, decision_note = :reason, decided_us = :now, updated_us = :now"
     " WHERE idem_key = :idem_key AND status IN (SELECT value FROM json_each(:sources))"
+)
+
+# -- ambiguous attempts (schema version 3) --
+# A time kept in µs as the ISO 8601 text the history's events hold (exact to
+# the µs, UTC), for the values the statement reads from the row itself.
+_ISO_US: Final = (
+    "(strftime('%Y-%m-%dT%H:%M:%S', {col} / 1000000, 'unixepoch')"
+    " || printf('.%06d+00:00', {col} % 1000000))"
+)
+# mark_started: a run under on_stale="park" records, fenced by its attempt,
+# that its handler starts now, and who runs it. A sign of life too.
+MARK_STARTED: Final = (
+    "UPDATE agent_ledger_effects SET park_attempt = attempt, worker = :worker,"
+    " heartbeat_us = :now"
+    " WHERE id = :id AND status = :processing AND attempt = :attempt"
+)
+# park: processing -> requires_approval, only for the attempt whose handler
+# was recorded as started under park, and only once its holder has been
+# silent for the longer of its lease and :stale_ms (0 on either side: never),
+# as a takeover would judge it. The reason goes to the error; the history
+# keeps which attempt, when it started, who ran it, its last heartbeat and
+# when it was parked (SET reads the row's old values). The attempt stays: it
+# is the one a person settles. FIND then reads the effect as it stands.
+PARK: Final = (
+    "UPDATE agent_ledger_effects SET status = :requires_approval,"
+    " error_message = :error_message, error_code = :error_code, updated_us = :now,"
+    " history = json_insert(history, '$[#]', json_object('kind', :kind, 'attempt', attempt,"
+    " 'started_at', CASE WHEN started_us IS NOT NULL THEN "
+    + _ISO_US.format(col="started_us")
+    + " END, 'worker', worker, 'heartbeat_at', "
+    + _ISO_US.format(col="heartbeat_us")
+    + ", 'at', :at))"
+    " WHERE idem_key = :idem_key AND status = :processing AND park_attempt = attempt"
+    " AND :stale_ms > 0 AND lease_ms > 0"
+    " AND heartbeat_us <= :now - max(lease_ms, :stale_ms) * 1000"
+)
+# settle: a person's approve, deny or resolve, requires_approval -> :target,
+# at the attempt they saw (:expected_attempt; NULL: any) and, for resolve,
+# only a parked effect. The error and result become what the decision says
+# (approve clears a park's reason); the history keeps who, the attempt, the
+# note and when, and the decision is the latest one.
+SETTLE: Final = (
+    "UPDATE agent_ledger_effects SET status = :target, result = :result,"
+    " error_message = :error_message, error_code = :error_code,"
+    " history = json_insert(history, '$[#]', json_object('kind', :kind, 'status', :target,"
+    " 'attempt', attempt, 'by', :decided_by, 'note', :decision_note, 'at', :at)),"
+    " decided_by = :decided_by, decision_note = :decision_note, decided_us = :now,"
+    " completed_us = CASE WHEN :terminal THEN :now ELSE completed_us END, updated_us = :now"
+    " WHERE idem_key = :idem_key AND status = :requires_approval"
+    " AND (:expected_attempt IS NULL OR attempt = :expected_attempt)"
+    " AND (NOT :only_parked OR error_code IS :ambiguous)"
 )
 
 # -- get / find --

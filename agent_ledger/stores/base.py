@@ -68,6 +68,13 @@ transition      no      A repeat after a landed decision returns None, so
                         that was recorded. Decisions are not retried.
 reopen          no      Likewise: a repeat after a landed reopen finds the
                         effect ``ready`` and returns None.
+mark_started    yes     Setting ``park_attempt`` to the attempt it already is,
+                        and the worker to the same name, is setting it once.
+park            yes     A repeat after a landed park finds the effect
+                        ``requires_approval`` and returns it unparked: the
+                        caller waits for a person either way.
+settle          no      Like a decision: a repeat after a landed settle
+                        returns None, so ``approve()`` would report False.
 get, find       yes     Reads.
 find_legacy     yes     A read.
 list_effects    yes     A read.
@@ -98,7 +105,7 @@ from typing import Final, NamedTuple, Protocol, runtime_checkable
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.options import DEFAULT_STALE_AFTER_MS
-from agent_ledger.status import COMPLETIONS, DECISION_TARGETS, EffectStatus
+from agent_ledger.status import COMPLETIONS, DECISION_TARGETS, SETTLE_TARGETS, EffectStatus
 
 #: Whether each store step may be repeated blindly after a lost reply; the
 #: module doc's table says why. Keys are the step names of :class:`Store`.
@@ -112,6 +119,9 @@ STEP_REPEATABLE: Final[Mapping[str, bool]] = MappingProxyType(
         "release": False,
         "transition": False,
         "reopen": False,
+        "mark_started": True,
+        "park": True,
+        "settle": False,
         "get": True,
         "find": True,
         "find_legacy": True,
@@ -469,6 +479,64 @@ class Store(Protocol):
         """
         ...
 
+    async def mark_started(
+        self, effect_id: str, *, attempt: int, worker: str, tx: object | None = None
+    ) -> bool:
+        """Record that the handler of ``attempt`` starts now, under ``on_stale="park"``.
+
+        Compare-and-set on ``processing`` at exactly ``attempt`` (fencing):
+        sets ``park_attempt=attempt``, ``worker`` and ``heartbeat_at=now``.
+        From then on, a takeover (:meth:`claim`) never takes this attempt
+        over: should its holder go silent, only :meth:`park` moves it. True if
+        it applied; False, changing nothing, otherwise (the effect is no
+        longer the caller's: it must not run the handler).
+        """
+        ...
+
+    async def park(self, idem_key: str, *, stale_after_ms: int, error: EffectError) -> ClaimOutcome:
+        """Send an ambiguous attempt to a person (``status.PARK``), atomically.
+
+        Applies only if the effect is ``processing``, its ``park_attempt`` is
+        its current ``attempt`` (the handler started under park), and its
+        holder is stale exactly as :meth:`claim` judges a takeover (both
+        windows above 0, heartbeat at least the longer of the two old). Sets
+        ``requires_approval`` with ``error`` (its code ``ambiguous_attempt``)
+        and appends a ``Parked`` event (the attempt, its ``started_at``,
+        ``worker`` and last ``heartbeat_at``, and ``at=now``); ``attempt``
+        stays. Of a park and concurrent claims, heartbeats or commits exactly
+        one applies. Returns the effect as it now stands, ``claimed`` True
+        when this call parked it (None effect: no such key). Wakes
+        subscribers.
+        """
+        ...
+
+    async def settle(
+        self,
+        idem_key: str,
+        *,
+        target: EffectStatus,
+        decision: Decision,
+        expected_attempt: int | None = None,
+        only_parked: bool = False,
+        result_json: str | None = None,
+        error: EffectError | None = None,
+    ) -> Effect | None:
+        """A person's approve, deny or resolve: compare-and-set ``requires_approval``
+        -> ``target`` (one of ``status.SETTLE_TARGETS``).
+
+        Applies only at ``expected_attempt`` when given (the attempt the
+        person saw), and with ``only_parked`` only to a parked effect (error
+        code ``ambiguous_attempt``). Sets ``result`` to ``result_json`` and
+        ``error`` to ``error`` (both None clear them), records the decision
+        (``decided_by``, ``decision_note``, ``decided_at=now``), sets
+        ``completed_at`` when ``target`` is terminal, and appends a
+        ``Settlement`` (target, attempt, by, note, at). Returns the updated
+        effect, or None, changing nothing, when the precondition did not
+        hold. Wakes subscribers. A ``target`` outside ``SETTLE_TARGETS``
+        raises ``EffectLedgerValidationError``.
+        """
+        ...
+
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
         """The effect with this id, or None."""
         ...
@@ -580,6 +648,16 @@ def check_transition_target(target: EffectStatus) -> None:
         raise EffectLedgerValidationError(
             f"transition() cannot set {target.value!r}: only claim() moves an effect into "
             "processing",
+            field="target",
+        )
+
+
+def check_settle_target(target: EffectStatus) -> None:
+    """Raise unless ``target`` is one ``Store.settle`` may set (``status.SETTLE_TARGETS``)."""
+    if target not in SETTLE_TARGETS:
+        raise EffectLedgerValidationError(
+            f"settle() moves a waiting effect to ready, denied, succeeded or failed; "
+            f"not to {target.value!r}",
             field="target",
         )
 

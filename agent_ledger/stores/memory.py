@@ -22,15 +22,24 @@ from agent_ledger.effects import (
     Effect,
     EffectError,
     HistoryEvent,
+    Parked,
     Reopening,
+    Settlement,
     TryFailure,
     Usage,
     handler_time,
+    storable_text,
     usage_from_json,
 )
 from agent_ledger.fields import EFFECT_FIELDS
 from agent_ledger.ids import new_effect_id
-from agent_ledger.status import CLAIMABLE, REOPENABLE, EffectStatus, decision_sources
+from agent_ledger.status import (
+    AMBIGUOUS_ATTEMPT,
+    CLAIMABLE,
+    REOPENABLE,
+    EffectStatus,
+    decision_sources,
+)
 from agent_ledger.stores._memory_budgets import MemoryBudgets
 from agent_ledger.stores._memory_sagas import MemorySagas
 from agent_ledger.stores._rows import stats_from_groups
@@ -52,6 +61,7 @@ from agent_ledger.stores.base import (
     SchemaMigration,
     check_commit_status,
     check_purge_statuses,
+    check_settle_target,
     check_transition_target,
 )
 
@@ -99,6 +109,8 @@ class _Row:
         self.tries = 0
         self.history: tuple[HistoryEvent, ...] = ()
         self.usage: Usage | None = None
+        self.park_attempt: int | None = None
+        self.worker: str | None = None
 
     def snapshot(self) -> Effect:
         # Decoding on every read hands each caller its own result object, as
@@ -277,6 +289,8 @@ class MemoryStore(MemorySagas, MemoryBudgets):
                 and row.lease_ms > 0
                 and now - row.heartbeat_at
                 >= timedelta(milliseconds=max(row.lease_ms, stale_after_ms))
+                # An attempt whose handler started under park is parked, never taken over.
+                and row.park_attempt != row.attempt
             )
         )
         if not claimable:
@@ -406,6 +420,79 @@ class MemoryStore(MemorySagas, MemoryBudgets):
         row.tries = 0
         row.completed_at = None
         row.decided_by, row.decision_note, row.decided_at = by, reason, now
+        row.updated_at = now
+        self._gate.changed(idem_key, None)
+        return row.snapshot()
+
+    async def mark_started(
+        self, effect_id: str, *, attempt: int, worker: str, tx: object | None = None
+    ) -> bool:
+        mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
+        row = self._row_by_id(effect_id)
+        if row is None or row.status is not _PROCESSING or row.attempt != attempt:
+            return False
+        if mtx is not None:
+            mtx.remember(row.idem_key, row)
+        row.park_attempt = attempt
+        row.worker = storable_text(worker)
+        row.heartbeat_at = self._clock()
+        return True
+
+    async def park(self, idem_key: str, *, stale_after_ms: int, error: EffectError) -> ClaimOutcome:
+        if self._gate.active is not None:
+            await self._enter(None)
+        row = self._rows.get(idem_key)
+        if row is None:
+            return ClaimOutcome(None, claimed=False)
+        now = self._clock()
+        ambiguous = (
+            row.status is _PROCESSING
+            and row.park_attempt == row.attempt
+            and stale_after_ms > 0
+            and row.lease_ms > 0
+            and now - row.heartbeat_at >= timedelta(milliseconds=max(row.lease_ms, stale_after_ms))
+        )
+        if not ambiguous:
+            return ClaimOutcome(row.snapshot(), claimed=False)
+        parked = Parked(row.attempt, row.started_at, row.worker, row.heartbeat_at, now)
+        row.history = (*row.history, parked)
+        row.status = _REQUIRES_APPROVAL
+        row.error = error
+        row.updated_at = now
+        self._gate.changed(idem_key, None)
+        return ClaimOutcome(row.snapshot(), claimed=True)
+
+    async def settle(
+        self,
+        idem_key: str,
+        *,
+        target: EffectStatus,
+        decision: Decision,
+        expected_attempt: int | None = None,
+        only_parked: bool = False,
+        result_json: str | None = None,
+        error: EffectError | None = None,
+    ) -> Effect | None:
+        check_settle_target(target)
+        if self._gate.active is not None:
+            await self._enter(None)
+        row = self._rows.get(idem_key)
+        if (
+            row is None
+            or row.status is not _REQUIRES_APPROVAL
+            or (expected_attempt is not None and row.attempt != expected_attempt)
+            or (only_parked and (row.error is None or row.error.code != AMBIGUOUS_ATTEMPT))
+        ):
+            return None
+        now = self._clock()
+        settled = Settlement(target, row.attempt, decision.by, decision.note, now)
+        row.history = (*row.history, settled)
+        row.status = target
+        row.result_json = result_json
+        row.error = error
+        row.decided_by, row.decision_note, row.decided_at = decision.by, decision.note, now
+        if target.is_terminal:
+            row.completed_at = now
         row.updated_at = now
         self._gate.changed(idem_key, None)
         return row.snapshot()

@@ -67,9 +67,12 @@ from agent_ledger.stores._params import (
     claim_params,
     commit_params,
     list_params,
+    mark_started_params,
+    park_params,
     record_try_params,
     release_params,
     reopen_params,
+    settle_params,
     transition_params,
 )
 from agent_ledger.stores._postgres_budgets import PostgresBudgets
@@ -94,6 +97,7 @@ from agent_ledger.stores.base import (
     SchemaMigration,
     check_commit_status,
     check_purge_statuses,
+    check_settle_target,
     check_transition_target,
 )
 
@@ -263,6 +267,9 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
         self._release = compose(q.RELEASE)
         self._transition = compose(q.TRANSITION)
         self._reopen = compose(q.REOPEN)
+        self._mark_started = compose(q.MARK_STARTED)
+        self._park = compose(q.PARK)
+        self._settle = compose(q.SETTLE)
         self._get = compose(q.GET)
         self._find = compose(q.FIND)
         self._find_legacy = compose(q.FIND_LEGACY)
@@ -582,6 +589,52 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
         params = reopen_params(_DIALECT, idem_key, by=by, reason=reason)
         started = self._counts.epoch
         row = await self._fetch_one("reopen", self._reopen, params, None, idem_key=idem_key)
+        return None if row is None else await self._one_counted(row, started, None)
+
+    async def mark_started(
+        self, effect_id: str, *, attempt: int, worker: str, tx: object | None = None
+    ) -> bool:
+        if not is_effect_id(effect_id):
+            return False
+        params = mark_started_params(effect_id, attempt=attempt, worker=worker)
+        return await self._execute(
+            "mark_started", self._mark_started, params, tx, effect_id=effect_id
+        )
+
+    async def park(self, idem_key: str, *, stale_after_ms: int, error: EffectError) -> ClaimOutcome:
+        params = park_params(_DIALECT, idem_key, stale_after_ms=stale_after_ms, error=error)
+        started = self._counts.epoch
+        row = await self._fetch_one("park", self._park, params, None, idem_key=idem_key)
+        if row is None:
+            return ClaimOutcome(None, claimed=False)
+        parked = bool(row[_EFFECT_WIDTH])
+        (row,) = await self._counted([row], started, None)
+        return ClaimOutcome(_effect_from_row(row), claimed=parked)
+
+    async def settle(
+        self,
+        idem_key: str,
+        *,
+        target: EffectStatus,
+        decision: Decision,
+        expected_attempt: int | None = None,
+        only_parked: bool = False,
+        result_json: str | None = None,
+        error: EffectError | None = None,
+    ) -> Effect | None:
+        check_settle_target(target)
+        params = settle_params(
+            _DIALECT,
+            idem_key,
+            target=target,
+            expected_attempt=expected_attempt,
+            only_parked=only_parked,
+            result_json=result_json,
+            error=error,
+            decision=decision,
+        )
+        started = self._counts.epoch
+        row = await self._fetch_one("settle", self._settle, params, None, idem_key=idem_key)
         return None if row is None else await self._one_counted(row, started, None)
 
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:

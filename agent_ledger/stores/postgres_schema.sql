@@ -190,7 +190,8 @@ END
 $version_2$;
 
 -- ===========================================================================
--- Version 3: sagas and their steps; model calls' usage and spend budgets
+-- Version 3: sagas and their steps; model calls' usage and spend budgets;
+-- ambiguous attempts parked for a person
 -- ===========================================================================
 -- A saga (docs/sagas.md) is a row with a fenced owner, exactly as an effect
 -- has one: `attempt` is the fencing token (+1 on every claim: a re-run of
@@ -318,6 +319,22 @@ BEGIN
         PRIMARY KEY (workflow_id, idem_key)
     );
 
+    -- -----------------------------------------------------------------------
+    -- Version 3, ambiguous attempts parked for a person (docs/choosing-recovery.md).
+    -- A run under on_stale="park" records, fenced by its attempt, that its
+    -- handler starts, and who runs it. If that attempt's holder then goes
+    -- silent for its lease, nobody knows whether the side effect happened:
+    -- the effect is parked (processing -> requires_approval, error code
+    -- ambiguous_attempt) instead of taken over, and a person settles it
+    -- (approve, deny, or resolve it as succeeded/failed). An attempt whose
+    -- handler never started is still taken over. Rows from before version 3
+    -- have neither value: they are taken over as before.
+    ALTER TABLE agent_ledger_effects
+        -- The attempt whose handler started under on_stale="park"; NULL: none.
+        ADD COLUMN park_attempt integer CHECK (park_attempt >= 1),
+        -- Who ran that handler (host:pid by default), for the person who settles it.
+        ADD COLUMN worker text;
+    -- -----------------------------------------------------------------------
     INSERT INTO agent_ledger_schema_version (version) VALUES (3);
 END
 $version_3$;

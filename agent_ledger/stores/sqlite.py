@@ -60,9 +60,12 @@ from agent_ledger.stores._params import (
     claim_params,
     commit_params,
     list_params,
+    mark_started_params,
+    park_params,
     record_try_params,
     release_params,
     reopen_params,
+    settle_params,
     transition_params,
 )
 from agent_ledger.stores._rows import STATUS_BY_VALUE, effect_from_row, stats_from_groups
@@ -86,6 +89,7 @@ from agent_ledger.stores.base import (
     SchemaMigration,
     check_commit_status,
     check_purge_statuses,
+    check_settle_target,
     check_transition_target,
 )
 
@@ -649,6 +653,75 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
             return row
 
         moved = await self._run("reopen", work, None, write=True, idem_key=idem_key)
+        if moved is None:
+            return None
+        self._gate.changed(idem_key, None)
+        return await self._one_counted(moved, started, None)
+
+    async def mark_started(
+        self, effect_id: str, *, attempt: int, worker: str, tx: object | None = None
+    ) -> bool:
+        stx = await self._enter(tx)
+        if not is_effect_id(effect_id):
+            return False
+        params = mark_started_params(effect_id, attempt=attempt, worker=worker)
+
+        def work(conn: sqlite3.Connection, now: int) -> bool:
+            params["now"] = now
+            return bool(conn.execute(q.MARK_STARTED, params).rowcount == 1)
+
+        return await self._run("mark_started", work, stx, write=True, effect_id=effect_id)
+
+    async def park(self, idem_key: str, *, stale_after_ms: int, error: EffectError) -> ClaimOutcome:
+        await self._enter(None)
+        params = park_params(_DIALECT, idem_key, stale_after_ms=stale_after_ms, error=error)
+        started = self._counts.epoch
+
+        def work(conn: sqlite3.Connection, now: int) -> tuple[tuple[Any, ...] | None, bool]:
+            params["now"], params["at"] = now, _from_us(now).isoformat()
+            parked = conn.execute(q.PARK, params).rowcount == 1
+            return conn.execute(q.FIND, (idem_key,)).fetchone(), parked
+
+        row, parked = await self._run("park", work, None, write=True, idem_key=idem_key)
+        if parked:
+            self._gate.changed(idem_key, None)
+        if row is None:
+            return ClaimOutcome(None, claimed=False)
+        return ClaimOutcome(await self._one_counted(row, started, None), claimed=parked)
+
+    async def settle(
+        self,
+        idem_key: str,
+        *,
+        target: EffectStatus,
+        decision: Decision,
+        expected_attempt: int | None = None,
+        only_parked: bool = False,
+        result_json: str | None = None,
+        error: EffectError | None = None,
+    ) -> Effect | None:
+        check_settle_target(target)
+        await self._enter(None)
+        params = settle_params(
+            _DIALECT,
+            idem_key,
+            target=target,
+            expected_attempt=expected_attempt,
+            only_parked=only_parked,
+            result_json=result_json,
+            error=error,
+            decision=decision,
+        )
+        started = self._counts.epoch
+
+        def work(conn: sqlite3.Connection, now: int) -> tuple[Any, ...] | None:
+            params["now"], params["at"] = now, _from_us(now).isoformat()
+            if conn.execute(q.SETTLE, params).rowcount != 1:
+                return None
+            row: tuple[Any, ...] = conn.execute(q.FIND, (idem_key,)).fetchone()
+            return row
+
+        moved = await self._run("settle", work, None, write=True, idem_key=idem_key)
         if moved is None:
             return None
         self._gate.changed(idem_key, None)

@@ -1,10 +1,10 @@
 -- agent-ledger SQLite schema, version 3, applied once on top of version 2.
 --
--- Sagas and their steps; model calls' usage and spend budgets. SqliteStore
--- runs it under the write lock, and only when the file's version is 2. What
--- each column means, and why a step row is never updated: see the version 3
--- section of the PostgreSQL schema (postgres_schema.sql). Times are integer
--- microseconds, as elsewhere.
+-- Sagas and their steps; model calls' usage and spend budgets; ambiguous
+-- attempts. SqliteStore runs it under the write lock, and only when the
+-- file's version is 2. What each column means, and why a step row is never
+-- updated: see the version 3 section of the PostgreSQL schema
+-- (postgres_schema.sql). Times are integer microseconds, as elsewhere.
 
 CREATE TABLE agent_ledger_sagas (
     saga_id                  TEXT    PRIMARY KEY,
@@ -100,6 +100,12 @@ CREATE TABLE agent_ledger_budget_charges (
     booked_us      INTEGER NOT NULL,
     PRIMARY KEY (workflow_id, idem_key)
 );
+-- Ambiguous attempts parked for a person: see the version 3 section of the
+-- PostgreSQL schema. The attempt whose handler started under
+-- on_stale="park" (NULL: none), and who ran it.
+ALTER TABLE agent_ledger_effects
+    ADD COLUMN park_attempt INTEGER CHECK (park_attempt >= 1);
+ALTER TABLE agent_ledger_effects ADD COLUMN worker TEXT;
 
 INSERT INTO agent_ledger_schema_version (version, applied_us)
     VALUES (3, CAST(strftime('%s', 'now') AS INTEGER) * 1000000);

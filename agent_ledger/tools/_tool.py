@@ -31,7 +31,7 @@ from agent_ledger.calls import ToolCall
 from agent_ledger.effects import Effect
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.keys import canonical_json
-from agent_ledger.options import UNSET, LedgerHooks, RunOptions, merge_run_options
+from agent_ledger.options import UNSET, LedgerHooks, OnStale, RunOptions, merge_run_options
 from agent_ledger.retries import RetryPolicy
 from agent_ledger.tools._budget import _BUDGETS, TOOL_UNITS, active_budgets, gate, tool_charge
 from agent_ledger.tools._steps import STEP_RUNNER
@@ -597,6 +597,22 @@ def _with_timeout(name: str | None, run_options: RunOptions | None, timeout_ms: 
     return replace(run_options, timeout_ms=timeout_ms)
 
 
+def _with_on_stale(
+    name: str | None, run_options: RunOptions | None, on_stale: OnStale
+) -> RunOptions:
+    """A tool's ``on_stale=`` is its ``RunOptions.on_stale``; giving both is ambiguous."""
+    if run_options is None:
+        return RunOptions(on_stale=on_stale)  # RunOptions checks the value
+    if not isinstance(run_options, RunOptions):
+        return run_options  # _policy names the problem
+    if run_options.on_stale is not UNSET:
+        raise EffectLedgerValidationError(
+            f"tool {name!r}: on_stale is given twice (argument and run_options)",
+            field="on_stale",
+        )
+    return replace(run_options, on_stale=on_stale)
+
+
 def define(
     ledger: EffectLedger,
     registry: dict[str, Tool[Any]],
@@ -612,6 +628,7 @@ def define(
     compensate: str | None = None,
     compensate_if: CompensateIf = "succeeded",
     failure_scope: FailureScope = "saga",
+    on_stale: OnStale | None = None,
 ) -> ToolDecorator:
     """``EffectLedger.tool``: the decorator that registers a function in ``registry``."""
     if callable(name):
@@ -626,6 +643,8 @@ def define(
         run_options = _with_retry(name, run_options, retry)
     if timeout_ms is not None:
         run_options = _with_timeout(name, run_options, timeout_ms)
+    if on_stale is not None:
+        run_options = _with_on_stale(name, run_options, on_stale)
     _saga_settings(name or "<function name>", compensate, compensate_if, failure_scope)
 
     def decorate(fn: Callable[..., Any]) -> Tool[Any]:

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 import pytest
 
-from agent_ledger import ConcurrencyOptions, EffectStatus, RunOptions, ToolCall
+from agent_ledger import ConcurrencyOptions, EffectStatus, RunOptions, StaleOptions, ToolCall
 from agent_ledger.cli import CSV_JSON_COLUMNS
 from agent_ledger.receipt import RECORD_FIELDS, effect_from_record
 from agent_ledger.stores.url import open_store
@@ -286,3 +286,66 @@ def test_a_wrong_postgres_url_fails_at_once_naming_the_cause(tmp_path: Path, wro
     assert done.returncode == 1, done.stderr
     assert done.stderr.count("\n") == 1 and reason in done.stderr
     assert "PoolTimeout" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_ambiguous_attempts_from_a_shell(cli: Cli) -> None:
+    """park-stale, pending's reason/attempt/start/worker, resolve and --expected-attempt."""
+    assert cli("init").returncode == 0
+    charge = ToolCall(workflow_id="order-7", tool="payments.charge", args={"cents": 500})
+    deploy = ToolCall(workflow_id="order-7", tool="k8s.deploy", args={"v": 2})
+
+    async def dead_worker() -> tuple[str, str]:
+        store = await open_store(cli.url)
+        try:
+            ledger = build_ledger(store)
+            park = RunOptions(on_stale="park", stale=StaleOptions(after_ms=100))
+            begun = await ledger.begin(charge, run_options=park)  # then the worker dies
+            pending = await make_pending(ledger, deploy)
+            assert begun.effect.worker is not None
+            return begun.effect.idem_key, pending.idem_key
+        finally:
+            await store.close()
+
+    key, approval_key = asyncio.run(dead_worker())
+    time.sleep(0.3)
+    swept = cli("park-stale")
+    assert swept.returncode == 0 and f"parked payments.charge ({key[:12]})" in swept.stdout
+    assert cli("park-stale").stdout.strip() == "nothing to park"
+    table = cli("pending")
+    assert table.returncode == 0
+    (parked_line,) = [line for line in table.stdout.splitlines() if key[:12] in line]
+    (approval_line,) = [line for line in table.stdout.splitlines() if approval_key[:12] in line]
+    assert "ambiguous attempt" in parked_line and f":{os.getpid()}" in parked_line
+    assert "approval" in approval_line and "ambiguous" not in approval_line
+    listed = {e["idem_key"]: e for e in json.loads(cli("pending", "--json").stdout)}
+    assert listed[key]["pending_reason"] == "ambiguous attempt"
+    assert listed[key]["error_code"] == "ambiguous_attempt" and listed[key]["attempt"] == 1
+    assert listed[approval_key]["pending_reason"] == "approval"
+
+    # Bad input: a usage error, nothing changed.
+    for args in (
+        ("--result", "{not json", "--by", "ops"),
+        ("--by", "ops"),
+        ("--result", "1", "--error", "x", "--by", "ops"),
+        ("--result", "1", "--by", ""),
+    ):
+        bad = cli("resolve", key[:12], *args)
+        assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1, (args, bad.stderr)
+    stale = cli("approve", key[:12], "--by", "ops", "--expected-attempt", "2")
+    assert stale.returncode == 1 and "at attempt 1, not 2" in stale.stderr
+    refused = cli("resolve", approval_key[:12], "--result", "1", "--by", "ops")
+    assert refused.returncode == 1 and "approve() or deny()" in refused.stderr
+    resolved = cli(
+        "resolve", key[:12], "--result", '{"charge": "ch_1"}', "--by", "ops",
+        "--note", "seen at the provider", "--expected-attempt", "1",
+    )  # fmt: skip
+    assert resolved.returncode == 0, resolved.stderr
+    assert "is now succeeded" in resolved.stdout
+    record = json.loads(cli("show", "--json", key).stdout)
+    assert record["status"] == "succeeded" and record["result"] == {"charge": "ch_1"}
+    assert [e["kind"] for e in record["history"]] == ["parked", "settled"]
+    assert record["history"][1]["by"] == "ops" and record["history"][1]["attempt"] == 1
+    receipt = cli("show", key).stdout
+    assert "parked" in receipt and "resolved" in receipt
+    again = cli("deny", key[:12], "--expected-attempt", "1")
+    assert again.returncode == 1 and "it is succeeded" in again.stderr

@@ -14,16 +14,25 @@ from agent_ledger import (
     EffectStatus,
     ToolCall,
 )
+from agent_ledger.decisions import ambiguous_error
 from agent_ledger.status import REOPENABLE, can_transition
-from tests.approvals import make_pending
+from tests.approvals import make_parked, make_pending
 from tests.harness import StoreHarness
 
 S = EffectStatus
 CALL = ToolCall(workflow_id="wf", tool="deploy", args={"v": 2})
 
 
-async def put_in(ledger: EffectLedger, status: S) -> tuple[str, str]:
-    """Drive a fresh effect into ``status`` using only the public API."""
+async def put_in(
+    ledger: EffectLedger, status: S, harness: StoreHarness | None = None
+) -> tuple[str, str]:
+    """Drive a fresh effect into ``status`` using only the public API (with
+    ``harness``, ``requires_approval`` is a parked effect, else an approval)."""
+    if status is S.REQUIRES_APPROVAL and harness is not None:
+        # Parked (an ambiguous attempt): every edge out of requires_approval,
+        # resolve's included, applies to it.
+        parked = await make_parked(ledger, CALL, harness.age)
+        return parked.idem_key, parked.id
     if status in (S.REQUIRES_APPROVAL, S.READY, S.DENIED):
         pending = await make_pending(ledger, CALL)
         key, effect_id = pending.idem_key, pending.id
@@ -51,6 +60,21 @@ async def attempt(
     harness: StoreHarness, ledger: EffectLedger, key: str, effect_id: str, target: S
 ) -> bool:
     """Ask for ``target`` the way the ledger would; True if the store moved."""
+    current = await ledger.find_by_idem_key(key)
+    assert current is not None
+    if current.status is S.REQUIRES_APPROVAL and target in (S.SUCCEEDED, S.FAILED):
+        # A person records what happened downstream (only resolve does this).
+        if target is S.SUCCEEDED:
+            return await ledger.resolve(key, result={"charged": True}, by="ops")
+        return await ledger.resolve(key, error=EffectError("declined", "card_declined"), by="ops")
+    if current.status is S.PROCESSING and target is S.REQUIRES_APPROVAL:
+        # Only a park: the holder recorded its handler's start under
+        # on_stale="park", then went silent for its whole lease.
+        assert await harness.store.mark_started(effect_id, attempt=current.attempt, worker="w")
+        await harness.age(60_000)
+        return (
+            await harness.store.park(key, stale_after_ms=1_000, error=ambiguous_error())
+        ).claimed
     if target is S.SUCCEEDED:
         return await ledger.commit(effect_id, CommitSucceeded(result=2))
     if target is S.FAILED:
@@ -82,7 +106,7 @@ async def attempt(
 async def test_store_allows_exactly_the_table(harness: StoreHarness, source: S, target: S) -> None:
     """A requested move happens iff the table allows it; otherwise nothing changes."""
     ledger = harness.ledger()
-    key, effect_id = await put_in(ledger, source)
+    key, effect_id = await put_in(ledger, source, harness)
     before = await ledger.find_by_idem_key(key)
     moved = await attempt(harness, ledger, key, effect_id, target)
     after = await ledger.find_by_idem_key(key)

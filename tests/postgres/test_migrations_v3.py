@@ -1,4 +1,5 @@
-"""Upgrading a real PostgreSQL schema written at version 2 to version 3 (sagas).
+"""Upgrading a real PostgreSQL schema written at version 2 to version 3 (sagas, and the
+ambiguous-attempt columns).
 
 ``tests/fixtures/postgres_schema_v2.sql`` is ``schema.sql`` as it stood at
 version 2, byte for byte; today's file must execute it unchanged and then
@@ -15,7 +16,15 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from agent_ledger import Budget, EffectStoreError, LLMResult, SchemaMigration, ToolCall, Usage
+from agent_ledger import (
+    Budget,
+    EffectStoreError,
+    LLMResult,
+    RunOptions,
+    SchemaMigration,
+    ToolCall,
+    Usage,
+)
 from agent_ledger.stores.postgres import SCHEMA_SQL, PostgresStore
 from agent_ledger.stores.saga_base import NewSaga, NewSagaStep, SagaStatus
 from agent_ledger.testing import build_ledger
@@ -80,6 +89,12 @@ async def test_migrate_adds_the_saga_tables_once_and_keeps_every_effect(
         assert (await ledger.find_by_idem_key(reply.effect.idem_key)) == reply.effect
         state = await ledger.budget("w")
         assert state is not None and state.spent.usd == 0.25
+        # Version 3's effect columns: none recorded before it; a park run records both.
+        assert all(e.park_attempt is None and e.worker is None for e in effects)
+        pay = ToolCall(workflow_id="w", tool="pay")
+        await ledger.begin(pay, run_options=RunOptions(on_stale="park"))
+        recorded = await ledger.find_by_idem_key(ledger.idem_key(pay))
+        assert recorded is not None and recorded.park_attempt == 1 and recorded.worker
         began = await store.begin_saga(NewSaga("s", None, 1000, None, "continue"))
         assert began.created and began.saga.status is SagaStatus.RUNNING
         step = NewSagaStep(0, 0, "t", "key-0", None, None, "succeeded")

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from agent_ledger import EffectStatus
+from agent_ledger import EffectStatus, Parked
 from agent_ledger.testing import build_ledger
 from tests.reliability.conftest import report
 from tests.reliability.crash_worker import call_for
@@ -82,4 +82,10 @@ async def test_sigkill_at_random_points(
         duplicates_executed=sum(1 for i, c in executions.items() if c > 1 and i not in crashes),
         effects_lost=len(lost),
         results_mismatched=len(mismatched),
+        # take_over (the default) never parks: a crash inside is a takeover.
+        parked=sum(
+            1
+            for effect in stored.values()
+            if effect is not None and any(isinstance(e, Parked) for e in effect.history)
+        ),
     )

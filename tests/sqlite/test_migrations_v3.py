@@ -1,5 +1,5 @@
 """Upgrading a real SQLite database written at schema version 2 to version 3 (sagas,
-the effects' usage column, budgets).
+the effects' usage column, budgets, and the ambiguous-attempt columns).
 
 ``tests/fixtures/sqlite_schema_v2.sql`` is version 1 and version 2's script
 as they stand, byte for byte. A file is built from it with effects in it;
@@ -15,7 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from agent_ledger import Budget, EffectStoreError, LLMResult, SchemaMigration, ToolCall, Usage
+from agent_ledger import (
+    Budget,
+    EffectStoreError,
+    LLMResult,
+    RunOptions,
+    SchemaMigration,
+    ToolCall,
+    Usage,
+)
 from agent_ledger.stores.saga_base import NewSaga, NewSagaStep, SagaStatus
 from agent_ledger.stores.sqlite import SQLITE_MIGRATIONS, SQLITE_SCHEMA_SQL, SqliteStore
 from agent_ledger.testing import build_ledger
@@ -91,6 +99,12 @@ async def test_opening_a_version_2_file_adds_the_saga_tables_and_keeps_every_eff
             await ledger.run(ToolCall(workflow_id="w", tool="t", args={"n": 2}), lambda e: 2)
         state = await ledger.budget("w")
         assert state is not None and state.limits == Budget(usd=1.0)
+        # Version 3's effect columns: none recorded before it; a park run records both.
+        assert all(e.park_attempt is None and e.worker is None for e in effects)
+        pay = ToolCall(workflow_id="w", tool="pay")
+        await ledger.begin(pay, run_options=RunOptions(on_stale="park"))
+        recorded = await ledger.find_by_idem_key(ledger.idem_key(pay))
+        assert recorded is not None and recorded.park_attempt == 1 and recorded.worker
         began = await store.begin_saga(NewSaga("s", None, 1000, None, "continue"))
         assert began.created and began.saga.status is SagaStatus.RUNNING
         step = NewSagaStep(0, 0, "t", "key-0", None, None, "succeeded")

@@ -55,7 +55,7 @@ async def tools(ledger: EffectLedger) -> None:
 
 
 async def retries_and_schema(ledger: EffectLedger, effect: Effect) -> None:
-    from agent_ledger import Reopening, RetryPolicy, SchemaMigration, TryFailure
+    from agent_ledger import Parked, Reopening, RetryPolicy, SchemaMigration, Settlement, TryFailure
 
     @ledger.tool("t.retried", retry=RetryPolicy(on=(TimeoutError, ConnectionError)))
     async def charge(order: str) -> int:
@@ -66,7 +66,7 @@ async def retries_and_schema(ledger: EffectLedger, effect: Effect) -> None:
     assert_type(await ledger.store.migrate(), SchemaMigration)
     assert_type(effect.tries, int)
     for event in effect.history:
-        assert_type(event, TryFailure | Reopening)
+        assert_type(event, TryFailure | Reopening | Parked | Settlement)
 
 
 async def replays(ledger: EffectLedger, store: MemoryStore) -> None:

@@ -11,7 +11,9 @@ import orjson
 from agent_ledger.effects import (
     Effect,
     EffectError,
+    Parked,
     Reopening,
+    Settlement,
     TryFailure,
     Usage,
     event_to_dict,
@@ -54,8 +56,12 @@ FULL = Effect(
     history=(
         TryFailure(1, 1, "timed out", "TimeoutError", "TimeoutError", AT),
         Reopening(EffectStatus.FAILED, EffectError("boom", "E"), 3, "ops", "fixed", AT),
+        Parked(1, AT, "host:42", AT, AT),
+        Settlement(EffectStatus.DENIED, 2, "ana", "not charged", AT),
     ),
     usage=Usage(input_tokens=120, output_tokens=45, cost_usd=0.0031),
+    park_attempt=1,
+    worker="host:42",
 )
 
 
@@ -85,14 +91,14 @@ def test_select_lists_are_derived_per_dialect() -> None:
         "completed_at, heartbeat_at, decided_by, decision_note, decided_at, "
         # Schema version 2 appended its columns.
         "started_at, executions, lease_ms, tries, history::text AS history, "
-        # Schema version 3 too.
-        "usage::text AS usage"
+        # Schema version 3 appended usage, then the ambiguous attempt's two.
+        "usage::text AS usage, park_attempt, worker"
     )
     assert sqlite_queries.EFFECT_COLUMNS == (
         "id, idem_key, workflow_id, call_id, tool, status, args_canonical, "
         "resource_id_canonical, result, error_message, error_code, dedup_count, attempt, "
         "created_us, updated_us, completed_us, heartbeat_us, decided_by, decision_note, "
-        "decided_us, started_us, executions, lease_ms, tries, history, usage"
+        "decided_us, started_us, executions, lease_ms, tries, history, usage, park_attempt, worker"
     )
 
 
@@ -125,8 +131,8 @@ def test_export_format_is_unchanged() -> None:
         "decision_note", "decided_at",
         # Added with schema version 2, after every column that was there before.
         "started_at", "executions", "lease_ms", "tries", "history",
-        # Added with schema version 3.
-        "usage",
+        # Added with schema version 3, after those.
+        "usage", "park_attempt", "worker",
     )  # fmt: skip
     record = effect_to_record(FULL)
     assert tuple(record) == RECORD_FIELDS

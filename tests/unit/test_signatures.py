@@ -18,8 +18,9 @@ EXPECTED = {
     "run": (["call", "handler", "run_options"], ["hooks", "tx"]),
     "begin": (["call"], ["tx", "run_options", "hooks"]),
     "commit": (["effect_id", "outcome"], ["attempt", "tx"]),
-    "approve": (["idem_key"], ["by", "note"]),
-    "deny": (["idem_key"], ["reason", "by"]),
+    "approve": (["idem_key"], ["by", "note", "expected_attempt"]),
+    "deny": (["idem_key"], ["reason", "by", "expected_attempt"]),
+    "resolve": (["idem_key"], ["result", "error", "by", "note", "expected_attempt"]),
     "cancel": (["idem_key"], ["reason", "by"]),
 }
 

@@ -11,9 +11,12 @@ from agent_ledger.status import (
     CLAIMABLE,
     COMPLETIONS,
     DECISION_TARGETS,
+    PARK,
     RELEASE,
     REOPEN,
     REOPENABLE,
+    RESOLVE,
+    SETTLE_TARGETS,
     TERMINAL,
     TRANSITIONS,
     can_transition,
@@ -28,9 +31,12 @@ ALLOWED = {
     (S.PROCESSING, S.FAILED),
     (S.PROCESSING, S.CANCELED),
     (S.PROCESSING, S.READY),  # a release: given back by a run cancelled before its handler
+    (S.PROCESSING, S.REQUIRES_APPROVAL),  # a park: the holder went silent mid-handler
     (S.REQUIRES_APPROVAL, S.READY),
     (S.REQUIRES_APPROVAL, S.DENIED),
     (S.REQUIRES_APPROVAL, S.CANCELED),
+    (S.REQUIRES_APPROVAL, S.SUCCEEDED),  # resolved by a person: it did happen
+    (S.REQUIRES_APPROVAL, S.FAILED),  # resolved by a person: it failed
     (S.READY, S.PROCESSING),
     (S.READY, S.REQUIRES_APPROVAL),  # an approval taken back before the effect was claimed
     (S.READY, S.CANCELED),
@@ -91,7 +97,22 @@ def test_only_a_failure_or_a_cancellation_can_be_reopened() -> None:
 
 
 @pytest.mark.parametrize("target", list(S))
-def test_decisions_never_take_the_release_edge(target: S) -> None:
-    """approve() moves requires_approval to ready, never a processing or finished effect."""
-    expected = {S.REQUIRES_APPROVAL} if target is S.READY else sources_of(target)
+def test_decisions_never_take_the_release_park_or_resolve_edges(target: S) -> None:
+    """approve() moves requires_approval to ready, never a processing or finished effect;
+    no decision parks a processing effect or records a handler's outcome."""
+    special = {RELEASE, PARK, *REOPEN, *RESOLVE}
+    expected = {s for s in sources_of(target) if (s, target) not in special}
     assert decision_sources(target) == expected
+    assert decision_sources(S.READY) == {S.REQUIRES_APPROVAL}
+    assert decision_sources(S.REQUIRES_APPROVAL) == {S.READY}
+
+
+def test_park_and_resolve_are_their_own_edges() -> None:
+    """A park is the one way from processing back to a person; resolve the one way a
+    person records succeeded or failed, from requires_approval only."""
+    assert PARK == (S.PROCESSING, S.REQUIRES_APPROVAL)
+    assert {(S.REQUIRES_APPROVAL, S.SUCCEEDED), (S.REQUIRES_APPROVAL, S.FAILED)} == RESOLVE
+    assert all(can_transition(*edge) for edge in (PARK, *RESOLVE))
+    assert {S.READY, S.DENIED, S.SUCCEEDED, S.FAILED} == SETTLE_TARGETS
+    # Derived sets are unchanged by the new edges.
+    assert S.REQUIRES_APPROVAL not in TERMINAL and S.REQUIRES_APPROVAL not in COMPLETIONS

@@ -25,7 +25,7 @@ from agent_ledger import (
     ToolCall,
 )
 from agent_ledger import clock as clock_module
-from agent_ledger.stores.base import EffectQuery, Held, NewEffect
+from agent_ledger.stores.base import Decision, EffectQuery, Held, NewEffect
 from agent_ledger.testing import STORE_STEPS, FaultyStore, ManualClock, build_ledger
 
 CALL = ToolCall(workflow_id="wf", tool="t", args={"n": 1})
@@ -60,6 +60,10 @@ def step_calls(store: Store, effect_id: str) -> dict[str, Callable[[], Awaitable
         "transition": lambda: store.transition(KEY, target=EffectStatus.REQUIRES_APPROVAL),
         # A succeeded effect is never reopened: the store says None, changing nothing.
         "reopen": lambda: store.reopen(KEY, by="ops", reason="again"),
+        # Finished by now: none of the three applies, and none changes anything.
+        "mark_started": lambda: store.mark_started(effect_id, attempt=1, worker="w"),
+        "park": lambda: store.park(KEY, stale_after_ms=1, error=EffectError("?", "x")),
+        "settle": lambda: store.settle(KEY, target=EffectStatus.READY, decision=Decision(by="ops")),
         "get": lambda: store.get(effect_id),
         "find": lambda: store.find(KEY),
         "find_legacy": lambda: store.find_legacy("0" * 64),

@@ -1,0 +1,130 @@
+"""A parked step parks its saga (every store): the saga stays running, shows the
+parked step, and goes on once a person settles it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agent_ledger import RunOptions, StaleOptions
+from agent_ledger.sagas import SagaFailed, SagaStatus
+from agent_ledger.sagas._outcome import read_outcome
+from agent_ledger.sagas._report import render_saga, sagas_table
+from agent_ledger.sagas._saga import saga_store
+from tests.harness import StoreHarness
+from tests.sagas.conftest import shop_of
+
+
+@pytest.mark.parametrize("decision", ["resolve", "deny"])
+async def test_a_parked_step_parks_its_saga_until_settled(
+    harness: StoreHarness, decision: str
+) -> None:
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "s1", "s3")
+    started, wake = asyncio.Event(), asyncio.Event()
+    charges: list[str] = []
+
+    @ledger.tool("pay", on_stale="park", run_options=RunOptions(stale=StaleOptions(after_ms=3_000)))
+    async def pay(order: str) -> dict[str, str]:
+        charges.append(order)
+        started.set()
+        await wake.wait()  # the worker stalls past its lease, then comes back
+        return {"charge": "ch_worker"}
+
+    async def saga_code() -> object:
+        async with ledger.saga("order-9"):
+            await shop["s1"]("o9")
+            paid = await pay("o9")
+            await shop["s3"]("o9")
+            return paid
+
+    running = asyncio.create_task(saga_code())
+    await started.wait()
+    await harness.age(60_000)
+    (parked,) = await ledger.park_stale()
+    store = saga_store(ledger)
+    saga = await store.get_saga("order-9")
+    assert saga is not None and saga.status is SagaStatus.RUNNING
+    outcome = await read_outcome(ledger, store, saga)
+    assert outcome.parked == ("step 1 pay (forward)",)
+    assert "parked step 1 pay (forward)" in "\n".join(
+        sagas_table([saga], {"order-9": outcome.parked})
+    )
+    assert "waits for a person" in render_saga(outcome)
+    assert not running.done()
+
+    if decision == "resolve":
+        assert await ledger.resolve(
+            parked.idem_key, result={"charge": "ch_provider"}, by="ops", expected_attempt=1
+        )
+        wake.set()  # the stalled worker's late commit is refused: the receipt stands
+        assert await asyncio.wait_for(running, 10) == {"charge": "ch_provider"}
+        assert shop.log == ["s1", "s3"]
+        final = await store.get_saga("order-9")
+        assert final is not None and final.status is SagaStatus.COMPLETED
+    else:
+        assert await ledger.deny(parked.idem_key, reason="never charged; cancel the order")
+        wake.set()
+        with pytest.raises(SagaFailed) as failed:
+            await asyncio.wait_for(running, 10)
+        assert failed.value.outcome.status is SagaStatus.COMPENSATED
+        assert shop.log == ["s1", "undo s1"]
+    assert charges == ["o9"]
+
+
+async def test_a_rollback_waits_for_a_parked_step_then_undoes_what_happened(
+    harness: StoreHarness,
+) -> None:
+    """A rollback never cancels a parked step: it waits (the saga stays compensating),
+    and once the step is resolved as having happened, undoes it like any success."""
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "s1")
+    started, wake = asyncio.Event(), asyncio.Event()
+    undone: list[object] = []
+
+    @ledger.tool(
+        "pay",
+        on_stale="park",
+        compensate="refund",
+        run_options=RunOptions(stale=StaleOptions(after_ms=3_000)),
+    )
+    async def pay(order: str) -> dict[str, str]:
+        started.set()
+        await wake.wait()
+        return {"charge": "ch_worker"}
+
+    @ledger.tool("refund")
+    async def refund(forward: object) -> str:
+        undone.append(forward)
+        return "refunded"
+
+    async def saga_code() -> None:
+        async with ledger.saga("order-10") as saga:
+            await shop["s1"]("o10")
+            saga.start(pay, "o10")
+            await started.wait()
+            raise RuntimeError("the customer cancelled the order")
+
+    running = asyncio.create_task(saga_code())
+    await started.wait()
+    await harness.age(60_000)
+    (parked,) = await ledger.park_stale()
+    store = saga_store(ledger)
+    saga = None
+    for _ in range(200):  # the rollback starts and waits on the parked step
+        saga = await store.get_saga("order-10")
+        if saga is not None and saga.status is SagaStatus.COMPENSATING:
+            break
+        await asyncio.sleep(0.01)
+    assert saga is not None and saga.status is SagaStatus.COMPENSATING
+    await asyncio.sleep(0.2)
+    still = await ledger.find_by_idem_key(parked.idem_key)
+    assert still is not None and still.parked  # not canceled by the rollback
+    assert (await read_outcome(ledger, store, saga)).parked == ("step 1 pay (forward)",)
+    assert await ledger.resolve(parked.idem_key, result={"charge": "ch_provider"}, by="ops")
+    wake.set()
+    with pytest.raises(SagaFailed) as failed:
+        await asyncio.wait_for(running, 10)
+    assert failed.value.outcome.status is SagaStatus.COMPENSATED
+    assert len(undone) == 1 and shop.log == ["s1", "undo s1"]
