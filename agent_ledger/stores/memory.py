@@ -28,7 +28,7 @@ from agent_ledger.effects import (
 )
 from agent_ledger.fields import EFFECT_FIELDS
 from agent_ledger.ids import new_effect_id
-from agent_ledger.status import CLAIMABLE, REOPENABLE, EffectStatus, decision_sources
+from agent_ledger.status import CLAIMABLE, REOPENABLE, EffectStatus
 from agent_ledger.stores._memory_sagas import MemorySagas
 from agent_ledger.stores._rows import stats_from_groups
 from agent_ledger.stores._subscriptions import Registration, Subscribers
@@ -50,6 +50,7 @@ from agent_ledger.stores.base import (
     check_commit_status,
     check_purge_statuses,
     check_transition_target,
+    transition_sources,
 )
 
 __all__ = ["MEMORY_SCHEMA_VERSION", "MemoryStore", "MemoryTransaction"]
@@ -365,11 +366,13 @@ class MemoryStore(MemorySagas):
         error: EffectError | None = None,
         decision: Decision | None = None,
         tx: object | None = None,
+        sources: frozenset[EffectStatus] | None = None,
     ) -> Effect | None:
         check_transition_target(target)
+        allowed = transition_sources(target, sources)
         mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
         row = self._rows.get(idem_key)
-        if row is None or row.status not in decision_sources(target):
+        if row is None or row.status not in allowed:
             return None
         if mtx is not None:
             mtx.remember(idem_key, row)
