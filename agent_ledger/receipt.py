@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Final
@@ -195,27 +196,36 @@ def _required(moment: datetime | None, name: str) -> datetime:
 
 #: Characters a terminal acts on instead of showing: the C0 controls (newline
 #: and tab too, since every value is shown on one line), DEL, the C1 controls
-#: U+0080-U+009F (U+009B alone is CSI, as ESC [ is), and the bidirectional
-#: marks, embeddings, overrides and isolates, which reorder what follows them.
-_UNSAFE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+#: U+0080-U+009F (U+009B alone is CSI, as ESC [ is), and, among the rest,
+#: every format character (Unicode category Cf, see ``_escape``): the
+#: bidirectional marks, embeddings, overrides and isolates, which reorder
+#: what follows them, and the zero-width ones (U+200B, U+2060, U+FEFF...),
+#: which make two different ids print the same.
+_UNSAFE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]|[^\x00-\x7f]")
 
 
 def visible(text: str) -> str:
-    """``text`` on one line with every character in ``_UNSAFE`` written as an escape
-    (``\\x1b``, ``\\x9b``, ``\\u202e``).
+    """``text`` on one line with every unsafe character written as an escape
+    (``\\x1b``, ``\\x9b``, ``\\u202e``, ``\\u200b``).
 
     Agents choose tool names, args and ids, and people write notes and names;
     printed raw, any of them could clear a reviewer's screen, recolour it,
-    rewrite the line above, or reverse the text after it, so what a person
-    reads would not be what was asked. Everything that shows stored text on
-    a terminal (``show``, ``list``, ``review``) goes through this function.
+    rewrite the line above, reverse the text after it, or hide inside an id
+    that then looks like another, so what a person reads would not be what
+    was asked. Everything that shows stored text on a terminal (``show``,
+    ``list``, ``review``, ``sagas``) goes through this function.
     """
     return _UNSAFE.sub(_escape, text)
 
 
 def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    char = match.group()
+    code = ord(char)
+    if code >= 0xA0 and unicodedata.category(char) != "Cf":
+        return char  # any other non-ASCII character (accents, CJK, emoji) prints as it is
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def render_receipt(effect: Effect) -> str:

@@ -278,11 +278,12 @@ class FaultyStore(Generic[StoreT]):
         error: EffectError | None = None,
         decision: Decision | None = None,
         tx: object | None = None,
+        sources: frozenset[EffectStatus] | None = None,
     ) -> Effect | None:
         return await self._step(
             "transition",
             lambda: self.inner.transition(
-                idem_key, target=target, error=error, decision=decision, tx=tx
+                idem_key, target=target, error=error, decision=decision, tx=tx, sources=sources
             ),
             idem_key=idem_key,
         )

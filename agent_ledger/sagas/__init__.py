@@ -17,6 +17,7 @@ from agent_ledger.sagas._errors import (
     SagaNondeterminismError,
     SagaOwnershipLostError,
     SagaStepCancelled,
+    SagaStepUnsettled,
 )
 from agent_ledger.sagas._outcome import SagaOutcome, StepOutcome
 from agent_ledger.sagas._plan import check_plan, run_saga
@@ -37,6 +38,7 @@ __all__ = [
     "SagaRecovery",
     "SagaStatus",
     "SagaStepCancelled",
+    "SagaStepUnsettled",
     "StepOutcome",
     "check_plan",
     "recover_sagas",

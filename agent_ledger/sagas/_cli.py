@@ -40,7 +40,7 @@ LIST_LIMIT = 50
 
 def add_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("action", nargs="?", choices=["list", "show", "recover"], default="list")
-    sub.add_argument("saga_id", nargs="?", help="the saga to show")
+    sub.add_argument("saga_id", nargs="?", help="show: the saga to show (recover takes none)")
     sub.add_argument(
         "--status",
         action="append",
@@ -135,6 +135,15 @@ async def sagas_command(
         else:
             line(render_saga(outcome))
         return EXIT_OK
+    if args.saga_id is not None:
+        # A pass recovers every saga whose owner is gone; naming one would
+        # suggest the others are left alone, which they are not.
+        raise EffectLedgerValidationError(
+            f"sagas recover takes no SAGA_ID (got {visible(args.saga_id)!r}): one pass finishes "
+            "every saga whose owner is gone. Run it without the id, or `sagas show ID` to "
+            "look at one saga first.",
+            field="saga_id",
+        )
     if args.app:
         _adopt_tools(ledger, args.app)
     report = await (

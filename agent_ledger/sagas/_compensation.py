@@ -9,10 +9,15 @@ Whether a step is undone depends on its forward effect, settled first:
 * never began: it is closed (an effect with its key, ``canceled``), so an
   old owner that wakes up later cannot begin it; nothing to undo;
 * waiting for a person (``requires_approval``, or approved and not yet
-  claimed): canceled; a later ``approve()`` returns False; nothing to undo;
+  claimed): canceled; a later ``approve()`` returns False; nothing to undo.
+  The cancel is one compare-and-set from those two statuses: a step a
+  worker claimed meanwhile is never canceled under its running handler;
 * running: waited for; if its holder stops heartbeating for a whole lease,
   it is canceled and counts as attempted, unless its handler started under
-  ``on_stale="park"``: then it is parked for a person;
+  ``on_stale="park"``: then it is parked for a person. A holder that
+  disabled takeover (``StaleOptions(after_ms=0)``) can never be told dead:
+  the undo stops with ``SagaStepUnsettled`` (the saga stays
+  ``compensating``) rather than wait for ever;
 * parked (an ambiguous attempt): waited for until a person settles it
   (resolved: undone like any success or failure; denied: nothing to undo;
   approved: canceled, as any approved step of a rolled-back saga);
@@ -21,7 +26,10 @@ Whether a step is undone depends on its forward effect, settled first:
 
 Each undo is an ordinary effect keyed from the forward key, run with the
 compensation tool's retry policy (by default :data:`COMPENSATION_RETRY`):
-two workers finishing one saga run it once.
+two workers finishing one saga run it once. It runs out of any saga's
+step context: tools its handler calls are ordinary effects. A store error
+while undoing is not the compensation failing: it propagates, and the saga
+stays ``compensating`` for a later pass (or re-run) to finish.
 """
 
 from __future__ import annotations
@@ -37,13 +45,15 @@ from agent_ledger.backoff import Backoff
 from agent_ledger.calls import ToolCall
 from agent_ledger.decisions import ambiguous_error
 from agent_ledger.effects import Effect, EffectError
-from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.errors import EffectLedgerValidationError, EffectStoreError
 from agent_ledger.ledger import RECORDING, EffectLedger
 from agent_ledger.options import UNSET, RunOptions, merge_run_options
 from agent_ledger.retries import RetryPolicy
+from agent_ledger.sagas._errors import SagaStepUnsettled
 from agent_ledger.status import EffectStatus
-from agent_ledger.stores.base import NewEffect
+from agent_ledger.stores.base import Decision, NewEffect
 from agent_ledger.stores.saga_base import SagaStep
+from agent_ledger.tools._steps import STEP_RUNNER
 
 #: A compensation tool registered without a retry policy gets this one: a few
 #: tries with backoff, since an undo that gives up leaves money taken.
@@ -71,6 +81,22 @@ def compensation_call(workflow_id: str, compensation: str, forward_key: str) -> 
     return ToolCall(
         workflow_id=workflow_id, tool=compensation, args={FORWARD_ARGUMENT: forward_key}
     )
+
+
+async def cancel_if_waiting(ledger: EffectLedger, idem_key: str) -> bool:
+    """Cancel the effect only while it waits for a person (``requires_approval``,
+    or approved and not yet claimed); True if this call canceled it. One
+    compare-and-set: a read then an unconditional cancel would cancel an
+    effect a worker claimed in between, under its running handler, whose
+    side effect then stands with nothing to undo it."""
+    moved = await ledger.store.transition(
+        idem_key,
+        target=_S.CANCELED,
+        error=EffectError("the saga was rolled back", "canceled"),
+        decision=Decision(by="saga"),
+        sources=_WAITING_FOR_A_PERSON,
+    )
+    return moved is not None
 
 
 def check_compensation_tool(ledger: EffectLedger, tool_name: str, name: str) -> None:
@@ -115,14 +141,26 @@ async def compensate(
         groups.setdefault(step.group_index, []).append(step)
     undone: list[Undo] = []
     for index in sorted(groups, reverse=True):
-        results = await asyncio.gather(*(_undo(ledger, saga_id, s) for s in groups[index]))
-        undone.extend(results)
-        if stop_on_failure and any(r.undone is False for r in results):
+        # Every undo of the group ends before an error (a store error, say)
+        # leaves: none is left running unawaited.
+        results = await asyncio.gather(
+            *(_undo(ledger, saga_id, s) for s in groups[index]), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        done = [r for r in results if isinstance(r, Undo)]
+        undone.extend(done)
+        if stop_on_failure and any(r.undone is False for r in done):
             break
     return undone
 
 
 async def _undo(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Undo:
+    # Its own task (gather): the step runner is cleared in its copy of the
+    # context only. A tool the compensation calls is an ordinary effect, not
+    # a step of the saga being undone (whose block has ended).
+    STEP_RUNNER.set(None)
     forward = await settle(ledger, saga_id, step)
     if forward is None or step.compensation is None or not _due(step, forward):
         return Undo(step, None)
@@ -140,6 +178,8 @@ async def _undo(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Undo:
 
     try:
         await ledger.run(call, handler, options, hooks=hooks)
+    except EffectStoreError:
+        raise  # the store failed, not the compensation: the saga stays compensating
     except Exception as exc:
         message = f"{type(exc).__name__}: {exc}"
         return Undo(step, False, EffectError(message, getattr(exc, "code", None)))
@@ -187,18 +227,20 @@ async def settle(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Effect |
             attempt += 1
             continue
         if forward.status in _WAITING_FOR_A_PERSON:
-            if await ledger.cancel(step.idem_key, reason="the saga was rolled back", by="saga"):
+            if await cancel_if_waiting(ledger, step.idem_key):
                 return None
-            continue
+            continue  # claimed meanwhile: now running, waited for below
         if forward.status is not _S.PROCESSING:
             return forward
         # Running: wait for it. A holder that shows no heartbeat for a whole
         # lease (measured here, so no two clocks are compared) is gone.
+        if forward.lease_ms <= 0:
+            raise SagaStepUnsettled(saga_id, step)
         beat = (forward.attempt, forward.heartbeat_at)
         now = time.monotonic()
         if watched is None or watched[0] != beat:
             watched = (beat, now)
-        elif forward.lease_ms > 0 and now - watched[1] > forward.lease_ms / 1000:
+        elif now - watched[1] > forward.lease_ms / 1000:
             if forward.park_attempt == forward.attempt:
                 # Its handler started under on_stale="park": park it for a
                 # person (judged by the store's clock) rather than cancel it.

@@ -8,6 +8,7 @@
         │   └── SagaCompensationFailed  ... and at least one undo kept failing
         ├── SagaNondeterminismError    the code asks for another step than the one recorded
         ├── SagaInFlightError          another live worker owns the saga
+        ├── SagaStepUnsettled          a step runs where nobody can tell its worker dead
         └── SagaOwnershipLostError     this worker's saga was taken over meanwhile
     SagaStepCancelled                  a step's own task was cancelled: the saga rolls back
 """
@@ -20,6 +21,7 @@ from agent_ledger.errors import EffectLedgerError
 
 if TYPE_CHECKING:
     from agent_ledger.sagas._outcome import SagaOutcome
+    from agent_ledger.stores.saga_base import SagaStep
 
 __all__ = [
     "SagaCompensationFailed",
@@ -29,6 +31,7 @@ __all__ = [
     "SagaNondeterminismError",
     "SagaOwnershipLostError",
     "SagaStepCancelled",
+    "SagaStepUnsettled",
 ]
 
 
@@ -63,16 +66,22 @@ class SagaCompensationFailed(SagaFailed):
 class SagaNondeterminismError(SagaError):
     """The saga's code asked for a different step than the one recorded at that position.
 
-    Raised before anything runs; the saga is left as it was. Saga code must
-    make the same calls in the same order on every run of one saga id.
+    Raised before anything runs; the saga is left as it was. Also raised at
+    the end of a block that did not reach every recorded step (``ran``: the
+    steps it did reach ran), leaving the saga running: it is never completed
+    with a step nobody asked for. Saga code must make the same calls in the
+    same order on every run of one saga id.
     """
 
-    def __init__(self, saga_id: str, position: int, recorded: str, asked: str) -> None:
+    def __init__(
+        self, saga_id: str, position: int, recorded: str, asked: str, *, ran: bool = False
+    ) -> None:
         self.saga_id = saga_id
         self.position = position
+        what = "The saga is left running as it was" if ran else "Nothing was run"
         super().__init__(
             f"saga {saga_id!r}: step {position} was recorded as {recorded}, but the code now "
-            f"asks for {asked}. Nothing was run. A saga id must replay the same steps in the "
+            f"asks for {asked}. {what}. A saga id must replay the same steps in the "
             "same order; start a new saga id for a different plan."
         )
 
@@ -98,6 +107,22 @@ class SagaOwnershipLostError(SagaError):
         super().__init__(
             f"saga {saga_id!r} was taken over by another worker (this one stopped "
             "heartbeating past its lease); this worker stops here and undoes nothing"
+        )
+
+
+class SagaStepUnsettled(SagaError):
+    """A step's forward effect is running in a worker that disabled takeover, so
+    nobody can tell whether that worker is alive: the undo cannot start."""
+
+    def __init__(self, saga_id: str, step: SagaStep) -> None:
+        self.saga_id = saga_id
+        self.position = step.position
+        super().__init__(
+            f"saga {saga_id!r}: step {step.position} ({step.tool}, key {step.idem_key[:12]}) "
+            "is still processing in a worker that disabled takeover (StaleOptions("
+            "after_ms=0)), so it cannot be told dead and the saga cannot be undone past it. "
+            "The saga stays compensating: once that worker is gone, cancel the effect "
+            "(ledger.cancel(key) or `agent-ledger cancel KEY`) and recover again."
         )
 
 

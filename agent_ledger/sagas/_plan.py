@@ -28,9 +28,13 @@ _Step = tuple[Tool[Any], Mapping[str, object]]
 _KEYS = frozenset({"tool", "args"})
 
 
-def check_plan(ledger: EffectLedger, plan: object) -> list[_Step | list[_Step]]:
+def check_plan(
+    ledger: EffectLedger, plan: object, *, saga_id: str | None = None
+) -> list[_Step | list[_Step]]:
     """The plan's steps, checked; raise ``EffectLedgerValidationError`` naming the
-    first bad step (``step 3``, ``step 2.1`` inside a group)."""
+    first bad step (``step 3``, ``step 2.1`` inside a group). A compensable tool
+    pinned to a workflow other than ``saga_id`` is refused: a saga undoes only
+    effects keyed under its own id (see ``Saga._check_workflow``)."""
     if isinstance(plan, (str, bytes, Mapping)) or not isinstance(plan, Sequence) or not plan:
         raise EffectLedgerValidationError(
             "a saga plan is a non-empty list of steps ({'tool': name, 'args': {...}}) and "
@@ -42,13 +46,15 @@ def check_plan(ledger: EffectLedger, plan: object) -> list[_Step | list[_Step]]:
         if isinstance(item, Sequence) and not isinstance(item, (str, bytes)):
             if not item:
                 raise _bad(f"step {i}", "a parallel group needs at least one step")
-            checked.append([_step(ledger, f"step {i}.{j}", s) for j, s in enumerate(item, 1)])
+            checked.append(
+                [_step(ledger, f"step {i}.{j}", s, saga_id) for j, s in enumerate(item, 1)]
+            )
         else:
-            checked.append(_step(ledger, f"step {i}", item))
+            checked.append(_step(ledger, f"step {i}", item, saga_id))
     return checked
 
 
-def _step(ledger: EffectLedger, where: str, item: object) -> _Step:
+def _step(ledger: EffectLedger, where: str, item: object, saga_id: str | None) -> _Step:
     if not isinstance(item, Mapping) or "tool" not in item or not set(item) <= _KEYS:
         raise _bad(where, f"expected {{'tool': name, 'args': {{...}}}}, got {item!r}")
     name = item["tool"]
@@ -56,6 +62,14 @@ def _step(ledger: EffectLedger, where: str, item: object) -> _Step:
     if tool is None:
         known = ", ".join(sorted(ledger.tools)) or "none"
         raise _bad(where, f"no tool named {name!r} is registered (known: {known})")
+    pinned = tool.workflow_id
+    if tool.compensate is not None and pinned is not None and pinned != saga_id:
+        raise _bad(
+            where,
+            f"tool {name!r} is compensated but pinned to workflow {pinned!r}: its effect would "
+            "be shared with every other caller of that workflow, and a saga only undoes "
+            "effects keyed under its own id (register a tool without workflow_id for sagas)",
+        )
     args = item.get("args", {})
     if not isinstance(args, Mapping):
         raise _bad(where, f"args must be a mapping of name to value, got {args!r}")
@@ -99,7 +113,7 @@ async def run_saga(
 ) -> list[object]:
     """Run ``plan`` as saga ``saga_id``; the results in the plan's shape (a group's
     as a list). Raises like ``async with ledger.saga(...)``."""
-    steps = check_plan(ledger, plan)
+    steps = check_plan(ledger, plan, saga_id=saga_id)
     saga = Saga(
         ledger,
         saga_id,

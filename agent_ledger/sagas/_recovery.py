@@ -21,14 +21,15 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from agent_ledger.effects import EffectError
+from agent_ledger.errors import EffectLedgerError
 from agent_ledger.observability import logger
 from agent_ledger.sagas._compensation import check_compensation_tool
 from agent_ledger.sagas._outcome import SagaOutcome
 from agent_ledger.sagas._saga import (
     Heartbeat,
-    default_owner,
     finish_compensation,
     lease_of,
+    owner_of,
     saga_store,
 )
 from agent_ledger.stores.saga_base import SagaRecord, SagaStatus, SagaStore, check_saga_limit
@@ -70,7 +71,7 @@ async def recover_sagas(
     store = saga_store(ledger)
     check_saga_limit(limit)
     lease = lease_of(lease_ms)
-    me = owner if owner is not None else default_owner()
+    me = owner_of(owner)
     report = SagaRecovery()
     # The store selects only sagas a claim can take (never the newest open
     # ones, filtered here: live or kept running sagas would hide a dead one
@@ -125,8 +126,15 @@ async def _recover_one(
         report.finished.append(await _finish(ledger, store, claimed))
         return True
     except Exception as exc:
-        logger.warning("recover_sagas: saga %r not finished", saga.saga_id, exc_info=True)
-        report.errors.append((saga.saga_id, f"{type(exc).__name__}: {exc}"))
+        why = f"{type(exc).__name__}: {exc}"
+        # One line for what a person can act on (a tool not registered, a
+        # step that cannot be settled, a store error); a traceback only for
+        # what would be a bug.
+        expected = isinstance(exc, EffectLedgerError)
+        logger.warning(
+            "recover_sagas: saga %r not finished: %s", saga.saga_id, why, exc_info=not expected
+        )
+        report.errors.append((saga.saga_id, why))
         return False
 
 

@@ -27,8 +27,9 @@ from agent_ledger.calls import ToolCall
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.observability import logger
-from agent_ledger.options import DEFAULT_STALE_AFTER_MS, LedgerHooks, RunOptions
+from agent_ledger.options import DEFAULT_STALE_AFTER_MS, MAX_LEASE_MS, LedgerHooks, RunOptions
 from agent_ledger.sagas._compensation import (
+    cancel_if_waiting,
     check_compensation_tool,
     compensate,
     compensation_call,
@@ -71,8 +72,16 @@ _RESERVED: contextvars.ContextVar[tuple[Saga, int, int] | None] = contextvars.Co
     "agent_ledger_saga_reserved", default=None
 )
 _WAITING: Final = frozenset({EffectStatus.REQUIRES_APPROVAL, EffectStatus.READY})
-#: The error a saga records when the task running it was cancelled.
-CANCELED_CODE: Final = "canceled"
+#: The error a saga records when the task running it was cancelled; the saga
+#: then ends ``canceled``. Recognised by the whole error, never by its code
+#: alone: a step's own error may carry the code ``"canceled"`` (a provider
+#: saying an order was canceled), and its message always starts with the
+#: exception's class name and a colon, which this one has not.
+TASK_CANCELED: Final = EffectError("the task running the saga was cancelled", "canceled")
+#: The longest saga id (in characters). A saga id is a primary key and every
+#: step's workflow id, indexed by every store: 500 characters of at most 4
+#: bytes each stay under PostgreSQL's B-tree entry limit (about 2,700 bytes).
+MAX_SAGA_ID_LENGTH: Final = 500
 
 
 def default_owner() -> str:
@@ -95,11 +104,38 @@ def saga_store(ledger: EffectLedger) -> SagaStore:
 def lease_of(lease_ms: int | None) -> int:
     if lease_ms is None:
         return DEFAULT_STALE_AFTER_MS
-    if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms < 100:
+    if (
+        isinstance(lease_ms, bool)
+        or not isinstance(lease_ms, int)
+        or not 100 <= lease_ms <= MAX_LEASE_MS
+    ):
         raise EffectLedgerValidationError(
-            f"lease_ms must be an int of at least 100 (ms), got {lease_ms!r}", field="lease_ms"
+            f"lease_ms must be an int from 100 to {MAX_LEASE_MS} (ms), got {lease_ms!r}",
+            field="lease_ms",
         )
     return lease_ms
+
+
+def owner_of(owner: str | None) -> str:
+    """Who holds a saga, checked: a person reads it in ``sagas list``."""
+    if owner is None:
+        return default_owner()
+    if not isinstance(owner, str) or not owner.strip() or "\x00" in owner:
+        raise EffectLedgerValidationError(
+            f"owner must be a non-empty string without NUL (who runs the saga, for people), "
+            f"got {owner!r}",
+            field="owner",
+        )
+    return owner
+
+
+def check_saga_id(saga_id: str) -> None:
+    if isinstance(saga_id, str) and len(saga_id) > MAX_SAGA_ID_LENGTH:
+        raise EffectLedgerValidationError(
+            f"a saga id is at most {MAX_SAGA_ID_LENGTH} characters, got one of "
+            f"{len(saga_id)}; use a shorter id (a hash of a long one, say)",
+            field="saga_id",
+        )
 
 
 def _abandon_ms(abandon_after: timedelta | None) -> int | None:
@@ -137,9 +173,13 @@ class Heartbeat:
                 return
 
     async def stop(self) -> None:
+        """Stop beating. Only the heartbeat task's own cancellation is absorbed:
+        a cancellation of the caller arriving meanwhile propagates (the task
+        is cancelled anyway, so it ends on its own)."""
         self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await asyncio.wait([self._task])
+        if not self._task.cancelled():
+            self._task.exception()  # retrieved; _beat logs its own failures
 
 
 async def finish_compensation(
@@ -159,7 +199,7 @@ async def finish_compensation(
     )
     if any(u.undone is False for u in undone):
         final = _G.COMPENSATION_FAILED
-    elif saga.error is not None and saga.error.code == CANCELED_CODE:
+    elif saga.error == TASK_CANCELED:
         final = _G.CANCELED
     else:
         final = _G.COMPENSATED
@@ -177,11 +217,15 @@ def rolled_back(outcome: SagaOutcome) -> SagaFailed:
     """The error for a saga that ended rolled back."""
     if outcome.status is _G.COMPENSATION_FAILED:
         failed = ", ".join(f"{s.position} ({s.tool})" for s in outcome.failed_compensations)
+        which = (
+            f"the compensation of step(s) {failed} kept failing"
+            if failed
+            else "a compensation did not succeed (`agent-ledger sagas show` draws each step)"
+        )
         return SagaCompensationFailed(
             outcome,
-            f"saga {outcome.saga_id!r} could not be undone: the compensation of step(s) "
-            f"{failed or '?'} kept failing. It is listed by `agent-ledger sagas list "
-            "--status compensation_failed` for a person to finish.",
+            f"saga {outcome.saga_id!r} could not be undone: {which}. It is listed by "
+            "`agent-ledger sagas list --status compensation_failed` for a person to finish.",
         )
     return SagaFailed(outcome)
 
@@ -201,6 +245,7 @@ class Saga:
         budget: Budget | None = None,
     ) -> None:
         self._scope = WorkflowScope(saga_id)  # the checks any workflow id gets
+        check_saga_id(saga_id)
         if budget is not None:
             # Its steps (tool calls) and model calls reserve on it; the
             # compensations run through ledger.run() and never ask it.
@@ -216,7 +261,7 @@ class Saga:
         self._store = saga_store(ledger)
         self._new = NewSaga(
             saga_id,
-            owner if owner is not None else default_owner(),
+            owner_of(owner),
             lease_of(lease_ms),
             _abandon_ms(abandon_after),
             on_compensation_failure,
@@ -248,6 +293,30 @@ class Saga:
         if self._scope.budget is not None:
             # Before the saga row: a budget that does not match stores nothing.
             await self._scope.budget.open()
+        # The store calls run to their end even if this task is cancelled
+        # meanwhile (as the engine's own() does for an effect): a saga row
+        # they created or claimed is ours then, and is rolled back (ending
+        # `canceled`) rather than left running with no owner or heartbeat.
+        entering = asyncio.ensure_future(self._begin())
+        cancelled = False
+        while not entering.done():
+            try:
+                await asyncio.shield(entering)
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            if entering.exception() is None and not self._replay_only:
+                await _shielded(self._cancelled_at_entry(entering.result()))
+            raise asyncio.CancelledError
+        saga = entering.result()
+        if not self._replay_only:
+            self._heartbeat = Heartbeat(self._store, self.saga_id, saga.attempt, saga.lease_ms)
+        self._scope.__enter__()
+        self._tokens.append(STEP_RUNNER.set(self))
+        return self
+
+    async def _begin(self) -> SagaRecord:
+        """Create the saga, or take the stored one (see ``_take``); now ours."""
         began = await self._store.begin_saga(self._new)
         saga = began.saga
         if not began.created:
@@ -257,11 +326,16 @@ class Saga:
             self._replay_only = True
         if not began.created:
             self._recorded = {s.position: s for s in await self._store.saga_steps(self.saga_id)}
-        if not self._replay_only:
-            self._heartbeat = Heartbeat(self._store, self.saga_id, saga.attempt, saga.lease_ms)
-        self._scope.__enter__()
-        self._tokens.append(STEP_RUNNER.set(self))
-        return self
+        return saga
+
+    async def _cancelled_at_entry(self, saga: SagaRecord) -> None:
+        """The entry was cancelled after ``saga`` became ours: roll it back as a
+        cancelled block is (its recorded steps undone, then ``canceled``)."""
+        heartbeat = Heartbeat(self._store, self.saga_id, saga.attempt, saga.lease_ms)
+        try:
+            await self._roll_back(TASK_CANCELED)
+        finally:
+            await heartbeat.stop()
 
     async def _take(self, saga: SagaRecord) -> SagaRecord:
         """An existing saga: replay it, continue it, finish it or refuse, by its status."""
@@ -313,6 +387,7 @@ class Saga:
         hooks: LedgerHooks | None,
     ) -> object:
         """A tool call inside the block: record it at its position, then run it."""
+        self._check_workflow(tool, call)
         reserved = _RESERVED.get()
         if reserved is not None and reserved[0] is self:
             _RESERVED.set(None)  # this task's own context: one call per start()
@@ -333,6 +408,10 @@ class Saga:
             compensation_key = self.ledger.idem_key(undo)
         await self._record(position, group, tool, key, compensation_key)
         self._keys[position] = key
+        # A tool its handler calls is an ordinary effect, not a step: a replay
+        # answers this step from its receipt without running the handler, so
+        # such a call would not be made again and the positions would shift.
+        token = STEP_RUNNER.set(None)
         try:
             return await self.ledger.run(call, handler, run_options, hooks=hooks)
         except Exception as exc:
@@ -340,6 +419,26 @@ class Saga:
                 raise
             self.step_failures.append((position, exc))
             return None
+        finally:
+            STEP_RUNNER.reset(token)
+
+    def _check_workflow(self, tool: Tool[object], call: ToolCall) -> None:
+        """Refuse a compensable step keyed under another workflow than the saga.
+
+        Its effect would be shared with every other caller of that workflow
+        (another saga making the same call replays it), and a saga undoes
+        only effects keyed under its own id, never another saga's."""
+        if tool.compensate is None or call.workflow_id == self.saga_id:
+            return
+        raise EffectLedgerValidationError(
+            f"saga {self.saga_id!r}: tool {tool.name!r} (compensated by {tool.compensate!r}) "
+            f"is called under workflow {call.workflow_id!r}, pinned by "
+            "@ledger.tool(workflow_id=...) or a ledger.workflow() block inside the saga. Its "
+            "effect would be shared with every other caller of that workflow, and a saga only "
+            "undoes effects keyed under its own id: register a tool without workflow_id for "
+            "sagas. Nothing was run.",
+            field="workflow_id",
+        )
 
     def _check_position(self, position: int, tool: str, key: str) -> SagaStep | None:
         """Raise ``SagaNondeterminismError`` if ``tool``/``key`` is not what was
@@ -409,6 +508,7 @@ class Saga:
         position: a step other than the recorded one raises) before anything
         is stored or started, then start its task."""
         try:
+            self._check_workflow(tool, call)
             key = self.ledger.idem_key(call)
             self._check_position(self._next_position, tool.name, key)
         except BaseException:
@@ -459,9 +559,9 @@ class Saga:
                     # A parked step (an ambiguous attempt) is left to a person:
                     # cancelling it would hide a side effect that may have happened.
                     if effect is not None and effect.status in _WAITING and not effect.parked:
-                        await self.ledger.cancel(
-                            effect.idem_key, reason="the saga was rolled back", by="saga"
-                        )
+                        # Only while it still waits: claimed meanwhile (a person
+                        # approved it), it is waited for and undone once it ends.
+                        await cancel_if_waiting(self.ledger, effect.idem_key)
             await asyncio.wait([t for t, _ in pending], timeout=0.05 if cancel_waiting else None)
         for task, position in self._tasks:
             _failure(task, position)  # retrieved: the rollback reports the failures that matter
@@ -475,16 +575,18 @@ class Saga:
         tb: TracebackType | None,
     ) -> None:
         # Never swallows the block's exception: it leaves wrapped (SagaFailed)
-        # or as it was (a cancellation, a SagaError).
+        # or as it was (a cancellation, this saga's nondeterminism or lost ownership).
         self._closed = True
         try:
             await self._exit(exc)
         finally:
-            if self._heartbeat is not None:
-                await self._heartbeat.stop()
-            for token in reversed(self._tokens):
-                token.var.reset(token)
-            self._scope.__exit__(None, None, None)
+            try:
+                if self._heartbeat is not None:
+                    await self._heartbeat.stop()  # a cancellation meanwhile propagates
+            finally:
+                for token in reversed(self._tokens):
+                    token.var.reset(token)
+                self._scope.__exit__(None, None, None)
 
     async def _exit(self, exc: BaseException | None) -> bool:
         if self._replay_only:
@@ -499,6 +601,7 @@ class Saga:
                 # like any other (the block's code is done, its steps not).
                 failure = cancelled
             if failure is None:
+                self._check_every_step_reached()
                 # Shielded: a cancellation now must not leave the saga running
                 # with every step done; it propagates once this is stored.
                 moved = await _shielded(
@@ -514,15 +617,14 @@ class Saga:
                     raise SagaOwnershipLostError(self.saga_id)
                 return False
             exc = failure
-        if isinstance(exc, SagaError):
+        if self._leaves_as_it_is(exc):
             # The code changed, or the saga is no longer ours: leave it as it is.
             await self._drain(cancel_waiting=False)
             if exc is not failure:
                 return False
             raise exc
         if isinstance(exc, asyncio.CancelledError):
-            reason = EffectError("the task running the saga was cancelled", CANCELED_CODE)
-            await _shielded(self._roll_back(reason))
+            await _shielded(self._roll_back(TASK_CANCELED))
             if exc is failure:
                 raise exc
             return False  # the cancellation propagates
@@ -533,6 +635,28 @@ class Saga:
         # end, then propagates instead of the SagaFailed.
         outcome = await _shielded(self._roll_back(reason))
         raise rolled_back(outcome) from exc
+
+    def _leaves_as_it_is(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says this saga must be left as it is: its code changed
+        (``SagaNondeterminismError``) or it was taken over. Only this saga's
+        own: an inner saga's ``SagaFailed`` (or any other error of another
+        saga) raised in this block is a failed step of this one."""
+        return (
+            isinstance(exc, SagaNondeterminismError | SagaOwnershipLostError)
+            and exc.saga_id == self.saga_id
+        )
+
+    def _check_every_step_reached(self) -> None:
+        """A block that ended without reaching a recorded step diverged like one
+        asking for another step: the saga is left running as it is (the code
+        that reaches that step can still continue it), never `completed` with
+        a step nobody asked for and nobody undoes."""
+        unreached = sorted(p for p in self._recorded if p >= self._next_position)
+        if unreached:
+            step = self._recorded[unreached[0]]
+            was = f"tool {step.tool!r} (key {step.idem_key[:12]}…)"
+            asked = f"nothing (the block ended after {self._next_position} steps)"
+            raise SagaNondeterminismError(self.saga_id, step.position, was, asked, ran=True)
 
     async def _stray_failure(self) -> BaseException | None:
         """Steps started outside ``parallel()`` are waited for at the block's end."""

@@ -178,13 +178,14 @@ def transition_params(
     target: EffectStatus,
     error: EffectError | None,
     decision: Decision | None,
+    sources: frozenset[EffectStatus] | None = None,
 ) -> dict[str, object]:
-    """For the transition compare-and-set: from any of ``decision_sources(target)`` to
-    ``target``."""
+    """For the transition compare-and-set: from any of ``sources`` (by default
+    ``decision_sources(target)``) to ``target``."""
     return {
         "idem_key": idem_key,
         "target": target.value,
-        "sources": dialect.statuses(decision_sources(target)),
+        "sources": dialect.statuses(decision_sources(target) if sources is None else sources),
         "terminal": target.is_terminal,
         **dialect.error(error),
         "decided": decision is not None,

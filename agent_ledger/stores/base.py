@@ -105,7 +105,13 @@ from typing import Final, NamedTuple, Protocol, runtime_checkable
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.options import DEFAULT_STALE_AFTER_MS
-from agent_ledger.status import COMPLETIONS, DECISION_TARGETS, SETTLE_TARGETS, EffectStatus
+from agent_ledger.status import (
+    COMPLETIONS,
+    DECISION_TARGETS,
+    SETTLE_TARGETS,
+    EffectStatus,
+    decision_sources,
+)
 
 #: Whether each store step may be repeated blindly after a lost reply; the
 #: module doc's table says why. Keys are the step names of :class:`Store`.
@@ -445,10 +451,17 @@ class Store(Protocol):
         error: EffectError | None = None,
         decision: Decision | None = None,
         tx: object | None = None,
+        sources: frozenset[EffectStatus] | None = None,
     ) -> Effect | None:
         """Compare-and-set the effect to ``target`` from any status allowed by
         ``agent_ledger.status.decision_sources(target)`` (never from
         ``processing`` to ``ready``: that is :meth:`release`, by the holder).
+
+        ``sources`` narrows the statuses it moves from (a non-empty subset of
+        ``decision_sources(target)``, see :func:`transition_sources`): a saga
+        cancels a step only while it still waits for a person, never once a
+        worker claimed it, in one statement with no window between the read
+        and the move.
 
         Used for request_approval, approve, deny and cancel. ``error``
         records the reason for ``denied``/``canceled``; ``decision``, when
@@ -660,6 +673,30 @@ def check_settle_target(target: EffectStatus) -> None:
             f"not to {target.value!r}",
             field="target",
         )
+
+
+def transition_sources(
+    target: EffectStatus, sources: frozenset[EffectStatus] | None
+) -> frozenset[EffectStatus]:
+    """The statuses ``Store.transition(target=target, sources=sources)`` moves from:
+    ``decision_sources(target)``, or ``sources`` if given, which must be a
+    non-empty subset of it (a narrower compare-and-set, never a wider one)."""
+    allowed = decision_sources(target)
+    if sources is None:
+        return allowed
+    if (
+        not isinstance(sources, frozenset)
+        or not sources
+        or not all(isinstance(s, EffectStatus) for s in sources)
+        or not sources <= allowed
+    ):
+        names = sorted(s.value for s in allowed)
+        raise EffectLedgerValidationError(
+            f"transition() to {target.value!r} takes sources as a non-empty frozenset of "
+            f"statuses among {names}, got {sources!r}",
+            field="sources",
+        )
+    return sources
 
 
 def check_purge_statuses(statuses: frozenset[EffectStatus]) -> None:

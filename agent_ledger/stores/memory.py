@@ -38,7 +38,6 @@ from agent_ledger.status import (
     CLAIMABLE,
     REOPENABLE,
     EffectStatus,
-    decision_sources,
 )
 from agent_ledger.stores._memory_budgets import MemoryBudgets
 from agent_ledger.stores._memory_sagas import MemorySagas
@@ -63,6 +62,7 @@ from agent_ledger.stores.base import (
     check_purge_statuses,
     check_settle_target,
     check_transition_target,
+    transition_sources,
 )
 
 __all__ = ["MEMORY_SCHEMA_VERSION", "MemoryStore", "MemoryTransaction"]
@@ -386,11 +386,13 @@ class MemoryStore(MemorySagas, MemoryBudgets):
         error: EffectError | None = None,
         decision: Decision | None = None,
         tx: object | None = None,
+        sources: frozenset[EffectStatus] | None = None,
     ) -> Effect | None:
         check_transition_target(target)
+        allowed = transition_sources(target, sources)
         mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
         row = self._rows.get(idem_key)
-        if row is None or row.status not in decision_sources(target):
+        if row is None or row.status not in allowed:
             return None
         if mtx is not None:
             mtx.remember(idem_key, row)

@@ -99,6 +99,7 @@ from agent_ledger.stores.base import (
     check_purge_statuses,
     check_settle_target,
     check_transition_target,
+    transition_sources,
 )
 
 __all__ = ["SCHEMA_SQL", "SCHEMA_VERSION", "PostgresStore"]
@@ -576,10 +577,16 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
         error: EffectError | None = None,
         decision: Decision | None = None,
         tx: object | None = None,
+        sources: frozenset[EffectStatus] | None = None,
     ) -> Effect | None:
         check_transition_target(target)
         params = transition_params(
-            _DIALECT, idem_key, target=target, error=error, decision=decision
+            _DIALECT,
+            idem_key,
+            target=target,
+            error=error,
+            decision=decision,
+            sources=transition_sources(target, sources),
         )
         started = self._counts.epoch
         row = await self._fetch_one("transition", self._transition, params, tx, idem_key=idem_key)

@@ -91,6 +91,7 @@ from agent_ledger.stores.base import (
     check_purge_statuses,
     check_settle_target,
     check_transition_target,
+    transition_sources,
 )
 
 __all__ = [
@@ -619,14 +620,16 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
         error: EffectError | None = None,
         decision: Decision | None = None,
         tx: object | None = None,
+        sources: frozenset[EffectStatus] | None = None,
     ) -> Effect | None:
         check_transition_target(target)
+        allowed = transition_sources(target, sources)
         stx = await self._enter(tx)
         started = self._counts.epoch
 
         def work(conn: sqlite3.Connection, now: int) -> tuple[Any, ...] | None:
             params = transition_params(
-                _DIALECT, idem_key, target=target, error=error, decision=decision
+                _DIALECT, idem_key, target=target, error=error, decision=decision, sources=allowed
             )
             params["now"] = now
             if conn.execute(q.TRANSITION, params).rowcount != 1:

@@ -109,8 +109,14 @@ def test_recover_finishes_an_abandoned_saga_with_the_apps_tools(cli: Cli, tmp_pa
         await store.close()
 
     asyncio.run(abandon())
+    named = cli("sagas", "recover", "left", "--app", "shopapp:ledger")
+    assert named.returncode == 2 and named.stdout == "", "an id is refused, not ignored"
+    assert "sagas recover takes no SAGA_ID" in named.stderr and named.stderr.count("\n") == 1
+    assert not log.exists(), "nothing was recovered"
     without = cli("sagas", "recover")
     assert without.returncode == 1 and "not registered" in without.stdout
+    # One line for the log, no traceback: the tool is missing, not a bug.
+    assert "Traceback" not in without.stderr and without.stderr.count("\n") <= 1
     done = cli("sagas", "recover", "--app", "shopapp:ledger")
     assert done.returncode == 0, done.stderr
     assert "finished left: compensated" in done.stdout
@@ -160,6 +166,29 @@ def test_stored_text_is_printed_escaped_by_list_show_and_recover(cli: Cli) -> No
     assert "no courier\\x1b[2J" in outputs["show"].stdout
     assert "ship\\x9b2J" in outputs["show"].stdout
     assert "host\\x1b[1A" in outputs["recover"].stdout
+
+
+INVISIBLE = "order\u200b-\u2060\ufeff\u00ad9"
+
+
+def test_zero_width_and_other_format_characters_are_printed_escaped(cli: Cli) -> None:
+    """Two ids that differ by a zero-width character would print the same."""
+    assert cli("init").returncode == 0
+
+    async def invisible() -> None:
+        store = await open_store(cli.url)
+        ledger = build_ledger(store)
+        shop = shop_of(ledger, "s1")
+        async with ledger.saga(INVISIBLE, owner="host\u200b"):
+            await shop["s1"]("a")
+        await store.close()
+
+    asyncio.run(invisible())
+    for out in (cli("sagas", "list"), cli("sagas", "show", INVISIBLE)):
+        assert out.returncode == 0, out.stderr
+        assert "order\\u200b-\\u2060\\ufeff\\xad9" in out.stdout, out.stdout
+        for raw in ("\u200b", "\u2060", "\ufeff", "\u00ad"):
+            assert raw not in out.stdout
 
 
 @pytest.mark.parametrize("action", ["list", "recover"])

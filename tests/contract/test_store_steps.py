@@ -32,6 +32,43 @@ async def test_transition_refuses_processing(harness: StoreHarness, source: S) -
     assert await harness.store.find(key) == before
 
 
+WAITING = frozenset({S.REQUIRES_APPROVAL, S.READY})
+
+
+@pytest.mark.parametrize("source", list(S))
+async def test_transition_with_sources_moves_only_from_those(
+    harness: StoreHarness, source: S
+) -> None:
+    """``sources`` narrows the compare-and-set: a cancel from {requires_approval, ready}
+    never lands on an effect a worker claimed meanwhile (issue 12, a12)."""
+    ledger = harness.ledger()
+    key, _ = await put_in(ledger, source)
+    before = await harness.store.find(key)
+    moved = await harness.store.transition(key, target=S.CANCELED, sources=WAITING)
+    after = await harness.store.find(key)
+    assert after is not None
+    if source in WAITING:
+        assert moved is not None and moved.status is S.CANCELED and after == moved
+    else:
+        assert moved is None and after == before
+
+
+@pytest.mark.parametrize(
+    "sources", [frozenset(), frozenset({S.SUCCEEDED}), {S.READY}, frozenset({"ready"})]
+)
+async def test_transition_refuses_sources_it_could_not_move_from(
+    harness: StoreHarness, sources: object
+) -> None:
+    """``sources`` may only narrow ``decision_sources(target)``: anything else is refused."""
+    ledger = harness.ledger()
+    key, _ = await put_in(ledger, S.REQUIRES_APPROVAL)
+    before = await harness.store.find(key)
+    with pytest.raises(EffectLedgerValidationError) as info:
+        await harness.store.transition(key, target=S.CANCELED, sources=sources)  # type: ignore[arg-type]
+    assert info.value.field == "sources"
+    assert await harness.store.find(key) == before
+
+
 @pytest.mark.parametrize("source", list(S))
 async def test_claim_takes_exactly_the_claimable_statuses(harness: StoreHarness, source: S) -> None:
     """A claim moves an effect iff its status is in CLAIMABLE (processing: once stale)."""

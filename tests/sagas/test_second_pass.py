@@ -1,0 +1,520 @@
+"""Issue 12, second adversarial pass: each defect it found, on every store.
+
+The adversary's scripts (a01..a16) reproduced each one; these tests are the
+same situations, made deterministic where the script needed timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from agent_ledger import (
+    Effect,
+    EffectLedgerValidationError,
+    EffectStatus,
+    EffectStoreError,
+    RunOptions,
+    StaleOptions,
+)
+from agent_ledger.options import MAX_LEASE_MS
+from agent_ledger.sagas import (
+    Saga,
+    SagaFailed,
+    SagaNondeterminismError,
+    SagaOutcome,
+    SagaStatus,
+)
+from agent_ledger.sagas._saga import MAX_SAGA_ID_LENGTH, Heartbeat, rolled_back, saga_store
+from tests.harness import StoreHarness
+from tests.sagas.conftest import shop_of
+
+G = SagaStatus
+LEASE = 1_000
+
+
+async def _status(harness: StoreHarness, saga_id: str) -> SagaStatus | None:
+    saga = await saga_store(harness.ledger()).get_saga(saga_id)
+    return None if saga is None else saga.status
+
+
+async def _die(saga: Saga) -> None:
+    """The owner stops heartbeating and never returns (as after a SIGKILL)."""
+    assert saga._heartbeat is not None
+    await saga._heartbeat.stop()
+    for token in reversed(saga._tokens):
+        token.var.reset(token)
+    saga._scope.__exit__(None, None, None)
+
+
+# -- 1. a saga only compensates effects keyed under its own id (a01) --------------
+
+
+async def test_a_compensable_tool_keyed_under_another_workflow_is_refused(
+    harness: StoreHarness,
+) -> None:
+    ledger = harness.ledger()
+    ran: list[str] = []
+
+    @ledger.tool("acct.open", compensate="acct.close", workflow_id="accounts")
+    async def open_account(user: str) -> str:
+        ran.append(f"open {user}")
+        return f"acct-{user}"
+
+    @ledger.tool("acct.close")
+    async def close_account(forward: Effect) -> str:
+        ran.append(f"close {forward.result}")
+        return "closed"
+
+    shop = shop_of(ledger, "s1")
+    for saga_id in ("saga-a", "saga-b"):
+        with pytest.raises(SagaFailed) as failed:
+            async with ledger.saga(saga_id):
+                await open_account("u1")
+        cause = failed.value.__cause__
+        assert isinstance(cause, EffectLedgerValidationError) and cause.field == "workflow_id"
+        assert "'accounts'" in str(cause) and "Nothing was run" in str(cause)
+    # A ledger.workflow() block inside the saga, and saga.start(), likewise.
+    with pytest.raises(SagaFailed) as failed:
+        async with ledger.saga("saga-c"):
+            with ledger.workflow("elsewhere"):
+                await shop["s1"]("x")
+    assert isinstance(failed.value.__cause__, EffectLedgerValidationError)
+    with pytest.raises(SagaFailed):
+        async with ledger.saga("saga-d") as saga, saga.parallel():
+            with pytest.raises(EffectLedgerValidationError, match="accounts"):
+                saga.start(open_account, "u2")
+            raise RuntimeError("the refusal came before any task started")
+    # The plan form refuses it before the saga exists.
+    with pytest.raises(EffectLedgerValidationError, match="pinned to workflow 'accounts'"):
+        await ledger.run_saga("saga-e", [{"tool": "acct.open", "args": {"user": "u3"}}])
+    assert await _status(harness, "saga-e") is None
+    assert ran == [] and shop.log == []
+
+
+async def test_a_tool_without_compensation_may_still_be_pinned(harness: StoreHarness) -> None:
+    ledger = harness.ledger()
+    sent: list[str] = []
+
+    @ledger.tool("notify", workflow_id="mail")
+    async def notify(text: str) -> str:
+        sent.append(text)
+        return "sent"
+
+    for saga_id in ("n-1", "n-2"):
+        async with ledger.saga(saga_id):
+            await notify("hello")
+    assert sent == ["hello"], "one effect for both sagas: the pin's purpose"
+
+
+# -- 2. an inner saga's failure is a failed step of the outer one (a05) -----------
+
+
+async def test_an_inner_sagas_failure_rolls_the_outer_saga_back(harness: StoreHarness) -> None:
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "charge", "reserve")
+    shop.failing.add("reserve")
+    with pytest.raises(SagaFailed) as failed:
+        async with ledger.saga("outer-1"):
+            await shop["charge"]("o")
+            async with ledger.saga("inner-1"):
+                await shop["reserve"]("A")
+    assert failed.value.saga_id == "outer-1" and failed.value.status is G.COMPENSATED
+    inner = failed.value.__cause__
+    assert isinstance(inner, SagaFailed) and inner.saga_id == "inner-1"
+    assert shop.log == ["charge", "reserve", "undo charge"]
+    assert await _status(harness, "inner-1") is G.COMPENSATED
+
+
+# -- 3. a step whose worker disabled takeover does not hang recovery (a10) --------
+
+
+async def test_recovery_moves_past_a_step_that_can_never_be_taken_over(
+    harness: StoreHarness,
+) -> None:
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "charge")
+    release = asyncio.Event()
+
+    @ledger.tool("long_job", run_options=RunOptions(stale=StaleOptions(after_ms=0)))
+    async def long_job(n: int) -> str:
+        await release.wait()
+        return "done"
+
+    stuck = ledger.saga("a-long-job", lease_ms=LEASE, abandon_after=timedelta(0))
+    await stuck.__aenter__()
+    await shop["charge"]("a")
+    job = asyncio.create_task(long_job(1))
+    while (steps := await saga_store(ledger).saga_steps("a-long-job")) and len(steps) < 2:
+        await asyncio.sleep(0.01)
+    await _die(stuck)
+    plain = ledger.saga("b-ordinary", lease_ms=LEASE, abandon_after=timedelta(0))
+    await plain.__aenter__()
+    await shop["charge"]("b")
+    await _die(plain)
+    await harness.age(LEASE * 3)
+    try:
+        report = await asyncio.wait_for(ledger.recover_sagas(), 30)
+    finally:
+        release.set()
+        await asyncio.gather(job, return_exceptions=True)
+    assert [o.saga_id for o in report.finished] == ["b-ordinary"]
+    [(saga_id, why)] = report.errors
+    assert saga_id == "a-long-job" and "StaleOptions(after_ms=0)" in why
+    assert await _status(harness, "a-long-job") is G.COMPENSATING
+
+
+# -- 4. a re-run that stops short of the recorded steps (a11) ---------------------
+
+
+async def test_a_re_run_that_reaches_fewer_steps_leaves_the_saga_running(
+    harness: StoreHarness,
+) -> None:
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "charge", "reserve")
+    first = ledger.saga("short-1", lease_ms=LEASE)
+    await first.__aenter__()
+    await shop["charge"]("o")
+    await shop["reserve"]("A")
+    await _die(first)
+    await harness.age(LEASE * 2)
+    with pytest.raises(SagaNondeterminismError) as diverged:
+        async with ledger.saga("short-1", lease_ms=LEASE):
+            await shop["charge"]("o")  # the changed code no longer reserves
+    assert diverged.value.position == 1 and "'reserve'" in str(diverged.value)
+    assert "left running" in str(diverged.value)
+    assert await _status(harness, "short-1") is G.RUNNING
+    assert shop.log == ["charge", "reserve"], "nothing undone, nothing run again"
+    await harness.age(LEASE * 2)
+    async with ledger.saga("short-1", lease_ms=LEASE):  # the code that reaches it
+        await shop["charge"]("o")
+        await shop["reserve"]("A")
+    assert await _status(harness, "short-1") is G.COMPLETED
+    assert shop.log == ["charge", "reserve"]
+
+
+# -- 5. a store error while undoing is not a failed compensation (a15) ------------
+
+
+async def test_a_store_error_beginning_a_compensation_leaves_the_saga_compensating(
+    harness: StoreHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "charge", "ship")
+    shop.failing.add("ship")
+    store: Any = harness.store
+    begin = store.begin
+    blips = [1]
+
+    async def flaky_begin(new: Any, **kw: Any) -> Any:
+        if new.tool == "undo.charge" and blips:
+            blips.pop()
+            raise EffectStoreError("connection reset by peer", operation="begin")
+        return await begin(new, **kw)
+
+    monkeypatch.setattr(store, "begin", flaky_begin)
+    with pytest.raises(EffectStoreError, match="connection reset"):
+        async with ledger.saga("blip-1", lease_ms=LEASE):
+            await shop["charge"]("o")
+            await shop["ship"]("o")
+    assert await _status(harness, "blip-1") is G.COMPENSATING
+    assert shop.log == ["charge", "ship"]
+    await harness.age(LEASE * 2)
+    report = await ledger.recover_sagas()
+    assert [(o.saga_id, o.status) for o in report.finished] == [("blip-1", G.COMPENSATED)]
+    assert shop.log == ["charge", "ship", "undo charge"]
+
+
+def test_compensation_failed_without_a_failed_undo_says_where_to_look() -> None:
+    from datetime import UTC, datetime
+
+    outcome = SagaOutcome("s", G.COMPENSATION_FAILED, None, (), datetime.now(UTC), None, None, 1)
+    message = str(rolled_back(outcome))
+    assert "?" not in message and "agent-ledger sagas show" in message
+
+
+# -- 6, 7. tools called from a compensation or a step are ordinary effects --------
+
+
+async def test_a_compensation_may_call_another_tool(harness: StoreHarness) -> None:
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "charge", "ship")
+    shop.failing.add("ship")
+    sent: list[str] = []
+
+    @ledger.tool("notify")
+    async def notify(text: str) -> str:
+        sent.append(text)
+        return "sent"
+
+    @ledger.tool("pay", compensate="pay.refund")
+    async def pay(amount: int) -> str:
+        return "ch_1"
+
+    @ledger.tool("pay.refund")
+    async def refund(forward: Effect) -> str:
+        await notify(f"refunded {forward.result}")
+        return "refunded"
+
+    with pytest.raises(SagaFailed) as failed:
+        async with ledger.saga("s-notify"):
+            await pay(10)
+            await shop["ship"]("o")
+    assert failed.value.status is G.COMPENSATED
+    assert sent == ["refunded ch_1"]
+    assert [s.tool for s in failed.value.outcome.steps] == ["pay", "ship"]
+
+
+async def test_a_tool_called_by_a_steps_handler_is_not_a_step(harness: StoreHarness) -> None:
+    ledger = harness.ledger()
+    log: list[str] = []
+
+    @ledger.tool("audit.write")
+    async def audit(text: str) -> str:
+        log.append(f"audit {text}")
+        return "ok"
+
+    @ledger.tool("book")
+    async def book(item: str) -> str:
+        log.append(f"book {item}")
+        await audit(f"booked {item}")
+        return f"b-{item}"
+
+    @ledger.tool("ship")
+    async def ship(item: str) -> str:
+        log.append(f"ship {item}")
+        return f"s-{item}"
+
+    async def code() -> list[str]:
+        async with ledger.saga("nested-1") as saga:
+            async with saga.parallel():
+                started = saga.start(book, "y")
+            return [await book("x"), started.result(), await ship("x")]
+
+    assert await code() == ["b-x", "b-y", "s-x"]
+    steps = await saga_store(ledger).saga_steps("nested-1")
+    assert [s.tool for s in steps] == ["book", "book", "ship"]
+    assert await code() == ["b-x", "b-y", "s-x"], "the replay calls no handler"
+    assert sorted(log) == sorted(["book y", "audit booked y", "book x", "audit booked x", "ship x"])
+
+
+# -- 8. a person approving while the rollback cancels (a12) -----------------------
+
+
+async def test_a_step_approved_while_the_rollback_cancels_it_is_undone(
+    harness: StoreHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = harness.ledger()
+    log: list[str] = []
+    started, finish = asyncio.Event(), asyncio.Event()
+
+    @ledger.tool("wire", compensate="wire.back", requires_approval=True)
+    async def wire(amount: int) -> str:
+        log.append("wire sent")
+        started.set()
+        await finish.wait()  # still running when the rollback's cancel lands
+        return "w1"
+
+    @ledger.tool("wire.back")
+    async def wire_back(forward: Effect) -> str:
+        log.append(f"wire reversed {forward.result}")
+        return "back"
+
+    @ledger.tool("check")
+    async def check() -> None:
+        raise RuntimeError("check failed")
+
+    store: Any = harness.store
+    transition = store.transition
+    raced: list[bool] = []
+
+    async def approve_first(idem_key: str, *, target: EffectStatus, **kw: Any) -> Any:
+        # The person approves between the rollback's read and its cancel, and
+        # the waiting step claims the effect and runs its handler.
+        if target is not EffectStatus.CANCELED or raced:
+            return await transition(idem_key, target=target, **kw)
+        raced.append(True)
+        assert await ledger.approve(idem_key, by="alice")
+        await asyncio.wait_for(started.wait(), 30)
+        try:
+            return await transition(idem_key, target=target, **kw)
+        finally:
+            finish.set()
+
+    monkeypatch.setattr(store, "transition", approve_first)
+    with pytest.raises(SagaFailed) as failed:
+        async with ledger.saga("approve-race") as saga, saga.parallel():
+            saga.start(wire, 100)
+            saga.start(check)
+    assert raced and failed.value.status is G.COMPENSATED
+    assert log == ["wire sent", "wire reversed w1"]
+    wire_step = failed.value.outcome.steps[0]
+    assert wire_step.forward_status is EffectStatus.SUCCEEDED
+
+
+# -- 9. a cancellation while the heartbeat stops is not swallowed (a14) -----------
+
+
+async def test_stopping_a_heartbeat_lets_the_callers_cancellation_through(
+    harness: StoreHarness,
+) -> None:
+    heartbeat = Heartbeat(saga_store(harness.ledger()), "hb", 1, LEASE)
+    stopper = asyncio.create_task(heartbeat.stop())
+    await asyncio.sleep(0)  # the stopper now waits for the heartbeat task to end
+    stopper.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stopper
+    assert stopper.cancelled()
+    await heartbeat.stop()  # stopping again: nothing left to cancel, returns
+
+
+async def test_cancelling_the_saga_task_at_any_await_ends_it_cancelled(
+    harness: StoreHarness,
+) -> None:
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "charge", "ship")
+    # Cancel after k turns of the loop: every await of the block and its exit
+    # (where the stores do I/O, which turns land where varies; any is fine).
+    for k in range(80):
+        after: list[str] = []
+
+        async def code(saga_id: str, after: list[str]) -> None:
+            async with ledger.saga(saga_id):
+                await shop["charge"]("o")
+                await shop["ship"]("o")
+            after.append("went on past the block")
+
+        task = asyncio.create_task(code(f"swallow-{k}", after))
+        for _ in range(k):
+            await asyncio.sleep(0)
+        if task.done():
+            break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert after == [], k
+        assert await _status(harness, f"swallow-{k}") in (None, G.CANCELED, G.COMPLETED), k
+
+
+# -- 10. a cancellation during the entry (a16) ------------------------------------
+
+
+async def test_a_cancelled_entry_leaves_no_saga_running(
+    harness: StoreHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "charge")
+    store: Any = harness.store
+    landed, go_on = asyncio.Event(), asyncio.Event()
+
+    def pausing(step: Any) -> Any:
+        async def paused(*args: Any, **kwargs: Any) -> Any:
+            result = await step(*args, **kwargs)  # stored: now the saga is ours
+            landed.set()
+            await go_on.wait()
+            return result
+
+        return paused
+
+    # A new saga: begin_saga lands, then the task is cancelled.
+    monkeypatch.setattr(store, "begin_saga", pausing(store.begin_saga))
+    task = asyncio.create_task(ledger.saga("entry-new").__aenter__())
+    await landed.wait()
+    task.cancel()
+    await asyncio.sleep(0)
+    go_on.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await _status(harness, "entry-new") is G.CANCELED
+    monkeypatch.undo()
+
+    # A saga taken over from a dead owner: claim_saga lands, then the cancel.
+    dead = ledger.saga("entry-old", lease_ms=LEASE)
+    await dead.__aenter__()
+    await shop["charge"]("o")
+    await _die(dead)
+    await harness.age(LEASE * 2)
+    landed.clear()
+    go_on.clear()
+    monkeypatch.setattr(store, "claim_saga", pausing(store.claim_saga))
+    task = asyncio.create_task(ledger.saga("entry-old", lease_ms=LEASE).__aenter__())
+    await landed.wait()
+    task.cancel()
+    await asyncio.sleep(0)
+    go_on.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await _status(harness, "entry-old") is G.CANCELED
+    assert shop.log == ["charge", "undo charge"]
+
+
+# -- 11. a step's error code "canceled" is not a cancelled task (a13) -------------
+
+
+async def test_a_step_error_coded_canceled_ends_the_saga_compensated(
+    harness: StoreHarness,
+) -> None:
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "charge")
+
+    class OrderCanceled(Exception):
+        code = "canceled"
+
+    @ledger.tool("ship")
+    async def ship(order: str) -> None:
+        raise OrderCanceled("the carrier canceled the pickup")
+
+    with pytest.raises(SagaFailed) as failed:
+        async with ledger.saga("code-canceled"):
+            await shop["charge"]("o")
+            await ship("o")
+    assert failed.value.status is G.COMPENSATED
+    assert failed.value.outcome.error is not None
+    assert failed.value.outcome.error.code == "canceled"
+    assert await _status(harness, "code-canceled") is G.COMPENSATED
+
+
+# -- 12. settings a store could not keep (a08) ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"lease_ms": MAX_LEASE_MS + 1}, "lease_ms"),
+        ({"lease_ms": 2**63}, "lease_ms"),
+        ({"owner": 5}, "owner"),
+        ({"owner": b"host"}, "owner"),
+        ({"owner": " "}, "owner"),
+        ({"saga_id": "x" * (MAX_SAGA_ID_LENGTH + 1)}, "saga_id"),
+    ],
+    ids=["lease 2**31", "lease 2**63", "owner int", "owner bytes", "owner blank", "long id"],
+)
+async def test_settings_a_store_cannot_keep_are_refused_and_nothing_is_stored(
+    harness: StoreHarness, settings: dict[str, Any], field: str
+) -> None:
+    ledger = harness.ledger()
+    settings = dict(settings)
+    saga_id = settings.pop("saga_id", "settings-1")
+    with pytest.raises(EffectLedgerValidationError) as refused:
+        async with ledger.saga(saga_id, **settings):
+            pytest.fail("never entered")
+    assert refused.value.field == field
+    assert await saga_store(ledger).get_saga(saga_id) is None
+    if field in ("lease_ms", "owner"):
+        with pytest.raises(EffectLedgerValidationError) as again:
+            await ledger.recover_sagas(**settings)
+        assert again.value.field == field
+
+
+async def test_the_longest_saga_id_and_lease_are_stored(harness: StoreHarness) -> None:
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "charge")
+    # Four bytes a character in UTF-8, none compressible: the worst case for an index.
+    saga_id = "".join(chr(0x1F600 + (i * 7919) % 80) for i in range(MAX_SAGA_ID_LENGTH))
+    async with ledger.saga(saga_id, lease_ms=MAX_LEASE_MS, owner="o" * 300):
+        await shop["charge"]("o")
+    saga = await saga_store(ledger).get_saga(saga_id)
+    assert saga is not None and saga.status is G.COMPLETED and saga.lease_ms == MAX_LEASE_MS
