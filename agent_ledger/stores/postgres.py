@@ -121,6 +121,7 @@ _PROCESSING: Final = EffectStatus.PROCESSING.value
 _FINISHED: Final = sorted(s.value for s in TERMINAL)
 _FINISHED_VALUES: Final = frozenset(_FINISHED)
 _STATUS_AT: Final = ROW_COLUMNS.index("status")
+_ID_AT: Final = ROW_COLUMNS.index("id")
 #: How many keys a store remembers having begun (see ``PostgresStore.begin``).
 _KNOWN_KEYS: Final = 10_000
 _STATUS_BY_VALUE: Final = STATUS_BY_VALUE
@@ -261,6 +262,7 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
 
         self._begin = compose(q.BEGIN)
         self._begin_in_transaction = compose(q.BEGIN_IN_TRANSACTION)
+        self._count_waiting = compose(q.COUNT_WAITING)
         self._claim = compose(q.CLAIM)
         self._heartbeat = compose(q.HEARTBEAT)
         self._commit = compose(q.COMMIT)
@@ -430,10 +432,10 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
         elif len(known) >= _KNOWN_KEYS:
             del known[next(iter(known))]
         known[key] = None
-        params["finished"] = _FINISHED
         # Twice at most in practice: nothing comes back only when a first
         # insert of the key committed after the statement's snapshot (BEGIN),
-        # and the next snapshot sees it; a third try covers a purge between.
+        # and the next snapshot sees it, or when an open effect finished
+        # between BEGIN and COUNT_WAITING; a third try covers a purge between.
         for _ in range(3):
             started = counts.epoch
             row = await self._fetch_one("begin", self._begin, params, None, idem_key=key)
@@ -441,14 +443,21 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
                 continue
             if row[_EFFECT_WIDTH]:
                 return BeginOutcome(_effect_from_row(row), created=True)
-            finished = not row[_EFFECT_WIDTH + 1]
+            if row[_STATUS_AT] not in _FINISHED_VALUES:
+                # Open: this caller may wait for it, so its duplicate counts now.
+                started = counts.epoch
+                row = await self._fetch_one(
+                    "begin", self._count_waiting, {"id": row[_ID_AT], "finished": _FINISHED},
+                    None, idem_key=key,
+                )  # fmt: skip
+                if row is None:
+                    continue  # finished (or purged) meanwhile: read it again
+                (row,) = await self._counted([row], started, None)
+                return BeginOutcome(_effect_from_row(row), created=False)
+            # Finished: counted later, and only once the answer is certain.
             (row,) = await self._counted([row], started, None)
-            if finished:
-                # Finished (or finished while the statement ran): count it later,
-                # and only once the answer is certain.
-                counts.add(row_id(row))
-                row = plus_one(row)
-            return BeginOutcome(_effect_from_row(row), created=False)
+            counts.add(row_id(row))
+            return BeginOutcome(_effect_from_row(plus_one(row)), created=False)
         raise EffectStoreError(
             "the effect this key conflicted with was not found three times "
             "(purged meanwhile?); call again",

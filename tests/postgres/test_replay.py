@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
@@ -37,32 +38,38 @@ async def _row(conn: Any, schema: str, key: str) -> tuple[Any, ...]:
     return tuple(row)
 
 
-async def _xid_of_begin(pg: PostgresHarness, key: str) -> object:
-    """Run begin's own statement for ``key`` inside a transaction of the back door and
-    say whether it was given a transaction id (what makes a commit write and flush WAL)."""
-    store = pg.store
-    new = NewEffect(idem_key=key, workflow_id="wf", call_id=None, tool="charge",
-                    args_canonical="{}", resource_id_canonical=None)  # fmt: skip
-    params = {**begin_params(new), "finished": _FINISHED}
+async def _xid_of(pg: PostgresHarness, statement: Any, params: Mapping[str, object]) -> object:
+    """Run one of begin's statements inside a transaction of the back door and say
+    whether it was given a transaction id (what makes a commit write and flush WAL)."""
     async with pg.backdoor.transaction(force_rollback=True):
-        await pg.backdoor.execute(store._begin, params)
+        await pg.backdoor.execute(statement, params)
         cursor = await pg.backdoor.execute("SELECT pg_current_xact_id_if_assigned()")
         row = await cursor.fetchone()
     assert row is not None
     return row[0]
 
 
+async def _xid_of_begin(pg: PostgresHarness, key: str) -> object:
+    new = NewEffect(idem_key=key, workflow_id="wf", call_id=None, tool="charge",
+                    args_canonical="{}", resource_id_canonical=None)  # fmt: skip
+    return await _xid_of(pg, pg.store._begin, begin_params(new))
+
+
 async def test_a_replay_of_a_finished_effect_gets_no_transaction_id(
     pg: PostgresHarness,
 ) -> None:
-    """No xid: nothing is written, so no WAL record and no flush wait at commit. The same
-    statement on an effect still processing does write (its duplicate counts at once)."""
+    """No xid: begin's statement writes nothing for an existing key, so no WAL record
+    and no flush wait at commit. Only a caller that may wait (the effect is still
+    open) sends a second statement, which counts its duplicate at once: that writes."""
     ledger = build_ledger(pg.store)
     begun = await ledger.begin(CALL)
     key = begun.effect.idem_key
-    assert await _xid_of_begin(pg, key) is not None  # processing: counted, written
+    assert await _xid_of_begin(pg, key) is None  # processing: read only
+    count = {"id": begun.effect.id, "finished": _FINISHED}
+    assert await _xid_of(pg, pg.store._count_waiting, count) is not None  # counted, written
     assert await ledger.commit(begun.effect.id, CommitSucceeded(result="ok"))
     assert await _xid_of_begin(pg, key) is None  # finished: read only
+    assert await _xid_of(pg, pg.store._count_waiting, count) is None  # finished: not counted
 
 
 async def test_replays_leave_the_row_untouched_until_the_flush(
