@@ -17,6 +17,7 @@ from agent_ledger.sagas._errors import (
     SagaNondeterminismError,
     SagaOwnershipLostError,
     SagaStepCancelled,
+    SagaStepParked,
     SagaStepUnsettled,
 )
 from agent_ledger.sagas._outcome import SagaOutcome, StepOutcome
@@ -38,6 +39,7 @@ __all__ = [
     "SagaRecovery",
     "SagaStatus",
     "SagaStepCancelled",
+    "SagaStepParked",
     "SagaStepUnsettled",
     "StepOutcome",
     "check_plan",

@@ -35,6 +35,7 @@ stays ``compensating`` for a later pass (or re-run) to finish.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import time
 from collections.abc import Iterable
@@ -49,7 +50,7 @@ from agent_ledger.errors import EffectLedgerValidationError, EffectStoreError
 from agent_ledger.ledger import RECORDING, EffectLedger
 from agent_ledger.options import UNSET, RunOptions, merge_run_options
 from agent_ledger.retries import RetryPolicy
-from agent_ledger.sagas._errors import SagaStepUnsettled
+from agent_ledger.sagas._errors import SagaStepParked, SagaStepUnsettled
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores.base import Decision, NewEffect
 from agent_ledger.stores.saga_base import SagaStep
@@ -122,6 +123,14 @@ def check_compensation_tool(ledger: EffectLedger, tool_name: str, name: str) -> 
             f"signature is {tool.signature}. Nothing was run.",
             field="compensate",
         )
+
+
+#: Whether an undo waits for a step parked for a person (the saga's own code,
+#: whose caller waits anyway) or stops with ``SagaStepParked`` (a recovery
+#: pass, which other sagas wait for). Set by the recovery pass.
+WAIT_FOR_PARKED: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "agent_ledger_saga_wait_for_parked", default=True
+)
 
 
 async def compensate(
@@ -222,7 +231,10 @@ async def settle(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Effect |
         if forward.parked:
             # An ambiguous attempt: only a person can say whether it happened
             # (resolve: undo it; deny: nothing to undo; approve: it is canceled
-            # below). The saga waits for them, as its step's callers do.
+            # below). The saga's own code waits for them, as its step's callers
+            # do; a recovery pass does not (other sagas wait for it).
+            if not WAIT_FOR_PARKED.get():
+                raise SagaStepParked(saga_id, step)
             await asyncio.sleep(_POLL.delay(min(attempt, 10)))
             attempt += 1
             continue

@@ -9,6 +9,7 @@
         ├── SagaNondeterminismError    the code asks for another step than the one recorded
         ├── SagaInFlightError          another live worker owns the saga
         ├── SagaStepUnsettled          a step runs where nobody can tell its worker dead
+        │   └── SagaStepParked         a step waits for a person to settle it (recovery)
         └── SagaOwnershipLostError     this worker's saga was taken over meanwhile
     SagaStepCancelled                  a step's own task was cancelled: the saga rolls back
 """
@@ -31,6 +32,7 @@ __all__ = [
     "SagaNondeterminismError",
     "SagaOwnershipLostError",
     "SagaStepCancelled",
+    "SagaStepParked",
     "SagaStepUnsettled",
 ]
 
@@ -142,4 +144,21 @@ class SagaStepCancelled(EffectLedgerError):
         super().__init__(
             f"the task of step {position} (started with saga.start) was cancelled; "
             "the saga was rolled back as for a failed step"
+        )
+
+
+class SagaStepParked(SagaStepUnsettled):
+    """A recovery pass met a step parked for a person (an ambiguous attempt under
+    ``on_stale="park"``): only that person can say whether it happened, and a
+    pass must not wait for them while other sagas wait for it."""
+
+    def __init__(self, saga_id: str, step: SagaStep) -> None:
+        self.saga_id = saga_id
+        self.position = step.position
+        SagaError.__init__(
+            self,
+            f"saga {saga_id!r}: step {step.position} ({step.tool}, key {step.idem_key[:12]}) "
+            "is parked for a person (its worker died mid-handler, so nobody knows whether "
+            "it happened). The saga stays compensating: settle the step (`agent-ledger "
+            "resolve`, `approve` or `deny` KEY) and the next recovery pass finishes it.",
         )

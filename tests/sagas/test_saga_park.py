@@ -128,3 +128,60 @@ async def test_a_rollback_waits_for_a_parked_step_then_undoes_what_happened(
         await asyncio.wait_for(running, 10)
     assert failed.value.outcome.status is SagaStatus.COMPENSATED
     assert len(undone) == 1 and shop.log == ["s1", "undo s1"]
+
+
+async def test_a_recovery_pass_reports_a_parked_step_and_moves_on(harness: StoreHarness) -> None:
+    """A pass finishing a dead owner's undo does not wait for a person: a parked step
+    stops that saga's undo (reported in errors, the saga stays compensating) while the
+    pass goes on; once the step is settled, the next pass finishes it."""
+    ledger = harness.ledger()
+    shop = shop_of(ledger, "s1")
+    started = asyncio.Event()
+    refunds: list[object] = []
+
+    @ledger.tool(
+        "pay",
+        on_stale="park",
+        compensate="refund",
+        run_options=RunOptions(stale=StaleOptions(after_ms=1_000)),
+    )
+    async def pay(order: str) -> dict[str, str]:
+        started.set()
+        await asyncio.Event().wait()  # the worker dies inside the handler
+        return {"charge": "never"}
+
+    @ledger.tool("refund")
+    async def refund(forward: object) -> str:
+        refunds.append(forward)
+        return "refunded"
+
+    saga = ledger.saga("order-11", lease_ms=1_000)
+    await saga.__aenter__()
+    await shop["s1"]("o11")
+    stuck = saga.start(pay, "o11")
+    await started.wait()
+    store = saga_store(ledger)
+    assert await store.finish_saga(
+        "order-11", attempt=1, expect=SagaStatus.RUNNING, then=SagaStatus.COMPENSATING, error=None
+    )
+    assert saga._heartbeat is not None
+    await saga._heartbeat.stop()  # the owner dies, its handler stalled for good:
+    ledger._engine._heartbeats._running.clear()  # no more heartbeats for it either
+    await harness.age(5_000)
+    (parked,) = await ledger.park_stale()
+
+    report = await asyncio.wait_for(ledger.recover_sagas(), 10)
+    assert report.finished == []
+    ((saga_id, why),) = report.errors
+    assert saga_id == "order-11" and "SagaStepParked" in why and "parked for a person" in why
+    left = await store.get_saga("order-11")
+    assert left is not None and left.status is SagaStatus.COMPENSATING
+    assert refunds == [] and shop.log == ["s1"]
+
+    assert await ledger.resolve(parked.idem_key, result={"charge": "ch_1"}, by="ops")
+    await harness.age(60_000)  # the first pass's claim (its default lease) ran out
+    report = await asyncio.wait_for(ledger.recover_sagas(), 10)
+    assert [o.status for o in report.finished] == [SagaStatus.COMPENSATED]
+    assert len(refunds) == 1 and shop.log == ["s1", "undo s1"]
+    stuck.cancel()
+    await asyncio.gather(stuck, return_exceptions=True)
