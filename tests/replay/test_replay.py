@@ -26,6 +26,7 @@ import pytest
 from agent_ledger import (
     Effect,
     EffectDeniedError,
+    EffectError,
     EffectFailedError,
     EffectLedger,
     EffectLedgerError,
@@ -41,6 +42,7 @@ from agent_ledger.cli import main as cli_main
 from agent_ledger.errors import ApprovalPendingError
 from agent_ledger.receipt import effect_to_record
 from agent_ledger.sagas import SagaFailed
+from agent_ledger.stores.saga_base import SagaStatus
 from agent_ledger.testing import build_ledger
 from agent_ledger.tools import Tool
 from tests.harness import DSN, TEST_SCHEMA, MemoryHarness, PostgresHarness, StoreHarness
@@ -434,28 +436,109 @@ async def test_a_failed_saga_replays_its_steps_and_its_undo_from_the_recording(
 
         return ledger.tools
 
-    async def order(ledger: EffectLedger, tools: Mapping[str, Tool[Any]]) -> str:
+    async def order(ledger: EffectLedger, tools: Mapping[str, Tool[Any]]) -> list[object]:
+        """How the saga ended: everything its outcome says but times and owner."""
         with pytest.raises(SagaFailed) as failed:
             async with ledger.saga("order-9"):
                 await tools["stock.reserve"]("A")
                 await tools["payments.charge"](500)
-        return failed.value.outcome.status.value
+        o = failed.value.outcome
+        return [
+            o.status.value,
+            o.error,
+            [(s.position, s.tool) for s in o.compensated],
+            [(s.position, s.tool) for s in o.failed_compensations],
+            [
+                (
+                    s.tool,
+                    s.forward and (s.forward.status, s.forward.result, s.forward.error),
+                    s.compensation and (s.compensation.status, s.compensation.result),
+                )
+                for s in o.steps
+            ],
+        ]
 
     log: list[str] = []
     ledger = harness.ledger()
-    status = await order(ledger, shop(ledger, log))
+    recorded = await order(ledger, shop(ledger, log))
     assert log == ["reserve", "charge", "release"]
+    assert recorded[:3] == [
+        "compensated",
+        EffectError("declined", "card_declined"),  # the failed step's recorded error
+        [(0, "stock.reserve")],
+    ]
     before = await stored_rows(harness)
 
+    # The replayed saga ends as the recorded one did: the same error (not the
+    # replayed EffectFailedError's text), the same steps undone, each step's
+    # effects the recorded ones.
     replay_log: list[str] = []
     replaying = build_ledger(MemoryStore())
     tools = shop(replaying, replay_log)
     async with replaying.replay("order-9", source=harness.store):
-        assert await order(replaying, tools) == status == "compensated"
+        assert await order(replaying, tools) == recorded
     assert replay_log == []
     own = replaying.store
     assert isinstance(own, MemoryStore) and len(own) == 0  # only the saga's own rows
     assert await stored_rows(harness) == before
+
+
+async def test_a_strict_refusal_inside_a_saga_surfaces_and_leaves_nothing_for_a_person(
+    harness: StoreHarness,
+) -> None:
+    """Replayed code that asks a saga step the recording cannot answer diverged
+    from the recorded run: ``UnrecordedEffectError`` reaches the caller as it
+    is (not a ``SagaCompensationFailed``), no handler runs (forward or undo:
+    undoing recorded steps of a run the code no longer makes would need undos
+    that were never recorded), and no saga waits for a person."""
+
+    def shop(ledger: EffectLedger, log: list[str]) -> Mapping[str, Tool[Any]]:
+        @ledger.tool("stock.charge", compensate="stock.refund")
+        async def charge(order_id: str, cents: int) -> str:
+            log.append("charge")
+            return "ch"
+
+        @ledger.tool("stock.refund")
+        async def refund(forward: Effect) -> str:
+            log.append("refund")
+            return "refunded"
+
+        @ledger.tool("stock.reserve", compensate="stock.release")
+        async def reserve(sku: str) -> str:
+            log.append("reserve")
+            return f"held {sku}"
+
+        @ledger.tool("stock.release")
+        async def release(forward: Effect) -> str:
+            log.append("release")
+            return "released"
+
+        return ledger.tools
+
+    ledger = harness.ledger()
+    tools = shop(ledger, [])
+    async with ledger.saga("order-10"):
+        await tools["stock.charge"]("o", 10)
+        await tools["stock.reserve"]("A")
+
+    replay_log: list[str] = []
+    replaying = build_ledger(MemoryStore())
+    tools = shop(replaying, replay_log)
+    with pytest.raises(UnrecordedEffectError) as refused:
+        async with (
+            replaying.replay("order-10", source=harness.store),
+            replaying.saga("order-10"),
+        ):
+            await tools["stock.charge"]("o", 10)
+            await tools["stock.reserve"]("B")  # the code changed: another sku
+    assert refused.value.tool == "stock.reserve" and refused.value.differing == ("sku",)
+    assert replay_log == []
+    own = replaying.store
+    assert isinstance(own, MemoryStore)
+    assert await own.list_sagas(statuses=frozenset({SagaStatus.COMPENSATION_FAILED})) == []
+    assert len(own) == 0  # no effect of the replayed code was stored either
+    recovery = await replaying.recover_sagas(lease_ms=100)
+    assert recovery.finished == [] and recovery.abandoned == [] and replay_log == []
 
 
 # -- bad input --------------------------------------------------------------------------
