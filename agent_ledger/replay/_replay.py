@@ -140,8 +140,12 @@ class Replay:
             effects = self._effects = await read_store(self._store, self.workflow_id)
         return effects
 
-    async def answer(self, new: NewEffect) -> Effect | None:
+    async def answer(self, new: NewEffect, legacy_key: str | None = None) -> Effect | None:
         """The recorded effect with ``new``'s key, if it finished; else refuse or run it.
+
+        With ``legacy_key`` (``legacy_keys=True``), a call with no recording
+        under its own key is answered by the effect the recording's store
+        imported under its 0.2.x key, as the recorded run's call was.
 
         Strict: raise ``UnrecordedEffectError`` saying why there is no
         outcome to give. Otherwise log that, and return None: the call runs
@@ -149,6 +153,8 @@ class Replay:
         """
         effects = self._effects if self._effects is not None else await self._recording()
         recorded = effects.get(new.idem_key) if new.workflow_id == self.workflow_id else None
+        if recorded is None and legacy_key is not None and new.workflow_id == self.workflow_id:
+            recorded = await self._imported(new, legacy_key, effects)
         if recorded is not None and recorded.status.is_terminal:
             return recorded
         message, differing = self._why_unrecorded(new, recorded, effects)
@@ -168,6 +174,23 @@ class Replay:
             extra={"idem_key": new.idem_key, "tool": new.tool, "workflow_id": new.workflow_id},
         )
         return None
+
+    async def _imported(
+        self, new: NewEffect, legacy_key: str, effects: Mapping[str, Effect]
+    ) -> Effect | None:
+        """The recorded effect imported under ``legacy_key``, if it is this call's
+        (same workflow and tool: the engine's rule, ``_follow_legacy_key``).
+
+        Only a store knows what was imported under which 0.2.x key (a read:
+        ``find_legacy``); an export does not carry that map, so there such a
+        call is answered only under its own key.
+        """
+        if self._store is None:
+            return None
+        found = await self._store.find_legacy(legacy_key)
+        if found is None or (found.workflow_id, found.tool) != (new.workflow_id, new.tool):
+            return None
+        return effects.get(found.idem_key)
 
     async def recorded(self, idem_key: str) -> Effect | None:
         """The finished effect recorded under ``idem_key``, or None."""

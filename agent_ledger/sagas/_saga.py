@@ -445,6 +445,7 @@ class Saga:
         the recorded one either way, so a replay ends with the error the
         recorded run ended with (its export has no saga rows to read it from).
         """
+        recorded: Effect | None
         if isinstance(exc, EffectFailedError):
             recorded = exc.effect
         else:

@@ -30,6 +30,7 @@ from agent_ledger import (
     EffectFailedError,
     EffectLedger,
     EffectLedgerError,
+    EffectLedgerOptions,
     EffectLedgerValidationError,
     EffectPayloadMismatchError,
     EffectStatus,
@@ -40,6 +41,7 @@ from agent_ledger import (
 )
 from agent_ledger.cli import main as cli_main
 from agent_ledger.errors import ApprovalPendingError
+from agent_ledger.legacy.keys import legacy_key_of
 from agent_ledger.receipt import effect_to_record
 from agent_ledger.sagas import SagaFailed
 from agent_ledger.stores.saga_base import SagaStatus
@@ -410,6 +412,38 @@ async def test_validated_args_are_checked_against_the_recording(harness: StoreHa
         assert await refund("o-7", 500, "another note") == "refunded 500"
     assert raised.value.fields == ("cents",)
     assert ran == [500]
+
+
+async def test_a_call_answered_under_its_0_2_key_replays_with_legacy_keys(
+    harness: StoreHarness,
+) -> None:
+    """With ``legacy_keys=True`` the recorded run's call was answered by an effect
+    imported under its 0.2.x key (0.2.x could not tell 2 from 2.0): a replay
+    from that store answers it the same way, with no handler run, strict or not."""
+    imported = ToolCall(WORKFLOW, "img.resize", {"scale": 2})
+    plain = harness.ledger()
+    await plain.run(imported, lambda e: {"w": 640})
+    store: Any = harness.store  # every store of this package records 0.2.x keys
+    await store.record_legacy(legacy_key_of(imported), plain.idem_key(imported))
+    recording = EffectLedger(EffectLedgerOptions(store=harness.store, legacy_keys=True))
+    again = ToolCall(WORKFLOW, "img.resize", {"scale": 2.0})  # another key today
+    assert await recording.run(again, lambda e: {"w": 0}) == {"w": 640}
+    before = await stored_rows(harness)
+    ran: list[int] = []
+
+    def handler(effect: Effect) -> dict[str, int]:
+        ran.append(1)
+        return {"w": 0}
+
+    for strict in (True, False):
+        replaying = EffectLedger(EffectLedgerOptions(store=MemoryStore(), legacy_keys=True))
+        async with replaying.replay(WORKFLOW, source=harness.store, strict=strict):
+            assert await replaying.run(again, handler) == {"w": 640}
+            began = await replaying.begin(again)
+            assert began.cached and began.cached_result == {"w": 640}
+        assert ran == []
+        assert len(replaying.store) == 0  # type: ignore[arg-type]
+    assert await stored_rows(harness) == before
 
 
 # -- sagas ----------------------------------------------------------------------------
