@@ -72,6 +72,15 @@ class Replay:
         self._effects: Mapping[str, Effect] | None = None
         if isinstance(source, (str, os.PathLike)):
             self._effects = read_export(source, workflow_id)
+        elif isinstance(source, type):
+            # A runtime-checkable Protocol accepts a class that has the methods,
+            # whose methods then fail unbound (TypeError) at the first read.
+            raise EffectLedgerValidationError(
+                f"replay source is the class {source.__name__}, not a store: pass the "
+                f"store holding the recorded run (an instance, e.g. "
+                f"{source.__name__}(...) opened on that database) or the path of its export",
+                field="source",
+            )
         elif isinstance(source, Store):
             if source is ledger.store:
                 raise EffectLedgerValidationError(
@@ -109,8 +118,18 @@ class Replay:
         for i in range(len(entered) - 1, -1, -1):
             replay, token = entered[i]
             if replay is self:
+                if i != len(entered) - 1:
+                    # Restoring what was in place before this entry would drop the
+                    # inner replay, and the inner one's exit would bring this one back.
+                    inner = ", ".join(repr(e[0]) for e in entered[i + 1 :])
+                    raise RuntimeError(
+                        f"{self!r} was exited before {inner}, entered inside it: leave "
+                        "blocks in the reverse order of entering them (as `with` and "
+                        "contextlib.ExitStack do); nothing was changed"
+                    )
+                self._scope.check_innermost()  # a workflow() block left open inside: refused
                 self._scope.__exit__(exc_type, exc, tb)
-                _ENTERED.set(entered[:i] + entered[i + 1 :])
+                _ENTERED.set(entered[:i])
                 RECORDING.reset(token)
                 return
         raise RuntimeError(f"{self!r} was exited in a context that did not enter it")

@@ -41,12 +41,13 @@ from agent_ledger import (
 )
 from agent_ledger.cli import main as cli_main
 from agent_ledger.errors import ApprovalPendingError
+from agent_ledger.ledger import RECORDING
 from agent_ledger.legacy.keys import legacy_key_of
 from agent_ledger.receipt import effect_to_record
 from agent_ledger.sagas import SagaFailed
 from agent_ledger.stores.saga_base import SagaStatus
 from agent_ledger.testing import build_ledger
-from agent_ledger.tools import Tool
+from agent_ledger.tools import Tool, current_workflow
 from tests.harness import DSN, TEST_SCHEMA, MemoryHarness, PostgresHarness, StoreHarness
 
 WORKFLOW = "order-7"
@@ -575,6 +576,54 @@ async def test_a_strict_refusal_inside_a_saga_surfaces_and_leaves_nothing_for_a_
     assert recovery.finished == [] and recovery.abandoned == [] and replay_log == []
 
 
+# -- blocks left out of order -----------------------------------------------------------
+
+
+async def test_blocks_left_out_of_order_are_refused_and_change_nothing(tmp_path: Path) -> None:
+    """Leaving a replay (or a workflow() block) before one entered inside it would
+    leave the inner one's recording and workflow set after both ended (each
+    exit restores what was in place before it). It is refused with a clear
+    error, nothing changes, and leaving in order then works."""
+    store = MemoryStore()
+    recorded = Agent(build_ledger(store))
+    async with recorded.ledger.workflow(WORKFLOW):
+        await recorded.tools["catalog.search"]("lamp")
+    replaying = Agent(build_ledger(MemoryStore()))
+    outer = replaying.ledger.replay(WORKFLOW, source=store)
+    inner = replaying.ledger.replay(WORKFLOW, source=store)
+    with outer:
+        with inner:
+            with pytest.raises(RuntimeError, match=r"exited before Replay\('order-7'"):
+                outer.__exit__(None, None, None)
+            assert RECORDING.get() is inner and current_workflow() == WORKFLOW
+        assert RECORDING.get() is outer
+    assert RECORDING.get() is None and current_workflow() is None
+
+    # A workflow() block left open inside a replay: the replay's exit is refused.
+    with outer:
+        scope = replaying.ledger.workflow("other")
+        scope.__enter__()
+        with pytest.raises(RuntimeError, match=r"exited before WorkflowScope\('other'\)"):
+            outer.__exit__(None, None, None)
+        assert RECORDING.get() is outer and current_workflow() == "other"
+        scope.__exit__(None, None, None)
+        assert current_workflow() == WORKFLOW
+    assert RECORDING.get() is None and current_workflow() is None
+
+    # And two workflow() blocks.
+    a, b = replaying.ledger.workflow("a"), replaying.ledger.workflow("b")
+    with a:
+        with b:
+            with pytest.raises(RuntimeError, match="exited before"):
+                a.__exit__(None, None, None)
+            assert current_workflow() == "b"
+        assert current_workflow() == "a"
+    assert current_workflow() is None
+    async with replaying.ledger.workflow(WORKFLOW):  # no replay left in force: runs for real
+        assert await replaying.tools["catalog.search"]("lamp") == ["lamp-0", "lamp-1"]
+    assert replaying.runs == ["search lamp"]
+
+
 # -- bad input --------------------------------------------------------------------------
 
 
@@ -601,6 +650,7 @@ async def test_bad_sources_raise_clear_errors_and_change_nothing(
     _bad_source(r, None, "got NoneType")
     _bad_source(r, 42, "got int")
     _bad_source(r, r.store, "this ledger's own store")
+    _bad_source(r, MemoryStore, "is the class MemoryStore, not a store")
 
     broken = tmp_path / "broken.jsonl"
     broken.write_bytes(lines[0] + b'{"id": "x", "idem_key": \n' + lines[1])
