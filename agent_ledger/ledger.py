@@ -29,6 +29,7 @@ from agent_ledger.errors import (
     require_str,
 )
 from agent_ledger.keys import mismatched_args
+from agent_ledger.legacy.keys import legacy_mismatched_args
 from agent_ledger.observability import span
 from agent_ledger.options import EffectLedgerOptions, LedgerHooks, RunOptions
 from agent_ledger.status import TERMINAL, EffectStatus
@@ -61,9 +62,11 @@ class Recording(Protocol):
 
     ledger: EffectLedger
 
-    async def answer(self, new: NewEffect) -> Effect | None:
+    async def answer(self, new: NewEffect, legacy_key: str | None = None) -> Effect | None:
         """The finished effect to answer ``new`` from; None to run it as usual.
 
+        ``legacy_key``: the call's 0.2.x key (``legacy_keys=True``), which the
+        recorded run may have been answered under (an imported effect).
         Raises to refuse the call (``UnrecordedEffectError``) before anything runs.
         """
         ...
@@ -86,11 +89,16 @@ async def _from_recording(recording: Recording, prepared: Prepared) -> Effect | 
     """The recorded effect answering a call, checked as the engine checks one it finds:
     a call that differs in its ``validate_keys`` args gets ``EffectPayloadMismatchError``,
     never the outcome of a request it did not make."""
-    recorded = await recording.answer(prepared.new)
+    recorded = await recording.answer(prepared.new, prepared.legacy_key)
     if recorded is not None and prepared.validate_keys is not None:
-        differ = mismatched_args(
-            recorded.args_canonical, prepared.new.args_canonical, prepared.validate_keys
-        )
+        if recorded.idem_key == prepared.new.idem_key:
+            differ = mismatched_args(
+                recorded.args_canonical, prepared.new.args_canonical, prepared.validate_keys
+            )
+        else:  # answered under its 0.2.x key: compared as the engine compares those
+            differ = legacy_mismatched_args(
+                recorded.args_canonical, prepared.new.args_canonical, prepared.validate_keys
+            )
         if differ:
             raise EffectPayloadMismatchError(recorded, differ)
     return recorded

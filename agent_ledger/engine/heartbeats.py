@@ -30,6 +30,7 @@ a beat early only refreshes the lease sooner; it is never late.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Iterable
 from typing import Final
 
@@ -130,7 +131,13 @@ class Heartbeats:
         if timer is None or beat.due < timer.when():
             if timer is not None:
                 timer.cancel()
-            self._timer = loop.call_at(beat.due, self._fall_due, loop)
+            # An empty context: the first beat may start inside a store
+            # transaction's block (run(..., tx=tx)), whose mark the timer and
+            # the task would inherit; the batch must wait for the transaction
+            # like any worker's, not be refused as a step of its block.
+            self._timer = loop.call_at(
+                beat.due, self._fall_due, loop, context=contextvars.Context()
+            )
         return beat
 
     def _fall_due(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -139,7 +146,7 @@ class Heartbeats:
         if self._running and self._task is None and self._loop is loop:
             self._wake = asyncio.Event()
             self._next_due = float("inf")
-            self._task = loop.create_task(self._run(loop))
+            self._task = loop.create_task(self._run(loop), context=contextvars.Context())
 
     def forget(self, beat: Beat) -> None:
         """Stop beating for ``beat`` (its handler returned, or it lost the effect)."""

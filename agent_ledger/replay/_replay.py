@@ -72,6 +72,15 @@ class Replay:
         self._effects: Mapping[str, Effect] | None = None
         if isinstance(source, (str, os.PathLike)):
             self._effects = read_export(source, workflow_id)
+        elif isinstance(source, type):
+            # A runtime-checkable Protocol accepts a class that has the methods,
+            # whose methods then fail unbound (TypeError) at the first read.
+            raise EffectLedgerValidationError(
+                f"replay source is the class {source.__name__}, not a store: pass the "
+                f"store holding the recorded run (an instance, e.g. "
+                f"{source.__name__}(...) opened on that database) or the path of its export",
+                field="source",
+            )
         elif isinstance(source, Store):
             if source is ledger.store:
                 raise EffectLedgerValidationError(
@@ -109,8 +118,18 @@ class Replay:
         for i in range(len(entered) - 1, -1, -1):
             replay, token = entered[i]
             if replay is self:
+                if i != len(entered) - 1:
+                    # Restoring what was in place before this entry would drop the
+                    # inner replay, and the inner one's exit would bring this one back.
+                    inner = ", ".join(repr(e[0]) for e in entered[i + 1 :])
+                    raise RuntimeError(
+                        f"{self!r} was exited before {inner}, entered inside it: leave "
+                        "blocks in the reverse order of entering them (as `with` and "
+                        "contextlib.ExitStack do); nothing was changed"
+                    )
+                self._scope.check_innermost()  # a workflow() block left open inside: refused
                 self._scope.__exit__(exc_type, exc, tb)
-                _ENTERED.set(entered[:i] + entered[i + 1 :])
+                _ENTERED.set(entered[:i])
                 RECORDING.reset(token)
                 return
         raise RuntimeError(f"{self!r} was exited in a context that did not enter it")
@@ -140,8 +159,12 @@ class Replay:
             effects = self._effects = await read_store(self._store, self.workflow_id)
         return effects
 
-    async def answer(self, new: NewEffect) -> Effect | None:
+    async def answer(self, new: NewEffect, legacy_key: str | None = None) -> Effect | None:
         """The recorded effect with ``new``'s key, if it finished; else refuse or run it.
+
+        With ``legacy_key`` (``legacy_keys=True``), a call with no recording
+        under its own key is answered by the effect the recording's store
+        imported under its 0.2.x key, as the recorded run's call was.
 
         Strict: raise ``UnrecordedEffectError`` saying why there is no
         outcome to give. Otherwise log that, and return None: the call runs
@@ -149,6 +172,8 @@ class Replay:
         """
         effects = self._effects if self._effects is not None else await self._recording()
         recorded = effects.get(new.idem_key) if new.workflow_id == self.workflow_id else None
+        if recorded is None and legacy_key is not None and new.workflow_id == self.workflow_id:
+            recorded = await self._imported(new, legacy_key, effects)
         if recorded is not None and recorded.status.is_terminal:
             return recorded
         message, differing = self._why_unrecorded(new, recorded, effects)
@@ -168,6 +193,23 @@ class Replay:
             extra={"idem_key": new.idem_key, "tool": new.tool, "workflow_id": new.workflow_id},
         )
         return None
+
+    async def _imported(
+        self, new: NewEffect, legacy_key: str, effects: Mapping[str, Effect]
+    ) -> Effect | None:
+        """The recorded effect imported under ``legacy_key``, if it is this call's
+        (same workflow and tool: the engine's rule, ``_follow_legacy_key``).
+
+        Only a store knows what was imported under which 0.2.x key (a read:
+        ``find_legacy``); an export does not carry that map, so there such a
+        call is answered only under its own key.
+        """
+        if self._store is None:
+            return None
+        found = await self._store.find_legacy(legacy_key)
+        if found is None or (found.workflow_id, found.tool) != (new.workflow_id, new.tool):
+            return None
+        return effects.get(found.idem_key)
 
     async def recorded(self, idem_key: str) -> Effect | None:
         """The finished effect recorded under ``idem_key``, or None."""

@@ -4,8 +4,9 @@ Either way the recording is the workflow's effects by idempotency key, read
 once: a file when the replay is made (so a bad file fails there, before any
 code runs), a store when the block is entered (``async with``) or at its
 first call (``with``, which cannot wait for a store). Nothing here writes:
-a file is opened for reading, and a store is asked only ``list_effects``,
-which changes no row and counts no duplicate.
+a file is opened for reading, and a store is asked only ``list_effects``
+(and, for a ``legacy_keys=True`` ledger's call with no recording under its
+own key, ``find_legacy``), which change no row and count no duplicate.
 """
 
 from __future__ import annotations

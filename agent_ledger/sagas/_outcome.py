@@ -2,6 +2,10 @@
 
 A step row names its effects; their statuses are what happened. So an
 outcome is always built from what is stored, never from a worker's memory.
+Inside a ``ledger.replay()`` block the effects are the recorded ones: the
+steps and their undos were answered from the recording, so the replaying
+ledger's store has no receipt of them, and the replayed saga ends as the
+recorded one did.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from agent_ledger.effects import Effect, EffectError
-from agent_ledger.ledger import EffectLedger
+from agent_ledger.ledger import RECORDING, EffectLedger
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores.saga_base import SagaRecord, SagaStatus, SagaStep, SagaStore
 
@@ -79,6 +83,17 @@ class SagaOutcome:
         return tuple(sorted(done, key=lambda s: (-s.step.group_index, s.position)))
 
 
+async def _effect(ledger: EffectLedger, idem_key: str) -> Effect | None:
+    """The effect under ``idem_key``: the recorded one in a replay of this ledger
+    (if the recording has it finished), else the ledger's own."""
+    recording = RECORDING.get()
+    if recording is not None and recording.ledger is ledger:
+        recorded = await recording.recorded(idem_key)
+        if recorded is not None:
+            return recorded
+    return await ledger.find_by_idem_key(idem_key)
+
+
 def _compensation_failed(step: StepOutcome) -> bool:
     return step.compensation_status in (EffectStatus.FAILED, EffectStatus.CANCELED)
 
@@ -88,11 +103,9 @@ async def read_outcome(ledger: EffectLedger, store: SagaStore, saga: SagaRecord)
     steps = await store.saga_steps(saga.saga_id)
     outcomes = []
     for step in steps:
-        forward = await ledger.find_by_idem_key(step.idem_key)
+        forward = await _effect(ledger, step.idem_key)
         compensation = (
-            None
-            if step.compensation_key is None
-            else await ledger.find_by_idem_key(step.compensation_key)
+            None if step.compensation_key is None else await _effect(ledger, step.compensation_key)
         )
         outcomes.append(StepOutcome(step, forward, compensation))
     return SagaOutcome(

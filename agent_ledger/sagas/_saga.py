@@ -25,7 +25,11 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 from agent_ledger.calls import ToolCall
 from agent_ledger.effects import Effect, EffectError
-from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.errors import (
+    EffectFailedError,
+    EffectLedgerValidationError,
+    UnrecordedEffectError,
+)
 from agent_ledger.observability import logger
 from agent_ledger.options import DEFAULT_STALE_AFTER_MS, MAX_LEASE_MS, LedgerHooks, RunOptions
 from agent_ledger.sagas._compensation import (
@@ -158,7 +162,12 @@ class Heartbeat:
 
     def __init__(self, store: SagaStore, saga_id: str, attempt: int, lease_ms: int) -> None:
         self.lost = False
-        self._task = asyncio.create_task(self._beat(store, saga_id, attempt, lease_ms / 3000))
+        # An empty context: the saga may have begun inside a store transaction's
+        # block, whose mark (see stores/_transactions) would get the heartbeats
+        # refused instead of waiting for it like any worker's.
+        self._task = asyncio.create_task(
+            self._beat(store, saga_id, attempt, lease_ms / 3000), context=contextvars.Context()
+        )
 
     async def _beat(self, store: SagaStore, saga_id: str, attempt: int, every_s: float) -> None:
         while True:
@@ -269,6 +278,9 @@ class Saga:
         self.attempt = 0
         #: Steps that failed with failure_scope="step": (position, the error).
         self.step_failures: list[tuple[int, BaseException]] = []
+        #: Each step's exception whose effect ended failed, with the error its
+        #: effect holds: a rollback it causes records that error (see _reason).
+        self._failed_steps: list[tuple[BaseException, EffectError]] = []
         self._recorded: dict[int, SagaStep] = {}
         self._replay_only = False
         self._next_position = 0
@@ -414,13 +426,35 @@ class Saga:
         token = STEP_RUNNER.set(None)
         try:
             return await self.ledger.run(call, handler, run_options, hooks=hooks)
+        except UnrecordedEffectError:
+            raise  # a replay that diverged: never a step's own failure (see _exit)
         except Exception as exc:
+            await self._note_failed_step(exc, key)
             if tool.failure_scope != "step":
                 raise
             self.step_failures.append((position, exc))
             return None
         finally:
             STEP_RUNNER.reset(token)
+
+    async def _note_failed_step(self, exc: Exception, key: str) -> None:
+        """Remember the error the step's effect recorded, if it ended failed.
+
+        A run raises the handler's own exception; a re-run or a replay raises
+        ``EffectFailedError`` holding the recorded error. The saga's error is
+        the recorded one either way, so a replay ends with the error the
+        recorded run ended with (its export has no saga rows to read it from).
+        """
+        recorded: Effect | None
+        if isinstance(exc, EffectFailedError):
+            recorded = exc.effect
+        else:
+            try:
+                recorded = await self.ledger.find_by_idem_key(key)
+            except Exception:
+                return  # the rollback falls back to the exception itself
+        if recorded is not None and recorded.status is EffectStatus.FAILED and recorded.error:
+            self._failed_steps.append((exc, recorded.error))
 
     def _check_workflow(self, tool: Tool[object], call: ToolCall) -> None:
         """Refuse a compensable step keyed under another workflow than the saga.
@@ -630,17 +664,32 @@ class Saga:
             return False  # the cancellation propagates
         if not isinstance(exc, Exception):
             return False  # KeyboardInterrupt and the like: left to recover_sagas()
-        reason = EffectError(f"{type(exc).__name__}: {exc}", getattr(exc, "code", None))
+        reason = self._reason(exc)
         # Shielded too: a cancellation arriving during the undo waits for it to
         # end, then propagates instead of the SagaFailed.
         outcome = await _shielded(self._roll_back(reason))
         raise rolled_back(outcome) from exc
 
+    def _reason(self, exc: Exception) -> EffectError:
+        """The saga's error for a rollback ``exc`` caused: the error the failed
+        step's effect recorded (the same in a run, a re-run and a replay), or,
+        for an error of the block's own code, the exception's class and text."""
+        for failed, error in self._failed_steps:
+            if failed is exc:
+                return error
+        return EffectError(f"{type(exc).__name__}: {exc}", getattr(exc, "code", None))
+
     def _leaves_as_it_is(self, exc: BaseException) -> bool:
         """Whether ``exc`` says this saga must be left as it is: its code changed
-        (``SagaNondeterminismError``) or it was taken over. Only this saga's
-        own: an inner saga's ``SagaFailed`` (or any other error of another
-        saga) raised in this block is a failed step of this one."""
+        (``SagaNondeterminismError``), it was taken over, or a replay of it
+        asked for a call the recording cannot answer (``UnrecordedEffectError``:
+        the replayed code diverged, so undoing the recorded steps would undo
+        what the code no longer does, and their undos were never recorded).
+        Only this saga's own: an inner saga's ``SagaFailed`` (or any other
+        error of another saga) raised in this block is a failed step of this
+        one."""
+        if isinstance(exc, UnrecordedEffectError):
+            return True
         return (
             isinstance(exc, SagaNondeterminismError | SagaOwnershipLostError)
             and exc.saga_id == self.saga_id

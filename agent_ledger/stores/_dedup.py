@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Final, TypeVar
 
@@ -175,7 +176,11 @@ class PendingCounts:
         if self.closed:
             return
         if timer is None or timer.done():
-            self._timer = asyncio.get_running_loop().create_task(self._tick())
+            # An empty context: a store transaction's block (see _transactions)
+            # must not lend its mark to the timer, which waits for it instead.
+            self._timer = asyncio.get_running_loop().create_task(
+                self._tick(), context=contextvars.Context()
+            )
 
     def unwritten(self, effect_id: str) -> int:
         """This process's increments of ``effect_id`` that no committed flush holds yet."""
@@ -305,7 +310,9 @@ class PendingCounts:
                 await loud.wait()
         if not self.pending:
             return
-        flushing = self._flushing = asyncio.get_running_loop().create_task(self._write_batch())
+        flushing = self._flushing = asyncio.get_running_loop().create_task(
+            self._write_batch(), context=contextvars.Context()
+        )
         await asyncio.shield(flushing)
 
     async def _write_batch(self) -> None:

@@ -1,14 +1,17 @@
 """MemoryStore's saga steps (``SagaStore``): the in-process twin of the saga tables.
 
 Each step is a synchronous update inside one event loop, so it is atomic
-without a lock, as MemoryStore's effect steps are.
+without a lock, as MemoryStore's effect steps are. Like them, it first waits
+out another task's open transaction (the store's gate): sagas are not part of
+a transaction, and from inside a block a saga step is refused, as on SQLite,
+rather than waiting for that block to end.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent_ledger.effects import EffectError
 from agent_ledger.stores.saga_base import (
@@ -25,6 +28,7 @@ from agent_ledger.stores.saga_base import (
 
 if TYPE_CHECKING:
     from agent_ledger.clock import Clock
+    from agent_ledger.stores._transactions import TransactionGate
 
 
 class MemorySagas:
@@ -32,12 +36,19 @@ class MemorySagas:
 
     if TYPE_CHECKING:
         _clock: Clock
+        _gate: TransactionGate[Any]
+
+    async def _saga_turn(self) -> None:
+        """Wait out another task's open transaction; refused from inside its block."""
+        if self._gate.active is not None:
+            await self._gate.enter(None)
 
     def _init_sagas(self) -> None:
         self._saga_rows: dict[str, SagaRecord] = {}
         self._step_rows: dict[str, dict[int, SagaStep]] = {}
 
     async def begin_saga(self, new: NewSaga) -> SagaBegin:
+        await self._saga_turn()
         found = self._saga_rows.get(new.saga_id)
         if found is not None:
             return SagaBegin(found, False)
@@ -70,6 +81,7 @@ class MemorySagas:
         idle_ms: int,
         owner: str | None,
     ) -> SagaRecord | None:
+        await self._saga_turn()
         saga = self._saga_rows.get(saga_id)
         now = self._clock()
         if saga is None or saga.status is not expect or saga.lease_ms <= 0:
@@ -89,6 +101,7 @@ class MemorySagas:
         return claimed
 
     async def heartbeat_saga(self, saga_id: str, *, attempt: int) -> bool:
+        await self._saga_turn()
         saga = self._saga_rows.get(saga_id)
         if saga is None or saga.attempt != attempt or saga.status not in SAGA_OPEN:
             return False
@@ -104,6 +117,7 @@ class MemorySagas:
         then: SagaStatus,
         error: EffectError | None,
     ) -> bool:
+        await self._saga_turn()
         check_saga_move(expect, then)
         saga = self._saga_rows.get(saga_id)
         if saga is None or saga.attempt != attempt or saga.status is not expect:
@@ -122,6 +136,7 @@ class MemorySagas:
     async def record_step(
         self, saga_id: str, *, attempt: int, step: NewSagaStep
     ) -> SagaStep | None:
+        await self._saga_turn()
         saga = self._saga_rows.get(saga_id)
         if saga is None or saga.attempt != attempt or saga.status is not SagaStatus.RUNNING:
             return None
@@ -131,15 +146,18 @@ class MemorySagas:
         return steps[step.position]
 
     async def get_saga(self, saga_id: str) -> SagaRecord | None:
+        await self._saga_turn()
         return self._saga_rows.get(saga_id)
 
     async def saga_steps(self, saga_id: str) -> list[SagaStep]:
+        await self._saga_turn()
         steps = self._step_rows.get(saga_id, {})
         return [steps[p] for p in sorted(steps)]
 
     async def list_sagas(
         self, *, statuses: frozenset[SagaStatus] | None = None, limit: int = 100
     ) -> list[SagaRecord]:
+        await self._saga_turn()
         check_saga_limit(limit)
         rows = [s for s in self._saga_rows.values() if statuses is None or s.status in statuses]
         rows.sort(key=lambda s: (s.created_at, s.saga_id), reverse=True)
@@ -148,6 +166,7 @@ class MemorySagas:
     async def claimable_sagas(
         self, *, limit: int = 100, after: tuple[datetime, str] | None = None
     ) -> list[SagaRecord]:
+        await self._saga_turn()
         check_saga_limit(limit)
         now: datetime = self._clock()
         rows = [

@@ -20,11 +20,23 @@ The gate also owns "who hears about a change, and when": a change made
 outside a transaction wakes the key's waiters at once; one made inside a
 transaction wakes them only after the transaction commits (a rolled-back
 change never happened, so nobody is woken for it).
+
+Work started inside a block is refused rather than left to wait: the block
+cannot end while its own code waits for a step that waits for the block.
+That is true of the task that opened it, and just as true of a task it
+started and awaits there (``asyncio.gather``, ``asyncio.wait_for`` on 3.11,
+a tool call run by ``call_sync``): ``transaction()`` records its handle in a
+context variable, which every task started inside the block inherits, and a
+step without ``tx=`` from such a context is refused. The store's own
+background tasks (heartbeats, duplicate-count flushes, saga heartbeats) are
+started with an empty context (``contextvars.Context()``): they must wait
+for the transaction like any other worker, not be refused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Iterable
 from typing import Final, Generic, TypeVar
 
@@ -37,6 +49,14 @@ __all__ = ["LEASE_PAUSE_AFTER_MS", "TransactionGate", "TransactionHandle"]
 #: effects held elsewhere (see the module doc). Shorter ones delay a heartbeat
 #: by less than the two spare beats every lease has, so they skip the work.
 LEASE_PAUSE_AFTER_MS: Final = 50
+
+#: The transactions whose block the running code is inside, of any store:
+#: set by ``transaction()`` for its block and inherited by every task started
+#: there. A step without ``tx=`` on a store whose open transaction is in it
+#: would wait for its own block, so the gate refuses it.
+_INSIDE: contextvars.ContextVar[tuple[TransactionHandle, ...]] = contextvars.ContextVar(
+    "agent_ledger_inside_transactions", default=()
+)
 
 
 class TransactionHandle:
@@ -101,27 +121,41 @@ class TransactionGate(Generic[H]):
         return None
 
     def refuse_inside(self) -> None:
-        """Refuse a step that would wait for the open transaction from the task
-        that holds it: the transaction cannot end while its own task waits, so
-        the step would hang for ever. Cheap: call it only while one is open."""
-        if self.active is not None and asyncio.current_task() is self._owner:
+        """Refuse a step that would wait for the open transaction from inside its
+        block: from the task that holds it, or from a task started in the block
+        (which inherited the block's context variable). The transaction cannot
+        end while its block waits for that step, so the step would hang for
+        ever. Cheap: call it only while one is open."""
+        active = self.active
+        if active is None:
+            return
+        if asyncio.current_task() is self._owner or active in _INSIDE.get():
             raise EffectLedgerValidationError(
-                f"this task has {self._store_name}.transaction() open, and a step without "
-                "tx= waits for that transaction to end: it would wait for ever. Pass "
-                "tx=<the handle the block yields>, or make the call after the block",
+                f"this call was made inside an open {self._store_name}.transaction() "
+                "block (in its task, or in a task started there: asyncio.gather, "
+                "asyncio.wait_for, a sync tool call), and it would wait for that "
+                "transaction to end, which cannot happen while the block waits for "
+                "the call: it would wait for ever. Make the call after the block; "
+                "a call that takes tx= may instead be passed tx=<the handle the "
+                "block yields>",
                 field="tx",
             )
 
     def open(self, handle: H) -> None:
-        """Mark ``handle`` as the open transaction (call with ``lock`` held)."""
+        """Mark ``handle`` as the open transaction (call with ``lock`` held), and
+        the running context as inside its block."""
         self.active = handle
         self._owner = asyncio.current_task()
+        _INSIDE.set((*_INSIDE.get(), handle))
 
     def close(self, handle: H) -> None:
         """The transaction ended, committed or not: its handle is no longer valid."""
         handle.active = False
         self.active = None
         self._owner = None
+        # A task started in the block keeps its copy of the mark: inert, as it
+        # names a transaction that is no longer any store's open one.
+        _INSIDE.set(tuple(h for h in _INSIDE.get() if h is not handle))
 
     def changed(self, idem_key: str, tx: H | None) -> None:
         """``idem_key`` changed: wake its waiters now, or when ``tx`` commits."""

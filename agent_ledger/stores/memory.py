@@ -207,6 +207,9 @@ class MemoryStore(MemorySagas, MemoryBudgets):
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[MemoryTransaction]:
+        # A second transaction() inside a block would wait for the first one
+        # to end: refused, as SqliteStore refuses it.
+        self._gate.refuse_inside()
         async with self._gate.lock:
             tx = MemoryTransaction(self)
             self._gate.open(tx)

@@ -971,6 +971,9 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
         """
         if self._closed:
             return
+        # The flush and the thread's shutdown wait for an open transaction:
+        # from inside its block they would wait for ever.
+        self._gate.refuse_inside()
         # The last write: worth waiting for the lock as long as any step does,
         # rather than dropping the counts after 100 ms.
         self._flush_wait_ms = self._busy_timeout_ms

@@ -58,14 +58,34 @@ class WorkflowScope:
         tb: TracebackType | None,
     ) -> None:
         entered = _ENTERED.get()
+        i = self.check_innermost()
+        _, token, budget_token = entered[i]
+        _ENTERED.set(entered[:i])
+        if budget_token is not None:
+            pop(budget_token)
+        _CURRENT.reset(token)
+
+    def check_innermost(self) -> int:
+        """Where this scope's latest entry is in this context's stack; raise
+        ``RuntimeError`` (changing nothing) unless it is the innermost one.
+
+        Each entry undoes itself by restoring what was in place before it: a
+        scope left before one entered inside it would restore a state that
+        still holds the inner one, and the inner one's exit would bring the
+        outer scope back after both ended. So a block must be left before
+        the block around it, as ``with`` statements always are.
+        """
+        entered = _ENTERED.get()
         for i in range(len(entered) - 1, -1, -1):
-            scope, token, budget_token = entered[i]
-            if scope is self:
-                _ENTERED.set(entered[:i] + entered[i + 1 :])
-                if budget_token is not None:
-                    pop(budget_token)
-                _CURRENT.reset(token)
-                return
+            if entered[i][0] is self:
+                if i != len(entered) - 1:
+                    inner = ", ".join(repr(e[0]) for e in entered[i + 1 :])
+                    raise RuntimeError(
+                        f"{self!r} was exited before {inner}, entered inside it: leave "
+                        "blocks in the reverse order of entering them (as `with` and "
+                        "contextlib.ExitStack do); nothing was changed"
+                    )
+                return i
         raise RuntimeError(f"{self!r} was exited in a context that did not enter it")
 
     async def __aenter__(self) -> WorkflowScope:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from collections.abc import Awaitable, Callable
 
@@ -14,6 +15,7 @@ from agent_ledger import (
     ConcurrencyOptions,
     Effect,
     EffectInFlightError,
+    EffectLedger,
     EffectLedgerValidationError,
     EffectStatus,
     EffectTimeoutError,
@@ -225,8 +227,17 @@ async def test_a_step_without_tx_from_inside_the_block_is_refused_not_hung(
     ledger = harness.ledger()
     await ledger.run(CALL, lambda e: 1)
     key = ledger.idem_key(CALL)
+    opened = asyncio.Event()
+
+    async def other_worker() -> Effect | None:
+        # Started before the block, so not part of it: it waits for it.
+        await opened.wait()
+        return await harness.store.find(key)
+
+    other_task = asyncio.create_task(other_worker())
     async with harness.store.transaction() as tx:
-        other_task = asyncio.create_task(harness.store.find(key))
+        opened.set()
+        await asyncio.sleep(0)
         steps: list[Callable[[], Awaitable[object]]] = [
             lambda: harness.store.find(key),
             lambda: ledger.stats(),
@@ -245,3 +256,114 @@ async def test_a_step_without_tx_from_inside_the_block_is_refused_not_hung(
         assert not other_task.done()
     assert (await other_task) is not None
     assert await ledger.find_by_idem_key(ledger.idem_key(OTHER)) is None
+
+
+def _started_inside(
+    harness: StoreHarness,
+) -> dict[str, Callable[[EffectLedger, object], Awaitable[object]]]:
+    """Ways a step without ``tx=`` gets made inside a block by a task other than
+    the block's own: each would wait for the transaction while the block waits
+    for it (issue 13's adversarial pass, b01/b03/b06)."""
+
+    async def gathered(ledger: EffectLedger, tx: object) -> object:
+        return await asyncio.gather(ledger.run(OTHER, lambda e: 2))
+
+    async def in_a_task(ledger: EffectLedger, tx: object) -> object:
+        return await asyncio.create_task(ledger.run(OTHER, lambda e: 2))
+
+    async def tools_gathered(ledger: EffectLedger, tx: object) -> object:
+        @ledger.tool("send_email", workflow_id="wf")
+        async def send_email(to: str) -> str:
+            return "sent"
+
+        return await asyncio.gather(send_email("a"), send_email("b"))
+
+    async def sync_tool_in_a_sync_handler(ledger: EffectLedger, tx: object) -> object:
+        @ledger.tool("inner", workflow_id="wf")
+        def inner(a: int) -> int:
+            return a
+
+        # The sync handler runs in a worker thread; tool.sync() runs the inner
+        # call as a new task on the ledger's loop, with the handler's context.
+        return await ledger.run(CALL, lambda e: inner.sync(5), tx=tx)
+
+    async def saga(ledger: EffectLedger, tx: object) -> object:
+        @ledger.tool("saga_step")
+        async def saga_step(a: int) -> int:
+            return a
+
+        async with ledger.saga("saga-in-tx"):
+            return await saga_step(1)
+
+    async def nested_transaction(ledger: EffectLedger, tx: object) -> object:
+        async with harness.store.transaction():
+            return None
+
+    ways: dict[str, Callable[[EffectLedger, object], Awaitable[object]]] = {
+        "gather": gathered,
+        "task": in_a_task,
+        "tools-gathered": tools_gathered,
+        "sync-tool-in-sync-handler": sync_tool_in_a_sync_handler,
+        "saga": saga,
+        "nested-transaction": nested_transaction,
+    }
+    if sys.version_info < (3, 12):
+
+        async def wait_for(ledger: EffectLedger, tx: object) -> object:
+            # On 3.11 wait_for runs its awaitable in a task of its own.
+            return await asyncio.wait_for(ledger.run(OTHER, lambda e: 2), 30)
+
+        ways["wait_for"] = wait_for
+    if harness.kind == "sqlite":
+
+        async def close(ledger: EffectLedger, tx: object) -> object:
+            await harness.store.close()
+            return None
+
+        ways["close"] = close
+    return ways
+
+
+_WAYS = [
+    "gather",
+    "task",
+    "tools-gathered",
+    "sync-tool-in-sync-handler",
+    "saga",
+    "nested-transaction",
+    "wait_for",
+    "close",
+]
+
+
+@pytest.mark.parametrize("way", _WAYS)
+async def test_work_started_inside_the_block_is_refused_not_hung(
+    harness: StoreHarness, way: str
+) -> None:
+    """A step without ``tx=`` made by a task the block started (gather, a task,
+    wait_for on 3.11, a sync tool's inner call), a saga, a nested transaction()
+    or SqliteStore.close() inside the block would wait for the transaction while
+    the block waits for it, uncancellably. Each is refused at once, naming the
+    fix; the block then rolls back and the store works on."""
+    if harness.kind == "postgres":
+        pytest.skip("PostgreSQL locks rows, not the store: such a step does not wait")
+    ways = _started_inside(harness)
+    if way not in ways:
+        pytest.skip(f"{way}: not a way to hang on {harness.kind} / this Python")
+    ledger = harness.ledger()
+    await ledger.run(ToolCall("warm", "up", {}), lambda e: 0)  # schema checked, as in an app
+    async with asyncio.timeout(5):
+        with pytest.raises(EffectLedgerValidationError) as refused:
+            async with harness.store.transaction() as tx:
+                await ways[way](ledger, tx)
+    assert refused.value.field == "tx"
+    assert "transaction() block" in str(refused.value)
+    # Nothing of the block was kept, and the store is usable again.
+    assert await ledger.find_by_idem_key(ledger.idem_key(OTHER)) is None
+    assert await ledger.find_by_idem_key(ledger.idem_key(CALL)) is None
+    if way == "saga":
+        # Refused at its first step, as on SQLite: no saga row was left behind
+        # (a saga is not part of the transaction, so it would not roll back).
+        assert await harness.store.get_saga("saga-in-tx") is None  # type: ignore[attr-defined]
+    if way != "close":
+        assert await ledger.run(OTHER, lambda e: "after") == "after"

@@ -26,9 +26,11 @@ import pytest
 from agent_ledger import (
     Effect,
     EffectDeniedError,
+    EffectError,
     EffectFailedError,
     EffectLedger,
     EffectLedgerError,
+    EffectLedgerOptions,
     EffectLedgerValidationError,
     EffectPayloadMismatchError,
     EffectStatus,
@@ -39,10 +41,13 @@ from agent_ledger import (
 )
 from agent_ledger.cli import main as cli_main
 from agent_ledger.errors import ApprovalPendingError
+from agent_ledger.ledger import RECORDING
+from agent_ledger.legacy.keys import legacy_key_of
 from agent_ledger.receipt import effect_to_record
 from agent_ledger.sagas import SagaFailed
+from agent_ledger.stores.saga_base import SagaStatus
 from agent_ledger.testing import build_ledger
-from agent_ledger.tools import Tool
+from agent_ledger.tools import Tool, current_workflow
 from tests.harness import DSN, TEST_SCHEMA, MemoryHarness, PostgresHarness, StoreHarness
 
 WORKFLOW = "order-7"
@@ -410,6 +415,38 @@ async def test_validated_args_are_checked_against_the_recording(harness: StoreHa
     assert ran == [500]
 
 
+async def test_a_call_answered_under_its_0_2_key_replays_with_legacy_keys(
+    harness: StoreHarness,
+) -> None:
+    """With ``legacy_keys=True`` the recorded run's call was answered by an effect
+    imported under its 0.2.x key (0.2.x could not tell 2 from 2.0): a replay
+    from that store answers it the same way, with no handler run, strict or not."""
+    imported = ToolCall(WORKFLOW, "img.resize", {"scale": 2})
+    plain = harness.ledger()
+    await plain.run(imported, lambda e: {"w": 640})
+    store: Any = harness.store  # every store of this package records 0.2.x keys
+    await store.record_legacy(legacy_key_of(imported), plain.idem_key(imported))
+    recording = EffectLedger(EffectLedgerOptions(store=harness.store, legacy_keys=True))
+    again = ToolCall(WORKFLOW, "img.resize", {"scale": 2.0})  # another key today
+    assert await recording.run(again, lambda e: {"w": 0}) == {"w": 640}
+    before = await stored_rows(harness)
+    ran: list[int] = []
+
+    def handler(effect: Effect) -> dict[str, int]:
+        ran.append(1)
+        return {"w": 0}
+
+    for strict in (True, False):
+        replaying = EffectLedger(EffectLedgerOptions(store=MemoryStore(), legacy_keys=True))
+        async with replaying.replay(WORKFLOW, source=harness.store, strict=strict):
+            assert await replaying.run(again, handler) == {"w": 640}
+            began = await replaying.begin(again)
+            assert began.cached and began.cached_result == {"w": 640}
+        assert ran == []
+        assert len(replaying.store) == 0  # type: ignore[arg-type]
+    assert await stored_rows(harness) == before
+
+
 # -- sagas ----------------------------------------------------------------------------
 
 
@@ -434,28 +471,157 @@ async def test_a_failed_saga_replays_its_steps_and_its_undo_from_the_recording(
 
         return ledger.tools
 
-    async def order(ledger: EffectLedger, tools: Mapping[str, Tool[Any]]) -> str:
+    async def order(ledger: EffectLedger, tools: Mapping[str, Tool[Any]]) -> list[object]:
+        """How the saga ended: everything its outcome says but times and owner."""
         with pytest.raises(SagaFailed) as failed:
             async with ledger.saga("order-9"):
                 await tools["stock.reserve"]("A")
                 await tools["payments.charge"](500)
-        return failed.value.outcome.status.value
+        o = failed.value.outcome
+        return [
+            o.status.value,
+            o.error,
+            [(s.position, s.tool) for s in o.compensated],
+            [(s.position, s.tool) for s in o.failed_compensations],
+            [
+                (
+                    s.tool,
+                    s.forward and (s.forward.status, s.forward.result, s.forward.error),
+                    s.compensation and (s.compensation.status, s.compensation.result),
+                )
+                for s in o.steps
+            ],
+        ]
 
     log: list[str] = []
     ledger = harness.ledger()
-    status = await order(ledger, shop(ledger, log))
+    recorded = await order(ledger, shop(ledger, log))
     assert log == ["reserve", "charge", "release"]
+    assert recorded[:3] == [
+        "compensated",
+        EffectError("declined", "card_declined"),  # the failed step's recorded error
+        [(0, "stock.reserve")],
+    ]
     before = await stored_rows(harness)
 
+    # The replayed saga ends as the recorded one did: the same error (not the
+    # replayed EffectFailedError's text), the same steps undone, each step's
+    # effects the recorded ones.
     replay_log: list[str] = []
     replaying = build_ledger(MemoryStore())
     tools = shop(replaying, replay_log)
     async with replaying.replay("order-9", source=harness.store):
-        assert await order(replaying, tools) == status == "compensated"
+        assert await order(replaying, tools) == recorded
     assert replay_log == []
     own = replaying.store
     assert isinstance(own, MemoryStore) and len(own) == 0  # only the saga's own rows
     assert await stored_rows(harness) == before
+
+
+async def test_a_strict_refusal_inside_a_saga_surfaces_and_leaves_nothing_for_a_person(
+    harness: StoreHarness,
+) -> None:
+    """Replayed code that asks a saga step the recording cannot answer diverged
+    from the recorded run: ``UnrecordedEffectError`` reaches the caller as it
+    is (not a ``SagaCompensationFailed``), no handler runs (forward or undo:
+    undoing recorded steps of a run the code no longer makes would need undos
+    that were never recorded), and no saga waits for a person."""
+
+    def shop(ledger: EffectLedger, log: list[str]) -> Mapping[str, Tool[Any]]:
+        @ledger.tool("stock.charge", compensate="stock.refund")
+        async def charge(order_id: str, cents: int) -> str:
+            log.append("charge")
+            return "ch"
+
+        @ledger.tool("stock.refund")
+        async def refund(forward: Effect) -> str:
+            log.append("refund")
+            return "refunded"
+
+        @ledger.tool("stock.reserve", compensate="stock.release")
+        async def reserve(sku: str) -> str:
+            log.append("reserve")
+            return f"held {sku}"
+
+        @ledger.tool("stock.release")
+        async def release(forward: Effect) -> str:
+            log.append("release")
+            return "released"
+
+        return ledger.tools
+
+    ledger = harness.ledger()
+    tools = shop(ledger, [])
+    async with ledger.saga("order-10"):
+        await tools["stock.charge"]("o", 10)
+        await tools["stock.reserve"]("A")
+
+    replay_log: list[str] = []
+    replaying = build_ledger(MemoryStore())
+    tools = shop(replaying, replay_log)
+    with pytest.raises(UnrecordedEffectError) as refused:
+        async with (
+            replaying.replay("order-10", source=harness.store),
+            replaying.saga("order-10"),
+        ):
+            await tools["stock.charge"]("o", 10)
+            await tools["stock.reserve"]("B")  # the code changed: another sku
+    assert refused.value.tool == "stock.reserve" and refused.value.differing == ("sku",)
+    assert replay_log == []
+    own = replaying.store
+    assert isinstance(own, MemoryStore)
+    assert await own.list_sagas(statuses=frozenset({SagaStatus.COMPENSATION_FAILED})) == []
+    assert len(own) == 0  # no effect of the replayed code was stored either
+    recovery = await replaying.recover_sagas(lease_ms=100)
+    assert recovery.finished == [] and recovery.abandoned == [] and replay_log == []
+
+
+# -- blocks left out of order -----------------------------------------------------------
+
+
+async def test_blocks_left_out_of_order_are_refused_and_change_nothing(tmp_path: Path) -> None:
+    """Leaving a replay (or a workflow() block) before one entered inside it would
+    leave the inner one's recording and workflow set after both ended (each
+    exit restores what was in place before it). It is refused with a clear
+    error, nothing changes, and leaving in order then works."""
+    store = MemoryStore()
+    recorded = Agent(build_ledger(store))
+    async with recorded.ledger.workflow(WORKFLOW):
+        await recorded.tools["catalog.search"]("lamp")
+    replaying = Agent(build_ledger(MemoryStore()))
+    outer = replaying.ledger.replay(WORKFLOW, source=store)
+    inner = replaying.ledger.replay(WORKFLOW, source=store)
+    with outer:
+        with inner:
+            with pytest.raises(RuntimeError, match=r"exited before Replay\('order-7'"):
+                outer.__exit__(None, None, None)
+            assert RECORDING.get() is inner and current_workflow() == WORKFLOW
+        assert RECORDING.get() is outer
+    assert RECORDING.get() is None and current_workflow() is None
+
+    # A workflow() block left open inside a replay: the replay's exit is refused.
+    with outer:
+        scope = replaying.ledger.workflow("other")
+        scope.__enter__()
+        with pytest.raises(RuntimeError, match=r"exited before WorkflowScope\('other'\)"):
+            outer.__exit__(None, None, None)
+        assert RECORDING.get() is outer and current_workflow() == "other"
+        scope.__exit__(None, None, None)
+        assert current_workflow() == WORKFLOW
+    assert RECORDING.get() is None and current_workflow() is None
+
+    # And two workflow() blocks.
+    a, b = replaying.ledger.workflow("a"), replaying.ledger.workflow("b")
+    with a:
+        with b:
+            with pytest.raises(RuntimeError, match="exited before"):
+                a.__exit__(None, None, None)
+            assert current_workflow() == "b"
+        assert current_workflow() == "a"
+    assert current_workflow() is None
+    async with replaying.ledger.workflow(WORKFLOW):  # no replay left in force: runs for real
+        assert await replaying.tools["catalog.search"]("lamp") == ["lamp-0", "lamp-1"]
+    assert replaying.runs == ["search lamp"]
 
 
 # -- bad input --------------------------------------------------------------------------
@@ -484,6 +650,7 @@ async def test_bad_sources_raise_clear_errors_and_change_nothing(
     _bad_source(r, None, "got NoneType")
     _bad_source(r, 42, "got int")
     _bad_source(r, r.store, "this ledger's own store")
+    _bad_source(r, MemoryStore, "is the class MemoryStore, not a store")
 
     broken = tmp_path / "broken.jsonl"
     broken.write_bytes(lines[0] + b'{"id": "x", "idem_key": \n' + lines[1])

@@ -186,8 +186,16 @@ async def test_a_read_inside_a_transaction_never_waits_for_a_flush(tmp_path: Pat
         for _ in range(3):
             await ledger.run(CALL, lambda e: "again")
         key = ledger.idem_key(CALL)
+        opened = asyncio.Event()
+
+        async def flush_elsewhere() -> None:
+            # Started before the block, so not part of it: the flush waits for it.
+            await opened.wait()
+            await store.flush_counts()
+
+        flushing = asyncio.create_task(flush_elsewhere())
         async with store.transaction() as tx:
-            flushing = asyncio.create_task(store.flush_counts())
+            opened.set()
             for _ in range(5):  # the flush starts and waits for the transaction
                 await asyncio.sleep(0)
             async with asyncio.timeout(5):
