@@ -137,9 +137,12 @@ class Decisions:
             )
         return False
 
-    async def park_stale(self) -> list[Effect]:
+    async def park_stale(self, hooks: LedgerHooks) -> list[Effect]:
         """Park every effect whose holder went silent for its own lease after its
-        handler started under ``on_stale="park"``; return those this call parked."""
+        handler started under ``on_stale="park"``; return those this call parked.
+
+        ``hooks.on_approval_required`` is called for each, as when a caller parks
+        one: the sweep exists for when no caller is around to page anybody."""
         await self._schema.ensure()
         parked: list[Effect] = []
         before: tuple[datetime, str] | None = None
@@ -157,6 +160,7 @@ class Decisions:
                 if outcome.claimed and outcome.effect is not None:
                     log_effect(logging.WARNING, "effect parked by a sweep", outcome.effect)
                     parked.append(outcome.effect)
+                    await notify_approval_required(outcome.effect, hooks)
             if len(page) < _SWEEP_PAGE:
                 return parked
             before = (page[-1].created_at, page[-1].id)

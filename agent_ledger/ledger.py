@@ -775,9 +775,10 @@ class EffectLedger:
         its next caller would move it; returns those this call parked.
         Staleness is judged by each holder's own lease alone (``lease_ms``,
         by the store's clock): the holder promised to heartbeat within it.
+        The ``on_approval_required`` hook is called for each one parked.
         From a shell: ``agent-ledger park-stale``.
         """
-        return await self._decisions.park_stale()
+        return await self._decisions.park_stale(self._engine.hooks)
 
     async def cancel(
         self, idem_key: str, *, reason: str | None = None, by: str | None = None

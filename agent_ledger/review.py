@@ -32,7 +32,7 @@ from typing import Final
 
 import orjson
 
-from agent_ledger.effects import Effect
+from agent_ledger.effects import Effect, JSONValue
 from agent_ledger.ledger import EffectLedger
 from agent_ledger.receipt import visible
 from agent_ledger.status import EffectStatus
@@ -45,6 +45,8 @@ _ANSWERS: Final = {
     "approve": "approve",
     "d": "deny",
     "deny": "deny",
+    "r": "resolve",
+    "resolve": "resolve",
     "s": "skip",
     "skip": "skip",
     "": "skip",
@@ -160,30 +162,52 @@ async def _decide(
 ) -> bool:
     """Ask about one effect and record the answer; False when the reviewer quits."""
     key = effect.idem_key
+    # A parked effect (an ambiguous attempt) has a third answer: it did happen.
+    parked = effect.parked
+    prompt, keys = (
+        ("[a]pprove (it did not happen: run it again), [r]esolve (it happened: record "
+         "the result), [d]eny, [s]kip, [q]uit? ", "a, r, d, s or q")
+        if parked
+        else ("[a]pprove, [d]eny, [s]kip, [q]uit? ", "a, d, s or q")
+    )  # fmt: skip
     while True:
-        answer = (await ask("[a]pprove, [d]eny, [s]kip, [q]uit? ")).strip().lower()
+        answer = (await ask(prompt)).strip().lower()
         action = _ANSWERS.get(answer)
-        if action is not None:
+        if action is not None and (parked or action != "resolve"):
             break
-        say(f"not an answer: '{visible(answer)}'; type a, d, s or q")
+        say(f"not an answer: '{visible(answer)}'; type {keys}")
     if action == "quit":
         return False
     if action == "skip":
         tally.skipped += 1
         say("skipped: it still waits")
         return True
+    # Every decision names the attempt on screen: if the effect moved on
+    # meanwhile (another reviewer, a new attempt), nothing is recorded.
+    attempt = effect.attempt
     if action == "approve":
         note = (await ask("note (optional, Enter for none): ")).strip() or None
-        moved = await ledger.approve(key, by=by, note=note)
+        moved = await ledger.approve(key, by=by, note=note, expected_attempt=attempt)
+    elif action == "resolve":
+        result = await _ask_result(ask, say)
+        note = (await ask("note (optional, Enter for none): ")).strip() or None
+        moved = await ledger.resolve(key, result=result, by=by, note=note, expected_attempt=attempt)
     else:
         reason = ""
         while not reason:
             reason = (await ask("reason (required; the caller sees it): ")).strip()
-        moved = await ledger.deny(key, reason=reason, by=by)
+        moved = await ledger.deny(key, reason=reason, by=by, expected_attempt=attempt)
     if moved:
         if action == "approve":
             tally.approved += 1
-            say(f"approved {visible(effect.tool)} ({key[:12]}): the next call with its key runs it")
+            again = " again" if parked else ""
+            say(
+                f"approved {visible(effect.tool)} ({key[:12]}): the next call with its key "
+                f"runs it{again}"
+            )
+        elif action == "resolve":
+            tally.approved += 1
+            say(f"resolved {visible(effect.tool)} ({key[:12]}): its callers get that result")
         else:
             tally.denied += 1
             say(f"denied {visible(effect.tool)} ({key[:12]}): its callers get the reason")
@@ -191,6 +215,18 @@ async def _decide(
     tally.taken += 1
     say(_taken(effect, await ledger.get_effect(effect.id)))
     return True
+
+
+async def _ask_result(ask: Ask, say: Callable[[str], None]) -> JSONValue:
+    """The provider's result, as JSON, asked until it parses."""
+    while True:
+        text = (await ask("result as JSON (what the provider says happened): ")).strip()
+        try:
+            value: JSONValue = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            say(f'not JSON ({visible(str(exc))}); type it again, e.g. {{"charge_id": "ch_1"}}')
+            continue
+        return value
 
 
 def _taken(listed: Effect, now: Effect | None) -> str:
@@ -216,6 +252,16 @@ def receipt(effect: Effect, now: datetime) -> str:
     ]
     if effect.resource is not None:
         rows.append(("resource", visible(orjson.dumps(effect.resource).decode())))
+    if effect.parked:
+        started = effect.started_at
+        rows += [
+            ("reason", "ambiguous attempt: its worker went silent mid-handler, so nobody "
+             "knows whether it happened; check downstream first"),
+            ("attempt", str(effect.attempt)),
+            ("started", started.astimezone(UTC).isoformat(timespec="milliseconds")
+             if started is not None else "-"),
+            ("worker", visible(effect.worker) if effect.worker else "-"),
+        ]  # fmt: skip
     width = max(len(label) for label, _ in rows)
     lines = [f"  {label.rjust(width)}  {value}" for label, value in rows]
     lines.append(f"  {'args'.rjust(width)}")

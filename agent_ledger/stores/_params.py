@@ -242,6 +242,9 @@ def settle_params(
         "ambiguous": AMBIGUOUS_ATTEMPT,
         "result": result_json,
         "terminal": target.is_terminal,
+        # Approving a parked effect runs it again with a fresh set of tries (as
+        # a reopen does): the tries the dead attempt used up are not this run's.
+        "fresh_tries": target is EffectStatus.READY,
         "kind": SETTLED,
         **dialect.error(error),
         "decided_by": decision.by,

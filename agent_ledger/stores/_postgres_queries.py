@@ -320,6 +320,8 @@ SETTLE: Final[LiteralString] = (
     " 'note', %(decision_note)s::text, 'at', n.now)),"
     " decided_by = %(decided_by)s, decision_note = %(decision_note)s, decided_at = n.now,"
     " completed_at = CASE WHEN %(terminal)s THEN n.now ELSE e.completed_at END,"
+    " tries = CASE WHEN %(fresh_tries)s AND e.error->>'code' = %(ambiguous)s"
+    " THEN 0 ELSE e.tries END,"
     " updated_at = n.now "
     "FROM (SELECT clock_timestamp() AS now) AS n "
     "WHERE e.idem_key = %(idem_key)s AND e.status = %(requires_approval)s"

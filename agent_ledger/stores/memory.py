@@ -490,6 +490,8 @@ class MemoryStore(MemorySagas, MemoryBudgets):
         ):
             return None
         now = self._clock()
+        if target is _READY and row.error is not None and row.error.code == AMBIGUOUS_ATTEMPT:
+            row.tries = 0  # a fresh set of tries, as a reopen gives (see settle_params)
         settled = Settlement(target, row.attempt, decision.by, decision.note, now)
         row.history = (*row.history, settled)
         row.status = target

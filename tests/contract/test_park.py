@@ -27,6 +27,7 @@ from agent_ledger import (
     JSONValue,
     LedgerHooks,
     Parked,
+    RetryPolicy,
     RunOptions,
     Settlement,
     StaleOptions,
@@ -241,6 +242,19 @@ async def test_the_hook_pages_someone_once_when_a_waiter_parks_it(harness: Store
     assert [e.idem_key for e in paged] == [dead.idem_key] and paged[0].parked
 
 
+async def test_the_hook_pages_someone_when_a_sweep_parks_it(harness: StoreHarness) -> None:
+    """The sweep is for when no caller is around: it pages through the same hook."""
+    from agent_ledger.testing import build_ledger
+
+    paged: list[Effect] = []
+    dead = await dead_after_handler_started(harness)
+    ledger = build_ledger(harness.store, hooks=LedgerHooks(on_approval_required=paged.append))
+    (parked,) = await ledger.park_stale()
+    assert [e.idem_key for e in paged] == [dead.idem_key] == [parked.idem_key]
+    assert paged[0].parked
+    assert await ledger.park_stale() == [] and len(paged) == 1
+
+
 # -- fencing and races --------------------------------------------------------------------
 
 
@@ -428,3 +442,33 @@ async def make_parked_by_sweep(ledger: object, dead: Effect) -> Effect:
 
 
 __all__ = ["make_parked"]
+
+
+async def test_approving_a_parked_effect_whose_tries_were_used_up_runs_it_once_more(
+    harness: StoreHarness,
+) -> None:
+    """Both tries of a retry policy failed and were recorded, then the worker died
+    before recording the final failure: parked. "It did not happen, run it again"
+    must run the handler (a fresh set of tries, as reopen gives), not fail at once
+    for tries the dead attempt used up."""
+    ledger = harness.ledger()
+    policy = RunOptions(
+        on_stale="park",
+        stale=StaleOptions(after_ms=1_000),
+        retry=RetryPolicy(on=Exception, attempts=2, initial_ms=1, jitter=0),
+    )
+    begun = await ledger.begin(CHARGE, run_options=policy)
+    for _ in range(2):
+        assert await harness.store.record_try(
+            begun.effect.id,
+            attempt=begun.effect.attempt,
+            error=EffectError("gateway timeout", "timeout"),
+            error_type="TimeoutError",
+        )
+    await harness.age(60_000)
+    (parked,) = await ledger.park_stale()
+    assert parked.tries == 2
+    assert await ledger.approve(parked.idem_key, by="ops", expected_attempt=parked.attempt)
+    provider = Provider()
+    result = await ledger.run(CHARGE, provider.charge, policy)
+    assert result == {"charge_id": "ch_1", "cents": 500} and provider.charges == 1
