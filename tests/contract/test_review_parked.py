@@ -3,9 +3,10 @@ effect waits, offers resolve, and every decision names the attempt on screen."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
-from agent_ledger import Effect, RunOptions, StaleOptions, ToolCall
+from agent_ledger import ApprovalPendingError, Effect, RunOptions, StaleOptions, ToolCall
 from agent_ledger.review import review
 from tests.harness import StoreHarness
 
@@ -81,7 +82,11 @@ async def test_a_decision_on_a_stale_screen_records_nothing(harness: StoreHarnes
 
 async def test_an_ordinary_approval_is_not_offered_resolve(harness: StoreHarness) -> None:
     ledger = harness.ledger()
-    await ledger.begin(CHARGE, run_options=RunOptions(requires_approval=True))
+    with contextlib.suppress(ApprovalPendingError):  # recorded, waiting for a person
+        await ledger.begin(
+            CHARGE, run_options=RunOptions(requires_approval=True, wait_for_approval=False)
+        )
+    assert len(await ledger.pending_approvals()) == 1
     shown: list[str] = []
     asked, ask = _answers("r", "s")
     await review(ledger, by="ada", ask=ask, say=shown.append)  # type: ignore[arg-type]
