@@ -314,7 +314,7 @@ async def _settle(
     """Book the effect's charge if it finished, else give this call's holds back.
 
     A store error here is logged, not raised: the call itself is done, a hold
-    left behind expires, and a charge left unbooked is booked when the
+    left behind is released (or expires), and a charge left unbooked is booked when the
     effect is next called (a replay settles it from its receipt).
     """
     try:
