@@ -54,6 +54,14 @@ class EffectError:
         return f"[{self.code}] {self.message}" if self.code else self.message
 
 
+#: The most tokens one ``Usage`` may count in each direction, and the most dollars
+#: it may cost: far beyond any real call, and small enough that the sums of
+#: many thousands of calls still fit the 64-bit counters budgets keep (dollars
+#: in millionths), and every JSON encoder writes them exactly.
+MAX_USAGE_TOKENS: Final = 10**15
+MAX_USAGE_COST_USD: Final = 1e9
+
+
 @dataclass(frozen=True, slots=True)
 class Usage:
     """What one model call consumed, as recorded on its effect (``Effect.usage``).
@@ -72,20 +80,40 @@ class Usage:
     def __post_init__(self) -> None:
         for name in ("input_tokens", "output_tokens"):
             value = getattr(self, name)
-            if type(value) is not int or value < 0:
+            if type(value) is not int or not 0 <= value <= MAX_USAGE_TOKENS:
                 raise EffectLedgerValidationError(
-                    f"Usage.{name} must be an int >= 0 (a token count), got {value!r}",
+                    f"Usage.{name} must be an int from 0 to {MAX_USAGE_TOKENS:_} (a token "
+                    f"count), got {value!r}",
                     field=name,
                 )
         cost = self.cost_usd
         if cost is not None:
-            if type(cost) not in (int, float) or not math.isfinite(cost) or cost < 0:
+            if (
+                type(cost) not in (int, float)
+                or not math.isfinite(cost)
+                or not 0 <= cost <= MAX_USAGE_COST_USD
+            ):
                 raise EffectLedgerValidationError(
-                    f"Usage.cost_usd must be a finite number >= 0 (US dollars) or None, "
-                    f"got {cost!r}",
+                    f"Usage.cost_usd must be a finite number of US dollars from 0 to "
+                    f"{MAX_USAGE_COST_USD:_} or None, got {cost!r}",
                     field="cost_usd",
                 )
             object.__setattr__(self, "cost_usd", float(cost))
+
+    def __add__(self, other: Usage) -> Usage:
+        """Both calls' tokens and dollars (a cost unknown on either side stays unknown)."""
+        if not isinstance(other, Usage):
+            return NotImplemented
+        cost = (
+            None
+            if self.cost_usd is None or other.cost_usd is None
+            else min(self.cost_usd + other.cost_usd, MAX_USAGE_COST_USD)
+        )
+        return Usage(
+            min(self.input_tokens + other.input_tokens, MAX_USAGE_TOKENS),
+            min(self.output_tokens + other.output_tokens, MAX_USAGE_TOKENS),
+            cost,
+        )
 
     def to_json(self) -> dict[str, JSONValue]:
         """The stored (and exported) form: a JSON object with the three fields."""
@@ -480,6 +508,23 @@ class WithUsage:
 
     result: object
     usage: Usage
+
+
+class FailedWithUsage(Exception):
+    """What a handler raises when its call was paid for but cannot end well.
+
+    A model call whose answer came back but cannot be recorded (the response
+    is not JSON, ``read=`` or the pricing callback raised) still cost money:
+    ``ledger.run()`` records the failure of ``cause`` together with ``usage``
+    in the one statement that records the outcome, so the receipt (and the
+    budget booked from it) keeps what the call consumed, then raises
+    ``cause``. Never retried by a retry policy: a retry would pay again.
+    """
+
+    def __init__(self, cause: Exception, usage: Usage) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.usage = usage
 
 
 @dataclass(frozen=True, slots=True)

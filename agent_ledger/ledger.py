@@ -214,14 +214,19 @@ class EffectLedger:
         scopes' too) reserves its estimate on that budget, stored durably
         under ``workflow_id``, before it runs, and raises
         ``BudgetExceededError`` instead of running when it does not fit; see
-        ``docs/budgets.md``.
+        ``docs/budgets.md``. Without ``budget``, the budget stored under
+        ``workflow_id`` (by another worker, or earlier) applies if there is
+        one: it is read once, on entering the scope.
         """
         from agent_ledger.tools import BudgetScope, WorkflowScope
 
-        if budget is None:
-            return WorkflowScope(workflow_id)
         scope = WorkflowScope(workflow_id)  # checks the id before the budget
-        scope.budget = BudgetScope(self, workflow_id, budget)
+        if budget is None:
+            # The budget stored under this id, if any, still applies (read once,
+            # on entering): another worker's limit is this one's too.
+            scope.budget = BudgetScope.stored(self, workflow_id)
+        else:
+            scope.budget = BudgetScope(self, workflow_id, budget)
         return scope
 
     async def llm(

@@ -42,6 +42,7 @@ from agent_ledger.adapters._schema import (
     selected_tools,
     tool_description,
 )
+from agent_ledger.adapters._tokens import no_usage, token_count
 
 try:
     from anthropic.types import Message, ToolParam, ToolResultBlockParam
@@ -163,16 +164,25 @@ def usage_of(message: Message) -> Usage:
     ``cache_read_input_tokens``. All three are input the model read, so they
     are added up here; a pricing callback that bills cache reads at their
     lower rate must be given the parts itself (from the recorded response).
+    A message without usage, or an input or output count missing or null,
+    counts as 0 tokens with a warning (absent cache parts are simply 0); a
+    count that is not a whole number >= 0 raises
+    ``EffectLedgerValidationError`` (the rule: ``adapters/_tokens.py``).
     """
     if not isinstance(message, Message):
         raise TypeError(f"usage_of() reads an anthropic Message, got {type(message).__name__}")
-    usage = message.usage
-    read = (
-        usage.input_tokens
-        + (usage.cache_creation_input_tokens or 0)
-        + (usage.cache_read_input_tokens or 0)
+    usage = getattr(message, "usage", None)
+    if usage is None:
+        return no_usage("anthropic")
+    read = token_count(getattr(usage, "input_tokens", None), sdk="anthropic", name="input_tokens")
+    for part in ("cache_creation_input_tokens", "cache_read_input_tokens"):
+        value = getattr(usage, part, None)
+        if value is not None:
+            read += token_count(value, sdk="anthropic", name=part)
+    wrote = token_count(
+        getattr(usage, "output_tokens", None), sdk="anthropic", name="output_tokens"
     )
-    return Usage(int(read), int(usage.output_tokens))
+    return Usage(read, wrote)
 
 
 def llm_result(message: Message) -> LLMResult:

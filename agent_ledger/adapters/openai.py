@@ -44,6 +44,7 @@ from agent_ledger.adapters._schema import (
     selected_tools,
     tool_description,
 )
+from agent_ledger.adapters._tokens import no_usage, token_count
 
 try:
     from openai.types.chat import (
@@ -255,19 +256,27 @@ def usage_of(response: ChatCompletion | Response) -> Usage:
     Chat Completions report ``prompt_tokens``/``completion_tokens``, the
     Responses API ``input_tokens``/``output_tokens``; cached and reasoning
     tokens are already inside those totals. A response without ``usage``
-    (a stream that did not ask for it) counts as 0 tokens: ask for usage
+    (a stream that did not ask for it), or a count missing or null, counts
+    as 0 tokens with a warning: ask for usage
     (``stream_options={"include_usage": True}``) when a budget counts tokens.
+    A count that is not a whole number >= 0 raises
+    ``EffectLedgerValidationError`` (the rule: ``adapters/_tokens.py``).
     """
+    if isinstance(response, ChatCompletion):
+        names = ("prompt_tokens", "completion_tokens")
+    elif isinstance(response, Response):
+        names = ("input_tokens", "output_tokens")
+    else:
+        raise TypeError(
+            f"usage_of() reads an openai ChatCompletion or Response, got {type(response).__name__}"
+        )
     usage = getattr(response, "usage", None)
     if usage is None:
-        return Usage()
-    if isinstance(response, ChatCompletion):
-        return Usage(int(usage.prompt_tokens), int(usage.completion_tokens))
-    if isinstance(response, Response):
-        return Usage(int(usage.input_tokens), int(usage.output_tokens))
-    raise TypeError(
-        f"usage_of() reads an openai ChatCompletion or Response, got {type(response).__name__}"
+        return no_usage("openai")
+    read, wrote = (
+        token_count(getattr(usage, name, None), sdk="openai", name=name) for name in names
     )
+    return Usage(read, wrote)
 
 
 def llm_result(response: ChatCompletion | Response) -> LLMResult:

@@ -35,6 +35,7 @@ from agent_ledger.effects import (
     CommitSucceeded,
     Effect,
     EffectError,
+    FailedWithUsage,
     Parked,
     TryFailure,
     Usage,
@@ -85,6 +86,8 @@ __all__ = ["CANCELLED_WHILE_RUNNING", "RESULT_NOT_SERIALIZABLE", "Acquired", "En
 
 #: Error code recorded when a handler's return value is not JSON.
 RESULT_NOT_SERIALIZABLE: Final = "result_not_serializable"
+#: The error code of a handler whose returned ``usage`` could not be recorded.
+USAGE_NOT_SERIALIZABLE: Final = "usage_not_serializable"
 #: Reason recorded when an effect was taken over more than ``max_takeovers`` times.
 TOO_MANY_TAKEOVERS: Final = (
     "taken over {n} times (max_takeovers={limit}): each holder stopped heartbeating "
@@ -500,12 +503,17 @@ class Engine:
             if inspect.isawaitable(value):
                 value = await value
         except Exception as exc:
-            if policy is None or first_try_at is None or not policy.retries(exc):
+            paid = type(exc) is FailedWithUsage  # never retried: a retry would pay again
+            if paid or policy is None or first_try_at is None or not policy.retries(exc):
                 until = self._stop_beat(beat, opts)
-                error = _error_of(exc)
-                if await self._record_landed(effect, EffectStatus.FAILED, None, error, tx, until):
+                error, usage_json, raised = _failure_of(exc)
+                if await self._record_landed(
+                    effect, EffectStatus.FAILED, None, error, tx, until, usage_json=usage_json
+                ):
                     log_effect(logging.INFO, "effect failed", effect)
-                    raise
+                    if raised is exc:
+                        raise
+                    raise raised from raised.__cause__
                 return _LOST
             retryable = exc
         except BaseException as exc:
@@ -533,18 +541,23 @@ class Engine:
         """Record the handler's return value as the outcome (a non-JSON one as a failure).
 
         A ``WithUsage`` value records its usage in the same commit and hands
-        back only its ``result``.
+        back only its ``result``. A value that cannot be stored fails the
+        effect, once, and keeps the usage if that could be stored: a model
+        call whose answer is not JSON was still paid for.
         """
         until = self._stop_beat(beat, opts)
         usage_json = None
-        if type(value) is WithUsage:
-            usage_json = usage_to_json(value.usage)
-            value = value.result
         try:
+            if type(value) is WithUsage:
+                usage_json = _usage_json(value.usage)
+                value = value.result
             result_json = canonical_json(value, field="result", sort_keys=False).decode()
         except EffectLedgerValidationError as exc:
-            error = EffectError(message=str(exc), code=RESULT_NOT_SERIALIZABLE)
-            if await self._record_landed(effect, EffectStatus.FAILED, None, error, tx, until):
+            code = RESULT_NOT_SERIALIZABLE if exc.field == "result" else USAGE_NOT_SERIALIZABLE
+            error = EffectError(message=str(exc), code=code)
+            if await self._record_landed(
+                effect, EffectStatus.FAILED, None, error, tx, until, usage_json=usage_json
+            ):
                 raise
             return _LOST
         if await self._record_landed(
@@ -567,8 +580,14 @@ class Engine:
         assert opts.timeout_ms is not None
         until = self._stop_beat(beat, opts)
         usage_json = None
-        if type(late.value) is WithUsage:  # a model call that answered late still cost
-            usage_json = usage_to_json(late.value.usage)
+        try:
+            if type(late.value) is WithUsage:  # a model call that answered late still cost
+                usage_json = _usage_json(late.value.usage)
+            elif type(late.exc) is FailedWithUsage:
+                usage_json = _usage_json(late.exc.usage)
+        except EffectLedgerValidationError:
+            usage_json = None  # the late outcome is recorded all the same
+        if type(late.value) is WithUsage:
             late = late._replace(value=late.value.result)
         status, result_json, error = late_outcome(late, opts.timeout_ms)
         if not await self._record_landed(
@@ -660,16 +679,18 @@ class Engine:
                 try:
                     value = await self._call(handler, effect, opts)
                 except Exception as failed:
-                    if policy.retries(failed):
+                    if type(failed) is not FailedWithUsage and policy.retries(failed):
                         exc = failed
                         continue
                     until = self._stop_beat(beat, opts)
-                    error = _error_of(failed)
+                    error, usage_json, raised = _failure_of(failed)
                     if await self._record_landed(
-                        effect, EffectStatus.FAILED, None, error, None, until
+                        effect, EffectStatus.FAILED, None, error, None, until, usage_json=usage_json
                     ):
                         log_effect(logging.INFO, "effect failed", effect)
-                        raise
+                        if raised is failed:
+                            raise
+                        raise raised from raised.__cause__
                     return _LOST
                 except BaseException as stop:
                     until = self._stop_beat(beat, opts)
@@ -1156,6 +1177,35 @@ def _call_in_thread(handler: Callable[[Effect], object], effect: Effect) -> obje
         # A StopIteration cannot cross into an asyncio future (the await would
         # hang); like PEP 479 does for coroutines, make it a RuntimeError.
         raise RuntimeError(f"handler raised StopIteration: {exc!r}") from exc
+
+
+def _usage_json(usage: object) -> str:
+    """``usage`` as the text its column keeps, or ``EffectLedgerValidationError``
+    (field ``usage``) when it is not a ``Usage`` or cannot be encoded."""
+    if not isinstance(usage, Usage):
+        raise EffectLedgerValidationError(
+            f"the handler's usage must be a Usage, got {type(usage).__name__}", field="usage"
+        )
+    try:
+        text = usage_to_json(usage)
+    except Exception as exc:
+        raise EffectLedgerValidationError(
+            f"the handler's usage could not be stored: {exc}", field="usage"
+        ) from exc
+    assert text is not None
+    return text
+
+
+def _failure_of(exc: Exception) -> tuple[EffectError, str | None, Exception]:
+    """What to record for a handler's exception (the error, and the usage a
+    ``FailedWithUsage`` carries), and what to raise once it is recorded."""
+    if type(exc) is not FailedWithUsage:
+        return _error_of(exc), None, exc
+    try:
+        usage_json: str | None = _usage_json(exc.usage)
+    except EffectLedgerValidationError:
+        usage_json = None
+    return _error_of(exc.cause), usage_json, exc.cause
 
 
 def _error_of(exc: BaseException) -> EffectError:

@@ -54,6 +54,7 @@ from agent_ledger.sagas._errors import SagaStepParked, SagaStepUnsettled
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores.base import Decision, NewEffect
 from agent_ledger.stores.saga_base import SagaStep
+from agent_ledger.tools._budget import suspend_budgets
 from agent_ledger.tools._steps import STEP_RUNNER
 
 #: A compensation tool registered without a retry policy gets this one: a few
@@ -170,6 +171,9 @@ async def _undo(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Undo:
     # context only. A tool the compensation calls is an ordinary effect, not
     # a step of the saga being undone (whose block has ended).
     STEP_RUNNER.set(None)
+    # An undo, and every tool or model call it makes, is never refused for
+    # lack of budget: the saga's budget stays in the context it inherited.
+    suspend_budgets()
     forward = await settle(ledger, saga_id, step)
     if forward is None or step.compensation is None or not _due(step, forward):
         return Undo(step, None)

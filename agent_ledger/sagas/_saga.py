@@ -255,10 +255,13 @@ class Saga:
     ) -> None:
         self._scope = WorkflowScope(saga_id)  # the checks any workflow id gets
         check_saga_id(saga_id)
-        if budget is not None:
-            # Its steps (tool calls) and model calls reserve on it; the
-            # compensations run through ledger.run() and never ask it.
-            self._scope.budget = BudgetScope(ledger, saga_id, budget)
+        # Its steps (tool calls) and model calls reserve on it (the one stored
+        # under the saga id when none is given); the compensations never do.
+        self._scope.budget = (
+            BudgetScope.stored(ledger, saga_id)
+            if budget is None
+            else BudgetScope(ledger, saga_id, budget)
+        )
         if on_compensation_failure not in ON_COMPENSATION_FAILURE:
             raise EffectLedgerValidationError(
                 "on_compensation_failure must be 'continue' (try every other compensation) or "

@@ -32,8 +32,9 @@ class _Budget:
     created_at: datetime
     updated_at: datetime
     holds: dict[str, _Hold] = dataclasses.field(default_factory=dict)
-    #: The effects booked: their idem keys (a charge is booked once per effect).
-    charged: set[str] = dataclasses.field(default_factory=set)
+    #: What was booked for each effect (idem key): a later receipt adds only
+    #: what it has above this, unit by unit.
+    charged: dict[str, Spend] = dataclasses.field(default_factory=dict)
 
 
 def _plus(a: Spend, b: Spend) -> Spend:
@@ -42,6 +43,10 @@ def _plus(a: Spend, b: Spend) -> Spend:
 
 def _minus(a: Spend, b: Spend) -> Spend:
     return Spend(*(x - y for x, y in zip(a, b, strict=True)))
+
+
+def _most(a: Spend, b: Spend) -> Spend:
+    return Spend(*(max(x, y) for x, y in zip(a, b, strict=True)))
 
 
 class MemoryBudgets:
@@ -87,9 +92,16 @@ class MemoryBudgets:
             amount if unit in hold.units else None
             for unit, amount in zip(Spend._fields, hold.estimate, strict=True)
         ]
-        if not fits(limit_values, budget.spent, budget.reserved, estimate):
+        # The effect's own earlier holds are its room: replaced, not added to.
+        replaced = [h for h, held in budget.holds.items() if held.idem_key == hold.idem_key]
+        freed = Spend()
+        for hold_id in replaced:
+            freed = _plus(freed, budget.holds[hold_id].estimate)
+        reserved = _minus(budget.reserved, freed)
+        if not fits(limit_values, budget.spent, reserved, estimate):
             return False
         now = self._clock()
+        self._drop(budget, replaced)
         budget.reserved = _plus(budget.reserved, hold.estimate)
         budget.holds[hold.hold_id] = _Hold(
             hold.idem_key, hold.estimate, now + timedelta(milliseconds=hold.ttl_ms)
@@ -112,12 +124,13 @@ class MemoryBudgets:
             budget,
             [h for h, held in budget.holds.items() if h == hold_id or held.idem_key == idem_key],
         )
-        booked = idem_key not in budget.charged
-        if booked:
-            budget.charged.add(idem_key)
-            budget.spent = _plus(budget.spent, charge)
+        before = budget.charged.get(idem_key)
+        after = charge if before is None else _most(before, charge)
+        added = after if before is None else _minus(after, before)
+        budget.charged[idem_key] = after
+        budget.spent = _plus(budget.spent, added)
         budget.updated_at = self._clock()
-        return booked
+        return before is None or added != Spend()
 
     async def release_hold(self, workflow_id: str, hold_id: str) -> bool:
         budget = self._budgets.get(workflow_id)

@@ -1,7 +1,8 @@
 """PostgresStore's budgets (``BudgetStore``), kept apart from its effect steps.
 
-Each step is one statement in autocommit (``_postgres_queries``); none is
-repeated after a lost reply (a repeated book would be harmless, a repeated
+Each step is one statement in autocommit (``_postgres_queries``), but for
+booking, two in one transaction (said beside them); none is repeated after a
+lost reply (a repeated book would be harmless, a repeated
 reserve would hold twice): the caller sees the error. Why each statement is
 atomic and free of lock cycles is said beside it.
 """
@@ -69,6 +70,7 @@ class PostgresBudgets:
             "get": q.BUDGET_GET,
             "list": q.BUDGET_LIST,
             "reserve": q.BUDGET_RESERVE,
+            "claim": q.CHARGE_CLAIM,
             "book": q.BUDGET_BOOK,
             "release": q.BUDGET_RELEASE,
             "reclaim": q.BUDGET_RECLAIM,
@@ -120,8 +122,17 @@ class PostgresBudgets:
             "hold_id": hold_id,
             **amount_params("add", charge),
         }
-        rows, _ = await self._budget_rows("book_charge", "book", params, idem_key=idem_key)
-        return bool(rows) and int(rows[0][0]) > 0
+        claim, book = self._budget_sql["claim"], self._budget_sql["book"]
+
+        async def work(conn: Connection) -> bool:
+            # Two statements in one transaction: the second needs a snapshot
+            # in which the charge row the first made sure of is visible.
+            async with conn.transaction():
+                claimed = (await conn.execute(claim, params)).rowcount == 1
+                rows = await (await conn.execute(book, params)).fetchall()
+            return claimed or (bool(rows) and int(rows[0][0]) > 0)
+
+        return await self._statement("book_charge", work, None, idem_key=idem_key)
 
     async def release_hold(self, workflow_id: str, hold_id: str) -> bool:
         params = {"workflow_id": workflow_id, "hold_id": hold_id}

@@ -522,41 +522,83 @@ BUDGET_LIST: Final[LiteralString] = (
 # (READ COMMITTED re-evaluates an updated row), so they can never both take
 # the last room. Per unit: no limit, or the call does not count in it (a
 # NULL estimate), or spent + reserved + estimate <= limit with room left.
+# The effect's own earlier holds (`mine`: a crashed worker's, a second
+# caller's) are its room: locked first (hold_id order, as every step that
+# deletes holds), not counted against the new hold, and deleted only if it
+# fits, so an effect never holds room twice.
 BUDGET_RESERVE: Final[LiteralString] = (
-    "WITH b AS (UPDATE {budgets} SET"
-    " reserved_usd_micros = reserved_usd_micros + %(add_usd_micros)s,"
-    " reserved_input_tokens = reserved_input_tokens + %(add_input_tokens)s,"
-    " reserved_output_tokens = reserved_output_tokens + %(add_output_tokens)s,"
-    " reserved_tool_calls = reserved_tool_calls + %(add_tool_calls)s,"
+    "WITH mine AS MATERIALIZED (SELECT hold_id, usd_micros, input_tokens, output_tokens,"
+    " tool_calls FROM {holds} WHERE workflow_id = %(workflow_id)s AND idem_key = %(idem_key)s"
+    " ORDER BY hold_id FOR UPDATE),"
+    " f AS (SELECT coalesce(sum(usd_micros), 0)::bigint AS usd_micros,"
+    " coalesce(sum(input_tokens), 0)::bigint AS input_tokens,"
+    " coalesce(sum(output_tokens), 0)::bigint AS output_tokens,"
+    " coalesce(sum(tool_calls), 0)::bigint AS tool_calls FROM mine),"
+    " b AS (UPDATE {budgets} AS x SET"
+    " reserved_usd_micros = x.reserved_usd_micros - f.usd_micros + %(add_usd_micros)s,"
+    " reserved_input_tokens = x.reserved_input_tokens - f.input_tokens + %(add_input_tokens)s,"
+    " reserved_output_tokens = x.reserved_output_tokens - f.output_tokens"
+    " + %(add_output_tokens)s,"
+    " reserved_tool_calls = x.reserved_tool_calls - f.tool_calls + %(add_tool_calls)s,"
     " updated_at = clock_timestamp()"
-    " WHERE workflow_id = %(workflow_id)s"
-    " AND (limit_usd_micros IS NULL OR %(est_usd_micros)s::bigint IS NULL"
-    " OR (spent_usd_micros + reserved_usd_micros + %(est_usd_micros)s::bigint"
-    " <= limit_usd_micros AND spent_usd_micros + reserved_usd_micros < limit_usd_micros))"
-    " AND (limit_input_tokens IS NULL OR %(est_input_tokens)s::bigint IS NULL"
-    " OR (spent_input_tokens + reserved_input_tokens + %(est_input_tokens)s::bigint"
-    " <= limit_input_tokens AND spent_input_tokens + reserved_input_tokens < limit_input_tokens))"
-    " AND (limit_output_tokens IS NULL OR %(est_output_tokens)s::bigint IS NULL"
-    " OR (spent_output_tokens + reserved_output_tokens + %(est_output_tokens)s::bigint"
-    " <= limit_output_tokens"
-    " AND spent_output_tokens + reserved_output_tokens < limit_output_tokens))"
-    " AND (limit_tool_calls IS NULL OR %(est_tool_calls)s::bigint IS NULL"
-    " OR (spent_tool_calls + reserved_tool_calls + %(est_tool_calls)s::bigint"
-    " <= limit_tool_calls AND spent_tool_calls + reserved_tool_calls < limit_tool_calls))"
-    " RETURNING workflow_id)"
+    " FROM f WHERE x.workflow_id = %(workflow_id)s"
+    " AND (x.limit_usd_micros IS NULL OR %(est_usd_micros)s::bigint IS NULL"
+    " OR (x.spent_usd_micros + x.reserved_usd_micros - f.usd_micros + %(est_usd_micros)s::bigint"
+    " <= x.limit_usd_micros"
+    " AND x.spent_usd_micros + x.reserved_usd_micros - f.usd_micros < x.limit_usd_micros))"
+    " AND (x.limit_input_tokens IS NULL OR %(est_input_tokens)s::bigint IS NULL"
+    " OR (x.spent_input_tokens + x.reserved_input_tokens - f.input_tokens"
+    " + %(est_input_tokens)s::bigint <= x.limit_input_tokens"
+    " AND x.spent_input_tokens + x.reserved_input_tokens - f.input_tokens"
+    " < x.limit_input_tokens))"
+    " AND (x.limit_output_tokens IS NULL OR %(est_output_tokens)s::bigint IS NULL"
+    " OR (x.spent_output_tokens + x.reserved_output_tokens - f.output_tokens"
+    " + %(est_output_tokens)s::bigint <= x.limit_output_tokens"
+    " AND x.spent_output_tokens + x.reserved_output_tokens - f.output_tokens"
+    " < x.limit_output_tokens))"
+    " AND (x.limit_tool_calls IS NULL OR %(est_tool_calls)s::bigint IS NULL"
+    " OR (x.spent_tool_calls + x.reserved_tool_calls - f.tool_calls"
+    " + %(est_tool_calls)s::bigint <= x.limit_tool_calls"
+    " AND x.spent_tool_calls + x.reserved_tool_calls - f.tool_calls < x.limit_tool_calls))"
+    " RETURNING x.workflow_id),"
+    " replaced AS (DELETE FROM {holds} WHERE hold_id IN (SELECT hold_id FROM mine)"
+    " AND EXISTS (SELECT 1 FROM b))"
     " INSERT INTO {holds} (hold_id, workflow_id, idem_key, usd_micros, input_tokens,"
     " output_tokens, tool_calls, expires_at)"
     " SELECT %(hold_id)s, workflow_id, %(idem_key)s, %(add_usd_micros)s, %(add_input_tokens)s,"
     " %(add_output_tokens)s, %(add_tool_calls)s,"
     " clock_timestamp() + make_interval(secs => %(ttl_ms)s / 1000.0) FROM b"
 )
-# Booking an effect: its charge once per (budget, idem key) (the primary key:
-# a second booker's insert waits for the first and then does nothing), its
-# holds released (the caller's, and any other for the same effect, which has
-# finished), both applied to the budget row. `n` says whether this call
-# recorded the charge.
+# Booking an effect: one transaction of two statements. CHARGE_CLAIM makes
+# sure the effect's charge row exists (zero if new; a concurrent claimer's
+# insert is waited for). BUDGET_BOOK then, in a fresh snapshot, locks that
+# row (`prev`, the latest version), raises it to the receipt unit by unit
+# (GREATEST: a reopened effect that ran again books what it grew by, a
+# replay of the same receipt adds nothing), releases the effect's holds (the
+# caller's, and any other for the same effect, which has finished), and
+# applies both to the budget row. Locks: the charge row, then holds in
+# hold_id order, then the budget row, the order every step keeps. `n` says
+# whether this call added anything.
+CHARGE_CLAIM: Final[LiteralString] = (
+    "INSERT INTO {charges} (workflow_id, idem_key, usd_micros, input_tokens, output_tokens,"
+    " tool_calls) SELECT workflow_id, %(idem_key)s, 0, 0, 0, 0 FROM {budgets}"
+    " WHERE workflow_id = %(workflow_id)s ON CONFLICT (workflow_id, idem_key) DO NOTHING"
+)
 BUDGET_BOOK: Final[LiteralString] = (
-    "WITH gone AS (DELETE FROM {holds} WHERE hold_id IN (SELECT hold_id FROM {holds}"
+    "WITH prev AS MATERIALIZED (SELECT usd_micros, input_tokens, output_tokens, tool_calls"
+    " FROM {charges} WHERE workflow_id = %(workflow_id)s AND idem_key = %(idem_key)s"
+    " FOR UPDATE),"
+    " raised AS (UPDATE {charges} AS c SET"
+    " usd_micros = GREATEST(p.usd_micros, %(add_usd_micros)s),"
+    " input_tokens = GREATEST(p.input_tokens, %(add_input_tokens)s),"
+    " output_tokens = GREATEST(p.output_tokens, %(add_output_tokens)s),"
+    " tool_calls = GREATEST(p.tool_calls, %(add_tool_calls)s), booked_at = clock_timestamp()"
+    " FROM prev AS p WHERE c.workflow_id = %(workflow_id)s AND c.idem_key = %(idem_key)s"
+    " RETURNING c.usd_micros - p.usd_micros AS usd_micros,"
+    " c.input_tokens - p.input_tokens AS input_tokens,"
+    " c.output_tokens - p.output_tokens AS output_tokens,"
+    " c.tool_calls - p.tool_calls AS tool_calls),"
+    " gone AS (DELETE FROM {holds} WHERE hold_id IN (SELECT hold_id FROM {holds}"
     " WHERE workflow_id = %(workflow_id)s"
     " AND (hold_id = %(hold_id)s OR idem_key = %(idem_key)s) ORDER BY hold_id FOR UPDATE)"
     " RETURNING usd_micros, input_tokens, output_tokens, tool_calls),"
@@ -564,17 +606,12 @@ BUDGET_BOOK: Final[LiteralString] = (
     " coalesce(sum(input_tokens), 0)::bigint AS input_tokens,"
     " coalesce(sum(output_tokens), 0)::bigint AS output_tokens,"
     " coalesce(sum(tool_calls), 0)::bigint AS tool_calls FROM gone),"
-    " charged AS (INSERT INTO {charges} (workflow_id, idem_key, usd_micros, input_tokens,"
-    " output_tokens, tool_calls)"
-    " SELECT workflow_id, %(idem_key)s, %(add_usd_micros)s, %(add_input_tokens)s,"
-    " %(add_output_tokens)s, %(add_tool_calls)s FROM {budgets}"
-    " WHERE workflow_id = %(workflow_id)s"
-    " ON CONFLICT (workflow_id, idem_key) DO NOTHING"
-    " RETURNING usd_micros, input_tokens, output_tokens, tool_calls),"
     " added AS (SELECT coalesce(sum(usd_micros), 0)::bigint AS usd_micros,"
     " coalesce(sum(input_tokens), 0)::bigint AS input_tokens,"
     " coalesce(sum(output_tokens), 0)::bigint AS output_tokens,"
-    " coalesce(sum(tool_calls), 0)::bigint AS tool_calls, count(*) AS n FROM charged)"
+    " coalesce(sum(tool_calls), 0)::bigint AS tool_calls,"
+    " count(*) FILTER (WHERE usd_micros + input_tokens + output_tokens + tool_calls > 0)"
+    " AS n FROM raised)"
     " UPDATE {budgets} AS b SET"
     " spent_usd_micros = b.spent_usd_micros + added.usd_micros,"
     " spent_input_tokens = b.spent_input_tokens + added.input_tokens,"

@@ -91,9 +91,15 @@ class SqliteBudgets:
         }
 
         def work(conn: sqlite3.Connection, now: int) -> bool:
-            if conn.execute(q.BUDGET_RESERVE, params | {"now": now}).rowcount != 1:
+            at = params | {"now": now}
+            # The effect's own earlier holds are its room: replaced, not added to.
+            count, *freed = conn.execute(q.HOLDS_OF_KEY, at).fetchone()
+            at |= amount_params("freed", Spend(*(int(v) for v in freed)))
+            if conn.execute(q.BUDGET_RESERVE, at).rowcount != 1:
                 return False
-            conn.execute(q.HOLD_INSERT, params | {"now": now})
+            if count:
+                conn.execute(q.DELETE_HOLDS_OF_KEY, at)
+            conn.execute(q.HOLD_INSERT, at)
             return True
 
         return await self._run("reserve_budget", work, None, write=True, idem_key=hold.idem_key)
@@ -111,9 +117,18 @@ class SqliteBudgets:
 
         def work(conn: sqlite3.Connection, now: int) -> bool:
             at = params | {"now": now}
-            booked = conn.execute(q.CHARGE_INSERT, at).rowcount == 1
-            spent = charge if booked else Spend()
-            _give_back(conn, q.HOLDS_OF_EFFECT, q.DELETE_HOLDS_OF_EFFECT, at, spent)
+            row = conn.execute(q.CHARGE_GET, at).fetchone()
+            if row is None:
+                booked = conn.execute(q.CHARGE_INSERT, at).rowcount == 1
+                added = charge if booked else Spend()
+            else:
+                before = Spend(*(int(v) for v in row))
+                after = Spend(*(max(b, c) for b, c in zip(before, charge, strict=True)))
+                added = Spend(*(a - b for a, b in zip(after, before, strict=True)))
+                booked = added != Spend()
+                if booked:
+                    conn.execute(q.CHARGE_RAISE, at | amount_params("add", after))
+            _give_back(conn, q.HOLDS_OF_EFFECT, q.DELETE_HOLDS_OF_EFFECT, at, added)
             return booked
 
         return await self._run("book_charge", work, None, write=True, idem_key=idem_key)

@@ -427,27 +427,36 @@ BUDGET_LIST: Final = (
     " ORDER BY b.updated_us DESC, b.workflow_id DESC LIMIT :limit"
 )
 # The reservation's conditional UPDATE (the rule: stores/budget_base.py); the
-# hold is inserted only when it changed the row.
+# hold is inserted only when it changed the row. :freed_* is what the
+# effect's own earlier holds (HOLDS_OF_KEY) hold: they are replaced by the new
+# one, so they are not counted against it.
 BUDGET_RESERVE: Final = (
     "UPDATE agent_ledger_budgets SET"
-    " reserved_usd_micros = reserved_usd_micros + :add_usd_micros,"
-    " reserved_input_tokens = reserved_input_tokens + :add_input_tokens,"
-    " reserved_output_tokens = reserved_output_tokens + :add_output_tokens,"
-    " reserved_tool_calls = reserved_tool_calls + :add_tool_calls, updated_us = :now"
+    " reserved_usd_micros = reserved_usd_micros - :freed_usd_micros + :add_usd_micros,"
+    " reserved_input_tokens = reserved_input_tokens - :freed_input_tokens + :add_input_tokens,"
+    " reserved_output_tokens = reserved_output_tokens - :freed_output_tokens"
+    " + :add_output_tokens,"
+    " reserved_tool_calls = reserved_tool_calls - :freed_tool_calls + :add_tool_calls,"
+    " updated_us = :now"
     " WHERE workflow_id = :workflow_id"
     " AND (limit_usd_micros IS NULL OR :est_usd_micros IS NULL"
-    " OR (spent_usd_micros + reserved_usd_micros + :est_usd_micros <= limit_usd_micros"
-    " AND spent_usd_micros + reserved_usd_micros < limit_usd_micros))"
+    " OR (spent_usd_micros + reserved_usd_micros - :freed_usd_micros + :est_usd_micros"
+    " <= limit_usd_micros"
+    " AND spent_usd_micros + reserved_usd_micros - :freed_usd_micros < limit_usd_micros))"
     " AND (limit_input_tokens IS NULL OR :est_input_tokens IS NULL"
-    " OR (spent_input_tokens + reserved_input_tokens + :est_input_tokens <= limit_input_tokens"
-    " AND spent_input_tokens + reserved_input_tokens < limit_input_tokens))"
+    " OR (spent_input_tokens + reserved_input_tokens - :freed_input_tokens + :est_input_tokens"
+    " <= limit_input_tokens"
+    " AND spent_input_tokens + reserved_input_tokens - :freed_input_tokens"
+    " < limit_input_tokens))"
     " AND (limit_output_tokens IS NULL OR :est_output_tokens IS NULL"
-    " OR (spent_output_tokens + reserved_output_tokens + :est_output_tokens"
-    " <= limit_output_tokens"
-    " AND spent_output_tokens + reserved_output_tokens < limit_output_tokens))"
+    " OR (spent_output_tokens + reserved_output_tokens - :freed_output_tokens"
+    " + :est_output_tokens <= limit_output_tokens"
+    " AND spent_output_tokens + reserved_output_tokens - :freed_output_tokens"
+    " < limit_output_tokens))"
     " AND (limit_tool_calls IS NULL OR :est_tool_calls IS NULL"
-    " OR (spent_tool_calls + reserved_tool_calls + :est_tool_calls <= limit_tool_calls"
-    " AND spent_tool_calls + reserved_tool_calls < limit_tool_calls))"
+    " OR (spent_tool_calls + reserved_tool_calls - :freed_tool_calls + :est_tool_calls"
+    " <= limit_tool_calls"
+    " AND spent_tool_calls + reserved_tool_calls - :freed_tool_calls < limit_tool_calls))"
 )
 HOLD_INSERT: Final = (
     "INSERT INTO agent_ledger_budget_holds (hold_id, workflow_id, idem_key, usd_micros,"
@@ -462,16 +471,31 @@ _HOLD_SUMS: Final = (
     " FROM agent_ledger_budget_holds WHERE workflow_id = :workflow_id AND "
 )
 _OF_EFFECT: Final = "(hold_id = :hold_id OR idem_key = :idem_key)"
+_OF_KEY: Final = "idem_key = :idem_key"
 _ONE_HOLD: Final = "hold_id = :hold_id"
 _EXPIRED: Final = "expires_us <= :now"
 HOLDS_OF_EFFECT: Final = _HOLD_SUMS + _OF_EFFECT
+HOLDS_OF_KEY: Final = _HOLD_SUMS + _OF_KEY
 HOLD_ONE: Final = _HOLD_SUMS + _ONE_HOLD
 HOLDS_EXPIRED: Final = _HOLD_SUMS + _EXPIRED
 _HOLD_DELETE: Final = "DELETE FROM agent_ledger_budget_holds WHERE workflow_id = :workflow_id AND "
 DELETE_HOLDS_OF_EFFECT: Final = _HOLD_DELETE + _OF_EFFECT
+DELETE_HOLDS_OF_KEY: Final = _HOLD_DELETE + _OF_KEY
 DELETE_HOLD_ONE: Final = _HOLD_DELETE + _ONE_HOLD
 DELETE_HOLDS_EXPIRED: Final = _HOLD_DELETE + _EXPIRED
-# A charge, once per (budget, idem key): the primary key ignores a second one.
+# A charge, one row per (budget, idem key): what was booked for that effect.
+# A later booking raises it to the larger receipt, unit by unit (CHARGE_RAISE),
+# and the budget's spent grows by the difference.
+CHARGE_GET: Final = (
+    "SELECT usd_micros, input_tokens, output_tokens, tool_calls"
+    " FROM agent_ledger_budget_charges WHERE workflow_id = :workflow_id AND idem_key = :idem_key"
+)
+CHARGE_RAISE: Final = (
+    "UPDATE agent_ledger_budget_charges SET usd_micros = :add_usd_micros,"
+    " input_tokens = :add_input_tokens, output_tokens = :add_output_tokens,"
+    " tool_calls = :add_tool_calls, booked_us = :now"
+    " WHERE workflow_id = :workflow_id AND idem_key = :idem_key"
+)
 CHARGE_INSERT: Final = (
     "INSERT INTO agent_ledger_budget_charges (workflow_id, idem_key, usd_micros, input_tokens,"
     " output_tokens, tool_calls, booked_us)"

@@ -11,10 +11,14 @@ amounts). The rules the layer above builds on:
   in, ``spent + reserved + estimate <= limit`` and ``spent + reserved < limit``
   (so a call estimated at 0 still stops at an exhausted limit). Concurrent
   reservations serialize on the budget row: two callers can never both take
-  the last room.
-* **Book** records the charge of an effect at most once per (budget, idem key)
-  however many workers or replays book it, adds it to ``spent``, and
-  releases the caller's hold and any other hold for that effect (it has
+  the last room. An effect holds room once: the holds it already has (a
+  crashed worker's, a second caller's) are replaced by the new one, and
+  not counted against it.
+* **Book** keeps one charge per (budget, idem key), which only grows: a
+  booking raises it to the receipt, unit by unit, and adds what it grew by
+  to ``spent`` (however many workers or replays book the same receipt, it
+  is counted once; a reopened effect that ran again adds its difference).
+  It releases the caller's hold and any other hold for that effect (it has
   finished: nobody needs to hold room for it any more), in one step.
 * **Release** gives a hold's estimate back without booking anything (the call
   never reached its handler, or its outcome is not known yet).
@@ -69,18 +73,20 @@ class BudgetStore(Protocol):
         ...
 
     async def reserve_budget(self, hold: NewHold) -> bool:
-        """Add ``hold.estimate`` to ``reserved`` and record the hold, if it fits
-        (module doc), in one atomic step. True if it did; False, changing
-        nothing, if it does not fit or the budget does not exist."""
+        """Add ``hold.estimate`` to ``reserved`` and record the hold, replacing
+        the effect's earlier holds, if it fits (module doc), in one atomic
+        step. True if it did; False, changing nothing, if it does not fit or
+        the budget does not exist."""
         ...
 
     async def book_charge(
         self, workflow_id: str, *, idem_key: str, charge: Spend, hold_id: str | None
     ) -> bool:
-        """Record ``charge`` for the effect ``idem_key`` unless one is recorded
-        already, add it to ``spent``, and delete the hold ``hold_id`` and every
-        other hold for ``idem_key`` (taking their estimates off ``reserved``),
-        in one atomic step. True if this call recorded the charge."""
+        """Raise the effect's recorded charge to ``charge`` (unit by unit, never
+        lower), add what it grew by to ``spent``, and delete the hold
+        ``hold_id`` and every other hold for ``idem_key`` (taking their
+        estimates off ``reserved``), in one atomic step. True if this call
+        recorded the charge first or raised it."""
         ...
 
     async def release_hold(self, workflow_id: str, hold_id: str) -> bool:

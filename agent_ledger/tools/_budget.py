@@ -43,7 +43,15 @@ from agent_ledger.stores.budget_base import UNITS, BudgetStore, NewHold
 if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
 
-__all__ = ["BudgetScope", "active_budgets", "gate", "llm_charge", "tool_charge"]
+__all__ = [
+    "BudgetScope",
+    "active_budgets",
+    "gate",
+    "llm_charge",
+    "open_budgets",
+    "suspend_budgets",
+    "tool_charge",
+]
 
 logger = logging.getLogger("agent_ledger")
 _T = TypeVar("_T")
@@ -56,6 +64,8 @@ TOOL_UNITS: Final = frozenset({"tool_calls"})
 LLM_UNITS: Final = frozenset({"usd_micros", "input_tokens", "output_tokens"})
 
 _BUDGETS: ContextVar[tuple[BudgetScope, ...]] = ContextVar("agent_ledger_budgets", default=())
+#: False inside a saga's compensations: an undo, and whatever it calls, is never refused.
+_GATED: ContextVar[bool] = ContextVar("agent_ledger_budgets_gated", default=True)
 
 
 def budget_store(ledger: EffectLedger) -> BudgetStore:
@@ -76,9 +86,15 @@ class BudgetScope:
     Stored (or checked against the stored one) once, on the first use:
     ``async with`` does it on entering, so a mismatch fails at the top of
     the block; a sync ``with`` at the first call inside.
+
+    A scope made by :meth:`stored` (``ledger.workflow(id)`` without
+    ``budget=``) attaches whatever budget is stored for the id: it is read
+    once, on the same first use, and the scope counts for nothing if none
+    is stored. So a second worker (or an adapter) that enters the workflow
+    without repeating the budget is still held to it.
     """
 
-    __slots__ = ("_opened", "budget", "ledger", "store", "workflow_id")
+    __slots__ = ("_opened", "budget", "given", "ledger", "store", "workflow_id")
 
     def __init__(self, ledger: EffectLedger, workflow_id: str, budget: Budget) -> None:
         if not isinstance(budget, Budget):
@@ -90,11 +106,35 @@ class BudgetScope:
         self.ledger = ledger
         self.store = budget_store(ledger)
         self.workflow_id = workflow_id
-        self.budget = budget
+        self.budget: Budget | None = budget
+        #: Whether the caller gave the budget (False: the stored one, if any, is used).
+        self.given = True
         self._opened = False
 
-    async def open(self) -> BudgetState:
-        """Store the budget, or check it against the stored one; its state."""
+    @classmethod
+    def stored(cls, ledger: EffectLedger, workflow_id: str) -> BudgetScope | None:
+        """A scope for the budget stored under ``workflow_id``, if any; None when the
+        ledger's store keeps no budgets."""
+        if not isinstance(ledger.store, BudgetStore):
+            return None
+        scope = cls.__new__(cls)
+        scope.ledger = ledger
+        scope.store = ledger.store
+        scope.workflow_id = workflow_id
+        scope.budget = None
+        scope.given = False
+        scope._opened = False
+        return scope
+
+    async def open(self) -> BudgetState | None:
+        """Store the budget, or check it against the stored one; its state (None:
+        a :meth:`stored` scope whose id has no budget)."""
+        if not self.given:
+            state = await self.store.get_budget(self.workflow_id)
+            self.budget = None if state is None else state.limits
+            self._opened = True
+            return state
+        assert self.budget is not None
         state = await self.store.open_budget(self.workflow_id, self.budget)
         if not state.limits.same_limits(self.budget):
             raise BudgetMismatchError(self.workflow_id, state.limits, self.budget)
@@ -118,17 +158,44 @@ def pop(token: object) -> None:
     _BUDGETS.reset(token)  # type: ignore[arg-type]  # the token push() returned
 
 
+def suspend_budgets() -> None:
+    """No budget applies from here on in this context (a compensation's task)."""
+    _GATED.set(False)
+
+
 def active_budgets(ledger: EffectLedger) -> tuple[BudgetScope, ...]:
-    """The budgets in scope for ``ledger``'s calls, outermost first."""
+    """The budgets in scope for ``ledger``'s calls, outermost first, one per workflow id.
+
+    A workflow id entered twice (a helper re-entering the workflow it is in)
+    is one budget: reserving on it twice would count the call twice. The
+    scope that was given its budget wins over one that looks it up.
+    """
     scopes = _BUDGETS.get()
-    if not scopes:
+    if not scopes or not _GATED.get():
         return ()
-    return tuple(s for s in scopes if s.ledger is ledger)
+    chosen: dict[str, BudgetScope] = {}
+    for scope in scopes:
+        if scope.ledger is not ledger:
+            continue
+        seen = chosen.get(scope.workflow_id)
+        if seen is None or (scope.given and not seen.given):
+            chosen[scope.workflow_id] = scope
+    return tuple(chosen.values())
+
+
+async def open_budgets(ledger: EffectLedger) -> tuple[BudgetScope, ...]:
+    """:func:`active_budgets`, each stored or looked up (once per scope), without
+    the looked-up ones that found no budget."""
+    scopes = active_budgets(ledger)
+    for scope in scopes:
+        await scope.ensure_open()
+    return tuple(s for s in scopes if s.budget is not None)
 
 
 def tool_charge(effect: Effect) -> Spend:
-    """What a finished tool effect costs: one tool call if its handler ever ran."""
-    return Spend(tool_calls=1 if effect.executions > 0 else 0)
+    """What a finished tool effect costs: one tool call per time its handler was
+    started (a reopened or taken-over effect ran again, and counts again)."""
+    return Spend(tool_calls=effect.executions)
 
 
 def llm_charge(effect: Effect) -> Spend:
@@ -247,7 +314,7 @@ async def _settle(
     """Book the effect's charge if it finished, else give this call's holds back.
 
     A store error here is logged, not raised: the call itself is done, a hold
-    left behind expires, and a charge left unbooked is booked when the
+    left behind is released (or expires), and a charge left unbooked is booked when the
     effect is next called (a replay settles it from its receipt).
     """
     try:
@@ -256,20 +323,47 @@ async def _settle(
             await _release(scopes, holds)
             return
         amount = charge(effect)
-        for scope in scopes:
+    except Exception:
+        logger.exception(
+            "could not read effect %s to book its budget charge; its holds are released, "
+            "and the charge is booked the next time this call is made",
+            idem_key[:12],
+        )
+        await _release_quietly(scopes, holds)
+        return
+    for scope in scopes:
+        try:
             await scope.store.book_charge(
                 scope.workflow_id,
                 idem_key=idem_key,
                 charge=amount,
                 hold_id=holds.get(scope.workflow_id),
             )
-    except Exception:
-        logger.exception(
-            "could not book or release a budget reservation for effect %s; a hold left "
-            "behind expires, and an unbooked charge is booked the next time this call "
-            "is made",
-            idem_key[:12],
-        )
+        except Exception:
+            logger.exception(
+                "could not book the charge of effect %s on budget %r; its hold is "
+                "released, and the charge is booked the next time this call is made",
+                idem_key[:12],
+                scope.workflow_id,
+            )
+            await _release_quietly((scope,), holds)
+
+
+async def _release_quietly(scopes: tuple[BudgetScope, ...], holds: dict[str, str]) -> None:
+    """Give this call's holds back after a failed booking; a failure here leaves
+    the hold to expire (logged)."""
+    for scope in scopes:
+        hold_id = holds.get(scope.workflow_id)
+        if hold_id is None:
+            continue
+        try:
+            await scope.store.release_hold(scope.workflow_id, hold_id)
+        except Exception:
+            logger.exception(
+                "could not release hold %s on budget %r; it expires after its ttl",
+                hold_id,
+                scope.workflow_id,
+            )
 
 
 async def _shielded(work: Coroutine[Any, Any, _T]) -> _T:

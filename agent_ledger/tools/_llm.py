@@ -12,24 +12,33 @@ like a tool call (``_budget.gate``), counting dollars and tokens.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
-from agent_ledger.budgets import Spend, usd_to_micros
+from agent_ledger.budgets import Budget, Spend, usd_to_micros
 from agent_ledger.calls import ToolCall
-from agent_ledger.effects import Effect, JSONValue, Usage, WithUsage
+from agent_ledger.effects import (
+    MAX_USAGE_COST_USD,
+    Effect,
+    FailedWithUsage,
+    JSONValue,
+    Usage,
+    WithUsage,
+)
 from agent_ledger.errors import EffectLedgerInvariantError, EffectLedgerValidationError
 from agent_ledger.ledger import RECORDING
 from agent_ledger.options import RunOptions
 from agent_ledger.tools._budget import (
     DEFAULT_HOLD_TTL_MS,
     LLM_UNITS,
-    active_budgets,
     gate,
     llm_charge,
+    open_budgets,
 )
 from agent_ledger.tools._workflow import _CURRENT
 
@@ -43,6 +52,8 @@ Pricing: TypeAlias = Callable[[str, str, Usage], float]
 
 #: The tool name a model call's effect is recorded under: ``llm.<provider>``.
 TOOL_PREFIX: Final = "llm."
+
+logger = logging.getLogger("agent_ledger")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,13 +85,35 @@ class LLMReply:
 def _price(pricing: Pricing, provider: str, model: str, usage: Usage) -> float:
     """The callback's price for ``usage``, checked: a finite number of dollars >= 0."""
     cost = pricing(provider, model, usage)
-    if type(cost) not in (int, float) or not math.isfinite(cost) or cost < 0:
+    if (
+        type(cost) not in (int, float)
+        or not math.isfinite(cost)
+        or not 0 <= cost <= MAX_USAGE_COST_USD
+    ):
         raise EffectLedgerValidationError(
             f"pricing({provider!r}, {model!r}, ...) must return a finite number of US "
-            f"dollars >= 0, got {cost!r}",
+            f"dollars from 0 to {MAX_USAGE_COST_USD:_}, got {cost!r}",
             field="pricing",
         )
     return float(cost)
+
+
+def _limits_model_calls(budget: Budget) -> bool:
+    return (
+        budget.usd is not None
+        or budget.input_tokens is not None
+        or budget.output_tokens is not None
+    )
+
+
+def _plus(before: Usage | None, usage: Usage) -> Usage:
+    return usage if before is None else before + usage
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, LLMResult):
+        return f"an LLMResult whose usage is {type(value.usage).__name__}"
+    return type(value).__name__
 
 
 def _text(value: object, name: str) -> str:
@@ -142,38 +175,95 @@ async def call_llm(
         args={"provider": provider, "model": model, "request": request},
     )
     idem_key = ledger.idem_key(call)  # checks the request is JSON, before anything runs
-    scopes = active_budgets(ledger)
+    scopes = await open_budgets(ledger)
+    if pricing is None and any(s.budget is not None and s.budget.usd is not None for s in scopes):
+        raise EffectLedgerValidationError(
+            f"workflow {scopes[0].workflow_id!r} has a budget in dollars, so ledger.llm() "
+            "needs pricing=(provider, model, usage) -> USD to know what calls cost. "
+            "Nothing was stored.",
+            field="pricing",
+        )
+    limited = [s for s in scopes if s.budget is not None and _limits_model_calls(s.budget)]
+    if estimate is None and limited:
+        raise EffectLedgerValidationError(
+            f"workflow {limited[0].workflow_id!r} has a budget in dollars or tokens, so "
+            "ledger.llm() needs estimate=Usage(input_tokens=..., output_tokens=...): the most "
+            "the call can consume (the prompt's tokens, and max_tokens for the output). It is "
+            "reserved before the provider is called, so calls in flight together never take "
+            "more than the limit. Nothing was stored.",
+            field="estimate",
+        )
     expected = estimate if estimate is not None else Usage()
-    if pricing is not None:
-        # Asked once before anything runs, so a broken callback fails here,
-        # not after the provider was paid.
-        expected_usd = _price(pricing, provider, model, expected)
-    else:
-        expected_usd = expected.cost_usd or 0.0
-        if any(s.budget.usd is not None for s in scopes):
-            raise EffectLedgerValidationError(
-                f"workflow {scopes[0].workflow_id!r} has a budget in dollars, so ledger.llm() "
-                "needs pricing=(provider, model, usage) -> USD to know what calls cost. "
-                "Nothing was stored.",
-                field="pricing",
-            )
+    # Asked once before anything runs, so a broken callback fails here, not
+    # after the provider was paid.
+    expected_usd = (
+        _price(pricing, provider, model, expected)
+        if pricing is not None
+        else expected.cost_usd or 0.0
+    )
+    # What a call that answered is charged when its own cost cannot be worked
+    # out: what was reserved for it (unknown without an estimate).
+    fallback_cost = expected_usd if estimate is not None else None
+    sync_call = not inspect.iscoroutinefunction(call_fn)
 
-    async def handler(effect: Effect) -> WithUsage:
-        value = call_fn(effect.args["request"])  # a fresh copy: call_fn may change it
+    async def answer(request: object) -> object:
+        if sync_call:
+            # A blocking SDK call in a worker thread: on the loop it would stop
+            # the heartbeats, and another worker would take the call over and
+            # pay the provider again.
+            value = await asyncio.to_thread(call_fn, request)
+        else:
+            value = call_fn(request)
         if inspect.isawaitable(value):
             value = await value
-        result = read(value) if read is not None else value
-        if not isinstance(result, LLMResult):
-            raise EffectLedgerValidationError(
-                "call_fn must return an LLMResult(response=..., usage=Usage(...)) (the "
-                "adapters' llm_result() makes one from an SDK response), or pass read= to "
-                f"turn what it returns into one; got {type(result).__name__}",
-                field="call_fn",
+        return value
+
+    async def handler(effect: Effect) -> WithUsage:
+        # After a reopen the receipt already holds what earlier runs consumed:
+        # every run was paid for, so the receipt keeps their sum.
+        before = effect.usage
+        try:
+            value = await answer(effect.args["request"])  # a fresh copy: call_fn may change it
+        except Exception as exc:
+            if before is None:
+                raise  # the provider did not answer: nothing consumed, nothing to record
+            raise FailedWithUsage(exc, before) from exc
+        # The provider answered and was paid: from here on, whatever goes
+        # wrong, the effect fails with what the call consumed.
+        try:
+            result = read(value) if read is not None else value
+            if not isinstance(result, LLMResult) or not isinstance(result.usage, Usage):
+                raise EffectLedgerValidationError(
+                    "call_fn must return an LLMResult(response=..., usage=Usage(...)) (the "
+                    "adapters' llm_result() makes one from an SDK response), or pass read= to "
+                    f"turn what it returns into one; got {_describe(result)}",
+                    field="call_fn",
+                )
+        except Exception as exc:
+            spent = Usage(expected.input_tokens, expected.output_tokens, fallback_cost)
+            logger.warning(
+                "model call %s answered, but its usage could not be read (%s); it is "
+                "recorded at its estimate, %s",
+                call.tool,
+                exc,
+                spent,
             )
+            raise FailedWithUsage(exc, _plus(before, spent)) from exc
         usage = result.usage
         if pricing is not None:
-            usage = replace(usage, cost_usd=_price(pricing, provider, model, usage))
-        return WithUsage(result.response, usage)
+            try:
+                usage = replace(usage, cost_usd=_price(pricing, provider, model, usage))
+            except Exception as exc:
+                usage = replace(usage, cost_usd=fallback_cost)
+                logger.warning(
+                    "model call %s answered, but pricing(...) failed on its usage (%s); it "
+                    "is recorded at the estimate's price, %s",
+                    call.tool,
+                    exc,
+                    usage,
+                )
+                raise FailedWithUsage(exc, _plus(before, usage)) from exc
+        return WithUsage(result.response, _plus(before, usage))
 
     async def run() -> object:
         return await ledger.run(call, handler, run_options)

@@ -33,7 +33,7 @@ from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.keys import canonical_json
 from agent_ledger.options import UNSET, LedgerHooks, OnStale, RunOptions, merge_run_options
 from agent_ledger.retries import RetryPolicy
-from agent_ledger.tools._budget import _BUDGETS, TOOL_UNITS, active_budgets, gate, tool_charge
+from agent_ledger.tools._budget import _BUDGETS, TOOL_UNITS, gate, open_budgets, tool_charge
 from agent_ledger.tools._steps import STEP_RUNNER
 from agent_ledger.tools._workflow import _CURRENT
 
@@ -271,7 +271,7 @@ class Tool(Generic[R_co]):
                 return await runner.run_step(self, call, handler, options, self._hooks)
             return await self.ledger.run(call, handler, options, hooks=self._hooks)
 
-        scopes = active_budgets(self.ledger)
+        scopes = await open_budgets(self.ledger)
         if not scopes:
             return cast(R_co, await run())
         result = await gate(

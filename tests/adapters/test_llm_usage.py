@@ -13,7 +13,14 @@ from anthropic.types import Message
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
-from agent_ledger import Budget, JSONValue, LLMResult, MemoryStore, Usage
+from agent_ledger import (
+    Budget,
+    EffectLedgerValidationError,
+    JSONValue,
+    LLMResult,
+    MemoryStore,
+    Usage,
+)
 from agent_ledger.adapters import anthropic as anthropic_adapter
 from agent_ledger.adapters import openai as openai_adapter
 from agent_ledger.testing import build_ledger
@@ -135,3 +142,61 @@ async def test_a_recorded_sdk_response_is_priced_and_booked() -> None:
     state = await ledger.budget("chat-1")
     assert state is not None and (state.spent.input_tokens, state.spent.output_tokens) == (134, 9)
     assert isinstance(anthropic_adapter.llm_result(Message.model_validate(MESSAGE)), LLMResult)
+
+
+MESSAGE_NO_USAGE: dict[str, Any] = {k: v for k, v in MESSAGE.items() if k != "usage"}
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected"),
+    [
+        (None, Usage()),
+        ({"prompt_tokens": 10, "total_tokens": 10}, Usage(10, 0)),
+        ({"prompt_tokens": 10, "completion_tokens": None, "total_tokens": 10}, Usage(10, 0)),
+        ({"prompt_tokens": 10.0, "completion_tokens": 5, "total_tokens": 15}, Usage(10, 5)),
+    ],
+)
+def test_openai_missing_counts_are_zero_with_a_warning(
+    usage: object, expected: Usage, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The SDK builds API responses leniently (``construct``), as here: a count
+    that is missing or null is 0 tokens, and the log says so."""
+    completion = ChatCompletion.construct(**{**CHAT, "usage": usage})
+    assert openai_adapter.usage_of(completion) == expected
+    if expected.output_tokens == 0:
+        assert "counted as 0 tokens" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected", "warns"),
+    [
+        (None, Usage(), True),
+        ({"input_tokens": 10}, Usage(10, 0), True),
+        ({"input_tokens": None, "output_tokens": 3}, Usage(0, 3), True),
+        (
+            {"input_tokens": 10, "output_tokens": 3, "cache_read_input_tokens": None},
+            Usage(10, 3),
+            False,  # an absent cache part is simply none
+        ),
+    ],
+)
+def test_anthropic_missing_counts_are_zero_with_a_warning(
+    usage: object, expected: Usage, warns: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    message = Message.construct(**{**MESSAGE_NO_USAGE, "usage": usage})
+    assert anthropic_adapter.usage_of(message) == expected
+    assert ("counted as 0 tokens" in caplog.text) is warns
+
+
+@pytest.mark.parametrize("bad", [5.5, -1, "many"])
+def test_a_count_that_is_not_a_whole_number_is_refused_by_both_adapters(bad: object) -> None:
+    completion = ChatCompletion.construct(
+        **{**CHAT, "usage": {"prompt_tokens": 10, "completion_tokens": bad, "total_tokens": 1}}
+    )
+    with pytest.raises(EffectLedgerValidationError, match="completion_tokens"):
+        openai_adapter.usage_of(completion)
+    message = Message.construct(
+        **{**MESSAGE_NO_USAGE, "usage": {"input_tokens": bad, "output_tokens": 1}}
+    )
+    with pytest.raises(EffectLedgerValidationError, match="input_tokens"):
+        anthropic_adapter.usage_of(message)

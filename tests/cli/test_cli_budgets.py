@@ -31,6 +31,7 @@ async def _spend(url: str) -> None:
                     model="m1",
                     request={"n": n},
                     pricing=lambda provider, model, usage: 0.30,
+                    estimate=Usage(1000, 500),
                 )
                 if n < 2:
                     await call

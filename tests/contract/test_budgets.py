@@ -197,10 +197,10 @@ async def test_an_exhausted_limit_stops_even_calls_estimated_at_nothing(
     ledger = harness.ledger()
     provider = Provider()
     async with ledger.workflow(W, budget=Budget(output_tokens=150_000)):
-        await ask(ledger, provider, 0, estimate=None)
-        await ask(ledger, provider, 1, estimate=None)  # 100k out < 150k: room was left
+        await ask(ledger, provider, 0, estimate=Usage())
+        await ask(ledger, provider, 1, estimate=Usage())  # 100k out < 150k: room was left
         with pytest.raises(BudgetExceededError, match="output_tokens"):
-            await ask(ledger, provider, 2, estimate=None)
+            await ask(ledger, provider, 2, estimate=Usage())
     assert len(provider.calls) == 2
 
 
@@ -245,10 +245,10 @@ async def test_a_hold_whose_effect_never_ran_expires(harness: StoreHarness) -> N
         lost = NewHold("lost-hold", W, "never-ran", Spend(200_000), usd, 1_000)
         assert await _store(ledger).reserve_budget(lost)
         with pytest.raises(BudgetExceededError):
-            await ask(ledger, provider, 1, estimate=None)  # nothing left while held
+            await ask(ledger, provider, 1, estimate=Usage())  # nothing left while held
         await harness.age(1_500)
         # Still $0.30 + estimate 0 < $0.50 once the expired hold is reclaimed.
-        await ask(ledger, provider, 1, estimate=None)
+        await ask(ledger, provider, 1, estimate=Usage())
     state = await ledger.budget(W)
     assert state is not None and state.reserved == Spend() and state.holds == 0
     assert len(provider.calls) == 2

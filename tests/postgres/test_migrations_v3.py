@@ -84,6 +84,7 @@ async def test_migrate_adds_the_saga_tables_once_and_keeps_every_effect(
                 model="m",
                 request={},
                 pricing=lambda p, m, u: 0.25,
+                estimate=Usage(7, 3),
             )
         assert reply.usage == Usage(7, 3, 0.25)
         assert (await ledger.find_by_idem_key(reply.effect.idem_key)) == reply.effect

@@ -92,6 +92,7 @@ async def test_opening_a_version_2_file_adds_the_saga_tables_and_keeps_every_eff
                 model="m",
                 request={},
                 pricing=lambda p, m, u: 0.25,
+                estimate=Usage(7, 3),
             )
         assert reply.usage == Usage(7, 3, 0.25)
         # The budget tables.

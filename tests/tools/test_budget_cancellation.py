@@ -87,7 +87,9 @@ async def test_cancelled_while_booking_still_books_once() -> None:
 
     async def call() -> None:
         async with ledger.workflow("w", budget=Budget(usd=1.0)):
-            await ledger.llm(model, provider="fake", model="m", request={}, pricing=price)
+            await ledger.llm(
+                model, provider="fake", model="m", request={}, pricing=price, estimate=Usage(10)
+            )
 
     task = asyncio.create_task(call())
     await store.paused.wait()
