@@ -26,7 +26,10 @@ Whether a step is undone depends on its forward effect, settled first:
 
 Each undo is an ordinary effect keyed from the forward key, run with the
 compensation tool's retry policy (by default :data:`COMPENSATION_RETRY`):
-two workers finishing one saga run it once. It runs out of any saga's
+two workers finishing one saga run it once. In a recovery pass it never
+waits for a person (parked mid-undo, or sent for approval by its tool): the
+pass reports ``SagaStepParked`` for that saga and goes on with the others.
+It runs out of any saga's
 step context: tools its handler calls are ordinary effects. A store error
 while undoing is not the compensation failing: it propagates, and the saga
 stays ``compensating`` for a later pass (or re-run) to finish.
@@ -46,7 +49,11 @@ from agent_ledger.backoff import Backoff
 from agent_ledger.calls import ToolCall
 from agent_ledger.decisions import ambiguous_error
 from agent_ledger.effects import Effect, EffectError
-from agent_ledger.errors import EffectLedgerValidationError, EffectStoreError
+from agent_ledger.errors import (
+    ApprovalPendingError,
+    EffectLedgerValidationError,
+    EffectStoreError,
+)
 from agent_ledger.ledger import RECORDING, EffectLedger
 from agent_ledger.options import UNSET, RunOptions, merge_run_options
 from agent_ledger.retries import RetryPolicy
@@ -181,6 +188,10 @@ async def _undo(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Undo:
     options, hooks = tool.run_settings
     if options is None or options.retry is UNSET:
         options = merge_run_options(options or RunOptions(), RunOptions(retry=COMPENSATION_RETRY))
+    if not WAIT_FOR_PARKED.get():
+        # A recovery pass: an undo waiting for a person (parked, or sent to
+        # one by its tool's approval policy) stops this saga, not the pass.
+        options = merge_run_options(options, RunOptions(wait_for_approval=False))
     call = compensation_call(forward.workflow_id, tool.name, forward.idem_key)
 
     async def handler(effect: Effect) -> object:
@@ -193,6 +204,8 @@ async def _undo(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Undo:
         await ledger.run(call, handler, options, hooks=hooks)
     except EffectStoreError:
         raise  # the store failed, not the compensation: the saga stays compensating
+    except ApprovalPendingError as pending:
+        raise SagaStepParked(saga_id, step, pending.effect) from None
     except Exception as exc:
         message = f"{type(exc).__name__}: {exc}"
         return Undo(step, False, EffectError(message, getattr(exc, "code", None)))

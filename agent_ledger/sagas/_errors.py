@@ -9,7 +9,7 @@
         ├── SagaNondeterminismError    the code asks for another step than the one recorded
         ├── SagaInFlightError          another live worker owns the saga
         ├── SagaStepUnsettled          a step runs where nobody can tell its worker dead
-        │   └── SagaStepParked         a step waits for a person to settle it (recovery)
+        │   └── SagaStepParked         a step or its undo waits for a person (recovery)
         └── SagaOwnershipLostError     this worker's saga was taken over meanwhile
     SagaStepCancelled                  a step's own task was cancelled: the saga rolls back
 """
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from agent_ledger.errors import EffectLedgerError
 
 if TYPE_CHECKING:
+    from agent_ledger.effects import Effect
     from agent_ledger.sagas._outcome import SagaOutcome
     from agent_ledger.stores.saga_base import SagaStep
 
@@ -148,17 +149,39 @@ class SagaStepCancelled(EffectLedgerError):
 
 
 class SagaStepParked(SagaStepUnsettled):
-    """A recovery pass met a step parked for a person (an ambiguous attempt under
-    ``on_stale="park"``): only that person can say whether it happened, and a
-    pass must not wait for them while other sagas wait for it."""
+    """A recovery pass met a step waiting for a person: its forward effect parked
+    (an ambiguous attempt under ``on_stale="park"``: only that person can say
+    whether it happened), or its compensation parked or sent for approval by
+    its tool's policy. A pass must not wait for them while other sagas wait
+    for it.
 
-    def __init__(self, saga_id: str, step: SagaStep) -> None:
+    ``effect`` is the compensation's effect when it is the undo that waits;
+    None when it is the forward step.
+    """
+
+    def __init__(self, saga_id: str, step: SagaStep, effect: Effect | None = None) -> None:
         self.saga_id = saga_id
         self.position = step.position
+        self.effect = effect
+        if effect is None:
+            what = (
+                f"step {step.position} ({step.tool}, key {step.idem_key[:12]}) is parked for "
+                "a person (its worker died mid-handler, so nobody knows whether it happened)"
+            )
+        elif effect.parked:
+            what = (
+                f"the compensation of step {step.position} ({effect.tool}, key "
+                f"{effect.idem_key[:12]}) is parked for a person (its worker died "
+                "mid-handler, so nobody knows whether the undo happened)"
+            )
+        else:
+            what = (
+                f"the compensation of step {step.position} ({effect.tool}, key "
+                f"{effect.idem_key[:12]}) waits for a person's approval"
+            )
         SagaError.__init__(
             self,
-            f"saga {saga_id!r}: step {step.position} ({step.tool}, key {step.idem_key[:12]}) "
-            "is parked for a person (its worker died mid-handler, so nobody knows whether "
-            "it happened). The saga stays compensating: settle the step (`agent-ledger "
-            "resolve`, `approve` or `deny` KEY) and the next recovery pass finishes it.",
+            f"saga {saga_id!r}: {what}. The saga stays compensating: settle it "
+            "(`agent-ledger resolve`, `approve` or `deny` KEY) and the next recovery pass "
+            "finishes it.",
         )

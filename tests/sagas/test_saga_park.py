@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from agent_ledger import RunOptions, StaleOptions
+from agent_ledger import Effect, EffectLedger, EffectStatus, RunOptions, StaleOptions
 from agent_ledger.sagas import SagaFailed, SagaStatus
 from agent_ledger.sagas._outcome import read_outcome
 from agent_ledger.sagas._report import render_saga, sagas_table
@@ -185,3 +185,108 @@ async def test_a_recovery_pass_reports_a_parked_step_and_moves_on(harness: Store
     assert len(refunds) == 1 and shop.log == ["s1", "undo s1"]
     stuck.cancel()
     await asyncio.gather(stuck, return_exceptions=True)
+
+
+async def _rollback_stalled_in_refund(
+    harness: StoreHarness, saga_id: str, refund_options: dict[str, object], wake: asyncio.Event
+) -> tuple[EffectLedger, asyncio.Task[object], list[str]]:
+    """A saga whose rollback's refund stalls mid-handler (until ``wake``) while its
+    owner stops heartbeating, or waits for the refund's approval and dies."""
+    ledger = harness.ledger()
+    refund_started = asyncio.Event()
+    refunds: list[str] = []
+
+    @ledger.tool("pay", compensate="refund")
+    async def pay(order: str) -> dict[str, str]:
+        return {"charge": f"ch_{order}"}
+
+    @ledger.tool("refund", **refund_options)  # type: ignore[call-overload]
+    async def refund(forward: Effect) -> str:
+        refunds.append(forward.idem_key)
+        refund_started.set()
+        if refund_options.get("on_stale") == "park" and len(refunds) == 1:
+            await wake.wait()  # the first refund's worker stalls inside it
+        return "refunded"
+
+    saga = ledger.saga(saga_id, lease_ms=1_000)
+
+    async def saga_code() -> object:
+        async with saga:
+            await pay("o12")
+            raise RuntimeError("shipping failed")
+
+    stuck = asyncio.create_task(saga_code())
+    if refund_options.get("on_stale") == "park":
+        await refund_started.wait()
+        assert saga._heartbeat is not None
+        await saga._heartbeat.stop()  # the owner dies mid-refund:
+        ledger._engine._heartbeats._running.clear()  # no heartbeats for the refund either
+        await harness.age(5_000)
+        (parked,) = await ledger.park_stale()
+        assert parked.tool == "refund"
+    else:
+        for _ in range(500):  # the rollback waits for the refund's approval
+            pending = (await ledger.list_effects(status=EffectStatus.REQUIRES_APPROVAL)).effects
+            if pending:
+                break
+            await asyncio.sleep(0.01)
+        assert saga._heartbeat is not None
+        await saga._heartbeat.stop()  # the owner dies while waiting for a person
+        await harness.age(5_000)
+    return ledger, stuck, refunds
+
+
+@pytest.mark.parametrize(
+    ("why", "decision"), [("parked", "resolve"), ("parked", "deny"), ("approval", "approve")]
+)
+async def test_a_recovery_pass_moves_on_past_a_compensation_waiting_for_a_person(
+    harness: StoreHarness, why: str, decision: str
+) -> None:
+    """The undo itself waits for a person (parked mid-refund, or the refund tool's
+    approval policy): a recovery pass reports that saga and moves on instead of
+    waiting; once the refund is settled, the next pass finishes the saga, and a
+    parked refund never runs again."""
+    options: dict[str, object] = (
+        {"on_stale": "park", "run_options": RunOptions(stale=StaleOptions(after_ms=1_000))}
+        if why == "parked"
+        else {"requires_approval": True}
+    )
+    wake = asyncio.Event()
+    ledger, stuck, refunds = await _rollback_stalled_in_refund(harness, "order-12", options, wake)
+    store = saga_store(ledger)
+
+    report = await asyncio.wait_for(ledger.recover_sagas(), 10)
+    assert report.finished == []
+    ((saga_id, why_not),) = report.errors
+    assert saga_id == "order-12" and "SagaStepParked" in why_not
+    assert "compensation of step 0 (refund" in why_not
+    assert ("parked for a person" if why == "parked" else "approval") in why_not
+    left = await store.get_saga("order-12")
+    assert left is not None and left.status is SagaStatus.COMPENSATING
+
+    (waiting,) = (await ledger.list_effects(status=EffectStatus.REQUIRES_APPROVAL)).effects
+    if decision == "resolve":
+        assert await ledger.resolve(waiting.idem_key, result="refunded by hand", by="ops")
+    elif decision == "deny":
+        assert await ledger.deny(waiting.idem_key, reason="not refunded: do it by hand", by="ops")
+    else:
+        assert await ledger.approve(waiting.idem_key, by="ops")
+    await harness.age(60_000)  # the first pass's claim ran out
+    report = await asyncio.wait_for(ledger.recover_sagas(), 10)
+    ended = SagaStatus.COMPENSATION_FAILED if decision == "deny" else SagaStatus.COMPENSATED
+    assert [o.status for o in report.finished] == [ended]
+    assert len(refunds) == 1  # parked: resolved, never re-run; approval: run once now
+    # The stalled refund's worker comes back: its late commit is refused. (With an
+    # approval, the old owner's shielded rollback and the pass raced for the
+    # approved refund: one ran it.)
+    wake.set()
+    await asyncio.wait_for(asyncio.gather(stuck, return_exceptions=True), 10)
+    assert len(refunds) == 1
+    (refund,) = (await ledger.list_effects(tool="refund")).effects
+    assert refund.executions == 1
+    if decision == "deny":
+        assert refund.status is EffectStatus.DENIED
+    else:
+        assert refund.status is EffectStatus.SUCCEEDED
+    if decision == "resolve":
+        assert refund.result == "refunded by hand"
