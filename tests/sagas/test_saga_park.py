@@ -4,6 +4,7 @@ parked step, and goes on once a person settles it."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -188,7 +189,7 @@ async def test_a_recovery_pass_reports_a_parked_step_and_moves_on(harness: Store
 
 
 async def _rollback_stalled_in_refund(
-    harness: StoreHarness, saga_id: str, refund_options: dict[str, object], wake: asyncio.Event
+    harness: StoreHarness, saga_id: str, refund_options: dict[str, Any], wake: asyncio.Event
 ) -> tuple[EffectLedger, asyncio.Task[object], list[str]]:
     """A saga whose rollback's refund stalls mid-handler (until ``wake``) while its
     owner stops heartbeating, or waits for the refund's approval and dies."""
@@ -200,7 +201,7 @@ async def _rollback_stalled_in_refund(
     async def pay(order: str) -> dict[str, str]:
         return {"charge": f"ch_{order}"}
 
-    @ledger.tool("refund", **refund_options)  # type: ignore[call-overload]
+    @ledger.tool("refund", **refund_options)
     async def refund(forward: Effect) -> str:
         refunds.append(forward.idem_key)
         refund_started.set()
@@ -246,7 +247,7 @@ async def test_a_recovery_pass_moves_on_past_a_compensation_waiting_for_a_person
     approval policy): a recovery pass reports that saga and moves on instead of
     waiting; once the refund is settled, the next pass finishes the saga, and a
     parked refund never runs again."""
-    options: dict[str, object] = (
+    options: dict[str, Any] = (
         {"on_stale": "park", "run_options": RunOptions(stale=StaleOptions(after_ms=1_000))}
         if why == "parked"
         else {"requires_approval": True}
