@@ -33,6 +33,7 @@ from agent_ledger.effects import (
 from agent_ledger.errors import EffectLedgerInvariantError, EffectLedgerValidationError
 from agent_ledger.ledger import RECORDING
 from agent_ledger.options import RunOptions
+from agent_ledger.stores.budget_base import check_hold_ttl_ms
 from agent_ledger.tools._budget import (
     DEFAULT_HOLD_TTL_MS,
     LLM_UNITS,
@@ -83,8 +84,19 @@ class LLMReply:
 
 
 def _price(pricing: Pricing, provider: str, model: str, usage: Usage) -> float:
-    """The callback's price for ``usage``, checked: a finite number of dollars >= 0."""
-    cost = pricing(provider, model, usage)
+    """The callback's price for ``usage``, checked: a finite number of dollars >= 0.
+
+    A callback that raises (or cannot take the three arguments) fails the
+    same way as one that returns garbage, with its error as ``__cause__``.
+    """
+    try:
+        cost = pricing(provider, model, usage)
+    except Exception as exc:
+        raise EffectLedgerValidationError(
+            f"pricing({provider!r}, {model!r}, ...) raised {type(exc).__name__}: {exc}; it "
+            "must take (provider, model, usage) and return a number of US dollars",
+            field="pricing",
+        ) from exc
     if (
         type(cost) not in (int, float)
         or not math.isfinite(cost)
@@ -158,10 +170,7 @@ async def call_llm(
             "Nothing was stored.",
             field="estimate",
         )
-    if type(hold_ttl_ms) is not int or hold_ttl_ms < 1:
-        raise EffectLedgerValidationError(
-            f"hold_ttl_ms must be a positive int, got {hold_ttl_ms!r}", field="hold_ttl_ms"
-        )
+    check_hold_ttl_ms(hold_ttl_ms)  # the bound every store keeps
     workflow = workflow_id if workflow_id is not None else _CURRENT.get()
     if workflow is None:
         raise EffectLedgerValidationError(
