@@ -25,7 +25,9 @@ their usage, and knows nothing of budgets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BudgetScope",
+    "Threads",
     "active_budgets",
     "gate",
     "llm_charge",
@@ -218,13 +221,31 @@ async def gate(
     charge: Callable[[Effect], Spend],
     run: Callable[[], Awaitable[_T]],
     hold_ttl_ms: int = DEFAULT_HOLD_TTL_MS,
+    threads: Threads | None = None,
 ) -> _T:
-    """Reserve on every scope, run, settle (see the module doc)."""
+    """Reserve on every scope, run, settle (see the module doc).
+
+    ``threads``: the call's handler runs in worker threads (a plain
+    ``call_fn``), which a cancellation does not stop. If one is still running
+    when ``run`` ends (the caller was cancelled), the settling waits for it
+    in the background, so the holds keep their room until it ends, and books
+    at least what it used; the caller's cancellation is not delayed.
+    """
     holds = await _reserve_all(ledger, scopes, idem_key, tool, estimate, units, hold_ttl_ms)
     try:
         return await run()
     finally:
-        await _shielded(_settle(ledger, scopes, idem_key, holds, charge))
+        if threads is None:
+            await _shielded(_settle(ledger, scopes, idem_key, holds, charge))
+        else:
+
+            def used(effect: Effect) -> Spend:
+                return _most(charge(effect), threads.used)
+
+            if threads.close_if_idle():
+                await _shielded(_settle(ledger, scopes, idem_key, holds, used))
+            else:
+                _detach(threads.then(_settle(ledger, scopes, idem_key, holds, used)))
 
 
 async def _reserve_all(
@@ -364,6 +385,91 @@ async def _release_quietly(scopes: tuple[BudgetScope, ...], holds: dict[str, str
                 hold_id,
                 scope.workflow_id,
             )
+
+
+def _most(a: Spend, b: Spend) -> Spend:
+    return Spend(*(max(x, y) for x, y in zip(a, b, strict=True)))
+
+
+class Threads:
+    """The runs of one call's handler in worker threads (a plain ``call_fn``).
+
+    A thread cannot be stopped: a caller cancelled while its handler's thread
+    runs leaves it running, and the provider it called answers (and is paid)
+    later. ``gate`` keeps the call's holds until every such thread has ended
+    and books what they used (``used``: the most any run reported, unit by
+    unit), as it would from a receipt. Once the call is settled
+    (``close_if_idle``), a thread that had not started yet does not start:
+    :meth:`start` says False and the handler calls nobody.
+    """
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._lock = threading.Lock()
+        self._running = 0
+        self._closed = False
+        self._waiters: list[asyncio.Future[None]] = []
+        #: What the runs that ended reported using.
+        self.used = Spend()
+
+    def start(self) -> bool:
+        """In the thread, before the handler calls anyone: False when the call
+        was settled already (then it must not call)."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._running += 1
+            return True
+
+    def end(self, used: Spend | None) -> None:
+        """In the thread, when the handler is done (``used``: what it reported
+        using, None when the provider did not answer)."""
+        with self._lock:
+            if used is not None:
+                self.used = _most(self.used, used)
+            self._running -= 1
+            idle = self._running == 0
+        if idle:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+                self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters.clear()
+
+    def close_if_idle(self) -> bool:
+        """True, and no thread may start from now on, if none is running."""
+        with self._lock:
+            if self._running == 0:
+                self._closed = True
+            return self._closed
+
+    async def then(self, work: Coroutine[Any, Any, None]) -> None:
+        """Wait until no thread runs (closing), then do ``work``."""
+        try:
+            while not self.close_if_idle():
+                waiter = self._loop.create_future()
+                self._waiters.append(waiter)
+                if self.close_if_idle():
+                    break
+                await waiter
+        except BaseException:
+            work.close()
+            raise
+        await work
+
+
+#: Settlings that outlive their caller (``gate`` with threads still running):
+#: kept here so that they are not garbage-collected before they end.
+_DETACHED: set[asyncio.Task[None]] = set()
+
+
+def _detach(work: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.ensure_future(work)
+    _DETACHED.add(task)
+    task.add_done_callback(_DETACHED.discard)
 
 
 async def _shielded(work: Coroutine[Any, Any, _T]) -> _T:

@@ -38,7 +38,7 @@ async def test_two_workers_reserving_for_one_call_share_one_room(
                 got = await asyncio.gather(
                     one.reserve_budget(holds[0]), two.reserve_budget(holds[1])
                 )
-                assert got == [True, True], (limit, n)  # the second caller is never refused
+                assert list(got) == [True, True], (limit, n)  # the second caller is never refused
                 state = await one.get_budget(workflow)
                 assert state is not None, workflow
                 assert state.reserved.usd_micros == 1_000_000, (limit, n)  # held once
