@@ -71,8 +71,24 @@ _BUDGETS: ContextVar[tuple[BudgetScope, ...]] = ContextVar("agent_ledger_budgets
 _GATED: ContextVar[bool] = ContextVar("agent_ledger_budgets_gated", default=True)
 
 
+def _simulated(ledger: EffectLedger) -> BudgetStore | None:
+    """Inside ``ledger.replay()``: the replay's own budgets (``Replay.budgets``),
+    which simulate the recorded run's and store nothing; else None."""
+    from agent_ledger.ledger import RECORDING  # here: the ledger module imports this one
+
+    recording = RECORDING.get()
+    if recording is None or recording.ledger is not ledger:
+        return None
+    simulated = getattr(recording, "budgets", None)
+    return simulated if isinstance(simulated, BudgetStore) else None
+
+
 def budget_store(ledger: EffectLedger) -> BudgetStore:
-    """The ledger's store as a ``BudgetStore``, or a clear error."""
+    """Where the ledger's budgets are kept: its store, or inside a replay the
+    replay's simulated budgets; a clear error if the store keeps none."""
+    simulated = _simulated(ledger)
+    if simulated is not None:
+        return simulated
     store = ledger.store
     if not isinstance(store, BudgetStore):
         raise EffectLedgerValidationError(
@@ -118,11 +134,12 @@ class BudgetScope:
     def stored(cls, ledger: EffectLedger, workflow_id: str) -> BudgetScope | None:
         """A scope for the budget stored under ``workflow_id``, if any; None when the
         ledger's store keeps no budgets."""
-        if not isinstance(ledger.store, BudgetStore):
+        store = _simulated(ledger) or ledger.store
+        if not isinstance(store, BudgetStore):
             return None
         scope = cls.__new__(cls)
         scope.ledger = ledger
-        scope.store = ledger.store
+        scope.store = store
         scope.workflow_id = workflow_id
         scope.budget = None
         scope.given = False
@@ -276,8 +293,8 @@ async def _reserve_all(
             ):
                 continue
             del holds[scope.workflow_id]
-            found = await ledger.find_by_idem_key(idem_key)
-            if found is not None and found.status.is_terminal:
+            found = await _finished(ledger, idem_key)
+            if found is not None:
                 await _release(scopes, holds)  # a replay: served from its receipt
                 return {}
             state = await scope.store.get_budget(scope.workflow_id)
@@ -318,6 +335,20 @@ def _short_units(
     return tuple(short)
 
 
+async def _finished(ledger: EffectLedger, idem_key: str) -> Effect | None:
+    """The effect if it has finished: in the ledger's store, or inside a replay
+    the recorded one that answered the call (a replay books its recorded charge
+    on the replay's simulated budgets)."""
+    effect = await ledger.find_by_idem_key(idem_key)
+    if effect is None and _simulated(ledger) is not None:
+        from agent_ledger.ledger import RECORDING
+
+        recording = RECORDING.get()
+        assert recording is not None  # _simulated found it
+        effect = await recording.recorded(idem_key)
+    return effect if effect is not None and effect.status.is_terminal else None
+
+
 async def _release(scopes: tuple[BudgetScope, ...], holds: dict[str, str]) -> None:
     for scope in scopes:
         hold_id = holds.get(scope.workflow_id)
@@ -339,8 +370,8 @@ async def _settle(
     effect is next called (a replay settles it from its receipt).
     """
     try:
-        effect = await ledger.find_by_idem_key(idem_key)
-        if effect is None or not effect.status.is_terminal:
+        effect = await _finished(ledger, idem_key)
+        if effect is None:
             await _release(scopes, holds)
             return
         amount = charge(effect)
