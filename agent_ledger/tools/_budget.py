@@ -15,8 +15,16 @@ started inside included) goes through :func:`gate`:
 2. **Run** the call through ``ledger.run()``.
 3. **Settle**, whatever happened (a cancellation included, shielded): read
    the effect; if it finished, book its charge (from its receipt: a model
-   call's ``usage``, one tool call if its handler ever ran) once per effect
-   and release every hold for it; otherwise release this call's holds.
+   call's ``usage``, one tool call per run that reached its handler) once
+   per effect and release every hold for it; otherwise release this call's
+   own holds (an effect's callers share its room: the store keeps it while
+   any of their holds is left, so a waiter leaving takes nothing from the
+   call still running). A plain ``call_fn``'s thread still running after a
+   cancellation is waited for in the background first (``Threads``).
+
+Inside ``ledger.replay()`` the budgets are the replay's own (``Replay.budgets``,
+in memory): a call served from the recording books its recorded charge
+there, so the recorded run's refusals recur; nothing is stored.
 
 Nothing here is inside the engine: the engine runs effects and records
 their usage, and knows nothing of budgets.
@@ -213,8 +221,9 @@ async def open_budgets(ledger: EffectLedger) -> tuple[BudgetScope, ...]:
 
 
 def tool_charge(effect: Effect) -> Spend:
-    """What a finished tool effect costs: one tool call per time its handler was
-    started (a reopened or taken-over effect ran again, and counts again)."""
+    """What a finished tool effect costs: one tool call per run of the call that
+    reached its handler (``executions``): a retry policy's tries inside one run
+    count once; a reopened or taken-over effect ran again, and counts again."""
     return Spend(tool_calls=effect.executions)
 
 

@@ -11,6 +11,7 @@ Every store, through the harness.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,7 @@ from agent_ledger import (
     EffectLedgerValidationError,
     EffectTimeoutError,
     LLMResult,
+    RetryPolicy,
     RunOptions,
     ToolCall,
     Usage,
@@ -297,3 +299,38 @@ async def test_a_pricing_callback_that_raises_is_a_validation_error(
     assert state is not None and state.reserved == Spend() and state.spent == Spend()
     assert state.holds == 0
     assert await ledger.find_by_idem_key(_key(ledger, {"q": 1})) is None
+
+
+# -- what tool_calls counts ----------------------------------------------------
+
+
+async def test_tool_calls_count_one_per_run_not_per_try(harness: StoreHarness) -> None:
+    """a12 (e): the docs said one tool_calls "per time its handler was started";
+    the code counts one per run of the call that reached its handler: a retry
+    policy's tries are one run, a re-run after reopen counts again. Pinned, and
+    the docs now say so."""
+    ledger = harness.ledger()
+    tries = 0
+
+    @ledger.tool("flaky.send", retry=RetryPolicy(on=(ConnectionError,), attempts=3, initial_ms=1))
+    async def send(to: str) -> str:
+        nonlocal tries
+        tries += 1
+        if tries <= 3:
+            raise ConnectionError("smtp down")
+        return "sent"
+
+    async with ledger.workflow(W, budget=Budget(tool_calls=5)):
+        with pytest.raises(ConnectionError):
+            await send("a")  # three tries, all failed: one run
+        state = await ledger.budget(W)
+        assert state is not None and state.spent.tool_calls == 1
+        assert await ledger.reopen(ledger.idem_key(send.tool_call("a")), by="ops", reason="again")
+        assert await send("a") == "sent"  # a second run
+        assert await send("a") == "sent"  # a replay: nothing
+    assert tries == 4
+    state = await ledger.budget(W)
+    assert state is not None and state.spent.tool_calls == 2
+    docs = (Path(__file__).parents[2] / "docs" / "budgets.md").read_text()
+    assert "per time its handler was" not in docs
+    assert "one `tool_calls` per run of the call that reached\nits handler" in docs
