@@ -7,11 +7,12 @@ and its write), so it is atomic without a lock, as the effect steps are.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from agent_ledger.budgets import Budget, BudgetState, Spend
-from agent_ledger.stores.budget_base import NewHold, check_budget_limit, fits
+from agent_ledger.stores.budget_base import NewHold, check_budget_limit, check_hold, fits
 
 if TYPE_CHECKING:
     from agent_ledger.clock import Clock
@@ -49,6 +50,14 @@ def _most(a: Spend, b: Spend) -> Spend:
     return Spend(*(max(x, y) for x, y in zip(a, b, strict=True)))
 
 
+def _largest(holds: Iterable[_Hold]) -> Spend:
+    """The room a group of holds of one effect takes: their largest estimate, unit by unit."""
+    room = Spend()
+    for held in holds:
+        room = _most(room, held.estimate)
+    return room
+
+
 class MemoryBudgets:
     """Mixed into ``MemoryStore``: budgets, kept until the process exits."""
 
@@ -64,7 +73,7 @@ class MemoryBudgets:
             limits=budget.limits,
             spent=budget.spent,
             reserved=budget.reserved,
-            holds=len(budget.holds),
+            holds=len({held.idem_key for held in budget.holds.values()}),
             created_at=budget.created_at,
             updated_at=budget.updated_at,
         )
@@ -78,6 +87,7 @@ class MemoryBudgets:
         return self._state(workflow_id, budget)
 
     async def reserve_budget(self, hold: NewHold) -> bool:
+        check_hold(hold)
         budget = self._budgets.get(hold.workflow_id)
         if budget is None:
             return False
@@ -88,31 +98,45 @@ class MemoryBudgets:
             limits.output_tokens,
             limits.tool_calls,
         )
-        estimate = [
-            amount if unit in hold.units else None
-            for unit, amount in zip(Spend._fields, hold.estimate, strict=True)
-        ]
-        # The effect's own earlier holds are its room: replaced, not added to.
-        replaced = [h for h, held in budget.holds.items() if held.idem_key == hold.idem_key]
-        freed = Spend()
-        for hold_id in replaced:
-            freed = _plus(freed, budget.holds[hold_id].estimate)
-        reserved = _minus(budget.reserved, freed)
-        if not fits(limit_values, budget.spent, reserved, estimate):
-            return False
+        # Everything is worked out before anything changes: a step that fails
+        # half-way must leave the budget as it was.
         now = self._clock()
-        self._drop(budget, replaced)
-        budget.reserved = _plus(budget.reserved, hold.estimate)
-        budget.holds[hold.hold_id] = _Hold(
-            hold.idem_key, hold.estimate, now + timedelta(milliseconds=hold.ttl_ms)
-        )
+        expires_at = now + timedelta(milliseconds=hold.ttl_ms)
+        # The effect's room is the largest estimate among its live holds (its
+        # callers share it); its expired ones (a dead worker's) are dropped.
+        group = {h: held for h, held in budget.holds.items() if held.idem_key == hold.idem_key}
+        dead = [h for h, held in group.items() if held.expires_at <= now]
+        old = _largest(group.values())
+        live = [held for h, held in group.items() if h not in dead]
+        new = _most(_largest(live), hold.estimate)
+        counted = [unit in hold.units for unit in Spend._fields]
+        grows = any(c and n > o for c, n, o in zip(counted, new, old, strict=True))
+        # Joining a live hold at no more than it holds always fits: the call
+        # was admitted when that hold was made.
+        if (grows or not live) and not fits(
+            limit_values,
+            budget.spent,
+            _minus(budget.reserved, old),
+            [n if c else None for c, n in zip(counted, new, strict=True)],
+        ):
+            return False
+        for hold_id in dead:
+            del budget.holds[hold_id]
+        budget.reserved = _plus(_minus(budget.reserved, old), new)
+        budget.holds[hold.hold_id] = _Hold(hold.idem_key, hold.estimate, expires_at)
         budget.updated_at = now
         return True
 
     def _drop(self, budget: _Budget, hold_ids: list[str]) -> None:
+        """Delete the holds; each effect's room shrinks to the largest estimate
+        among its holds that are left (nothing when none is)."""
+        keys = {budget.holds[h].idem_key for h in hold_ids}
+        before = {k: _largest(v for v in budget.holds.values() if v.idem_key == k) for k in keys}
         for hold_id in hold_ids:
-            gone = budget.holds.pop(hold_id)
-            budget.reserved = _minus(budget.reserved, gone.estimate)
+            del budget.holds[hold_id]
+        for key, old in before.items():
+            left = _largest(v for v in budget.holds.values() if v.idem_key == key)
+            budget.reserved = _minus(budget.reserved, _minus(old, left))
 
     async def book_charge(
         self, workflow_id: str, *, idem_key: str, charge: Spend, hold_id: str | None

@@ -1,8 +1,9 @@
 """PostgresStore's budgets (``BudgetStore``), kept apart from its effect steps.
 
-Each step is one statement in autocommit (``_postgres_queries``), but for
-booking, two in one transaction (said beside them); none is repeated after a
-lost reply (a repeated book would be harmless, a repeated
+A read is one statement in autocommit; a step that changes a budget is one
+transaction that locks the budget row first, then runs its statement (two
+for booking) in a fresh snapshot (``_postgres_queries``, BUDGET_LOCK, says
+why); none is repeated after a lost reply (a repeated book would be harmless, a repeated
 reserve would hold twice): the caller sees the error. Why each statement is
 atomic and free of lock cycles is said beside it.
 """
@@ -23,6 +24,7 @@ from agent_ledger.stores.budget_base import (
     amount_params,
     budget_from_row,
     check_budget_limit,
+    check_hold,
     estimate_params,
     limit_params,
 )
@@ -74,6 +76,7 @@ class PostgresBudgets:
             "book": q.BUDGET_BOOK,
             "release": q.BUDGET_RELEASE,
             "reclaim": q.BUDGET_RECLAIM,
+            "lock": q.BUDGET_LOCK,
         }
         return {name: sql.SQL(text).format(**tables) for name, text in texts.items()}
 
@@ -85,6 +88,7 @@ class PostgresBudgets:
         *,
         idem_key: str | None = None,
     ) -> tuple[list[tuple[Any, ...]], int]:
+        """One statement, in autocommit (a read, or an insert-or-get)."""
         statement = self._budget_sql[name]
 
         async def fetch(conn: Connection) -> tuple[list[tuple[Any, ...]], int]:
@@ -94,12 +98,37 @@ class PostgresBudgets:
 
         return await self._statement(operation, fetch, None, idem_key=idem_key)
 
+    async def _locked(
+        self,
+        operation: str,
+        names: tuple[str, ...],
+        params: Mapping[str, object],
+        *,
+        idem_key: str | None = None,
+    ) -> tuple[list[tuple[Any, ...]], int]:
+        """A step that changes the budget: one transaction that locks the budget
+        row (``BUDGET_LOCK``, why: beside it), then runs ``names`` in order, each
+        in a fresh snapshot; the last one's rows and row count."""
+        lock = self._budget_sql["lock"]
+        statements = [self._budget_sql[name] for name in names]
+
+        async def work(conn: Connection) -> tuple[list[tuple[Any, ...]], int]:
+            async with conn.transaction():
+                await conn.execute(lock, params)
+                for statement in statements:
+                    cursor = await conn.execute(statement, params)
+                rows = await cursor.fetchall() if cursor.description is not None else []
+            return rows, cursor.rowcount
+
+        return await self._statement(operation, work, None, idem_key=idem_key)
+
     async def open_budget(self, workflow_id: str, limits: Budget) -> BudgetState:
         params = {"workflow_id": workflow_id, **limit_params(limits)}
         rows, _ = await self._budget_rows("open_budget", "open", params)
         return _budget(rows[0])
 
     async def reserve_budget(self, hold: NewHold) -> bool:
+        check_hold(hold)
         params = {
             "hold_id": hold.hold_id,
             "workflow_id": hold.workflow_id,
@@ -108,8 +137,8 @@ class PostgresBudgets:
             **amount_params("add", hold.estimate),
             **estimate_params(hold),
         }
-        _, count = await self._budget_rows(
-            "reserve_budget", "reserve", params, idem_key=hold.idem_key
+        _, count = await self._locked(
+            "reserve_budget", ("reserve",), params, idem_key=hold.idem_key
         )
         return count == 1
 
@@ -122,12 +151,14 @@ class PostgresBudgets:
             "hold_id": hold_id,
             **amount_params("add", charge),
         }
-        claim, book = self._budget_sql["claim"], self._budget_sql["book"]
+        lock, claim, book = (self._budget_sql[n] for n in ("lock", "claim", "book"))
 
         async def work(conn: Connection) -> bool:
-            # Two statements in one transaction: the second needs a snapshot
-            # in which the charge row the first made sure of is visible.
+            # BUDGET_LOCK first (why: beside it); then each statement in a
+            # fresh snapshot: BUDGET_BOOK sees the charge row CHARGE_CLAIM
+            # made sure of, and every hold of the effect.
             async with conn.transaction():
+                await conn.execute(lock, params)
                 claimed = (await conn.execute(claim, params)).rowcount == 1
                 rows = await (await conn.execute(book, params)).fetchall()
             return claimed or (bool(rows) and int(rows[0][0]) > 0)
@@ -136,11 +167,11 @@ class PostgresBudgets:
 
     async def release_hold(self, workflow_id: str, hold_id: str) -> bool:
         params = {"workflow_id": workflow_id, "hold_id": hold_id}
-        rows, _ = await self._budget_rows("release_hold", "release", params)
+        rows, _ = await self._locked("release_hold", ("release",), params)
         return bool(rows)
 
     async def reclaim_holds(self, workflow_id: str) -> int:
-        rows, _ = await self._budget_rows("reclaim_holds", "reclaim", {"workflow_id": workflow_id})
+        rows, _ = await self._locked("reclaim_holds", ("reclaim",), {"workflow_id": workflow_id})
         return int(rows[0][0]) if rows else 0
 
     async def get_budget(self, workflow_id: str) -> BudgetState | None:

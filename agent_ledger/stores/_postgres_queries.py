@@ -496,7 +496,7 @@ _BUDGET_COLUMNS: Final[LiteralString] = (
     " b.limit_tool_calls, b.spent_usd_micros, b.spent_input_tokens, b.spent_output_tokens,"
     " b.spent_tool_calls, b.reserved_usd_micros, b.reserved_input_tokens,"
     " b.reserved_output_tokens, b.reserved_tool_calls,"
-    " (SELECT count(*) FROM {holds} AS h WHERE h.workflow_id = b.workflow_id),"
+    " (SELECT count(DISTINCT h.idem_key) FROM {holds} AS h WHERE h.workflow_id = b.workflow_id),"
     " b.created_at, b.updated_at"
 )
 # Insert-or-get; DO UPDATE (a no-op write) so that the row comes back even when
@@ -516,52 +516,63 @@ BUDGET_LIST: Final[LiteralString] = (
     "SELECT " + _BUDGET_COLUMNS + " FROM {budgets} AS b"
     " ORDER BY b.updated_at DESC, b.workflow_id DESC LIMIT %(limit)s"
 )
-# The reservation: one conditional UPDATE of the budget row, then the hold,
-# in one statement. Concurrent reservations queue on the row lock, and each
-# re-checks the WHERE against the row as the one before it left it
-# (READ COMMITTED re-evaluates an updated row), so they can never both take
-# the last room. Per unit: no limit, or the call does not count in it (a
-# NULL estimate), or spent + reserved + estimate <= limit with room left.
-# The effect's own earlier holds (`mine`: a crashed worker's, a second
-# caller's) are its room: locked first (hold_id order, as every step that
-# deletes holds), not counted against the new hold, and deleted only if it
-# fits, so an effect never holds room twice.
+_UNITS: Final = ("usd_micros", "input_tokens", "output_tokens", "tool_calls")
+
+
+def _each(template: LiteralString, joiner: LiteralString) -> LiteralString:
+    """``template`` for every unit (``{u}`` its column), joined by ``joiner``."""
+    return joiner.join(template.replace("{u}", unit) for unit in _UNITS)
+
+
+# Every budget step that changes holds or the budget row is one transaction
+# that first locks the budget row (BUDGET_LOCK), then runs its statement in
+# a fresh snapshot (READ COMMITTED: a snapshot per statement). A single
+# statement cannot do both: its snapshot is taken before it waits for the
+# lock, so it could not see the holds a concurrent step inserted or deleted
+# meanwhile, and an effect's room (the largest estimate among its holds)
+# would be worked out from stale holds (two callers of one effect each
+# adding a hold's room, a second caller refused). With the lock first, the
+# steps of one budget run one after another and each sees all the holds;
+# the lock order is the budget row, then charge rows, then holds, in every
+# step, so none waits on another in a circle.
+BUDGET_LOCK: Final[LiteralString] = (
+    "SELECT 1 FROM {budgets} WHERE workflow_id = %(workflow_id)s FOR UPDATE"
+)
+# The reservation, after BUDGET_LOCK. The effect's holds (`g`: its callers
+# share one room, the largest estimate among its live holds, unit by unit;
+# expired ones, a dead worker's, are dropped): `o` the room it takes now,
+# `n` with this hold. The budget row grows by n - o if that fits (the rule of
+# stores/budget_base.py with the effect's room not counted against itself),
+# or always when it joins live holds and does not grow the room in any unit
+# the call counts in (the call was admitted when they were made). Per unit:
+# no limit, or the call does not count in it (a NULL estimate), or
+# spent + reserved - o + n <= limit with room left.
 BUDGET_RESERVE: Final[LiteralString] = (
-    "WITH mine AS MATERIALIZED (SELECT hold_id, usd_micros, input_tokens, output_tokens,"
-    " tool_calls FROM {holds} WHERE workflow_id = %(workflow_id)s AND idem_key = %(idem_key)s"
-    " ORDER BY hold_id FOR UPDATE),"
-    " f AS (SELECT coalesce(sum(usd_micros), 0)::bigint AS usd_micros,"
-    " coalesce(sum(input_tokens), 0)::bigint AS input_tokens,"
-    " coalesce(sum(output_tokens), 0)::bigint AS output_tokens,"
-    " coalesce(sum(tool_calls), 0)::bigint AS tool_calls FROM mine),"
-    " b AS (UPDATE {budgets} AS x SET"
-    " reserved_usd_micros = x.reserved_usd_micros - f.usd_micros + %(add_usd_micros)s,"
-    " reserved_input_tokens = x.reserved_input_tokens - f.input_tokens + %(add_input_tokens)s,"
-    " reserved_output_tokens = x.reserved_output_tokens - f.output_tokens"
-    " + %(add_output_tokens)s,"
-    " reserved_tool_calls = x.reserved_tool_calls - f.tool_calls + %(add_tool_calls)s,"
-    " updated_at = clock_timestamp()"
-    " FROM f WHERE x.workflow_id = %(workflow_id)s"
-    " AND (x.limit_usd_micros IS NULL OR %(est_usd_micros)s::bigint IS NULL"
-    " OR (x.spent_usd_micros + x.reserved_usd_micros - f.usd_micros + %(est_usd_micros)s::bigint"
-    " <= x.limit_usd_micros"
-    " AND x.spent_usd_micros + x.reserved_usd_micros - f.usd_micros < x.limit_usd_micros))"
-    " AND (x.limit_input_tokens IS NULL OR %(est_input_tokens)s::bigint IS NULL"
-    " OR (x.spent_input_tokens + x.reserved_input_tokens - f.input_tokens"
-    " + %(est_input_tokens)s::bigint <= x.limit_input_tokens"
-    " AND x.spent_input_tokens + x.reserved_input_tokens - f.input_tokens"
-    " < x.limit_input_tokens))"
-    " AND (x.limit_output_tokens IS NULL OR %(est_output_tokens)s::bigint IS NULL"
-    " OR (x.spent_output_tokens + x.reserved_output_tokens - f.output_tokens"
-    " + %(est_output_tokens)s::bigint <= x.limit_output_tokens"
-    " AND x.spent_output_tokens + x.reserved_output_tokens - f.output_tokens"
-    " < x.limit_output_tokens))"
-    " AND (x.limit_tool_calls IS NULL OR %(est_tool_calls)s::bigint IS NULL"
-    " OR (x.spent_tool_calls + x.reserved_tool_calls - f.tool_calls"
-    " + %(est_tool_calls)s::bigint <= x.limit_tool_calls"
-    " AND x.spent_tool_calls + x.reserved_tool_calls - f.tool_calls < x.limit_tool_calls))"
-    " RETURNING x.workflow_id),"
-    " replaced AS (DELETE FROM {holds} WHERE hold_id IN (SELECT hold_id FROM mine)"
+    "WITH g AS MATERIALIZED (SELECT hold_id, usd_micros, input_tokens, output_tokens,"
+    " tool_calls, expires_at <= clock_timestamp() AS dead FROM {holds}"
+    " WHERE workflow_id = %(workflow_id)s AND idem_key = %(idem_key)s),"
+    " r AS (SELECT count(*) FILTER (WHERE NOT dead) AS live, "
+    + _each("coalesce(max({u}), 0)::bigint AS o_{u}", ", ")
+    + ", "
+    + _each(
+        "greatest(coalesce(max({u}) FILTER (WHERE NOT dead), 0), %(add_{u})s)::bigint AS n_{u}",
+        ", ",
+    )
+    + " FROM g),"
+    " b AS (UPDATE {budgets} AS x SET "
+    + _each("reserved_{u} = x.reserved_{u} - r.o_{u} + r.n_{u}", ", ")
+    + ", updated_at = clock_timestamp() FROM r WHERE x.workflow_id = %(workflow_id)s"
+    " AND ((r.live > 0 AND "
+    + _each("(%(est_{u})s::bigint IS NULL OR r.n_{u} <= r.o_{u})", " AND ")
+    + ") OR ("
+    + _each(
+        "(x.limit_{u} IS NULL OR %(est_{u})s::bigint IS NULL"
+        " OR (x.spent_{u} + x.reserved_{u} - r.o_{u} + r.n_{u} <= x.limit_{u}"
+        " AND x.spent_{u} + x.reserved_{u} - r.o_{u} < x.limit_{u}))",
+        " AND ",
+    )
+    + ")) RETURNING x.workflow_id),"
+    " dropped AS (DELETE FROM {holds} WHERE hold_id IN (SELECT hold_id FROM g WHERE dead)"
     " AND EXISTS (SELECT 1 FROM b))"
     " INSERT INTO {holds} (hold_id, workflow_id, idem_key, usd_micros, input_tokens,"
     " output_tokens, tool_calls, expires_at)"
@@ -569,16 +580,40 @@ BUDGET_RESERVE: Final[LiteralString] = (
     " %(add_output_tokens)s, %(add_tool_calls)s,"
     " clock_timestamp() + make_interval(secs => %(ttl_ms)s / 1000.0) FROM b"
 )
-# Booking an effect: one transaction of two statements. CHARGE_CLAIM makes
-# sure the effect's charge row exists (zero if new; a concurrent claimer's
-# insert is waited for). BUDGET_BOOK then, in a fresh snapshot, locks that
-# row (`prev`, the latest version), raises it to the receipt unit by unit
-# (GREATEST: a reopened effect that ran again books what it grew by, a
-# replay of the same receipt adds nothing), releases the effect's holds (the
-# caller's, and any other for the same effect, which has finished), and
-# applies both to the budget row. Locks: the charge row, then holds in
-# hold_id order, then the budget row, the order every step keeps. `n` says
-# whether this call added anything.
+
+
+def _give_back(which: LiteralString) -> LiteralString:
+    """The CTEs that delete the holds ``which`` selects (`sel`) and work out
+    what ``reserved`` loses (`freed`: per effect, its room minus the largest
+    estimate among its holds left; `n` the holds deleted). After BUDGET_LOCK."""
+    return (
+        "sel AS MATERIALIZED (SELECT hold_id, idem_key FROM {holds}"
+        " WHERE workflow_id = %(workflow_id)s AND " + which + "),"
+        " g AS MATERIALIZED (SELECT h.idem_key, "
+        + _each("h.{u}", ", ")
+        + ", h.hold_id IN (SELECT hold_id FROM sel) AS gone FROM {holds} AS h"
+        " WHERE h.workflow_id = %(workflow_id)s"
+        " AND h.idem_key IN (SELECT idem_key FROM sel)),"
+        " per AS (SELECT "
+        + _each(
+            "coalesce(max({u}), 0) - coalesce(max({u}) FILTER (WHERE NOT gone), 0) AS {u}", ", "
+        )
+        + " FROM g GROUP BY idem_key),"
+        " freed AS (SELECT (SELECT count(*) FROM sel) AS n, "
+        + _each("coalesce(sum({u}), 0)::bigint AS {u}", ", ")
+        + " FROM per),"
+        " gone AS (DELETE FROM {holds} WHERE hold_id IN (SELECT hold_id FROM sel))"
+    )
+
+
+# Booking an effect: one transaction of three statements. BUDGET_LOCK, then
+# CHARGE_CLAIM makes sure the effect's charge row exists (zero if new).
+# BUDGET_BOOK then, in a fresh snapshot, locks that row (`prev`), raises it
+# to the receipt unit by unit (GREATEST: a reopened effect that ran again
+# books what it grew by, a replay of the same receipt adds nothing), deletes
+# the effect's holds (the caller's, and any other for the same effect, which
+# has finished) and applies both to the budget row. `n` says whether this
+# call added anything.
 CHARGE_CLAIM: Final[LiteralString] = (
     "INSERT INTO {charges} (workflow_id, idem_key, usd_micros, input_tokens, output_tokens,"
     " tool_calls) SELECT workflow_id, %(idem_key)s, 0, 0, 0, 0 FROM {budgets}"
@@ -597,56 +632,31 @@ BUDGET_BOOK: Final[LiteralString] = (
     " RETURNING c.usd_micros - p.usd_micros AS usd_micros,"
     " c.input_tokens - p.input_tokens AS input_tokens,"
     " c.output_tokens - p.output_tokens AS output_tokens,"
-    " c.tool_calls - p.tool_calls AS tool_calls),"
-    " gone AS (DELETE FROM {holds} WHERE hold_id IN (SELECT hold_id FROM {holds}"
-    " WHERE workflow_id = %(workflow_id)s"
-    " AND (hold_id = %(hold_id)s OR idem_key = %(idem_key)s) ORDER BY hold_id FOR UPDATE)"
-    " RETURNING usd_micros, input_tokens, output_tokens, tool_calls),"
-    " freed AS (SELECT coalesce(sum(usd_micros), 0)::bigint AS usd_micros,"
-    " coalesce(sum(input_tokens), 0)::bigint AS input_tokens,"
-    " coalesce(sum(output_tokens), 0)::bigint AS output_tokens,"
-    " coalesce(sum(tool_calls), 0)::bigint AS tool_calls FROM gone),"
-    " added AS (SELECT coalesce(sum(usd_micros), 0)::bigint AS usd_micros,"
+    " c.tool_calls - p.tool_calls AS tool_calls), "
+    + _give_back("(hold_id = %(hold_id)s OR idem_key = %(idem_key)s)")
+    + ", added AS (SELECT coalesce(sum(usd_micros), 0)::bigint AS usd_micros,"
     " coalesce(sum(input_tokens), 0)::bigint AS input_tokens,"
     " coalesce(sum(output_tokens), 0)::bigint AS output_tokens,"
     " coalesce(sum(tool_calls), 0)::bigint AS tool_calls,"
     " count(*) FILTER (WHERE usd_micros + input_tokens + output_tokens + tool_calls > 0)"
     " AS n FROM raised)"
-    " UPDATE {budgets} AS b SET"
-    " spent_usd_micros = b.spent_usd_micros + added.usd_micros,"
-    " spent_input_tokens = b.spent_input_tokens + added.input_tokens,"
-    " spent_output_tokens = b.spent_output_tokens + added.output_tokens,"
-    " spent_tool_calls = b.spent_tool_calls + added.tool_calls,"
-    " reserved_usd_micros = b.reserved_usd_micros - freed.usd_micros,"
-    " reserved_input_tokens = b.reserved_input_tokens - freed.input_tokens,"
-    " reserved_output_tokens = b.reserved_output_tokens - freed.output_tokens,"
-    " reserved_tool_calls = b.reserved_tool_calls - freed.tool_calls,"
-    " updated_at = clock_timestamp()"
+    " UPDATE {budgets} AS b SET "
+    + _each("spent_{u} = b.spent_{u} + added.{u}", ", ")
+    + ", "
+    + _each("reserved_{u} = b.reserved_{u} - freed.{u}", ", ")
+    + ", updated_at = clock_timestamp()"
     " FROM freed, added WHERE b.workflow_id = %(workflow_id)s RETURNING added.n"
 )
-# Giving back the holds `gone` picks: the caller's one (release), or every
-# expired one of the budget (reclaim: FOR UPDATE waits for a concurrent
-# reclaim and skips what it deleted, so each hold is given back once).
-_GIVE_BACK: Final[LiteralString] = (
-    " RETURNING workflow_id, usd_micros, input_tokens, output_tokens, tool_calls),"
-    " freed AS (SELECT count(*) AS n, coalesce(sum(usd_micros), 0)::bigint AS usd_micros,"
-    " coalesce(sum(input_tokens), 0)::bigint AS input_tokens,"
-    " coalesce(sum(output_tokens), 0)::bigint AS output_tokens,"
-    " coalesce(sum(tool_calls), 0)::bigint AS tool_calls FROM gone)"
-    " UPDATE {budgets} AS b SET"
-    " reserved_usd_micros = b.reserved_usd_micros - freed.usd_micros,"
-    " reserved_input_tokens = b.reserved_input_tokens - freed.input_tokens,"
-    " reserved_output_tokens = b.reserved_output_tokens - freed.output_tokens,"
-    " reserved_tool_calls = b.reserved_tool_calls - freed.tool_calls,"
-    " updated_at = clock_timestamp()"
+# Giving back the holds `sel` picks: the caller's one (release), or every
+# expired one of the budget (reclaim); after BUDGET_LOCK, so each hold is
+# given back once.
+_GIVEN_BACK: Final[LiteralString] = (
+    " UPDATE {budgets} AS b SET "
+    + _each("reserved_{u} = b.reserved_{u} - freed.{u}", ", ")
+    + ", updated_at = clock_timestamp()"
     " FROM freed WHERE b.workflow_id = %(workflow_id)s AND freed.n > 0 RETURNING freed.n"
 )
-BUDGET_RELEASE: Final[LiteralString] = (
-    "WITH gone AS (DELETE FROM {holds}"
-    " WHERE workflow_id = %(workflow_id)s AND hold_id = %(hold_id)s" + _GIVE_BACK
-)
+BUDGET_RELEASE: Final[LiteralString] = "WITH " + _give_back("hold_id = %(hold_id)s") + _GIVEN_BACK
 BUDGET_RECLAIM: Final[LiteralString] = (
-    "WITH gone AS (DELETE FROM {holds} WHERE hold_id IN (SELECT hold_id FROM {holds}"
-    " WHERE workflow_id = %(workflow_id)s AND expires_at <= clock_timestamp()"
-    " ORDER BY hold_id FOR UPDATE)" + _GIVE_BACK
+    "WITH " + _give_back("expires_at <= clock_timestamp()") + _GIVEN_BACK
 )

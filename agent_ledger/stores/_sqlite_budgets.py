@@ -8,18 +8,20 @@ between, in this process or another. Statements are in ``_sqlite_queries``.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from agent_ledger.budgets import Budget, BudgetState, Spend
 from agent_ledger.stores import _sqlite_queries as q
 from agent_ledger.stores.budget_base import (
+    UNITS,
     NewHold,
     amount_params,
     budget_from_row,
     check_budget_limit,
-    estimate_params,
+    check_hold,
+    fits,
     limit_params,
 )
 
@@ -35,20 +37,49 @@ def _budget(row: tuple[Any, ...]) -> BudgetState:
     return budget_from_row(row, _when)
 
 
+def _limit_values(state: BudgetState) -> tuple[int | None, ...]:
+    limits = state.limits
+    return (limits.usd_micros, limits.input_tokens, limits.output_tokens, limits.tool_calls)
+
+
+def _amount(row: tuple[Any, ...]) -> Spend:
+    """The estimate of a ``HOLD_ROWS`` row."""
+    return Spend(*(int(v) for v in row[2:6]))
+
+
+def _largest(amounts: Iterable[Spend]) -> Spend:
+    """The room a group of holds of one effect takes: their largest estimate, unit by unit."""
+    room = Spend()
+    for amount in amounts:
+        room = Spend(*(max(a, b) for a, b in zip(room, amount, strict=True)))
+    return room
+
+
+def _minus(a: Spend, b: Spend) -> Spend:
+    return Spend(*(x - y for x, y in zip(a, b, strict=True)))
+
+
 def _give_back(
-    conn: sqlite3.Connection, sums: str, delete: str, params: dict[str, object], spent: Spend
+    conn: sqlite3.Connection, which: str, params: dict[str, object], spent: Spend
 ) -> int:
-    """Delete the holds ``sums``/``delete`` select and apply them, with ``spent``,
-    to the budget row; how many holds there were."""
-    count, *freed = conn.execute(sums, params).fetchone()
-    if count == 0 and spent == Spend():
+    """Delete the holds ``which`` (a ``HOLD_ROWS`` condition) selects; take off
+    ``reserved`` what each of their effects' room shrinks by (to the largest
+    estimate among its holds left), add ``spent``; how many holds there were."""
+    gone = {row[0]: row[1] for row in conn.execute(q.HOLD_ROWS + which, params)}
+    if not gone and spent == Spend():
         return 0
-    conn.execute(delete, params)
+    freed = Spend()
+    for key in set(gone.values()):
+        group = conn.execute(q.HOLD_ROWS + q.OF_KEY, params | {"idem_key": key}).fetchall()
+        old = _largest(_amount(row) for row in group)
+        left = _largest(_amount(row) for row in group if row[0] not in gone)
+        freed = Spend(*(f + d for f, d in zip(freed, _minus(old, left), strict=True)))
+    for hold_id in gone:
+        conn.execute(q.DELETE_HOLD_ONE, params | {"hold_id": hold_id})
     conn.execute(
-        q.BUDGET_APPLY,
-        params | amount_params("spent", spent) | amount_params("freed", Spend(*freed)),
+        q.BUDGET_APPLY, params | amount_params("spent", spent) | amount_params("freed", freed)
     )
-    return int(count)
+    return len(gone)
 
 
 class SqliteBudgets:
@@ -80,6 +111,7 @@ class SqliteBudgets:
         return await self._run("open_budget", work, None, write=True)
 
     async def reserve_budget(self, hold: NewHold) -> bool:
+        check_hold(hold)
         await self._enter(None)
         params: dict[str, object] = {
             "hold_id": hold.hold_id,
@@ -87,18 +119,39 @@ class SqliteBudgets:
             "idem_key": hold.idem_key,
             "ttl_ms": hold.ttl_ms,
             **amount_params("add", hold.estimate),
-            **estimate_params(hold),
         }
 
         def work(conn: sqlite3.Connection, now: int) -> bool:
             at = params | {"now": now}
-            # The effect's own earlier holds are its room: replaced, not added to.
-            count, *freed = conn.execute(q.HOLDS_OF_KEY, at).fetchone()
-            at |= amount_params("freed", Spend(*(int(v) for v in freed)))
-            if conn.execute(q.BUDGET_RESERVE, at).rowcount != 1:
+            row = conn.execute(q.BUDGET_GET, (hold.workflow_id,)).fetchone()
+            if row is None:
                 return False
-            if count:
-                conn.execute(q.DELETE_HOLDS_OF_KEY, at)
+            state = _budget(row)
+            # The effect's room is the largest estimate among its live holds
+            # (its callers share it); its expired ones (a dead worker's) are
+            # dropped. Inside BEGIN IMMEDIATE nobody else changes them meanwhile.
+            group = conn.execute(q.HOLD_ROWS + q.OF_KEY, at).fetchall()
+            dead = [g[0] for g in group if int(g[6]) <= now]
+            old = _largest(_amount(g) for g in group)
+            live = [_amount(g) for g in group if g[0] not in dead]
+            new = _largest([*live, hold.estimate])
+            counted = [unit in hold.units for unit in UNITS]
+            grows = any(c and n > o for c, n, o in zip(counted, new, old, strict=True))
+            # Joining a live hold at no more than it holds always fits: the
+            # call was admitted when that hold was made.
+            if (grows or not live) and not fits(
+                _limit_values(state),
+                state.spent,
+                _minus(state.reserved, old),
+                [n if c else None for c, n in zip(counted, new, strict=True)],
+            ):
+                return False
+            for hold_id in dead:
+                conn.execute(q.DELETE_HOLD_ONE, at | {"hold_id": hold_id})
+            conn.execute(
+                q.BUDGET_APPLY,
+                at | amount_params("spent", Spend()) | amount_params("freed", _minus(old, new)),
+            )
             conn.execute(q.HOLD_INSERT, at)
             return True
 
@@ -128,7 +181,7 @@ class SqliteBudgets:
                 booked = added != Spend()
                 if booked:
                     conn.execute(q.CHARGE_RAISE, at | amount_params("add", after))
-            _give_back(conn, q.HOLDS_OF_EFFECT, q.DELETE_HOLDS_OF_EFFECT, at, added)
+            _give_back(conn, q.OF_EFFECT, at, added)
             return booked
 
         return await self._run("book_charge", work, None, write=True, idem_key=idem_key)
@@ -139,7 +192,7 @@ class SqliteBudgets:
 
         def work(conn: sqlite3.Connection, now: int) -> bool:
             at = params | {"now": now}
-            return _give_back(conn, q.HOLD_ONE, q.DELETE_HOLD_ONE, at, Spend()) > 0
+            return _give_back(conn, q.ONE_HOLD, at, Spend()) > 0
 
         return await self._run("release_hold", work, None, write=True)
 
@@ -149,7 +202,7 @@ class SqliteBudgets:
 
         def work(conn: sqlite3.Connection, now: int) -> int:
             at = params | {"now": now}
-            return _give_back(conn, q.HOLDS_EXPIRED, q.DELETE_HOLDS_EXPIRED, at, Spend())
+            return _give_back(conn, q.EXPIRED, at, Spend())
 
         return await self._run("reclaim_holds", work, None, write=True)
 

@@ -409,7 +409,8 @@ BUDGET_COLUMNS: Final = (
     " b.limit_tool_calls, b.spent_usd_micros, b.spent_input_tokens, b.spent_output_tokens,"
     " b.spent_tool_calls, b.reserved_usd_micros, b.reserved_input_tokens,"
     " b.reserved_output_tokens, b.reserved_tool_calls,"
-    " (SELECT count(*) FROM agent_ledger_budget_holds AS h WHERE h.workflow_id = b.workflow_id),"
+    " (SELECT count(DISTINCT h.idem_key) FROM agent_ledger_budget_holds AS h"
+    " WHERE h.workflow_id = b.workflow_id),"
     " b.created_us, b.updated_us"
 )
 BUDGET_INSERT: Final = (
@@ -426,63 +427,25 @@ BUDGET_LIST: Final = (
     "SELECT " + BUDGET_COLUMNS + " FROM agent_ledger_budgets AS b"
     " ORDER BY b.updated_us DESC, b.workflow_id DESC LIMIT :limit"
 )
-# The reservation's conditional UPDATE (the rule: stores/budget_base.py); the
-# hold is inserted only when it changed the row. :freed_* is what the
-# effect's own earlier holds (HOLDS_OF_KEY) hold: they are replaced by the new
-# one, so they are not counted against it.
-BUDGET_RESERVE: Final = (
-    "UPDATE agent_ledger_budgets SET"
-    " reserved_usd_micros = reserved_usd_micros - :freed_usd_micros + :add_usd_micros,"
-    " reserved_input_tokens = reserved_input_tokens - :freed_input_tokens + :add_input_tokens,"
-    " reserved_output_tokens = reserved_output_tokens - :freed_output_tokens"
-    " + :add_output_tokens,"
-    " reserved_tool_calls = reserved_tool_calls - :freed_tool_calls + :add_tool_calls,"
-    " updated_us = :now"
-    " WHERE workflow_id = :workflow_id"
-    " AND (limit_usd_micros IS NULL OR :est_usd_micros IS NULL"
-    " OR (spent_usd_micros + reserved_usd_micros - :freed_usd_micros + :est_usd_micros"
-    " <= limit_usd_micros"
-    " AND spent_usd_micros + reserved_usd_micros - :freed_usd_micros < limit_usd_micros))"
-    " AND (limit_input_tokens IS NULL OR :est_input_tokens IS NULL"
-    " OR (spent_input_tokens + reserved_input_tokens - :freed_input_tokens + :est_input_tokens"
-    " <= limit_input_tokens"
-    " AND spent_input_tokens + reserved_input_tokens - :freed_input_tokens"
-    " < limit_input_tokens))"
-    " AND (limit_output_tokens IS NULL OR :est_output_tokens IS NULL"
-    " OR (spent_output_tokens + reserved_output_tokens - :freed_output_tokens"
-    " + :est_output_tokens <= limit_output_tokens"
-    " AND spent_output_tokens + reserved_output_tokens - :freed_output_tokens"
-    " < limit_output_tokens))"
-    " AND (limit_tool_calls IS NULL OR :est_tool_calls IS NULL"
-    " OR (spent_tool_calls + reserved_tool_calls - :freed_tool_calls + :est_tool_calls"
-    " <= limit_tool_calls"
-    " AND spent_tool_calls + reserved_tool_calls - :freed_tool_calls < limit_tool_calls))"
-)
 HOLD_INSERT: Final = (
     "INSERT INTO agent_ledger_budget_holds (hold_id, workflow_id, idem_key, usd_micros,"
     " input_tokens, output_tokens, tool_calls, created_us, expires_us)"
     " VALUES (:hold_id, :workflow_id, :idem_key, :add_usd_micros, :add_input_tokens,"
     " :add_output_tokens, :add_tool_calls, :now, :now + :ttl_ms * 1000)"
 )
-# The holds a step gives back: what they hold in total, then the rows.
-_HOLD_SUMS: Final = (
-    "SELECT count(*), coalesce(sum(usd_micros), 0), coalesce(sum(input_tokens), 0),"
-    " coalesce(sum(output_tokens), 0), coalesce(sum(tool_calls), 0)"
+# The holds a step gives back (their effects' rooms worked out in Python,
+# _sqlite_budgets._give_back), and the holds of one effect.
+HOLD_ROWS: Final = (
+    "SELECT hold_id, idem_key, usd_micros, input_tokens, output_tokens, tool_calls, expires_us"
     " FROM agent_ledger_budget_holds WHERE workflow_id = :workflow_id AND "
 )
-_OF_EFFECT: Final = "(hold_id = :hold_id OR idem_key = :idem_key)"
-_OF_KEY: Final = "idem_key = :idem_key"
-_ONE_HOLD: Final = "hold_id = :hold_id"
-_EXPIRED: Final = "expires_us <= :now"
-HOLDS_OF_EFFECT: Final = _HOLD_SUMS + _OF_EFFECT
-HOLDS_OF_KEY: Final = _HOLD_SUMS + _OF_KEY
-HOLD_ONE: Final = _HOLD_SUMS + _ONE_HOLD
-HOLDS_EXPIRED: Final = _HOLD_SUMS + _EXPIRED
-_HOLD_DELETE: Final = "DELETE FROM agent_ledger_budget_holds WHERE workflow_id = :workflow_id AND "
-DELETE_HOLDS_OF_EFFECT: Final = _HOLD_DELETE + _OF_EFFECT
-DELETE_HOLDS_OF_KEY: Final = _HOLD_DELETE + _OF_KEY
-DELETE_HOLD_ONE: Final = _HOLD_DELETE + _ONE_HOLD
-DELETE_HOLDS_EXPIRED: Final = _HOLD_DELETE + _EXPIRED
+OF_EFFECT: Final = "(hold_id = :hold_id OR idem_key = :idem_key)"
+OF_KEY: Final = "idem_key = :idem_key"
+ONE_HOLD: Final = "hold_id = :hold_id"
+EXPIRED: Final = "expires_us <= :now"
+DELETE_HOLD_ONE: Final = (
+    "DELETE FROM agent_ledger_budget_holds WHERE workflow_id = :workflow_id AND hold_id = :hold_id"
+)
 # A charge, one row per (budget, idem key): what was booked for that effect.
 # A later booking raises it to the larger receipt, unit by unit (CHARGE_RAISE),
 # and the budget's spent grows by the difference.

@@ -11,9 +11,20 @@ amounts). The rules the layer above builds on:
   in, ``spent + reserved + estimate <= limit`` and ``spent + reserved < limit``
   (so a call estimated at 0 still stops at an exhausted limit). Concurrent
   reservations serialize on the budget row: two callers can never both take
-  the last room. An effect holds room once: the holds it already has (a
-  crashed worker's, a second caller's) are replaced by the new one, and
-  not counted against it.
+  the last room.
+* **An effect holds room once, shared by its callers.** Every caller of an
+  effect (the one that runs it, a second caller waiting for its outcome, a
+  worker taking it over) records its own hold, but the room the effect takes
+  (what counts in ``reserved``) is the *largest* estimate among its live
+  holds, unit by unit. A caller that finds live holds of the same effect
+  joins them: its reservation adds only what its estimate grows the room by
+  (nothing when it is no larger, and then it always fits: the call was
+  admitted when the first hold was made), and never lowers it. A caller
+  that leaves releases only its own hold: the effect's room shrinks to the
+  largest estimate among the holds left, so a waiter that gives up takes
+  nothing from the call still running. Expired holds of the effect (a dead
+  worker's) are dropped by the reservation and not counted against it.
+  ``BudgetState.holds`` counts effects holding room, not hold rows.
 * **Book** keeps one charge per (budget, idem key), which only grows: a
   booking raises it to the receipt, unit by unit, and adds what it grew by
   to ``spent`` (however many workers or replays book the same receipt, it
@@ -22,6 +33,8 @@ amounts). The rules the layer above builds on:
   finished: nobody needs to hold room for it any more), in one step.
 * **Release** gives a hold's estimate back without booking anything (the call
   never reached its handler, or its outcome is not known yet).
+* **Hold times** (``ttl_ms``) are ints from 1 to ``MAX_HOLD_TTL_MS`` (7
+  days) on every store (``check_hold``), checked before anything is stored.
 * **Reclaim** gives back the holds that expired (their caller crashed between
   reserving and booking, or was cut off), so a lost hold never keeps its
   room for ever.
@@ -44,6 +57,9 @@ from agent_ledger.errors import EffectLedgerValidationError
 UNITS: Final = ("usd_micros", "input_tokens", "output_tokens", "tool_calls")
 #: The most budgets one ``list_budgets`` call returns.
 MAX_BUDGET_PAGE: Final = 1_000
+#: The longest a hold may keep its room without being settled: 7 days, in ms
+#: (far past any call, and well inside every store's clock).
+MAX_HOLD_TTL_MS: Final = 7 * 24 * 60 * 60 * 1000
 
 
 class NewHold(NamedTuple):
@@ -73,10 +89,11 @@ class BudgetStore(Protocol):
         ...
 
     async def reserve_budget(self, hold: NewHold) -> bool:
-        """Add ``hold.estimate`` to ``reserved`` and record the hold, replacing
-        the effect's earlier holds, if it fits (module doc), in one atomic
-        step. True if it did; False, changing nothing, if it does not fit or
-        the budget does not exist."""
+        """Record the hold, joining the effect's live holds (``reserved`` grows
+        by what it grows the effect's room by, module doc) and dropping its
+        expired ones, if it fits, in one atomic step. True if it did; False,
+        changing nothing, if it does not fit or the budget does not exist.
+        ``EffectLedgerValidationError`` (``check_hold``) before anything."""
         ...
 
     async def book_charge(
@@ -84,18 +101,19 @@ class BudgetStore(Protocol):
     ) -> bool:
         """Raise the effect's recorded charge to ``charge`` (unit by unit, never
         lower), add what it grew by to ``spent``, and delete the hold
-        ``hold_id`` and every other hold for ``idem_key`` (taking their
-        estimates off ``reserved``), in one atomic step. True if this call
+        ``hold_id`` and every other hold for ``idem_key`` (taking the
+        effect's room off ``reserved``), in one atomic step. True if this call
         recorded the charge first or raised it."""
         ...
 
     async def release_hold(self, workflow_id: str, hold_id: str) -> bool:
-        """Delete the hold (its estimate off ``reserved``); True if it was there."""
+        """Delete the hold; its effect's room shrinks to the largest estimate
+        among the holds left for it (module doc). True if it was there."""
         ...
 
     async def reclaim_holds(self, workflow_id: str) -> int:
-        """Delete the budget's expired holds (their estimates off ``reserved``);
-        how many. Concurrent reclaims give each hold back once."""
+        """Delete the budget's expired holds (each effect's room shrinking as
+        for ``release_hold``); how many. Concurrent reclaims give each hold back once."""
         ...
 
     async def get_budget(self, workflow_id: str) -> BudgetState | None: ...
@@ -112,6 +130,23 @@ def check_budget_limit(limit: object) -> int:
             f"limit must be an int from 1 to {MAX_BUDGET_PAGE}, got {limit!r}", field="limit"
         )
     return limit
+
+
+def check_hold_ttl_ms(ttl_ms: object) -> int:
+    """A hold's ``ttl_ms``, checked the same way for every store and by ``ledger.llm``."""
+    if type(ttl_ms) is not int or not 1 <= ttl_ms <= MAX_HOLD_TTL_MS:
+        raise EffectLedgerValidationError(
+            f"hold_ttl_ms must be an int from 1 to {MAX_HOLD_TTL_MS:_} (7 days), got "
+            f"{ttl_ms!r}. Nothing was stored.",
+            field="hold_ttl_ms",
+        )
+    return ttl_ms
+
+
+def check_hold(hold: NewHold) -> NewHold:
+    """What every store checks of a ``NewHold`` before it changes anything."""
+    check_hold_ttl_ms(hold.ttl_ms)
+    return hold
 
 
 def limit_params(limits: Budget) -> dict[str, int | None]:

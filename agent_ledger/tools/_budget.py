@@ -15,8 +15,16 @@ started inside included) goes through :func:`gate`:
 2. **Run** the call through ``ledger.run()``.
 3. **Settle**, whatever happened (a cancellation included, shielded): read
    the effect; if it finished, book its charge (from its receipt: a model
-   call's ``usage``, one tool call if its handler ever ran) once per effect
-   and release every hold for it; otherwise release this call's holds.
+   call's ``usage``, one tool call per run that reached its handler) once
+   per effect and release every hold for it; otherwise release this call's
+   own holds (an effect's callers share its room: the store keeps it while
+   any of their holds is left, so a waiter leaving takes nothing from the
+   call still running). A plain ``call_fn``'s thread still running after a
+   cancellation is waited for in the background first (``Threads``).
+
+Inside ``ledger.replay()`` the budgets are the replay's own (``Replay.budgets``,
+in memory): a call served from the recording books its recorded charge
+there, so the recorded run's refusals recur; nothing is stored.
 
 Nothing here is inside the engine: the engine runs effects and records
 their usage, and knows nothing of budgets.
@@ -25,7 +33,9 @@ their usage, and knows nothing of budgets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
@@ -45,6 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BudgetScope",
+    "Threads",
     "active_budgets",
     "gate",
     "llm_charge",
@@ -68,8 +79,24 @@ _BUDGETS: ContextVar[tuple[BudgetScope, ...]] = ContextVar("agent_ledger_budgets
 _GATED: ContextVar[bool] = ContextVar("agent_ledger_budgets_gated", default=True)
 
 
+def _simulated(ledger: EffectLedger) -> BudgetStore | None:
+    """Inside ``ledger.replay()``: the replay's own budgets (``Replay.budgets``),
+    which simulate the recorded run's and store nothing; else None."""
+    from agent_ledger.ledger import RECORDING  # here: the ledger module imports this one
+
+    recording = RECORDING.get()
+    if recording is None or recording.ledger is not ledger:
+        return None
+    simulated = getattr(recording, "budgets", None)
+    return simulated if isinstance(simulated, BudgetStore) else None
+
+
 def budget_store(ledger: EffectLedger) -> BudgetStore:
-    """The ledger's store as a ``BudgetStore``, or a clear error."""
+    """Where the ledger's budgets are kept: its store, or inside a replay the
+    replay's simulated budgets; a clear error if the store keeps none."""
+    simulated = _simulated(ledger)
+    if simulated is not None:
+        return simulated
     store = ledger.store
     if not isinstance(store, BudgetStore):
         raise EffectLedgerValidationError(
@@ -115,11 +142,12 @@ class BudgetScope:
     def stored(cls, ledger: EffectLedger, workflow_id: str) -> BudgetScope | None:
         """A scope for the budget stored under ``workflow_id``, if any; None when the
         ledger's store keeps no budgets."""
-        if not isinstance(ledger.store, BudgetStore):
+        store = _simulated(ledger) or ledger.store
+        if not isinstance(store, BudgetStore):
             return None
         scope = cls.__new__(cls)
         scope.ledger = ledger
-        scope.store = ledger.store
+        scope.store = store
         scope.workflow_id = workflow_id
         scope.budget = None
         scope.given = False
@@ -193,8 +221,9 @@ async def open_budgets(ledger: EffectLedger) -> tuple[BudgetScope, ...]:
 
 
 def tool_charge(effect: Effect) -> Spend:
-    """What a finished tool effect costs: one tool call per time its handler was
-    started (a reopened or taken-over effect ran again, and counts again)."""
+    """What a finished tool effect costs: one tool call per run of the call that
+    reached its handler (``executions``): a retry policy's tries inside one run
+    count once; a reopened or taken-over effect ran again, and counts again."""
     return Spend(tool_calls=effect.executions)
 
 
@@ -218,13 +247,31 @@ async def gate(
     charge: Callable[[Effect], Spend],
     run: Callable[[], Awaitable[_T]],
     hold_ttl_ms: int = DEFAULT_HOLD_TTL_MS,
+    threads: Threads | None = None,
 ) -> _T:
-    """Reserve on every scope, run, settle (see the module doc)."""
+    """Reserve on every scope, run, settle (see the module doc).
+
+    ``threads``: the call's handler runs in worker threads (a plain
+    ``call_fn``), which a cancellation does not stop. If one is still running
+    when ``run`` ends (the caller was cancelled), the settling waits for it
+    in the background, so the holds keep their room until it ends, and books
+    at least what it used; the caller's cancellation is not delayed.
+    """
     holds = await _reserve_all(ledger, scopes, idem_key, tool, estimate, units, hold_ttl_ms)
     try:
         return await run()
     finally:
-        await _shielded(_settle(ledger, scopes, idem_key, holds, charge))
+        if threads is None:
+            await _shielded(_settle(ledger, scopes, idem_key, holds, charge))
+        else:
+
+            def used(effect: Effect) -> Spend:
+                return _most(charge(effect), threads.used)
+
+            if threads.close_if_idle():
+                await _shielded(_settle(ledger, scopes, idem_key, holds, used))
+            else:
+                _detach(threads.then(_settle(ledger, scopes, idem_key, holds, used)))
 
 
 async def _reserve_all(
@@ -255,8 +302,8 @@ async def _reserve_all(
             ):
                 continue
             del holds[scope.workflow_id]
-            found = await ledger.find_by_idem_key(idem_key)
-            if found is not None and found.status.is_terminal:
+            found = await _finished(ledger, idem_key)
+            if found is not None:
                 await _release(scopes, holds)  # a replay: served from its receipt
                 return {}
             state = await scope.store.get_budget(scope.workflow_id)
@@ -297,6 +344,20 @@ def _short_units(
     return tuple(short)
 
 
+async def _finished(ledger: EffectLedger, idem_key: str) -> Effect | None:
+    """The effect if it has finished: in the ledger's store, or inside a replay
+    the recorded one that answered the call (a replay books its recorded charge
+    on the replay's simulated budgets)."""
+    effect = await ledger.find_by_idem_key(idem_key)
+    if effect is None and _simulated(ledger) is not None:
+        from agent_ledger.ledger import RECORDING
+
+        recording = RECORDING.get()
+        assert recording is not None  # _simulated found it
+        effect = await recording.recorded(idem_key)
+    return effect if effect is not None and effect.status.is_terminal else None
+
+
 async def _release(scopes: tuple[BudgetScope, ...], holds: dict[str, str]) -> None:
     for scope in scopes:
         hold_id = holds.get(scope.workflow_id)
@@ -318,8 +379,8 @@ async def _settle(
     effect is next called (a replay settles it from its receipt).
     """
     try:
-        effect = await ledger.find_by_idem_key(idem_key)
-        if effect is None or not effect.status.is_terminal:
+        effect = await _finished(ledger, idem_key)
+        if effect is None:
             await _release(scopes, holds)
             return
         amount = charge(effect)
@@ -364,6 +425,91 @@ async def _release_quietly(scopes: tuple[BudgetScope, ...], holds: dict[str, str
                 hold_id,
                 scope.workflow_id,
             )
+
+
+def _most(a: Spend, b: Spend) -> Spend:
+    return Spend(*(max(x, y) for x, y in zip(a, b, strict=True)))
+
+
+class Threads:
+    """The runs of one call's handler in worker threads (a plain ``call_fn``).
+
+    A thread cannot be stopped: a caller cancelled while its handler's thread
+    runs leaves it running, and the provider it called answers (and is paid)
+    later. ``gate`` keeps the call's holds until every such thread has ended
+    and books what they used (``used``: the most any run reported, unit by
+    unit), as it would from a receipt. Once the call is settled
+    (``close_if_idle``), a thread that had not started yet does not start:
+    :meth:`start` says False and the handler calls nobody.
+    """
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._lock = threading.Lock()
+        self._running = 0
+        self._closed = False
+        self._waiters: list[asyncio.Future[None]] = []
+        #: What the runs that ended reported using.
+        self.used = Spend()
+
+    def start(self) -> bool:
+        """In the thread, before the handler calls anyone: False when the call
+        was settled already (then it must not call)."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._running += 1
+            return True
+
+    def end(self, used: Spend | None) -> None:
+        """In the thread, when the handler is done (``used``: what it reported
+        using, None when the provider did not answer)."""
+        with self._lock:
+            if used is not None:
+                self.used = _most(self.used, used)
+            self._running -= 1
+            idle = self._running == 0
+        if idle:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+                self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters.clear()
+
+    def close_if_idle(self) -> bool:
+        """True, and no thread may start from now on, if none is running."""
+        with self._lock:
+            if self._running == 0:
+                self._closed = True
+            return self._closed
+
+    async def then(self, work: Coroutine[Any, Any, None]) -> None:
+        """Wait until no thread runs (closing), then do ``work``."""
+        try:
+            while not self.close_if_idle():
+                waiter = self._loop.create_future()
+                self._waiters.append(waiter)
+                if self.close_if_idle():
+                    break
+                await waiter
+        except BaseException:
+            work.close()
+            raise
+        await work
+
+
+#: Settlings that outlive their caller (``gate`` with threads still running):
+#: kept here so that they are not garbage-collected before they end.
+_DETACHED: set[asyncio.Task[None]] = set()
+
+
+def _detach(work: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.ensure_future(work)
+    _DETACHED.add(task)
+    task.add_done_callback(_DETACHED.discard)
 
 
 async def _shielded(work: Coroutine[Any, Any, _T]) -> _T:

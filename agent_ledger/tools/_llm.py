@@ -12,11 +12,10 @@ like a tool call (``_budget.gate``), counting dollars and tokens.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
@@ -33,9 +32,11 @@ from agent_ledger.effects import (
 from agent_ledger.errors import EffectLedgerInvariantError, EffectLedgerValidationError
 from agent_ledger.ledger import RECORDING
 from agent_ledger.options import RunOptions
+from agent_ledger.stores.budget_base import check_hold_ttl_ms
 from agent_ledger.tools._budget import (
     DEFAULT_HOLD_TTL_MS,
     LLM_UNITS,
+    Threads,
     gate,
     llm_charge,
     open_budgets,
@@ -83,8 +84,19 @@ class LLMReply:
 
 
 def _price(pricing: Pricing, provider: str, model: str, usage: Usage) -> float:
-    """The callback's price for ``usage``, checked: a finite number of dollars >= 0."""
-    cost = pricing(provider, model, usage)
+    """The callback's price for ``usage``, checked: a finite number of dollars >= 0.
+
+    A callback that raises (or cannot take the three arguments) fails the
+    same way as one that returns garbage, with its error as ``__cause__``.
+    """
+    try:
+        cost = pricing(provider, model, usage)
+    except Exception as exc:
+        raise EffectLedgerValidationError(
+            f"pricing({provider!r}, {model!r}, ...) raised {type(exc).__name__}: {exc}; it "
+            "must take (provider, model, usage) and return a number of US dollars",
+            field="pricing",
+        ) from exc
     if (
         type(cost) not in (int, float)
         or not math.isfinite(cost)
@@ -96,6 +108,12 @@ def _price(pricing: Pricing, provider: str, model: str, usage: Usage) -> float:
             field="pricing",
         )
     return float(cost)
+
+
+def _spend(usage: Usage) -> Spend:
+    """What a model call's ``usage`` counts in a budget (``llm_charge``'s units)."""
+    cost = 0 if usage.cost_usd is None else usd_to_micros(usage.cost_usd, field="cost_usd")
+    return Spend(cost, usage.input_tokens, usage.output_tokens, 0)
 
 
 def _limits_model_calls(budget: Budget) -> bool:
@@ -158,10 +176,7 @@ async def call_llm(
             "Nothing was stored.",
             field="estimate",
         )
-    if type(hold_ttl_ms) is not int or hold_ttl_ms < 1:
-        raise EffectLedgerValidationError(
-            f"hold_ttl_ms must be a positive int, got {hold_ttl_ms!r}", field="hold_ttl_ms"
-        )
+    check_hold_ttl_ms(hold_ttl_ms)  # the bound every store keeps
     workflow = workflow_id if workflow_id is not None else _CURRENT.get()
     if workflow is None:
         raise EffectLedgerValidationError(
@@ -206,30 +221,9 @@ async def call_llm(
     fallback_cost = expected_usd if estimate is not None else None
     sync_call = not inspect.iscoroutinefunction(call_fn)
 
-    async def answer(request: object) -> object:
-        if sync_call:
-            # A blocking SDK call in a worker thread: on the loop it would stop
-            # the heartbeats, and another worker would take the call over and
-            # pay the provider again.
-            value = await asyncio.to_thread(call_fn, request)
-        else:
-            value = call_fn(request)
-        if inspect.isawaitable(value):
-            value = await value
-        return value
-
-    async def handler(effect: Effect) -> WithUsage:
-        # After a reopen the receipt already holds what earlier runs consumed:
-        # every run was paid for, so the receipt keeps their sum.
-        before = effect.usage
-        try:
-            value = await answer(effect.args["request"])  # a fresh copy: call_fn may change it
-        except Exception as exc:
-            if before is None:
-                raise  # the provider did not answer: nothing consumed, nothing to record
-            raise FailedWithUsage(exc, before) from exc
-        # The provider answered and was paid: from here on, whatever goes
-        # wrong, the effect fails with what the call consumed.
+    def answered(before: Usage | None, value: object) -> WithUsage:
+        """The provider answered and was paid: from here on, whatever goes
+        wrong, the effect fails with what the call consumed."""
         try:
             result = read(value) if read is not None else value
             if not isinstance(result, LLMResult) or not isinstance(result.usage, Usage):
@@ -265,8 +259,80 @@ async def call_llm(
                 raise FailedWithUsage(exc, _plus(before, usage)) from exc
         return WithUsage(result.response, _plus(before, usage))
 
+    def unanswered(before: Usage | None, exc: Exception) -> Exception:
+        """What a run whose provider call raised fails with: ``exc`` as it is
+        (nothing consumed), or, after a reopen, with what earlier runs consumed."""
+        return exc if before is None else FailedWithUsage(exc, before)
+
+    async def awaited(before: Usage | None, pending: Awaitable[object]) -> WithUsage:
+        try:
+            value = await pending
+        except Exception as exc:
+            failure = unanswered(before, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
+        return answered(before, value)
+
+    async def handler(effect: Effect) -> WithUsage:
+        # After a reopen the receipt already holds what earlier runs consumed:
+        # every run was paid for, so the receipt keeps their sum.
+        before = effect.usage
+        try:
+            value = call_fn(effect.args["request"])  # a fresh copy: call_fn may change it
+        except Exception as exc:
+            failure = unanswered(before, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
+        if inspect.isawaitable(value):
+            return await awaited(before, value)
+        return answered(before, value)
+
+    threads = Threads() if sync_call else None
+
+    def sync_handler(effect: Effect) -> object:
+        """A plain ``call_fn``'s run, in a worker thread (``sync_handlers="thread"``):
+        a blocking SDK call there cannot stop the heartbeats (another worker
+        would take the call over and pay again), and the engine treats it as
+        the plain handler it is: a deadline waits for it and records its late
+        usage; a cancelled caller leaves it running, and ``gate`` keeps the
+        call's room until it ends and books what it used (``Threads``)."""
+        assert threads is not None
+        if not threads.start():
+            raise RuntimeError(
+                f"model call {call.tool} was settled (its caller left) before its thread "
+                "started; the provider was not called"
+            )
+        used: Usage | None = None
+        try:
+            before = effect.usage
+            try:
+                value = call_fn(effect.args["request"])
+            except Exception as exc:
+                used = before
+                failure = unanswered(before, exc)
+                if failure is exc:
+                    raise
+                raise failure from exc
+            if inspect.isawaitable(value):
+                return awaited(before, value)  # awaited on the loop, as an async call
+            try:
+                done = answered(before, value)
+            except FailedWithUsage as exc:
+                used = exc.usage
+                raise
+            used = done.usage
+            return done
+        finally:
+            threads.end(None if used is None else _spend(used))
+
     async def run() -> object:
-        return await ledger.run(call, handler, run_options)
+        if not sync_call:
+            return await ledger.run(call, handler, run_options)
+        # A plain call_fn always runs in a worker thread, whatever the defaults say.
+        in_thread = replace(run_options or RunOptions(), sync_handlers="thread")
+        return await ledger.run(call, sync_handler, in_thread)
 
     if scopes:
         estimate_spend = Spend(
@@ -285,6 +351,7 @@ async def call_llm(
             charge=llm_charge,
             run=run,
             hold_ttl_ms=hold_ttl_ms,
+            threads=threads,
         )
     else:
         await run()

@@ -365,8 +365,10 @@ async def test_a_restarted_caller_replaces_the_dead_callers_hold(harness: StoreH
 
 
 async def test_reserving_twice_for_one_effect_holds_its_room_once(harness: StoreHarness) -> None:
-    """The store step: a second hold for the same idem key replaces the first
-    (it is not counted against the new one); another effect's hold still is."""
+    """The store step: a second hold for the same idem key joins the first (the
+    effect's room is the larger estimate, counted once); another effect's hold
+    still counts. (Issue 13, second pass: it no longer replaces the first,
+    whose caller may be the one running the call.)"""
     ledger = harness.ledger()
     store = _store(ledger)
     await store.open_budget(W, Budget(usd=0.5))
@@ -378,7 +380,9 @@ async def test_reserving_twice_for_one_effect_holds_its_room_once(harness: Store
     state = await store.get_budget(W)
     assert state is not None and state.reserved.usd_micros == 400_000 and state.holds == 1
     assert not await store.reserve_budget(other)  # 0.4 + 0.2 > 0.5
-    assert not await store.release_hold(W, "h1")  # replaced
+    assert await store.release_hold(W, "h1")  # joined, not replaced: the room stays
+    state = await store.get_budget(W)
+    assert state is not None and state.reserved.usd_micros == 400_000 and state.holds == 1
     assert await store.release_hold(W, "h2")
     state = await store.get_budget(W)
     assert state is not None and state.reserved == Spend() and state.holds == 0

@@ -102,10 +102,9 @@ async def test_a_run_with_model_calls_replays_from_its_export_reaching_nothing(
     assert path.read_bytes() == exported
     # The usage came from the recording, with its price.
     assert replayed[0] == [{"text": "Lisbon"}, Usage(1_000, 200, cost_usd=0.0018)]
-    # A replay books nothing: the replaying ledger's store holds no spend.
-    state = await agent.ledger.budget(WORKFLOW)
-    assert state is not None  # the replayed code declared it
-    assert (state.spent.tool_calls, state.spent.usd_micros, state.holds) == (0, 0, 0)
+    # A replay books nothing: the budget the replayed code declared was simulated
+    # inside the block (issue 13, second pass) and nothing was stored.
+    assert await agent.ledger.budget(WORKFLOW) is None
 
     # A changed model request is refused before the provider is reached.
     changed = Agent(build_ledger(MemoryStore()))
