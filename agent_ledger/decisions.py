@@ -287,12 +287,18 @@ def _required_text(value: object, name: str, saying: str | None = None) -> str:
     return storable_text(value)
 
 
+#: The largest attempt a store keeps (PostgreSQL's ``integer`` column): a larger
+#: ``expected_attempt`` can match no effect, and is refused as bad input.
+MAX_ATTEMPT: Final = 2**31 - 1
+
+
 def _expected_attempt(value: object) -> int | None:
     if value is None:
         return None
-    if type(value) is not int or value < 1:
+    if type(value) is not int or not 1 <= value <= MAX_ATTEMPT:
         raise EffectLedgerValidationError(
-            f"expected_attempt must be a positive int (the attempt you saw), got {value!r}",
+            "expected_attempt must be a positive int (the attempt you saw) of at most "
+            f"{MAX_ATTEMPT}, got {value!r}",
             field="expected_attempt",
         )
     return value

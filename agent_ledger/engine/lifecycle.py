@@ -917,10 +917,14 @@ class Engine:
                 continue
             if not won and (step > 0 or maybe_landed):
                 stored = await self._store.get(effect.id, tx=tx)
+                # Our attempt and status, unless a person settled that attempt
+                # (parked, then resolved with the same status): their outcome
+                # is not ours, and every caller, us included, must get theirs.
                 won = (
                     stored is not None
                     and stored.status is status
                     and stored.attempt == effect.attempt
+                    and not was_parked(stored, effect.attempt)
                 )
             if not won:
                 log_effect(
@@ -1111,6 +1115,12 @@ def takeovers(effect: Effect) -> int:
     """
     parks = sum(1 for event in effect.history if isinstance(event, Parked))
     return max(effect.executions - 1 - parks, 0)
+
+
+def was_parked(effect: Effect, attempt: int) -> bool:
+    """Whether ``attempt`` of ``effect`` was parked for a person (whose decision, not
+    that attempt's commit, then settled it)."""
+    return any(isinstance(e, Parked) and e.attempt == attempt for e in effect.history)
 
 
 def _created_to_run(begun: BeginOutcome) -> Effect | None:

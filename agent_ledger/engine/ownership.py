@@ -40,7 +40,7 @@ from agent_ledger.effects import Effect
 from agent_ledger.observability import effect_fields, log_effect, logger
 from agent_ledger.stores.base import Store
 
-__all__ = ["own"]
+__all__ = ["carry_through", "own"]
 
 T = TypeVar("T")
 
@@ -99,8 +99,8 @@ async def own(
     *,
     name: str,
 ) -> T:
-    """Await ``step`` (a begin or claim outside any caller's transaction) and return
-    its outcome; ``owned(outcome)`` names the effect it made ours, if any.
+    """Await ``step`` (a begin, claim or park outside any caller's transaction) and
+    return its outcome; ``owned(outcome)`` names the effect it made ours, if any.
 
     If this task is cancelled meanwhile, wait for the step to end, release the
     effect it made ours, and raise the cancellation. ``name`` is the step's
@@ -189,3 +189,27 @@ async def _until_done(task: asyncio.Task[Any]) -> bool:
         except Exception:
             pass  # the task's own error: the caller reads it from the task
     return not task.cancelled()
+
+
+async def carry_through(work: Coroutine[Any, Any, None], *, name: str) -> None:
+    """Run ``work`` to its end even if this task is cancelled meanwhile (the
+    cancellation is raised after it); its error is logged, not raised.
+
+    For what must not be cut short by a caller giving up: paging someone about
+    an effect this caller parked, whose page nobody else would send.
+    """
+    task = asyncio.get_running_loop().create_task(work)
+    interrupted: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError as exc:
+            if task.cancelled():
+                raise  # the loop is closing
+            interrupted = exc
+        except Exception:
+            pass  # read from the task below
+    if task.exception() is not None:
+        logger.error("%s failed", name, exc_info=task.exception())
+    if interrupted is not None:
+        raise interrupted

@@ -65,12 +65,13 @@ class SharedPolls:
             self._in_flight[idem_key] = future
         try:
             if claim_stale_after_ms is not None and park and tx is None:
-                # Parking makes nobody the owner: nothing to give back if cancelled.
-                last = await self._store.park(
-                    idem_key,
-                    stale_after_ms=claim_stale_after_ms,
-                    error=ambiguous_error(),
+                # Parking makes nobody the owner: nothing to give back. A
+                # cancelled park is still carried to its end, so the waiter
+                # can then read whether it landed (and page someone).
+                parking = self._store.park(
+                    idem_key, stale_after_ms=claim_stale_after_ms, error=ambiguous_error()
                 )
+                last = await own(self._store, parking, _gives_nothing_back, name="park")
                 result = (last.effect, last.claimed)
             elif claim_stale_after_ms is not None:
                 claim = self._store.claim(idem_key, stale_after_ms=claim_stale_after_ms, tx=tx)
@@ -99,6 +100,10 @@ class SharedPolls:
 
 def _claimed(outcome: ClaimOutcome) -> Effect | None:
     return outcome.effect if outcome.claimed else None
+
+
+def _gives_nothing_back(_: ClaimOutcome) -> None:
+    return None
 
 
 class _Abandoned(Exception):

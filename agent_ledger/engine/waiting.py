@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Final, NamedTuple
 
 from agent_ledger.effects import Effect
+from agent_ledger.engine.ownership import carry_through
 from agent_ledger.engine.polling import SharedPolls
 from agent_ledger.errors import (
     ApprovalPendingError,
@@ -142,24 +143,43 @@ class Waiter:
         A holder that went silent after its handler started under
         ``on_stale="park"`` is parked instead of taken over; the caller whose
         poll parked it calls ``on_parked`` and, like every other, then waits
-        for a person as for an approval.
+        for a person as for an approval. The page is sent at least once: it
+        is carried through a cancellation of the caller, and a park whose
+        reply was lost pages once the next poll shows it landed.
         """
         budget = WaitBudget(opts.concurrency)
+        #: The attempt a park poll of ours may have parked though it failed
+        #: (a lost reply): whether it landed is read on the next poll.
+        unsure_park: int | None = None
         async with self._store.subscribe(idem_key) as changes:
             while True:
                 # Polling after subscribing means no change between the
                 # caller's last read and this wait can be missed.
-                poll = await self._poll(idem_key, effect, opts.stale_after_ms, tx)
-                effect = poll.effect
-                if poll.parked:
-                    log_effect(
-                        logging.WARNING,
-                        f"effect parked: attempt {effect.attempt}'s worker went silent after "
-                        "its handler started (on_stale='park'); it waits for a person",
-                        effect,
+                window = claim_window(effect.status, opts.stale_after_ms)
+                park = window is not None and tx is None and parks_instead(effect)
+                try:
+                    poll = await self._poll(idem_key, effect, window, tx, park=park)
+                except asyncio.CancelledError:
+                    if park:
+                        # The park was carried to its end, and may have landed:
+                        # nobody else would page anyone about it.
+                        await carry_through(
+                            self._page_if_parked(idem_key, effect.attempt, on_parked),
+                            name="paging about a parked effect",
+                        )
+                    raise
+                if poll.parked or (unsure_park == poll.effect.attempt and poll.effect.parked):
+                    # Paged at least once: after a lost reply, a page may be
+                    # sent twice (if another caller parked it meanwhile).
+                    await carry_through(
+                        self._page(poll.effect, on_parked),
+                        name="paging about a parked effect",
                     )
-                    if on_parked is not None:
-                        await on_parked(effect)
+                if poll.error is None:
+                    unsure_park = None
+                elif park:
+                    unsure_park = effect.attempt
+                effect = poll.effect
                 if poll.claimed:
                     # attempt 2+ from ready is an approval; from processing, a takeover.
                     log_effect(logging.INFO, f"claimed effect (attempt {effect.attempt})", effect)
@@ -173,10 +193,14 @@ class Waiter:
                 await changes.wait(budget.next_delay(idem_key, effect.status, poll.error))
 
     async def _poll(
-        self, idem_key: str, last_seen: Effect, stale_after_ms: int, tx: object | None
+        self,
+        idem_key: str,
+        last_seen: Effect,
+        window: int | None,
+        tx: object | None,
+        *,
+        park: bool,
     ) -> _Poll:
-        window = claim_window(last_seen.status, stale_after_ms)
-        park = window is not None and tx is None and parks_instead(last_seen)
         try:
             current, won, shared = await self._polls.poll(
                 idem_key, claim_stale_after_ms=window, tx=tx, park=park
@@ -194,3 +218,26 @@ class Waiter:
                 f"effect {idem_key} disappeared from the store while a caller waited on it"
             )
         return _Poll(current, won and not park, shared, None, parked=won and park)
+
+    @staticmethod
+    async def _page(effect: Effect, on_parked: Callable[[Effect], Awaitable[None]] | None) -> None:
+        log_effect(
+            logging.WARNING,
+            f"effect parked: attempt {effect.attempt}'s worker went silent after "
+            "its handler started (on_stale='park'); it waits for a person",
+            effect,
+        )
+        if on_parked is not None:
+            await on_parked(effect)
+
+    async def _page_if_parked(
+        self,
+        idem_key: str,
+        attempt: int,
+        on_parked: Callable[[Effect], Awaitable[None]] | None,
+    ) -> None:
+        """Page about the effect if it is parked at ``attempt``: after a park of
+        ours whose outcome we never saw (its caller was cancelled)."""
+        current = await self._store.find(idem_key)
+        if current is not None and current.parked and current.attempt == attempt:
+            await self._page(current, on_parked)

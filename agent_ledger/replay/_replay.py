@@ -228,6 +228,14 @@ class Replay:
     ) -> tuple[str, tuple[str, ...]]:
         """Why the recording cannot answer ``new``, and the args it differs in."""
         about = f"replay of workflow {self.workflow_id!r}: a call of tool {new.tool!r}"
+        if recorded is not None and recorded.parked:
+            return (
+                f"{about} was recorded (effect {recorded.idem_key[:12]}…) parked for a "
+                "person: its worker died mid-handler, so its side effect may have "
+                "happened and there is no outcome to replay. Settle it (resolve, approve "
+                "or deny), then export the run again",
+                (),
+            )
         if recorded is not None:
             return (
                 f"{about} was recorded (effect {recorded.idem_key[:12]}…) but had not "

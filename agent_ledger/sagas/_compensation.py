@@ -13,8 +13,9 @@ Whether a step is undone depends on its forward effect, settled first:
   The cancel is one compare-and-set from those two statuses: a step a
   worker claimed meanwhile is never canceled under its running handler;
 * running: waited for; if its holder stops heartbeating for a whole lease,
-  it is canceled and counts as attempted, unless its handler started under
-  ``on_stale="park"``: then it is parked for a person. A holder that
+  it is taken over (one fenced claim, so the old holder can no longer start
+  its handler) and canceled, and counts as attempted, unless its handler
+  started under ``on_stale="park"``: then it is parked for a person. A holder that
   disabled takeover (``StaleOptions(after_ms=0)``) can never be told dead:
   the undo stops with ``SagaStepUnsettled`` (the saga stays
   ``compensating``) rather than wait for ever;
@@ -59,7 +60,7 @@ from agent_ledger.options import UNSET, RunOptions, merge_run_options
 from agent_ledger.retries import RetryPolicy
 from agent_ledger.sagas._errors import SagaStepParked, SagaStepUnsettled
 from agent_ledger.status import EffectStatus
-from agent_ledger.stores.base import Decision, NewEffect
+from agent_ledger.stores.base import ClaimOutcome, Decision, NewEffect
 from agent_ledger.stores.saga_base import SagaStep
 from agent_ledger.tools._budget import suspend_budgets
 from agent_ledger.tools._steps import STEP_RUNNER
@@ -273,12 +274,43 @@ async def settle(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Effect |
             if forward.park_attempt == forward.attempt:
                 # Its handler started under on_stale="park": park it for a
                 # person (judged by the store's clock) rather than cancel it.
-                await ledger.store.park(step.idem_key, stale_after_ms=1, error=ambiguous_error())
+                moved = await ledger.store.park(
+                    step.idem_key, stale_after_ms=1, error=ambiguous_error()
+                )
+            else:
+                moved = await _take_over_and_cancel(ledger, step.idem_key, forward.lease_ms)
+            if moved.claimed:
                 continue
-            await ledger.cancel(step.idem_key, reason="its worker stopped; saga rolled back")
-            continue
+            # The store's clock does not see it stale yet, or it changed: look
+            # again after a pause (never a busy loop against a store that refuses).
         await asyncio.sleep(_POLL.delay(min(attempt, 10)))
         attempt += 1
+
+
+async def _take_over_and_cancel(ledger: EffectLedger, idem_key: str, lease_ms: int) -> ClaimOutcome:
+    """Cancel a forward effect whose holder went silent for its whole lease.
+
+    Taken over first, as any caller would (one fenced claim, judged stale by
+    the store's clock, which refuses a run whose handler started under
+    ``on_stale="park"``), then canceled as its new holder. A bare cancel
+    could land just after a paused holder woke and recorded its handler's
+    start: a run that must be parked, not canceled, with its side effect
+    never undone. After the claim the old holder can no longer record a
+    start, heartbeat or commit. Like any takeover, the claim counts in the
+    receipt's ``executions`` (no handler runs for it).
+    """
+    outcome = await ledger.store.claim(idem_key, stale_after_ms=1, lease_ms=lease_ms)
+    if outcome.claimed and outcome.effect is not None:
+        error = EffectError("its worker stopped; the saga was rolled back", "canceled")
+        await ledger.store.commit(
+            outcome.effect.id,
+            attempt=outcome.effect.attempt,
+            status=_S.CANCELED,
+            result_json=None,
+            error=error,
+            ends_try=False,
+        )
+    return outcome
 
 
 async def _close(ledger: EffectLedger, saga_id: str, step: SagaStep) -> bool:
