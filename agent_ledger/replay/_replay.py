@@ -23,8 +23,8 @@ from agent_ledger.errors import EffectLedgerValidationError, UnrecordedEffectErr
 from agent_ledger.ledger import RECORDING, Recording
 from agent_ledger.observability import logger
 from agent_ledger.replay._sources import read_export, read_store
+from agent_ledger.stores._memory_budgets import InMemoryBudgets
 from agent_ledger.stores.base import NewEffect, Store
-from agent_ledger.stores.memory import MemoryStore
 from agent_ledger.tools import WorkflowScope
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ class Replay:
         #: (``tools._budget``): a recorded call books its recorded charge here,
         #: so a call the recorded run's budget refused is refused again, before
         #: anything runs. Kept in memory for this block; never stored.
-        self.budgets = MemoryStore()
+        self.budgets = InMemoryBudgets()
         self._store: Store | None = None
         self._effects: Mapping[str, Effect] | None = None
         if isinstance(source, (str, os.PathLike)):

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from agent_ledger.budgets import Budget, BudgetState, Spend
+from agent_ledger.clock import utc_now
 from agent_ledger.stores.budget_base import NewHold, check_budget_limit, check_hold, fits
 
 if TYPE_CHECKING:
@@ -184,3 +185,13 @@ class MemoryBudgets:
         states = [self._state(w, b) for w, b in self._budgets.items()]
         states.sort(key=lambda s: (s.updated_at, s.workflow_id), reverse=True)
         return states[:limit]
+
+
+class InMemoryBudgets(MemoryBudgets):
+    """Budgets alone, in memory, on the system clock: what ``ledger.replay()``
+    simulates the replayed code's budgets with (nothing stored, no effect
+    store needed beside them)."""
+
+    def __init__(self) -> None:
+        self._clock = utc_now
+        self._init_budgets()
