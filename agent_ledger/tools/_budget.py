@@ -16,11 +16,14 @@ started inside included) goes through :func:`gate`:
 3. **Settle**, whatever happened (a cancellation included, shielded): read
    the effect; if it finished, book its charge (from its receipt: a model
    call's ``usage``, one tool call per run that reached its handler) once
-   per effect and release every hold for it; otherwise release this call's
-   own holds (an effect's callers share its room: the store keeps it while
-   any of their holds is left, so a waiter leaving takes nothing from the
-   call still running). A plain ``call_fn``'s thread still running after a
-   cancellation is waited for in the background first (``Threads``).
+   per effect and release this call's hold and the effect's holds made
+   before that run finished (a rerun's, after a reopen, keep their room);
+   otherwise release this call's own holds (an effect's callers share its
+   room: the store keeps it while any of their holds is left, so a waiter
+   leaving takes nothing from the call still running). A plain
+   ``call_fn``'s thread still running after a cancellation has its holds
+   detached into rooms of their own and is waited for in the background,
+   its usage booked beside the effect's charge (``Threads``).
 
 Inside ``ledger.replay()`` the budgets are the replay's own (``Replay.budgets``,
 in memory): a call served from the recording books its recorded charge
@@ -518,9 +521,10 @@ class Threads:
 
     A thread cannot be stopped: a caller cancelled while its handler's thread
     runs leaves it running, and the provider it called answers (and is paid)
-    later. ``gate`` keeps the call's holds until every such thread has ended
-    and books what they used (``used``: the most any run reported, unit by
-    unit), as it would from a receipt. Once the call is settled
+    later. ``gate`` keeps the call's holds (detached from the effect's room)
+    until every such thread has ended and books what they used (``used``:
+    the most any run reported, unit by unit) beside the effect's charge: it
+    is on no receipt. Once the call is settled
     (``close_if_idle``), a thread that had not started yet does not start:
     :meth:`start` says False and the handler calls nobody.
     """
