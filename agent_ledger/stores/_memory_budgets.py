@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING
 
 from agent_ledger.budgets import Budget, BudgetState, Spend
 from agent_ledger.clock import utc_now
-from agent_ledger.stores.budget_base import NewHold, check_budget_limit, check_hold, fits
+from agent_ledger.stores.budget_base import (
+    DETACHED,
+    NewHold,
+    check_budget_limit,
+    check_hold,
+    detached_key,
+    fits,
+)
 
 if TYPE_CHECKING:
     from agent_ledger.clock import Clock
@@ -24,6 +31,9 @@ class _Hold:
     idem_key: str
     estimate: Spend
     expires_at: datetime
+    #: When it was made (the store's clock): a booking releases the other
+    #: holds of its effect made strictly before the booked run finished.
+    created_at: datetime
 
 
 @dataclasses.dataclass
@@ -124,7 +134,7 @@ class MemoryBudgets:
         for hold_id in dead:
             del budget.holds[hold_id]
         budget.reserved = _plus(_minus(budget.reserved, old), new)
-        budget.holds[hold.hold_id] = _Hold(hold.idem_key, hold.estimate, expires_at)
+        budget.holds[hold.hold_id] = _Hold(hold.idem_key, hold.estimate, expires_at, now)
         budget.updated_at = now
         return True
 
@@ -140,14 +150,32 @@ class MemoryBudgets:
             budget.reserved = _minus(budget.reserved, _minus(old, left))
 
     async def book_charge(
-        self, workflow_id: str, *, idem_key: str, charge: Spend, hold_id: str | None
+        self,
+        workflow_id: str,
+        *,
+        idem_key: str,
+        charge: Spend,
+        hold_id: str | None,
+        finished_at: datetime | None = None,
     ) -> bool:
         budget = self._budgets.get(workflow_id)
         if budget is None:
             return False
+        # The caller's hold, and the effect's holds made before the booked run
+        # finished: a hold made at that instant or later (a rerun's, after a
+        # reopen) keeps its room.
         self._drop(
             budget,
-            [h for h, held in budget.holds.items() if h == hold_id or held.idem_key == idem_key],
+            [
+                h
+                for h, held in budget.holds.items()
+                if h == hold_id
+                or (
+                    held.idem_key == idem_key
+                    and finished_at is not None
+                    and held.created_at < finished_at
+                )
+            ],
         )
         before = budget.charged.get(idem_key)
         after = charge if before is None else _most(before, charge)
@@ -156,6 +184,23 @@ class MemoryBudgets:
         budget.spent = _plus(budget.spent, added)
         budget.updated_at = self._clock()
         return before is None or added != Spend()
+
+    async def detach_hold(self, workflow_id: str, hold_id: str) -> bool:
+        budget = self._budgets.get(workflow_id)
+        if budget is None:
+            return False
+        held = budget.holds.get(hold_id)
+        if held is None or DETACHED in held.idem_key:
+            return False
+        # Out of the effect's room (it shrinks to the largest estimate left),
+        # into its own: reserved grows by the hold's estimate.
+        self._drop(budget, [hold_id])
+        budget.holds[hold_id] = dataclasses.replace(
+            held, idem_key=detached_key(held.idem_key, hold_id)
+        )
+        budget.reserved = _plus(budget.reserved, held.estimate)
+        budget.updated_at = self._clock()
+        return True
 
     async def release_hold(self, workflow_id: str, hold_id: str) -> bool:
         budget = self._budgets.get(workflow_id)

@@ -20,6 +20,7 @@ from psycopg import AsyncConnection, sql
 from agent_ledger.budgets import Budget, BudgetState, Spend
 from agent_ledger.stores import _postgres_queries as q
 from agent_ledger.stores.budget_base import (
+    DETACHED,
     NewHold,
     amount_params,
     budget_from_row,
@@ -75,6 +76,7 @@ class PostgresBudgets:
             "claim": q.CHARGE_CLAIM,
             "book": q.BUDGET_BOOK,
             "release": q.BUDGET_RELEASE,
+            "detach": q.BUDGET_DETACH,
             "reclaim": q.BUDGET_RECLAIM,
             "lock": q.BUDGET_LOCK,
         }
@@ -143,12 +145,19 @@ class PostgresBudgets:
         return count == 1
 
     async def book_charge(
-        self, workflow_id: str, *, idem_key: str, charge: Spend, hold_id: str | None
+        self,
+        workflow_id: str,
+        *,
+        idem_key: str,
+        charge: Spend,
+        hold_id: str | None,
+        finished_at: datetime | None = None,
     ) -> bool:
         params = {
             "workflow_id": workflow_id,
             "idem_key": idem_key,
             "hold_id": hold_id,
+            "finished_at": finished_at,
             **amount_params("add", charge),
         }
         lock, claim, book = (self._budget_sql[n] for n in ("lock", "claim", "book"))
@@ -164,6 +173,11 @@ class PostgresBudgets:
             return claimed or (bool(rows) and int(rows[0][0]) > 0)
 
         return await self._statement("book_charge", work, None, idem_key=idem_key)
+
+    async def detach_hold(self, workflow_id: str, hold_id: str) -> bool:
+        params = {"workflow_id": workflow_id, "hold_id": hold_id, "detached": DETACHED}
+        rows, _ = await self._locked("detach_hold", ("detach",), params)
+        return bool(rows)
 
     async def release_hold(self, workflow_id: str, hold_id: str) -> bool:
         params = {"workflow_id": workflow_id, "hold_id": hold_id}

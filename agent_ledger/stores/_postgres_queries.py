@@ -612,8 +612,11 @@ def _give_back(which: LiteralString) -> LiteralString:
 # to the receipt unit by unit (GREATEST: a reopened effect that ran again
 # books what it grew by, a replay of the same receipt adds nothing), deletes
 # the effect's holds (the caller's, and any other for the same effect, which
-# has finished) and applies both to the budget row. `n` says whether this
-# call added anything.
+# has finished: those made strictly before the booked run finished,
+# %(finished_at)s, the effect's completed_at, on this server's clock like
+# the holds' created_at; NULL: none) and applies both to the budget row. A
+# hold made at that instant or later (a rerun's, after a reopen) keeps its
+# room. `n` says whether this call added anything.
 CHARGE_CLAIM: Final[LiteralString] = (
     "INSERT INTO {charges} (workflow_id, idem_key, usd_micros, input_tokens, output_tokens,"
     " tool_calls) SELECT workflow_id, %(idem_key)s, 0, 0, 0, 0 FROM {budgets}"
@@ -633,7 +636,10 @@ BUDGET_BOOK: Final[LiteralString] = (
     " c.input_tokens - p.input_tokens AS input_tokens,"
     " c.output_tokens - p.output_tokens AS output_tokens,"
     " c.tool_calls - p.tool_calls AS tool_calls), "
-    + _give_back("(hold_id = %(hold_id)s OR idem_key = %(idem_key)s)")
+    + _give_back(
+        "(hold_id = %(hold_id)s OR (idem_key = %(idem_key)s"
+        " AND created_at < %(finished_at)s::timestamptz))"
+    )
     + ", added AS (SELECT coalesce(sum(usd_micros), 0)::bigint AS usd_micros,"
     " coalesce(sum(input_tokens), 0)::bigint AS input_tokens,"
     " coalesce(sum(output_tokens), 0)::bigint AS output_tokens,"
@@ -655,6 +661,33 @@ _GIVEN_BACK: Final[LiteralString] = (
     + _each("reserved_{u} = b.reserved_{u} - freed.{u}", ", ")
     + ", updated_at = clock_timestamp()"
     " FROM freed WHERE b.workflow_id = %(workflow_id)s AND freed.n > 0 RETURNING freed.n"
+)
+# Detaching a hold (stores/budget_base.py, detach_hold), after BUDGET_LOCK:
+# `h` the hold (not detached already), `per` what its effect's room shrinks
+# by without it; the hold is re-keyed to a room of its own (`moved`), and
+# reserved loses `per` and gains the hold's estimate. No row: not there.
+BUDGET_DETACH: Final[LiteralString] = (
+    "WITH h AS MATERIALIZED (SELECT hold_id, idem_key, "
+    + _each("{u}", ", ")
+    + " FROM {holds} WHERE workflow_id = %(workflow_id)s AND hold_id = %(hold_id)s"
+    " AND strpos(idem_key, %(detached)s) = 0),"
+    " g AS MATERIALIZED (SELECT x.hold_id, "
+    + _each("x.{u}", ", ")
+    + " FROM {holds} AS x WHERE x.workflow_id = %(workflow_id)s"
+    " AND x.idem_key IN (SELECT idem_key FROM h)),"
+    " per AS (SELECT "
+    + _each(
+        "coalesce(max({u}), 0) - coalesce(max({u}) FILTER (WHERE hold_id <> %(hold_id)s), 0)"
+        " AS {u}",
+        ", ",
+    )
+    + " FROM g),"
+    " moved AS (UPDATE {holds} AS x SET idem_key = x.idem_key || %(detached)s || x.hold_id"
+    " FROM h WHERE x.hold_id = h.hold_id RETURNING x.hold_id)"
+    " UPDATE {budgets} AS b SET "
+    + _each("reserved_{u} = b.reserved_{u} - per.{u} + h.{u}", ", ")
+    + ", updated_at = clock_timestamp()"
+    " FROM per, h WHERE b.workflow_id = %(workflow_id)s RETURNING h.hold_id"
 )
 BUDGET_RELEASE: Final[LiteralString] = "WITH " + _give_back("hold_id = %(hold_id)s") + _GIVEN_BACK
 BUDGET_RECLAIM: Final[LiteralString] = (

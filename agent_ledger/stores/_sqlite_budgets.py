@@ -15,12 +15,14 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 from agent_ledger.budgets import Budget, BudgetState, Spend
 from agent_ledger.stores import _sqlite_queries as q
 from agent_ledger.stores.budget_base import (
+    DETACHED,
     UNITS,
     NewHold,
     amount_params,
     budget_from_row,
     check_budget_limit,
     check_hold,
+    detached_key,
     fits,
     limit_params,
 )
@@ -31,6 +33,10 @@ _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 def _when(us: int) -> datetime:
     return _EPOCH + timedelta(microseconds=us)
+
+
+def _to_us(moment: datetime) -> int:
+    return (moment - _EPOCH) // timedelta(microseconds=1)
 
 
 def _budget(row: tuple[Any, ...]) -> BudgetState:
@@ -158,13 +164,20 @@ class SqliteBudgets:
         return await self._run("reserve_budget", work, None, write=True, idem_key=hold.idem_key)
 
     async def book_charge(
-        self, workflow_id: str, *, idem_key: str, charge: Spend, hold_id: str | None
+        self,
+        workflow_id: str,
+        *,
+        idem_key: str,
+        charge: Spend,
+        hold_id: str | None,
+        finished_at: datetime | None = None,
     ) -> bool:
         await self._enter(None)
         params: dict[str, object] = {
             "workflow_id": workflow_id,
             "idem_key": idem_key,
             "hold_id": hold_id,
+            "finished_us": None if finished_at is None else _to_us(finished_at),
             **amount_params("add", charge),
         }
 
@@ -185,6 +198,31 @@ class SqliteBudgets:
             return booked
 
         return await self._run("book_charge", work, None, write=True, idem_key=idem_key)
+
+    async def detach_hold(self, workflow_id: str, hold_id: str) -> bool:
+        await self._enter(None)
+        params: dict[str, object] = {"workflow_id": workflow_id, "hold_id": hold_id}
+
+        def work(conn: sqlite3.Connection, now: int) -> bool:
+            at = params | {"now": now}
+            row = conn.execute(q.HOLD_ROWS + q.ONE_HOLD, at).fetchone()
+            if row is None or DETACHED in row[1]:
+                return False
+            # Out of the effect's room (it shrinks to the largest estimate left),
+            # into its own: reserved grows by the hold's estimate.
+            group = conn.execute(q.HOLD_ROWS + q.OF_KEY, at | {"idem_key": row[1]}).fetchall()
+            old = _largest(_amount(g) for g in group)
+            left = _largest(_amount(g) for g in group if g[0] != hold_id)
+            conn.execute(q.HOLD_REKEY, at | {"new_key": detached_key(row[1], hold_id)})
+            conn.execute(
+                q.BUDGET_APPLY,
+                at
+                | amount_params("spent", Spend())
+                | amount_params("freed", _minus(_minus(old, left), _amount(row))),
+            )
+            return True
+
+        return await self._run("detach_hold", work, None, write=True)
 
     async def release_hold(self, workflow_id: str, hold_id: str) -> bool:
         await self._enter(None)

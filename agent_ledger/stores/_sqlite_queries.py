@@ -439,10 +439,18 @@ HOLD_ROWS: Final = (
     "SELECT hold_id, idem_key, usd_micros, input_tokens, output_tokens, tool_calls, expires_us"
     " FROM agent_ledger_budget_holds WHERE workflow_id = :workflow_id AND "
 )
-OF_EFFECT: Final = "(hold_id = :hold_id OR idem_key = :idem_key)"
+# A booking's holds: the caller's, and the effect's made strictly before the
+# booked run finished (:finished_us; NULL: none), so a rerun's hold made
+# after a reopen keeps its room.
+OF_EFFECT: Final = "(hold_id = :hold_id OR (idem_key = :idem_key AND created_us < :finished_us))"
 OF_KEY: Final = "idem_key = :idem_key"
 ONE_HOLD: Final = "hold_id = :hold_id"
 EXPIRED: Final = "expires_us <= :now"
+# Detaching a hold: into a room of its own (stores/budget_base.py, detach_hold).
+HOLD_REKEY: Final = (
+    "UPDATE agent_ledger_budget_holds SET idem_key = :new_key"
+    " WHERE workflow_id = :workflow_id AND hold_id = :hold_id"
+)
 DELETE_HOLD_ONE: Final = (
     "DELETE FROM agent_ledger_budget_holds WHERE workflow_id = :workflow_id AND hold_id = :hold_id"
 )

@@ -29,8 +29,24 @@ amounts). The rules the layer above builds on:
   booking raises it to the receipt, unit by unit, and adds what it grew by
   to ``spent`` (however many workers or replays book the same receipt, it
   is counted once; a reopened effect that ran again adds its difference).
-  It releases the caller's hold and any other hold for that effect (it has
-  finished: nobody needs to hold room for it any more), in one step.
+  It releases, in one step, the caller's hold and the other holds for that
+  effect made *strictly before* the booked run finished (``finished_at``,
+  the effect's ``completed_at``, on the store's clock like the holds'
+  creation times): their run has finished, nobody needs room for it any
+  more. A hold made at that instant or later is kept: it may be a rerun's
+  (the effect was reopened and runs again), and a late booking of the
+  previous run must not give its room away. Such a hold is released by its
+  own caller (or expires); when in doubt, a hold keeps its room. Without
+  ``finished_at`` only the caller's hold is released.
+* **Detach** moves one hold out of its effect's room into a room of its own
+  (idem key ``<key>#thread:<hold_id>``, ``detached_key``): the caller's run
+  ended while its handler's thread still runs (a plain ``call_fn`` whose
+  caller was cancelled), so the thread spends on its own, beside any later
+  run of the effect, which must find room of its own. ``reserved`` grows by
+  what the two rooms now take apart (possibly past the limit: the thread
+  is running already; later calls are refused until it is booked). When
+  the thread ends, its usage is booked *additively* under that key (one
+  charge per hold: idempotent), never folded into the effect's charge.
 * **Release** gives a hold's estimate back without booking anything (the call
   never reached its handler, or its outcome is not known yet).
 * **Hold times** (``ttl_ms``) are ints from 1 to ``MAX_HOLD_TTL_MS`` (7
@@ -97,13 +113,28 @@ class BudgetStore(Protocol):
         ...
 
     async def book_charge(
-        self, workflow_id: str, *, idem_key: str, charge: Spend, hold_id: str | None
+        self,
+        workflow_id: str,
+        *,
+        idem_key: str,
+        charge: Spend,
+        hold_id: str | None,
+        finished_at: datetime | None = None,
     ) -> bool:
         """Raise the effect's recorded charge to ``charge`` (unit by unit, never
         lower), add what it grew by to ``spent``, and delete the hold
-        ``hold_id`` and every other hold for ``idem_key`` (taking the
-        effect's room off ``reserved``), in one atomic step. True if this call
-        recorded the charge first or raised it."""
+        ``hold_id`` and every other hold for ``idem_key`` made strictly before
+        ``finished_at`` (none without it; the effect's room shrinking to the
+        largest estimate among its holds left), in one atomic step. True if
+        this call recorded the charge first or raised it."""
+        ...
+
+    async def detach_hold(self, workflow_id: str, hold_id: str) -> bool:
+        """Move the hold out of its effect's room into a room of its own (idem
+        key ``detached_key(key, hold_id)``), in one atomic step: the effect's
+        room shrinks to the largest estimate among its holds left, ``reserved``
+        grows by the hold's estimate (never refused: module doc). True if it
+        was there and not detached already."""
         ...
 
     async def release_hold(self, workflow_id: str, hold_id: str) -> bool:
@@ -121,6 +152,15 @@ class BudgetStore(Protocol):
     async def list_budgets(self, *, limit: int = 100) -> list[BudgetState]:
         """Up to ``limit`` budgets, most recently changed first."""
         ...
+
+
+#: What ``detached_key`` puts between an effect's idem key and the hold id.
+DETACHED: Final = "#thread:"
+
+
+def detached_key(idem_key: str, hold_id: str) -> str:
+    """The idem key of a detached hold's own room (and of its thread's charge)."""
+    return f"{idem_key}{DETACHED}{hold_id}"
 
 
 def check_budget_limit(limit: object) -> int:

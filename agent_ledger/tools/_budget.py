@@ -16,11 +16,14 @@ started inside included) goes through :func:`gate`:
 3. **Settle**, whatever happened (a cancellation included, shielded): read
    the effect; if it finished, book its charge (from its receipt: a model
    call's ``usage``, one tool call per run that reached its handler) once
-   per effect and release every hold for it; otherwise release this call's
-   own holds (an effect's callers share its room: the store keeps it while
-   any of their holds is left, so a waiter leaving takes nothing from the
-   call still running). A plain ``call_fn``'s thread still running after a
-   cancellation is waited for in the background first (``Threads``).
+   per effect and release this call's hold and the effect's holds made
+   before that run finished (a rerun's, after a reopen, keep their room);
+   otherwise release this call's own holds (an effect's callers share its
+   room: the store keeps it while any of their holds is left, so a waiter
+   leaving takes nothing from the call still running). A plain
+   ``call_fn``'s thread still running after a cancellation has its holds
+   detached into rooms of their own and is waited for in the background,
+   its usage booked beside the effect's charge (``Threads``).
 
 Inside ``ledger.replay()`` the budgets are the replay's own (``Replay.budgets``,
 in memory): a call served from the recording books its recorded charge
@@ -48,7 +51,8 @@ from agent_ledger.errors import (
     BudgetMismatchError,
     EffectLedgerValidationError,
 )
-from agent_ledger.stores.budget_base import UNITS, BudgetStore, NewHold
+from agent_ledger.status import EffectStatus
+from agent_ledger.stores.budget_base import UNITS, BudgetStore, NewHold, detached_key
 
 if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
@@ -256,6 +260,13 @@ async def gate(
     when ``run`` ends (the caller was cancelled), the settling waits for it
     in the background, so the holds keep their room until it ends, and books
     at least what it used; the caller's cancellation is not delayed.
+
+    Such a thread's usage is on no receipt (the run was recorded ``canceled``
+    before it answered): its holds are detached from the effect's room
+    first (``BudgetStore.detach_hold``: a rerun of the effect, after a
+    reopen, must find room of its own, not join them), and what it used is
+    booked *beside* the effect's charge, under the hold's own key, never
+    folded into it.
     """
     holds = await _reserve_all(ledger, scopes, idem_key, tool, estimate, units, hold_ttl_ms)
     try:
@@ -263,15 +274,15 @@ async def gate(
     finally:
         if threads is None:
             await _shielded(_settle(ledger, scopes, idem_key, holds, charge))
+        elif threads.close_if_idle():
+            await _shielded(_settle(ledger, scopes, idem_key, holds, charge, threads))
         else:
-
-            def used(effect: Effect) -> Spend:
-                return _most(charge(effect), threads.used)
-
-            if threads.close_if_idle():
-                await _shielded(_settle(ledger, scopes, idem_key, holds, used))
-            else:
-                _detach(threads.then(_settle(ledger, scopes, idem_key, holds, used)))
+            await _shielded(_detach_holds(scopes, holds))
+            _detach(
+                threads.then(
+                    _settle(ledger, scopes, idem_key, holds, charge, threads, outlived=True)
+                )
+            )
 
 
 async def _reserve_all(
@@ -371,19 +382,40 @@ async def _settle(
     idem_key: str,
     holds: dict[str, str],
     charge: Callable[[Effect], Spend],
+    threads: Threads | None = None,
+    *,
+    outlived: bool = False,
 ) -> None:
     """Book the effect's charge if it finished, else give this call's holds back.
+
+    ``threads``: the handler's threads, all ended. Their usage is on the
+    receipt when the engine got their answer (the run succeeded or failed:
+    the charge is the most of both, as for a deadline, which waits for the
+    thread); it is on no receipt when the run ended before they did
+    (``outlived``, the caller was cancelled while one ran, its holds
+    detached) or was recorded ``canceled`` (a thread that ended just as its
+    caller was cancelled): then it is booked beside the effect's charge, on
+    each hold's own key (``_book_apart``), and the effect's charge is its
+    receipt's.
 
     A store error here is logged, not raised: the call itself is done, a hold
     left behind is released (or expires), and a charge left unbooked is booked when the
     effect is next called (a replay settles it from its receipt).
     """
+    used = Spend() if threads is None else threads.used
+    if outlived:
+        holds = await _book_apart(scopes, idem_key, holds, used)
     try:
         effect = await _finished(ledger, idem_key)
         if effect is None:
             await _release(scopes, holds)
             return
         amount = charge(effect)
+        if not outlived and used != Spend():
+            if effect.status is EffectStatus.CANCELED:
+                holds = await _book_apart(scopes, idem_key, holds, used)
+            else:
+                amount = _most(amount, used)
     except Exception:
         logger.exception(
             "could not read effect %s to book its budget charge; its holds are released, "
@@ -399,6 +431,9 @@ async def _settle(
                 idem_key=idem_key,
                 charge=amount,
                 hold_id=holds.get(scope.workflow_id),
+                # Holds of the effect made before this run finished are
+                # released with it; a rerun's (after a reopen) keep their room.
+                finished_at=effect.completed_at,
             )
         except Exception:
             logger.exception(
@@ -408,6 +443,56 @@ async def _settle(
                 scope.workflow_id,
             )
             await _release_quietly((scope,), holds)
+
+
+async def _detach_holds(scopes: tuple[BudgetScope, ...], holds: dict[str, str]) -> None:
+    """Move this call's holds out of the effect's room (its thread outlives its
+    run); a failure is logged: the hold then stays in the effect's room until
+    the thread is booked, which still books apart (``_book_apart``)."""
+    for scope in scopes:
+        hold_id = holds.get(scope.workflow_id)
+        if hold_id is None:
+            continue
+        try:
+            await scope.store.detach_hold(scope.workflow_id, hold_id)
+        except Exception:
+            logger.exception(
+                "could not detach hold %s on budget %r from its effect's room; a rerun "
+                "of the effect may share it until this call's thread ends",
+                hold_id,
+                scope.workflow_id,
+            )
+
+
+async def _book_apart(
+    scopes: tuple[BudgetScope, ...], idem_key: str, holds: dict[str, str], used: Spend
+) -> dict[str, str]:
+    """Book what a thread on no receipt used, added to ``spent`` on each budget
+    under its hold's own key (``detached_key``: one charge per hold, so a
+    repeat adds nothing), releasing that hold; the holds left (none)."""
+    for scope in scopes:
+        hold_id = holds.get(scope.workflow_id)
+        if hold_id is None:
+            continue
+        try:
+            if used == Spend():
+                await scope.store.release_hold(scope.workflow_id, hold_id)
+            else:
+                await scope.store.book_charge(
+                    scope.workflow_id,
+                    idem_key=detached_key(idem_key, hold_id),
+                    charge=used,
+                    hold_id=hold_id,
+                )
+        except Exception:
+            logger.exception(
+                "could not book what the thread of effect %s used on budget %r; its hold "
+                "is released",
+                idem_key[:12],
+                scope.workflow_id,
+            )
+            await _release_quietly((scope,), holds)
+    return {}
 
 
 async def _release_quietly(scopes: tuple[BudgetScope, ...], holds: dict[str, str]) -> None:
@@ -436,9 +521,10 @@ class Threads:
 
     A thread cannot be stopped: a caller cancelled while its handler's thread
     runs leaves it running, and the provider it called answers (and is paid)
-    later. ``gate`` keeps the call's holds until every such thread has ended
-    and books what they used (``used``: the most any run reported, unit by
-    unit), as it would from a receipt. Once the call is settled
+    later. ``gate`` keeps the call's holds (detached from the effect's room)
+    until every such thread has ended and books what they used (``used``:
+    the most any run reported, unit by unit) beside the effect's charge: it
+    is on no receipt. Once the call is settled
     (``close_if_idle``), a thread that had not started yet does not start:
     :meth:`start` says False and the handler calls nobody.
     """

@@ -343,6 +343,9 @@ async def test_a_restarted_caller_replaces_the_dead_callers_hold(harness: StoreH
     key = _key(ledger, {"q": 1})
     dead = NewHold("dead-worker-hold", W, key, Spend(300_000, 150_000, 150_000), USD, 900_000)
     assert await store.reserve_budget(dead)
+    # Time passes before the run ends: its booking releases the effect's holds
+    # made strictly before it finished (a manual clock would stand still).
+    await harness.age(1)
     reached: list[object] = []
 
     def provider(request: object) -> LLMResult:

@@ -11,6 +11,7 @@ Every store, through the harness.
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,8 @@ from agent_ledger.stores.budget_base import BudgetStore, NewHold
 from tests.harness import StoreHarness
 
 W = "agent-13b"
+#: A run's end after every hold a test makes, on every store's clock.
+LATER = datetime(2999, 1, 1, tzinfo=UTC)
 #: $1.00 at $1 per million tokens: the whole budget of the tests below.
 WHOLE = Usage(input_tokens=500_000, output_tokens=500_000)
 USD = frozenset({"usd_micros", "input_tokens", "output_tokens"})
@@ -168,7 +171,10 @@ async def test_holds_of_one_effect_share_the_largest_room(harness: StoreHarness)
     assert await store.release_hold(W, "a")
     state = await store.get_budget(W)
     assert state is not None and state.reserved.usd_micros == 100_000 and state.holds == 1
-    assert await store.book_charge(W, idem_key="k", charge=Spend(50_000), hold_id=None)
+    # Booking a run that finished after every hold of the effect was made releases them all.
+    assert await store.book_charge(
+        W, idem_key="k", charge=Spend(50_000), hold_id=None, finished_at=LATER
+    )
     state = await store.get_budget(W)
     assert state is not None and state.reserved == Spend() and state.holds == 0
     assert state.spent.usd_micros == 50_000

@@ -230,6 +230,9 @@ async def test_a_hold_left_by_a_crashed_call_is_settled_when_its_effect_finishes
         assert await _store(ledger).reserve_budget(crashed)
         held = await ledger.budget(W)
         assert held is not None and held.reserved.usd_micros == 300_000 and held.holds == 1
+        # Time passes before the run ends: its booking releases the effect's holds
+        # made strictly before it finished (a manual clock would stand still).
+        await harness.age(1)
         await ask(ledger, provider, 0)
     state = await ledger.budget(W)
     assert state is not None and state.reserved == Spend() and state.holds == 0

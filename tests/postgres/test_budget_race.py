@@ -10,6 +10,7 @@ with more room the effect held it twice.
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agent_ledger import Budget
@@ -43,8 +44,13 @@ async def test_two_workers_reserving_for_one_call_share_one_room(
                 assert state is not None, workflow
                 assert state.reserved.usd_micros == 1_000_000, (limit, n)  # held once
                 assert state.holds == 1
+                # A run that finished after both holds were made releases them both.
                 assert await two.book_charge(
-                    workflow, idem_key="k", charge=Spend(1_000_000), hold_id=None
+                    workflow,
+                    idem_key="k",
+                    charge=Spend(1_000_000),
+                    hold_id=None,
+                    finished_at=datetime.now(UTC) + timedelta(minutes=1),
                 )
                 state = await one.get_budget(workflow)
                 assert state is not None and state.reserved == Spend() and state.holds == 0

@@ -8,6 +8,7 @@ exactly that await.
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 
 import pytest
 
@@ -37,10 +38,16 @@ class PausingStore(MemoryStore):
         return done
 
     async def book_charge(
-        self, workflow_id: str, *, idem_key: str, charge: Spend, hold_id: str | None
+        self,
+        workflow_id: str,
+        *,
+        idem_key: str,
+        charge: Spend,
+        hold_id: str | None,
+        finished_at: datetime | None = None,
     ) -> bool:
         booked = await super().book_charge(
-            workflow_id, idem_key=idem_key, charge=charge, hold_id=hold_id
+            workflow_id, idem_key=idem_key, charge=charge, hold_id=hold_id, finished_at=finished_at
         )
         await self._pause("book")
         return booked
