@@ -10,7 +10,11 @@ ran).
 
 So, outside a caller's transaction, :func:`own` runs the step in a task of its
 own: a cancellation of the caller stops only the caller's wait, and the
-caller keeps waiting (through further cancellations) until the step ends.
+caller keeps waiting (through further cancellations) until the step ends,
+unless the step is still waiting for another task's transaction to end,
+before doing anything (a store says so, ``stores.base.waiting_before_work``):
+then it is cancelled there, and the caller's cancellation goes through at
+once instead of waiting out someone else's transaction.
 If the step made the caller the owner, the effect is given back
 (``Store.release``: ``ready`` again, claimable at once), then the
 cancellation propagates. Inside a caller's transaction none of this is
@@ -38,7 +42,7 @@ from typing import Any, TypeVar
 
 from agent_ledger.effects import Effect
 from agent_ledger.observability import effect_fields, log_effect, logger
-from agent_ledger.stores.base import Store
+from agent_ledger.stores.base import STEP_PROGRESS, StepProgress, Store
 
 __all__ = ["carry_through", "own"]
 
@@ -106,12 +110,16 @@ async def own(
     effect it made ours, and raise the cancellation. ``name`` is the step's
     name, for the log.
     """
+    progress = StepProgress()
+    started = STEP_PROGRESS.set(progress)
     try:
         waiting_on = step.send(None)
     except StopIteration as done:
         # Ended without waiting: no cancellation could land meanwhile.
         result: T = done.value
         return result
+    finally:
+        STEP_PROGRESS.reset(started)
     task = asyncio.get_running_loop().create_task(_resume(step, waiting_on))
     if not task.done():
         # Not `await task` (our cancellation would cancel the step too) and
@@ -123,6 +131,12 @@ async def own(
         try:
             await waiter
         except asyncio.CancelledError as exc:
+            if progress.waiting:
+                # Still waiting out another task's transaction: nothing done,
+                # so stop it there rather than wait for that transaction.
+                task.cancel()
+                await _until_done(task)
+                raise
             await _give_back(store, task, owned, name, exc)
     return task.result()
 

@@ -42,6 +42,7 @@ from typing import Final, Generic, TypeVar
 
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.stores._subscriptions import Subscribers
+from agent_ledger.stores.base import waiting_before_work
 
 __all__ = ["LEASE_PAUSE_AFTER_MS", "TransactionGate", "TransactionHandle"]
 
@@ -115,9 +116,11 @@ class TransactionGate(Generic[H]):
             return tx
         if self.active is not None:
             self.refuse_inside()
-            while self.active is not None:
-                async with self.lock:
-                    pass
+            # Nothing done yet: a caller giving up may cancel this wait.
+            with waiting_before_work():
+                while self.active is not None:
+                    async with self.lock:
+                        pass
         return None
 
     def refuse_inside(self) -> None:

@@ -95,7 +95,9 @@ check_schema    yes     A read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -278,6 +280,47 @@ class Subscription(Protocol):
         ledger's polling then does all the work.
         """
         ...
+
+
+class StepProgress:
+    """Whether a store step is still waiting before doing any work.
+
+    A caller that gives up (is cancelled) while a step that may make it an
+    effect's owner is in flight must wait for that step to end: it cannot
+    tell whether the store applied it (``engine.ownership``). A step that
+    first waits for another task's open transaction (MemoryStore's and
+    SqliteStore's gate) has done nothing yet, and cancelling it there changes
+    nothing stored: it says so through :func:`waiting_before_work`, and the
+    caller may then cancel it instead of waiting out someone else's
+    transaction.
+    """
+
+    __slots__ = ("waiting",)
+
+    def __init__(self) -> None:
+        self.waiting = False
+
+
+#: The progress of the step the caller is starting (set by the engine around a
+#: step it may abandon; None otherwise).
+STEP_PROGRESS: contextvars.ContextVar[StepProgress | None] = contextvars.ContextVar(
+    "agent_ledger_step_progress", default=None
+)
+
+
+@contextlib.contextmanager
+def waiting_before_work() -> Iterator[None]:
+    """For a store: wrap a wait that comes before the step does anything (a
+    cancellation there leaves the store as it was)."""
+    progress = STEP_PROGRESS.get()
+    if progress is None:
+        yield
+        return
+    progress.waiting = True
+    try:
+        yield
+    finally:
+        progress.waiting = False
 
 
 @runtime_checkable

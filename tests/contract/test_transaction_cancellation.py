@@ -65,6 +65,48 @@ async def test_cancelled_while_waiting_for_another_transaction(harness: StoreHar
     await assert_usable(harness)
 
 
+@pytest.mark.parametrize("harness", ["memory", "sqlite"], indirect=True)
+@pytest.mark.parametrize("how", ["cancel", "wait_for"])
+async def test_a_run_waiting_behind_another_tasks_transaction_can_be_cancelled(
+    harness: StoreHarness, how: str
+) -> None:
+    """A plain run whose begin waits for another task's open transaction has done
+    nothing yet: cancelling it (or its wait_for timing out) ends it at once, not
+    when that transaction ends, and leaves no effect behind; a later run works."""
+    ledger = harness.ledger()
+    inside, finish = asyncio.Event(), asyncio.Event()
+    ran: list[str] = []
+
+    async def holder() -> None:
+        async with harness.store.transaction() as tx:
+            await ledger.run(FIRST, lambda e: 1, tx=tx)
+            inside.set()
+            await finish.wait()
+
+    holding = asyncio.create_task(holder())
+    await asyncio.wait_for(inside.wait(), 10)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    if how == "cancel":
+        waiter = asyncio.create_task(ledger.run(SECOND, lambda e: ran.append("second")))
+        await asyncio.sleep(0.05)
+        assert not waiter.done()  # it waits for the open transaction
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(waiter), 5)
+    else:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(ledger.run(SECOND, lambda e: ran.append("second")), 0.05)
+    assert loop.time() - began < 5  # not held until the transaction ends
+    assert not holding.done()  # the transaction is still open
+    finish.set()
+    await asyncio.wait_for(holding, 10)
+    assert ran == []
+    assert await ledger.find_by_idem_key(ledger.idem_key(SECOND)) is None
+    assert await asyncio.wait_for(ledger.run(SECOND, lambda e: "second"), 10) == "second"
+    await assert_usable(harness)
+
+
 async def test_cancelled_at_every_step_of_a_transaction(harness: StoreHarness) -> None:
     """Cancel a transaction after k event-loop steps, for every k until it completes on
     its own: each time the store stays usable, and the block committed whole or not at all."""
