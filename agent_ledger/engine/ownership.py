@@ -102,13 +102,17 @@ async def own(
     owned: Callable[[T], Effect | None],
     *,
     name: str,
+    held: Effect | None = None,
 ) -> T:
-    """Await ``step`` (a begin, claim or park outside any caller's transaction) and
-    return its outcome; ``owned(outcome)`` names the effect it made ours, if any.
+    """Await ``step`` (a begin, claim, park or mark_started outside any caller's
+    transaction) and return its outcome; ``owned(outcome)`` names the effect it
+    made ours, if any; ``held`` is one we owned before the step (the run whose
+    handler's start ``mark_started`` records).
 
-    If this task is cancelled meanwhile, wait for the step to end, release the
-    effect it made ours, and raise the cancellation. ``name`` is the step's
-    name, for the log.
+    If this task is cancelled meanwhile, wait for the step to end (or stop it
+    while it still waits before doing anything), release the effect that is
+    ours (made so by the step, else ``held``), and raise the cancellation.
+    ``name`` is the step's name, for the log.
     """
     progress = StepProgress()
     started = STEP_PROGRESS.set(progress)
@@ -135,9 +139,11 @@ async def own(
                 # Still waiting out another task's transaction: nothing done,
                 # so stop it there rather than wait for that transaction.
                 task.cancel()
-                await _until_done(task)
-                raise
-            await _give_back(store, task, owned, name, exc)
+                if not await _until_done(task):
+                    if held is not None:
+                        await _release(store, held, exc)
+                    raise
+            await _give_back(store, task, owned, name, exc, held)
     return task.result()
 
 
@@ -152,19 +158,28 @@ async def _give_back(
     owned: Callable[[T], Effect | None],
     name: str,
     interrupted: asyncio.CancelledError,
+    held: Effect | None,
 ) -> None:
-    """Wait for the interrupted ``task``, release what it made ours, raise ``interrupted``."""
+    """Wait for the interrupted ``task``, release what is ours, raise ``interrupted``."""
     if not await _until_done(task):
         raise interrupted
     error = task.exception()
+    effect = None
     if error is not None:
         # The step failed: it made nobody the owner (or, after a lost reply,
         # nobody can tell; the lease then decides, as after any store error).
         logger.warning("%s failed while the run was being cancelled", name, exc_info=error)
-        raise interrupted
-    effect = owned(task.result())
+    else:
+        effect = owned(task.result())
+    if effect is None:
+        effect = held  # ours before the step: its handler never started
     if effect is None:
         raise interrupted
+    await _release(store, effect, interrupted)
+
+
+async def _release(store: Store, effect: Effect, interrupted: asyncio.CancelledError) -> None:
+    """Give ``effect`` back (fenced by its attempt) through cancellations; raise ``interrupted``."""
     release = asyncio.get_running_loop().create_task(
         store.release(effect.id, attempt=effect.attempt)
     )

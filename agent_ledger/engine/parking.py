@@ -71,7 +71,11 @@ async def _own_mark(store: Store, effect: Effect, worker: str) -> bool:
     step = store.mark_started(effect.id, attempt=effect.attempt, worker=worker)
     try:
         return await own(
-            store, step, lambda marked: effect if marked else None, name="mark_started"
+            store,
+            step,
+            lambda marked: effect if marked else None,
+            name="mark_started",
+            held=effect,
         )
     except EffectStoreError:
         try:

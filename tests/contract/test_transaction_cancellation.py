@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 import pytest
 
-from agent_ledger import EffectStatus, ToolCall
+from agent_ledger import EffectLedger, EffectLedgerOptions, EffectStatus, RunOptions, ToolCall
+from agent_ledger.stores.base import BeginOutcome, NewEffect
+from agent_ledger.testing import FaultyStore
 from tests.harness import StoreHarness
 
 FIRST = ToolCall(workflow_id="wf", tool="first", args={})
@@ -105,6 +108,48 @@ async def test_a_run_waiting_behind_another_tasks_transaction_can_be_cancelled(
     assert await ledger.find_by_idem_key(ledger.idem_key(SECOND)) is None
     assert await asyncio.wait_for(ledger.run(SECOND, lambda e: "second"), 10) == "second"
     await assert_usable(harness)
+
+
+@pytest.mark.parametrize("harness", ["memory", "sqlite"], indirect=True)
+async def test_a_park_run_cancelled_while_recording_its_start_behind_a_transaction_gives_back(
+    harness: StoreHarness,
+) -> None:
+    """Under on_stale="park" the run owns its effect before it records its handler's
+    start; if that record waits behind another task's transaction and the run is
+    cancelled, the record is stopped but the effect is still given back (ready, the
+    handler never ran), so the next caller runs it at once instead of after a lease."""
+    opened, finish = asyncio.Event(), asyncio.Event()
+    holders: list[asyncio.Task[None]] = []
+
+    async def holder() -> None:
+        async with harness.store.transaction():
+            opened.set()
+            await finish.wait()
+
+    class OpensATransactionAfterBegin(FaultyStore[Any]):
+        async def begin(self, new: NewEffect, **kwargs: Any) -> BeginOutcome:
+            outcome: BeginOutcome = await self.inner.begin(new, **kwargs)
+            if not holders:
+                holders.append(asyncio.create_task(holder()))
+                await opened.wait()
+            return outcome
+
+    ledger = EffectLedger(EffectLedgerOptions(store=OpensATransactionAfterBegin(harness.store)))
+    ran: list[str] = []
+    park = RunOptions(on_stale="park")
+    run = asyncio.create_task(ledger.run(SECOND, lambda e: ran.append("first"), park))
+    await asyncio.wait_for(opened.wait(), 10)
+    await asyncio.sleep(0.05)
+    assert not run.done()  # recording the handler's start waits for the transaction
+    run.cancel()
+    finish.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(asyncio.shield(run), 10)
+    await asyncio.wait_for(holders[0], 10)
+    given_back = await ledger.find_by_idem_key(ledger.idem_key(SECOND))
+    assert given_back is not None and given_back.status is EffectStatus.READY
+    assert ran == []
+    assert await asyncio.wait_for(ledger.run(SECOND, lambda e: "second", park), 5) == "second"
 
 
 async def test_cancelled_at_every_step_of_a_transaction(harness: StoreHarness) -> None:
