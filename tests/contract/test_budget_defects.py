@@ -30,7 +30,8 @@ from agent_ledger import (
 )
 from agent_ledger.budgets import Spend
 from agent_ledger.sagas import SagaFailed
-from agent_ledger.stores.budget_base import BudgetStore, NewHold
+from agent_ledger.stores.budget_base import NewHold
+from tests.budget_helpers import budget_store, price
 from tests.harness import StoreHarness
 
 W = "agent-9"
@@ -39,19 +40,9 @@ CALL = Usage(input_tokens=100_000, output_tokens=100_000)
 USD = frozenset({"usd_micros", "input_tokens", "output_tokens"})
 
 
-def price(provider: str, model: str, usage: Usage) -> float:
-    return (usage.input_tokens + usage.output_tokens) / 1_000_000
-
-
 def _key(ledger: EffectLedger, request: object, workflow: str = W) -> str:
     args = {"provider": "fake", "model": "m1", "request": request}
     return ledger.idem_key(ToolCall(workflow_id=workflow, tool="llm.fake", args=args))  # type: ignore[arg-type]
-
-
-def _store(ledger: EffectLedger) -> BudgetStore:
-    store = ledger.store
-    assert isinstance(store, BudgetStore)
-    return store
 
 
 class _NotJSON:
@@ -264,7 +255,7 @@ async def test_a_reopened_tool_counts_each_execution(harness: StoreHarness) -> N
 async def test_book_charge_adds_only_what_a_larger_receipt_grew_by(harness: StoreHarness) -> None:
     """The store step itself: the charge per (budget, effect) only ever grows."""
     ledger = harness.ledger()
-    store = _store(ledger)
+    store = budget_store(ledger)
     await store.open_budget(W, Budget(usd=5.0))
     assert await store.book_charge(W, idem_key="k", charge=Spend(100, 5, 5, 0), hold_id=None)
     assert not await store.book_charge(W, idem_key="k", charge=Spend(100, 5, 5, 0), hold_id=None)
@@ -337,7 +328,7 @@ async def test_a_restarted_caller_replaces_the_dead_callers_hold(harness: StoreH
     """a05: a worker killed mid-call left a hold for the effect; the worker that
     runs the same effect again reuses that room instead of being refused."""
     ledger = harness.ledger()
-    store = _store(ledger)
+    store = budget_store(ledger)
     budget = Budget(usd=0.3)
     await store.open_budget(W, budget)
     key = _key(ledger, {"q": 1})
@@ -373,7 +364,7 @@ async def test_reserving_twice_for_one_effect_holds_its_room_once(harness: Store
     still counts. (Issue 13, second pass: it no longer replaces the first,
     whose caller may be the one running the call.)"""
     ledger = harness.ledger()
-    store = _store(ledger)
+    store = budget_store(ledger)
     await store.open_budget(W, Budget(usd=0.5))
     first = NewHold("h1", W, "k", Spend(300_000), USD, 60_000)
     again = NewHold("h2", W, "k", Spend(400_000), USD, 60_000)

@@ -31,7 +31,8 @@ from agent_ledger import (
 from agent_ledger.budgets import Spend
 from agent_ledger.options import ConcurrencyOptions
 from agent_ledger.stores import budget_base
-from agent_ledger.stores.budget_base import BudgetStore, NewHold
+from agent_ledger.stores.budget_base import NewHold
+from tests.budget_helpers import budget_store, price
 from tests.harness import StoreHarness
 
 W = "agent-13b"
@@ -42,16 +43,6 @@ WHOLE = Usage(input_tokens=500_000, output_tokens=500_000)
 USD = frozenset({"usd_micros", "input_tokens", "output_tokens"})
 #: The documented bound on hold_ttl_ms (docs/budgets.md): 7 days.
 MAX_HOLD_TTL_MS = 7 * 24 * 60 * 60 * 1000
-
-
-def price(provider: str, model: str, usage: Usage) -> float:
-    return (usage.input_tokens + usage.output_tokens) / 1_000_000
-
-
-def _store(ledger: EffectLedger) -> BudgetStore:
-    store = ledger.store
-    assert isinstance(store, BudgetStore)
-    return store
 
 
 def _key(ledger: EffectLedger, request: object) -> str:
@@ -151,7 +142,7 @@ async def test_holds_of_one_effect_share_the_largest_room(harness: StoreHarness)
     """The store step: a joining hold never lowers the effect's room, a larger
     one raises it (if it fits), and leaving takes back only what the holds
     left do not need."""
-    store = _store(harness.ledger())
+    store = budget_store(harness.ledger())
     await store.open_budget(W, Budget(usd=1.0))
     usd = frozenset({"usd_micros"})
     assert await store.reserve_budget(NewHold("a", W, "k", Spend(600_000), usd, 60_000))
@@ -183,7 +174,7 @@ async def test_holds_of_one_effect_share_the_largest_room(harness: StoreHarness)
 async def test_a_waiter_of_a_call_on_a_full_budget_joins_it(harness: StoreHarness) -> None:
     """A second caller of an admitted call is never refused for room the call
     already holds, even when other calls filled the rest of the budget."""
-    store = _store(harness.ledger())
+    store = budget_store(harness.ledger())
     await store.open_budget(W, Budget(usd=1.0))
     usd = frozenset({"usd_micros"})
     assert await store.reserve_budget(NewHold("a", W, "k", Spend(0), usd, 60_000))
@@ -196,7 +187,7 @@ async def test_a_waiter_of_a_call_on_a_full_budget_joins_it(harness: StoreHarnes
 async def test_a_takeover_ends_with_one_live_hold(harness: StoreHarness) -> None:
     """A dead worker's hold of the effect: the worker taking the call over joins
     it while it is live (one room), and drops it once it has expired."""
-    store = _store(harness.ledger())
+    store = budget_store(harness.ledger())
     await store.open_budget(W, Budget(usd=1.0))
     usd = frozenset({"usd_micros"})
     assert await store.reserve_budget(NewHold("dead", W, "k", Spend(500_000), usd, 1_000))
@@ -226,7 +217,7 @@ async def test_a_hold_ttl_out_of_range_is_refused_and_stores_nothing(
     (OverflowError after the add); SQLite took it; PostgreSQL failed with a
     store error. Now every store refuses it the same way, before anything."""
     ledger = harness.ledger()
-    store = _store(ledger)
+    store = budget_store(ledger)
     await store.open_budget(W, Budget(usd=1.0))
     hold = NewHold("h", W, "k", Spend(500_000), USD, ttl)  # type: ignore[arg-type]
     with pytest.raises(EffectLedgerValidationError) as raised:
@@ -253,7 +244,7 @@ async def test_a_hold_ttl_out_of_range_is_refused_and_stores_nothing(
 
 async def test_the_longest_hold_ttl_is_taken(harness: StoreHarness) -> None:
     assert getattr(budget_base, "MAX_HOLD_TTL_MS", None) == MAX_HOLD_TTL_MS
-    store = _store(harness.ledger())
+    store = budget_store(harness.ledger())
     await store.open_budget(W, Budget(usd=1.0))
     assert await store.reserve_budget(NewHold("h", W, "k", Spend(500_000), USD, MAX_HOLD_TTL_MS))
     await harness.age(MAX_HOLD_TTL_MS - 1_000)

@@ -28,15 +28,12 @@ from agent_ledger import (
     Usage,
 )
 from agent_ledger.budgets import Spend
+from tests.budget_helpers import price
 from tests.harness import StoreHarness
 
 W = "agent-13s"
 #: $1.00 at $1 per million tokens: the whole budget.
 WHOLE = Usage(input_tokens=500_000, output_tokens=500_000)
-
-
-def price(provider: str, model: str, usage: Usage) -> float:
-    return (usage.input_tokens + usage.output_tokens) / 1_000_000
 
 
 def _key(ledger: EffectLedger, q: str) -> str:

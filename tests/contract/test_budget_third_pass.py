@@ -28,23 +28,14 @@ from agent_ledger import (
     Usage,
 )
 from agent_ledger.budgets import Spend
-from agent_ledger.stores.budget_base import BudgetStore, NewHold, detached_key
+from agent_ledger.stores.budget_base import NewHold, detached_key
+from tests.budget_helpers import budget_store, price
 from tests.harness import StoreHarness
 
 W = "agent-13c"
 USD = frozenset({"usd_micros", "input_tokens", "output_tokens"})
 #: A run's end after every hold a test makes, on every store's clock.
 LATER = datetime(2999, 1, 1, tzinfo=UTC)
-
-
-def price(provider: str, model: str, usage: Usage) -> float:
-    return (usage.input_tokens + usage.output_tokens) / 1_000_000
-
-
-def _store(ledger: EffectLedger) -> BudgetStore:
-    store = ledger.store
-    assert isinstance(store, BudgetStore)
-    return store
 
 
 def _key(ledger: EffectLedger, q: str) -> str:
@@ -76,7 +67,7 @@ async def test_a_booking_releases_only_the_holds_made_before_its_run_finished(
     """The store step: ``finished_at`` (the booked run's end) releases the
     effect's holds made strictly before it; one made at that instant or after
     keeps its room; the caller's own hold is released whatever its time."""
-    store = _store(harness.ledger())
+    store = budget_store(harness.ledger())
     await store.open_budget(W, Budget(usd=1.0))
     usd = frozenset({"usd_micros"})
     assert await store.reserve_budget(NewHold("old", W, "k", Spend(300_000), usd, 60_000))
@@ -114,7 +105,7 @@ async def test_a_late_booking_of_a_failed_run_keeps_the_reopened_reruns_hold(
     flight). A's booking deleted every hold of the effect, B's included, and
     a third call C ($0.60) was admitted: $1.20 spent of $1.00."""
     ledger = harness.ledger()
-    store = _store(ledger)
+    store = budget_store(ledger)
     est = Usage(300_000, 300_000)  # $0.60, an upper bound: real usage == estimate
     paid: list[str] = []
     failed_once = False
@@ -178,7 +169,7 @@ async def test_a_detached_hold_takes_a_room_of_its_own(harness: StoreHarness) ->
     (the room shrinks to what is left, the hold counts on its own); a later
     hold of the effect does not join it; booking the effect leaves it; its
     own key books additively."""
-    store = _store(harness.ledger())
+    store = budget_store(harness.ledger())
     await store.open_budget(W, Budget(usd=1.0))
     usd = frozenset({"usd_micros"})
     assert await store.reserve_budget(NewHold("a", W, "k", Spend(400_000), usd, 60_000))

@@ -22,15 +22,12 @@ from agent_ledger import (
     Usage,
 )
 from agent_ledger.testing import build_ledger
+from tests.budget_helpers import price
 from tests.harness import StoreHarness
 
 W = "agent-replay-13"
 #: $0.30 at $1 per million tokens; the estimate is what each call uses.
 TURN = Usage(input_tokens=150_000, output_tokens=150_000)
-
-
-def price(provider: str, model: str, usage: Usage) -> float:
-    return (usage.input_tokens + usage.output_tokens) / 1_000_000
 
 
 class _Agent:
