@@ -26,6 +26,7 @@ from agent_ledger.replay._sources import read_export, read_store
 from agent_ledger.stores._memory_budgets import InMemoryBudgets
 from agent_ledger.stores.base import NewEffect, Store
 from agent_ledger.tools import WorkflowScope
+from agent_ledger.tools._workflow import innermost_entry
 
 if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
@@ -121,24 +122,11 @@ class Replay:
         tb: TracebackType | None,
     ) -> None:
         entered = _ENTERED.get()
-        for i in range(len(entered) - 1, -1, -1):
-            replay, token = entered[i]
-            if replay is self:
-                if i != len(entered) - 1:
-                    # Restoring what was in place before this entry would drop the
-                    # inner replay, and the inner one's exit would bring this one back.
-                    inner = ", ".join(repr(e[0]) for e in entered[i + 1 :])
-                    raise RuntimeError(
-                        f"{self!r} was exited before {inner}, entered inside it: leave "
-                        "blocks in the reverse order of entering them (as `with` and "
-                        "contextlib.ExitStack do); nothing was changed"
-                    )
-                self._scope.check_innermost()  # a workflow() block left open inside: refused
-                self._scope.__exit__(exc_type, exc, tb)
-                _ENTERED.set(entered[:i])
-                RECORDING.reset(token)
-                return
-        raise RuntimeError(f"{self!r} was exited in a context that did not enter it")
+        i = innermost_entry(entered, self)  # an inner replay left open: refused
+        self._scope.check_innermost()  # a workflow() block left open inside: refused
+        self._scope.__exit__(exc_type, exc, tb)
+        _ENTERED.set(entered[:i])
+        RECORDING.reset(entered[i][1])
 
     async def __aenter__(self) -> Replay:
         await self._recording()  # a store is read here: a wrong one fails before the code runs

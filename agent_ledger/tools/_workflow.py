@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextvars import ContextVar, Token
 from types import TracebackType
 
@@ -23,6 +24,31 @@ _ENTERED: ContextVar[tuple[tuple[WorkflowScope, Token[str | None], object | None
 def current_workflow() -> str | None:
     """The workflow id of the innermost ``ledger.workflow(...)`` around this code, or None."""
     return _CURRENT.get()
+
+
+def innermost_entry(entered: Sequence[tuple[object, ...]], block: object) -> int:
+    """Where ``block``'s latest entry is in ``entered`` (a context's stack of
+    entries, innermost last, each starting with the block); raise
+    ``RuntimeError`` (changing nothing) unless it is the innermost one.
+
+    Each entry undoes itself by restoring what was in place before it: a
+    block left before one entered inside it would restore a state that
+    still holds the inner one, and the inner one's exit would bring the
+    outer block back after both ended. So a block must be left before the
+    block around it, as ``with`` statements always are. Shared by workflow
+    scopes and replays, whose stacks are kept apart.
+    """
+    for i in range(len(entered) - 1, -1, -1):
+        if entered[i][0] is block:
+            if i != len(entered) - 1:
+                inner = ", ".join(repr(e[0]) for e in entered[i + 1 :])
+                raise RuntimeError(
+                    f"{block!r} was exited before {inner}, entered inside it: leave "
+                    "blocks in the reverse order of entering them (as `with` and "
+                    "contextlib.ExitStack do); nothing was changed"
+                )
+            return i
+    raise RuntimeError(f"{block!r} was exited in a context that did not enter it")
 
 
 class WorkflowScope:
@@ -67,26 +93,9 @@ class WorkflowScope:
 
     def check_innermost(self) -> int:
         """Where this scope's latest entry is in this context's stack; raise
-        ``RuntimeError`` (changing nothing) unless it is the innermost one.
-
-        Each entry undoes itself by restoring what was in place before it: a
-        scope left before one entered inside it would restore a state that
-        still holds the inner one, and the inner one's exit would bring the
-        outer scope back after both ended. So a block must be left before
-        the block around it, as ``with`` statements always are.
-        """
-        entered = _ENTERED.get()
-        for i in range(len(entered) - 1, -1, -1):
-            if entered[i][0] is self:
-                if i != len(entered) - 1:
-                    inner = ", ".join(repr(e[0]) for e in entered[i + 1 :])
-                    raise RuntimeError(
-                        f"{self!r} was exited before {inner}, entered inside it: leave "
-                        "blocks in the reverse order of entering them (as `with` and "
-                        "contextlib.ExitStack do); nothing was changed"
-                    )
-                return i
-        raise RuntimeError(f"{self!r} was exited in a context that did not enter it")
+        ``RuntimeError`` (changing nothing) unless it is the innermost one
+        (:func:`innermost_entry`)."""
+        return innermost_entry(_ENTERED.get(), self)
 
     async def __aenter__(self) -> WorkflowScope:
         if self.budget is not None:
