@@ -11,14 +11,15 @@ atomic and free of lock cycles is said beside it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final, LiteralString, TypeVar
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, Final, LiteralString
 
-from psycopg import AsyncConnection, sql
+from psycopg import sql
 
 from agent_ledger.budgets import Budget, BudgetState, Spend
 from agent_ledger.stores import _postgres_queries as q
+from agent_ledger.stores._postgres_tables import Connection, PostgresTables, utc
 from agent_ledger.stores.budget_base import (
     DETACHED,
     NewHold,
@@ -30,36 +31,17 @@ from agent_ledger.stores.budget_base import (
     limit_params,
 )
 
-_T = TypeVar("_T")
-Connection = AsyncConnection[Any]
 BUDGETS_TABLE: Final = "agent_ledger_budgets"
 HOLDS_TABLE: Final = "agent_ledger_budget_holds"
 CHARGES_TABLE: Final = "agent_ledger_budget_charges"
 
 
-def _when(moment: datetime) -> datetime:
-    return moment.astimezone(UTC)
-
-
 def _budget(row: tuple[Any, ...]) -> BudgetState:
-    return budget_from_row(row, _when)
+    return budget_from_row(row, utc)
 
 
-class PostgresBudgets:
+class PostgresBudgets(PostgresTables):
     """Mixed into ``PostgresStore``: the budget tables of schema version 3."""
-
-    if TYPE_CHECKING:
-        schema: str
-
-        async def _statement(
-            self,
-            operation: str,
-            work: Callable[[Connection], Awaitable[_T]],
-            tx: object | None,
-            *,
-            idem_key: str | None = None,
-            effect_id: str | None = None,
-        ) -> _T: ...
 
     @functools.cached_property
     def _budget_sql(self) -> dict[str, sql.Composed]:

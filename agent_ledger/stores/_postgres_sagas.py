@@ -8,14 +8,15 @@ caller sees the error, as for a commit.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Mapping
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final, LiteralString, TypeVar
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, Final, LiteralString
 
-from psycopg import AsyncConnection, sql
+from psycopg import sql
 
 from agent_ledger.effects import EffectError
 from agent_ledger.stores import _postgres_queries as q
+from agent_ledger.stores._postgres_tables import Connection, PostgresTables, utc
 from agent_ledger.stores.saga_base import (
     SAGA_OPEN,
     NewSaga,
@@ -31,40 +32,21 @@ from agent_ledger.stores.saga_base import (
     step_from_row,
 )
 
-_T = TypeVar("_T")
-Connection = AsyncConnection[Any]
 SAGAS_TABLE: Final = "agent_ledger_sagas"
 STEPS_TABLE: Final = "agent_ledger_saga_steps"
 _OPEN: Final = sorted(s.value for s in SAGA_OPEN)
 
 
-def _when(moment: datetime) -> datetime:
-    return moment.astimezone(UTC)
-
-
 def _saga(row: tuple[Any, ...]) -> SagaRecord:
-    return saga_from_row(row, _when)
+    return saga_from_row(row, utc)
 
 
 def _step(row: tuple[Any, ...]) -> SagaStep:
-    return step_from_row(row, _when)
+    return step_from_row(row, utc)
 
 
-class PostgresSagas:
+class PostgresSagas(PostgresTables):
     """Mixed into ``PostgresStore``: the saga tables of schema version 3."""
-
-    if TYPE_CHECKING:
-        schema: str
-
-        async def _statement(
-            self,
-            operation: str,
-            work: Callable[[Connection], Awaitable[_T]],
-            tx: object | None,
-            *,
-            idem_key: str | None = None,
-            effect_id: str | None = None,
-        ) -> _T: ...
 
     @functools.cached_property
     def _saga_sql(self) -> dict[str, sql.Composed]:

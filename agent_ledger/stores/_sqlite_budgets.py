@@ -8,12 +8,13 @@ between, in this process or another. Statements are in ``_sqlite_queries``.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterable
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
 
 from agent_ledger.budgets import Budget, BudgetState, Spend
 from agent_ledger.stores import _sqlite_queries as q
+from agent_ledger.stores._sqlite_tables import SqliteTables, from_us, to_us
 from agent_ledger.stores.budget_base import (
     DETACHED,
     UNITS,
@@ -27,20 +28,9 @@ from agent_ledger.stores.budget_base import (
     limit_params,
 )
 
-_T = TypeVar("_T")
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _when(us: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=us)
-
-
-def _to_us(moment: datetime) -> int:
-    return (moment - _EPOCH) // timedelta(microseconds=1)
-
 
 def _budget(row: tuple[Any, ...]) -> BudgetState:
-    return budget_from_row(row, _when)
+    return budget_from_row(row, from_us)
 
 
 def _limit_values(state: BudgetState) -> tuple[int | None, ...]:
@@ -88,23 +78,8 @@ def _give_back(
     return len(gone)
 
 
-class SqliteBudgets:
+class SqliteBudgets(SqliteTables):
     """Mixed into ``SqliteStore``: the budget tables of schema version 3."""
-
-    if TYPE_CHECKING:
-
-        async def _enter(self, tx: object | None) -> Any: ...
-
-        async def _run(
-            self,
-            operation: str,
-            work: Callable[[sqlite3.Connection, int], _T],
-            tx: Any,
-            *,
-            write: bool,
-            idem_key: str | None = None,
-            effect_id: str | None = None,
-        ) -> _T: ...
 
     async def open_budget(self, workflow_id: str, limits: Budget) -> BudgetState:
         await self._enter(None)
@@ -177,7 +152,7 @@ class SqliteBudgets:
             "workflow_id": workflow_id,
             "idem_key": idem_key,
             "hold_id": hold_id,
-            "finished_us": None if finished_at is None else _to_us(finished_at),
+            "finished_us": None if finished_at is None else to_us(finished_at),
             **amount_params("add", charge),
         }
 

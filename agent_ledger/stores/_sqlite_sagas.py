@@ -8,14 +8,14 @@ this process or another. Statements are in ``_sqlite_queries``.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from datetime import datetime
+from typing import Any, Final
 
 import orjson
 
 from agent_ledger.effects import EffectError
 from agent_ledger.stores import _sqlite_queries as q
+from agent_ledger.stores._sqlite_tables import SqliteTables, from_us, to_us
 from agent_ledger.stores.saga_base import (
     SAGA_OPEN,
     NewSaga,
@@ -30,40 +30,19 @@ from agent_ledger.stores.saga_base import (
     step_from_row,
 )
 
-_T = TypeVar("_T")
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _OPEN: Final = orjson.dumps(sorted(s.value for s in SAGA_OPEN)).decode()
 
 
-def _when(us: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=us)
-
-
 def _saga(row: tuple[Any, ...]) -> SagaRecord:
-    return saga_from_row(row, _when)
+    return saga_from_row(row, from_us)
 
 
 def _step(row: tuple[Any, ...]) -> SagaStep:
-    return step_from_row(row, _when)
+    return step_from_row(row, from_us)
 
 
-class SqliteSagas:
+class SqliteSagas(SqliteTables):
     """Mixed into ``SqliteStore``: the saga tables of schema version 3."""
-
-    if TYPE_CHECKING:
-
-        async def _enter(self, tx: object | None) -> Any: ...
-
-        async def _run(
-            self,
-            operation: str,
-            work: Callable[[sqlite3.Connection, int], _T],
-            tx: Any,
-            *,
-            write: bool,
-            idem_key: str | None = None,
-            effect_id: str | None = None,
-        ) -> _T: ...
 
     async def begin_saga(self, new: NewSaga) -> SagaBegin:
         await self._enter(None)
@@ -191,7 +170,7 @@ class SqliteSagas:
         check_saga_limit(limit)
         await self._enter(None)
         params: dict[str, object] = {
-            "after_us": None if after is None else (after[0] - _EPOCH) // timedelta(microseconds=1),
+            "after_us": None if after is None else to_us(after[0]),
             "after_id": None if after is None else after[1],
             "limit": limit,
         }

@@ -28,7 +28,7 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import asynccontextmanager, contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from importlib import resources
 from typing import Any, Final, LiteralString, TypeVar
 
@@ -77,6 +77,7 @@ from agent_ledger.stores._params import (
 )
 from agent_ledger.stores._postgres_budgets import PostgresBudgets
 from agent_ledger.stores._postgres_sagas import PostgresSagas
+from agent_ledger.stores._postgres_tables import utc
 from agent_ledger.stores._rows import (
     EFFECT_WIDTH,
     STATUS_BY_VALUE,
@@ -136,12 +137,7 @@ Connection = AsyncConnection[Any]
 
 
 def _effect_from_row(row: tuple[Any, ...]) -> Effect:
-    return effect_from_row(row, _utc)
-
-
-def _utc(moment: datetime) -> datetime:
-    # psycopg returns timestamptz in the session's TimeZone; receipts are UTC.
-    return moment if moment.tzinfo is UTC else moment.astimezone(UTC)
+    return effect_from_row(row, utc)
 
 
 def _error_json(error: EffectError | None) -> str | None:

@@ -32,7 +32,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from importlib import resources
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
@@ -71,6 +71,7 @@ from agent_ledger.stores._params import (
 from agent_ledger.stores._rows import STATUS_BY_VALUE, effect_from_row, stats_from_groups
 from agent_ledger.stores._sqlite_budgets import SqliteBudgets
 from agent_ledger.stores._sqlite_sagas import SqliteSagas
+from agent_ledger.stores._sqlite_tables import from_us, to_us
 from agent_ledger.stores._subscriptions import Registration, Subscribers
 from agent_ledger.stores._transactions import (
     LEASE_PAUSE_AFTER_MS,
@@ -206,20 +207,11 @@ def _statements(script: str) -> Iterator[str]:
 _T = TypeVar("_T")
 _PROCESSING: Final = EffectStatus.PROCESSING.value
 _STATUS_BY_VALUE: Final = STATUS_BY_VALUE
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _STATUS: Final = ROW_COLUMNS.index("status")
 #: A duplicate of an effect in one of these is only read by begin, and counted later.
 _FINISHED: Final = frozenset(s.value for s in TERMINAL)
 #: A flush of duplicate counts waits at most this long for the write lock.
 _FLUSH_BUSY_TIMEOUT_MS: Final = 100
-
-
-def _to_us(moment: datetime) -> int:
-    return (moment - _EPOCH) // timedelta(microseconds=1)
-
-
-def _from_us(us: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=us)
 
 
 def _error_columns(error: EffectError | None) -> dict[str, object]:
@@ -236,11 +228,11 @@ def _status_array(statuses: Iterable[EffectStatus]) -> str:
     return orjson.dumps(sorted(s.value for s in statuses)).decode()
 
 
-_DIALECT: Final = Dialect(statuses=_status_array, error=_error_columns, moment=_to_us)
+_DIALECT: Final = Dialect(statuses=_status_array, error=_error_columns, moment=to_us)
 
 
 def _effect_from_row(row: tuple[Any, ...]) -> Effect:
-    return effect_from_row(row, _from_us)
+    return effect_from_row(row, from_us)
 
 
 class SqliteTransaction(TransactionHandle):
@@ -433,10 +425,10 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
         def job() -> _T:
             with self._errors(operation, idem_key=idem_key, effect_id=effect_id):
                 if tx is not None or not write:
-                    return work(self._conn, _to_us(self._clock()))
+                    return work(self._conn, to_us(self._clock()))
                 self._conn.execute(q.TX_BEGIN)
                 try:
-                    result = work(self._conn, _to_us(self._clock()))
+                    result = work(self._conn, to_us(self._clock()))
                     self._conn.execute(q.TX_COMMIT)
                 except BaseException:
                     # A failed COMMIT too: it leaves the transaction open, and
@@ -477,7 +469,7 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
             conn.execute(q.TX_BEGIN)
             try:
                 # The clock under the write lock, as every writing step reads it.
-                outcome = insert_or_get(conn, _to_us(clock()))
+                outcome = insert_or_get(conn, to_us(clock()))
                 conn.execute(q.TX_COMMIT)
             except BaseException:
                 _roll_back(conn)
@@ -589,7 +581,7 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
         params = record_try_params(effect_id, attempt=attempt, error=error, error_type=error_type)
 
         def work(conn: sqlite3.Connection, now: int) -> bool:
-            params["now"], params["at"] = now, _from_us(now).isoformat()
+            params["now"], params["at"] = now, from_us(now).isoformat()
             return bool(conn.execute(q.RECORD_TRY, params).rowcount == 1)
 
         return await self._run("record_try", work, None, write=True, effect_id=effect_id)
@@ -649,7 +641,7 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
         started = self._counts.epoch
 
         def work(conn: sqlite3.Connection, now: int) -> tuple[Any, ...] | None:
-            params["now"], params["at"] = now, _from_us(now).isoformat()
+            params["now"], params["at"] = now, from_us(now).isoformat()
             if conn.execute(q.REOPEN, params).rowcount != 1:
                 return None
             row: tuple[Any, ...] = conn.execute(q.FIND, (idem_key,)).fetchone()
@@ -681,7 +673,7 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
         started = self._counts.epoch
 
         def work(conn: sqlite3.Connection, now: int) -> tuple[tuple[Any, ...] | None, bool]:
-            params["now"], params["at"] = now, _from_us(now).isoformat()
+            params["now"], params["at"] = now, from_us(now).isoformat()
             parked = conn.execute(q.PARK, params).rowcount == 1
             return conn.execute(q.FIND, (idem_key,)).fetchone(), parked
 
@@ -718,7 +710,7 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
         started = self._counts.epoch
 
         def work(conn: sqlite3.Connection, now: int) -> tuple[Any, ...] | None:
-            params["now"], params["at"] = now, _from_us(now).isoformat()
+            params["now"], params["at"] = now, from_us(now).isoformat()
             if conn.execute(q.SETTLE, params).rowcount != 1:
                 return None
             row: tuple[Any, ...] = conn.execute(q.FIND, (idem_key,)).fetchone()
@@ -947,7 +939,7 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
                 # paused: no other process can claim in between.
                 try:
                     conn.execute(q.TX_UNDO_BLOCK)
-                    _pause_leases(conn, tx.opened_us, _to_us(self._clock()))
+                    _pause_leases(conn, tx.opened_us, to_us(self._clock()))
                     conn.execute(q.TX_COMMIT)
                     return
                 except sqlite3.Error:
