@@ -34,6 +34,7 @@ from agent_ledger.stores.base import ClaimOutcome
 from agent_ledger.testing import FaultyStore
 from tests.approvals import PARK, make_parked
 from tests.harness import StoreHarness
+from tests.sagas.conftest import owner_dies
 
 S = EffectStatus
 CHARGE = ToolCall(workflow_id="order-7", tool="payments.charge", args={"cents": 500})
@@ -288,9 +289,7 @@ async def test_a_recovery_pass_waits_politely_when_the_store_refuses_the_park() 
 
     running = asyncio.create_task(saga_code())
     await started.wait()
-    assert saga._heartbeat is not None
-    await saga._heartbeat.stop()
-    owner._engine._heartbeats._running.clear()  # the owner is gone: no more heartbeats
+    await owner_dies(saga, owner)
     clock.advance(ms=1_500)  # the saga is abandoned; pay's lease is not out by the store's clock
     ticks = 0
 

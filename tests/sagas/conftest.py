@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_ledger import Effect, EffectLedger, RetryPolicy
+from agent_ledger.sagas._saga import Saga
 from agent_ledger.tools import Tool
 
 FAST_RETRY = RetryPolicy(on=Exception, attempts=3, initial_ms=1, max_ms=5, jitter=0)
@@ -65,3 +66,11 @@ def shop_of(ledger: EffectLedger, *names: str, **options: Any) -> Shop:
 
 def only(log: list[str], keep: Callable[[str], bool]) -> list[str]:
     return [entry for entry in log if keep(entry)]
+
+
+async def owner_dies(saga: Saga, ledger: EffectLedger) -> None:
+    """The saga's owner process dies without a sound: its saga stops heartbeating,
+    and so do the effects its ledger holds (a handler stalled in it stays stalled)."""
+    assert saga._heartbeat is not None
+    await saga._heartbeat.stop()
+    ledger._engine._heartbeats._running.clear()

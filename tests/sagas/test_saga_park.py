@@ -14,7 +14,7 @@ from agent_ledger.sagas._outcome import read_outcome
 from agent_ledger.sagas._report import render_saga, sagas_table
 from agent_ledger.sagas._saga import saga_store
 from tests.harness import StoreHarness
-from tests.sagas.conftest import shop_of
+from tests.sagas.conftest import owner_dies, shop_of
 
 
 @pytest.mark.parametrize("decision", ["resolve", "deny"])
@@ -165,9 +165,7 @@ async def test_a_recovery_pass_reports_a_parked_step_and_moves_on(harness: Store
     assert await store.finish_saga(
         "order-11", attempt=1, expect=SagaStatus.RUNNING, then=SagaStatus.COMPENSATING, error=None
     )
-    assert saga._heartbeat is not None
-    await saga._heartbeat.stop()  # the owner dies, its handler stalled for good:
-    ledger._engine._heartbeats._running.clear()  # no more heartbeats for it either
+    await owner_dies(saga, ledger)  # its handler stalled for good
     await harness.age(5_000)
     (parked,) = await ledger.park_stale()
 
@@ -219,9 +217,7 @@ async def _rollback_stalled_in_refund(
     stuck = asyncio.create_task(saga_code())
     if refund_options.get("on_stale") == "park":
         await refund_started.wait()
-        assert saga._heartbeat is not None
-        await saga._heartbeat.stop()  # the owner dies mid-refund:
-        ledger._engine._heartbeats._running.clear()  # no heartbeats for the refund either
+        await owner_dies(saga, ledger)  # mid-refund
         await harness.age(5_000)
         (parked,) = await ledger.park_stale()
         assert parked.tool == "refund"
