@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
+from typing import Any, Final, Generic, Literal, NamedTuple, TypeAlias, TypeVar
 
 import orjson
 
@@ -465,6 +465,30 @@ def handler_time(effect: Effect, now: datetime) -> timedelta | None:
     if effect.status in RUN_ENDS and effect.completed_at is not None:
         return effect.completed_at - started
     return None
+
+
+#: Built-in default for ``StaleOptions.after_ms``, the lease an effect's holder
+#: gets (see ``StaleOptions``). Here, beside ``NewEffect``, which records it:
+#: ``agent_ledger.options`` hands it on.
+DEFAULT_STALE_AFTER_MS: Final = 15_000
+
+
+class NewEffect(NamedTuple):
+    """What ``begin`` inserts when the key is new."""
+
+    idem_key: str
+    workflow_id: str
+    call_id: str | None
+    tool: str
+    args_canonical: str
+    resource_id_canonical: str | None
+    #: Insert it waiting for a person (``requires_approval``) instead of
+    #: ``processing``: one atomic step, so no crash, error or cancellation
+    #: between two steps can leave an approval-gated effect claimable.
+    requires_approval: bool = False
+    #: The creator's lease in ms (its stale window; 0: never taken over),
+    #: recorded with the effect so that others judge staleness by it.
+    lease_ms: int = DEFAULT_STALE_AFTER_MS
 
 
 @dataclass(frozen=True, slots=True)

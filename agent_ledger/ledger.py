@@ -14,11 +14,12 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
 from agent_ledger.audit import Audit, EffectPage
 from agent_ledger.background import BackgroundLoop, LoopClosing, run_blocking
 from agent_ledger.calls import ToolCall
+from agent_ledger.context import RECORDING, Recording, recording
 from agent_ledger.decisions import NO_RESULT, Decisions
 from agent_ledger.effects import BeginResult, CommitOutcome, Effect, EffectError, JSONValue
 from agent_ledger.engine import Acquired, Engine, Prepared
@@ -33,7 +34,7 @@ from agent_ledger.legacy.keys import legacy_mismatched_args
 from agent_ledger.observability import span
 from agent_ledger.options import EffectLedgerOptions, LedgerHooks, RunOptions
 from agent_ledger.status import TERMINAL, EffectStatus
-from agent_ledger.stores.base import Held, LedgerStats, NewEffect, Store
+from agent_ledger.stores.base import Held, LedgerStats, Store
 
 if TYPE_CHECKING:
     from os import PathLike
@@ -51,45 +52,11 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 
-class Recording(Protocol):
-    """What answers calls instead of the engine, for one ledger (``ledger.replay()``).
-
-    The replay layer (``agent_ledger.replay``, above this one) puts one in
-    ``RECORDING`` for the block it opens. ``run()`` and ``begin()`` ask it,
-    after the call is checked and its key made and before anything is
-    stored: the engine never knows.
-    """
-
-    ledger: EffectLedger
-
-    async def answer(self, new: NewEffect, legacy_key: str | None = None) -> Effect | None:
-        """The finished effect to answer ``new`` from; None to run it as usual.
-
-        ``legacy_key``: the call's 0.2.x key (``legacy_keys=True``), which the
-        recorded run may have been answered under (an imported effect).
-        Raises to refuse the call (``UnrecordedEffectError``) before anything runs.
-        """
-        ...
-
-    async def recorded(self, idem_key: str) -> Effect | None:
-        """The finished effect recorded under ``idem_key``, or None: for layers that read
-        an effect's receipt rather than call it (a saga settling a step to undo)."""
-        ...
-
-
-#: The recording answering this context's calls, or None (almost always):
-#: reading it is all a call pays for replay. asyncio copies it into tasks
-#: started inside the block, as with ``ledger.workflow()``.
-RECORDING: contextvars.ContextVar[Recording | None] = contextvars.ContextVar(
-    "agent_ledger_recording", default=None
-)
-
-
-async def _from_recording(recording: Recording, prepared: Prepared) -> Effect | None:
+async def _from_recording(answering: Recording, prepared: Prepared) -> Effect | None:
     """The recorded effect answering a call, checked as the engine checks one it finds:
     a call that differs in its ``validate_keys`` args gets ``EffectPayloadMismatchError``,
     never the outcome of a request it did not make."""
-    recorded = await recording.answer(prepared.new, prepared.legacy_key)
+    recorded = await answering.answer(prepared.new, prepared.legacy_key)
     if recorded is not None and prepared.validate_keys is not None:
         if recorded.idem_key == prepared.new.idem_key:
             differ = mismatched_args(
@@ -455,9 +422,9 @@ class EffectLedger:
         if loop is not self._loop:
             self._enter(loop)
         prepared = self._engine.prepare(call, run_options, hooks)
-        recording = RECORDING.get()
-        if recording is not None and recording.ledger is self:
-            recorded = await _from_recording(recording, prepared)
+        answering = recording()
+        if answering is not None and answering.ledger is self:
+            recorded = await _from_recording(answering, prepared)
             if recorded is not None:
                 # Shared: one recorded result answers every call with its key.
                 return recorded_outcome(Acquired(recorded, owned=False, shared=True))
@@ -487,9 +454,9 @@ class EffectLedger:
         if loop is not self._loop:
             self._enter(loop)
         prepared = self._engine.prepare(call, run_options, hooks)
-        recording = RECORDING.get()
-        if recording is not None and recording.ledger is self:
-            recorded = await _from_recording(recording, prepared)
+        answering = recording()
+        if answering is not None and answering.ledger is self:
+            recorded = await _from_recording(answering, prepared)
             if recorded is not None:
                 outcome = recorded_outcome(Acquired(recorded, owned=False, shared=True))
                 return BeginResult(

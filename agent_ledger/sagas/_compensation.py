@@ -39,7 +39,6 @@ stays ``compensating`` for a later pass (or re-run) to finish.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import inspect
 import time
 from collections.abc import Iterable
@@ -48,6 +47,7 @@ from typing import Final
 
 from agent_ledger.backoff import Backoff
 from agent_ledger.calls import ToolCall
+from agent_ledger.context import recording, set_step_runner, suspend_budgets, waits_for_parked
 from agent_ledger.decisions import ambiguous_error
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import (
@@ -55,15 +55,13 @@ from agent_ledger.errors import (
     EffectLedgerValidationError,
     EffectStoreError,
 )
-from agent_ledger.ledger import RECORDING, EffectLedger
+from agent_ledger.ledger import EffectLedger
 from agent_ledger.options import UNSET, RunOptions, merge_run_options
 from agent_ledger.retries import RetryPolicy
 from agent_ledger.sagas._errors import SagaStepParked, SagaStepUnsettled
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores.base import ClaimOutcome, Decision, NewEffect
 from agent_ledger.stores.saga_base import SagaStep
-from agent_ledger.tools._budget import suspend_budgets
-from agent_ledger.tools._steps import STEP_RUNNER
 
 #: A compensation tool registered without a retry policy gets this one: a few
 #: tries with backoff, since an undo that gives up leaves money taken.
@@ -134,14 +132,6 @@ def check_compensation_tool(ledger: EffectLedger, tool_name: str, name: str) -> 
         )
 
 
-#: Whether an undo waits for a step parked for a person (the saga's own code,
-#: whose caller waits anyway) or stops with ``SagaStepParked`` (a recovery
-#: pass, which other sagas wait for). Set by the recovery pass.
-WAIT_FOR_PARKED: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "agent_ledger_saga_wait_for_parked", default=True
-)
-
-
 async def compensate(
     ledger: EffectLedger,
     saga_id: str,
@@ -178,7 +168,7 @@ async def _undo(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Undo:
     # Its own task (gather): the step runner is cleared in its copy of the
     # context only. A tool the compensation calls is an ordinary effect, not
     # a step of the saga being undone (whose block has ended).
-    STEP_RUNNER.set(None)
+    set_step_runner(None)
     # An undo, and every tool or model call it makes, is never refused for
     # lack of budget: the saga's budget stays in the context it inherited.
     suspend_budgets()
@@ -189,7 +179,7 @@ async def _undo(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Undo:
     options, hooks = tool.run_settings
     if options is None or options.retry is UNSET:
         options = merge_run_options(options or RunOptions(), RunOptions(retry=COMPENSATION_RETRY))
-    if not WAIT_FOR_PARKED.get():
+    if not waits_for_parked():
         # A recovery pass: an undo waiting for a person (parked, or sent to
         # one by its tool's approval policy) stops this saga, not the pass.
         options = merge_run_options(options, RunOptions(wait_for_approval=False))
@@ -233,9 +223,9 @@ async def settle(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Effect |
     the step was answered from the recording, so the ledger's store has no
     receipt of it, and the undo is answered from the recording in turn.
     """
-    recording = RECORDING.get()
-    if recording is not None and recording.ledger is ledger:
-        recorded = await recording.recorded(step.idem_key)
+    answering = recording()
+    if answering is not None and answering.ledger is ledger:
+        recorded = await answering.recorded(step.idem_key)
         if recorded is not None:
             return recorded
     attempt = 0
@@ -251,7 +241,7 @@ async def settle(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Effect |
             # (resolve: undo it; deny: nothing to undo; approve: it is canceled
             # below). The saga's own code waits for them, as its step's callers
             # do; a recovery pass does not (other sagas wait for it).
-            if not WAIT_FOR_PARKED.get():
+            if not waits_for_parked():
                 raise SagaStepParked(saga_id, step)
             await asyncio.sleep(_POLL.delay(min(attempt, 10)))
             attempt += 1

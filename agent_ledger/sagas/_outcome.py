@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from agent_ledger.context import recording
 from agent_ledger.effects import Effect, EffectError
-from agent_ledger.ledger import RECORDING, EffectLedger
+from agent_ledger.ledger import EffectLedger
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores.saga_base import SagaRecord, SagaStatus, SagaStep, SagaStore
 
@@ -86,9 +87,9 @@ class SagaOutcome:
 async def _effect(ledger: EffectLedger, idem_key: str) -> Effect | None:
     """The effect under ``idem_key``: the recorded one in a replay of this ledger
     (if the recording has it finished), else the ledger's own."""
-    recording = RECORDING.get()
-    if recording is not None and recording.ledger is ledger:
-        recorded = await recording.recorded(idem_key)
+    answering = recording()
+    if answering is not None and answering.ledger is ledger:
+        recorded = await answering.recorded(idem_key)
         if recorded is not None:
             return recorded
     return await ledger.find_by_idem_key(idem_key)

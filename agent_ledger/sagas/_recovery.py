@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from agent_ledger.context import not_waiting_for_parked
 from agent_ledger.effects import EffectError
 from agent_ledger.errors import EffectLedgerError
 from agent_ledger.observability import logger
-from agent_ledger.sagas._compensation import WAIT_FOR_PARKED, check_compensation_tool
+from agent_ledger.sagas._compensation import check_compensation_tool
 from agent_ledger.sagas._outcome import SagaOutcome
 from agent_ledger.sagas._saga import (
     Heartbeat,
@@ -179,9 +180,8 @@ async def _finish(ledger: EffectLedger, store: SagaStore, saga: SagaRecord) -> S
     heartbeat = Heartbeat(store, saga.saga_id, saga.attempt, saga.lease_ms)
     # A step parked for a person stops this saga's undo (reported in errors)
     # instead of holding up the pass until someone settles it.
-    waiting = WAIT_FOR_PARKED.set(False)
     try:
-        return await finish_compensation(ledger, store, saga)
+        with not_waiting_for_parked():
+            return await finish_compensation(ledger, store, saga)
     finally:
-        WAIT_FOR_PARKED.reset(waiting)
         await heartbeat.stop()

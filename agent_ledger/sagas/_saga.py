@@ -24,6 +24,12 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 from agent_ledger.calls import ToolCall
+from agent_ledger.context import (
+    reserve_step,
+    reserved_step,
+    set_step_runner,
+    take_reserved_step,
+)
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import (
     EffectFailedError,
@@ -60,7 +66,6 @@ from agent_ledger.stores.saga_base import (
 )
 from agent_ledger.tools import Tool
 from agent_ledger.tools._budget import BudgetScope
-from agent_ledger.tools._steps import STEP_RUNNER
 from agent_ledger.tools._workflow import WorkflowScope
 
 if TYPE_CHECKING:
@@ -71,10 +76,6 @@ __all__ = ["Saga", "default_owner", "finish_compensation", "saga_store"]
 
 _G = SagaStatus
 _R = TypeVar("_R")
-#: A position reserved by ``saga.start()`` for the task it starts: (saga, position, group).
-_RESERVED: contextvars.ContextVar[tuple[Saga, int, int] | None] = contextvars.ContextVar(
-    "agent_ledger_saga_reserved", default=None
-)
 _WAITING: Final = frozenset({EffectStatus.REQUIRES_APPROVAL, EffectStatus.READY})
 #: The error a saga records when the task running it was cancelled; the saga
 #: then ends ``canceled``. Recognised by the whole error, never by its code
@@ -327,7 +328,7 @@ class Saga:
         if not self._replay_only:
             self._heartbeat = Heartbeat(self._store, self.saga_id, saga.attempt, saga.lease_ms)
         self._scope.__enter__()
-        self._tokens.append(STEP_RUNNER.set(self))
+        self._tokens.append(set_step_runner(self))
         return self
 
     async def _begin(self) -> SagaRecord:
@@ -403,9 +404,9 @@ class Saga:
     ) -> object:
         """A tool call inside the block: record it at its position, then run it."""
         self._check_workflow(tool, call)
-        reserved = _RESERVED.get()
+        reserved = reserved_step()
         if reserved is not None and reserved[0] is self:
-            _RESERVED.set(None)  # this task's own context: one call per start()
+            take_reserved_step()  # this task's own context: one call per start()
             position, group = reserved[1], reserved[2]
         else:
             if self._closed:
@@ -426,7 +427,7 @@ class Saga:
         # A tool its handler calls is an ordinary effect, not a step: a replay
         # answers this step from its receipt without running the handler, so
         # such a call would not be made again and the positions would shift.
-        token = STEP_RUNNER.set(None)
+        token = set_step_runner(None)
         try:
             return await self.ledger.run(call, handler, run_options, hooks=hooks)
         except UnrecordedEffectError:
@@ -438,7 +439,7 @@ class Saga:
             self.step_failures.append((position, exc))
             return None
         finally:
-            STEP_RUNNER.reset(token)
+            token.var.reset(token)
 
     async def _note_failed_step(self, exc: Exception, key: str) -> None:
         """Remember the error the step's effect recorded, if it ended failed.
@@ -553,7 +554,7 @@ class Saga:
             raise
         position, group = self._place()
         context = contextvars.copy_context()
-        context.run(_RESERVED.set, (self, position, group))
+        context.run(reserve_step, self, position, group)
         task = asyncio.create_task(step, context=context)
         self._tasks.append((task, position))
         return task

@@ -96,7 +96,6 @@ check_schema    yes     A read.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -104,9 +103,11 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Final, NamedTuple, Protocol, runtime_checkable
 
+from agent_ledger.context import StepProgress as StepProgress  # its home: the context
+from agent_ledger.context import step_progress
 from agent_ledger.effects import Effect, EffectError
+from agent_ledger.effects import NewEffect as NewEffect  # its home; kept importable here
 from agent_ledger.errors import EffectLedgerValidationError
-from agent_ledger.options import DEFAULT_STALE_AFTER_MS
 from agent_ledger.status import (
     COMPLETIONS,
     DECISION_TARGETS,
@@ -146,24 +147,6 @@ STEP_REPEATABLE: Final[Mapping[str, bool]] = MappingProxyType(
 REPEATABLE_STEPS: Final[frozenset[str]] = frozenset(
     step for step, repeatable in STEP_REPEATABLE.items() if repeatable
 )
-
-
-class NewEffect(NamedTuple):
-    """What ``begin`` inserts when the key is new."""
-
-    idem_key: str
-    workflow_id: str
-    call_id: str | None
-    tool: str
-    args_canonical: str
-    resource_id_canonical: str | None
-    #: Insert it waiting for a person (``requires_approval``) instead of
-    #: ``processing``: one atomic step, so no crash, error or cancellation
-    #: between two steps can leave an approval-gated effect claimable.
-    requires_approval: bool = False
-    #: The creator's lease in ms (its stale window; 0: never taken over),
-    #: recorded with the effect so that others judge staleness by it.
-    lease_ms: int = DEFAULT_STALE_AFTER_MS
 
 
 class BeginOutcome(NamedTuple):
@@ -282,37 +265,11 @@ class Subscription(Protocol):
         ...
 
 
-class StepProgress:
-    """Whether a store step is still waiting before doing any work.
-
-    A caller that gives up (is cancelled) while a step that may make it an
-    effect's owner is in flight must wait for that step to end: it cannot
-    tell whether the store applied it (``engine.ownership``). A step that
-    first waits for another task's open transaction (MemoryStore's and
-    SqliteStore's gate) has done nothing yet, and cancelling it there changes
-    nothing stored: it says so through :func:`waiting_before_work`, and the
-    caller may then cancel it instead of waiting out someone else's
-    transaction.
-    """
-
-    __slots__ = ("waiting",)
-
-    def __init__(self) -> None:
-        self.waiting = False
-
-
-#: The progress of the step the caller is starting (set by the engine around a
-#: step it may abandon; None otherwise).
-STEP_PROGRESS: contextvars.ContextVar[StepProgress | None] = contextvars.ContextVar(
-    "agent_ledger_step_progress", default=None
-)
-
-
 @contextlib.contextmanager
 def waiting_before_work() -> Iterator[None]:
     """For a store: wrap a wait that comes before the step does anything (a
     cancellation there leaves the store as it was)."""
-    progress = STEP_PROGRESS.get()
+    progress = step_progress()
     if progress is None:
         yield
         return

@@ -41,10 +41,10 @@ import logging
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from agent_ledger.budgets import Budget, BudgetState, Spend, usd_to_micros
+from agent_ledger.context import budget_scopes, budgets_gated, recording
 from agent_ledger.effects import Effect
 from agent_ledger.errors import (
     BudgetExceededError,
@@ -64,7 +64,6 @@ __all__ = [
     "gate",
     "llm_charge",
     "open_budgets",
-    "suspend_budgets",
     "tool_charge",
 ]
 
@@ -78,20 +77,14 @@ DEFAULT_HOLD_TTL_MS: Final = 15 * 60 * 1000
 TOOL_UNITS: Final = frozenset({"tool_calls"})
 LLM_UNITS: Final = frozenset({"usd_micros", "input_tokens", "output_tokens"})
 
-_BUDGETS: ContextVar[tuple[BudgetScope, ...]] = ContextVar("agent_ledger_budgets", default=())
-#: False inside a saga's compensations: an undo, and whatever it calls, is never refused.
-_GATED: ContextVar[bool] = ContextVar("agent_ledger_budgets_gated", default=True)
-
 
 def _simulated(ledger: EffectLedger) -> BudgetStore | None:
     """Inside ``ledger.replay()``: the replay's own budgets (``Replay.budgets``),
     which simulate the recorded run's and store nothing; else None."""
-    from agent_ledger.ledger import RECORDING  # here: the ledger module imports this one
-
-    recording = RECORDING.get()
-    if recording is None or recording.ledger is not ledger:
+    answering = recording()
+    if answering is None or answering.ledger is not ledger:
         return None
-    simulated = getattr(recording, "budgets", None)
+    simulated = getattr(answering, "budgets", None)
     return simulated if isinstance(simulated, BudgetStore) else None
 
 
@@ -181,20 +174,6 @@ class BudgetScope:
         return f"BudgetScope({self.workflow_id!r}, {self.budget!r})"
 
 
-def push(scope: BudgetScope) -> object:
-    """Make ``scope`` the innermost budget of this context; the token to undo it."""
-    return _BUDGETS.set((*_BUDGETS.get(), scope))
-
-
-def pop(token: object) -> None:
-    _BUDGETS.reset(token)  # type: ignore[arg-type]  # the token push() returned
-
-
-def suspend_budgets() -> None:
-    """No budget applies from here on in this context (a compensation's task)."""
-    _GATED.set(False)
-
-
 def active_budgets(ledger: EffectLedger) -> tuple[BudgetScope, ...]:
     """The budgets in scope for ``ledger``'s calls, outermost first, one per workflow id.
 
@@ -202,12 +181,13 @@ def active_budgets(ledger: EffectLedger) -> tuple[BudgetScope, ...]:
     is one budget: reserving on it twice would count the call twice. The
     scope that was given its budget wins over one that looks it up.
     """
-    scopes = _BUDGETS.get()
-    if not scopes or not _GATED.get():
+    scopes = budget_scopes()
+    if not scopes or not budgets_gated():
         return ()
     chosen: dict[str, BudgetScope] = {}
     for scope in scopes:
-        if scope.ledger is not ledger:
+        # Only this layer enters budget scopes (a workflow's or a saga's).
+        if not isinstance(scope, BudgetScope) or scope.ledger is not ledger:
             continue
         seen = chosen.get(scope.workflow_id)
         if seen is None or (scope.given and not seen.given):
@@ -361,11 +341,9 @@ async def _finished(ledger: EffectLedger, idem_key: str) -> Effect | None:
     on the replay's simulated budgets)."""
     effect = await ledger.find_by_idem_key(idem_key)
     if effect is None and _simulated(ledger) is not None:
-        from agent_ledger.ledger import RECORDING
-
-        recording = RECORDING.get()
-        assert recording is not None  # _simulated found it
-        effect = await recording.recorded(idem_key)
+        answering = recording()
+        assert answering is not None  # _simulated found it
+        effect = await answering.recorded(idem_key)
     return effect if effect is not None and effect.status.is_terminal else None
 
 

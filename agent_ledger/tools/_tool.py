@@ -28,14 +28,14 @@ from typing import (
 
 from agent_ledger.budgets import Spend
 from agent_ledger.calls import ToolCall
+from agent_ledger.context import budget_scopes, current_workflow
 from agent_ledger.effects import Effect
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.keys import canonical_json
 from agent_ledger.options import UNSET, LedgerHooks, OnStale, RunOptions, merge_run_options
 from agent_ledger.retries import RetryPolicy
-from agent_ledger.tools._budget import _BUDGETS, TOOL_UNITS, gate, open_budgets, tool_charge
-from agent_ledger.tools._steps import STEP_RUNNER
-from agent_ledger.tools._workflow import _CURRENT
+from agent_ledger.tools._budget import TOOL_UNITS, gate, open_budgets, tool_charge
+from agent_ledger.tools._steps import step_runner
 
 if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
@@ -224,7 +224,7 @@ class Tool(Generic[R_co]):
         return self._tool_call(self._bind(args, kwargs))
 
     def _tool_call(self, values: dict[str, object], call_id: str | None = None) -> ToolCall:
-        workflow_id = self.workflow_id or _CURRENT.get()
+        workflow_id = self.workflow_id or current_workflow()
         if workflow_id is None:
             raise EffectLedgerValidationError(
                 f"tool {self.name!r} was called outside a workflow, so it has no key. "
@@ -244,10 +244,10 @@ class Tool(Generic[R_co]):
     async def __call__(self, *args: object, **kwargs: object) -> R_co:
         values = self._bind(args, kwargs)
         call = self._tool_call(values)
-        if _BUDGETS.get():
+        if budget_scopes():
             return await self._budgeted(call, values, self._run_options)
-        runner = STEP_RUNNER.get()
-        if runner is not None and runner.ledger is self.ledger:
+        runner = step_runner(self.ledger)
+        if runner is not None:
             step = runner.run_step(
                 self, call, self._make_handler(values), self._run_options, self._hooks
             )
@@ -264,10 +264,10 @@ class Tool(Generic[R_co]):
         """The call under the budgets in scope: one tool call reserved before it runs
         (``BudgetExceededError`` if it does not fit), booked once if it executes."""
         handler = self._make_handler(values)
-        runner = STEP_RUNNER.get()
+        runner = step_runner(self.ledger)
 
         async def run() -> object:
-            if runner is not None and runner.ledger is self.ledger:
+            if runner is not None:
                 return await runner.run_step(self, call, handler, options, self._hooks)
             return await self.ledger.run(call, handler, options, hooks=self._hooks)
 
@@ -352,10 +352,10 @@ class Tool(Generic[R_co]):
         options = self._run_options
         if run_options is not None:
             options = merge_run_options(options or RunOptions(), run_options)
-        if _BUDGETS.get():
+        if budget_scopes():
             return await self._budgeted(call, values, options)
-        runner = STEP_RUNNER.get()
-        if runner is not None and runner.ledger is self.ledger:
+        runner = step_runner(self.ledger)
+        if runner is not None:
             step = runner.run_step(self, call, self._make_handler(values), options, self._hooks)
             return cast(R_co, await step)
         result = await self.ledger.run(call, self._make_handler(values), options, hooks=self._hooks)
