@@ -290,7 +290,7 @@ async def cmd_budget(ctx: Context) -> int:
 
 
 async def cmd_sagas(ctx: Context) -> int:
-    from agent_ledger.sagas._cli import sagas_command
+    from agent_ledger.saga_commands import sagas_command
 
     return await sagas_command(ctx.ledger, ctx.args, ctx.out.line, ctx.out.json)
 
@@ -834,7 +834,7 @@ def build_parser() -> argparse.ArgumentParser:
         "whose shipping step fails and is rolled back (default: both)",
     )  # fmt: skip
     sub = command("sagas", cmd_sagas, "sagas: list them, show one's steps, recover stuck ones")
-    from agent_ledger.sagas._cli import add_arguments
+    from agent_ledger.saga_commands import add_arguments
 
     add_arguments(sub)
     sub = command("list", cmd_list, "effects, newest first")

@@ -151,7 +151,7 @@ def suspend_budgets() -> None:
 # -- sagas: the step runner, reserved positions, waiting for people ------------------
 
 #: What runs a tool call made here as a step (a saga, above the tools layer,
-#: which reads it through ``tools._steps.step_runner``); None outside sagas.
+#: which reads it through ``tools._tool.step_runner``); None outside sagas.
 _STEP_RUNNER: ContextVar[object | None] = ContextVar("agent_ledger_step_runner", default=None)
 #: A position reserved by ``saga.start()`` for the task it starts: (saga, position, group).
 _RESERVED: ContextVar[tuple[object, int, int] | None] = ContextVar(

@@ -49,7 +49,7 @@ except ImportError as exc:  # pragma: no cover - every adapter extra brings pyda
     ) from exc
 
 if TYPE_CHECKING:
-    from agent_ledger.ledger import EffectLedger
+    from agent_ledger.tools import ToolLedger
 
 __all__ = [
     "find_model_tool",
@@ -85,7 +85,7 @@ def model_name(tool: Tool[Any]) -> str:
     return name
 
 
-def find_model_tool(ledger: EffectLedger, name: object) -> Tool[Any]:
+def find_model_tool(ledger: ToolLedger, name: object) -> Tool[Any]:
     """The tool a model means by ``name``: the one whose model name it is.
 
     A name no tool is described as (``payments.charge``: the API would not
@@ -134,9 +134,7 @@ def _safe_model_name(tool: Tool[Any]) -> str | None:
     return name
 
 
-def selected_tools(
-    ledger: EffectLedger, tools: Iterable[Tool[Any] | str] | None
-) -> list[Tool[Any]]:
+def selected_tools(ledger: ToolLedger, tools: Iterable[Tool[Any] | str] | None) -> list[Tool[Any]]:
     """The tools to describe: ``tools`` (tools or registered names), or all, in order.
 
     Refuses a tool of another ledger, an unknown name, and a tool whose

@@ -58,7 +58,7 @@ from agent_ledger.tools import LLMResult
 if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
     from agent_ledger.options import RunOptions
-    from agent_ledger.tools import Tool
+    from agent_ledger.tools import Tool, ToolLedger
 
 __all__ = ["llm_result", "run_tool_uses", "run_tool_uses_sync", "tool_definitions", "usage_of"]
 
@@ -124,7 +124,7 @@ def run_tool_uses_sync(
 
 
 def tool_definitions(
-    ledger: EffectLedger, tools: Iterable[Tool[Any] | str] | None = None
+    ledger: ToolLedger, tools: Iterable[Tool[Any] | str] | None = None
 ) -> list[ToolParam]:
     """``tools=[...]`` for ``tools`` (tools or names; default: all registered).
 

@@ -66,7 +66,7 @@ from agent_ledger.tools import LLMResult
 if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
     from agent_ledger.options import RunOptions
-    from agent_ledger.tools import Tool
+    from agent_ledger.tools import Tool, ToolLedger
 
 __all__ = [
     "chat_tools",
@@ -172,7 +172,7 @@ def run_function_calls_sync(
 
 
 def chat_tools(
-    ledger: EffectLedger, tools: Iterable[Tool[Any] | str] | None = None
+    ledger: ToolLedger, tools: Iterable[Tool[Any] | str] | None = None
 ) -> list[ChatCompletionFunctionToolParam]:
     """Chat Completions ``tools=[...]`` for ``tools`` (tools or names; default: all registered).
 
@@ -194,7 +194,7 @@ def chat_tools(
 
 
 def responses_tools(
-    ledger: EffectLedger, tools: Iterable[Tool[Any] | str] | None = None
+    ledger: ToolLedger, tools: Iterable[Tool[Any] | str] | None = None
 ) -> list[FunctionToolParam]:
     """Responses API ``tools=[...]`` for ``tools``; as ``chat_tools``, in the Responses shape.
 

@@ -27,7 +27,7 @@ from agent_ledger.stores.base import NewEffect, Store
 from agent_ledger.tools import WorkflowScope
 
 if TYPE_CHECKING:
-    from agent_ledger.ledger import EffectLedger
+    from agent_ledger.core import LedgerCore
 
 __all__ = ["Replay"]
 
@@ -48,7 +48,7 @@ class Replay:
 
     def __init__(
         self,
-        ledger: EffectLedger,
+        ledger: LedgerCore[object],
         workflow_id: str,
         source: Store | str | os.PathLike[str],
         *,

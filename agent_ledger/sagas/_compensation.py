@@ -43,7 +43,7 @@ import inspect
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from agent_ledger.backoff import Backoff
 from agent_ledger.calls import ToolCall
@@ -55,13 +55,15 @@ from agent_ledger.errors import (
     EffectLedgerValidationError,
     EffectStoreError,
 )
-from agent_ledger.ledger import EffectLedger
 from agent_ledger.options import UNSET, RunOptions, merge_run_options
 from agent_ledger.retries import RetryPolicy
 from agent_ledger.sagas._errors import SagaStepParked, SagaStepUnsettled
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores.base import ClaimOutcome, Decision, NewEffect
 from agent_ledger.stores.saga_base import SagaStep
+
+if TYPE_CHECKING:
+    from agent_ledger.tools import ToolLedger
 
 #: A compensation tool registered without a retry policy gets this one: a few
 #: tries with backoff, since an undo that gives up leaves money taken.
@@ -91,7 +93,7 @@ def compensation_call(workflow_id: str, compensation: str, forward_key: str) -> 
     )
 
 
-async def cancel_if_waiting(ledger: EffectLedger, idem_key: str) -> bool:
+async def cancel_if_waiting(ledger: ToolLedger, idem_key: str) -> bool:
     """Cancel the effect only while it waits for a person (``requires_approval``,
     or approved and not yet claimed); True if this call canceled it. One
     compare-and-set: a read then an unconditional cancel would cancel an
@@ -107,7 +109,7 @@ async def cancel_if_waiting(ledger: EffectLedger, idem_key: str) -> bool:
     return moved is not None
 
 
-def check_compensation_tool(ledger: EffectLedger, tool_name: str, name: str) -> None:
+def check_compensation_tool(ledger: ToolLedger, tool_name: str, name: str) -> None:
     """Raise unless ``name`` is a registered tool that can undo ``tool_name``'s calls."""
     tool = ledger.tools.get(name)
     if tool is None:
@@ -133,7 +135,7 @@ def check_compensation_tool(ledger: EffectLedger, tool_name: str, name: str) -> 
 
 
 async def compensate(
-    ledger: EffectLedger,
+    ledger: ToolLedger,
     saga_id: str,
     steps: Iterable[SagaStep],
     *,
@@ -164,7 +166,7 @@ async def compensate(
     return undone
 
 
-async def _undo(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Undo:
+async def _undo(ledger: ToolLedger, saga_id: str, step: SagaStep) -> Undo:
     # Its own task (gather): the step runner is cleared in its copy of the
     # context only. A tool the compensation calls is an ordinary effect, not
     # a step of the saga being undone (whose block has ended).
@@ -215,7 +217,7 @@ def _due(step: SagaStep, forward: Effect) -> bool:
     return forward.status is _S.CANCELED and forward.executions > 0
 
 
-async def settle(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Effect | None:
+async def settle(ledger: ToolLedger, saga_id: str, step: SagaStep) -> Effect | None:
     """The step's forward effect once nothing can change it any more; None if it
     never began (and now never will).
 
@@ -277,7 +279,7 @@ async def settle(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Effect |
         attempt += 1
 
 
-async def _take_over_and_cancel(ledger: EffectLedger, idem_key: str, lease_ms: int) -> ClaimOutcome:
+async def _take_over_and_cancel(ledger: ToolLedger, idem_key: str, lease_ms: int) -> ClaimOutcome:
     """Cancel a forward effect whose holder went silent for its whole lease.
 
     Taken over first, as any caller would (one fenced claim, judged stale by
@@ -303,7 +305,7 @@ async def _take_over_and_cancel(ledger: EffectLedger, idem_key: str, lease_ms: i
     return outcome
 
 
-async def _close(ledger: EffectLedger, saga_id: str, step: SagaStep) -> bool:
+async def _close(ledger: ToolLedger, saga_id: str, step: SagaStep) -> bool:
     """Give a step that never began an effect that is already ``canceled``; True if
     this call made it (False: the effect appeared meanwhile)."""
     store = ledger.store

@@ -36,7 +36,7 @@ from agent_ledger.sagas._saga import (
 from agent_ledger.stores.saga_base import SagaRecord, SagaStatus, SagaStore, check_saga_limit
 
 if TYPE_CHECKING:
-    from agent_ledger.ledger import EffectLedger
+    from agent_ledger.tools import ToolLedger
 
 _G = SagaStatus
 #: The error an abandoned saga is rolled back with.
@@ -61,7 +61,7 @@ class SagaRecovery:
 
 
 async def recover_sagas(
-    ledger: EffectLedger,
+    ledger: ToolLedger,
     *,
     owner: str | None = None,
     lease_ms: int | None = None,
@@ -97,7 +97,7 @@ async def recover_sagas(
 
 
 async def _recover_one(
-    ledger: EffectLedger,
+    ledger: ToolLedger,
     store: SagaStore,
     saga: SagaRecord,
     lease: int,
@@ -139,7 +139,7 @@ async def _recover_one(
         return False
 
 
-async def _check_tools(ledger: EffectLedger, store: SagaStore, saga: SagaRecord) -> None:
+async def _check_tools(ledger: ToolLedger, store: SagaStore, saga: SagaRecord) -> None:
     if saga.status is _G.RUNNING and saga.abandon_after_ms is None:
         return
     for step in await store.saga_steps(saga.saga_id):
@@ -176,7 +176,7 @@ async def _abandon(
     return await store.get_saga(saga.saga_id)
 
 
-async def _finish(ledger: EffectLedger, store: SagaStore, saga: SagaRecord) -> SagaOutcome:
+async def _finish(ledger: ToolLedger, store: SagaStore, saga: SagaRecord) -> SagaOutcome:
     heartbeat = Heartbeat(store, saga.saga_id, saga.attempt, saga.lease_ms)
     # A step parked for a person stops this saga's undo (reported in errors)
     # instead of holding up the pass until someone settles it.

@@ -70,7 +70,7 @@ from agent_ledger.tools._workflow import WorkflowScope
 
 if TYPE_CHECKING:
     from agent_ledger.budgets import Budget
-    from agent_ledger.ledger import EffectLedger
+    from agent_ledger.tools import ToolLedger
 
 __all__ = ["Saga", "default_owner", "finish_compensation", "saga_store"]
 
@@ -94,7 +94,7 @@ def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def saga_store(ledger: EffectLedger) -> SagaStore:
+def saga_store(ledger: ToolLedger) -> SagaStore:
     store = ledger.store
     if not isinstance(store, SagaStore):
         raise EffectLedgerValidationError(
@@ -193,7 +193,7 @@ class Heartbeat:
 
 
 async def finish_compensation(
-    ledger: EffectLedger, store: SagaStore, saga: SagaRecord
+    ledger: ToolLedger, store: SagaStore, saga: SagaRecord
 ) -> SagaOutcome:
     """Undo the steps of ``saga`` (compensating, owned at ``saga.attempt``) and record
     how it ended; the outcome as stored."""
@@ -245,7 +245,7 @@ class Saga:
 
     def __init__(
         self,
-        ledger: EffectLedger,
+        ledger: ToolLedger,
         saga_id: str,
         *,
         lease_ms: int | None = None,

@@ -55,7 +55,7 @@ from agent_ledger.status import EffectStatus
 from agent_ledger.stores.budget_base import UNITS, BudgetStore, NewHold, detached_key
 
 if TYPE_CHECKING:
-    from agent_ledger.ledger import EffectLedger
+    from agent_ledger.core import LedgerCore
 
 __all__ = [
     "BudgetScope",
@@ -78,7 +78,7 @@ TOOL_UNITS: Final = frozenset({"tool_calls"})
 LLM_UNITS: Final = frozenset({"usd_micros", "input_tokens", "output_tokens"})
 
 
-def _simulated(ledger: EffectLedger) -> BudgetStore | None:
+def _simulated(ledger: LedgerCore[object]) -> BudgetStore | None:
     """Inside ``ledger.replay()``: the replay's own budgets (``Replay.budgets``),
     which simulate the recorded run's and store nothing; else None."""
     answering = recording()
@@ -88,7 +88,7 @@ def _simulated(ledger: EffectLedger) -> BudgetStore | None:
     return simulated if isinstance(simulated, BudgetStore) else None
 
 
-def budget_store(ledger: EffectLedger) -> BudgetStore:
+def budget_store(ledger: LedgerCore[object]) -> BudgetStore:
     """Where the ledger's budgets are kept: its store, or inside a replay the
     replay's simulated budgets; a clear error if the store keeps none."""
     simulated = _simulated(ledger)
@@ -120,7 +120,7 @@ class BudgetScope:
 
     __slots__ = ("_opened", "budget", "given", "ledger", "store", "workflow_id")
 
-    def __init__(self, ledger: EffectLedger, workflow_id: str, budget: Budget) -> None:
+    def __init__(self, ledger: LedgerCore[object], workflow_id: str, budget: Budget) -> None:
         if not isinstance(budget, Budget):
             raise EffectLedgerValidationError(
                 f"budget must be an agent_ledger.Budget, got {type(budget).__name__}. "
@@ -136,7 +136,7 @@ class BudgetScope:
         self._opened = False
 
     @classmethod
-    def stored(cls, ledger: EffectLedger, workflow_id: str) -> BudgetScope | None:
+    def stored(cls, ledger: LedgerCore[object], workflow_id: str) -> BudgetScope | None:
         """A scope for the budget stored under ``workflow_id``, if any; None when the
         ledger's store keeps no budgets."""
         store = _simulated(ledger) or ledger.store
@@ -174,7 +174,7 @@ class BudgetScope:
         return f"BudgetScope({self.workflow_id!r}, {self.budget!r})"
 
 
-def active_budgets(ledger: EffectLedger) -> tuple[BudgetScope, ...]:
+def active_budgets(ledger: LedgerCore[object]) -> tuple[BudgetScope, ...]:
     """The budgets in scope for ``ledger``'s calls, outermost first, one per workflow id.
 
     A workflow id entered twice (a helper re-entering the workflow it is in)
@@ -195,7 +195,7 @@ def active_budgets(ledger: EffectLedger) -> tuple[BudgetScope, ...]:
     return tuple(chosen.values())
 
 
-async def open_budgets(ledger: EffectLedger) -> tuple[BudgetScope, ...]:
+async def open_budgets(ledger: LedgerCore[object]) -> tuple[BudgetScope, ...]:
     """:func:`active_budgets`, each stored or looked up (once per scope), without
     the looked-up ones that found no budget."""
     scopes = active_budgets(ledger)
@@ -221,7 +221,7 @@ def llm_charge(effect: Effect) -> Spend:
 
 
 async def gate(
-    ledger: EffectLedger,
+    ledger: LedgerCore[object],
     scopes: tuple[BudgetScope, ...],
     *,
     idem_key: str,
@@ -266,7 +266,7 @@ async def gate(
 
 
 async def _reserve_all(
-    ledger: EffectLedger,
+    ledger: LedgerCore[object],
     scopes: tuple[BudgetScope, ...],
     idem_key: str,
     tool: str,
@@ -335,7 +335,7 @@ def _short_units(
     return tuple(short)
 
 
-async def _finished(ledger: EffectLedger, idem_key: str) -> Effect | None:
+async def _finished(ledger: LedgerCore[object], idem_key: str) -> Effect | None:
     """The effect if it has finished: in the ledger's store, or inside a replay
     the recorded one that answered the call (a replay books its recorded charge
     on the replay's simulated budgets)."""
@@ -355,7 +355,7 @@ async def _release(scopes: tuple[BudgetScope, ...], holds: dict[str, str]) -> No
 
 
 async def _settle(
-    ledger: EffectLedger,
+    ledger: LedgerCore[object],
     scopes: tuple[BudgetScope, ...],
     idem_key: str,
     holds: dict[str, str],

@@ -43,7 +43,7 @@ from agent_ledger.tools._budget import (
 )
 
 if TYPE_CHECKING:
-    from agent_ledger.ledger import EffectLedger
+    from agent_ledger.core import LedgerCore
 
 __all__ = ["LLMReply", "LLMResult", "Pricing", "call_llm"]
 
@@ -142,7 +142,7 @@ def _text(value: object, name: str) -> str:
 
 
 async def call_llm(
-    ledger: EffectLedger,
+    ledger: LedgerCore[object],
     call_fn: Callable[[Any], object],
     *,
     provider: str,

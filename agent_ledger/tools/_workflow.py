@@ -9,6 +9,7 @@ started in.
 from __future__ import annotations
 
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from agent_ledger.calls import ToolCall
 from agent_ledger.context import (
@@ -20,7 +21,26 @@ from agent_ledger.context import (
 )
 from agent_ledger.tools._budget import BudgetScope
 
-__all__ = ["WorkflowScope", "current_workflow", "innermost_entry"]
+if TYPE_CHECKING:
+    from agent_ledger.budgets import Budget
+    from agent_ledger.core import LedgerCore
+
+__all__ = ["WorkflowScope", "current_workflow", "innermost_entry", "workflow_scope"]
+
+
+def workflow_scope(
+    ledger: LedgerCore[object], workflow_id: str, budget: Budget | None = None
+) -> WorkflowScope:
+    """``ledger.workflow(workflow_id, budget=...)``: the scope, with ``budget`` (stored
+    under ``workflow_id`` for ``ledger``) or else the budget stored there, if any."""
+    scope = WorkflowScope(workflow_id)  # checks the id before the budget
+    if budget is None:
+        # The budget stored under this id, if any, still applies (read once,
+        # on entering): another worker's limit is this one's too.
+        scope.budget = BudgetScope.stored(ledger, workflow_id)
+    else:
+        scope.budget = BudgetScope(ledger, workflow_id, budget)
+    return scope
 
 
 class WorkflowScope:
