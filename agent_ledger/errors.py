@@ -372,21 +372,15 @@ def require_str(value: object, name: str) -> None:
         )
 
 
-# Public module for every exception, so tracebacks say ``agent_ledger.X``.
+# The errors ``import agent_ledger`` exports: tracebacks say ``agent_ledger.X``.
+# The others keep this module's name, where they are imported from.
 for _cls in (
     EffectLedgerError,
     EffectFailedError,
     EffectDeniedError,
-    EffectTimeoutError,
-    HandlerTimeoutError,
-    EffectInFlightError,
     ApprovalPendingError,
-    EffectPayloadMismatchError,
-    UnrecordedEffectError,
     EffectLedgerValidationError,
     EffectStoreError,
-    EffectLedgerInvariantError,
-    BudgetMismatchError,
     BudgetExceededError,
 ):
     _cls.__module__ = "agent_ledger"

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
-from agent_ledger import EffectLedger, ManualClock, RunOptions
+from agent_ledger import EffectLedger, RunOptions
+from agent_ledger.clock import ManualClock
 from agent_ledger.stores.base import Store
 from agent_ledger.stores.memory import MemoryStore
 from agent_ledger.stores.sqlite import SqliteStore

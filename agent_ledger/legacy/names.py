@@ -64,7 +64,7 @@ RENAMED: dict[str, tuple[str, str, str]] = {
     "CommitOutcome": (
         "agent_ledger.legacy.names",
         "CommitOutcome",
-        "agent_ledger.CommitSucceeded | agent_ledger.CommitFailed",
+        "agent_ledger.effects.CommitSucceeded | agent_ledger.effects.CommitFailed",
     ),
 }
 

@@ -15,8 +15,9 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 import pytest
 
-from agent_ledger import ConcurrencyOptions, EffectStatus, RunOptions, StaleOptions, ToolCall
+from agent_ledger import EffectStatus, RunOptions, ToolCall
 from agent_ledger.cli import CSV_JSON_COLUMNS
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from agent_ledger.receipt import RECORD_FIELDS, effect_from_record
 from agent_ledger.stores.url import open_store
 from agent_ledger.testing import build_ledger

@@ -7,18 +7,10 @@ import logging
 
 import pytest
 
-from agent_ledger import (
-    CommitSucceeded,
-    ConcurrencyOptions,
-    Effect,
-    EffectDeniedError,
-    EffectStatus,
-    EffectTimeoutError,
-    LedgerHooks,
-    RunOptions,
-    StaleOptions,
-    ToolCall,
-)
+from agent_ledger import Effect, EffectDeniedError, EffectStatus, LedgerHooks, RunOptions, ToolCall
+from agent_ledger.effects import CommitSucceeded
+from agent_ledger.errors import EffectTimeoutError
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from tests.approvals import make_pending
 from tests.harness import StoreHarness
 

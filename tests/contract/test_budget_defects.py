@@ -522,7 +522,7 @@ async def test_usage_a_handler_cannot_encode_fails_the_effect_once(
     harness: StoreHarness,
 ) -> None:
     """Any usage that cannot be stored fails the effect (not left processing)."""
-    from agent_ledger import WithUsage
+    from agent_ledger.effects import WithUsage
 
     ledger = harness.ledger()
     runs = 0

@@ -11,18 +11,16 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from agent_ledger import (
-    CommitSucceeded,
-    ConcurrencyOptions,
     Effect,
-    EffectInFlightError,
     EffectLedger,
     EffectLedgerValidationError,
     EffectStatus,
-    EffectTimeoutError,
     RunOptions,
-    StaleOptions,
     ToolCall,
 )
+from agent_ledger.effects import CommitSucceeded
+from agent_ledger.errors import EffectInFlightError, EffectTimeoutError
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from tests.harness import StoreHarness
 
 CALL = ToolCall(workflow_id="wf", tool="ledger.post", args={"amount": 5})

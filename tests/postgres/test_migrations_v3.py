@@ -16,15 +16,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from agent_ledger import (
-    Budget,
-    EffectStoreError,
-    LLMResult,
-    RunOptions,
-    SchemaMigration,
-    ToolCall,
-    Usage,
-)
+from agent_ledger import Budget, EffectStoreError, LLMResult, RunOptions, ToolCall, Usage
+from agent_ledger.stores.base import SchemaMigration
 from agent_ledger.stores.postgres import SCHEMA_SQL, PostgresStore
 from agent_ledger.stores.saga_base import NewSaga, NewSagaStep, SagaStatus
 from agent_ledger.testing import build_ledger

@@ -13,7 +13,8 @@ from typing import Any
 import orjson
 import pytest
 
-from agent_ledger import EffectStatus, Parked
+from agent_ledger import EffectStatus
+from agent_ledger.effects import Parked
 from agent_ledger.testing import build_ledger
 from tests.reliability.conftest import report
 from tests.reliability.crash_worker import call_for

@@ -20,15 +20,14 @@ import psycopg
 import pytest
 
 from agent_ledger import (
-    ConcurrencyOptions,
     Effect,
     EffectLedgerError,
     EffectStatus,
     EffectStoreError,
     RunOptions,
-    StaleOptions,
     ToolCall,
 )
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from agent_ledger.stores.postgres import PostgresStore
 from agent_ledger.testing import build_ledger
 from tests.reliability.conftest import report

@@ -31,17 +31,16 @@ from typing import Any
 import pytest
 
 from agent_ledger import (
-    ConcurrencyOptions,
     Effect,
-    EffectInFlightError,
     EffectLedger,
     EffectStatus,
     MemoryStore,
     RunOptions,
     SqliteStore,
-    StaleOptions,
     ToolCall,
 )
+from agent_ledger.errors import EffectInFlightError
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from agent_ledger.stores.base import Store
 from agent_ledger.testing import build_ledger
 from tests.harness import DSN, STORE_KINDS, TEST_SCHEMA, ensure_test_schema, require_postgres

@@ -32,15 +32,17 @@ from agent_ledger import (
     EffectLedgerError,
     EffectLedgerOptions,
     EffectLedgerValidationError,
-    EffectPayloadMismatchError,
     EffectStatus,
     MemoryStore,
     RunOptions,
     ToolCall,
-    UnrecordedEffectError,
 )
 from agent_ledger.cli import main as cli_main
-from agent_ledger.errors import ApprovalPendingError
+from agent_ledger.errors import (
+    ApprovalPendingError,
+    EffectPayloadMismatchError,
+    UnrecordedEffectError,
+)
 from agent_ledger.ledger import RECORDING
 from agent_ledger.legacy.keys import legacy_key_of
 from agent_ledger.receipt import effect_to_record

@@ -18,9 +18,8 @@ from agent_ledger import (
     EffectStatus,
     EffectStoreError,
     RunOptions,
-    StaleOptions,
 )
-from agent_ledger.options import MAX_LEASE_MS
+from agent_ledger.options import MAX_LEASE_MS, StaleOptions
 from agent_ledger.sagas import (
     Saga,
     SagaFailed,

@@ -10,18 +10,18 @@ from types import MappingProxyType
 import pytest
 
 from agent_ledger import (
-    ConcurrencyOptions,
     Effect,
     EffectLedger,
     EffectLedgerOptions,
     EffectLedgerValidationError,
     EffectStatus,
     LedgerHooks,
-    ManualClock,
     MemoryStore,
     RunOptions,
     ToolCall,
 )
+from agent_ledger.clock import ManualClock
+from agent_ledger.options import ConcurrencyOptions
 
 
 async def test_a_sync_approval_hook_runs_and_is_not_reported_as_raising(

@@ -9,8 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from agent_ledger import Effect, EffectError, EffectStatus, Reopening, TryFailure
+from agent_ledger import Effect, EffectError, EffectStatus
 from agent_ledger.cli import Output, effects_table
+from agent_ledger.effects import Reopening, TryFailure
 from agent_ledger.receipt import render_receipt
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
