@@ -21,10 +21,11 @@ import socket
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from agent_ledger.calls import ToolCall
 from agent_ledger.effects import Effect, EffectError
+from agent_ledger.engine.cancellation import carry_through, until_done
 from agent_ledger.errors import (
     EffectFailedError,
     EffectLedgerValidationError,
@@ -70,7 +71,6 @@ if TYPE_CHECKING:
 __all__ = ["Saga", "default_owner", "finish_compensation", "saga_store"]
 
 _G = SagaStatus
-_R = TypeVar("_R")
 #: A position reserved by ``saga.start()`` for the task it starts: (saga, position, group).
 _RESERVED: contextvars.ContextVar[tuple[Saga, int, int] | None] = contextvars.ContextVar(
     "agent_ledger_saga_reserved", default=None
@@ -313,16 +313,11 @@ class Saga:
         # they created or claimed is ours then, and is rolled back (ending
         # `canceled`) rather than left running with no owner or heartbeat.
         entering = asyncio.ensure_future(self._begin())
-        cancelled = False
-        while not entering.done():
-            try:
-                await asyncio.shield(entering)
-            except asyncio.CancelledError:
-                cancelled = True
-        if cancelled:
+        interrupted = await until_done(entering)
+        if interrupted is not None:
             if entering.exception() is None and not self._replay_only:
-                await _shielded(self._cancelled_at_entry(entering.result()))
-            raise asyncio.CancelledError
+                await carry_through(self._cancelled_at_entry(entering.result()))
+            raise interrupted
         saga = entering.result()
         if not self._replay_only:
             self._heartbeat = Heartbeat(self._store, self.saga_id, saga.attempt, saga.lease_ms)
@@ -641,7 +636,7 @@ class Saga:
                 self._check_every_step_reached()
                 # Shielded: a cancellation now must not leave the saga running
                 # with every step done; it propagates once this is stored.
-                moved = await _shielded(
+                moved = await carry_through(
                     self._store.finish_saga(
                         self.saga_id,
                         attempt=self.attempt,
@@ -661,7 +656,7 @@ class Saga:
                 return False
             raise exc
         if isinstance(exc, asyncio.CancelledError):
-            await _shielded(self._roll_back(TASK_CANCELED))
+            await carry_through(self._roll_back(TASK_CANCELED))
             if exc is failure:
                 raise exc
             return False  # the cancellation propagates
@@ -670,7 +665,7 @@ class Saga:
         reason = self._reason(exc)
         # Shielded too: a cancellation arriving during the undo waits for it to
         # end, then propagates instead of the SagaFailed.
-        outcome = await _shielded(self._roll_back(reason))
+        outcome = await carry_through(self._roll_back(reason))
         raise rolled_back(outcome) from exc
 
     def _reason(self, exc: Exception) -> EffectError:
@@ -740,19 +735,3 @@ def _failure(task: asyncio.Task[Any], position: int) -> BaseException | None:
     if task.cancelled():
         return SagaStepCancelled(position)
     return task.exception()
-
-
-async def _shielded(work: Coroutine[Any, Any, _R]) -> _R:
-    """Run ``work`` to its end even if the caller is cancelled meanwhile; then
-    re-raise that cancellation (if any), else return ``work``'s result."""
-    task = asyncio.ensure_future(work)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            cancelled = True
-    result = task.result()
-    if cancelled:
-        raise asyncio.CancelledError
-    return result

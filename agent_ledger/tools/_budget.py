@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from agent_ledger.budgets import Budget, BudgetState, Spend, usd_to_micros
 from agent_ledger.effects import Effect
+from agent_ledger.engine.cancellation import carry_through
 from agent_ledger.errors import (
     BudgetExceededError,
     BudgetMismatchError,
@@ -273,11 +274,11 @@ async def gate(
         return await run()
     finally:
         if threads is None:
-            await _shielded(_settle(ledger, scopes, idem_key, holds, charge))
+            await carry_through(_settle(ledger, scopes, idem_key, holds, charge))
         elif threads.close_if_idle():
-            await _shielded(_settle(ledger, scopes, idem_key, holds, charge, threads))
+            await carry_through(_settle(ledger, scopes, idem_key, holds, charge, threads))
         else:
-            await _shielded(_detach_holds(scopes, holds))
+            await carry_through(_detach_holds(scopes, holds))
             _detach(
                 threads.then(
                     _settle(ledger, scopes, idem_key, holds, charge, threads, outlived=True)
@@ -322,7 +323,7 @@ async def _reserve_all(
                 scope.workflow_id, tool, _short_units(state, estimate, units), state
             )
     except BaseException:
-        await _shielded(_release(scopes, holds))
+        await carry_through(_release(scopes, holds))
         raise
     return holds
 
@@ -596,21 +597,3 @@ def _detach(work: Coroutine[Any, Any, None]) -> None:
     task = asyncio.ensure_future(work)
     _DETACHED.add(task)
     task.add_done_callback(_DETACHED.discard)
-
-
-async def _shielded(work: Coroutine[Any, Any, _T]) -> _T:
-    """Run ``work`` to its end even if the caller is cancelled meanwhile; then
-    re-raise that cancellation (if any)."""
-    task = asyncio.ensure_future(work)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if task.cancelled():
-                raise
-            cancelled = True
-    result = task.result()
-    if cancelled:
-        raise asyncio.CancelledError
-    return result
