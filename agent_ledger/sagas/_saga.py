@@ -35,7 +35,7 @@ from agent_ledger.errors import (
 )
 from agent_ledger.options import DEFAULT_STALE_AFTER_MS, MAX_LEASE_MS, LedgerHooks, RunOptions
 from agent_ledger.sagas._compensation import (
-    cancel_if_waiting,
+    cancel_for_rollback,
     check_compensation_tool,
     compensate,
     compensation_call,
@@ -569,7 +569,7 @@ class Saga:
                     if effect is not None and effect.status in _WAITING and not effect.parked:
                         # Only while it still waits: claimed meanwhile (a person
                         # approved it), it is waited for and undone once it ends.
-                        await cancel_if_waiting(self.ledger, effect.idem_key)
+                        await cancel_for_rollback(self.ledger, effect.idem_key)
             await asyncio.wait([t for t, _ in pending], timeout=0.05 if cancel_waiting else None)
         for task, position in self._tasks:
             _failure(task, position)  # retrieved: the rollback reports the failures that matter
