@@ -20,7 +20,7 @@ from agent_ledger.decisions import notify_approval_required
 from agent_ledger.effects import Effect, EffectError, Parked
 from agent_ledger.engine.ownership import own
 from agent_ledger.engine.preparing import Prepared
-from agent_ledger.engine.recording import Recorder, lease_end
+from agent_ledger.engine.recording import Outcome, Recorder, lease_end
 from agent_ledger.engine.waiting import Acquired, Waiter
 from agent_ledger.errors import (
     ApprovalPendingError,
@@ -170,9 +170,8 @@ class Acquirer:
         )
         # Just claimed: the lease is whole.
         until = lease_end(asyncio.get_running_loop().time(), prepared.opts.stale_after_ms)
-        if await self._recorder.landed(
-            claimed, EffectStatus.FAILED, None, error, tx, until, ends_try=False
-        ):
+        failed = Outcome(EffectStatus.FAILED, error=error, ends_try=False)
+        if await self._recorder.landed(claimed, failed, tx, until):
             log_effect(logging.WARNING, "effect failed: too many takeovers", claimed)
         stored = await self._store.get(claimed.id, tx=tx)
         if stored is None or not stored.status.is_terminal:

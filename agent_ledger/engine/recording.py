@@ -36,10 +36,12 @@ __all__ = [
     "LOST",
     "RESULT_NOT_SERIALIZABLE",
     "USAGE_NOT_SERIALIZABLE",
+    "Outcome",
     "Recorded",
     "Recorder",
     "lease_end",
     "lease_until",
+    "pause",
     "stop_beat",
     "was_parked",
 ]
@@ -58,6 +60,17 @@ CANCELLED_BEFORE_RETRY: Final = (
     "the task was cancelled ({exc}) while it waited to retry after try {n}; the effect "
     "is not retried automatically (reopen() it to run it again)"
 )
+
+
+class Outcome(NamedTuple):
+    """What to commit for an owned effect: ``Store.commit``'s arguments."""
+
+    status: EffectStatus
+    result_json: str | None = None
+    error: EffectError | None = None
+    usage_json: str | None = None
+    #: False for an outcome no try of the handler produced (see ``Store.commit``).
+    ends_try: bool = True
 
 
 class Recorded(NamedTuple):
@@ -107,11 +120,12 @@ class Recorder:
         except EffectLedgerValidationError as exc:
             code = RESULT_NOT_SERIALIZABLE if exc.field == "result" else USAGE_NOT_SERIALIZABLE
             error = EffectError(message=str(exc), code=code)
-            if await self.landed(effect, EffectStatus.FAILED, None, error, tx, until, usage=usage):
+            failed = Outcome(EffectStatus.FAILED, error=error, usage_json=usage)
+            if await self.landed(effect, failed, tx, until):
                 raise
             return LOST
-        succeeded = EffectStatus.SUCCEEDED
-        if await self.landed(effect, succeeded, result_json, None, tx, until, usage=usage):
+        succeeded = Outcome(EffectStatus.SUCCEEDED, result_json, usage_json=usage)
+        if await self.landed(effect, succeeded, tx, until):
             log_effect(logging.DEBUG, "effect succeeded", effect)
             return Recorded(won=True, value=value)
         return LOST
@@ -128,7 +142,9 @@ class Recorder:
         ours (a ``FailedWithUsage``'s cause, with its usage recorded)."""
         until = stop_beat(beat, opts)
         error, usage, raised = failure_of(exc)
-        if not await self.landed(effect, EffectStatus.FAILED, None, error, tx, until, usage=usage):
+        if not await self.landed(
+            effect, Outcome(EffectStatus.FAILED, None, error, usage), tx, until
+        ):
             return LOST
         log_effect(logging.INFO, "effect failed", effect)
         if raised is exc:
@@ -158,7 +174,7 @@ class Recorder:
         if type(late.value) is WithUsage:
             late = late._replace(value=late.value.result)
         status, result_json, error = late_outcome(late, opts.timeout_ms)
-        if not await self.landed(effect, status, result_json, error, tx, until, usage=usage):
+        if not await self.landed(effect, Outcome(status, result_json, error, usage), tx, until):
             return LOST
         log_effect(logging.WARNING, f"handler timed out: {error.message}", effect)
         recorded = dataclasses.replace(effect, status=status, error=error)
@@ -186,9 +202,8 @@ class Recorder:
             message = CANCELLED_BEFORE_RETRY.format(exc=type(exc).__name__, n=after_try)
         error = EffectError(message=message, code="cancelled")
         try:
-            await self.landed(
-                effect, EffectStatus.CANCELED, None, error, tx, until, ends_try=after_try is None
-            )
+            cancelled = Outcome(EffectStatus.CANCELED, error=error, ends_try=after_try is None)
+            await self.landed(effect, cancelled, tx, until)
         except Exception:
             logger.exception(
                 "could not record the cancelled run; the effect stays processing until "
@@ -197,16 +212,7 @@ class Recorder:
             )
 
     async def landed(
-        self,
-        effect: Effect,
-        status: EffectStatus,
-        result_json: str | None,
-        error: EffectError | None,
-        tx: object | None,
-        retry_until: float,
-        *,
-        ends_try: bool = True,
-        usage: str | None = None,
+        self, effect: Effect, outcome: Outcome, tx: object | None, retry_until: float
     ) -> bool:
         """:meth:`record`, carried through to the end even if this task is cancelled meanwhile.
 
@@ -218,14 +224,12 @@ class Recorder:
         ``record`` reads back whether the interrupted one landed) and the
         cancellation propagates after it.
         """
-        outcome = (effect, status, result_json, error, tx, retry_until)
         try:
-            return await self.record(*outcome, ends_try=ends_try, usage_json=usage)
+            return await self.record(effect, outcome, tx, retry_until)
         except asyncio.CancelledError as exc:
             interrupted = exc
-        write = self.record(*outcome, maybe_landed=True, ends_try=ends_try, usage_json=usage)
         try:
-            await carry_through(write)
+            await carry_through(self.record(effect, outcome, tx, retry_until, maybe_landed=True))
         except Exception as failed:
             logger.error(
                 "recording the outcome failed while the run was being cancelled",
@@ -237,15 +241,11 @@ class Recorder:
     async def record(
         self,
         effect: Effect,
-        status: EffectStatus,
-        result_json: str | None,
-        error: EffectError | None,
+        outcome: Outcome,
         tx: object | None,
         retry_until: float,
         *,
         maybe_landed: bool = False,
-        ends_try: bool = True,
-        usage_json: str | None = None,
     ) -> bool:
         """Record a handler's outcome; True if this attempt's commit won.
 
@@ -255,9 +255,8 @@ class Recorder:
         while the lease lasts nobody else can take the effect, so every retry
         that lands saves a second execution. Past it the last store error is
         raised: the effect stays processing, and the next caller takes it
-        over once the lease has lapsed, as after a crash. ``ends_try`` is
-        ``Store.commit``'s: False for an outcome no try of the handler
-        produced. The compare-and-set is safe to repeat: if
+        over once the lease has lapsed, as after a crash. The
+        compare-and-set is safe to repeat: if
         an earlier try landed before its connection broke, the retry matches
         no row and the stored effect shows our attempt and status, which
         counts as ours (``maybe_landed`` asks for that check from the first
@@ -270,24 +269,19 @@ class Recorder:
                 won = await self._store.commit(
                     effect.id,
                     attempt=effect.attempt,
-                    status=status,
-                    result_json=result_json,
-                    error=error,
+                    status=outcome.status,
+                    result_json=outcome.result_json,
+                    error=outcome.error,
                     tx=tx,
-                    ends_try=ends_try,
-                    usage_json=usage_json,
+                    ends_try=outcome.ends_try,
+                    usage_json=outcome.usage_json,
                 )
             except EffectStoreError:
-                remaining_s = retry_until - asyncio.get_running_loop().time()
-                if tx is not None or remaining_s <= 0:
+                # Inside a caller's transaction the failed statement aborted it.
+                if tx is not None or not await pause(
+                    step, retry_until, effect, "recording the outcome"
+                ):
                     raise
-                delay = COMMIT_RETRY.delay(step, remaining_s=remaining_s)
-                log_effect(
-                    logging.WARNING,
-                    f"recording the outcome failed; retrying in {delay:.2f} s",
-                    effect,
-                )
-                await asyncio.sleep(delay)
                 step += 1
                 continue
             if not won and (step > 0 or maybe_landed):
@@ -297,7 +291,7 @@ class Recorder:
                 # is not ours, and every caller, us included, must get theirs.
                 won = (
                     stored is not None
-                    and stored.status is status
+                    and stored.status is outcome.status
                     and stored.attempt == effect.attempt
                     and not was_parked(stored, effect.attempt)
                 )
@@ -308,6 +302,19 @@ class Recorder:
                     effect,
                 )
             return won
+
+
+async def pause(step: int, until: float, effect: Effect, what: str) -> bool:
+    """After store error number ``step`` (from 0): wait before trying again, on the
+    ``COMMIT_RETRY`` schedule, if the lease surely lasts until then (``until``,
+    loop time); False, at once, when it does not (the caller gives up)."""
+    remaining_s = until - asyncio.get_running_loop().time()
+    if remaining_s <= 0:
+        return False
+    delay = COMMIT_RETRY.delay(step, remaining_s=remaining_s)
+    log_effect(logging.WARNING, f"{what} failed; retrying in {delay:.2f} s", effect)
+    await asyncio.sleep(delay)
+    return True
 
 
 def lease_end(alive_at: float, lease_ms: int) -> float:

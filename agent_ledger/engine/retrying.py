@@ -19,16 +19,17 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Final
 
-from agent_ledger.backoff import COMMIT_RETRY
 from agent_ledger.effects import Effect, EffectError, FailedWithUsage, TryFailure
 from agent_ledger.engine.handlers import error_of, type_name
 from agent_ledger.engine.heartbeats import Beat
 from agent_ledger.engine.recording import (
     LOST,
+    Outcome,
     Recorded,
     Recorder,
     lease_end,
     lease_until,
+    pause,
     stop_beat,
 )
 from agent_ledger.errors import EffectFailedError, EffectStoreError
@@ -109,9 +110,8 @@ class Retrier:
         if not isinstance(waited, EffectError):
             return waited
         until = stop_beat(beat, opts)
-        if await self._recorder.landed(
-            effect, EffectStatus.FAILED, None, waited, None, until, ends_try=False
-        ):
+        gave_up = Outcome(EffectStatus.FAILED, error=waited, ends_try=False)
+        if await self._recorder.landed(effect, gave_up, None, until):
             log_effect(logging.INFO, f"effect failed: {waited.message}", effect)
             raise exc
         return None
@@ -204,16 +204,9 @@ class Retrier:
                     effect.id, attempt=effect.attempt, error=error, error_type=error_type
                 )
             except EffectStoreError:
-                remaining_s = lease_until(beat, opts) - asyncio.get_running_loop().time()
-                if remaining_s <= 0:
+                until = lease_until(beat, opts)
+                if not await pause(step, until, effect, f"recording try {tried}"):
                     raise
-                delay = COMMIT_RETRY.delay(step, remaining_s=remaining_s)
-                log_effect(
-                    logging.WARNING,
-                    f"recording try {tried} failed; retrying in {delay:.2f} s",
-                    effect,
-                )
-                await asyncio.sleep(delay)
                 step += 1
 
     async def _still_held(
@@ -240,10 +233,9 @@ class Retrier:
             try:
                 outcome = await self._store.heartbeat((held,))
             except EffectStoreError:
-                remaining_s = lease_until(beat, opts) - loop.time()
-                if remaining_s <= 0:
+                until = lease_until(beat, opts)
+                if not await pause(step, until, effect, "asking whether it is still held"):
                     return False
-                await asyncio.sleep(COMMIT_RETRY.delay(step, remaining_s=remaining_s))
                 step += 1
                 continue
             if held in outcome.refreshed:
@@ -271,9 +263,8 @@ class Retrier:
         message = TRIES_USED_BEFORE.format(n=effect.tries, limit=policy.attempts, error=last_error)
         error = EffectError(message=message, code=RETRIES_EXHAUSTED)
         until = lease_end(asyncio.get_running_loop().time(), opts.stale_after_ms)
-        if not await self._recorder.landed(
-            effect, EffectStatus.FAILED, None, error, tx, until, ends_try=False
-        ):
+        used_up = Outcome(EffectStatus.FAILED, error=error, ends_try=False)
+        if not await self._recorder.landed(effect, used_up, tx, until):
             return LOST
         log_effect(logging.INFO, f"effect failed: {message}", effect)
         stored = await self._store.get(effect.id, tx=tx)
