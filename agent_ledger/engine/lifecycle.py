@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 
 from agent_ledger.effects import (
@@ -200,29 +201,44 @@ class Engine:
             if opts.stale_after_ms > 0 and tx is None
             else None
         )
-        recorder = self._recorder
-        first_try_at = self._retrier.started() if policy is not None else None
+        recorder, retrier = self._recorder, self._retrier
+        first_try_at = retrier.started() if policy is not None else None
+        #: While waiting to retry: the number of the try that failed.
+        after_try: int | None = None
         try:
-            while True:
-                try:
-                    value = await call_handler(handler, effect, opts)
-                except Exception as exc:
-                    if first_try_at is None or not retries(policy, exc):
-                        return await recorder.failure(effect, exc, opts, tx, beat)
-                    failed = exc
-                except BaseException as exc:
-                    # CancelledError (and KeyboardInterrupt/SystemExit): record it so
-                    # the effect does not sit in processing until the stale window.
-                    await recorder.abandoned(effect, exc, opts, tx, beat)
-                    raise
-                else:
-                    return await recorder.value(effect, value, opts, tx, beat)
-                # Outside the except block, so that a later try's exception is not
-                # chained to this one as if it had been raised while handling it.
-                next_try = await self._retrier.next_try(effect, failed, opts, beat, first_try_at)
-                if next_try is None:
-                    return LOST
-                effect = next_try
+            try:
+                while True:
+                    try:
+                        value = await call_handler(handler, effect, opts)
+                    except Exception as exc:
+                        if first_try_at is None or not retries(policy, exc):
+                            ended = functools.partial(recorder.failure, effect, exc)
+                            break
+                        failed = exc
+                    else:
+                        ended = functools.partial(recorder.value, effect, value)
+                        break
+                    # Outside the except block, so that a later try's exception is not
+                    # chained to this one as if it had been raised while handling it.
+                    after_try = effect.tries + 1
+                    waited = await retrier.wait(effect, failed, opts, beat, first_try_at)
+                    if waited is None:
+                        return LOST
+                    if isinstance(waited, EffectError):
+                        ended = functools.partial(retrier.give_up, effect, waited, failed)
+                        break
+                    effect, after_try = waited, None
+            except Exception:
+                raise  # a store error between tries, past the lease: the lease decides
+            except BaseException as stop:
+                # CancelledError (and KeyboardInterrupt/SystemExit), while the
+                # handler ran or while it waited to retry: record it, so the effect
+                # does not sit in processing until the stale window.
+                await recorder.abandoned(effect, stop, opts, tx, beat, after_try=after_try)
+                raise
+            # Recorded outside the loop's except blocks: a cancellation while the
+            # outcome is being recorded is carried through there, not recorded again.
+            return await ended(opts, tx, beat)
         finally:
             if beat is not None:
                 beat.stop()  # on every way out (stopping twice is harmless)

@@ -80,41 +80,40 @@ class Retrier:
         """The first try's start, from which a policy's ``timeout_ms`` counts."""
         return self._clock()
 
-    async def next_try(
+    async def wait(
         self,
         effect: Effect,
         exc: Exception,
         opts: ResolvedRunOptions,
         beat: Beat | None,
         first_try_at: datetime,
-    ) -> Effect | None:
-        """After a retryable failure: the effect to try again (its ``tries``
-        counting the one that failed with ``exc``), or None if it is no longer
-        ours. Raises ``exc`` when no try may follow (the effect is recorded
-        failed first), and a store error that outlasted the lease.
-
-        A cancellation while the try is recorded, during the wait, or while the
-        store is asked whether the effect is still ours, is recorded (the
-        effect ends ``canceled``) and raised.
+    ) -> Effect | EffectError | None:
+        """After a retryable failure: record the try, wait, and check the effect is
+        still ours. The effect to try again (its ``tries`` counting the one that
+        failed with ``exc``), the error to give up with (``give_up``), or None
+        when it is no longer ours. Raises a store error that outlasted the lease.
         """
         policy = opts.retry
         assert policy is not None
-        tried = effect.tries + 1
-        try:
-            waited = await self._wait(effect, tried, exc, opts, policy, beat, first_try_at)
-        except Exception:
-            raise  # a store error past the lease: the effect stays to its lease
-        except BaseException as stop:
-            await self._recorder.abandoned(effect, stop, opts, None, beat, after_try=tried)
-            raise
-        if not isinstance(waited, EffectError):
-            return waited
+        return await self._wait(effect, effect.tries + 1, exc, opts, policy, beat, first_try_at)
+
+    async def give_up(
+        self,
+        effect: Effect,
+        error: EffectError,
+        exc: Exception,
+        opts: ResolvedRunOptions,
+        tx: object | None,
+        beat: Beat | None,
+    ) -> Recorded:
+        """No try may follow: record the effect failed with ``error``, then raise
+        ``exc``, the last try's own exception, if the record is ours."""
         until = stop_beat(beat, opts)
-        gave_up = Outcome(EffectStatus.FAILED, error=waited, ends_try=False)
-        if await self._recorder.landed(effect, gave_up, None, until):
-            log_effect(logging.INFO, f"effect failed: {waited.message}", effect)
-            raise exc
-        return None
+        gave_up = Outcome(EffectStatus.FAILED, error=error, ends_try=False)
+        if not await self._recorder.landed(effect, gave_up, tx, until):
+            return LOST
+        log_effect(logging.INFO, f"effect failed: {error.message}", effect)
+        raise exc
 
     async def _wait(
         self,
