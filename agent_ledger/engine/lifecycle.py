@@ -203,7 +203,7 @@ class Engine:
         )
         recorder, retrier = self._recorder, self._retrier
         first_try_at = retrier.started() if policy is not None else None
-        #: While waiting to retry: the number of the try that failed.
+        # While waiting to retry: the number of the try that failed.
         after_try: int | None = None
         try:
             try:
