@@ -26,7 +26,7 @@ from agent_ledger.errors import require_str
 from agent_ledger.options import RunOptions
 from agent_ledger.replay import Replay
 from agent_ledger.retries import RetryPolicy
-from agent_ledger.sagas import Saga, SagaRecovery, recover_sagas, run_saga
+from agent_ledger.sagas import Saga, SagaRecovery, check_step_settings, recover_sagas, run_saga
 from agent_ledger.stores.base import Store
 from agent_ledger.tools import (
     DEFAULT_HOLD_TTL_MS,
@@ -96,7 +96,7 @@ class EffectLedger(LedgerCore[Tool[Any]]):
         idempotency key downstream (``docs/choosing-recovery.md``).
         """
 
-        return define(
+        decorate = define(
             self,
             self._tools,
             name,
@@ -112,6 +112,9 @@ class EffectLedger(LedgerCore[Tool[Any]]):
             failure_scope=failure_scope,
             on_stale=on_stale,
         )
+        # The saga layer says what a tool's saga settings may be.
+        check_step_settings(name or "<function name>", compensate, compensate_if, failure_scope)
+        return decorate
 
     def workflow(self, workflow_id: str, *, budget: Budget | None = None) -> WorkflowScope:
         """A ``with`` / ``async with`` scope: tool calls inside belong to ``workflow_id``.

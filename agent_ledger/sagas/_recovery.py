@@ -27,8 +27,8 @@ from agent_ledger.observability import logger
 from agent_ledger.sagas._compensation import check_compensation_tool
 from agent_ledger.sagas._outcome import SagaOutcome
 from agent_ledger.sagas._saga import (
-    Heartbeat,
     finish_compensation,
+    kept_alive,
     lease_of,
     owner_of,
     saga_store,
@@ -177,11 +177,7 @@ async def _abandon(
 
 
 async def _finish(ledger: ToolLedger, store: SagaStore, saga: SagaRecord) -> SagaOutcome:
-    heartbeat = Heartbeat(store, saga.saga_id, saga.attempt, saga.lease_ms)
     # A step parked for a person stops this saga's undo (reported in errors)
     # instead of holding up the pass until someone settles it.
-    try:
-        with not_waiting_for_parked():
-            return await finish_compensation(ledger, store, saga)
-    finally:
-        await heartbeat.stop()
+    with not_waiting_for_parked(), kept_alive(ledger, store, saga):
+        return await finish_compensation(ledger, store, saga)
