@@ -56,8 +56,6 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[StoreHarness]
 
 #: Store kinds, as tests name them in their parameters.
 _STORE_NAMES = frozenset(str(param.values[0]) for param in STORE_KINDS)
-#: The parameters (fixtures or arguments) that choose a store.
-_STORE_PARAMETERS = frozenset({"harness", "cli", "kind", "store"})
 #: Folders whose store-parametrized tests run on every store in plain `pytest`:
 #: the store contract, and the per-store unit checks of schema text.
 _EVERY_STORE_FOLDERS = frozenset({"contract", "unit"})
@@ -69,10 +67,11 @@ def _runs_on_every_store(item: pytest.Item) -> bool:
 
 
 def _store_of(item: pytest.Item) -> str | None:
+    """The store kind a parameter of this test chooses (`harness`, `cli`, ... = "sqlite")."""
     params = getattr(getattr(item, "callspec", None), "params", {})
-    for name, value in params.items():
-        if name in _STORE_PARAMETERS and value in _STORE_NAMES:
-            return str(value)
+    for value in params.values():
+        if isinstance(value, str) and value in _STORE_NAMES:
+            return value
     return None
 
 
