@@ -46,7 +46,7 @@ async def _status(harness: StoreHarness, saga_id: str) -> SagaStatus | None:
 async def _die(saga: Saga) -> None:
     """The owner stops heartbeating and never returns (as after a SIGKILL)."""
     assert saga._heartbeat is not None
-    await saga._heartbeat.stop()
+    saga._heartbeat.stop()
     for token in reversed(saga._tokens):
         token.var.reset(token)
     saga._scope.__exit__(None, None, None)

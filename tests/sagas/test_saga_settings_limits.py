@@ -9,7 +9,9 @@ import pytest
 
 from agent_ledger import EffectLedgerValidationError
 from agent_ledger.options import MAX_LEASE_MS
-from agent_ledger.sagas import SagaStatus
+from agent_ledger.sagas import (
+    SagaStatus,
+)
 from agent_ledger.sagas._saga import MAX_SAGA_ID_LENGTH, saga_store
 from tests.harness import StoreHarness
 from tests.sagas.conftest import shop_of
