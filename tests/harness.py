@@ -234,6 +234,22 @@ STORE_KINDS = [
     pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
 ]
 
+#: The store plain `pytest` runs feature tests on (see tests/conftest.py): the
+#: default store, with real SQL and a real file, and quick to set up.
+REPRESENTATIVE_STORE = "sqlite"
+
+
+#: Every table of a PostgreSQL store, parents before children.
+_POSTGRES_TABLES = (
+    "agent_ledger_effects",
+    "agent_ledger_legacy_keys",
+    "agent_ledger_sagas",
+    "agent_ledger_saga_steps",
+    "agent_ledger_budgets",
+    "agent_ledger_budget_holds",
+    "agent_ledger_budget_charges",
+)
+
 
 @asynccontextmanager
 async def open_harness(kind: str) -> AsyncIterator[StoreHarness]:
@@ -261,22 +277,14 @@ async def open_harness(kind: str) -> AsyncIterator[StoreHarness]:
         try:
             from psycopg import sql
 
-            legacy_keys = sql.Identifier(TEST_SCHEMA, "agent_ledger_legacy_keys")
-            sagas = sql.Identifier(TEST_SCHEMA, "agent_ledger_sagas")
-            steps = sql.Identifier(TEST_SCHEMA, "agent_ledger_saga_steps")
-            budgets = [
-                sql.Identifier(TEST_SCHEMA, name)
-                for name in (
-                    "agent_ledger_budgets",
-                    "agent_ledger_budget_holds",
-                    "agent_ledger_budget_charges",
-                )
-            ]
-            await pg_harness._sql(
-                sql.SQL("TRUNCATE {}, {}, {}, {}, {}, {}, {}").format(
-                    pg_harness._table(), legacy_keys, sagas, steps, *budgets
-                )
-            )
+            # Emptied with DELETE, not TRUNCATE: the tables hold a test's few rows,
+            # and TRUNCATE costs about 150 ms (new files, synced) where DELETE costs
+            # about 1 ms. Children first, for the foreign keys.
+            async with backdoor.transaction():
+                for name in reversed(_POSTGRES_TABLES):
+                    await pg_harness._sql(
+                        sql.SQL("DELETE FROM {}").format(sql.Identifier(TEST_SCHEMA, name))
+                    )
             yield pg_harness
         finally:
             await store.close()

@@ -16,8 +16,16 @@ from tests.harness import DSN, require_postgres
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.every_store  # the tiers are chosen here, per store:
 @pytest.mark.parametrize(
-    "store", ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+    "store",
+    [
+        # Plain pytest: the suite runs end to end (seconds, on the memory store).
+        "memory",
+        # The slow tier: a minute or two each, on the stores with a server or a file.
+        pytest.param("sqlite", marks=pytest.mark.slow),
+        pytest.param("postgres", marks=[pytest.mark.postgres, pytest.mark.slow]),
+    ],
 )
 def test_benchmark_suite_runs_and_writes_results(store: str, tmp_path: Path) -> None:
     """`python -m benchmarks --quick` prints a table and writes a JSON report per store."""

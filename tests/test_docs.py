@@ -118,7 +118,16 @@ def _docs_schema() -> Iterator[Connection[Any]]:
             _drop_docs_schema(conn)
 
 
-@pytest.mark.parametrize(("page", "index", "snippet"), SNIPPETS, ids=[_id(s) for s in SNIPPETS])
+def _snippet_param(item: tuple[Path, int, str]) -> Any:
+    """A snippet as a test parameter. The framework adapters' pages import their SDKs
+    in every snippet (5 to 20 s each, twice): plain pytest runs each page's first
+    snippet, the slow tier the rest (tests/adapters/ covers the adapters themselves)."""
+    page, index, _ = item
+    slow = page.parent.name == "adapters" and index > 0
+    return pytest.param(*item, id=_id(item), marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize(("page", "index", "snippet"), [_snippet_param(s) for s in SNIPPETS])
 def test_snippet_runs_twice(page: Path, index: int, snippet: str, tmp_path: Path) -> None:
     """Each ```python block runs without error, and again in the same folder."""
     script = tmp_path / "snippet.py"

@@ -1,4 +1,4 @@
-"""Budgets and model calls under the defects an adversarial pass found (issue 13).
+"""Budgets book what a model call really spent and hold its room once (issue 13).
 
 Each test names what went wrong before: a paid call booked as $0, a sync
 provider call blocking the heartbeats, a rerun after ``reopen`` never booked,

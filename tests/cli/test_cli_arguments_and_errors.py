@@ -1,4 +1,5 @@
-"""CLI rough edges a user hit (issue 10, item 19): one clear line, never a traceback."""
+"""CLI arguments a user got wrong are one clear line, never a traceback (issue 10, item 19);
+`--url` after the command, `init` making its folder, and help on decision arguments."""
 
 from __future__ import annotations
 
