@@ -76,7 +76,7 @@ from agent_ledger.stores._params import (
     transition_params,
 )
 from agent_ledger.stores._postgres_budgets import PostgresBudgets
-from agent_ledger.stores._postgres_sagas import PostgresSagas
+from agent_ledger.stores._postgres_sagas import STEPS_TABLE, PostgresSagas
 from agent_ledger.stores._postgres_tables import utc
 from agent_ledger.stores._rows import (
     EFFECT_WIDTH,
@@ -275,7 +275,9 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
         self._record_legacy = compose(q.RECORD_LEGACY)
         self._schema_version = compose(q.SCHEMA_VERSION)
         self._stats = compose(q.STATS)
-        self._purge = compose(q.PURGE)
+        self._purge = sql.SQL(q.PURGE).format(
+            effects=effects, steps=sql.Identifier(schema, STEPS_TABLE)
+        )
         self._dedup_flush = compose(q.DEDUP_FLUSH)
         self._dedup_counts = compose(q.DEDUP_COUNTS)
         self._counts = PendingCounts(
