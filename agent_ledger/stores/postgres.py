@@ -425,8 +425,13 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
         """
         from psycopg.conninfo import conninfo_to_dict
 
+        conninfo = self._pool.conninfo  # a callable when the pool computes it per connection
         try:
-            options = {k: str(v) for k, v in conninfo_to_dict(self._pool.conninfo).items()}
+            options = (
+                {k: str(v) for k, v in conninfo_to_dict(conninfo).items()}
+                if isinstance(conninfo, str)
+                else {}
+            )
         except psycopg.Error:
             options = {}
         user, host = options.pop("user", ""), options.pop("host", "")
