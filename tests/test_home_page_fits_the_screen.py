@@ -61,7 +61,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:
             pass
 
     server = http.server.ThreadingHTTPServer(
