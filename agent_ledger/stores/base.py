@@ -593,6 +593,10 @@ class Store(Protocol):
     async def purge(self, *, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:
         """Delete effects in ``statuses`` (terminal ones only) completed at least
         ``older_than`` ago by the store's clock, atomically; return how many.
+
+        An effect a saga records as a step or as a step's undo is kept:
+        sagas are never purged, and a saga whose steps had gone would read
+        as one whose steps never ran.
         """
         ...
 

@@ -559,12 +559,20 @@ class MemoryStore(MemorySagas, MemoryBudgets):
         if self._gate.active is not None:
             await self._enter(None)
         cutoff = self._clock() - older_than
+        # A saga's step or undo stays (sagas are never purged), as on every store.
+        kept = {
+            key
+            for steps in self._step_rows.values()
+            for step in steps.values()
+            for key in (step.idem_key, step.compensation_key)
+        }
         doomed = [
             row
             for row in self._rows.values()
             if row.status in statuses
             and row.completed_at is not None
             and row.completed_at <= cutoff
+            and row.idem_key not in kept
         ]
         for row in doomed:
             del self._rows[row.idem_key]

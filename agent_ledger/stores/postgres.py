@@ -31,6 +31,7 @@ from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime, timedelta
 from importlib import resources
 from typing import Any, Final, LiteralString, TypeVar
+from urllib.parse import quote, urlencode, urlunsplit
 
 import orjson
 import psycopg
@@ -76,7 +77,7 @@ from agent_ledger.stores._params import (
     transition_params,
 )
 from agent_ledger.stores._postgres_budgets import PostgresBudgets
-from agent_ledger.stores._postgres_sagas import PostgresSagas
+from agent_ledger.stores._postgres_sagas import STEPS_TABLE, PostgresSagas
 from agent_ledger.stores._postgres_tables import utc
 from agent_ledger.stores._rows import (
     EFFECT_WIDTH,
@@ -165,6 +166,35 @@ def _connection_lost(exc: psycopg.OperationalError, conn: Connection) -> bool:
     """Whether ``exc`` means the connection is gone (killed backend, server restart)."""
     lost = (psycopg.errors.AdminShutdown, psycopg.errors.CrashShutdown)
     return isinstance(exc, lost) or conn.broken or conn.closed
+
+
+#: libpq options whose value must be a whole number (``port``: one per host).
+_INTEGER_OPTIONS: Final = ("port", "connect_timeout", "keepalives_idle", "keepalives_interval")
+
+
+def check_conninfo(conninfo: str, *, field: str = "conninfo") -> None:
+    """Refuse a connection string libpq can never use, naming ``field``.
+
+    libpq rejects an unknown parameter, and a port or timeout that is not a
+    number, only when it connects. The pool then logs the same error on
+    every retry until its timeout, and the probe's own ``connect_timeout``
+    would hide a bad one: so they are checked here, before any connection.
+    """
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        options = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as exc:
+        raise EffectLedgerValidationError(
+            f"malformed PostgreSQL connection string: {exc}", field=field
+        ) from None
+    for name in _INTEGER_OPTIONS:
+        value = options.get(name)
+        if value is not None and not all(part.strip().isdigit() for part in str(value).split(",")):
+            raise EffectLedgerValidationError(
+                f"malformed PostgreSQL connection string: {name} must be a number, got {value!r}",
+                field=field,
+            )
 
 
 async def _probe(conninfo: str, timeout_s: float) -> None:
@@ -275,7 +305,9 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
         self._record_legacy = compose(q.RECORD_LEGACY)
         self._schema_version = compose(q.SCHEMA_VERSION)
         self._stats = compose(q.STATS)
-        self._purge = compose(q.PURGE)
+        self._purge = sql.SQL(q.PURGE).format(
+            effects=effects, steps=sql.Identifier(schema, STEPS_TABLE)
+        )
         self._dedup_flush = compose(q.DEDUP_FLUSH)
         self._dedup_counts = compose(q.DEDUP_COUNTS)
         self._counts = PendingCounts(
@@ -304,9 +336,12 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
         Raises ``EffectStoreError`` if ``min_size`` connections cannot be made
         within ``connect_timeout`` seconds. A server that refuses the
         connection (no such database or role, a closed port, an unknown host)
-        fails at once, with the server's own message.
+        fails at once, with the server's own message. A connection string
+        libpq cannot use (an unknown parameter, a port that is not a number)
+        raises ``EffectLedgerValidationError`` before connecting.
         """
         check_flush_interval(dedup_flush_interval_s)
+        check_conninfo(conninfo)
         deadline = asyncio.get_running_loop().time() + connect_timeout
         await _probe(conninfo, connect_timeout)
         remaining = max(deadline - asyncio.get_running_loop().time(), 0.1)
@@ -381,6 +416,32 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
         row = await cursor.fetchone()
         return 0 if row is None or row[0] is None else int(row[0])
 
+    def _init_command(self) -> str:
+        """``agent-ledger init --url '...'`` for this store's database and schema.
+
+        Built from the pool's connection string without its password (an
+        error message must not carry one), so the command can be pasted
+        where a password comes from ``PGPASSWORD`` or ``~/.pgpass``.
+        """
+        from psycopg.conninfo import conninfo_to_dict
+
+        conninfo = self._pool.conninfo  # a callable when the pool computes it per connection
+        try:
+            options = (
+                {k: str(v) for k, v in conninfo_to_dict(conninfo).items()}
+                if isinstance(conninfo, str)
+                else {}
+            )
+        except psycopg.Error:
+            options = {}
+        user, host = options.pop("user", ""), options.pop("host", "")
+        port, dbname = options.pop("port", ""), options.pop("dbname", "")
+        options.pop("password", None)
+        netloc = (f"{quote(user)}@" if user else "") + host + (f":{port}" if port else "")
+        query = urlencode({**options, "schema": self.schema})
+        url = urlunsplit(("postgresql", netloc, f"/{quote(dbname)}" if dbname else "/", query, ""))
+        return f"`agent-ledger init --url '{url}'`"
+
     async def check_schema(self) -> int:
         """The schema version in the database; raises with a fix if it is missing or old."""
         with self._errors("check_schema"):
@@ -392,7 +453,8 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
             self._refuse_newer(int(version))
         if version is None or version < SCHEMA_VERSION:
             fix = (
-                "apply schema.sql (or await store.create_schema())"
+                f"create them with {self._init_command()} (or await store.create_schema(), "
+                "or apply schema.sql there)"
                 if version is None
                 else "run `agent-ledger migrate` (or await store.migrate(), or apply schema.sql)"
             )
@@ -863,8 +925,9 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
             raise  # ours already: never double-wrap
         except psycopg.errors.UndefinedTable as exc:
             raise EffectStoreError(
-                f"the agent-ledger tables are missing from schema {self.schema!r}: apply "
-                "schema.sql there (or await store.create_schema())",
+                f"the agent-ledger tables are missing from schema {self.schema!r}: create "
+                f"them with {self._init_command()} (or await store.create_schema(), or "
+                "apply schema.sql there)",
                 operation=operation,
                 idem_key=idem_key,
                 effect_id=effect_id,

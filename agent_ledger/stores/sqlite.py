@@ -301,7 +301,8 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
         with self._errors("open"):
             if not create and not self.path.exists():
                 raise EffectStoreError(
-                    f"no ledger database at {self.path}: run `agent-ledger init` first",
+                    f"no ledger database at {self.path}: run "
+                    f"`agent-ledger init --url sqlite:///{self.path}` first",
                     operation="open",
                 )
             # isolation_level=None: we issue BEGIN IMMEDIATE ourselves.
@@ -368,7 +369,8 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
             _refuse_newer(version, SQLITE_SCHEMA_VERSION, str(self.path))
         if version is None or version < SQLITE_SCHEMA_VERSION:
             fix = (
-                "run `agent-ledger init` (or await store.create_schema())"
+                f"run `agent-ledger init --url sqlite:///{self.path}` "
+                "(or await store.create_schema())"
                 if version is None
                 else "run `agent-ledger migrate` (or await store.migrate())"
             )

@@ -61,13 +61,14 @@ async def open_store(url: str, *, create: bool = True) -> Store:
         return SqliteStore(path, create=create)
     if scheme in ("postgresql", "postgres"):
         try:
-            from agent_ledger.stores.postgres import PostgresStore
+            from agent_ledger.stores.postgres import PostgresStore, check_conninfo
         except ImportError:
             raise EffectLedgerValidationError(
                 'PostgreSQL URLs need the extra: pip install "agent-ledger[postgres]"',
                 field="url",
             ) from None
         conninfo, schema = split_schema(url)
+        check_conninfo(conninfo, field="url")
         return await PostgresStore.connect(
             conninfo, schema=schema or "public", connect_timeout=10.0
         )

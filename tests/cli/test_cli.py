@@ -111,8 +111,10 @@ def test_usage_errors_exit_2(cli: Cli) -> None:
     assert cli("purge", "--older-than", "soon", "--yes").returncode == 2
     too_long = cli("purge", "--older-than", "99999999999999999999d", "--yes")
     assert too_long.returncode == 2 and "Traceback" not in too_long.stderr
-    assert too_long.stderr.splitlines()[-1].endswith(
+    assert len(too_long.stderr.splitlines()) == 1 and too_long.stderr.startswith("agent-ledger: ")
+    assert (
         "duration too long: '99999999999999999999d' (at most 365000d, about 1000 years)"
+        in too_long.stderr
     )
 
 
@@ -311,6 +313,7 @@ def test_ambiguous_attempts_from_a_shell(cli: Cli) -> None:
     time.sleep(0.3)
     swept = cli("park-stale")
     assert swept.returncode == 0 and f"parked payments.charge ({key[:12]})" in swept.stdout
+    assert swept.stderr == "", "no stray log line (issue 30)"
     assert cli("park-stale").stdout.strip() == "nothing to park"
     table = cli("pending")
     assert table.returncode == 0
@@ -335,7 +338,11 @@ def test_ambiguous_attempts_from_a_shell(cli: Cli) -> None:
     stale = cli("approve", key[:12], "--by", "ops", "--expected-attempt", "2")
     assert stale.returncode == 1 and "at attempt 1, not 2" in stale.stderr
     refused = cli("resolve", approval_key[:12], "--result", "1", "--by", "ops")
-    assert refused.returncode == 1 and "approve() or deny()" in refused.stderr
+    # In the CLI's own words (issue 30): the commands, not the Python calls.
+    assert refused.returncode == 1 and refused.stderr.startswith("agent-ledger: ")
+    assert f"agent-ledger approve {approval_key[:12]}" in refused.stderr
+    assert f"agent-ledger deny {approval_key[:12]}" in refused.stderr
+    assert "approve()" not in refused.stderr
     resolved = cli(
         "resolve", key[:12], "--result", '{"charge": "ch_1"}', "--by", "ops",
         "--note", "seen at the provider", "--expected-attempt", "1",
