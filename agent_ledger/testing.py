@@ -265,9 +265,11 @@ class FaultyStore(Generic[StoreT]):
             effect_id=effect_id,
         )
 
-    async def release(self, effect_id: str, *, attempt: int) -> bool:
+    async def release(self, effect_id: str, *, attempt: int, for_approval: bool = False) -> bool:
         return await self._step(
-            "release", lambda: self.inner.release(effect_id, attempt=attempt), effect_id=effect_id
+            "release",
+            lambda: self.inner.release(effect_id, attempt=attempt, for_approval=for_approval),
+            effect_id=effect_id,
         )
 
     async def transition(

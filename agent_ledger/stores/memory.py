@@ -366,13 +366,13 @@ class MemoryStore(MemorySagas, MemoryBudgets):
         row.heartbeat_at = now
         return True
 
-    async def release(self, effect_id: str, *, attempt: int) -> bool:
+    async def release(self, effect_id: str, *, attempt: int, for_approval: bool = False) -> bool:
         if self._gate.active is not None:
             await self._enter(None)
         row = self._row_by_id(effect_id)
         if row is None or row.status is not _PROCESSING or row.attempt != attempt:
             return False
-        row.status = _READY
+        row.status = _REQUIRES_APPROVAL if for_approval else _READY
         # The handler never started: this claim ran nothing.
         row.executions -= 1
         if row.executions == 0:

@@ -568,10 +568,10 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
             "record_try", self._record_try, params, None, effect_id=effect_id
         )
 
-    async def release(self, effect_id: str, *, attempt: int) -> bool:
+    async def release(self, effect_id: str, *, attempt: int, for_approval: bool = False) -> bool:
         if not is_effect_id(effect_id):
             return False
-        params = release_params(effect_id, attempt=attempt)
+        params = release_params(effect_id, attempt=attempt, for_approval=for_approval)
         return await self._execute("release", self._release, params, None, effect_id=effect_id)
 
     async def transition(

@@ -586,13 +586,13 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
 
         return await self._run("record_try", work, None, write=True, effect_id=effect_id)
 
-    async def release(self, effect_id: str, *, attempt: int) -> bool:
+    async def release(self, effect_id: str, *, attempt: int, for_approval: bool = False) -> bool:
         await self._enter(None)
         if not is_effect_id(effect_id):
             return False
 
         def work(conn: sqlite3.Connection, now: int) -> str | None:
-            params = release_params(effect_id, attempt=attempt)
+            params = release_params(effect_id, attempt=attempt, for_approval=for_approval)
             params["now"] = now
             if conn.execute(q.RELEASE, params).rowcount != 1:
                 return None
