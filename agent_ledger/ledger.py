@@ -708,9 +708,7 @@ class EffectLedger:
         (already waiting, finished, an unknown key) return False. The
         ``on_approval_required`` hook is called when it moved.
         """
-        return await self._decisions.request_approval(
-            idem_key, self._engine.hooks, attempt=attempt
-        )
+        return await self._decisions.request_approval(idem_key, self._engine.hooks, attempt=attempt)
 
     async def approve(
         self,
@@ -736,15 +734,15 @@ class EffectLedger:
     async def deny(
         self,
         idem_key: str,
-        *,
         reason: str | None = None,
+        *,
         by: str | None = None,
         expected_attempt: int | None = None,
     ) -> bool:
         """Deny a pending effect (-> ``denied``, terminal); True if it moved.
 
         Callers get ``EffectDeniedError`` with the reason. ``expected_attempt``
-        as for :meth:`approve`.
+        as for :meth:`approve`. ``reason`` may be passed by position, as 0.2.x did.
         """
         return await self._decisions.deny(
             idem_key, reason=reason, by=by, expected_attempt=expected_attempt

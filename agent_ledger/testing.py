@@ -347,7 +347,7 @@ class FaultyStore(Generic[StoreT]):
     async def find_legacy(self, legacy_key: str, *, tx: object | None = None) -> Effect | None:
         return await self._step("find_legacy", lambda: self.inner.find_legacy(legacy_key, tx=tx))
 
-    async def list_effects(self, query: EffectQuery) -> list[Effect]:
+    async def list_effects(self, query: EffectQuery | None = None) -> list[Effect]:
         return await self._step("list_effects", lambda: self.inner.list_effects(query))
 
     async def stats(self) -> LedgerStats:

@@ -161,7 +161,9 @@ def reopen_params(dialect: Dialect, idem_key: str, *, by: str, reason: str) -> d
     }
 
 
-def release_params(effect_id: str, *, attempt: int, for_approval: bool) -> dict[str, object]:
+def release_params(
+    effect_id: str, *, attempt: int, for_approval: bool = False
+) -> dict[str, object]:
     """For the release compare-and-set (``processing`` at ``attempt`` -> ``ready``, or
     ``requires_approval`` when the holder gives it back to wait for a person)."""
     return {

@@ -618,8 +618,11 @@ class Store(Protocol):
         """
         ...
 
-    async def list_effects(self, query: EffectQuery) -> list[Effect]:
-        """Up to ``query.limit`` effects matching every given filter, newest first."""
+    async def list_effects(self, query: EffectQuery | None = None) -> list[Effect]:
+        """Up to ``query.limit`` effects matching every given filter, newest first.
+
+        With no query, agent-ledger 0.2.x's bare call: every effect, oldest first,
+        with a ``DeprecationWarning`` (``stores._legacy.all_effects``)."""
         ...
 
     async def stats(self) -> LedgerStats:

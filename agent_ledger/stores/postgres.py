@@ -61,6 +61,7 @@ from agent_ledger.stores._dedup import (
     plus_one,
     row_id,
 )
+from agent_ledger.stores._legacy import LegacyStoreMethods, all_effects
 from agent_ledger.stores._params import (
     Dialect,
     begin_params,
@@ -215,7 +216,7 @@ async def _restore_transactional(conn: Connection) -> None:
         await conn.close()
 
 
-class PostgresStore(PostgresSagas, PostgresBudgets):
+class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
     """Effects in PostgreSQL, shared by every worker that uses the same database.
 
     ``pool`` is the caller's ``psycopg_pool.AsyncConnectionPool`` (opened by
@@ -680,7 +681,9 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
 
     # -- audit --------------------------------------------------------------------
 
-    async def list_effects(self, query: EffectQuery) -> list[Effect]:
+    async def list_effects(self, query: EffectQuery | None = None) -> list[Effect]:
+        if query is None:
+            return await all_effects(self)  # 0.2.x's bare call
         if query.before is not None and not is_effect_id(query.before[1]):
             raise EffectLedgerValidationError("cursor names no effect", field="cursor")
         names, params = list_params(_DIALECT, query)

@@ -34,7 +34,9 @@ class Policy:
 
     def __call__(self, call: ToolCall) -> bool:
         self.asked.append(dict(call.args))
-        return int(call.args["cents"]) > 10_000
+        cents = call.args["cents"]
+        assert isinstance(cents, int)
+        return cents > 10_000
 
 
 async def test_three_identical_calls_ask_the_policy_once(harness: StoreHarness) -> None:
@@ -97,7 +99,7 @@ async def test_a_key_purged_between_lookup_and_insert_is_still_asked(answer: boo
     seen = build_ledger(store)
     await seen.run(CHARGE, lambda effect: "old")
     store.ghost = await store.find(seen.idem_key(CHARGE))
-    store._rows.clear()  # purged behind the caller's back  # noqa: SLF001
+    store._rows.clear()  # purged behind the caller's back
     asked: list[ToolCall] = []
 
     def policy(call: ToolCall) -> bool:

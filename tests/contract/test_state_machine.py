@@ -10,7 +10,7 @@ the store's coroutines on it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -221,12 +221,13 @@ class LedgerMachine(RuleBasedStateMachine):
     )
     def decide(self, key: int, action: str) -> None:
         idem_key = self.news[key].idem_key
-        method = {
+        methods: dict[str, Callable[[str], Awaitable[bool]]] = {
             "request": self.ledger.request_approval,
             "approve": self.ledger.approve,
             "deny": self.ledger.deny,
             "cancel": self.ledger.cancel,
-        }[action]
+        }
+        method = methods[action]
         m = self.model.effects.get(key)
         if action == "request" and m is not None and m.status is S.PROCESSING:
             # Not the holder (this ledger began nothing): an error, never a silent False.
