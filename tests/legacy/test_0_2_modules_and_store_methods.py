@@ -77,13 +77,14 @@ def test_a_0_2_test_module_import_names_the_missing_name() -> None:
 
 def test_utils_and_stores_modules() -> None:
     with pytest.warns(DeprecationWarning, match="agent_ledger.Store"):
-        from agent_ledger.stores import EffectStore  # type: ignore[attr-defined]
+        from agent_ledger.stores import EffectStore
     assert EffectStore is Store
     with pytest.raises(RemovedNameError, match=r"legacy\.keys\.jcs"):
-        from agent_ledger.utils import canonicalize  # type: ignore[attr-defined]  # noqa: F401
+        from agent_ledger.utils import canonicalize  # noqa: F401
     with pytest.warns(DeprecationWarning, match="idempotency_key"):
-        from agent_ledger.utils import compute_idem_key  # type: ignore[attr-defined]
+        from agent_ledger.utils import compute_idem_key
     call = ToolCall("wf", "t", {"a": 1})
+    assert callable(compute_idem_key)
     assert compute_idem_key(call) == agent_ledger.EffectLedger(
         agent_ledger.EffectLedgerOptions(store=MemoryStore())
     ).idem_key(call)
