@@ -27,11 +27,11 @@ __all__ = ["LegacyStoreMethods", "all_effects"]
 _PAGE = 500
 
 
-def _deprecated(store: object, old: str, new: str) -> None:
+def _deprecated(store: object, old: str, new: str, *, stacklevel: int = 3) -> None:
     warnings.warn(
         f"{type(store).__name__}.{old} is agent-ledger 0.2.x's; use {new}",
         DeprecationWarning,
-        stacklevel=3,
+        stacklevel=stacklevel,
     )
 
 
@@ -44,7 +44,10 @@ async def all_effects(store: Store) -> list[Effect]:
 
     Read a page at a time, by keyset, so effects created meanwhile neither
     repeat nor shift a page."""
-    _deprecated(store, "list_effects() with no query", "ledger.list_effects(...) (pages)")
+    # Named at the caller of the store's list_effects(), two frames up.
+    _deprecated(
+        store, "list_effects() with no query", "ledger.list_effects(...) (pages)", stacklevel=4
+    )
     newest_first: list[Effect] = []
     before = None
     while True:
