@@ -180,6 +180,13 @@ STORE_METHODS: dict[str, str] = {
         "stale_after_ms=...) for store authors)"
     ),
     "increment_dedup_count": "begin() counts duplicates itself",
+    "transition": (
+        "0.2.x's transition(effect_id, from_status, to_status, result=..., error=...) is now "
+        "the ledger's steps: commit(effect_id, CommitSucceeded(...) | CommitFailed(...)) "
+        "records an outcome, approve()/deny()/cancel() decide; Store.transition(idem_key, "
+        "target=...) is a store author's compare-and-set from the statuses the state "
+        "machine allows"
+    ),
     "clear": "open a new MemoryStore() (or purge() finished effects)",
 }
 

@@ -10,8 +10,10 @@ is part of the ``Store`` protocol: a store of your own need not have them.
 
 from __future__ import annotations
 
+import functools
 import warnings
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Final, NoReturn
 
 from agent_ledger.errors import RemovedNameError
 from agent_ledger.legacy.names import STORE_METHODS
@@ -58,8 +60,41 @@ async def all_effects(store: Store) -> list[Effect]:
         before = (page[-1].created_at, page[-1].id)
 
 
+#: The keywords only 0.2.x's ``transition(effect_id, from_status, to_status, result=,
+#: error=, tx=)`` took (this version's ``error`` is an ``EffectError``, never a dict).
+_V02_TRANSITION_KEYWORDS: Final = frozenset({"from_status", "to_status", "result"})
+
+
+def _refuse_0_2_transition(
+    transition: Callable[..., Awaitable[Effect | None]],
+) -> Callable[..., Awaitable[Effect | None]]:
+    """Wrap a store's ``transition`` so that 0.2.x's call shape raises
+    ``RemovedNameError`` instead of a bare ``TypeError`` about positional arguments.
+
+    Only the shape is checked (one extra call frame, on decisions only); every
+    call of this version's shape goes straight through."""
+
+    @functools.wraps(transition)
+    async def checked(self: object, *args: object, **kwargs: object) -> Effect | None:
+        if (
+            len(args) > 1
+            or _V02_TRANSITION_KEYWORDS & kwargs.keys()
+            or (isinstance(kwargs.get("error"), dict))
+        ):
+            _removed(self, "transition")
+        return await transition(self, *args, **kwargs)
+
+    return checked
+
+
 class LegacyStoreMethods:
     """0.2.x's ``EffectStore`` methods that this version's stores no longer define."""
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("transition")
+        if own is not None:
+            cls.transition = _refuse_0_2_transition(own)  # type: ignore[attr-defined]
 
     async def find_by_idem_key(
         self: Store, idem_key: str, tx: object | None = None

@@ -120,8 +120,19 @@ async def test_0_2_store_methods_on_every_store(harness: StoreHarness) -> None:
         with pytest.raises(RemovedNameError, match=rf"{type(store).__name__}\.{method} \(") as info:
             await getattr(store, method)(first.id, EffectStatus.PROCESSING)
         assert "ledger.begin" in str(info.value) or "begin() counts" in str(info.value)
-    # Nothing changed.
+    # 0.2.x's transition(effect_id, from_status, to_status, result=...) says what to use.
+    shapes: list[tuple[tuple[object, ...], dict[str, object]]] = [
+        ((first.id, EffectStatus.PROCESSING, EffectStatus.SUCCEEDED), {"result": {"ok": 1}}),
+        ((first.id, EffectStatus.PROCESSING, EffectStatus.FAILED), {"error": {"message": "x"}}),
+        ((first.id,), {"from_status": EffectStatus.PROCESSING, "to_status": EffectStatus.FAILED}),
+    ]
+    for args, kwargs in shapes:
+        with pytest.raises(RemovedNameError, match=r"\.transition \(.*ledger\.commit|commit\("):
+            await store.transition(*args, **kwargs)  # type: ignore[arg-type]
+    # Nothing changed, and this version's own transition still answers.
     assert await store.find(first.idem_key) == found
+    canceled = await store.transition(second.idem_key, target=EffectStatus.CANCELED)
+    assert canceled is not None and canceled.status is EffectStatus.CANCELED
 
 
 def test_memory_store_size_and_clear() -> None:
