@@ -199,7 +199,10 @@ def resolve(name: str) -> object:
 
 def resolve_in(module: str, name: str, *, stacklevel: int = 3) -> object:
     """:func:`resolve` for 0.2.x's module ``module`` (``agent_ledger``, or one of the
-    shims ``agent_ledger.types`` and ``agent_ledger.utils``)."""
+    shims ``agent_ledger.types`` and ``agent_ledger.utils``). A submodule answers
+    only for the names 0.2.x's module of that name had."""
+    if module != "agent_ledger" and name not in MODULE_NAMES.get(module, ()):
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
     if name in RENAMED:
         where, attribute, spelling = RENAMED[name]
         warnings.warn(
@@ -210,7 +213,7 @@ def resolve_in(module: str, name: str, *, stacklevel: int = 3) -> object:
         return getattr(importlib.import_module(where), attribute)
     if name in GONE:
         raise RemovedNameError(name, GONE[name], owner=module)
-    if module != "agent_ledger" and name in MODULE_NAMES.get(module, ()):
+    if module != "agent_ledger":
         if name in SAME:
             where, attribute = SAME[name]
             spelling = (

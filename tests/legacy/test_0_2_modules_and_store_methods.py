@@ -90,6 +90,9 @@ def test_utils_and_stores_modules() -> None:
     ).idem_key(call)
     with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
         importlib.import_module("agent_ledger.types").nonsense  # noqa: B018
+    # A submodule answers only for what 0.2.x's module of that name had.
+    with pytest.raises(AttributeError, match="no attribute 'canonicalize'"):
+        importlib.import_module("agent_ledger.stores").canonicalize  # noqa: B018
 
 
 def test_idempotency_status_cites_a_page_that_exists() -> None:
