@@ -213,7 +213,11 @@ class LedgerCore(Generic[ToolT_co]):
                 return BeginResult(
                     recorded, cached=True, idempotency_status="replayed", cached_result=outcome
                 )
-        return await self._engine.begin(prepared, tx)
+        begun = await self._engine.begin(prepared, tx)
+        if not begun.cached and tx is None:
+            # The caller holds it now: request_approval(key) is its own step.
+            self._decisions.begun.remember(begun.effect)
+        return begun
 
     async def commit(
         self,
@@ -231,7 +235,9 @@ class LedgerCore(Generic[ToolT_co]):
         result that is not JSON raises ``EffectLedgerValidationError`` and
         records nothing, so the caller can commit again.
         """
-        return await self._engine.commit(effect_id, outcome, attempt=attempt, tx=tx)
+        committed = await self._engine.commit(effect_id, outcome, attempt=attempt, tx=tx)
+        self._decisions.begun.forget(effect_id)
+        return committed
 
     async def heartbeat(self, effect_id: str, attempt: int) -> bool:
         """Show that the worker holding ``attempt`` is alive (for begin/commit workers).
@@ -311,19 +317,25 @@ class LedgerCore(Generic[ToolT_co]):
 
     # -- decisions -------------------------------------------------------------------
 
-    async def request_approval(self, idem_key: str) -> bool:
-        """Take an approval back: ``ready`` -> ``requires_approval``; True if it moved.
+    async def request_approval(self, idem_key: str, *, attempt: int | None = None) -> bool:
+        """Send an effect to a person; True if it moved to ``requires_approval``.
 
-        Only an approved effect that nobody has claimed yet can be sent back
-        for another look; every other status returns False. A ``processing``
-        effect in particular is refused: its handler is already running, so
-        an approval could not stop it, and it would only make the running
-        handler's commit fail and the handler run again after the approval.
-        To have a call wait for a person before it runs, create it that way:
-        ``RunOptions(requires_approval=True)`` or the ``requires_approval``
-        policy hook. The ``on_approval_required`` hook is called when it moved.
+        Two callers may: the effect's **holder**, before it runs the tool
+        (a ``begin()`` worker that decides the call needs a person: pass
+        ``attempt=result.effect.attempt``, or nothing when this ledger's
+        ``begin()`` gave it the effect), and anyone, for an approved effect
+        nobody has claimed yet (``ready``: the approval is taken back). The
+        holder's step is fenced by its attempt: nobody can claim the effect
+        until a person approves it, then the next call runs it once. A holder
+        that was taken over or finished meanwhile gets
+        ``EffectLedgerValidationError`` (``field="attempt"``) and must not run
+        the tool. Anyone else asking for a ``processing`` effect gets
+        ``EffectLedgerValidationError`` (``field="idem_key"``): its handler
+        may be running, and an approval could not stop it. Other statuses
+        (already waiting, finished, an unknown key) return False. The
+        ``on_approval_required`` hook is called when it moved.
         """
-        return await self._decisions.request_approval(idem_key, self._engine.hooks)
+        return await self._decisions.request_approval(idem_key, self._engine.hooks, attempt=attempt)
 
     async def approve(
         self,
@@ -349,15 +361,15 @@ class LedgerCore(Generic[ToolT_co]):
     async def deny(
         self,
         idem_key: str,
-        *,
         reason: str | None = None,
+        *,
         by: str | None = None,
         expected_attempt: int | None = None,
     ) -> bool:
         """Deny a pending effect (-> ``denied``, terminal); True if it moved.
 
         Callers get ``EffectDeniedError`` with the reason. ``expected_attempt``
-        as for :meth:`approve`.
+        as for :meth:`approve`. ``reason`` may be passed by position, as 0.2.x did.
         """
         return await self._decisions.deny(
             idem_key, reason=reason, by=by, expected_attempt=expected_attempt

@@ -60,7 +60,15 @@ class EffectFailedError(EffectLedgerError):
     original error's.
     """
 
-    def __init__(self, effect: Effect) -> None:
+    def __init__(self, effect: Effect, *legacy: object) -> None:
+        # ``legacy``: only so that 0.2.x's two-argument form gets guidance.
+        if isinstance(effect, str) or legacy:
+            raise RemovedNameError(
+                "EffectFailedError(idem_key, effect_error)",
+                "this version's is EffectFailedError(effect), built by the ledger from the "
+                "recorded effect (.message, .code and .effect replace .effect_error); to fail "
+                "a call, raise your own exception from the handler, or commit CommitFailed",
+            )
         error = effect.error
         self.effect = effect
         self.message = error.message if error is not None else "effect failed"
@@ -76,7 +84,15 @@ class EffectDeniedError(EffectLedgerError):
     gave, if anything. The handler did not run (or its run was abandoned).
     """
 
-    def __init__(self, effect: Effect) -> None:
+    def __init__(self, effect: Effect, *legacy: object, **legacy_reason: object) -> None:
+        # ``legacy`` and ``legacy_reason``: only so that 0.2.x's form gets guidance.
+        if isinstance(effect, str) or legacy or legacy_reason:
+            raise RemovedNameError(
+                "EffectDeniedError(idem_key, reason)",
+                "this version's is EffectDeniedError(effect), built by the ledger from the "
+                "denied or canceled effect (.reason, .status and .effect); to refuse a call, "
+                "deny() it (ledger.deny(key, reason))",
+            )
         self.effect = effect
         self.status = effect.status
         self.reason = effect.error.message if effect.error is not None else None
@@ -362,6 +378,26 @@ class EffectLedgerInvariantError(EffectLedgerError):
 
     This is a bug in a store (or a hand-edited database), never a user error.
     """
+
+
+class RemovedNameError(ImportError):
+    """A name (or call shape) of agent-ledger 0.2.x with no equivalent in this version.
+
+    Documented as ``agent_ledger.legacy.names.RemovedNameError`` (see there
+    for why it is an ``ImportError``). Defined here, in the lowest layer, so
+    that this module's own 0.2.x constructors can raise it too. ``owner`` is
+    where 0.2.x had the name: a module, or a class for its methods.
+    """
+
+    def __init__(self, name: str, advice: str, *, owner: str = "agent_ledger") -> None:
+        super().__init__(
+            f"{owner}.{name} (agent-ledger 0.2.x) has no equivalent here: {advice}; "
+            "see docs/migrating-from-0.2.md",
+            name=owner,
+        )
+
+
+RemovedNameError.__module__ = "agent_ledger.legacy.names"
 
 
 def require_str(value: object, name: str) -> None:

@@ -161,13 +161,16 @@ def reopen_params(dialect: Dialect, idem_key: str, *, by: str, reason: str) -> d
     }
 
 
-def release_params(effect_id: str, *, attempt: int) -> dict[str, object]:
-    """For the release compare-and-set (``processing`` at ``attempt`` -> ``ready``)."""
+def release_params(
+    effect_id: str, *, attempt: int, for_approval: bool = False
+) -> dict[str, object]:
+    """For the release compare-and-set (``processing`` at ``attempt`` -> ``ready``, or
+    ``requires_approval`` when the holder gives it back to wait for a person)."""
     return {
         "id": effect_id,
         "attempt": attempt,
         "processing": _PROCESSING,
-        "ready": _READY,
+        "ready": _REQUIRES_APPROVAL if for_approval else _READY,
     }
 
 

@@ -425,9 +425,9 @@ class Store(Protocol):
         """
         ...
 
-    async def release(self, effect_id: str, *, attempt: int) -> bool:
+    async def release(self, effect_id: str, *, attempt: int, for_approval: bool = False) -> bool:
         """Give an effect back unrun: compare-and-set ``processing`` at ``attempt``
-        -> ``ready``.
+        -> ``ready`` (``requires_approval`` with ``for_approval``).
 
         For a holder whose run was cancelled after its begin or claim landed
         and before its handler started: the effect becomes claimable at once
@@ -440,6 +440,12 @@ class Store(Protocol):
         False, changing nothing, otherwise (unknown id included). Wakes
         subscribers, so a waiter claims the effect at once. Never called
         inside a caller's transaction (that one rolls back instead).
+
+        ``for_approval``: the holder decided, before running the handler,
+        that a person must approve the call first (``request_approval`` by
+        the holder, 0.2.x's worker flow; ``status.HOLD``). The same fenced
+        step, to ``requires_approval`` instead: nobody can claim the effect
+        until a person approves it. Waiters wake and wait for the decision.
         """
         ...
 
@@ -569,8 +575,11 @@ class Store(Protocol):
         """
         ...
 
-    async def list_effects(self, query: EffectQuery) -> list[Effect]:
-        """Up to ``query.limit`` effects matching every given filter, newest first."""
+    async def list_effects(self, query: EffectQuery | None = None) -> list[Effect]:
+        """Up to ``query.limit`` effects matching every given filter, newest first.
+
+        With no query, agent-ledger 0.2.x's bare call: every effect, oldest first,
+        with a ``DeprecationWarning`` (``stores._legacy.all_effects``)."""
         ...
 
     async def stats(self) -> LedgerStats:

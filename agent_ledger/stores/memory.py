@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import copy
 import operator
+import warnings
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Final, NoReturn
 
 import orjson
 
@@ -31,14 +32,17 @@ from agent_ledger.effects import (
     storable_text,
     usage_from_json,
 )
+from agent_ledger.errors import RemovedNameError
 from agent_ledger.fields import EFFECT_FIELDS
 from agent_ledger.ids import new_effect_id
+from agent_ledger.legacy.names import STORE_METHODS
 from agent_ledger.status import (
     AMBIGUOUS_ATTEMPT,
     CLAIMABLE,
     REOPENABLE,
     EffectStatus,
 )
+from agent_ledger.stores._legacy import LegacyStoreMethods, all_effects
 from agent_ledger.stores._memory_budgets import MemoryBudgets
 from agent_ledger.stores._memory_sagas import MemorySagas
 from agent_ledger.stores._rows import stats_from_groups
@@ -171,7 +175,7 @@ class MemoryTransaction(TransactionHandle):
         return self._undo
 
 
-class MemoryStore(MemorySagas, MemoryBudgets):
+class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets):
     """Effects in a dict, with the same observable behaviour as the SQL stores.
 
     ``clock`` is the store's clock (inject a ``ManualClock`` to test
@@ -366,13 +370,13 @@ class MemoryStore(MemorySagas, MemoryBudgets):
         row.heartbeat_at = now
         return True
 
-    async def release(self, effect_id: str, *, attempt: int) -> bool:
+    async def release(self, effect_id: str, *, attempt: int, for_approval: bool = False) -> bool:
         if self._gate.active is not None:
             await self._enter(None)
         row = self._row_by_id(effect_id)
         if row is None or row.status is not _PROCESSING or row.attempt != attempt:
             return False
-        row.status = _READY
+        row.status = _REQUIRES_APPROVAL if for_approval else _READY
         # The handler never started: this claim ran nothing.
         row.executions -= 1
         if row.executions == 0:
@@ -539,7 +543,9 @@ class MemoryStore(MemorySagas, MemoryBudgets):
 
     # -- audit -------------------------------------------------------------
 
-    async def list_effects(self, query: EffectQuery) -> list[Effect]:
+    async def list_effects(self, query: EffectQuery | None = None) -> list[Effect]:
+        if query is None:
+            return await all_effects(self)  # 0.2.x's bare call
         if self._gate.active is not None:
             await self._enter(None)
         now = self._clock()
@@ -600,3 +606,17 @@ class MemoryStore(MemorySagas, MemoryBudgets):
     def __len__(self) -> int:
         """How many effects the store holds."""
         return len(self._rows)
+
+    @property
+    def size(self) -> int:
+        """0.2.x's ``MemoryStore.size`` (deprecated): ``len(store)``."""
+        warnings.warn(
+            "MemoryStore.size is agent-ledger 0.2.x's; use len(store)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return len(self._rows)
+
+    def clear(self) -> NoReturn:
+        """0.2.x's ``MemoryStore.clear()``: gone (see the error)."""
+        raise RemovedNameError("clear", STORE_METHODS["clear"], owner="MemoryStore")

@@ -62,6 +62,7 @@ from agent_ledger.stores._dedup import (
     plus_one,
     row_id,
 )
+from agent_ledger.stores._legacy import LegacyStoreMethods, all_effects
 from agent_ledger.stores._params import (
     Dialect,
     begin_params,
@@ -245,7 +246,7 @@ async def _restore_transactional(conn: Connection) -> None:
         await conn.close()
 
 
-class PostgresStore(PostgresSagas, PostgresBudgets):
+class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
     """Effects in PostgreSQL, shared by every worker that uses the same database.
 
     ``pool`` is the caller's ``psycopg_pool.AsyncConnectionPool`` (opened by
@@ -630,10 +631,10 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
             "record_try", self._record_try, params, None, effect_id=effect_id
         )
 
-    async def release(self, effect_id: str, *, attempt: int) -> bool:
+    async def release(self, effect_id: str, *, attempt: int, for_approval: bool = False) -> bool:
         if not is_effect_id(effect_id):
             return False
-        params = release_params(effect_id, attempt=attempt)
+        params = release_params(effect_id, attempt=attempt, for_approval=for_approval)
         return await self._execute("release", self._release, params, None, effect_id=effect_id)
 
     async def transition(
@@ -742,7 +743,9 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
 
     # -- audit --------------------------------------------------------------------
 
-    async def list_effects(self, query: EffectQuery) -> list[Effect]:
+    async def list_effects(self, query: EffectQuery | None = None) -> list[Effect]:
+        if query is None:
+            return await all_effects(self)  # 0.2.x's bare call
         if query.before is not None and not is_effect_id(query.before[1]):
             raise EffectLedgerValidationError("cursor names no effect", field="cursor")
         names, params = list_params(_DIALECT, query)

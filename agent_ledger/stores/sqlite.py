@@ -54,6 +54,7 @@ from agent_ledger.stores._dedup import (
     plus_one,
     row_id,
 )
+from agent_ledger.stores._legacy import LegacyStoreMethods, all_effects
 from agent_ledger.stores._params import (
     Dialect,
     begin_params,
@@ -242,7 +243,7 @@ class SqliteTransaction(TransactionHandle):
     opened_us: int | None = None
 
 
-class SqliteStore(SqliteSagas, SqliteBudgets):
+class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
     """Effects in a SQLite file, durable and shared by every process on the machine.
 
     ``path`` is the database file (``":memory:"`` is refused: use
@@ -588,13 +589,13 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
 
         return await self._run("record_try", work, None, write=True, effect_id=effect_id)
 
-    async def release(self, effect_id: str, *, attempt: int) -> bool:
+    async def release(self, effect_id: str, *, attempt: int, for_approval: bool = False) -> bool:
         await self._enter(None)
         if not is_effect_id(effect_id):
             return False
 
         def work(conn: sqlite3.Connection, now: int) -> str | None:
-            params = release_params(effect_id, attempt=attempt)
+            params = release_params(effect_id, attempt=attempt, for_approval=for_approval)
             params["now"] = now
             if conn.execute(q.RELEASE, params).rowcount != 1:
                 return None
@@ -770,7 +771,9 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
 
     # -- audit --------------------------------------------------------------------
 
-    async def list_effects(self, query: EffectQuery) -> list[Effect]:
+    async def list_effects(self, query: EffectQuery | None = None) -> list[Effect]:
+        if query is None:
+            return await all_effects(self)  # 0.2.x's bare call
         await self._enter(None)
         names, params = list_params(_DIALECT, query)
         filters = [q.LIST_FILTERS[name] for name in names]

@@ -17,7 +17,6 @@ from agent_ledger import (
     RunOptions,
     ToolCall,
 )
-from agent_ledger.clock import ManualClock
 from agent_ledger.options import ConcurrencyOptions
 
 
