@@ -35,7 +35,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from agent_ledger.adapters._dispatch import Reply, call_of, dispatch, field, options_for
+from agent_ledger.adapters._dispatch import (
+    Reply,
+    blocking,
+    call_of,
+    dispatch,
+    field,
+    options_for,
+)
 from agent_ledger.adapters._schema import (
     model_name,
     parameters_schema,
@@ -99,28 +106,8 @@ async def run_tool_uses(
     return [_tool_result(reply) for reply in replies]
 
 
-def run_tool_uses_sync(
-    ledger: EffectLedger,
-    content: Iterable[object] | None,
-    *,
-    wait_for_approval: bool | None = None,
-    run_options: RunOptions | None = None,
-) -> list[ToolResultBlockParam]:
-    """``run_tool_uses`` for a synchronous agent loop: blocks until every call settled.
-
-    Runs on the ledger's event loop (``EffectLedger.call_sync``: a
-    background loop the ledger owns, see "Sync callers" in docs/tools.md),
-    in the caller's context, so ``with ledger.workflow(...)`` applies. The
-    calls still run concurrently there. Called on a running event loop it
-    raises instead of blocking it: await ``run_tool_uses`` there.
-    """
-    return ledger.call_sync(
-        run_tool_uses,
-        ledger,
-        content,
-        wait_for_approval=wait_for_approval,
-        run_options=run_options,
-    )
+#: ``run_tool_uses`` for a synchronous agent loop: blocks until every call settled.
+run_tool_uses_sync = blocking(run_tool_uses)
 
 
 def tool_definitions(

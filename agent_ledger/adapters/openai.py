@@ -37,7 +37,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from agent_ledger.adapters._dispatch import ModelCall, Reply, call_of, dispatch, field, options_for
+from agent_ledger.adapters._dispatch import (
+    ModelCall,
+    Reply,
+    blocking,
+    call_of,
+    dispatch,
+    field,
+    options_for,
+)
 from agent_ledger.adapters._schema import (
     model_name,
     parameters_schema,
@@ -130,45 +138,10 @@ async def run_function_calls(
     return [_function_call_output(reply) for reply in replies]
 
 
-def run_tool_calls_sync(
-    ledger: EffectLedger,
-    tool_calls: Iterable[object] | None,
-    *,
-    wait_for_approval: bool | None = None,
-    run_options: RunOptions | None = None,
-) -> list[ChatCompletionToolMessageParam]:
-    """``run_tool_calls`` for a synchronous agent loop: blocks until every call settled.
-
-    Runs on the ledger's event loop (``EffectLedger.call_sync``: a
-    background loop the ledger owns, see "Sync callers" in docs/tools.md),
-    in the caller's context, so ``with ledger.workflow(...)`` applies. The
-    calls still run concurrently there. Called on a running event loop it
-    raises instead of blocking it: await ``run_tool_calls`` there.
-    """
-    return ledger.call_sync(
-        run_tool_calls,
-        ledger,
-        tool_calls,
-        wait_for_approval=wait_for_approval,
-        run_options=run_options,
-    )
-
-
-def run_function_calls_sync(
-    ledger: EffectLedger,
-    items: Iterable[object] | None,
-    *,
-    wait_for_approval: bool | None = None,
-    run_options: RunOptions | None = None,
-) -> list[FunctionCallOutput]:
-    """``run_function_calls`` for a synchronous agent loop (see ``run_tool_calls_sync``)."""
-    return ledger.call_sync(
-        run_function_calls,
-        ledger,
-        items,
-        wait_for_approval=wait_for_approval,
-        run_options=run_options,
-    )
+#: ``run_tool_calls`` for a synchronous agent loop: blocks until every call settled.
+run_tool_calls_sync = blocking(run_tool_calls)
+#: ``run_function_calls`` for a synchronous agent loop: blocks until every call settled.
+run_function_calls_sync = blocking(run_function_calls)
 
 
 def chat_tools(
