@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Concatenate, Final, ParamSpec, TypeVar, cast
 
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
     from agent_ledger.tools import Tool
 
-__all__ = ["ModelCall", "Reply", "blocking", "call_of", "dispatch", "field", "options_for"]
+__all__ = ["ModelCall", "Reply", "blocking", "call_of", "dispatch", "field"]
 
 #: How an error result starts, so a model reading plain text (OpenAI has no
 #: error flag) tells it from a tool's output.
@@ -116,7 +116,7 @@ def call_of(
     return ModelCall(call_id=call_id, name=name, arguments=arguments)
 
 
-def options_for(
+def _options_for(
     run_options: RunOptions | None, wait_for_approval: bool | None
 ) -> RunOptions | None:
     """The run options for every call: ``run_options``, with ``wait_for_approval`` over them."""
@@ -132,16 +132,24 @@ def options_for(
 
 
 async def dispatch(
-    ledger: EffectLedger, calls: Sequence[ModelCall], run_options: RunOptions | None
+    ledger: EffectLedger,
+    calls: Iterable[ModelCall | None],
+    *,
+    run_options: RunOptions | None,
+    wait_for_approval: bool | None,
 ) -> list[Reply]:
-    """Run ``calls`` concurrently; their replies in order, or the first exception to raise."""
-    if not calls:
+    """Run ``calls`` (None: not the ledger's, skipped) concurrently, with ``run_options``
+    and ``wait_for_approval`` over them; their replies in order, or the first exception
+    to raise."""
+    options = _options_for(run_options, wait_for_approval)
+    ours = [call for call in calls if call is not None]
+    if not ours:
         return []
-    if len(calls) == 1:
+    if len(ours) == 1:
         # No task for the common case: one call, awaited right here.
-        return [await _run_one(ledger, calls[0], run_options)]
+        return [await _run_one(ledger, ours[0], options)]
     outcomes = await asyncio.gather(
-        *(_run_one(ledger, call, run_options) for call in calls), return_exceptions=True
+        *(_run_one(ledger, call, options) for call in ours), return_exceptions=True
     )
     replies: list[Reply] = []
     for outcome in outcomes:

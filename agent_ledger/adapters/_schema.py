@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 import weakref
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Final, NotRequired, cast
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, NotRequired, cast
 
 import orjson
 
@@ -52,6 +52,9 @@ if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
 
 __all__ = [
+    "Described",
+    "chosen_tools",
+    "described_tools",
     "find_model_tool",
     "model_name",
     "parameters_schema",
@@ -188,6 +191,24 @@ def selected_tools(
                 field="tools",
             )
     return chosen
+
+
+class Described(NamedTuple):
+    """A tool as a model API describes it: the name it calls, its arguments' schema, its doc."""
+
+    name: str
+    parameters: dict[str, Any]
+    description: str | None
+
+
+def described_tools(
+    ledger: EffectLedger, tools: Iterable[Tool[Any] | str] | None
+) -> list[Described]:
+    """Each of ``selected_tools`` as a model API describes it, in order."""
+    return [
+        Described(model_name(tool), parameters_schema(tool), tool_description(tool))
+        for tool in selected_tools(ledger, tools)
+    ]
 
 
 def tool_description(tool: Tool[Any]) -> str | None:

@@ -35,20 +35,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from agent_ledger.adapters._dispatch import (
-    Reply,
-    blocking,
-    call_of,
-    dispatch,
-    field,
-    options_for,
-)
-from agent_ledger.adapters._schema import (
-    model_name,
-    parameters_schema,
-    selected_tools,
-    tool_description,
-)
+from agent_ledger.adapters._dispatch import Reply, blocking, call_of, dispatch, field
+from agent_ledger.adapters._schema import described_tools
 from agent_ledger.adapters._tokens import no_usage, token_count
 
 try:
@@ -102,7 +90,9 @@ async def run_tool_uses(
         for block in content or ()
         if field(block, "type") == "tool_use"
     ]
-    replies = await dispatch(ledger, calls, options_for(run_options, wait_for_approval))
+    replies = await dispatch(
+        ledger, calls, run_options=run_options, wait_for_approval=wait_for_approval
+    )
     return [_tool_result(reply) for reply in replies]
 
 
@@ -120,11 +110,10 @@ def tool_definitions(
     also be called by the model, or a signature with no JSON schema.
     """
     definitions: list[ToolParam] = []
-    for tool in selected_tools(ledger, tools):
-        definition: ToolParam = {"name": model_name(tool), "input_schema": parameters_schema(tool)}
-        description = tool_description(tool)
-        if description is not None:
-            definition["description"] = description
+    for tool in described_tools(ledger, tools):
+        definition: ToolParam = {"name": tool.name, "input_schema": tool.parameters}
+        if tool.description is not None:
+            definition["description"] = tool.description
         definitions.append(definition)
     return definitions
 

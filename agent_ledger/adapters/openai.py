@@ -37,21 +37,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from agent_ledger.adapters._dispatch import (
-    ModelCall,
-    Reply,
-    blocking,
-    call_of,
-    dispatch,
-    field,
-    options_for,
-)
-from agent_ledger.adapters._schema import (
-    model_name,
-    parameters_schema,
-    selected_tools,
-    tool_description,
-)
+from agent_ledger.adapters._dispatch import ModelCall, Reply, blocking, call_of, dispatch, field
+from agent_ledger.adapters._schema import described_tools
 from agent_ledger.adapters._tokens import no_usage, token_count
 
 try:
@@ -111,7 +98,7 @@ async def run_tool_calls(
     """
     calls = [_chat_call(item) for item in tool_calls or ()]
     replies = await dispatch(
-        ledger, [c for c in calls if c is not None], options_for(run_options, wait_for_approval)
+        ledger, calls, run_options=run_options, wait_for_approval=wait_for_approval
     )
     return [_tool_message(reply) for reply in replies]
 
@@ -133,7 +120,7 @@ async def run_function_calls(
     """
     calls = [_responses_call(item) for item in items or ()]
     replies = await dispatch(
-        ledger, [c for c in calls if c is not None], options_for(run_options, wait_for_approval)
+        ledger, calls, run_options=run_options, wait_for_approval=wait_for_approval
     )
     return [_function_call_output(reply) for reply in replies]
 
@@ -154,14 +141,10 @@ def chat_tools(
     also be called by the model, or a signature with no JSON schema.
     """
     definitions: list[ChatCompletionFunctionToolParam] = []
-    for tool in selected_tools(ledger, tools):
-        function: FunctionDefinition = {
-            "name": model_name(tool),
-            "parameters": parameters_schema(tool),
-        }
-        description = tool_description(tool)
-        if description is not None:
-            function["description"] = description
+    for tool in described_tools(ledger, tools):
+        function: FunctionDefinition = {"name": tool.name, "parameters": tool.parameters}
+        if tool.description is not None:
+            function["description"] = tool.description
         definitions.append({"type": "function", "function": function})
     return definitions
 
@@ -177,12 +160,12 @@ def responses_tools(
     return [
         {
             "type": "function",
-            "name": model_name(tool),
-            "description": tool_description(tool),
-            "parameters": parameters_schema(tool),
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters,
             "strict": False,
         }
-        for tool in selected_tools(ledger, tools)
+        for tool in described_tools(ledger, tools)
     ]
 
 
