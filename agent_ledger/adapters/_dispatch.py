@@ -138,9 +138,15 @@ async def dispatch(
     run_options: RunOptions | None,
     wait_for_approval: bool | None,
 ) -> list[Reply]:
-    """Run ``calls`` (None: not the ledger's, skipped) concurrently, with ``run_options``
-    and ``wait_for_approval`` over them; their replies in order, or the first exception
-    to raise."""
+    """Run ``calls`` (None: not the ledger's, skipped) concurrently; their replies in
+    order, or the first exception to raise, after every call settled.
+
+    The options every adapter's ``run_*`` function takes: ``wait_for_approval=False``
+    raises ``ApprovalPendingError`` for a call that needs a person instead of waiting
+    (``RunOptions(wait_for_approval=False)``); None leaves it to the tool's and the
+    ledger's options. ``run_options`` go over each tool's own. A denied call (its
+    handler does not run) raises ``EffectDeniedError``.
+    """
     options = _options_for(run_options, wait_for_approval)
     ours = [call for call in calls if call is not None]
     if not ours:

@@ -73,11 +73,8 @@ async def run_tool_uses(
     blocks' order, so the list is the content of the next user message
     (tool results go first in it).
 
-    ``wait_for_approval=False`` raises ``ApprovalPendingError`` for a call
-    that needs a person instead of waiting (``RunOptions(wait_for_approval=
-    False)``); None leaves it to the tool's and the ledger's options.
-    ``run_options`` go over each tool's own. Raises ``EffectDeniedError``
-    for a denied call (its handler does not run), after every call settled.
+    ``wait_for_approval`` and ``run_options`` are the options every adapter
+    takes, and its errors theirs too (see ``docs/adapters/anthropic.md``).
     """
     calls = [
         call_of(

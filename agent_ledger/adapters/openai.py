@@ -90,11 +90,8 @@ async def run_tool_calls(
     skipped: answer them yourself. Each message carries its call's
     ``tool_call_id``, in the calls' order.
 
-    ``wait_for_approval=False`` raises ``ApprovalPendingError`` for a call
-    that needs a person instead of waiting (``RunOptions(wait_for_approval=
-    False)``); None leaves it to the tool's and the ledger's options.
-    ``run_options`` go over each tool's own. Raises ``EffectDeniedError``
-    for a denied call (its handler does not run), after every call settled.
+    ``wait_for_approval`` and ``run_options`` are the options every adapter
+    takes, and its errors theirs too (see ``docs/adapters/openai.md``).
     """
     calls = [_chat_call(item) for item in tool_calls or ()]
     replies = await dispatch(
