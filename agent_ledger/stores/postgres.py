@@ -593,15 +593,13 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
             decision=decision,
             sources=transition_sources(target, sources),
         )
-        started = self._counts.epoch
-        row = await self._fetch_one("transition", self._transition, params, tx, idem_key=idem_key)
-        return None if row is None else await self._one_counted(row, started, tx)
+        return await self._fetch_effect(
+            "transition", self._transition, params, tx, idem_key=idem_key
+        )
 
     async def reopen(self, idem_key: str, *, by: str, reason: str) -> Effect | None:
         params = reopen_params(_DIALECT, idem_key, by=by, reason=reason)
-        started = self._counts.epoch
-        row = await self._fetch_one("reopen", self._reopen, params, None, idem_key=idem_key)
-        return None if row is None else await self._one_counted(row, started, None)
+        return await self._fetch_effect("reopen", self._reopen, params, None, idem_key=idem_key)
 
     async def mark_started(
         self, effect_id: str, *, attempt: int, worker: str, tx: object | None = None
@@ -645,28 +643,22 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
             error=error,
             decision=decision,
         )
-        started = self._counts.epoch
-        row = await self._fetch_one("settle", self._settle, params, None, idem_key=idem_key)
-        return None if row is None else await self._one_counted(row, started, None)
+        return await self._fetch_effect("settle", self._settle, params, None, idem_key=idem_key)
 
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
         if not is_effect_id(effect_id):
             return None
-        started = self._counts.epoch
-        row = await self._fetch_one("get", self._get, {"id": effect_id}, tx, effect_id=effect_id)
-        return None if row is None else await self._one_counted(row, started, tx)
+        return await self._fetch_effect(
+            "get", self._get, {"id": effect_id}, tx, effect_id=effect_id
+        )
 
     async def find(self, idem_key: str, *, tx: object | None = None) -> Effect | None:
         params = {"idem_key": idem_key}
-        started = self._counts.epoch
-        row = await self._fetch_one("find", self._find, params, tx, idem_key=idem_key)
-        return None if row is None else await self._one_counted(row, started, tx)
+        return await self._fetch_effect("find", self._find, params, tx, idem_key=idem_key)
 
     async def find_legacy(self, legacy_key: str, *, tx: object | None = None) -> Effect | None:
         params = {"legacy_key": legacy_key}
-        started = self._counts.epoch
-        row = await self._fetch_one("find_legacy", self._find_legacy, params, tx)
-        return None if row is None else await self._one_counted(row, started, tx)
+        return await self._fetch_effect("find_legacy", self._find_legacy, params, tx)
 
     async def record_legacy(self, legacy_key: str, idem_key: str) -> bool:
         """Record that 0.2.x's ``legacy_key`` names the effect keyed ``idem_key``
@@ -892,6 +884,24 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
             return await cursor.fetchone()
 
         return await self._statement(operation, fetch, tx, idem_key=idem_key, effect_id=effect_id)
+
+    async def _fetch_effect(
+        self,
+        operation: str,
+        query: sql.Composed,
+        params: Mapping[str, object],
+        tx: object | None,
+        *,
+        idem_key: str | None = None,
+        effect_id: str | None = None,
+    ) -> Effect | None:
+        """``_fetch_one`` of a statement returning an effect's row, as an ``Effect``
+        (this process's pending duplicate counts added), or None."""
+        started = self._counts.epoch
+        row = await self._fetch_one(
+            operation, query, params, tx, idem_key=idem_key, effect_id=effect_id
+        )
+        return None if row is None else await self._one_counted(row, started, tx)
 
     async def _execute(
         self,

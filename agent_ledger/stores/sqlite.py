@@ -617,41 +617,15 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
         check_transition_target(target)
         allowed = transition_sources(target, sources)
         stx = await self._enter(tx)
-        started = self._counts.epoch
-
-        def work(conn: sqlite3.Connection, now: int) -> tuple[Any, ...] | None:
-            params = transition_params(
-                _DIALECT, idem_key, target=target, error=error, decision=decision, sources=allowed
-            )
-            params["now"] = now
-            if conn.execute(q.TRANSITION, params).rowcount != 1:
-                return None
-            row: tuple[Any, ...] = conn.execute(q.FIND, (idem_key,)).fetchone()
-            return row
-
-        moved = await self._run("transition", work, stx, write=True, idem_key=idem_key)
-        if moved is None:
-            return None
-        self._gate.changed(idem_key, stx)
-        return await self._one_counted(moved, started, stx)
+        params = transition_params(
+            _DIALECT, idem_key, target=target, error=error, decision=decision, sources=allowed
+        )
+        return await self._move("transition", q.TRANSITION, params, idem_key, stx)
 
     async def reopen(self, idem_key: str, *, by: str, reason: str) -> Effect | None:
         await self._enter(None)
         params = reopen_params(_DIALECT, idem_key, by=by, reason=reason)
-        started = self._counts.epoch
-
-        def work(conn: sqlite3.Connection, now: int) -> tuple[Any, ...] | None:
-            params["now"], params["at"] = now, from_us(now).isoformat()
-            if conn.execute(q.REOPEN, params).rowcount != 1:
-                return None
-            row: tuple[Any, ...] = conn.execute(q.FIND, (idem_key,)).fetchone()
-            return row
-
-        moved = await self._run("reopen", work, None, write=True, idem_key=idem_key)
-        if moved is None:
-            return None
-        self._gate.changed(idem_key, None)
-        return await self._one_counted(moved, started, None)
+        return await self._move("reopen", q.REOPEN, params, idem_key, None)
 
     async def mark_started(
         self, effect_id: str, *, attempt: int, worker: str, tx: object | None = None
@@ -707,20 +681,36 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
             error=error,
             decision=decision,
         )
+        return await self._move("settle", q.SETTLE, params, idem_key, None)
+
+    async def _move(
+        self,
+        operation: str,
+        statement: str,
+        params: dict[str, Any],
+        idem_key: str,
+        stx: SqliteTransaction | None,
+    ) -> Effect | None:
+        """Run ``statement``, a compare-and-set on ``idem_key``'s row, and read the row
+        back in the same write; None when it did not apply (nothing changed).
+
+        ``:now`` is the store's clock in microseconds and ``:at`` the same moment
+        as ISO text, for the history entry a statement may append.
+        """
         started = self._counts.epoch
 
         def work(conn: sqlite3.Connection, now: int) -> tuple[Any, ...] | None:
             params["now"], params["at"] = now, from_us(now).isoformat()
-            if conn.execute(q.SETTLE, params).rowcount != 1:
+            if conn.execute(statement, params).rowcount != 1:
                 return None
             row: tuple[Any, ...] = conn.execute(q.FIND, (idem_key,)).fetchone()
             return row
 
-        moved = await self._run("settle", work, None, write=True, idem_key=idem_key)
+        moved = await self._run(operation, work, stx, write=True, idem_key=idem_key)
         if moved is None:
             return None
-        self._gate.changed(idem_key, None)
-        return await self._one_counted(moved, started, None)
+        self._gate.changed(idem_key, stx)
+        return await self._one_counted(moved, started, stx)
 
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
         stx = await self._enter(tx)
