@@ -550,27 +550,17 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
         if not is_effect_id(effect_id):
             return False
 
-        def work(conn: sqlite3.Connection, now: int) -> str | None:
-            params = commit_params(
-                _DIALECT,
-                effect_id,
-                attempt=attempt,
-                status=status,
-                result_json=result_json,
-                error=error,
-                ends_try=ends_try,
-                usage_json=usage_json,
-            )
-            params["now"] = now
-            if conn.execute(q.COMMIT, params).rowcount != 1:
-                return None
-            return str(conn.execute(q.KEY_OF, (effect_id,)).fetchone()[0])
-
-        idem_key = await self._run("commit", work, stx, write=True, effect_id=effect_id)
-        if idem_key is None:
-            return False
-        self._gate.changed(idem_key, stx)
-        return True
+        params = commit_params(
+            _DIALECT,
+            effect_id,
+            attempt=attempt,
+            status=status,
+            result_json=result_json,
+            error=error,
+            ends_try=ends_try,
+            usage_json=usage_json,
+        )
+        return await self._set("commit", q.COMMIT, params, effect_id, stx)
 
     async def record_try(
         self, effect_id: str, *, attempt: int, error: EffectError, error_type: str
@@ -591,17 +581,30 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
         if not is_effect_id(effect_id):
             return False
 
+        params = release_params(effect_id, attempt=attempt)
+        return await self._set("release", q.RELEASE, params, effect_id, None)
+
+    async def _set(
+        self,
+        operation: str,
+        statement: str,
+        params: dict[str, Any],
+        effect_id: str,
+        stx: SqliteTransaction | None,
+    ) -> bool:
+        """Run ``statement``, a compare-and-set on the row of ``effect_id`` (``:now``: the
+        store's clock); True if it applied, and then its key's waiters are told."""
+
         def work(conn: sqlite3.Connection, now: int) -> str | None:
-            params = release_params(effect_id, attempt=attempt)
             params["now"] = now
-            if conn.execute(q.RELEASE, params).rowcount != 1:
+            if conn.execute(statement, params).rowcount != 1:
                 return None
             return str(conn.execute(q.KEY_OF, (effect_id,)).fetchone()[0])
 
-        idem_key = await self._run("release", work, None, write=True, effect_id=effect_id)
+        idem_key = await self._run(operation, work, stx, write=True, effect_id=effect_id)
         if idem_key is None:
             return False
-        self._gate.changed(idem_key, None)
+        self._gate.changed(idem_key, stx)
         return True
 
     async def transition(
