@@ -543,11 +543,8 @@ async def approve(
     if not isinstance(found, _Found):
         state.approve(item)
         return None
-    if await _effect(found, item.call_id) is not None:
-        await found.calls.ledger.approve(found.key, by=by, note=note)
-    effect = await found.calls.ledger.find_by_idem_key(found.key)
-    _mirror(state, item, effect)
-    return effect
+    ledger = found.calls.ledger
+    return await _decide(state, item, found, lambda: ledger.approve(found.key, by=by, note=note))
 
 
 async def reject(
@@ -569,8 +566,20 @@ async def reject(
     if isinstance(found, MalformedToolCall):
         state.reject(item, rejection_message=str(found))
         return None
+    ledger = found.calls.ledger
+    return await _decide(state, item, found, lambda: ledger.deny(found.key, reason=reason, by=by))
+
+
+async def _decide(
+    state: RunState[Any, Any],
+    item: ToolApprovalItem,
+    found: _Found,
+    decision: Callable[[], Awaitable[bool]],
+) -> Effect | None:
+    """Record ``decision`` on the ledger if the call's effect exists (else nothing is
+    decided), then mirror the effect as it now stands into ``state``; returns it."""
     if await _effect(found, item.call_id) is not None:
-        await found.calls.ledger.deny(found.key, reason=reason, by=by)
+        await decision()
     effect = await found.calls.ledger.find_by_idem_key(found.key)
     _mirror(state, item, effect)
     return effect
