@@ -104,17 +104,8 @@ def test_the_scan_finds_codes_typed_as_literals() -> None:
     assert lines == {1, 2, 4, 5, 6, 7}, found
 
 
-#: Modules another branch is restructuring now; swept once that work has landed.
-NOT_YET_SWEPT = {PACKAGE / "engine" / "lifecycle.py", *(PACKAGE / "sagas").glob("*.py")}
-
-
 def test_no_module_types_a_code_outside_the_table() -> None:
-    found = [
-        place
-        for path, tree in _sources()
-        if path not in NOT_YET_SWEPT
-        for place in _typed_codes(path, tree)
-    ]
+    found = [place for path, tree in _sources() for place in _typed_codes(path, tree)]
     assert not found, "use agent_ledger.codes.ErrorCode instead:\n" + "\n".join(found)
 
 
