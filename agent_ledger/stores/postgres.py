@@ -593,13 +593,15 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
             decision=decision,
             sources=transition_sources(target, sources),
         )
-        return await self._fetch_effect(
-            "transition", self._transition, params, tx, idem_key=idem_key
+        return await self._effect_of(
+            self._fetch_one("transition", self._transition, params, tx, idem_key=idem_key), tx
         )
 
     async def reopen(self, idem_key: str, *, by: str, reason: str) -> Effect | None:
         params = reopen_params(_DIALECT, idem_key, by=by, reason=reason)
-        return await self._fetch_effect("reopen", self._reopen, params, None, idem_key=idem_key)
+        return await self._effect_of(
+            self._fetch_one("reopen", self._reopen, params, None, idem_key=idem_key), None
+        )
 
     async def mark_started(
         self, effect_id: str, *, attempt: int, worker: str, tx: object | None = None
@@ -643,30 +645,31 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
             error=error,
             decision=decision,
         )
-        return await self._fetch_effect("settle", self._settle, params, None, idem_key=idem_key)
+        return await self._effect_of(
+            self._fetch_one("settle", self._settle, params, None, idem_key=idem_key), None
+        )
 
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
         if not is_effect_id(effect_id):
             return None
-        return await self._fetch_effect(
-            "get", self._get, {"id": effect_id}, tx, effect_id=effect_id
+        return await self._effect_of(
+            self._fetch_one("get", self._get, {"id": effect_id}, tx, effect_id=effect_id), tx
         )
 
     async def find(self, idem_key: str, *, tx: object | None = None) -> Effect | None:
         params = {"idem_key": idem_key}
-        return await self._fetch_effect("find", self._find, params, tx, idem_key=idem_key)
+        return await self._effect_of(
+            self._fetch_one("find", self._find, params, tx, idem_key=idem_key), tx
+        )
 
     async def find_legacy(self, legacy_key: str, *, tx: object | None = None) -> Effect | None:
         params = {"legacy_key": legacy_key}
-        return await self._fetch_effect("find_legacy", self._find_legacy, params, tx)
+        return await self._effect_of(
+            self._fetch_one("find_legacy", self._find_legacy, params, tx), tx
+        )
 
     async def record_legacy(self, legacy_key: str, idem_key: str) -> bool:
-        """Record that 0.2.x's ``legacy_key`` names the effect keyed ``idem_key``
-        here, as ``agent-ledger import-0.2`` does for each row it brings over.
-
-        True if recorded; False, changing nothing, if ``legacy_key`` already
-        has a mapping (the first one stays).
-        """
+        """As ``MemoryStore.record_legacy``: map 0.2.x's key to ours; False if mapped already."""
         params = {"legacy_key": legacy_key, "idem_key": idem_key}
         return await self._execute("record_legacy", self._record_legacy, params, None)
 
@@ -885,22 +888,13 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
 
         return await self._statement(operation, fetch, tx, idem_key=idem_key, effect_id=effect_id)
 
-    async def _fetch_effect(
-        self,
-        operation: str,
-        query: sql.Composed,
-        params: Mapping[str, object],
-        tx: object | None,
-        *,
-        idem_key: str | None = None,
-        effect_id: str | None = None,
+    async def _effect_of(
+        self, fetching: Awaitable[tuple[Any, ...] | None], tx: object | None
     ) -> Effect | None:
-        """``_fetch_one`` of a statement returning an effect's row, as an ``Effect``
-        (this process's pending duplicate counts added), or None."""
+        """The effect ``fetching`` (a ``_fetch_one`` not yet awaited) reads, with this
+        process's pending duplicate counts added; None when it reads no row."""
         started = self._counts.epoch
-        row = await self._fetch_one(
-            operation, query, params, tx, idem_key=idem_key, effect_id=effect_id
-        )
+        row = await fetching
         return None if row is None else await self._one_counted(row, started, tx)
 
     async def _execute(

@@ -746,12 +746,7 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
         return None if row is None else await self._one_counted(row, started, stx)
 
     async def record_legacy(self, legacy_key: str, idem_key: str) -> bool:
-        """Record that 0.2.x's ``legacy_key`` names the effect keyed ``idem_key``
-        here, as ``agent-ledger import-0.2`` does for each row it brings over.
-
-        True if recorded; False, changing nothing, if ``legacy_key`` already
-        has a mapping (the first one stays).
-        """
+        """As ``MemoryStore.record_legacy``: map 0.2.x's key to ours; False if mapped already."""
         await self._enter(None)
 
         def work(conn: sqlite3.Connection, now: int) -> bool:
