@@ -481,26 +481,20 @@ def _settled(ctx: Context, effect: Effect, verb: str, moved: bool, now: Effect |
     return EXIT_OK if moved else EXIT_NOT_DONE
 
 
-async def cmd_approve(ctx: Context) -> int:
+async def cmd_decide(ctx: Context) -> int:
+    """``approve`` and ``deny``: one path, the subcommand names the decision."""
     args = ctx.args
-    return await _decide(
-        ctx,
-        "approve",
-        lambda key: ctx.ledger.approve(
-            key, by=args.by, note=args.note, expected_attempt=args.expected_attempt
-        ),
-    )
 
-
-async def cmd_deny(ctx: Context) -> int:
-    args = ctx.args
-    return await _decide(
-        ctx,
-        "deny",
-        lambda key: ctx.ledger.deny(
+    async def act(key: str) -> bool:
+        if args.command == "approve":
+            return await ctx.ledger.approve(
+                key, by=args.by, note=args.note, expected_attempt=args.expected_attempt
+            )
+        return await ctx.ledger.deny(
             key, reason=args.reason, by=args.by, expected_attempt=args.expected_attempt
-        ),
-    )
+        )
+
+    return await _decide(ctx, args.command, act)
 
 
 async def cmd_cancel(ctx: Context) -> int:
@@ -894,12 +888,12 @@ def build_parser() -> argparse.ArgumentParser:
         "review", cmd_review, "decide pending approvals one by one, oldest first (interactive)"
     )
     sub.add_argument("--by", help="who decides (kept on each receipt; default: your OS user name)")
-    sub = command("approve", cmd_approve, "approve a pending effect")
+    sub = command("approve", cmd_decide, "approve a pending effect")
     sub.add_argument("ref", metavar="KEY", help=ref_help)
     sub.add_argument("--by", help="who approves (kept on the receipt)")
     sub.add_argument("--note", help="why (kept on the receipt)")
     sub.add_argument("--expected-attempt", type=int, metavar="N", help=expected_help)
-    sub = command("deny", cmd_deny, "deny a pending effect")
+    sub = command("deny", cmd_decide, "deny a pending effect")
     sub.add_argument("ref", metavar="KEY", help=ref_help)
     sub.add_argument("--reason", help="why not (kept on the receipt; callers see it)")
     sub.add_argument("--by", help="who denies (kept on the receipt)")

@@ -20,12 +20,13 @@ from collections import OrderedDict
 from datetime import datetime
 from typing import Final
 
+from agent_ledger.codes import ErrorCode
 from agent_ledger.effects import Effect, EffectError, JSONValue, storable_text
 from agent_ledger.errors import EffectLedgerValidationError, require_str
 from agent_ledger.keys import canonical_json
 from agent_ledger.observability import effect_fields, log_effect, logger
 from agent_ledger.options import LedgerHooks
-from agent_ledger.status import AMBIGUOUS_ATTEMPT, REOPENABLE, EffectStatus
+from agent_ledger.status import REOPENABLE, EffectStatus
 from agent_ledger.stores.base import (
     ClaimOutcome,
     Decision,
@@ -187,7 +188,7 @@ class Decisions:
         by: str | None,
         expected_attempt: int | None = None,
     ) -> bool:
-        error = EffectError(message=_reason(reason, "denied"), code="denied")
+        error = EffectError(message=_reason(reason, "denied"), code=ErrorCode.DENIED)
         # The reason is the denial's error (callers see it), as before settle
         # existed; the history's settlement keeps who and when.
         decision = _decision(by, None)
@@ -306,7 +307,7 @@ class Decisions:
         return moved
 
     async def cancel(self, idem_key: str, *, reason: str | None, by: str | None) -> bool:
-        error = EffectError(message=_reason(reason, "canceled"), code="canceled")
+        error = EffectError(message=_reason(reason, "canceled"), code=ErrorCode.CANCELED)
         decision = _decision(by, None)
         return await self._move(idem_key, EffectStatus.CANCELED, error, decision) is not None
 
@@ -506,7 +507,7 @@ async def take_over_and_cancel(
 
 def ambiguous_error() -> EffectError:
     """The reason a parked effect carries (its history's ``Parked`` names the attempt)."""
-    return EffectError(AMBIGUOUS_REASON, AMBIGUOUS_ATTEMPT)
+    return EffectError(AMBIGUOUS_REASON, ErrorCode.AMBIGUOUS_ATTEMPT)
 
 
 class _NoResult:

@@ -9,8 +9,9 @@ from typing import Any, Final, Generic, Literal, NamedTuple, TypeAlias, TypeVar
 
 import orjson
 
+from agent_ledger.codes import ErrorCode
 from agent_ledger.errors import EffectLedgerValidationError
-from agent_ledger.status import AMBIGUOUS_ATTEMPT, TRANSITIONS, EffectStatus
+from agent_ledger.status import TRANSITIONS, EffectStatus
 
 #: Any value JSON can represent. Args and results must be of this shape.
 JSONValue: TypeAlias = (
@@ -37,7 +38,8 @@ class EffectError:
     """Why an effect failed, was denied or was canceled.
 
     ``code`` is machine-readable: the exception's ``code`` attribute or class
-    name for handler failures, ``"denied"``/``"canceled"`` for decisions.
+    name for handler failures, an ``agent_ledger.codes.ErrorCode`` for what the
+    ledger records itself (``denied`` and ``canceled`` for decisions, ...).
     """
 
     message: str
@@ -435,7 +437,7 @@ class Effect:
         return (
             self.status is EffectStatus.REQUIRES_APPROVAL
             and self.error is not None
-            and self.error.code == AMBIGUOUS_ATTEMPT
+            and self.error.code == ErrorCode.AMBIGUOUS_ATTEMPT
         )
 
 

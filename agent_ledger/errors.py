@@ -24,7 +24,9 @@ raised, after recording it.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
+
+from agent_ledger.codes import ErrorCode
 
 if TYPE_CHECKING:
     from agent_ledger.effects import Effect
@@ -123,8 +125,9 @@ class EffectTimeoutError(EffectLedgerError):
         )
 
 
-#: The error code an effect is recorded with when its handler ran past its deadline.
-HANDLER_TIMEOUT = "handler_timeout"
+#: The error code an effect is recorded with when its handler ran past its deadline
+#: (an alias of ``ErrorCode.HANDLER_TIMEOUT``, kept for code that imports it from here).
+HANDLER_TIMEOUT: Final = ErrorCode.HANDLER_TIMEOUT
 
 _LIMIT = re.compile(r"\(timeout_ms=(\d+)\)")
 _RAN = re.compile(r"after (\d+) ms")
@@ -158,18 +161,18 @@ class HandlerTimeoutError(EffectTimeoutError):
         self.ran_ms = float(ran.group(1)) if ran else 0.0
         self.waited_ms = self.ran_ms
         self.message = message
-        self.code = HANDLER_TIMEOUT
+        self.code = ErrorCode.HANDLER_TIMEOUT
         # EffectTimeoutError.__init__ words a wait; this one words the handler.
         Exception.__init__(
             self,
             f"the handler of effect {effect.idem_key[:12]}… ({effect.tool}) ran out of time "
-            f"[{HANDLER_TIMEOUT}], recorded {effect.status.value}: {message}",
+            f"[{ErrorCode.HANDLER_TIMEOUT}], recorded {effect.status.value}: {message}",
         )
 
 
 def is_handler_timeout(effect: Effect) -> bool:
     """Whether ``effect`` was recorded as a handler that ran past its deadline."""
-    return effect.error is not None and effect.error.code == HANDLER_TIMEOUT
+    return effect.error is not None and effect.error.code == ErrorCode.HANDLER_TIMEOUT
 
 
 class EffectInFlightError(EffectLedgerError):

@@ -46,6 +46,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
+from agent_ledger.codes import ErrorCode
+
 
 class EffectStatus(enum.StrEnum):
     #: A worker holds the effect (attempt ``n``) and is running the handler.
@@ -117,7 +119,8 @@ RESOLVE: Final[frozenset[tuple[EffectStatus, EffectStatus]]] = frozenset(
 )
 #: The code a parked effect's ``error`` carries: the reason it waits for a
 #: person (an effect waiting because a policy asked for approval has none).
-AMBIGUOUS_ATTEMPT: Final = "ambiguous_attempt"
+#: An alias of ``ErrorCode.AMBIGUOUS_ATTEMPT``, kept for code that imports it from here.
+AMBIGUOUS_ATTEMPT: Final = ErrorCode.AMBIGUOUS_ATTEMPT
 
 #: Statuses whose outcome is final: nothing but a person's reopen leads out of them.
 TERMINAL: Final[frozenset[EffectStatus]] = frozenset(

@@ -17,6 +17,7 @@ from typing import Final
 
 import orjson
 
+from agent_ledger.codes import ErrorCode
 from agent_ledger.decisions import notify_approval_required
 from agent_ledger.effects import Effect, EffectError, Parked
 from agent_ledger.engine.ownership import own
@@ -213,7 +214,7 @@ class Acquirer:
             return acquired
         error = EffectError(
             message=TOO_MANY_TAKEOVERS.format(n=takeovers(claimed), limit=limit),
-            code="too_many_takeovers",
+            code=ErrorCode.TOO_MANY_TAKEOVERS,
         )
         # Just claimed: the lease is whole.
         until = lease_end(asyncio.get_running_loop().time(), prepared.opts.stale_after_ms)

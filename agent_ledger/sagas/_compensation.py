@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Final
 
 from agent_ledger.backoff import Backoff
 from agent_ledger.calls import ToolCall
+from agent_ledger.codes import ErrorCode
 from agent_ledger.context import recording, set_step_runner, suspend_budgets, waits_for_parked
 from agent_ledger.decisions import (
     WAITING_FOR_A_PERSON,
@@ -101,7 +102,7 @@ def compensation_call(workflow_id: str, compensation: str, forward_key: str) -> 
 async def cancel_for_rollback(ledger: ToolLedger, idem_key: str) -> bool:
     """Cancel a step's effect only while it waits for a person (see
     ``decisions.cancel_if_waiting``); True if this call canceled it."""
-    error = EffectError("the saga was rolled back", "canceled")
+    error = EffectError("the saga was rolled back", ErrorCode.CANCELED)
     return await cancel_if_waiting(ledger.store, idem_key, error, by="saga")
 
 
@@ -261,7 +262,9 @@ async def settle(ledger: ToolLedger, saga_id: str, step: SagaStep) -> Effect | N
                 # person (judged by the store's clock) rather than cancel it.
                 moved = await park_if_silent(ledger.store, step.idem_key)
             else:
-                error = EffectError("its worker stopped; the saga was rolled back", "canceled")
+                error = EffectError(
+                    "its worker stopped; the saga was rolled back", ErrorCode.CANCELED
+                )
                 moved = await take_over_and_cancel(
                     ledger.store, step.idem_key, forward.lease_ms, error
                 )
@@ -276,7 +279,9 @@ async def settle(ledger: ToolLedger, saga_id: str, step: SagaStep) -> Effect | N
 async def _close(ledger: ToolLedger, saga_id: str, step: SagaStep) -> bool:
     """Close a step that never began (``decisions.close_unbegun``); True if this
     call closed it (False: its effect appeared meanwhile)."""
-    error = EffectError("the saga was rolled back before this step began", "saga_rolled_back")
+    error = EffectError(
+        "the saga was rolled back before this step began", ErrorCode.SAGA_ROLLED_BACK
+    )
     return await close_unbegun(
         ledger.store, step.idem_key, workflow_id=saga_id, tool=step.tool, error=error
     )

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
+from agent_ledger.codes import ErrorCode
 from agent_ledger.context import not_waiting_for_parked
 from agent_ledger.effects import EffectError
 from agent_ledger.errors import EffectLedgerError
@@ -39,8 +40,9 @@ if TYPE_CHECKING:
     from agent_ledger.tools import ToolLedger
 
 _G = SagaStatus
-#: The error an abandoned saga is rolled back with.
-ABANDONED_CODE = "abandoned"
+#: The code an abandoned saga is rolled back with (an alias of
+#: ``ErrorCode.SAGA_ABANDONED``, kept for code that imports it from here).
+ABANDONED_CODE: Final = ErrorCode.SAGA_ABANDONED
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +168,7 @@ async def _abandon(
     reason = EffectError(
         f"abandoned: its owner ({saga.owner or 'unnamed'}) was gone for longer than "
         f"abandon_after ({saga.abandon_after_ms} ms)",
-        ABANDONED_CODE,
+        ErrorCode.SAGA_ABANDONED,
     )
     moved = await store.finish_saga(
         saga.saga_id, attempt=claimed.attempt, expect=_G.RUNNING, then=_G.COMPENSATING, error=reason

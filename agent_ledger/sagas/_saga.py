@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from agent_ledger.calls import ToolCall
+from agent_ledger.codes import ErrorCode
 from agent_ledger.context import (
     reserve_step,
     reserved_step,
@@ -83,7 +84,7 @@ _WAITING: Final = frozenset({EffectStatus.REQUIRES_APPROVAL, EffectStatus.READY}
 #: alone: a step's own error may carry the code ``"canceled"`` (a provider
 #: saying an order was canceled), and its message always starts with the
 #: exception's class name and a colon, which this one has not.
-TASK_CANCELED: Final = EffectError("the task running the saga was cancelled", "canceled")
+TASK_CANCELED: Final = EffectError("the task running the saga was cancelled", ErrorCode.CANCELED)
 #: The longest saga id (in characters). A saga id is a primary key and every
 #: step's workflow id, indexed by every store: 500 characters of at most 4
 #: bytes each stay under PostgreSQL's B-tree entry limit (about 2,700 bytes).

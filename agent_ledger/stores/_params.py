@@ -16,6 +16,7 @@ from typing import Final
 
 import orjson
 
+from agent_ledger.codes import ErrorCode
 from agent_ledger.effects import (
     PARKED,
     REOPENED,
@@ -26,7 +27,6 @@ from agent_ledger.effects import (
     storable_text,
 )
 from agent_ledger.status import (
-    AMBIGUOUS_ATTEMPT,
     CLAIMABLE,
     REOPENABLE,
     EffectStatus,
@@ -242,7 +242,7 @@ def settle_params(
         "target": target.value,
         "expected_attempt": expected_attempt,
         "only_parked": only_parked,
-        "ambiguous": AMBIGUOUS_ATTEMPT,
+        "ambiguous": str(ErrorCode.AMBIGUOUS_ATTEMPT),
         "result": result_json,
         "terminal": target.is_terminal,
         # Approving a parked effect runs it again with a fresh set of tries (as

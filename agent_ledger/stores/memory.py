@@ -19,6 +19,7 @@ from typing import Final, NoReturn
 import orjson
 
 from agent_ledger.clock import Clock, utc_now
+from agent_ledger.codes import ErrorCode
 from agent_ledger.effects import (
     Effect,
     EffectError,
@@ -37,7 +38,6 @@ from agent_ledger.fields import EFFECT_FIELDS
 from agent_ledger.ids import new_effect_id
 from agent_ledger.legacy.names import STORE_METHODS
 from agent_ledger.status import (
-    AMBIGUOUS_ATTEMPT,
     CLAIMABLE,
     REOPENABLE,
     EffectStatus,
@@ -490,11 +490,13 @@ class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets):
             row is None
             or row.status is not _REQUIRES_APPROVAL
             or (expected_attempt is not None and row.attempt != expected_attempt)
-            or (only_parked and (row.error is None or row.error.code != AMBIGUOUS_ATTEMPT))
         ):
             return None
+        parked = row.error is not None and row.error.code == ErrorCode.AMBIGUOUS_ATTEMPT
+        if only_parked and not parked:
+            return None
         now = self._clock()
-        if target is _READY and row.error is not None and row.error.code == AMBIGUOUS_ATTEMPT:
+        if target is _READY and parked:
             row.tries = 0  # a fresh set of tries, as a reopen gives (see settle_params)
         settled = Settlement(target, row.attempt, decision.by, decision.note, now)
         row.history = (*row.history, settled)

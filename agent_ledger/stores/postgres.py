@@ -656,15 +656,15 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
             decision=decision,
             sources=transition_sources(target, sources),
         )
-        started = self._counts.epoch
-        row = await self._fetch_one("transition", self._transition, params, tx, idem_key=idem_key)
-        return None if row is None else await self._one_counted(row, started, tx)
+        return await self._effect_of(
+            self._fetch_one("transition", self._transition, params, tx, idem_key=idem_key), tx
+        )
 
     async def reopen(self, idem_key: str, *, by: str, reason: str) -> Effect | None:
         params = reopen_params(_DIALECT, idem_key, by=by, reason=reason)
-        started = self._counts.epoch
-        row = await self._fetch_one("reopen", self._reopen, params, None, idem_key=idem_key)
-        return None if row is None else await self._one_counted(row, started, None)
+        return await self._effect_of(
+            self._fetch_one("reopen", self._reopen, params, None, idem_key=idem_key), None
+        )
 
     async def mark_started(
         self, effect_id: str, *, attempt: int, worker: str, tx: object | None = None
@@ -708,36 +708,31 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
             error=error,
             decision=decision,
         )
-        started = self._counts.epoch
-        row = await self._fetch_one("settle", self._settle, params, None, idem_key=idem_key)
-        return None if row is None else await self._one_counted(row, started, None)
+        return await self._effect_of(
+            self._fetch_one("settle", self._settle, params, None, idem_key=idem_key), None
+        )
 
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
         if not is_effect_id(effect_id):
             return None
-        started = self._counts.epoch
-        row = await self._fetch_one("get", self._get, {"id": effect_id}, tx, effect_id=effect_id)
-        return None if row is None else await self._one_counted(row, started, tx)
+        return await self._effect_of(
+            self._fetch_one("get", self._get, {"id": effect_id}, tx, effect_id=effect_id), tx
+        )
 
     async def find(self, idem_key: str, *, tx: object | None = None) -> Effect | None:
         params = {"idem_key": idem_key}
-        started = self._counts.epoch
-        row = await self._fetch_one("find", self._find, params, tx, idem_key=idem_key)
-        return None if row is None else await self._one_counted(row, started, tx)
+        return await self._effect_of(
+            self._fetch_one("find", self._find, params, tx, idem_key=idem_key), tx
+        )
 
     async def find_legacy(self, legacy_key: str, *, tx: object | None = None) -> Effect | None:
         params = {"legacy_key": legacy_key}
-        started = self._counts.epoch
-        row = await self._fetch_one("find_legacy", self._find_legacy, params, tx)
-        return None if row is None else await self._one_counted(row, started, tx)
+        return await self._effect_of(
+            self._fetch_one("find_legacy", self._find_legacy, params, tx), tx
+        )
 
     async def record_legacy(self, legacy_key: str, idem_key: str) -> bool:
-        """Record that 0.2.x's ``legacy_key`` names the effect keyed ``idem_key``
-        here, as ``agent-ledger import-0.2`` does for each row it brings over.
-
-        True if recorded; False, changing nothing, if ``legacy_key`` already
-        has a mapping (the first one stays).
-        """
+        """As ``MemoryStore.record_legacy``: map 0.2.x's key to ours; False if mapped already."""
         params = {"legacy_key": legacy_key, "idem_key": idem_key}
         return await self._execute("record_legacy", self._record_legacy, params, None)
 
@@ -958,6 +953,15 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
             return await cursor.fetchone()
 
         return await self._statement(operation, fetch, tx, idem_key=idem_key, effect_id=effect_id)
+
+    async def _effect_of(
+        self, fetching: Awaitable[tuple[Any, ...] | None], tx: object | None
+    ) -> Effect | None:
+        """The effect ``fetching`` (a ``_fetch_one`` not yet awaited) reads, with this
+        process's pending duplicate counts added; None when it reads no row."""
+        started = self._counts.epoch
+        row = await fetching
+        return None if row is None else await self._one_counted(row, started, tx)
 
     async def _execute(
         self,
