@@ -22,6 +22,7 @@ from tests.harness import (
     TEST_SCHEMA,
     PostgresHarness,
     StoreHarness,
+    drop_test_database,
     drop_test_schema,
     ensure_test_schema,
     open_harness,
@@ -51,10 +52,13 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[StoreHarness]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test under tests/postgres/ needs the server: mark it `postgres`."""
+    """Every test under tests/postgres/ (tests/mysql/) needs the server: mark it
+    `postgres` (`mysql`)."""
     for item in items:
         if "postgres" in item.path.parent.parts[-1:]:
             item.add_marker(pytest.mark.postgres)
+        if "mysql" in item.path.parent.parts[-1:]:
+            item.add_marker(pytest.mark.mysql)
 
 
 #: A top-level import that needs the `postgres` extra.
@@ -86,6 +90,7 @@ def pytest_pycollect_makemodule(
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     drop_test_schema()
+    drop_test_database()
 
 
 @pytest.fixture
