@@ -10,8 +10,16 @@ Times come from the database's clock, ``UTC_TIMESTAMP(6)`` (microseconds,
 UTC, fixed for the length of one statement), written to ``DATETIME(6)``
 columns; staleness is judged against it too, never against a worker's clock.
 
-Two things every reader of MySQL SQL must keep in mind, and the statements
+Three things every reader of MySQL SQL must keep in mind, and the statements
 below are written for:
+
+* A locking statement (an ``UPDATE``, a ``FOR UPDATE``) waits for every row
+  lock on the index entries it walks, matching rows or not. On a small table
+  the optimizer may walk the (status, heartbeat) index for ``WHERE id = x AND
+  status = 'processing'`` and then wait behind another transaction's
+  uncommitted row that it was never going to change. Every single-row step
+  therefore names its index: ``FORCE INDEX (PRIMARY)`` by id, the unique
+  key's index by key.
 
 * ``UPDATE ... SET a = ..., b = f(a)`` reads the *new* ``a`` in ``b`` (the
   assignments run left to right; PostgreSQL and SQLite read the old row).
@@ -135,7 +143,8 @@ LOCK_WAIT_SET: Final = "SET SESSION innodb_lock_wait_timeout = {seconds:d}"
 # row lock and re-check the WHERE, so one wins. FIND_LOCKED then reads the
 # row in the same transaction.
 CLAIM: Final = (
-    "UPDATE agent_ledger_effects SET status = %(processing)s, attempt = attempt + 1,"
+    "UPDATE agent_ledger_effects FORCE INDEX (agent_ledger_effects_idem_key_idx)"
+    " SET status = %(processing)s, attempt = attempt + 1,"
     " executions = executions + 1, lease_ms = %(lease_ms)s,"
     " heartbeat_at = " + NOW + ", started_at = " + NOW + ", updated_at = " + NOW + ""
     " WHERE idem_key = %(idem_key)s AND status IN %(claimable)s"
@@ -154,11 +163,13 @@ CLAIM: Final = (
 # come back does HEARTBEAT_HELD read which of them are still held as last
 # committed (busy: send again next time); the rest are no longer held.
 HEARTBEAT_FREE: Final = (
-    "SELECT id, attempt FROM agent_ledger_effects WHERE id IN %(ids)s"
+    "SELECT id, attempt FROM agent_ledger_effects FORCE INDEX (PRIMARY) WHERE id IN %(ids)s"
     " AND status = %(processing)s FOR UPDATE SKIP LOCKED"
 )
 HEARTBEAT_BEAT: Final = (
-    "UPDATE agent_ledger_effects SET heartbeat_at = " + NOW + " WHERE id IN %(ids)s"
+    "UPDATE agent_ledger_effects FORCE INDEX (PRIMARY) SET heartbeat_at = "
+    + NOW
+    + " WHERE id IN %(ids)s"
 )
 HEARTBEAT_HELD: Final = (
     "SELECT id, attempt FROM agent_ledger_effects WHERE id IN %(ids)s AND status = %(processing)s"
@@ -170,7 +181,8 @@ HEARTBEAT_HELD: Final = (
 # matches no row. A NULL attempt skips the fencing check (unfenced commit()).
 # One statement, in autocommit: the whole durable step.
 COMMIT: Final = (
-    "UPDATE agent_ledger_effects SET status = %(status)s, result = %(result)s,"
+    "UPDATE agent_ledger_effects FORCE INDEX (PRIMARY)"
+    " SET status = %(status)s, result = %(result)s,"
     " `usage` = %(usage)s, error_message = %(error_message)s, error_code = %(error_code)s,"
     " tries = tries + %(tried)s, completed_at = " + NOW + ", updated_at = " + NOW + ""
     " WHERE id = %(id)s AND status = %(processing)s"
@@ -187,7 +199,7 @@ KEY_OF: Final = "SELECT idem_key FROM agent_ledger_effects WHERE id = %(id)s"
 # there reads the old count (see the module doc). The holder is alive: its
 # heartbeat too.
 RECORD_TRY: Final = (
-    "UPDATE agent_ledger_effects SET"
+    "UPDATE agent_ledger_effects FORCE INDEX (PRIMARY) SET"
     " history = JSON_ARRAY_APPEND(history, '$', JSON_MERGE_PATCH(%(event)s,"
     " JSON_OBJECT('try', tries + 1, 'at', " + _ISO.format(col=NOW) + "))),"
     " tries = tries + 1, heartbeat_at = " + NOW + ""
@@ -200,7 +212,7 @@ RECORD_TRY: Final = (
 # back; started_at (assigned before executions changes) is cleared when none is
 # left. Heartbeat and lease stay.
 RELEASE: Final = (
-    "UPDATE agent_ledger_effects SET"
+    "UPDATE agent_ledger_effects FORCE INDEX (PRIMARY) SET"
     " started_at = IF(executions = 1, NULL, started_at),"
     " executions = executions - 1, status = %(ready)s, updated_at = " + NOW + ""
     " WHERE id = %(id)s AND status = %(processing)s AND attempt = %(attempt)s"
@@ -211,7 +223,8 @@ RELEASE: Final = (
 # approve, deny, cancel). The error (a decision's reason) is kept when given,
 # and so is who decided; completed_at is set when the target is terminal.
 TRANSITION: Final = (
-    "UPDATE agent_ledger_effects SET status = %(target)s, updated_at = " + NOW + ","
+    "UPDATE agent_ledger_effects FORCE INDEX (agent_ledger_effects_idem_key_idx)"
+    " SET status = %(target)s, updated_at = " + NOW + ","
     " error_message = IF(%(has_error)s, %(error_message)s, error_message),"
     " error_code = IF(%(has_error)s, %(error_code)s, error_code),"
     " decided_by = IF(%(decided)s, %(decided_by)s, decided_by),"
@@ -228,7 +241,7 @@ TRANSITION: Final = (
 # tries start again, and the reopening is the latest decision. The attempt
 # stays: the next claim moves it on.
 REOPEN: Final = (
-    "UPDATE agent_ledger_effects SET"
+    "UPDATE agent_ledger_effects FORCE INDEX (agent_ledger_effects_idem_key_idx) SET"
     " history = JSON_ARRAY_APPEND(history, '$', JSON_OBJECT('kind', %(kind)s, 'status', status,"
     " 'error', IF(error_message IS NULL, NULL,"
     " JSON_OBJECT('message', error_message, 'code', error_code)),"
@@ -243,7 +256,8 @@ REOPEN: Final = (
 # mark_started: a run under on_stale="park" records, fenced by its attempt,
 # that its handler starts now, and who runs it. A sign of life too.
 MARK_STARTED: Final = (
-    "UPDATE agent_ledger_effects SET park_attempt = attempt, worker = %(worker)s,"
+    "UPDATE agent_ledger_effects FORCE INDEX (PRIMARY)"
+    " SET park_attempt = attempt, worker = %(worker)s,"
     " heartbeat_at = " + NOW + ""
     " WHERE id = %(id)s AND status = %(processing)s AND attempt = %(attempt)s"
 )
@@ -255,7 +269,7 @@ MARK_STARTED: Final = (
 # it reads the attempt, start, worker and last heartbeat) keeps what a person
 # needs to settle it; the reason goes to the error. The attempt stays.
 PARK: Final = (
-    "UPDATE agent_ledger_effects SET"
+    "UPDATE agent_ledger_effects FORCE INDEX (agent_ledger_effects_idem_key_idx) SET"
     " history = JSON_ARRAY_APPEND(history, '$', JSON_OBJECT('kind', %(kind)s,"
     " 'attempt', attempt, 'started_at', IF(started_at IS NULL, NULL, "
     + _ISO.format(col="started_at")
@@ -278,7 +292,7 @@ PARK: Final = (
 # park's code); the error and result become what the decision says; the
 # history keeps who, the attempt, the note and when.
 SETTLE: Final = (
-    "UPDATE agent_ledger_effects SET"
+    "UPDATE agent_ledger_effects FORCE INDEX (agent_ledger_effects_idem_key_idx) SET"
     " tries = IF(%(fresh_tries)s AND error_code <=> %(ambiguous)s, 0, tries),"
     " history = JSON_ARRAY_APPEND(history, '$', JSON_OBJECT('kind', %(kind)s,"
     " 'status', %(target)s, 'attempt', attempt, 'by', %(decided_by)s,"
@@ -326,9 +340,13 @@ RECORD_LEGACY: Final = (
 # DEDUP_ADD then adds one increment to the rows of the ids given (one
 # statement per distinct increment), and DEDUP_COUNTS (a plain read) names
 # the skipped ids that still exist, kept for the next flush.
-DEDUP_LOCK: Final = "SELECT id FROM agent_ledger_effects WHERE id IN %(ids)s FOR UPDATE SKIP LOCKED"
+DEDUP_LOCK: Final = (
+    "SELECT id FROM agent_ledger_effects FORCE INDEX (PRIMARY) WHERE id IN %(ids)s"
+    " FOR UPDATE SKIP LOCKED"
+)
 DEDUP_ADD: Final = (
-    "UPDATE agent_ledger_effects SET dedup_count = dedup_count + %(n)s WHERE id IN %(ids)s"
+    "UPDATE agent_ledger_effects FORCE INDEX (PRIMARY)"
+    " SET dedup_count = dedup_count + %(n)s WHERE id IN %(ids)s"
 )
 DEDUP_COUNTS: Final = "SELECT id, dedup_count FROM agent_ledger_effects WHERE id IN %(ids)s"
 
@@ -404,18 +422,21 @@ SAGA_GET: Final = "SELECT " + SAGA_COLUMNS + " FROM agent_ledger_sagas WHERE sag
 # taken over). Concurrent claims serialize on the row lock and re-check the
 # WHERE, so one wins; +1 attempt fences the old owner out of every later step.
 SAGA_CLAIM: Final = (
-    "UPDATE agent_ledger_sagas SET status = %(then)s, attempt = attempt + 1, owner = %(owner)s,"
+    "UPDATE agent_ledger_sagas FORCE INDEX (PRIMARY)"
+    " SET status = %(then)s, attempt = attempt + 1, owner = %(owner)s,"
     " lease_ms = %(lease_ms)s, heartbeat_at = " + NOW + ", updated_at = " + NOW + ""
     " WHERE saga_id = %(saga_id)s AND status = %(expect)s AND lease_ms > 0"
     " AND heartbeat_at <= " + NOW + " - INTERVAL GREATEST(lease_ms, %(idle_ms)s) * 1000 MICROSECOND"
 )
 SAGA_HEARTBEAT: Final = (
-    "UPDATE agent_ledger_sagas SET heartbeat_at = " + NOW + ""
+    "UPDATE agent_ledger_sagas FORCE INDEX (PRIMARY) SET heartbeat_at = " + NOW + ""
     " WHERE saga_id = %(saga_id)s AND attempt = %(attempt)s AND status IN %(open)s"
 )
 # The owner's own move, fenced by its attempt; an error given replaces the stored one.
 SAGA_FINISH: Final = (
-    "UPDATE agent_ledger_sagas SET status = %(then)s, heartbeat_at = " + NOW + ","
+    "UPDATE agent_ledger_sagas FORCE INDEX (PRIMARY) SET status = %(then)s, heartbeat_at = "
+    + NOW
+    + ","
     " updated_at = " + NOW + ","
     " error_message = IF(%(has_error)s, %(error_message)s, error_message),"
     " error_code = IF(%(has_error)s, %(error_code)s, error_code),"

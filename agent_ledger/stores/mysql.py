@@ -155,6 +155,10 @@ _UNKNOWN_DATABASE: Final = 1049
 #: The connection is gone: the client lost it (2006, 2013, 2055), the server
 #: killed it (1927 on MariaDB, 1053 during shutdown, 4031 MySQL's idle timeout).
 _LOST: Final = frozenset({2006, 2013, 2055, 1927, 1053, 4031})
+#: How often, and how far apart, close()'s flush asks again for rows another
+#: transaction held locked (about a second in all).
+_CLOSING_RETRIES: Final = 50
+_CLOSING_PAUSE_S: Final = 0.02
 #: A deadlock changes nothing (InnoDB rolled the statement back): try again at once.
 _DEADLOCK_TRIES: Final = 4
 
@@ -375,6 +379,8 @@ class MySQLStore(MySQLSagas, MySQLBudgets):
         self._subscribers = _Subscribers()
         #: Keys changed inside each open ``transaction()``, by connection: woken at commit.
         self._tx_changes: dict[int, set[str]] = {}
+        #: Set by close(): its flush of the duplicate counts is the last one.
+        self._closing = False
 
     @classmethod
     async def connect(
@@ -990,6 +996,7 @@ class MySQLStore(MySQLSagas, MySQLBudgets):
         """
         if self._pool.closed:
             return
+        self._closing = True
         await self._counts.close()
         await self._beats.close()
         await self._pool.close()
@@ -1017,6 +1024,16 @@ class MySQLStore(MySQLSagas, MySQLBudgets):
                 await conn.begin()
                 await cur.execute(q.DEDUP_LOCK, {"ids": ids})
                 free = {str(row[0]) for row in await cur.fetchall()}
+                # The last flush (close) has no next one to leave locked rows
+                # to: it asks again for a while (the locks are other steps'
+                # short transactions), never waiting on a lock itself.
+                for _ in range(_CLOSING_RETRIES if self._closing else 0):
+                    busy = tuple(effect_id for effect_id in ids if effect_id not in free)
+                    if not busy:
+                        break
+                    await asyncio.sleep(_CLOSING_PAUSE_S)
+                    await cur.execute(q.DEDUP_LOCK, {"ids": busy})
+                    free |= {str(row[0]) for row in await cur.fetchall()}
                 for effect_id in free:
                     by_count.setdefault(batch[effect_id], []).append(effect_id)
                 for n, group in sorted(by_count.items()):
