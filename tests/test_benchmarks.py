@@ -11,18 +11,26 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.harness import DSN, require_postgres
+from tests.harness import DSN, require_mysql, require_postgres
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize(
-    "store", ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+    "store",
+    [
+        "memory",
+        "sqlite",
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mysql", marks=pytest.mark.mysql),
+    ],
 )
 def test_benchmark_suite_runs_and_writes_results(store: str, tmp_path: Path) -> None:
     """`python -m benchmarks --quick` prints a table and writes a JSON report per store."""
     if store == "postgres":
         require_postgres()
+    if store == "mysql":
+        require_mysql()
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--store", store, "--quick", "--dsn", DSN,
          "--output", str(tmp_path)],
