@@ -527,11 +527,10 @@ class MySQLStore(MySQLSagas, MySQLBudgets):
     async def begin(
         self, new: NewEffect, *, tx: object | None = None, lock_timeout_ms: int | None = None
     ) -> BeginOutcome:
-        params = begin_params(new)
-        params["id"] = new_effect_id()
-        params["finished"] = _FINISHED
         key = new.idem_key
         if tx is not None:
+            params = begin_params(new)
+            params["id"] = new_effect_id()
             return await self._begin_inside(tx, params, key, lock_timeout_ms)
         counts = self._counts
         known = self._known
@@ -549,6 +548,11 @@ class MySQLStore(MySQLSagas, MySQLBudgets):
         elif len(known) >= _KNOWN_KEYS:
             del known[next(iter(known))]
         known[key] = None
+        # The id this store gives the effect if the key is new: the row's id
+        # tells an insert from a key that existed (see BEGIN_* in _mysql_queries).
+        params = begin_params(new)
+        params["id"] = new_effect_id()
+        params["finished"] = _FINISHED
         started = counts.epoch
         statement = self._begin_statement
         if self.server.mariadb:
