@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from agent_ledger import MemoryStore, SqliteStore
+from agent_ledger import MemoryStore, SqliteStore, ToolCall
 from agent_ledger.testing import StatementCounter, build_ledger
 from benchmarks import scenarios as sc
 from benchmarks.floors import MySQLFloor, PostgresFloor, SqliteFloor, handler
@@ -342,6 +342,19 @@ async def bench_mysql(sizes: sc.Sizes, url: str) -> Report:
         for label, tasks in (("sequential", 1), (f"{sc.CONCURRENCY} tasks", sc.CONCURRENCY)):
             figures = await sc.throughput(ledger, floor.fresh, floor.replay, sizes, tasks)
             throughput_rows(report, label, figures, 0.7, 0.8)
+        fresh_n, replay_n = await _mysql_statements(store, ledger)
+        report.add(
+            "statements per fresh run (server's count)",
+            fresh_n,
+            target="== 2",
+            met=round(fresh_n) == 2,
+        )
+        report.add(
+            "statements per replay (server's count)",
+            replay_n,
+            target="== 1",
+            met=round(replay_n) == 1,
+        )
         contention = await sc.contended(ledger, sizes)
         report.add(
             "contended: executions of 50 callers",
@@ -376,6 +389,28 @@ async def bench_mysql(sizes: sc.Sizes, url: str) -> Report:
             await cur.execute(f"DROP DATABASE IF EXISTS `{database}`")
         await admin.close()
     return report
+
+
+async def _mysql_statements(store: Any, ledger: Any, calls: int = 200) -> tuple[float, float]:
+    """Statements per fresh run and per replay, as the server counts them
+    (``Questions``, server-wide: another client's traffic meanwhile would show)."""
+
+    async def questions() -> int:
+        async with store._pool.connection() as conn, conn.cursor() as cur:
+            await cur.execute("SHOW GLOBAL STATUS LIKE 'Questions'")
+            (_, value) = await cur.fetchone()
+            return int(value)
+
+    tag = uuid.uuid4().hex[:8]
+    batch = [ToolCall(f"count-{tag}", "send", {"i": i}) for i in range(calls)]
+    figures = []
+    for _ in ("fresh", "replay"):
+        before = await questions()
+        for call in batch:
+            await ledger.run(call, handler)
+        # The SHOW that reads the counter counts itself once.
+        figures.append((await questions() - before - 1) / calls)
+    return figures[0], figures[1]
 
 
 async def _fill_postgres(conn: Any, table: Any, start: int, stop: int) -> None:

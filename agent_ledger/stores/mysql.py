@@ -40,6 +40,7 @@ from collections.abc import (
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
 from importlib import resources
+from types import TracebackType
 from typing import Any, Final, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -50,7 +51,6 @@ from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import (
     EffectInFlightError,
     EffectLedgerError,
-    EffectLedgerInvariantError,
     EffectLedgerValidationError,
     EffectStoreError,
 )
@@ -159,6 +159,8 @@ _LOST: Final = frozenset({2006, 2013, 2055, 1927, 1053, 4031})
 #: transaction held locked (about a second in all).
 _CLOSING_RETRIES: Final = 50
 _CLOSING_PAUSE_S: Final = 0.02
+#: What the driver raises (asyncmy's errors, and the socket's own).
+_DRIVER_ERRORS: Final = (asyncmy.errors.MySQLError, OSError, asyncio.IncompleteReadError)
 #: A deadlock changes nothing (InnoDB rolled the statement back): try again at once.
 _DEADLOCK_TRIES: Final = 4
 
@@ -240,24 +242,9 @@ class _Pool:
             raise
         return conn
 
-    @asynccontextmanager
-    async def connection(self) -> AsyncIterator[Any]:
-        if self.closed:
-            raise EffectStoreError("the store is closed", operation="use")
-        async with self._slots:
-            conn = self._idle.pop() if self._idle else await self.open()
-            try:
-                yield conn
-            except BaseException as exc:
-                if _server_refused(exc) and conn.connected and not conn.get_transaction_status():
-                    self._keep(conn)
-                else:
-                    conn.close()
-                raise
-            if conn.connected and not conn.get_transaction_status():
-                self._keep(conn)
-            else:
-                conn.close()
+    def connection(self) -> _Lease:
+        """``async with pool.connection() as conn:`` one connection, given back after."""
+        return _Lease(self)
 
     def _keep(self, conn: Any) -> None:
         if self.closed:
@@ -277,6 +264,45 @@ class _Pool:
         for conn in idle:
             with contextlib.suppress(Exception):
                 await conn.ensure_closed()
+
+
+class _Lease:
+    """One use of a pooled connection (``_Pool.connection``). A plain class, not a
+    generator-based context manager: it is entered on every step of every call."""
+
+    __slots__ = ("_conn", "_pool")
+
+    def __init__(self, pool: _Pool) -> None:
+        self._pool = pool
+        self._conn: Any = None
+
+    async def __aenter__(self) -> Any:
+        pool = self._pool
+        if pool.closed:
+            raise EffectStoreError("the store is closed", operation="use")
+        await pool._slots.acquire()
+        try:
+            self._conn = pool._idle.pop() if pool._idle else await pool.open()
+        except BaseException:
+            pool._slots.release()
+            raise
+        return self._conn
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        conn, pool = self._conn, self._pool
+        try:
+            clean = exc is None or _server_refused(exc)
+            if clean and conn.connected and not conn.get_transaction_status():
+                pool._keep(conn)
+            else:
+                conn.close()
+        finally:
+            pool._slots.release()
 
 
 class _Subscribers(Subscribers):
@@ -1158,23 +1184,33 @@ class MySQLStore(MySQLSagas, MySQLBudgets):
     def _errors(
         self, operation: str, *, idem_key: str | None = None, effect_id: str | None = None
     ) -> Iterator[None]:
-        """The one place driver errors become ``EffectStoreError``."""
+        """Driver errors become ``EffectStoreError`` (``_store_error``), for steps off the
+        hot path (``_run`` catches them itself, without a generator)."""
         try:
             yield
         except EffectLedgerError:
             raise  # ours already: never double-wrap
-        except (asyncmy.errors.MySQLError, OSError, asyncio.IncompleteReadError) as exc:
-            number = error_number(exc)
-            if number == _NO_SUCH_TABLE:
-                message = (
-                    f"the agent-ledger tables are missing from database {self.database!r}: run "
-                    "`agent-ledger init --url mysql://...` (or await store.create_schema())"
-                )
-            else:
-                message = f"{type(exc).__name__}: {exc}".strip()
-            raise EffectStoreError(
-                message, operation=operation, idem_key=idem_key, effect_id=effect_id
-            ) from exc
+        except _DRIVER_ERRORS as exc:
+            raise self._store_error(exc, operation, idem_key, effect_id) from exc
+
+    def _store_error(
+        self,
+        exc: BaseException,
+        operation: str,
+        idem_key: str | None,
+        effect_id: str | None,
+    ) -> EffectStoreError:
+        """The one place a driver error becomes ``EffectStoreError``."""
+        if error_number(exc) == _NO_SUCH_TABLE:
+            message = (
+                f"the agent-ledger tables are missing from database {self.database!r}: run "
+                "`agent-ledger init --url mysql://...` (or await store.create_schema())"
+            )
+        else:
+            message = f"{type(exc).__name__}: {exc}".strip()
+        return EffectStoreError(
+            message, operation=operation, idem_key=idem_key, effect_id=effect_id
+        )
 
     async def _fetch_one(
         self,
@@ -1230,7 +1266,7 @@ class MySQLStore(MySQLSagas, MySQLBudgets):
         ``REPEATABLE_STEPS`` (``stores.base`` says which and why), after the
         pool drops its idle connections (likely dead the same way).
         """
-        with self._errors(operation, idem_key=idem_key, effect_id=effect_id):
+        try:
             if tx is not None:
                 conn = self._tx_connection(tx)
                 async with conn.cursor() as cur:
@@ -1266,13 +1302,16 @@ class MySQLStore(MySQLSagas, MySQLBudgets):
                             effect_id=effect_id,
                         ) from exc
                     lost_once = True
-            raise EffectStoreError(
-                f"deadlocked {_DEADLOCK_TRIES} times in a row; call again",
-                operation=operation,
-                idem_key=idem_key,
-                effect_id=effect_id,
-            )
-        raise EffectLedgerInvariantError("unreachable: _errors re-raises")
+        except EffectLedgerError:
+            raise  # ours already: never double-wrap
+        except _DRIVER_ERRORS as exc:
+            raise self._store_error(exc, operation, idem_key, effect_id) from exc
+        raise EffectStoreError(
+            f"deadlocked {_DEADLOCK_TRIES} times in a row; call again",
+            operation=operation,
+            idem_key=idem_key,
+            effect_id=effect_id,
+        )
 
 
 def _statements(script: str, collation: str) -> Iterator[str]:
