@@ -790,7 +790,7 @@ def _duration_text(text: str) -> str:
 
 
 URL_HELP: Final = (
-    f"memory://, sqlite:///PATH or postgresql://... (default: ${URL_ENV}, "
+    f"memory://, sqlite:///PATH, postgresql://... or mysql://... (default: ${URL_ENV}, "
     "else sqlite:///./agent_ledger.db)"
 )
 

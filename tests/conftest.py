@@ -23,6 +23,7 @@ from tests.harness import (
     TEST_SCHEMA,
     PostgresHarness,
     StoreHarness,
+    drop_test_database,
     drop_test_schema,
     ensure_test_schema,
     open_harness,
@@ -79,7 +80,8 @@ def _store_of(item: pytest.Item) -> str | None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark what needs the server `postgres`, and choose the stores plain `pytest` runs.
 
-    Every test under tests/postgres/ needs the server. A store-parametrized test
+    Every test under tests/postgres/ (tests/mysql/) needs the server (marked
+    `postgres`, `mysql`). A store-parametrized test
     runs on every store kind (tests/harness.py STORE_KINDS, a new kind included)
     in plain `pytest` when it pins the store contract (tests/contract/, and the
     schema checks in tests/unit/) or is marked `every_store`. Any other such
@@ -90,6 +92,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "postgres" in item.path.parent.parts[-1:]:
             item.add_marker(pytest.mark.postgres)
+        if "mysql" in item.path.parent.parts[-1:]:
+            item.add_marker(pytest.mark.mysql)
         store = _store_of(item)
         if store is not None and store != REPRESENTATIVE_STORE and not _runs_on_every_store(item):
             item.add_marker(pytest.mark.slow)
@@ -124,6 +128,7 @@ def pytest_pycollect_makemodule(
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     drop_test_schema()
+    drop_test_database()
 
 
 @pytest.fixture

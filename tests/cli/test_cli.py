@@ -96,9 +96,9 @@ def test_unknown_key_bad_url_and_missing_schema_are_one_line(cli: Cli, tmp_path:
     assert "no effect matches" in unknown.stderr
     bad_ref = cli("approve", "not-a-key")
     assert bad_ref.returncode == 2 and "neither an effect id" in bad_ref.stderr
-    bad_url = Cli("mysql://nope", tmp_path)("list")
+    bad_url = Cli("oracle://nope", tmp_path)("list")
     assert bad_url.returncode == 2 and bad_url.stderr.count("\n") == 1
-    assert "unknown store URL scheme 'mysql'" in bad_url.stderr
+    assert "unknown store URL scheme 'oracle'" in bad_url.stderr
     missing = Cli(f"sqlite:///{tmp_path / 'never-created.db'}", tmp_path)("list")
     assert missing.returncode == 1 and "agent-ledger init" in missing.stderr
     assert "Traceback" not in unknown.stderr + bad_ref.stderr + bad_url.stderr + missing.stderr

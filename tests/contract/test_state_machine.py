@@ -28,6 +28,7 @@ from tests.harness import (
     STORE_KINDS,
     StoreHarness,
     open_harness,
+    require_mysql,
     require_postgres,
 )
 
@@ -277,6 +278,8 @@ def run_model(kind: str, max_examples: int, steps: int) -> None:
     """Drive a fresh LedgerMachine class for ``kind`` through hypothesis."""
     if kind == "postgres":
         require_postgres()
+    if kind == "mysql":
+        require_mysql()
     machine = type(f"LedgerMachine_{kind}", (LedgerMachine,), {"kind": kind})
     machine.TestCase.settings = settings(  # type: ignore[attr-defined]
         max_examples=max_examples, stateful_step_count=steps, deadline=None
