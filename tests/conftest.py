@@ -85,6 +85,9 @@ def pytest_pycollect_makemodule(
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from tests.pgbouncer import stop_pgbouncer
+
+    stop_pgbouncer()
     drop_test_schema()
 
 
