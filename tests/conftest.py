@@ -50,8 +50,23 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[StoreHarness]
         yield h
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def _reliability_through_pgbouncer(item: pytest.Item) -> bool:
+    """A reliability test on the PgBouncer harness: its long loops gain nothing
+    from the pooler that the contract run through it does not show."""
+    callspec = getattr(item, "callspec", None)
+    return (
+        "reliability" in item.path.parent.parts[-1:]
+        and callspec is not None
+        and callspec.params.get("harness") == "postgres-pgbouncer"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test under tests/postgres/ needs the server: mark it `postgres`."""
+    dropped = [item for item in items if _reliability_through_pgbouncer(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not _reliability_through_pgbouncer(item)]
     for item in items:
         if "postgres" in item.path.parent.parts[-1:]:
             item.add_marker(pytest.mark.postgres)
