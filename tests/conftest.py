@@ -55,6 +55,17 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[StoreHarness]
         yield h
 
 
+def _reliability_through_pgbouncer(item: pytest.Item) -> bool:
+    """A reliability test on the PgBouncer harness: its long loops gain nothing
+    from the pooler that the contract run through it does not show."""
+    callspec = getattr(item, "callspec", None)
+    return (
+        "reliability" in item.path.parent.parts[-1:]
+        and callspec is not None
+        and callspec.params.get("harness") == "postgres-pgbouncer"
+    )
+
+
 #: Store kinds, as tests name them in their parameters.
 _STORE_NAMES = frozenset(str(param.values[0]) for param in STORE_KINDS)
 #: Folders whose store-parametrized tests run on every store in plain `pytest`:
@@ -77,7 +88,7 @@ def _store_of(item: pytest.Item) -> str | None:
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark what needs the server `postgres`, and choose the stores plain `pytest` runs.
 
     Every test under tests/postgres/ (tests/mysql/) needs the server (marked
@@ -89,6 +100,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     protocol: plain `pytest` runs it on REPRESENTATIVE_STORE, and the other
     stores' runs are marked `slow`, so `pytest -m slow` still runs them.
     """
+    dropped = [item for item in items if _reliability_through_pgbouncer(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not _reliability_through_pgbouncer(item)]
     for item in items:
         if "postgres" in item.path.parent.parts[-1:]:
             item.add_marker(pytest.mark.postgres)
@@ -127,6 +142,9 @@ def pytest_pycollect_makemodule(
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from tests.pgbouncer import stop_pgbouncer
+
+    stop_pgbouncer()
     drop_test_schema()
     drop_test_database()
 

@@ -400,6 +400,13 @@ STORE_KINDS = [
     pytest.param("sqlite", id="sqlite"),
     pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
     pytest.param("mysql", id="mysql", marks=pytest.mark.mysql),
+    # The same PostgresStore with its pool behind PgBouncer in transaction mode
+    # (tests/pgbouncer.py): every contract test again, in the slow tier.
+    pytest.param(
+        "postgres-pgbouncer",
+        id="pgbouncer",
+        marks=[pytest.mark.postgres, pytest.mark.pgbouncer, pytest.mark.slow],
+    ),
 ]
 #: The stores whose transactions lock rows, not the whole store: a step
 #: without ``tx=`` goes on beside an open transaction, and heartbeats too.
@@ -422,6 +429,23 @@ _POSTGRES_TABLES = (
 )
 
 
+def require_pgbouncer() -> str:
+    """The DSN of this session's PgBouncer in front of the test server (started once).
+
+    Skips without the server or the binary (fails with
+    AGENT_LEDGER_REQUIRE_POSTGRES=1: .ci/run installs the package).
+    """
+    require_postgres()
+    from tests.pgbouncer import pgbouncer_missing, started_pgbouncer
+
+    reason = pgbouncer_missing()
+    if reason is not None:
+        if REQUIRE_POSTGRES:
+            pytest.fail(f"AGENT_LEDGER_REQUIRE_POSTGRES=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    return started_pgbouncer(DSN).dsn
+
+
 @asynccontextmanager
 async def open_harness(kind: str) -> AsyncIterator[StoreHarness]:
     if kind == "memory":
@@ -435,14 +459,20 @@ async def open_harness(kind: str) -> AsyncIterator[StoreHarness]:
             finally:
                 await harness.store.close()
         return
-    if kind == "postgres":
+    if kind in ("postgres", "postgres-pgbouncer"):
         require_postgres()
+        # Through PgBouncer: the pool goes through it, notifications come
+        # directly (listen_dsn), as docs/postgres.md advises.
+        pool_dsn = DSN if kind == "postgres" else require_pgbouncer()
+        listen_dsn = None if kind == "postgres" else DSN
         await ensure_test_schema()
         import psycopg
 
         from agent_ledger.stores.postgres import PostgresStore
 
-        store = await PostgresStore.connect(DSN, schema=TEST_SCHEMA, min_size=1, max_size=8)
+        store = await PostgresStore.connect(
+            pool_dsn, schema=TEST_SCHEMA, min_size=1, max_size=8, listen_dsn=listen_dsn
+        )
         backdoor = await psycopg.AsyncConnection.connect(DSN, autocommit=True)
         pg_harness = PostgresHarness(store, backdoor)
         try:

@@ -299,8 +299,9 @@ def test_postgres_page_sets_up_audits_and_cleans_one_schema(tmp_path: Path) -> N
     page = ROOT / "docs" / "postgres.md"
     setups = [b for b in _blocks(page, "bash") if "agent-ledger init" in b or "psql " in b]
     assert [("agent-ledger init" in b) for b in setups] == [True, False], "init first, then psql"
-    (example,) = _blocks(page, "python")
-    (audit,) = _blocks(page, "sql")
+    # The first example and the first SQL block; later sections have their own tests.
+    example = _blocks(page, "python")[0]
+    audit = _blocks(page, "sql")[0]
     from psycopg import sql
 
     from agent_ledger.stores.postgres import SCHEMA_VERSION

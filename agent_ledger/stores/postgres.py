@@ -198,8 +198,23 @@ def check_conninfo(conninfo: str, *, field: str = "conninfo") -> None:
             )
 
 
-async def _probe(conninfo: str, timeout_s: float) -> None:
+async def _behind_pooler(conn: Connection) -> bool:
+    """Whether ``conn`` reaches PostgreSQL through a pooler (PgBouncer, Supavisor, ...).
+
+    A server announces its backend's process id when a connection starts; a
+    pooler hands the client a key of its own instead (it must: its client
+    is not tied to one backend), so the pid the connection was given differs
+    from the one the statement runs in. One round trip, not prepared.
+    """
+    cursor = await conn.execute("SELECT pg_backend_pid()", prepare=False)
+    row = await cursor.fetchone()
+    return row is not None and row[0] != conn.info.backend_pid
+
+
+async def _probe(conninfo: str, timeout_s: float) -> bool:
     """Connect once, directly, and raise ``EffectStoreError`` with the reason if that fails.
+
+    Returns whether the connection goes through a pooler (``_behind_pooler``).
 
     A pool never fails on a bad URL: it logs each failed attempt and keeps
     trying until its own timeout, then raises ``PoolTimeout``, which does not
@@ -223,7 +238,13 @@ async def _probe(conninfo: str, timeout_s: float) -> None:
         raise EffectStoreError(
             f"cannot connect to PostgreSQL: {reason}", operation="connect"
         ) from exc
-    await conn.close()
+    async with conn:
+        try:
+            return await _behind_pooler(conn)
+        except psycopg.Error as exc:
+            raise EffectStoreError(
+                f"{type(exc).__name__}: {exc}".strip(), operation="connect"
+            ) from exc
 
 
 async def _restore_transactional(conn: Connection) -> None:
@@ -261,6 +282,15 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
     ``dedup_flush_interval_s`` seconds in one statement for all keys, on
     :meth:`flush_counts` and on :meth:`close`, so that a replay is one read
     (``stores/_dedup.py`` says what a reader sees and what a crash may lose).
+
+    Behind a pooler in transaction mode (PgBouncer, a managed proxy), every
+    step works, since each is one statement or one transaction, but two
+    things need a session: ``LISTEN``, and server-side prepared statements.
+    ``listen_dsn`` is a direct connection string for the notification
+    listener; without one, a listener that finds itself behind a pooler
+    stops, and waiters poll on their backoff. The pool's connections must not
+    prepare statements (``kwargs={"prepare_threshold": None}``; :meth:`connect`
+    sets it when it detects a pooler).
     """
 
     def __init__(
@@ -269,12 +299,18 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
         *,
         schema: str = "public",
         dedup_flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+        listen_dsn: str | None = None,
         _owns_pool: bool = False,
     ) -> None:
         if not isinstance(schema, str) or not schema or len(schema.encode()) > 63:
             raise EffectLedgerValidationError(
                 f"schema must be a PostgreSQL identifier of 1 to 63 bytes, got {schema!r}",
                 field="schema",
+            )
+        if listen_dsn is not None and (not isinstance(listen_dsn, str) or not listen_dsn.strip()):
+            raise EffectLedgerValidationError(
+                f"listen_dsn must be a PostgreSQL connection string, got {listen_dsn!r}",
+                field="listen_dsn",
             )
         interval_s = check_flush_interval(dedup_flush_interval_s)
         self._pool = pool
@@ -318,7 +354,7 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
         #: Keys this store has begun, oldest first: a begin of one of them
         #: tries a plain read first (a replay, most likely).
         self._known: dict[str, None] = {}
-        self._listener = _Listener(pool, schema)
+        self._listener = _Listener(pool, schema, listen_dsn)
         self._beats = _ReservedConnection(pool)
 
     @classmethod
@@ -331,6 +367,7 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
         max_size: int = 10,
         connect_timeout: float = 30.0,
         dedup_flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+        listen_dsn: str | None = None,
     ) -> PostgresStore:
         """Open a pool of autocommit connections that the store owns and closes.
 
@@ -340,14 +377,22 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
         fails at once, with the server's own message. A connection string
         libpq cannot use (an unknown parameter, a port that is not a number)
         raises ``EffectLedgerValidationError`` before connecting.
+
+        When ``conninfo`` leads to a pooler (``_behind_pooler``), the pool's
+        connections never prepare statements (``prepare_threshold=None``): a
+        statement prepared in one pooled transaction's server connection is
+        unknown to the next one's. ``listen_dsn``: see the class.
         """
         check_flush_interval(dedup_flush_interval_s)
         check_conninfo(conninfo)
         deadline = asyncio.get_running_loop().time() + connect_timeout
-        await _probe(conninfo, connect_timeout)
+        pooled = await _probe(conninfo, connect_timeout)
         remaining = max(deadline - asyncio.get_running_loop().time(), 0.1)
+        kwargs: dict[str, Any] = {"autocommit": True}
+        if pooled:
+            kwargs["prepare_threshold"] = None
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            conninfo, min_size=min_size, max_size=max_size, kwargs={"autocommit": True}, open=False
+            conninfo, min_size=min_size, max_size=max_size, kwargs=kwargs, open=False
         )
         try:
             await pool.open(wait=True, timeout=remaining)
@@ -355,7 +400,11 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
             await pool.close()
             raise EffectStoreError(f"{type(exc).__name__}: {exc}", operation="connect") from exc
         return cls(
-            pool, schema=schema, dedup_flush_interval_s=dedup_flush_interval_s, _owns_pool=True
+            pool,
+            schema=schema,
+            dedup_flush_interval_s=dedup_flush_interval_s,
+            listen_dsn=listen_dsn,
+            _owns_pool=True,
         )
 
     # -- schema ----------------------------------------------------------------
@@ -921,6 +970,19 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
             yield
         except EffectLedgerError:
             raise  # ours already: never double-wrap
+        except (
+            psycopg.errors.InvalidSqlStatementName,
+            psycopg.errors.DuplicatePreparedStatement,
+        ) as exc:
+            raise EffectStoreError(
+                f"{type(exc).__name__}: {exc}".strip() + ": a pooler in transaction mode "
+                "between the pool and the server? Create the pool with "
+                'kwargs={"prepare_threshold": None} (PostgresStore.connect() does it when '
+                "it detects one)",
+                operation=operation,
+                idem_key=idem_key,
+                effect_id=effect_id,
+            ) from exc
         except psycopg.errors.UndefinedTable as exc:
             raise EffectStoreError(
                 f"the agent-ledger tables are missing from schema {self.schema!r}: create "
@@ -1081,14 +1143,22 @@ class _Listener:
     #: relying on polling alone.
     READY_TIMEOUT_S: Final = 2.0
 
-    def __init__(self, pool: AsyncConnectionPool[Any], schema: str) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Any], schema: str, dsn: str | None = None) -> None:
         self._pool = pool
         self._schema = schema
+        #: Where to listen: ``listen_dsn``, or (None) the pool's own conninfo.
+        self._dsn = dsn
         self.subscribers = Subscribers()
         self._task: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()
+        #: Set once the listener found a pooler on its connection: LISTEN there
+        #: would hear nothing (each transaction may get another server
+        #: connection), so it stopped, and waiters poll on their backoff.
+        self.polling_only = False
 
     async def ensure_listening(self) -> None:
+        if self.polling_only:
+            return
         if self._task is not None and not self._task.done():
             return  # running, or reconnecting: polling covers the gap meanwhile
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -1112,9 +1182,15 @@ class _Listener:
         prefix = self._schema + ":"
         while True:
             try:
-                conninfo, kwargs = await _connection_settings(self._pool)
+                if self._dsn is None:
+                    conninfo, kwargs = await _connection_settings(self._pool)
+                else:
+                    conninfo, kwargs = self._dsn, {}
                 conn = await AsyncConnection.connect(conninfo, **{**kwargs, "autocommit": True})
                 async with conn:
+                    if await _behind_pooler(conn):
+                        self._stop_for_pooler()
+                        return
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(NOTIFY_CHANNEL)))
                     self._listening.set()
                     failures = 0
@@ -1135,6 +1211,16 @@ class _Listener:
                     delay_s,
                 )
                 await asyncio.sleep(delay_s)
+
+    def _stop_for_pooler(self) -> None:
+        self.polling_only = True
+        self._listening.set()  # nobody waits for a LISTEN that will not come
+        logger.warning(
+            "notification listener for schema %r is behind a connection pooler, where "
+            "LISTEN hears nothing; waiters poll instead. Pass listen_dsn= a direct "
+            "connection string to be woken at once.",
+            self._schema,
+        )
 
 
 class _ReservedConnection:

@@ -1,0 +1,22 @@
+"""The retention benchmark (benchmarks/retention.py) runs, on a small table.
+
+It measures; this checks that what it measures is what it says: the table
+holds the generated effects, the purge removes the oldest tenth, and a
+replay of a generated key finds it (it creates nothing). Timings are not
+asserted.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from benchmarks.retention import markdown, measure
+
+
+async def test_the_retention_benchmark_fills_measures_and_purges_a_tenth(dsn: str) -> None:
+    schema = f"agent_ledger_bench_test_{uuid.uuid4().hex[:8]}"
+    rows = await measure(dsn, (2_000, 5_000), samples=20, schema=schema)
+    assert [r["effects"] for r in rows] == [2_000, 5_000]
+    assert [r["purged"] for r in rows] == [200, 500]
+    assert all(r["table_mb_per_million"] > 0 and r["indexes_mb_per_million"] > 0 for r in rows)
+    assert "| 5,000 |" in markdown(rows)
