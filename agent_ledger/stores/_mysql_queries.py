@@ -395,6 +395,11 @@ STATS: Final = (
 PURGE: Final = (
     "DELETE FROM agent_ledger_effects WHERE status IN %(statuses)s"
     " AND completed_at <= " + NOW + " - INTERVAL %(older_us)s MICROSECOND"
+    # A saga's step or undo stays: without it `sagas show` would list the
+    # saga's steps as never run (sagas themselves are never purged).
+    " AND NOT EXISTS (SELECT 1 FROM agent_ledger_saga_steps s"
+    " WHERE s.idem_key = agent_ledger_effects.idem_key"
+    " OR s.compensation_key = agent_ledger_effects.idem_key)"
 )
 
 # -- sagas (see stores/saga_base.py) --
