@@ -17,28 +17,32 @@ statements take the file's time as ``:seen_us``).
 Who writes the file's time, and when:
 
 * the step that makes a caller the holder (``begin`` inserting a
-  ``processing`` effect, a ``claim`` that took one) creates the file inside
-  its own write transaction, before COMMIT: no claim can see the holding
-  before its file exists;
-* the holder's process keeps it fresh from a thread of the store's
+  ``processing`` effect, a ``claim`` that took one) notes the holding and
+  its lease in memory, and writes nothing: its stored heartbeat is fresh,
+  and most holdings end long before it ages;
+* the holder's process keeps the file fresh from a thread of the store's
   (:class:`Holders`), without the write lock, for as long as the holder shows
   it is alive: each heartbeat, try or start it sends keeps the file fresh for
   :data:`GRACE_S` more (the engine sends one every third of the lease, and
   tries again at least every second while the store is blocked), and a
   ``commit`` or ``release`` keeps it fresh for as long as it is under way,
-  however long it waits for the lock;
+  however long it waits for the lock. The thread writes a holding's file
+  once a period (a quarter of its lease, at most 250 ms) has passed since
+  its last sign of life, so the file appears within a quarter of the lease
+  of the holder being kept waiting, and a commit that lands at once (nearly
+  all of them) never has one;
 * the end of the holding (``commit`` or ``release`` returned) removes it; a
   takeover removes the previous holder's, and ``purge()`` removes any left
   by processes that died.
 
 What it relies on: every process that uses the file runs on the same machine
-and reads the same clock (the store's clock stamps the file, as it stamps
-the database), and the filesystem keeps modification times as set (not a
-network filesystem; SQLite itself needs a local one). A process that is
-killed, frozen (SIGSTOP) or whose event loop is blocked stops refreshing its
-file, and is taken over once the lease has passed, as before; a process
-whose engine gave the effect up keeps it looking alive for at most
-:data:`GRACE_S` more.
+and reads the same clock (the file is stamped with the store's clock at the
+sign of life, plus the real time since), and the filesystem keeps
+modification times as set (not a network filesystem; SQLite itself needs a
+local one). A process that is killed, frozen (SIGSTOP) or whose event loop
+is blocked stops refreshing its file, and is taken over once the lease has
+passed, as before; a process whose engine gave the effect up keeps it
+looking alive for at most :data:`GRACE_S` more.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Final
+
+from agent_ledger.observability import logger
 
 __all__ = ["GRACE_S", "Holders"]
 
@@ -90,7 +96,13 @@ class Holders:
         #: second. So a store clock moved by hand (a test's ManualClock) does
         #: not carry a holder that stopped into the future.
         self._base: dict[Holding, tuple[int, float]] = {}
+        #: When the thread last wrote each file (time.monotonic).
+        self._stamped: dict[Holding, float] = {}
+        #: The holdings whose file the thread has written (removed at their end).
+        self._written: set[Holding] = set()
         self._wake = threading.Event()
+        #: Until when the thread sleeps (time.monotonic; inf: until woken).
+        self._sleeps_until = float("inf")
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -99,16 +111,8 @@ class Holders:
     def _path(self, holding: Holding) -> str:
         return os.path.join(self.folder, f"{holding[0]}.{holding[1]}")
 
-    def create(self, holding: Holding, now_us: int, lease_ms: int) -> None:
-        """The file of a new holding, stamped ``now_us``; the lease kept for the period."""
-        path = self._path(holding)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-        except FileNotFoundError:
-            self.folder.mkdir(exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-        os.close(fd)
-        os.utime(path, ns=(now_us * 1000, now_us * 1000))
+    def hold(self, holding: Holding, lease_ms: int) -> None:
+        """``holding`` is this store's (a begin or claim made it): its file may be kept."""
         with self._lock:
             self._leases[holding] = lease_ms
 
@@ -119,13 +123,17 @@ class Holders:
         except FileNotFoundError:
             return 0
 
-    def remove(self, holding: Holding) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._path(holding))
+    def remove(self, holding: Holding, *, ours: bool = True) -> None:
+        """The holding is over: its file goes (``ours``: only if this store wrote one)."""
         with self._lock:
             self._until.pop(holding, None)
             self._leases.pop(holding, None)
             self._base.pop(holding, None)
+            written = holding in self._written
+            self._written.discard(holding)
+        if written or not ours:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path(holding))
 
     def sweep(self, live: Callable[[Iterable[Holding]], set[Holding]]) -> None:
         """Remove every file whose holding is over; ``live`` says which of some are not."""
@@ -156,10 +164,9 @@ class Holders:
             for holding in mine:
                 self._until[holding] = now + GRACE_S
                 self._base[holding] = (now_us, now)
-        for holding in mine:
-            self._touch(holding, now_us)
+                self._stamped.setdefault(holding, now)
         if mine:
-            self._ensure_thread()
+            self._ensure_thread(min(self._period(h) for h in mine))
 
     def under_way(self, holding: Holding) -> Callable[[], None]:
         """A commit or release of ``holding`` starts: keep its file fresh until
@@ -168,8 +175,10 @@ class Holders:
             if holding not in self._leases:
                 return _nothing
             self._pending[holding] = self._pending.get(holding, 0) + 1
-            self._base[holding] = (self._clock_us(), time.monotonic())
-        self._ensure_thread()
+            now = time.monotonic()
+            self._base[holding] = (self._clock_us(), now)
+            self._stamped.setdefault(holding, now)
+        self._ensure_thread(self._period(holding))
 
         def done() -> None:
             with self._lock:
@@ -184,15 +193,29 @@ class Holders:
 
         return done
 
-    def _touch(self, holding: Holding, at_us: int) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.utime(self._path(holding), ns=(at_us * 1000, at_us * 1000))
+    def _write(self, holding: Holding, at_us: int) -> None:
+        """Stamp ``holding``'s file ``at_us``, creating it (and the folder) if need be."""
+        path = self._path(holding)
+        at_ns = at_us * 1000
+        try:
+            os.utime(path, ns=(at_ns, at_ns))
+        except FileNotFoundError:
+            with self._lock:
+                if holding not in self._leases:
+                    return  # over meanwhile: never bring its file back
+                self._written.add(holding)
+            self.folder.mkdir(exist_ok=True)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+            os.utime(path, ns=(at_ns, at_ns))
 
     # -- the refresh thread ------------------------------------------------------
 
-    def _ensure_thread(self) -> None:
+    def _ensure_thread(self, period: float) -> None:
+        """Start the thread, or wake it if it would first look later than ``period``
+        from now (a commit that lands at once then costs no thread switch)."""
         if self._thread is not None or self._closed:
-            self._wake.set()
+            if time.monotonic() + period < self._sleeps_until:
+                self._wake.set()
             return
         with self._lock:
             if self._thread is None:
@@ -208,22 +231,40 @@ class Holders:
                 for holding, until in list(self._until.items()):
                     if until <= now and holding not in self._pending:
                         del self._until[holding]
+                kept = set(self._until) | set(self._pending)
+                for holding in set(self._stamped) - kept:
+                    del self._stamped[holding]
                 due = {
-                    h: base
-                    for h in set(self._until) | set(self._pending)
+                    h: (base, self._period(h))
+                    for h in kept
                     if (base := self._base.get(h)) is not None
                 }
-                leases = [self._leases.get(h, 0) for h in due]
             if not due:
+                self._sleeps_until = float("inf")
                 self._wake.wait()
                 self._wake.clear()
                 continue
-            for holding, (base_us, base) in due.items():
-                self._touch(holding, base_us + int((now - base) * 1_000_000))
-            shortest = min((lease for lease in leases if lease > 0), default=1000)
-            period = min(max(shortest / 4000, _MIN_PERIOD_S), _MAX_PERIOD_S)
-            self._wake.wait(period)
+            wait = _MAX_PERIOD_S
+            for holding, ((base_us, base), period) in due.items():
+                left = self._stamped.get(holding, now) + period - now
+                if left <= 0:
+                    try:
+                        self._write(holding, base_us + int((now - base) * 1_000_000))
+                    except OSError:
+                        logger.warning("could not write a holder file in %s", self.folder)
+                    self._stamped[holding] = now
+                    left = period
+                wait = min(wait, left)
+            wait = max(wait, _MIN_PERIOD_S)
+            self._sleeps_until = time.monotonic() + wait
+            self._wake.wait(wait)
             self._wake.clear()
+
+    def _period(self, holding: Holding) -> float:
+        lease_ms = self._leases.get(holding, 0)
+        if lease_ms <= 0:
+            return _MAX_PERIOD_S
+        return min(max(lease_ms / 4000, _MIN_PERIOD_S), _MAX_PERIOD_S)
 
     def close(self) -> None:
         """Stop the thread (the files stay: their holdings may still be open)."""

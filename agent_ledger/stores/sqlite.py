@@ -462,7 +462,7 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
             created = conn.execute(q.INSERT, {**params, "now": now}).rowcount == 1
             if created and params["executions"]:
                 # Processing: its holder's file, before the insert commits.
-                holders.create((str(params["id"]), 1), now, new.lease_ms)
+                holders.hold((str(params["id"]), 1), new.lease_ms)
             elif not created and stx is None:  # with tx: only read (Store.begin)
                 conn.execute(q.COUNT_DUPLICATE, params)
             return conn.execute(q.FIND, (key,)).fetchone(), created
@@ -518,9 +518,10 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
             claimed = conn.execute(q.CLAIM, params).rowcount == 1
             row: tuple[Any, ...] | None = conn.execute(q.FIND, (idem_key,)).fetchone()
             if claimed and row is not None:
-                holders.create((row[_ID], row[_ATTEMPT]), now, row[_LEASE_MS])
+                holders.hold((row[_ID], row[_ATTEMPT]), row[_LEASE_MS])
                 if held is not None:
-                    holders.remove(held)  # the previous holder's: it is fenced off now
+                    # The previous holder's file: it is fenced off now.
+                    holders.remove(held, ours=False)
             return row, claimed
 
         row, claimed = await self._run("claim", work, stx, write=True, idem_key=idem_key)
@@ -740,7 +741,7 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
             params["seen_us"] = 0 if held is None else holders.seen_us(held)
             parked = conn.execute(q.PARK, params).rowcount == 1
             if parked and held is not None:
-                holders.remove(held)
+                holders.remove(held, ours=False)
             return conn.execute(q.FIND, (idem_key,)).fetchone(), parked
 
         row, parked = await self._run("park", work, None, write=True, idem_key=idem_key)

@@ -28,7 +28,8 @@ from agent_ledger import (
     StaleOptions,
     ToolCall,
 )
-from agent_ledger.stores.base import NewEffect
+from agent_ledger.stores._sqlite_holders import GRACE_S
+from agent_ledger.stores.base import Held, NewEffect
 
 LEASE_MS = 300
 CALL = ToolCall(workflow_id="wf", tool="payments.charge", args={"cents": 100})
@@ -74,9 +75,11 @@ async def test_a_claim_after_a_long_hold_of_the_write_lock_leaves_a_live_holder(
 
 
 async def test_a_silent_holder_is_still_taken_over_after_its_lease(tmp_path: Path) -> None:
-    # The other half of the rule: a holder that stopped (here: a begin with
-    # no run behind it, as after a crash) is taken over once its lease has
-    # passed, and the new holder's file replaces the old one's.
+    # The other half of the rule: a holder that stopped (here: a begin and
+    # one heartbeat with no run behind them, as after a crash) is taken over
+    # once its lease, and the grace its last sign of life gave its file,
+    # have passed; the takeover removes the old holder's file, and the new
+    # holder's commit its own.
     path = tmp_path / "ledger.db"
     store = SqliteStore(path)
     new = NewEffect(
@@ -88,14 +91,16 @@ async def test_a_silent_holder_is_still_taken_over_after_its_lease(tmp_path: Pat
         resource_id_canonical=None,
         lease_ms=LEASE_MS,
     )
-    begun = await store.begin(new)
-    first = begun.effect
+    first = (await store.begin(new)).effect
+    await store.heartbeat([Held(first.id, 1)])
     holders = Path(f"{path}-holders")
-    assert os.listdir(holders) == [f"{first.id}.1"]
-    await asyncio.sleep(2 * LEASE_MS / 1000)
+    await asyncio.sleep(LEASE_MS / 1000)
+    assert os.listdir(holders) == [f"{first.id}.1"]  # kept fresh: the grace
+    assert not (await store.claim("k", stale_after_ms=LEASE_MS)).claimed
+    await asyncio.sleep(GRACE_S + 2 * LEASE_MS / 1000)
     outcome = await store.claim("k", stale_after_ms=LEASE_MS)
-    assert outcome.claimed and outcome.effect is not None
-    assert os.listdir(holders) == [f"{first.id}.2"]
+    assert outcome.claimed and outcome.effect is not None and outcome.effect.attempt == 2
+    assert os.listdir(holders) == []
     await store.commit(
         first.id, attempt=2, status=EffectStatus.SUCCEEDED, result_json="1", error=None
     )
