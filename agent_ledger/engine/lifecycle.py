@@ -418,8 +418,9 @@ class Engine:
         )
         # Just claimed: the lease is whole.
         until = lease_end(asyncio.get_running_loop().time(), prepared.opts.stale_after_ms)
+        # started=False: no handler ran for this claim, so it is no execution.
         if await self._record_landed(
-            claimed, EffectStatus.FAILED, None, error, tx, until, ends_try=False
+            claimed, EffectStatus.FAILED, None, error, tx, until, ends_try=False, started=False
         ):
             log_effect(logging.WARNING, "effect failed: too many takeovers", claimed)
         stored = await self._store.get(claimed.id, tx=tx)
@@ -836,7 +837,7 @@ class Engine:
         error = EffectError(message=message, code=RETRIES_EXHAUSTED)
         until = lease_end(asyncio.get_running_loop().time(), opts.stale_after_ms)
         if not await self._record_landed(
-            effect, EffectStatus.FAILED, None, error, tx, until, ends_try=False
+            effect, EffectStatus.FAILED, None, error, tx, until, ends_try=False, started=False
         ):
             return _LOST
         log_effect(logging.INFO, f"effect failed: {message}", effect)
@@ -871,6 +872,7 @@ class Engine:
         maybe_landed: bool = False,
         ends_try: bool = True,
         usage_json: str | None = None,
+        started: bool = True,
     ) -> bool:
         """Record a handler's outcome; True if this attempt's commit won.
 
@@ -901,6 +903,7 @@ class Engine:
                     tx=tx,
                     ends_try=ends_try,
                     usage_json=usage_json,
+                    started=started,
                 )
             except EffectStoreError:
                 remaining_s = retry_until - asyncio.get_running_loop().time()
@@ -945,6 +948,7 @@ class Engine:
         *,
         ends_try: bool = True,
         usage_json: str | None = None,
+        started: bool = True,
     ) -> bool:
         """``record``, carried through to the end even if this task is cancelled meanwhile.
 
@@ -966,6 +970,7 @@ class Engine:
                 retry_until,
                 ends_try=ends_try,
                 usage_json=usage_json,
+                started=started,
             )
         except asyncio.CancelledError as exc:
             interrupted = exc
@@ -980,6 +985,7 @@ class Engine:
                 maybe_landed=True,
                 ends_try=ends_try,
                 usage_json=usage_json,
+                started=started,
             )
         )
         while not write.done():

@@ -306,8 +306,8 @@ async def _take_over_and_cancel(ledger: EffectLedger, idem_key: str, lease_ms: i
     could land just after a paused holder woke and recorded its handler's
     start: a run that must be parked, not canceled, with its side effect
     never undone. After the claim the old holder can no longer record a
-    start, heartbeat or commit. Like any takeover, the claim counts in the
-    receipt's ``executions`` (no handler runs for it).
+    start, heartbeat or commit. No handler runs for the claim, so the cancel
+    takes its execution back (``executions`` counts handler starts).
     """
     outcome = await ledger.store.claim(idem_key, stale_after_ms=1, lease_ms=lease_ms)
     if outcome.claimed and outcome.effect is not None:
@@ -319,6 +319,7 @@ async def _take_over_and_cancel(ledger: EffectLedger, idem_key: str, lease_ms: i
             result_json=None,
             error=error,
             ends_try=False,
+            started=False,
         )
     return outcome
 

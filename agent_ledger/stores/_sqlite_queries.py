@@ -147,11 +147,13 @@ HEARTBEAT: Final = (
 # Compare-and-set processing -> succeeded/failed/canceled on (id, status,
 # attempt): the first commit wins, and a late commit from an older attempt
 # matches no row. A NULL attempt skips the fencing check (unfenced commit()).
+# :unstarted (0 or 1) takes back the claim's execution when the attempt's
+# handler never started (executions counts handler starts).
 # KEY_OF then names the key whose waiters to wake.
 COMMIT: Final = (
     "UPDATE agent_ledger_effects SET status = :status, result = :result, usage = :usage,"
     " error_message = :error_message, error_code = :error_code, tries = tries + :tried,"
-    " completed_us = :now, updated_us = :now"
+    " executions = executions - :unstarted, completed_us = :now, updated_us = :now"
     " WHERE id = :id AND status = :processing AND (:attempt IS NULL OR attempt = :attempt)"
 )
 

@@ -542,6 +542,7 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
         tx: object | None = None,
         ends_try: bool = True,
         usage_json: str | None = None,
+        started: bool = True,
     ) -> bool:
         check_commit_status(status)
         if not is_effect_id(effect_id):
@@ -555,6 +556,7 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
             error=error,
             ends_try=ends_try,
             usage_json=usage_json,
+            started=started,
         )
         return await self._execute("commit", self._commit, params, tx, effect_id=effect_id)
 

@@ -565,11 +565,12 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
         tx: object | None = None,
         ends_try: bool = True,
         usage_json: str | None = None,
+        started: bool = True,
     ) -> bool:
         check_commit_status(status)
         if attempt is None:
             return await self._commit(
-                effect_id, attempt, status, result_json, error, tx, ends_try, usage_json
+                effect_id, attempt, status, result_json, error, tx, ends_try, usage_json, started
             )
         # The holder is alive until its outcome is stored, however long the
         # commit waits for the write lock; then the holding is over.
@@ -577,7 +578,7 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
         done = self._holders.under_way(holding)
         try:
             won = await self._commit(
-                effect_id, attempt, status, result_json, error, tx, ends_try, usage_json
+                effect_id, attempt, status, result_json, error, tx, ends_try, usage_json, started
             )
         finally:
             done()
@@ -594,6 +595,7 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
         tx: object | None,
         ends_try: bool,
         usage_json: str | None,
+        started: bool,
     ) -> bool:
         stx = await self._enter(tx)
         if not is_effect_id(effect_id):
@@ -609,6 +611,7 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
                 error=error,
                 ends_try=ends_try,
                 usage_json=usage_json,
+                started=started,
             )
             params["now"] = now
             if conn.execute(q.COMMIT, params).rowcount != 1:

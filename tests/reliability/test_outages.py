@@ -118,6 +118,7 @@ class OutageAt(FaultyStore[PostgresStore]):
         tx: object | None = None,
         ends_try: bool = True,
         usage_json: str | None = None,
+        started: bool = True,
     ) -> bool:
         self.trigger("commit")
         return await super().commit(
@@ -129,6 +130,7 @@ class OutageAt(FaultyStore[PostgresStore]):
             tx=tx,
             ends_try=ends_try,
             usage_json=usage_json,
+            started=started,
         )
 
 
