@@ -19,6 +19,7 @@ from typing import Final
 from agent_ledger.effects import Effect, EffectError, JSONValue, storable_text
 from agent_ledger.errors import EffectLedgerValidationError, require_str
 from agent_ledger.keys import canonical_json
+from agent_ledger.names import check_name_length
 from agent_ledger.observability import effect_fields, log_effect, logger
 from agent_ledger.options import LedgerHooks
 from agent_ledger.status import AMBIGUOUS_ATTEMPT, REOPENABLE, EffectStatus
@@ -258,6 +259,8 @@ def _decision(by: str | None, note: str | None) -> Decision:
             raise EffectLedgerValidationError(
                 f"{name} must be a string or None, got {type(value).__name__}", field=name
             )
+    if by:
+        check_name_length(by, "by")
     return Decision(
         by=storable_text(by) if by else None, note=storable_text(note) if note else None
     )
@@ -284,6 +287,8 @@ def _required_text(value: object, name: str, saying: str | None = None) -> str:
             f"{name} is required: a non-empty string saying {what}, got {value!r}",
             field=name,
         )
+    if name == "by":  # a name, stored and listed; a reason is free text
+        check_name_length(value, name)
     return storable_text(value)
 
 

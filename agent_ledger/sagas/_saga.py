@@ -30,6 +30,7 @@ from agent_ledger.errors import (
     EffectLedgerValidationError,
     UnrecordedEffectError,
 )
+from agent_ledger.names import MAX_NAME_LENGTH, check_name_length
 from agent_ledger.observability import logger
 from agent_ledger.options import DEFAULT_STALE_AFTER_MS, MAX_LEASE_MS, LedgerHooks, RunOptions
 from agent_ledger.sagas._compensation import (
@@ -85,7 +86,7 @@ TASK_CANCELED: Final = EffectError("the task running the saga was cancelled", "c
 #: The longest saga id (in characters). A saga id is a primary key and every
 #: step's workflow id, indexed by every store: 500 characters of at most 4
 #: bytes each stay under PostgreSQL's B-tree entry limit (about 2,700 bytes).
-MAX_SAGA_ID_LENGTH: Final = 500
+MAX_SAGA_ID_LENGTH: Final = MAX_NAME_LENGTH
 
 
 def default_owner() -> str:
@@ -130,6 +131,7 @@ def owner_of(owner: str | None) -> str:
             f"got {owner!r}",
             field="owner",
         )
+    check_name_length(owner, "owner")
     return owner
 
 
