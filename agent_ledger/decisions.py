@@ -1,5 +1,7 @@
 """People's decisions on effects: request approval, approve, deny, resolve, cancel,
-reopen; and the sweep that parks ambiguous attempts.
+reopen; the sweep that parks ambiguous attempts; and the steps that withdraw
+an effect for a rollback (a saga's), which the layers above reach here rather
+than driving the store themselves.
 
 Each decision is one compare-and-set in the store (``Store.transition``,
 ``Store.settle`` or ``Store.reopen``), so two operators acting on the same
@@ -23,15 +25,30 @@ from agent_ledger.names import check_name_length
 from agent_ledger.observability import effect_fields, log_effect, logger
 from agent_ledger.options import LedgerHooks
 from agent_ledger.status import AMBIGUOUS_ATTEMPT, REOPENABLE, EffectStatus
-from agent_ledger.stores.base import Decision, EffectQuery, SchemaCheck, Store
+from agent_ledger.stores.base import (
+    ClaimOutcome,
+    Decision,
+    EffectQuery,
+    NewEffect,
+    SchemaCheck,
+    Store,
+)
 
 __all__ = [
     "AMBIGUOUS_REASON",
     "NO_RESULT",
+    "WAITING_FOR_A_PERSON",
     "Decisions",
     "ambiguous_error",
+    "cancel_if_waiting",
+    "close_unbegun",
     "notify_approval_required",
+    "park_if_silent",
+    "take_over_and_cancel",
 ]
+
+#: The statuses of an effect that waits for a person: asked, or approved and not yet claimed.
+WAITING_FOR_A_PERSON: Final = frozenset({EffectStatus.REQUIRES_APPROVAL, EffectStatus.READY})
 
 
 class Decisions:
@@ -154,10 +171,7 @@ class Decisions:
             for effect in page:
                 if effect.park_attempt != effect.attempt:
                     continue
-                # A window of 1 ms: the holder's own lease (the longer) decides.
-                outcome = await self._store.park(
-                    effect.idem_key, stale_after_ms=1, error=ambiguous_error()
-                )
+                outcome = await park_if_silent(self._store, effect.idem_key)
                 if outcome.claimed and outcome.effect is not None:
                     log_effect(logging.WARNING, "effect parked by a sweep", outcome.effect)
                     parked.append(outcome.effect)
@@ -317,6 +331,83 @@ AMBIGUOUS_REASON: Final = (
     "downstream system, then resolve() it with what happened, approve() it to run it "
     "again, or deny() it."
 )
+
+
+# -- withdrawing an effect for a rollback --------------------------------------------
+
+
+async def cancel_if_waiting(store: Store, idem_key: str, error: EffectError, *, by: str) -> bool:
+    """Cancel the effect only while it waits for a person (``requires_approval``,
+    or approved and not yet claimed); True if this call canceled it. One
+    compare-and-set: a read then an unconditional cancel would cancel an
+    effect a worker claimed in between, under its running handler, whose
+    side effect then stands with nothing to undo it."""
+    moved = await store.transition(
+        idem_key,
+        target=EffectStatus.CANCELED,
+        error=error,
+        decision=Decision(by=by),
+        sources=WAITING_FOR_A_PERSON,
+    )
+    return moved is not None
+
+
+async def close_unbegun(
+    store: Store, idem_key: str, *, workflow_id: str, tool: str, error: EffectError
+) -> bool:
+    """Give a call that never began an effect that is already ``canceled``, so a
+    worker that wakes up later cannot begin it; True if this call made it
+    (False: the effect appeared meanwhile). Inserted waiting for a person, then
+    canceled from there: it is never ``processing``, so nothing can run it."""
+    new = NewEffect(
+        idem_key=idem_key,
+        workflow_id=workflow_id,
+        call_id=None,
+        tool=tool,
+        args_canonical="{}",
+        resource_id_canonical=None,
+        requires_approval=True,
+    )
+    began = await store.begin(new)
+    if not began.created:
+        return False
+    closed = await store.transition(idem_key, target=EffectStatus.CANCELED, error=error)
+    return closed is not None
+
+
+async def park_if_silent(store: Store, idem_key: str) -> ClaimOutcome:
+    """Park the effect for a person if its holder went silent for a whole lease
+    after its handler started under ``on_stale="park"`` (judged by the store's
+    clock). A window of 1 ms: the holder's own lease (the longer) decides."""
+    return await store.park(idem_key, stale_after_ms=1, error=ambiguous_error())
+
+
+async def take_over_and_cancel(
+    store: Store, idem_key: str, lease_ms: int, error: EffectError
+) -> ClaimOutcome:
+    """Cancel an effect whose holder went silent for its whole lease.
+
+    Taken over first, as any caller would (one fenced claim, judged stale by
+    the store's clock, which refuses a run whose handler started under
+    ``on_stale="park"``), then canceled as its new holder. A bare cancel
+    could land just after a paused holder woke and recorded its handler's
+    start: a run that must be parked, not canceled, with its side effect
+    never undone. After the claim the old holder can no longer record a
+    start, heartbeat or commit. No handler runs for the claim, so the cancel
+    takes its execution back (``executions`` counts handler starts).
+    """
+    outcome = await store.claim(idem_key, stale_after_ms=1, lease_ms=lease_ms)
+    if outcome.claimed and outcome.effect is not None:
+        await store.commit(
+            outcome.effect.id,
+            attempt=outcome.effect.attempt,
+            status=EffectStatus.CANCELED,
+            result_json=None,
+            error=error,
+            ends_try=False,
+            started=False,
+        )
+    return outcome
 
 
 def ambiguous_error() -> EffectError:

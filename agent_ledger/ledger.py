@@ -182,9 +182,10 @@ class EffectLedger:
         ``"park"`` for a side effect that must never repeat and cannot take an
         idempotency key downstream (``docs/choosing-recovery.md``).
         """
+        from agent_ledger.sagas import check_step_settings
         from agent_ledger.tools import define
 
-        return define(
+        decorate = define(
             self,
             self._tools,
             name,
@@ -200,6 +201,9 @@ class EffectLedger:
             failure_scope=failure_scope,
             on_stale=on_stale,
         )
+        # The saga layer says what a tool's saga settings may be.
+        check_step_settings(name or "<function name>", compensate, compensate_if, failure_scope)
+        return decorate
 
     @property
     def tools(self) -> Mapping[str, Tool[Any]]:

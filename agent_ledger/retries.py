@@ -5,7 +5,7 @@ tool (``@ledger.tool(..., retry=...)``); without one a handler runs once,
 because most side effects (a charge, an email) must not be repeated unless
 someone said it is safe. The engine runs every try inside one claim of the
 effect and records each failed try durably before the next one, so a worker
-that takes the effect over continues the count (see ``engine.lifecycle``).
+that takes the effect over continues the count (see ``engine.retrying``).
 
 This module only decides: :meth:`RetryPolicy.retries` says whether an
 exception may be tried again, :meth:`RetryPolicy.delay` how long to wait

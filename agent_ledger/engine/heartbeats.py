@@ -25,13 +25,19 @@ Ticks are shared (:func:`due_beats`): a tick also takes every beat due within
 half of its own interval, so beats with different stale windows, or started
 at different moments, fall into step and ride in the same statement. Sending
 a beat early only refreshes the lease sooner; it is never late.
+
+A lease that is not an effect's (a saga's owner, say) is kept the same way
+(:meth:`Heartbeats.keep`): its beat renews it with a call of its own, and
+``lost`` turns True when that call says it is no longer held. Sagas, above
+the engine, keep their owner alive with it rather than with a second
+implementation.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Final
 
 from agent_ledger.effects import Effect
@@ -56,11 +62,24 @@ class Beat:
     Times are the event loop's clock (``loop.time()``).
     """
 
-    __slots__ = ("_owner", "confirmed_at", "due", "effect", "interval_s", "lost")
+    __slots__ = ("_owner", "confirmed_at", "due", "effect", "interval_s", "lost", "renew", "what")
 
-    def __init__(self, owner: Heartbeats, effect: Effect, interval_s: float, now: float) -> None:
+    def __init__(
+        self,
+        owner: Heartbeats,
+        effect: Effect | None,
+        interval_s: float,
+        now: float,
+        renew: Callable[[], Awaitable[bool]] | None = None,
+        what: str = "",
+    ) -> None:
         self._owner = owner
+        #: The effect kept alive; None for a lease that ``renew`` keeps.
         self.effect = effect
+        #: Renews a lease that is not an effect's: True while it is still held.
+        self.renew = renew
+        #: What the lease is, for the log (an effect's beat names its effect).
+        self.what = what
         self.interval_s = interval_s
         #: When the next heartbeat must go out at the latest.
         self.due = now + interval_s
@@ -77,6 +96,7 @@ class Beat:
     def held(self) -> Held:
         """What a heartbeat for this beat names (built when one is sent: most
         handlers end before their first)."""
+        assert self.effect is not None
         return Held(self.effect.id, self.effect.attempt)
 
     def stop(self) -> None:
@@ -113,8 +133,19 @@ class Heartbeats:
         """
         if loop is None:
             loop = asyncio.get_running_loop()
-        interval_s = stale_after_ms / 1000.0 / BEATS_PER_WINDOW
-        beat = Beat(self, effect, interval_s, loop.time())
+        beat = Beat(self, effect, stale_after_ms / 1000.0 / BEATS_PER_WINDOW, loop.time())
+        return self._add(beat, loop)
+
+    def keep(self, renew: Callable[[], Awaitable[bool]], lease_ms: int, *, what: str) -> Beat:
+        """Keep a lease that is not an effect's alive until the returned beat is
+        stopped: ``renew()`` is called once per beat (a third of ``lease_ms``),
+        and returns False once the lease is no longer held (the beat is then
+        ``lost`` and stops). ``what`` names the lease in the log."""
+        loop = asyncio.get_running_loop()
+        interval_s = lease_ms / 1000.0 / BEATS_PER_WINDOW
+        return self._add(Beat(self, None, interval_s, loop.time(), renew, what), loop)
+
+    def _add(self, beat: Beat, loop: asyncio.AbstractEventLoop) -> Beat:
         self._running.add(beat)
         if self._loop is not loop:
             # First run on this loop (a ledger may outlive an event loop).
@@ -184,17 +215,23 @@ class Heartbeats:
             if self._task is asyncio.current_task():
                 self._task = None
 
-    async def _send(self, batch: list[Beat], sent_at: float) -> None:
-        """One heartbeat for every beat of ``batch``; stop the ones no longer held."""
-        for beat in batch:
+    async def _send(self, due: list[Beat], sent_at: float) -> None:
+        """One heartbeat for every beat of ``due``; stop the ones no longer held."""
+        for beat in due:
             beat.due = sent_at + beat.interval_s
         # A batch that has not landed by the time the next one is due is
         # abandoned: the store drops a connection left mid-statement, and the
         # next tick tries again rather than waiting on a dead link.
-        bound_s = max(min(b.interval_s for b in batch), MIN_SEND_BOUND_S)
+        bound_s = max(min(b.interval_s for b in due), MIN_SEND_BOUND_S)
+        for beat in due:
+            if beat.renew is not None:
+                await self._renew(beat, sent_at, bound_s)
+        batch = [(b, b.effect) for b in due if b.effect is not None]
+        if not batch:
+            return
         try:
             async with asyncio.timeout(bound_s):
-                outcome = await self._store.heartbeat([b.held for b in batch])
+                outcome = await self._store.heartbeat([b.held for b, _ in batch])
         except Exception:
             # A transient store error must not kill healthy handlers: the next
             # tick retries, and the stale window is three beats long.
@@ -202,10 +239,10 @@ class Heartbeats:
                 "heartbeat for %d running effect(s) failed; retrying at the next tick",
                 len(batch),
                 exc_info=True,
-                extra=effect_fields(batch[0].effect) if len(batch) == 1 else None,
+                extra=effect_fields(batch[0][1]) if len(batch) == 1 else None,
             )
             return
-        for beat in batch:
+        for beat, effect in batch:
             held = beat.held
             if held in outcome.refreshed:
                 beat.confirmed_at = sent_at
@@ -215,6 +252,23 @@ class Heartbeats:
                 logger.warning(
                     "lost the effect while its handler runs (taken over or canceled); "
                     "this attempt's commit will be rejected: %s",
-                    beat.effect.tool,
-                    extra=effect_fields(beat.effect),
+                    effect.tool,
+                    extra=effect_fields(effect),
                 )
+
+    async def _renew(self, beat: Beat, sent_at: float, bound_s: float) -> None:
+        """One heartbeat for a lease that is not an effect's (see :meth:`keep`)."""
+        assert beat.renew is not None
+        try:
+            async with asyncio.timeout(bound_s):
+                held = await beat.renew()
+        except Exception:
+            logger.warning(
+                "%s: heartbeat failed; retrying at the next tick", beat.what, exc_info=True
+            )
+            return
+        if held:
+            beat.confirmed_at = sent_at
+        elif beat in self._running:
+            beat.lost = True
+            beat.stop()

@@ -41,10 +41,11 @@ from collections.abc import Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
 from agent_ledger.effects import Effect
+from agent_ledger.engine.cancellation import until_done
 from agent_ledger.observability import effect_fields, log_effect, logger
 from agent_ledger.stores.base import STEP_PROGRESS, StepProgress, Store
 
-__all__ = ["carry_through", "own"]
+__all__ = ["own"]
 
 T = TypeVar("T")
 
@@ -139,7 +140,8 @@ async def own(
                 # Still waiting out another task's transaction: nothing done,
                 # so stop it there rather than wait for that transaction.
                 task.cancel()
-                if not await _until_done(task):
+                await until_done(task)
+                if task.cancelled():
                     if held is not None:
                         await _release(store, held, exc)
                     raise
@@ -161,8 +163,9 @@ async def _give_back(
     held: Effect | None,
 ) -> None:
     """Wait for the interrupted ``task``, release what is ours, raise ``interrupted``."""
-    if not await _until_done(task):
-        raise interrupted
+    await until_done(task)
+    if task.cancelled():
+        raise interrupted  # the loop is closing: nothing left to wait for
     error = task.exception()
     effect = None
     if error is not None:
@@ -183,7 +186,8 @@ async def _release(store: Store, effect: Effect, interrupted: asyncio.CancelledE
     release = asyncio.get_running_loop().create_task(
         store.release(effect.id, attempt=effect.attempt)
     )
-    if not await _until_done(release):
+    await until_done(release)
+    if release.cancelled():
         raise interrupted
     error = release.exception()
     if error is not None:
@@ -201,44 +205,3 @@ async def _release(store: Store, effect: Effect, interrupted: asyncio.CancelledE
         # Someone moved it meanwhile (a person cancelled it): nothing to give back.
         log_effect(logging.INFO, "effect not given back: it changed meanwhile", effect)
     raise interrupted
-
-
-async def _until_done(task: asyncio.Task[Any]) -> bool:
-    """Wait for ``task`` to end, through any number of cancellations of the caller.
-
-    False if the task itself was cancelled: the event loop is closing, and
-    there is nothing left to wait for.
-    """
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if task.cancelled():
-                return False
-        except Exception:
-            pass  # the task's own error: the caller reads it from the task
-    return not task.cancelled()
-
-
-async def carry_through(work: Coroutine[Any, Any, None], *, name: str) -> None:
-    """Run ``work`` to its end even if this task is cancelled meanwhile (the
-    cancellation is raised after it); its error is logged, not raised.
-
-    For what must not be cut short by a caller giving up: paging someone about
-    an effect this caller parked, whose page nobody else would send.
-    """
-    task = asyncio.get_running_loop().create_task(work)
-    interrupted: asyncio.CancelledError | None = None
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError as exc:
-            if task.cancelled():
-                raise  # the loop is closing
-            interrupted = exc
-        except Exception:
-            pass  # read from the task below
-    if task.exception() is not None:
-        logger.error("%s failed", name, exc_info=task.exception())
-    if interrupted is not None:
-        raise interrupted

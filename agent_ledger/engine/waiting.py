@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Final, NamedTuple
 
 from agent_ledger.effects import Effect
-from agent_ledger.engine.ownership import carry_through
+from agent_ledger.engine.cancellation import carry_through
 from agent_ledger.engine.polling import SharedPolls
 from agent_ledger.errors import (
     ApprovalPendingError,
@@ -30,7 +30,7 @@ from agent_ledger.errors import (
     EffectStoreError,
     EffectTimeoutError,
 )
-from agent_ledger.observability import log_effect
+from agent_ledger.observability import log_effect, logger
 from agent_ledger.options import ResolvedConcurrency, ResolvedRunOptions
 from agent_ledger.status import CLAIMABLE, EffectStatus
 from agent_ledger.stores.base import Store
@@ -164,17 +164,13 @@ class Waiter:
                         # The park was carried to its end, and may have landed:
                         # nobody else would page anyone about it.
                         await carry_through(
-                            self._page_if_parked(idem_key, effect.attempt, on_parked),
-                            name="paging about a parked effect",
+                            self._page_if_parked(idem_key, effect.attempt, on_parked)
                         )
                     raise
                 if poll.parked or (unsure_park == poll.effect.attempt and poll.effect.parked):
                     # Paged at least once: after a lost reply, a page may be
                     # sent twice (if another caller parked it meanwhile).
-                    await carry_through(
-                        self._page(poll.effect, on_parked),
-                        name="paging about a parked effect",
-                    )
+                    await carry_through(self._page(poll.effect, on_parked))
                 if poll.error is None:
                     unsure_park = None
                 elif park:
@@ -237,7 +233,12 @@ class Waiter:
         on_parked: Callable[[Effect], Awaitable[None]] | None,
     ) -> None:
         """Page about the effect if it is parked at ``attempt``: after a park of
-        ours whose outcome we never saw (its caller was cancelled)."""
-        current = await self._store.find(idem_key)
+        ours whose outcome we never saw (its caller was cancelled). A store error
+        is logged: the caller's cancellation goes on, not this error."""
+        try:
+            current = await self._store.find(idem_key)
+        except Exception:
+            logger.error("paging about a parked effect failed", exc_info=True)
+            return
         if current is not None and current.parked and current.attempt == attempt:
             await self._page(current, on_parked)

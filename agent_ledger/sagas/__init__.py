@@ -24,6 +24,7 @@ from agent_ledger.sagas._outcome import SagaOutcome, StepOutcome
 from agent_ledger.sagas._plan import check_plan, run_saga
 from agent_ledger.sagas._recovery import SagaRecovery, recover_sagas
 from agent_ledger.sagas._saga import Saga
+from agent_ledger.sagas._settings import check_step_settings
 from agent_ledger.stores.saga_base import SagaStatus
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "SagaStepUnsettled",
     "StepOutcome",
     "check_plan",
+    "check_step_settings",
     "recover_sagas",
     "run_saga",
 ]

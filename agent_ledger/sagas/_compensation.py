@@ -25,9 +25,10 @@ Whether a step is undone depends on its forward effect, settled first:
 * succeeded: undone; failed (or canceled after its handler started): undone
   only when its tool says ``compensate_if="attempted"``; denied: never ran.
 
-Each undo is an ordinary effect keyed from the forward key, run with the
-compensation tool's retry policy (by default :data:`COMPENSATION_RETRY`):
-two workers finishing one saga run it once. In a recovery pass it never
+Each undo is an ordinary effect keyed from the forward key, run by the path
+every call of its tool takes (``Tool.run_as``), with the tool's retry policy
+(by default :data:`COMPENSATION_RETRY`): two workers finishing one saga run it
+once. In a recovery pass it never
 waits for a person (parked mid-undo, or sent for approval by its tool): the
 pass reports ``SagaStepParked`` for that saga and goes on with the others.
 It runs out of any saga's
@@ -48,7 +49,13 @@ from typing import Final
 
 from agent_ledger.backoff import Backoff
 from agent_ledger.calls import ToolCall
-from agent_ledger.decisions import ambiguous_error
+from agent_ledger.decisions import (
+    WAITING_FOR_A_PERSON,
+    cancel_if_waiting,
+    close_unbegun,
+    park_if_silent,
+    take_over_and_cancel,
+)
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import (
     ApprovalPendingError,
@@ -62,7 +69,6 @@ from agent_ledger.options import UNSET, RunOptions, merge_run_options
 from agent_ledger.retries import RetryPolicy
 from agent_ledger.sagas._errors import SagaStepParked, SagaStepUnsettled
 from agent_ledger.status import EffectStatus
-from agent_ledger.stores.base import ClaimOutcome, Decision, NewEffect
 from agent_ledger.stores.saga_base import SagaStep
 from agent_ledger.tools._budget import suspend_budgets
 from agent_ledger.tools._steps import STEP_RUNNER
@@ -75,7 +81,6 @@ FORWARD_ARGUMENT: Final = "forward"
 #: How often a settling step polls a forward effect someone else is running.
 _POLL: Final = Backoff(initial_s=0.02, multiplier=2.0, max_s=0.5)
 _S = EffectStatus
-_WAITING_FOR_A_PERSON: Final = frozenset({_S.REQUIRES_APPROVAL, _S.READY})
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,20 +100,11 @@ def compensation_call(workflow_id: str, compensation: str, forward_key: str) -> 
     )
 
 
-async def cancel_if_waiting(ledger: EffectLedger, idem_key: str) -> bool:
-    """Cancel the effect only while it waits for a person (``requires_approval``,
-    or approved and not yet claimed); True if this call canceled it. One
-    compare-and-set: a read then an unconditional cancel would cancel an
-    effect a worker claimed in between, under its running handler, whose
-    side effect then stands with nothing to undo it."""
-    moved = await ledger.store.transition(
-        idem_key,
-        target=_S.CANCELED,
-        error=EffectError("the saga was rolled back", "canceled"),
-        decision=Decision(by="saga"),
-        sources=_WAITING_FOR_A_PERSON,
-    )
-    return moved is not None
+async def cancel_for_rollback(ledger: EffectLedger, idem_key: str) -> bool:
+    """Cancel a step's effect only while it waits for a person (see
+    ``decisions.cancel_if_waiting``); True if this call canceled it."""
+    error = EffectError("the saga was rolled back", "canceled")
+    return await cancel_if_waiting(ledger.store, idem_key, error, by="saga")
 
 
 def check_compensation_tool(ledger: EffectLedger, tool_name: str, name: str) -> None:
@@ -188,23 +184,20 @@ async def _undo(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Undo:
     if forward is None or step.compensation is None or not _due(step, forward):
         return Undo(step, None)
     tool = ledger.tools[step.compensation]
-    options, hooks = tool.run_settings
-    if options is None or options.retry is UNSET:
-        options = merge_run_options(options or RunOptions(), RunOptions(retry=COMPENSATION_RETRY))
+    options = None
+    own, _ = tool.run_settings
+    if own is None or own.retry is UNSET:
+        options = RunOptions(retry=COMPENSATION_RETRY)
     if not WAIT_FOR_PARKED.get():
         # A recovery pass: an undo waiting for a person (parked, or sent to
         # one by its tool's approval policy) stops this saga, not the pass.
-        options = merge_run_options(options, RunOptions(wait_for_approval=False))
+        options = merge_run_options(options or RunOptions(), RunOptions(wait_for_approval=False))
     call = compensation_call(forward.workflow_id, tool.name, forward.idem_key)
-
-    async def handler(effect: Effect) -> object:
-        kwargs = {"effect": effect} if tool.takes_effect else {}
-        if tool.is_async:
-            return await tool.fn(forward, **kwargs)
-        return await asyncio.to_thread(tool.fn, forward, **kwargs)
-
+    # The function's one positional parameter gets the forward effect (see
+    # check_compensation_tool), on every attempt of the undo.
+    first = next(iter(tool.signature.parameters))
     try:
-        await ledger.run(call, handler, options, hooks=hooks)
+        await tool.run_as(call, {first: forward}, run_options=options)
     except EffectStoreError:
         raise  # the store failed, not the compensation: the saga stays compensating
     except HandlerTimeoutError as exc:
@@ -266,8 +259,8 @@ async def settle(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Effect |
             await asyncio.sleep(_POLL.delay(min(attempt, 10)))
             attempt += 1
             continue
-        if forward.status in _WAITING_FOR_A_PERSON:
-            if await cancel_if_waiting(ledger, step.idem_key):
+        if forward.status in WAITING_FOR_A_PERSON:
+            if await cancel_for_rollback(ledger, step.idem_key):
                 return None
             continue  # claimed meanwhile: now running, waited for below
         if forward.status is not _S.PROCESSING:
@@ -284,11 +277,12 @@ async def settle(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Effect |
             if forward.park_attempt == forward.attempt:
                 # Its handler started under on_stale="park": park it for a
                 # person (judged by the store's clock) rather than cancel it.
-                moved = await ledger.store.park(
-                    step.idem_key, stale_after_ms=1, error=ambiguous_error()
-                )
+                moved = await park_if_silent(ledger.store, step.idem_key)
             else:
-                moved = await _take_over_and_cancel(ledger, step.idem_key, forward.lease_ms)
+                error = EffectError("its worker stopped; the saga was rolled back", "canceled")
+                moved = await take_over_and_cancel(
+                    ledger.store, step.idem_key, forward.lease_ms, error
+                )
             if moved.claimed:
                 continue
             # The store's clock does not see it stale yet, or it changed: look
@@ -297,49 +291,10 @@ async def settle(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Effect |
         attempt += 1
 
 
-async def _take_over_and_cancel(ledger: EffectLedger, idem_key: str, lease_ms: int) -> ClaimOutcome:
-    """Cancel a forward effect whose holder went silent for its whole lease.
-
-    Taken over first, as any caller would (one fenced claim, judged stale by
-    the store's clock, which refuses a run whose handler started under
-    ``on_stale="park"``), then canceled as its new holder. A bare cancel
-    could land just after a paused holder woke and recorded its handler's
-    start: a run that must be parked, not canceled, with its side effect
-    never undone. After the claim the old holder can no longer record a
-    start, heartbeat or commit. No handler runs for the claim, so the cancel
-    takes its execution back (``executions`` counts handler starts).
-    """
-    outcome = await ledger.store.claim(idem_key, stale_after_ms=1, lease_ms=lease_ms)
-    if outcome.claimed and outcome.effect is not None:
-        error = EffectError("its worker stopped; the saga was rolled back", "canceled")
-        await ledger.store.commit(
-            outcome.effect.id,
-            attempt=outcome.effect.attempt,
-            status=_S.CANCELED,
-            result_json=None,
-            error=error,
-            ends_try=False,
-            started=False,
-        )
-    return outcome
-
-
 async def _close(ledger: EffectLedger, saga_id: str, step: SagaStep) -> bool:
-    """Give a step that never began an effect that is already ``canceled``; True if
-    this call made it (False: the effect appeared meanwhile)."""
-    store = ledger.store
-    new = NewEffect(
-        idem_key=step.idem_key,
-        workflow_id=saga_id,
-        call_id=None,
-        tool=step.tool,
-        args_canonical="{}",
-        resource_id_canonical=None,
-        requires_approval=True,
-    )
-    began = await store.begin(new)
-    if not began.created:
-        return False
+    """Close a step that never began (``decisions.close_unbegun``); True if this
+    call closed it (False: its effect appeared meanwhile)."""
     error = EffectError("the saga was rolled back before this step began", "saga_rolled_back")
-    closed = await store.transition(step.idem_key, target=_S.CANCELED, error=error)
-    return closed is not None
+    return await close_unbegun(
+        ledger.store, step.idem_key, workflow_id=saga_id, tool=step.tool, error=error
+    )

@@ -26,8 +26,8 @@ from agent_ledger.observability import logger
 from agent_ledger.sagas._compensation import WAIT_FOR_PARKED, check_compensation_tool
 from agent_ledger.sagas._outcome import SagaOutcome
 from agent_ledger.sagas._saga import (
-    Heartbeat,
     finish_compensation,
+    kept_alive,
     lease_of,
     owner_of,
     saga_store,
@@ -176,12 +176,11 @@ async def _abandon(
 
 
 async def _finish(ledger: EffectLedger, store: SagaStore, saga: SagaRecord) -> SagaOutcome:
-    heartbeat = Heartbeat(store, saga.saga_id, saga.attempt, saga.lease_ms)
     # A step parked for a person stops this saga's undo (reported in errors)
     # instead of holding up the pass until someone settles it.
     waiting = WAIT_FOR_PARKED.set(False)
     try:
-        return await finish_compensation(ledger, store, saga)
+        with kept_alive(ledger, store, saga):
+            return await finish_compensation(ledger, store, saga)
     finally:
         WAIT_FOR_PARKED.reset(waiting)
-        await heartbeat.stop()

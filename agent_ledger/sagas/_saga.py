@@ -16,25 +16,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from agent_ledger.calls import ToolCall
 from agent_ledger.effects import Effect, EffectError
+from agent_ledger.engine.cancellation import carry_through, until_done
+from agent_ledger.engine.heartbeats import Beat, Heartbeats
 from agent_ledger.errors import (
     EffectFailedError,
     EffectLedgerValidationError,
     UnrecordedEffectError,
 )
 from agent_ledger.names import MAX_NAME_LENGTH, check_name_length
-from agent_ledger.observability import logger
 from agent_ledger.options import DEFAULT_STALE_AFTER_MS, MAX_LEASE_MS, LedgerHooks, RunOptions
 from agent_ledger.sagas._compensation import (
-    cancel_if_waiting,
+    cancel_for_rollback,
     check_compensation_tool,
     compensate,
     compensation_call,
@@ -68,10 +70,9 @@ if TYPE_CHECKING:
     from agent_ledger.budgets import Budget
     from agent_ledger.ledger import EffectLedger
 
-__all__ = ["Saga", "default_owner", "finish_compensation", "saga_store"]
+__all__ = ["Saga", "default_owner", "finish_compensation", "keep_alive", "saga_store"]
 
 _G = SagaStatus
-_R = TypeVar("_R")
 #: A position reserved by ``saga.start()`` for the task it starts: (saga, position, group).
 _RESERVED: contextvars.ContextVar[tuple[Saga, int, int] | None] = contextvars.ContextVar(
     "agent_ledger_saga_reserved", default=None
@@ -155,42 +156,23 @@ def _abandon_ms(abandon_after: timedelta | None) -> int | None:
     return int(abandon_after / timedelta(milliseconds=1))
 
 
-class Heartbeat:
-    """Keeps a saga's owner alive: one heartbeat every third of its lease.
+def keep_alive(ledger: EffectLedger, store: SagaStore, saga: SagaRecord) -> Beat:
+    """Keep the owner of ``saga`` (held at ``saga.attempt``) alive with the engine's
+    heartbeats: one every third of its lease, until the returned beat is
+    stopped. Its ``lost`` turns True when a heartbeat finds the saga no longer
+    ours (taken over, or finished): the owner must stop."""
+    renew = functools.partial(store.heartbeat_saga, saga.saga_id, attempt=saga.attempt)
+    return Heartbeats(ledger.store).keep(renew, saga.lease_ms, what=f"saga {saga.saga_id!r}")
 
-    ``lost`` turns True when a heartbeat finds the saga no longer ours (taken
-    over, or finished): the owner must stop.
-    """
 
-    def __init__(self, store: SagaStore, saga_id: str, attempt: int, lease_ms: int) -> None:
-        self.lost = False
-        # An empty context: the saga may have begun inside a store transaction's
-        # block, whose mark (see stores/_transactions) would get the heartbeats
-        # refused instead of waiting for it like any worker's.
-        self._task = asyncio.create_task(
-            self._beat(store, saga_id, attempt, lease_ms / 3000), context=contextvars.Context()
-        )
-
-    async def _beat(self, store: SagaStore, saga_id: str, attempt: int, every_s: float) -> None:
-        while True:
-            await asyncio.sleep(every_s)
-            try:
-                alive = await store.heartbeat_saga(saga_id, attempt=attempt)
-            except Exception:
-                logger.warning("saga %r: heartbeat failed; retrying", saga_id, exc_info=True)
-                continue
-            if not alive:
-                self.lost = True
-                return
-
-    async def stop(self) -> None:
-        """Stop beating. Only the heartbeat task's own cancellation is absorbed:
-        a cancellation of the caller arriving meanwhile propagates (the task
-        is cancelled anyway, so it ends on its own)."""
-        self._task.cancel()
-        await asyncio.wait([self._task])
-        if not self._task.cancelled():
-            self._task.exception()  # retrieved; _beat logs its own failures
+@contextlib.contextmanager
+def kept_alive(ledger: EffectLedger, store: SagaStore, saga: SagaRecord) -> Iterator[Beat]:
+    """``keep_alive`` for the length of a block."""
+    beat = keep_alive(ledger, store, saga)
+    try:
+        yield beat
+    finally:
+        beat.stop()
 
 
 async def finish_compensation(
@@ -293,7 +275,7 @@ class Saga:
         self._group: int | None = None
         self._tasks: list[tuple[asyncio.Task[Any], int]] = []
         self._keys: dict[int, str] = {}
-        self._heartbeat: Heartbeat | None = None
+        self._heartbeat: Beat | None = None
         self._tokens: list[contextvars.Token[Any]] = []
         self._entered = False
         self._closed = False
@@ -315,19 +297,14 @@ class Saga:
         # they created or claimed is ours then, and is rolled back (ending
         # `canceled`) rather than left running with no owner or heartbeat.
         entering = asyncio.ensure_future(self._begin())
-        cancelled = False
-        while not entering.done():
-            try:
-                await asyncio.shield(entering)
-            except asyncio.CancelledError:
-                cancelled = True
-        if cancelled:
+        interrupted = await until_done(entering)
+        if interrupted is not None:
             if entering.exception() is None and not self._replay_only:
-                await _shielded(self._cancelled_at_entry(entering.result()))
-            raise asyncio.CancelledError
+                await carry_through(self._cancelled_at_entry(entering.result()))
+            raise interrupted
         saga = entering.result()
         if not self._replay_only:
-            self._heartbeat = Heartbeat(self._store, self.saga_id, saga.attempt, saga.lease_ms)
+            self._heartbeat = keep_alive(self.ledger, self._store, saga)
         self._scope.__enter__()
         self._tokens.append(STEP_RUNNER.set(self))
         return self
@@ -348,11 +325,8 @@ class Saga:
     async def _cancelled_at_entry(self, saga: SagaRecord) -> None:
         """The entry was cancelled after ``saga`` became ours: roll it back as a
         cancelled block is (its recorded steps undone, then ``canceled``)."""
-        heartbeat = Heartbeat(self._store, self.saga_id, saga.attempt, saga.lease_ms)
-        try:
+        with kept_alive(self.ledger, self._store, saga):
             await self._roll_back(TASK_CANCELED)
-        finally:
-            await heartbeat.stop()
 
     async def _take(self, saga: SagaRecord) -> SagaRecord:
         """An existing saga: replay it, continue it, finish it or refuse, by its status."""
@@ -376,11 +350,8 @@ class Saga:
             raise SagaInFlightError(self.saga_id, now.owner, now.status.value)
         if claimed.status is _G.COMPENSATING:
             # Its owner died while undoing it: finish the undo, then report it.
-            heartbeat = Heartbeat(self._store, self.saga_id, claimed.attempt, claimed.lease_ms)
-            try:
+            with kept_alive(self.ledger, self._store, claimed):
                 outcome = await finish_compensation(self.ledger, self._store, claimed)
-            finally:
-                await heartbeat.stop()
             raise rolled_back(outcome)
         return claimed
 
@@ -600,7 +571,7 @@ class Saga:
                     if effect is not None and effect.status in _WAITING and not effect.parked:
                         # Only while it still waits: claimed meanwhile (a person
                         # approved it), it is waited for and undone once it ends.
-                        await cancel_if_waiting(self.ledger, effect.idem_key)
+                        await cancel_for_rollback(self.ledger, effect.idem_key)
             await asyncio.wait([t for t, _ in pending], timeout=0.05 if cancel_waiting else None)
         for task, position in self._tasks:
             _failure(task, position)  # retrieved: the rollback reports the failures that matter
@@ -621,7 +592,7 @@ class Saga:
         finally:
             try:
                 if self._heartbeat is not None:
-                    await self._heartbeat.stop()  # a cancellation meanwhile propagates
+                    self._heartbeat.stop()
             finally:
                 for token in reversed(self._tokens):
                     token.var.reset(token)
@@ -643,7 +614,7 @@ class Saga:
                 self._check_every_step_reached()
                 # Shielded: a cancellation now must not leave the saga running
                 # with every step done; it propagates once this is stored.
-                moved = await _shielded(
+                moved = await carry_through(
                     self._store.finish_saga(
                         self.saga_id,
                         attempt=self.attempt,
@@ -663,7 +634,7 @@ class Saga:
                 return False
             raise exc
         if isinstance(exc, asyncio.CancelledError):
-            await _shielded(self._roll_back(TASK_CANCELED))
+            await carry_through(self._roll_back(TASK_CANCELED))
             if exc is failure:
                 raise exc
             return False  # the cancellation propagates
@@ -672,7 +643,7 @@ class Saga:
         reason = self._reason(exc)
         # Shielded too: a cancellation arriving during the undo waits for it to
         # end, then propagates instead of the SagaFailed.
-        outcome = await _shielded(self._roll_back(reason))
+        outcome = await carry_through(self._roll_back(reason))
         raise rolled_back(outcome) from exc
 
     def _reason(self, exc: Exception) -> EffectError:
@@ -742,19 +713,3 @@ def _failure(task: asyncio.Task[Any], position: int) -> BaseException | None:
     if task.cancelled():
         return SagaStepCancelled(position)
     return task.exception()
-
-
-async def _shielded(work: Coroutine[Any, Any, _R]) -> _R:
-    """Run ``work`` to its end even if the caller is cancelled meanwhile; then
-    re-raise that cancellation (if any), else return ``work``'s result."""
-    task = asyncio.ensure_future(work)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            cancelled = True
-    result = task.result()
-    if cancelled:
-        raise asyncio.CancelledError
-    return result

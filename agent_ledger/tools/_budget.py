@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from agent_ledger.budgets import Budget, BudgetState, Spend, usd_to_micros
 from agent_ledger.effects import Effect
+from agent_ledger.engine.cancellation import carry_through
 from agent_ledger.errors import (
     BudgetExceededError,
     BudgetMismatchError,
@@ -273,11 +274,11 @@ async def gate(
         return await run()
     finally:
         if threads is None:
-            await _shielded(_settle(ledger, scopes, idem_key, holds, charge))
+            await carry_through(_settle(ledger, scopes, idem_key, holds, charge))
         elif threads.close_if_idle():
-            await _shielded(_settle(ledger, scopes, idem_key, holds, charge, threads))
+            await carry_through(_settle(ledger, scopes, idem_key, holds, charge, threads))
         else:
-            await _shielded(_detach_holds(scopes, holds))
+            await carry_through(_detach_holds(scopes, holds))
             _detach(
                 threads.then(
                     _settle(ledger, scopes, idem_key, holds, charge, threads, outlived=True)
@@ -322,7 +323,7 @@ async def _reserve_all(
                 scope.workflow_id, tool, _short_units(state, estimate, units), state
             )
     except BaseException:
-        await _shielded(_release(scopes, holds))
+        await carry_through(_release(scopes, holds))
         raise
     return holds
 
@@ -449,19 +450,17 @@ async def _detach_holds(scopes: tuple[BudgetScope, ...], holds: dict[str, str]) 
     """Move this call's holds out of the effect's room (its thread outlives its
     run); a failure is logged: the hold then stays in the effect's room until
     the thread is booked, which still books apart (``_book_apart``)."""
-    for scope in scopes:
-        hold_id = holds.get(scope.workflow_id)
-        if hold_id is None:
-            continue
-        try:
-            await scope.store.detach_hold(scope.workflow_id, hold_id)
-        except Exception:
-            logger.exception(
-                "could not detach hold %s on budget %r from its effect's room; a rerun "
-                "of the effect may share it until this call's thread ends",
-                hold_id,
-                scope.workflow_id,
-            )
+
+    async def detach(scope: BudgetScope, hold_id: str) -> None:
+        await scope.store.detach_hold(scope.workflow_id, hold_id)
+
+    await _each_hold(
+        scopes,
+        holds,
+        detach,
+        "could not detach hold {hold} on budget {budget!r} from its effect's room; a rerun "
+        "of the effect may share it until this call's thread ends",
+    )
 
 
 async def _book_apart(
@@ -470,46 +469,65 @@ async def _book_apart(
     """Book what a thread on no receipt used, added to ``spent`` on each budget
     under its hold's own key (``detached_key``: one charge per hold, so a
     repeat adds nothing), releasing that hold; the holds left (none)."""
-    for scope in scopes:
-        hold_id = holds.get(scope.workflow_id)
-        if hold_id is None:
-            continue
-        try:
-            if used == Spend():
-                await scope.store.release_hold(scope.workflow_id, hold_id)
-            else:
-                await scope.store.book_charge(
-                    scope.workflow_id,
-                    idem_key=detached_key(idem_key, hold_id),
-                    charge=used,
-                    hold_id=hold_id,
-                )
-        except Exception:
-            logger.exception(
-                "could not book what the thread of effect %s used on budget %r; its hold "
-                "is released",
-                idem_key[:12],
+
+    async def book(scope: BudgetScope, hold_id: str) -> None:
+        if used == Spend():
+            await scope.store.release_hold(scope.workflow_id, hold_id)
+        else:
+            await scope.store.book_charge(
                 scope.workflow_id,
+                idem_key=detached_key(idem_key, hold_id),
+                charge=used,
+                hold_id=hold_id,
             )
-            await _release_quietly((scope,), holds)
+
+    await _each_hold(
+        scopes,
+        holds,
+        book,
+        f"could not book what the thread of effect {idem_key[:12]} used on budget "
+        "{budget!r}; its hold is released",
+        release_on_failure=True,
+    )
     return {}
 
 
 async def _release_quietly(scopes: tuple[BudgetScope, ...], holds: dict[str, str]) -> None:
     """Give this call's holds back after a failed booking; a failure here leaves
     the hold to expire (logged)."""
+
+    async def release(scope: BudgetScope, hold_id: str) -> None:
+        await scope.store.release_hold(scope.workflow_id, hold_id)
+
+    await _each_hold(
+        scopes,
+        holds,
+        release,
+        "could not release hold {hold} on budget {budget!r}; it expires after its ttl",
+    )
+
+
+async def _each_hold(
+    scopes: tuple[BudgetScope, ...],
+    holds: dict[str, str],
+    step: Callable[[BudgetScope, str], Awaitable[None]],
+    failed: str,
+    *,
+    release_on_failure: bool = False,
+) -> None:
+    """``step(scope, hold_id)`` for each budget this call holds room on; a failure is
+    logged (``failed``, formatted with the ``hold`` and the ``budget``) and the
+    others go on; with ``release_on_failure`` that hold is then released."""
     for scope in scopes:
         hold_id = holds.get(scope.workflow_id)
         if hold_id is None:
             continue
         try:
-            await scope.store.release_hold(scope.workflow_id, hold_id)
+            await step(scope, hold_id)
         except Exception:
-            logger.exception(
-                "could not release hold %s on budget %r; it expires after its ttl",
-                hold_id,
-                scope.workflow_id,
-            )
+            logger.exception(failed.format(hold=hold_id, budget=scope.workflow_id))
+            if release_on_failure:
+                await _release_quietly((scope,), holds)
 
 
 def _most(a: Spend, b: Spend) -> Spend:
@@ -596,21 +614,3 @@ def _detach(work: Coroutine[Any, Any, None]) -> None:
     task = asyncio.ensure_future(work)
     _DETACHED.add(task)
     task.add_done_callback(_DETACHED.discard)
-
-
-async def _shielded(work: Coroutine[Any, Any, _T]) -> _T:
-    """Run ``work`` to its end even if the caller is cancelled meanwhile; then
-    re-raise that cancellation (if any)."""
-    task = asyncio.ensure_future(work)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if task.cancelled():
-                raise
-            cancelled = True
-    result = task.result()
-    if cancelled:
-        raise asyncio.CancelledError
-    return result

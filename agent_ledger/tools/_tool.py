@@ -116,10 +116,11 @@ class Tool(Generic[R_co]):
         self.is_async = inspect.iscoroutinefunction(fn)
         #: In a saga: the tool that undoes a call of this one (by name), when
         #: to undo it, and whether its failure rolls the saga back ("saga")
-        #: or is recorded and the saga goes on ("step"). See docs/sagas.md.
-        self.compensate, self.compensate_if, self.failure_scope = _saga_settings(
-            name, compensate, compensate_if, failure_scope
-        )
+        #: or is recorded and the saga goes on ("step"). See docs/sagas.md;
+        #: checked by the saga layer when ``ledger.tool()`` registers the tool.
+        self.compensate = compensate
+        self.compensate_if: CompensateIf = compensate_if
+        self.failure_scope: FailureScope = failure_scope
 
         self._takes_effect = False
         positional: list[str] = []
@@ -162,8 +163,12 @@ class Tool(Generic[R_co]):
         if self.validate_keys != "all":
             self._check_names(self.validate_keys, "validate_keys")
 
+        positional_only = self._positional[: self._positional_only]
         self._make_handler = _handler_factory(
-            fn, self.is_async, self._takes_effect, self._positional[: self._positional_only]
+            fn, self.is_async, self._takes_effect, positional_only
+        )
+        self._make_handler_as = _handler_factory(
+            fn, self.is_async, self._takes_effect, positional_only, recorded_later=False
         )
         self._run_options, self._hooks = _policy(ledger, name, requires_approval, run_options)
         if workflow_id is not None:
@@ -244,37 +249,67 @@ class Tool(Generic[R_co]):
     async def __call__(self, *args: object, **kwargs: object) -> R_co:
         values = self._bind(args, kwargs)
         call = self._tool_call(values)
+        # The function's R on a fresh run; on a replay its JSON (a tuple as a list).
+        return cast(R_co, await self._run(call, self._make_handler(values), self._run_options))
+
+    async def run_as(
+        self,
+        call: ToolCall,
+        values: Mapping[str, object],
+        *,
+        run_options: RunOptions | None = None,
+    ) -> object:
+        """Run the function on ``values`` as the effect of ``call``, by the path every
+        call of this tool takes (budgets in scope, a saga's steps, then
+        ``ledger.run()`` with the tool's options and hooks; ``run_options`` go
+        over the options, field by field).
+
+        For a layer whose calls are not keyed by the function's arguments: a
+        saga's compensation gets the forward ``Effect`` and is keyed by the
+        forward effect's key. Every attempt runs on ``values``: the args
+        recorded with the effect are the key's, not the function's.
+        """
+        handler = self._make_handler_as(dict(values))
+        return await self._run(call, handler, self._options_over(run_options))
+
+    async def _run(
+        self, call: ToolCall, handler: Callable[[Effect], object], options: RunOptions | None
+    ) -> object:
+        """The one path of a call: budgets in scope, then a saga's step or ``ledger.run()``."""
         if _BUDGETS.get():
-            return await self._budgeted(call, values, self._run_options)
+            return await self._budgeted(call, handler, options)
+        return await self._step_or_run(call, handler, options)
+
+    async def _step_or_run(
+        self, call: ToolCall, handler: Callable[[Effect], object], options: RunOptions | None
+    ) -> object:
         runner = STEP_RUNNER.get()
         if runner is not None and runner.ledger is self.ledger:
-            step = runner.run_step(
-                self, call, self._make_handler(values), self._run_options, self._hooks
+            return await runner.run_step(self, call, handler, options, self._hooks)
+        return await self.ledger.run(call, handler, options, hooks=self._hooks)
+
+    def _options_over(self, run_options: RunOptions | None) -> RunOptions | None:
+        """``run_options`` over the tool's own, field by field."""
+        if run_options is None:
+            return self._run_options
+        if not isinstance(run_options, RunOptions):
+            raise EffectLedgerValidationError(
+                f"tool {self.name!r}: run_options must be a RunOptions, got "
+                f"{type(run_options).__name__}. Nothing was stored.",
+                field="run_options",
             )
-            return cast(R_co, await step)
-        result = await self.ledger.run(
-            call, self._make_handler(values), self._run_options, hooks=self._hooks
-        )
-        # The function's R on a fresh run; on a replay its JSON (a tuple as a list).
-        return cast(R_co, result)
+        return merge_run_options(self._run_options or RunOptions(), run_options)
 
     async def _budgeted(
-        self, call: ToolCall, values: dict[str, object], options: RunOptions | None
-    ) -> R_co:
+        self, call: ToolCall, handler: Callable[[Effect], object], options: RunOptions | None
+    ) -> object:
         """The call under the budgets in scope: one tool call reserved before it runs
         (``BudgetExceededError`` if it does not fit), booked once if it executes."""
-        handler = self._make_handler(values)
-        runner = STEP_RUNNER.get()
-
-        async def run() -> object:
-            if runner is not None and runner.ledger is self.ledger:
-                return await runner.run_step(self, call, handler, options, self._hooks)
-            return await self.ledger.run(call, handler, options, hooks=self._hooks)
-
+        run = functools.partial(self._step_or_run, call, handler, options)
         scopes = await open_budgets(self.ledger)
         if not scopes:
-            return cast(R_co, await run())
-        result = await gate(
+            return await run()
+        return await gate(
             self.ledger,
             scopes,
             idem_key=self.ledger.idem_key(call),
@@ -284,7 +319,6 @@ class Tool(Generic[R_co]):
             charge=tool_charge,
             run=run,
         )
-        return cast(R_co, result)
 
     def sync(self, *args: object, **kwargs: object) -> R_co:
         """``await tool(*args, **kwargs)`` for sync code: blocks until the outcome.
@@ -341,25 +375,10 @@ class Tool(Generic[R_co]):
         ``run_options`` go over the tool's own, field by field (for example
         ``RunOptions(wait_for_approval=False)``).
         """
-        if run_options is not None and not isinstance(run_options, RunOptions):
-            raise EffectLedgerValidationError(
-                f"tool {self.name!r}: run_options must be a RunOptions, got "
-                f"{type(run_options).__name__}. Nothing was stored.",
-                field="run_options",
-            )
+        options = self._options_over(run_options)
         values = self.bind_arguments(arguments)
         call = self._tool_call(values, call_id)
-        options = self._run_options
-        if run_options is not None:
-            options = merge_run_options(options or RunOptions(), run_options)
-        if _BUDGETS.get():
-            return await self._budgeted(call, values, options)
-        runner = STEP_RUNNER.get()
-        if runner is not None and runner.ledger is self.ledger:
-            step = runner.run_step(self, call, self._make_handler(values), options, self._hooks)
-            return cast(R_co, await step)
-        result = await self.ledger.run(call, self._make_handler(values), options, hooks=self._hooks)
-        return cast(R_co, result)
+        return cast(R_co, await self._run(call, self._make_handler(values), options))
 
     @property
     def approval_policy(self) -> bool | Callable[[ToolCall], bool]:
@@ -432,7 +451,7 @@ def _handler_factory(
         # Rare: split the positional-only args off per call. The ToolCall
         # keeps the bound args whole, since they are its key.
         def build(values: dict[str, object]) -> Callable[[Effect], object]:
-            leading = [values[n] for n in positional_only]
+            leading = [values[n] for n in positional_only if n in values]
             rest = {k: v for k, v in values.items() if k not in positional_only}
             bound = functools.partial(fn, *leading)
             return _handler_factory(bound, is_async, takes_effect, (), recorded_later=False)(rest)
@@ -441,7 +460,7 @@ def _handler_factory(
             own = build(values)
             return lambda effect: (own if effect.attempt == 1 else build(dict(effect.args)))(effect)
 
-        return split
+        return split if recorded_later else build
     if not recorded_later:
         if is_async and takes_effect:
             return lambda values: lambda effect: fn(**values, effect=effect)
@@ -478,38 +497,6 @@ def _handler_factory(
             return lambda effect: fn(**(values if effect.attempt == 1 else effect.args))
 
     return make
-
-
-def _saga_settings(
-    name: str, compensate: str | None, compensate_if: object, failure_scope: object
-) -> tuple[str | None, CompensateIf, FailureScope]:
-    """Check a tool's saga settings at registration, naming what was wrong."""
-    if compensate is not None:
-        if not isinstance(compensate, str) or not compensate:
-            raise EffectLedgerValidationError(
-                f"tool {name!r}: compensate names the tool that undoes it, got {compensate!r}",
-                field="compensate",
-            )
-        if compensate == name:
-            raise EffectLedgerValidationError(
-                f"tool {name!r} cannot compensate itself: name the tool that undoes it",
-                field="compensate",
-            )
-        ToolCall(workflow_id="-", tool=compensate)  # the checks any tool name gets
-    if compensate_if not in ("succeeded", "attempted"):
-        raise EffectLedgerValidationError(
-            f"tool {name!r}: compensate_if must be 'succeeded' (undo only what succeeded) or "
-            f"'attempted' (undo also a failed call, which may have taken effect), got "
-            f"{compensate_if!r}",
-            field="compensate_if",
-        )
-    if failure_scope not in ("saga", "step"):
-        raise EffectLedgerValidationError(
-            f"tool {name!r}: failure_scope must be 'saga' (a failure rolls the saga back) or "
-            f"'step' (it is recorded and the saga goes on), got {failure_scope!r}",
-            field="failure_scope",
-        )
-    return compensate, compensate_if, failure_scope
 
 
 def _policy(
@@ -566,51 +553,38 @@ def _policy(
     return run_options, hooks
 
 
-def _with_retry(name: str | None, run_options: RunOptions | None, retry: RetryPolicy) -> RunOptions:
-    """A tool's ``retry=`` is its ``RunOptions.retry``; giving both is ambiguous."""
-    if not isinstance(retry, RetryPolicy):
+def _with_fields(
+    name: str | None,
+    run_options: RunOptions | None,
+    *,
+    retry: RetryPolicy | None,
+    timeout_ms: int | None,
+    on_stale: OnStale | None,
+) -> RunOptions | None:
+    """A tool's ``retry=``, ``timeout_ms=`` and ``on_stale=`` are the ``RunOptions``
+    fields of those names; giving one both as an argument and in ``run_options``
+    is ambiguous. ``RunOptions`` checks the values."""
+    if retry is not None and not isinstance(retry, RetryPolicy):
         raise EffectLedgerValidationError(
             f"tool {name!r}: retry must be a RetryPolicy, got {retry!r}", field="retry"
         )
+    given: dict[str, Any] = {
+        key: value
+        for key, value in (("retry", retry), ("timeout_ms", timeout_ms), ("on_stale", on_stale))
+        if value is not None
+    }
+    if not given:
+        return run_options
     if run_options is None:
-        return RunOptions(retry=retry)
+        return RunOptions(**given)
     if not isinstance(run_options, RunOptions):
         return run_options  # _policy names the problem
-    if run_options.retry is not UNSET:
-        raise EffectLedgerValidationError(
-            f"tool {name!r}: retry is given twice (argument and run_options)", field="retry"
-        )
-    return replace(run_options, retry=retry)
-
-
-def _with_timeout(name: str | None, run_options: RunOptions | None, timeout_ms: int) -> RunOptions:
-    """A tool's ``timeout_ms=`` is its ``RunOptions.timeout_ms``; giving both is ambiguous."""
-    if run_options is None:
-        return RunOptions(timeout_ms=timeout_ms)  # RunOptions checks the value
-    if not isinstance(run_options, RunOptions):
-        return run_options  # _policy names the problem
-    if run_options.timeout_ms is not UNSET:
-        raise EffectLedgerValidationError(
-            f"tool {name!r}: timeout_ms is given twice (argument and run_options)",
-            field="timeout_ms",
-        )
-    return replace(run_options, timeout_ms=timeout_ms)
-
-
-def _with_on_stale(
-    name: str | None, run_options: RunOptions | None, on_stale: OnStale
-) -> RunOptions:
-    """A tool's ``on_stale=`` is its ``RunOptions.on_stale``; giving both is ambiguous."""
-    if run_options is None:
-        return RunOptions(on_stale=on_stale)  # RunOptions checks the value
-    if not isinstance(run_options, RunOptions):
-        return run_options  # _policy names the problem
-    if run_options.on_stale is not UNSET:
-        raise EffectLedgerValidationError(
-            f"tool {name!r}: on_stale is given twice (argument and run_options)",
-            field="on_stale",
-        )
-    return replace(run_options, on_stale=on_stale)
+    for key in given:
+        if getattr(run_options, key) is not UNSET:
+            raise EffectLedgerValidationError(
+                f"tool {name!r}: {key} is given twice (argument and run_options)", field=key
+            )
+    return replace(run_options, **given)
 
 
 def define(
@@ -639,13 +613,9 @@ def define(
         )
     if name is not None:
         ToolCall(workflow_id="-", tool=name)  # the checks any tool name gets
-    if retry is not None:
-        run_options = _with_retry(name, run_options, retry)
-    if timeout_ms is not None:
-        run_options = _with_timeout(name, run_options, timeout_ms)
-    if on_stale is not None:
-        run_options = _with_on_stale(name, run_options, on_stale)
-    _saga_settings(name or "<function name>", compensate, compensate_if, failure_scope)
+    run_options = _with_fields(
+        name, run_options, retry=retry, timeout_ms=timeout_ms, on_stale=on_stale
+    )
 
     def decorate(fn: Callable[..., Any]) -> Tool[Any]:
         if isinstance(fn, Tool):

@@ -104,7 +104,7 @@ def test_recover_finishes_an_abandoned_saga_with_the_apps_tools(cli: Cli, tmp_pa
         await saga.__aenter__()
         await shop["s1"]("a")
         assert saga._heartbeat is not None
-        await saga._heartbeat.stop()  # the worker "dies"
+        saga._heartbeat.stop()  # the worker "dies"
         await asyncio.sleep(0.3)
         await store.close()
 
@@ -148,7 +148,7 @@ def test_stored_text_is_printed_escaped_by_list_show_and_recover(cli: Cli) -> No
         kept = ledger.saga(EVIL + "kept", owner="host\x1b[1A")  # left running: listed
         await kept.__aenter__()
         assert kept._heartbeat is not None
-        await kept._heartbeat.stop()
+        kept._heartbeat.stop()
         await store.close()
 
     asyncio.run(evil())

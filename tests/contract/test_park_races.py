@@ -237,7 +237,7 @@ async def test_a_rollback_never_cancels_a_park_run_whose_handler_just_started(
     ):
         await asyncio.sleep(0.01)
     assert saga._heartbeat is not None
-    await saga._heartbeat.stop()  # the saga's owner looks gone
+    saga._heartbeat.stop()  # the saga's owner looks gone
     await harness.age(5_000)
     report = await asyncio.wait_for(recoverer.recover_sagas(), 20)
     assert report.errors == []

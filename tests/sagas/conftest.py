@@ -72,5 +72,5 @@ async def owner_dies(saga: Saga, ledger: EffectLedger) -> None:
     """The saga's owner process dies without a sound: its saga stops heartbeating,
     and so do the effects its ledger holds (a handler stalled in it stays stalled)."""
     assert saga._heartbeat is not None
-    await saga._heartbeat.stop()
+    saga._heartbeat.stop()
     ledger._engine._heartbeats._running.clear()

@@ -31,7 +31,7 @@ LEASE = 1_000
 async def _die(saga: Saga) -> None:
     """The owner stops: no more heartbeats, nothing undone (as after a SIGKILL)."""
     assert saga._heartbeat is not None
-    await saga._heartbeat.stop()
+    saga._heartbeat.stop()
 
 
 async def _dead_while_compensating(harness: StoreHarness) -> tuple[Shop, SagaStore]:

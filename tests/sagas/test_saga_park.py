@@ -228,7 +228,7 @@ async def _rollback_stalled_in_refund(
                 break
             await asyncio.sleep(0.01)
         assert saga._heartbeat is not None
-        await saga._heartbeat.stop()  # the owner dies while waiting for a person
+        saga._heartbeat.stop()  # the owner dies while waiting for a person
         await harness.age(5_000)
     return ledger, stuck, refunds
 

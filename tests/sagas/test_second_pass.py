@@ -20,6 +20,7 @@ from agent_ledger import (
     RunOptions,
     StaleOptions,
 )
+from agent_ledger.engine.heartbeats import Beat
 from agent_ledger.options import MAX_LEASE_MS
 from agent_ledger.sagas import (
     Saga,
@@ -28,7 +29,8 @@ from agent_ledger.sagas import (
     SagaOutcome,
     SagaStatus,
 )
-from agent_ledger.sagas._saga import MAX_SAGA_ID_LENGTH, Heartbeat, rolled_back, saga_store
+from agent_ledger.sagas._saga import MAX_SAGA_ID_LENGTH, keep_alive, rolled_back, saga_store
+from agent_ledger.stores.saga_base import NewSaga
 from tests.harness import StoreHarness
 from tests.sagas.conftest import shop_of
 
@@ -44,7 +46,7 @@ async def _status(harness: StoreHarness, saga_id: str) -> SagaStatus | None:
 async def _die(saga: Saga) -> None:
     """The owner stops heartbeating and never returns (as after a SIGKILL)."""
     assert saga._heartbeat is not None
-    await saga._heartbeat.stop()
+    saga._heartbeat.stop()
     for token in reversed(saga._tokens):
         token.var.reset(token)
     saga._scope.__exit__(None, None, None)
@@ -355,20 +357,30 @@ async def test_a_step_approved_while_the_rollback_cancels_it_is_undone(
     assert wire_step.forward_status is EffectStatus.SUCCEEDED
 
 
-# -- 9. a cancellation while the heartbeat stops is not swallowed (a14) -----------
+# -- 9. a saga's heartbeat is the engine's, and stopping it never waits (a14) -------
 
 
-async def test_stopping_a_heartbeat_lets_the_callers_cancellation_through(
+async def test_a_saga_heartbeat_stops_at_once_and_tells_when_the_saga_is_no_longer_ours(
     harness: StoreHarness,
 ) -> None:
-    heartbeat = Heartbeat(saga_store(harness.ledger()), "hb", 1, LEASE)
-    stopper = asyncio.create_task(heartbeat.stop())
-    await asyncio.sleep(0)  # the stopper now waits for the heartbeat task to end
-    stopper.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await stopper
-    assert stopper.cancelled()
-    await heartbeat.stop()  # stopping again: nothing left to cancel, returns
+    ledger = harness.ledger()
+    store = saga_store(ledger)
+    saga = (await store.begin_saga(NewSaga("hb", "me", 150, None, "continue"))).saga
+    beat = keep_alive(ledger, store, saga)
+    assert isinstance(beat, Beat)  # the engine's heartbeats keep the saga's owner alive
+    await asyncio.sleep(0.12)  # two beats (one every 50 ms) while the saga is ours
+    assert not beat.lost
+    assert await store.finish_saga(
+        "hb", attempt=saga.attempt, expect=G.RUNNING, then=G.COMPLETED, error=None
+    )
+    for _ in range(200):
+        if beat.lost:
+            break
+        await asyncio.sleep(0.01)
+    assert beat.lost, "a heartbeat found the saga no longer ours"
+    # Stopping is synchronous: there is no await in it, so a cancellation of
+    # the caller arriving meanwhile cannot be swallowed there.
+    assert beat.stop() is None
 
 
 async def test_cancelling_the_saga_task_at_any_await_ends_it_cancelled(

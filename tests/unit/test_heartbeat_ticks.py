@@ -84,6 +84,7 @@ def test_a_beat_starts_confirmed_at_the_claim() -> None:
     """confirmed_at starts at the beat's start time and the first beat is due one interval on."""
     (beat,) = beats((2.0, 10.0))
     assert (beat.confirmed_at, beat.due) == (10.0, 12.0)
+    assert beat.effect is not None  # an effect's beat (a saga's has none)
     assert beat.held == (beat.effect.id, beat.effect.attempt)
 
 

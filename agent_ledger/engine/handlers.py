@@ -1,0 +1,161 @@
+"""Calling a handler, and what to record for the exception it raised.
+
+:func:`call_handler` is the one place the engine calls a handler, for its
+first try and every retry alike: on the event loop (an ``async def``, or a
+plain function with ``sync_handlers="loop"``) or in a worker thread of the
+engine's own pool, and under its ``timeout_ms`` if it has one (see
+``deadline``). The rest turns a handler's exception into the
+``EffectError`` its effect records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Final
+
+from agent_ledger.effects import Effect, EffectError, FailedWithUsage, Usage, usage_to_json
+from agent_ledger.engine.deadline import within
+from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.options import ResolvedRunOptions
+
+__all__ = [
+    "HANDLER_THREADS",
+    "call_handler",
+    "error_of",
+    "failure_of",
+    "type_name",
+    "usage_json",
+]
+
+#: Where plain (sync) handlers run: a pool of the engine's own rather than the
+#: event loop's default executor (a handful of threads), so a sync tool that
+#: blocks on another tool's ``.sync()`` (which needs a thread for its own
+#: handler) does not starve the pool with a few such calls at once.
+HANDLER_THREADS: Final = 64
+_handler_pool: ThreadPoolExecutor | None = None
+_handler_pool_lock = threading.Lock()
+
+
+async def call_handler(
+    handler: Callable[[Effect], object], effect: Effect, opts: ResolvedRunOptions
+) -> object:
+    """One call of the handler; its value, or a ``Late`` when it ran past its
+    ``timeout_ms`` (``deadline.within``). Raises what the handler raised."""
+    if opts.timeout_ms is not None:
+        return await within(opts.timeout_ms, functools.partial(_start, handler, effect, opts))
+    value = await _start(handler, effect, opts)
+    if inspect.isawaitable(value):
+        value = await value
+    return value
+
+
+async def _start(
+    handler: Callable[[Effect], object], effect: Effect, opts: ResolvedRunOptions
+) -> object:
+    """Call the handler, without awaiting what it returns (``deadline.within``
+    awaits that until the deadline).
+
+    A plain function may block (a requests call, ``time.sleep``): in a worker
+    thread it cannot stall the loop, and with it the heartbeats.
+    """
+    if opts.sync_in_thread and not inspect.iscoroutinefunction(handler):
+        return await _in_handler_thread(handler, effect)
+    return handler(effect)
+
+
+def _handler_threads() -> ThreadPoolExecutor:
+    global _handler_pool
+    if _handler_pool is None:
+        with _handler_pool_lock:
+            if _handler_pool is None:
+                _handler_pool = ThreadPoolExecutor(
+                    max_workers=HANDLER_THREADS, thread_name_prefix="agent-ledger-handler"
+                )
+    return _handler_pool
+
+
+async def _in_handler_thread(handler: Callable[[Effect], object], effect: Effect) -> object:
+    """``asyncio.to_thread`` on the handler pool: the caller's context goes along."""
+    context = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(
+        _handler_threads(), functools.partial(context.run, _call_in_thread, handler, effect)
+    )
+
+
+def _call_in_thread(handler: Callable[[Effect], object], effect: Effect) -> object:
+    try:
+        return handler(effect)
+    except StopIteration as exc:
+        # A StopIteration cannot cross into an asyncio future (the await would
+        # hang); like PEP 479 does for coroutines, make it a RuntimeError.
+        raise RuntimeError(f"handler raised StopIteration: {exc!r}") from exc
+
+
+# -- what a failure records ----------------------------------------------------------
+
+
+def usage_json(usage: object) -> str:
+    """``usage`` as the text its column keeps, or ``EffectLedgerValidationError``
+    (field ``usage``) when it is not a ``Usage`` or cannot be encoded."""
+    if not isinstance(usage, Usage):
+        raise EffectLedgerValidationError(
+            f"the handler's usage must be a Usage, got {type(usage).__name__}", field="usage"
+        )
+    try:
+        text = usage_to_json(usage)
+    except Exception as exc:
+        raise EffectLedgerValidationError(
+            f"the handler's usage could not be stored: {exc}", field="usage"
+        ) from exc
+    assert text is not None
+    return text
+
+
+def failure_of(exc: Exception) -> tuple[EffectError, str | None, Exception]:
+    """What to record for a handler's exception (the error, and the usage a
+    ``FailedWithUsage`` carries), and what to raise once it is recorded."""
+    if type(exc) is not FailedWithUsage:
+        return error_of(exc), None, exc
+    try:
+        usage: str | None = usage_json(exc.usage)
+    except EffectLedgerValidationError:
+        usage = None
+    return error_of(exc.cause), usage, exc.cause
+
+
+def error_of(exc: BaseException) -> EffectError:
+    """The ``EffectError`` to record for a handler's exception, whatever it does.
+
+    A broken ``__str__`` or ``code`` must not stop the failure from being
+    recorded: the effect would stay processing and be run again.
+    """
+    try:
+        message = str(exc) or type(exc).__name__
+    except Exception:
+        message = f"{type(exc).__name__} (its message could not be read)"
+    try:
+        code = _error_code(exc)
+    except Exception:
+        code = type(exc).__name__
+    return EffectError(message=message, code=code)
+
+
+def type_name(exc: BaseException) -> str:
+    """The exception's class, qualified by its module unless it is a builtin."""
+    kind = type(exc)
+    if kind.__module__ == "builtins":
+        return kind.__qualname__
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _error_code(exc: BaseException) -> str:
+    code = getattr(exc, "code", None)
+    if code is None or isinstance(code, bool):
+        return type(exc).__name__
+    return code if isinstance(code, str) else str(code)
