@@ -235,9 +235,9 @@ class Holders:
                 for holding in set(self._stamped) - kept:
                     del self._stamped[holding]
                 due = {
-                    h: (base, self._period(h))
+                    h: (anchor, self._period(h))
                     for h in kept
-                    if (base := self._base.get(h)) is not None
+                    if (anchor := self._base.get(h)) is not None
                 }
             if not due:
                 self._sleeps_until = float("inf")

@@ -234,10 +234,11 @@ MARK_STARTED: Final = (
 # park: processing -> requires_approval, only for the attempt whose handler
 # was recorded as started under park, and only once its holder has been
 # silent for the longer of its lease and :stale_ms (0 on either side: never),
-# as a takeover would judge it (the holder's file too, as in CLAIM). The reason goes to the error; the history
-# keeps which attempt, when it started, who ran it, its last heartbeat and
-# when it was parked (SET reads the row's old values). The attempt stays: it
-# is the one a person settles. FIND then reads the effect as it stands.
+# as a takeover would judge it (the holder's file too, as in CLAIM). The
+# reason goes to the error; the history keeps which attempt, when it started,
+# who ran it, its last heartbeat and when it was parked (SET reads the row's
+# old values). The attempt stays: it is the one a person settles. FIND then
+# reads the effect as it stands.
 PARK: Final = (
     "UPDATE agent_ledger_effects SET status = :requires_approval,"
     " error_message = :error_message, error_code = :error_code, updated_us = :now,"

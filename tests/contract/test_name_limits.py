@@ -49,6 +49,7 @@ async def test_who_decided_is_a_name_too(harness: StoreHarness) -> None:
     with pytest.raises(EffectLedgerValidationError) as info:
         await ledger.deny(ledger.idem_key(call), by=LONG, reason="no")
     assert info.value.field == "by"
+
     def fail(effect: object) -> None:
         raise RuntimeError("down")
 

@@ -1,5 +1,6 @@
-"""A handler's result past a limit of concepts.md's table is recorded so that it replays honestly (issue 26, item 6).
+"""A handler's result past a limit is recorded so that it replays honestly (issue 26, item 6).
 
+The limits are concepts.md's table.
 The side effect has happened by then: the effect is recorded ``failed``
 with code ``result_not_serializable``, one execution, and the reason
 (which limit, where); the first caller gets ``EffectLedgerValidationError``

@@ -70,7 +70,7 @@ async def stream(path: Path) -> None:
     print("streaming", flush=True)
     while time.monotonic() < end:
         async with store.transaction():
-            time.sleep(0.045)  # the write lock held, as by a busy writer
+            await asyncio.sleep(0.045)  # the write lock held, as by a busy writer
     await store.close()
 
 

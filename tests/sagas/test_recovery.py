@@ -17,8 +17,8 @@ from agent_ledger import (
     RunOptions,
     StaleOptions,
 )
-from agent_ledger.sagas._compensation import compensation_call
 from agent_ledger.sagas import Saga, SagaFailed, SagaStatus
+from agent_ledger.sagas._compensation import compensation_call
 from agent_ledger.sagas._saga import saga_store
 from agent_ledger.stores.saga_base import NewSaga, NewSagaStep, SagaStore
 from tests.harness import StoreHarness

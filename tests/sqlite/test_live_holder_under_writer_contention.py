@@ -1,5 +1,6 @@
-"""A live holder is never taken over because other writers held SQLite's write lock (issue 26, item 1).
+"""Other writers holding SQLite's write lock never get a live holder taken over.
 
+Issue 26, item 1.
 A heartbeat needs the write lock. While another writer holds it past the
 lease, the holder's heartbeats cannot land and its stored heartbeat ages as
 if it had died. The claim must still see that the holder is alive: the
