@@ -237,8 +237,8 @@ class Saga:
         owner: str | None = None,
         budget: Budget | None = None,
     ) -> None:
+        check_saga_id(saga_id)  # first: a long id is refused as the saga's, not a workflow's
         self._scope = WorkflowScope(saga_id)  # the checks any workflow id gets
-        check_saga_id(saga_id)
         # Its steps (tool calls) and model calls reserve on it (the one stored
         # under the saga id when none is given); the compensations never do.
         self._scope.budget = (
