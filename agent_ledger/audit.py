@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Final, Required, TypedDict, Unpack
 
 import orjson
 
@@ -69,28 +69,31 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     return moment, effect_id
 
 
-def build_query(
-    *,
-    workflow_id: str | None,
-    tool: str | None,
-    status: EffectStatus | str | None,
-    since: datetime | None,
-    until: datetime | None,
-    limit: int,
-    cursor: str | None,
-    call_id: str | None = None,
-    error_code: str | None = None,
-    min_duration: timedelta | None = None,
-    max_duration: timedelta | None = None,
-) -> EffectQuery:
+class ListFilters(TypedDict, total=False):
+    """The filters of ``list_effects``, by name, declared once for every layer that
+    passes them on; ``build_query`` checks them. ``limit`` is the only one required."""
+
+    workflow_id: str | None
+    tool: str | None
+    status: EffectStatus | str | None
+    since: datetime | None
+    until: datetime | None
+    limit: Required[int]
+    cursor: str | None
+    call_id: str | None
+    error_code: str | None
+    min_duration: timedelta | None
+    max_duration: timedelta | None
+
+
+#: The filters given as text, checked alike.
+_TEXT_FILTERS: Final = ("workflow_id", "tool", "cursor", "call_id", "error_code")
+
+
+def build_query(**filters: Unpack[ListFilters]) -> EffectQuery:
     """Check every filter and turn them into an ``EffectQuery``."""
-    for value, name in (
-        (workflow_id, "workflow_id"),
-        (tool, "tool"),
-        (cursor, "cursor"),
-        (call_id, "call_id"),
-        (error_code, "error_code"),
-    ):
+    for name in _TEXT_FILTERS:
+        value = filters.get(name)
         if value is not None and not isinstance(value, str):
             raise EffectLedgerValidationError(
                 f"{name} must be a string or None, got {type(value).__name__}", field=name
@@ -104,36 +107,40 @@ def build_query(
                 f"{name} holds one{stored_as}",
                 field=name,
             )
+    since, until = filters.get("since"), filters.get("until")
     for moment, name in ((since, "since"), (until, "until")):
         if moment is not None and (not isinstance(moment, datetime) or moment.tzinfo is None):
             raise EffectLedgerValidationError(
                 f"{name} must be a timezone-aware datetime, got {moment!r}", field=name
             )
-    for span, name in ((min_duration, "min_duration"), (max_duration, "max_duration")):
+    shortest, longest = filters.get("min_duration"), filters.get("max_duration")
+    for span, name in ((shortest, "min_duration"), (longest, "max_duration")):
         if span is not None:
             check_span(span, name)
-    if min_duration is not None and max_duration is not None and min_duration > max_duration:
+    if shortest is not None and longest is not None and shortest > longest:
         raise EffectLedgerValidationError(
-            f"min_duration ({min_duration}) is longer than max_duration ({max_duration}): "
+            f"min_duration ({shortest}) is longer than max_duration ({longest}): "
             "no effect could match",
             field="min_duration",
         )
+    limit = filters["limit"]
     if type(limit) is not int or not 1 <= limit <= MAX_PAGE_SIZE:
         raise EffectLedgerValidationError(
             f"limit must be an int from 1 to {MAX_PAGE_SIZE}, got {limit!r}", field="limit"
         )
+    status, cursor = filters.get("status"), filters.get("cursor")
     return EffectQuery(
-        workflow_id=workflow_id,
-        tool=tool,
+        workflow_id=filters.get("workflow_id"),
+        tool=filters.get("tool"),
         status=parse_status(status) if status is not None else None,
         since=since,
         until=until,
         limit=limit,
         before=decode_cursor(cursor) if cursor is not None else None,
-        call_id=call_id,
-        error_code=error_code,
-        min_duration=min_duration,
-        max_duration=max_duration,
+        call_id=filters.get("call_id"),
+        error_code=filters.get("error_code"),
+        min_duration=shortest,
+        max_duration=longest,
     )
 
 
@@ -167,34 +174,8 @@ class Audit:
         self._store = store
         self._schema = schema
 
-    async def list_effects(
-        self,
-        *,
-        workflow_id: str | None,
-        tool: str | None,
-        status: EffectStatus | str | None,
-        since: datetime | None,
-        until: datetime | None,
-        limit: int,
-        cursor: str | None,
-        call_id: str | None = None,
-        error_code: str | None = None,
-        min_duration: timedelta | None = None,
-        max_duration: timedelta | None = None,
-    ) -> EffectPage:
-        query = build_query(
-            workflow_id=workflow_id,
-            tool=tool,
-            status=status,
-            since=since,
-            until=until,
-            limit=limit,
-            cursor=cursor,
-            call_id=call_id,
-            error_code=error_code,
-            min_duration=min_duration,
-            max_duration=max_duration,
-        )
+    async def list_effects(self, **filters: Unpack[ListFilters]) -> EffectPage:
+        query = build_query(**filters)
         await self._schema.ensure()
         effects = await self._store.list_effects(query)
         last = effects[-1] if len(effects) == query.limit else None

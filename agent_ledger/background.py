@@ -7,6 +7,10 @@ context variables (the ``ledger.workflow()`` scope) reach it.
 
 The cost is a thread hop per call (two context switches: tens of
 microseconds), which disappears beside any real tool.
+
+:class:`HomeLoop` is the part a ledger owns: which loop its calls run on,
+and the background loop it starts for sync callers and stops with
+``close_sync()``.
 """
 
 from __future__ import annotations
@@ -19,11 +23,14 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, ParamSpec, TypeVar
 
-__all__ = ["BackgroundLoop", "LoopClosing", "run_blocking"]
+from agent_ledger.errors import EffectLedgerValidationError
+
+__all__ = ["BackgroundLoop", "HomeLoop", "LoopClosing", "run_blocking"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 #: How long interpreter exit waits for the calls it cancels to end, and for the thread.
 AT_EXIT_DRAIN_S: Final = 10.0
@@ -165,6 +172,136 @@ class BackgroundLoop:
         except RuntimeError:  # already closed
             return
         self._thread.join(timeout_s)
+
+
+class HomeLoop:
+    """The event loop an async object (a ledger) lives on, and the one it owns for sync callers.
+
+    Async callers tell it the loop each call runs on (:meth:`enter`): a
+    store's connections and its waiters' notifications belong to the loop
+    that made them. Sync callers (:meth:`call`) run on that loop when async
+    code drives the object from another thread, else on a background loop
+    started by the first such call and owned until :meth:`close`. While the
+    background loop runs, no other loop may use the object.
+    """
+
+    def __init__(self) -> None:
+        #: The loop the object last ran on (None: not yet, or closed).
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._background: BackgroundLoop | None = None
+        #: Whether closing also closes the store (it was opened on the background loop).
+        self._owns_store = False
+        self._lock = threading.Lock()
+        self._closing = False
+        self._store_closed = False
+
+    def enter(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Note the loop a call starts on; refuse a second loop beside the background one.
+
+        An object driven from sync code keeps its store on its background
+        loop (a PostgreSQL pool, the waiters' notifications belong to the
+        loop that made them), so async code on another loop must not use it
+        meanwhile.
+        """
+        background = self._background
+        if background is not None and background.running and loop is not background.loop:
+            raise EffectLedgerValidationError(
+                "this ledger is being driven from sync code (tool.sync(), run_sync()), so "
+                "its store lives on the ledger's background event loop; it cannot also run "
+                "on another event loop. Use one ledger per side, or call close_sync() first.",
+                field="loop",
+            )
+        self.loop = loop
+
+    def call(
+        self, what: str, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """Run ``fn(*args, **kwargs)`` for a sync caller and block until it is done.
+
+        It runs in a copy of the caller's context; ``what`` names the call
+        in the error a caller on a running event loop gets instead of
+        stalling that loop.
+        """
+        loop = self._blocking_loop(what)
+        context = contextvars.copy_context()
+        background = self._background
+        if background is not None and loop is background.loop:
+            try:
+                return background.run(fn(*args, **kwargs), context)
+            except LoopClosing:
+                raise EffectLedgerValidationError(
+                    "this ledger is being closed (close_sync(), or the interpreter is "
+                    "exiting); the call was not started",
+                    field="ledger",
+                ) from None
+        return run_blocking(loop, fn(*args, **kwargs), context)
+
+    def _blocking_loop(self, what: str) -> asyncio.AbstractEventLoop:
+        """The loop a sync call runs on, refusing a caller that is on an event loop itself."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise EffectLedgerValidationError(
+                f"{what} blocks until the call is done, and it was called on a running event "
+                "loop, which it would stall (heartbeats included). From async code, await "
+                "the tool (or ledger.run()) instead.",
+                field="loop",
+            )
+        with self._lock:  # two threads' first calls start one loop
+            if self._closing or self._store_closed:
+                raise EffectLedgerValidationError(
+                    "this ledger was closed with close_sync()"
+                    + (
+                        " and its store with it: open a new ledger"
+                        if self._store_closed
+                        else " while this call started: call again once close_sync() returned"
+                    ),
+                    field="ledger",
+                )
+            home = self.loop
+            background = self._background
+            if background is not None and background.running:
+                return background.loop
+            if home is not None and home.is_running() and not home.is_closed():
+                # Async code is driving the object on another thread (a sync
+                # tool, running in a worker thread, calls another tool): run
+                # there, where the store lives.
+                return home
+            self._background = BackgroundLoop(name="agent-ledger-sync")
+            return self._background.loop
+
+    def adopt(self, background: BackgroundLoop, *, owns_store: bool) -> None:
+        """Use ``background`` for sync calls: the store was opened on it (``agent_ledger.sync``)."""
+        self._background = background
+        self.loop = background.loop
+        self._owns_store = owns_store
+
+    def close(self, close_store: Callable[[], Awaitable[None]], timeout_s: float) -> None:
+        """Stop the background loop: cancel the calls still running there, then
+        ``close_store()`` if the store was opened on it, then end its thread.
+        Idempotent; a no-op when no background loop runs. See
+        ``EffectLedger.close_sync``."""
+        with self._lock:
+            background = self._background
+            if background is None or not background.running or self._closing:
+                return
+            self._closing = True  # no sync call is routed anywhere meanwhile
+        try:
+            # Calls still running end first (recording their effects
+            # canceled), while the store is open; none can start after.
+            background.drain()
+            if self._owns_store:
+                self._store_closed = True
+                background.run_closing(close_store())
+        finally:
+            background.stop(timeout_s)
+            with self._lock:
+                self._background = None
+                if self.loop is background.loop:
+                    self.loop = None
+                self._closing = False
 
 
 def _close(awaitable: Awaitable[Any]) -> None:

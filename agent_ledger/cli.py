@@ -12,14 +12,17 @@ import asyncio
 import csv
 import getpass
 import io
+import itertools
+import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import IO, Any, Final, TypeVar
+from typing import IO, Any, Final, NoReturn, TypeVar
 
 import orjson
 
@@ -114,6 +117,11 @@ def parse_moment(text: str) -> datetime:
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
+        if text.startswith(("-", "+")) and _duration_parts(text[1:]):
+            raise UsageError(
+                f"not a time: {text!r}; a duration is always ago and takes no sign: "
+                f"{text[1:]} means {text[1:]} ago"
+            ) from None
         if not _duration_parts(text):
             raise UsageError(
                 f"not a time: {text!r} (use ISO 8601 like 2026-01-31T12:00, or 2h for 2 hours ago)"
@@ -290,7 +298,7 @@ async def cmd_budget(ctx: Context) -> int:
 
 
 async def cmd_sagas(ctx: Context) -> int:
-    from agent_ledger.sagas._cli import sagas_command
+    from agent_ledger.saga_commands import sagas_command
 
     return await sagas_command(ctx.ledger, ctx.args, ctx.out.line, ctx.out.json)
 
@@ -416,7 +424,18 @@ async def cmd_resolve(ctx: Context) -> int:
     except EffectLedgerValidationError as exc:
         if exc.field != "idem_key":
             raise  # bad input: a usage error
-        print(f"agent-ledger: cannot resolve {effect.idem_key[:12]}: {exc}", file=sys.stderr)
+        key = effect.idem_key[:12]
+        if effect.status is EffectStatus.REQUIRES_APPROVAL and not effect.parked:
+            # The library's message names its Python calls; here, the commands.
+            print(
+                f"agent-ledger: cannot resolve {key}: {visible(effect.tool)} waits for an "
+                "approval, not because an attempt's outcome is unknown; its handler never "
+                f"ran, so there is nothing to resolve. Decide it with `agent-ledger approve "
+                f"{key}` or `agent-ledger deny {key}`. Nothing changed.",
+                file=sys.stderr,
+            )
+        else:
+            print(f"agent-ledger: cannot resolve {key}: {exc}", file=sys.stderr)
         return EXIT_NOT_DONE
     return _settled(ctx, effect, "resolve", moved, await ctx.ledger.get_effect(effect.id))
 
@@ -462,26 +481,20 @@ def _settled(ctx: Context, effect: Effect, verb: str, moved: bool, now: Effect |
     return EXIT_OK if moved else EXIT_NOT_DONE
 
 
-async def cmd_approve(ctx: Context) -> int:
+async def cmd_decide(ctx: Context) -> int:
+    """``approve`` and ``deny``: one path, the subcommand names the decision."""
     args = ctx.args
-    return await _decide(
-        ctx,
-        "approve",
-        lambda key: ctx.ledger.approve(
-            key, by=args.by, note=args.note, expected_attempt=args.expected_attempt
-        ),
-    )
 
-
-async def cmd_deny(ctx: Context) -> int:
-    args = ctx.args
-    return await _decide(
-        ctx,
-        "deny",
-        lambda key: ctx.ledger.deny(
+    async def act(key: str) -> bool:
+        if args.command == "approve":
+            return await ctx.ledger.approve(
+                key, by=args.by, note=args.note, expected_attempt=args.expected_attempt
+            )
+        return await ctx.ledger.deny(
             key, reason=args.reason, by=args.by, expected_attempt=args.expected_attempt
-        ),
-    )
+        )
+
+    return await _decide(ctx, args.command, act)
 
 
 async def cmd_cancel(ctx: Context) -> int:
@@ -576,8 +589,9 @@ def _write_file(path: str, text: str) -> None:
 def _check_before_opening(args: argparse.Namespace) -> None:
     """Usage errors that need no store, reported before one is opened (or created).
 
-    ``init`` and ``demo`` create the SQLite file's folder, as ``init`` promises
-    to make a store; other commands on a missing file say to run ``init``.
+    ``init`` and ``demo`` create the SQLite file's folder only when told
+    (``--create-dirs``), and say so; other commands on a missing file say to
+    run ``init``.
     """
     if args.command == "review":
         if not sys.stdin.isatty():
@@ -596,11 +610,18 @@ def _check_before_opening(args: argparse.Namespace) -> None:
             raise UsageError(f"--output {output}: the folder {target.parent} does not exist")
     if args.command in ("init", "demo"):
         folder = sqlite_folder(args.url)
-        if folder is not None:
+        if folder is not None and not folder.is_dir():
+            # A typo in a path must not quietly become a new folder.
+            if not args.create_dirs:
+                raise UsageError(
+                    f"the folder {folder} does not exist (from {args.url}); check the path, "
+                    "or add --create-dirs to create it"
+                )
             try:
                 folder.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise UsageError(f"cannot create {folder}: {exc.strerror or exc}") from None
+            print(f"agent-ledger: created the folder {folder}", file=sys.stderr)
 
 
 def _os_user() -> str:
@@ -769,13 +790,22 @@ def _duration_text(text: str) -> str:
 
 
 URL_HELP: Final = (
-    f"memory://, sqlite:///PATH or postgresql://... (default: ${URL_ENV}, "
+    f"memory://, sqlite:///PATH, postgresql://... or mysql://... (default: ${URL_ENV}, "
     "else sqlite:///./agent_ledger.db)"
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, reporting a usage error like every other error: one line on
+    stderr with the ``agent-ledger:`` prefix, and where to read more (its
+    default is the whole usage block, then ``PROG: error: ...``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"agent-ledger: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="agent-ledger",
         description="Inspect and decide effects in an agent-ledger store.",
         epilog=f"The store URL defaults to ${URL_ENV}, else sqlite:///./agent_ledger.db.",
@@ -818,7 +848,9 @@ def build_parser() -> argparse.ArgumentParser:
                 help=f"handler time {which} this (500ms, 2s, 1m30s), never approval wait",
             )
 
-    command("init", cmd_init, "create the store's tables (idempotent)")
+    create_dirs_help = "create the SQLite file's missing folders (else a missing one is an error)"
+    sub = command("init", cmd_init, "create the store's tables (idempotent)")
+    sub.add_argument("--create-dirs", action="store_true", help=create_dirs_help)
     command(
         "migrate",
         cmd_migrate,
@@ -833,8 +865,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="payment: only the retried payment and its refund; saga: only the saga "
         "whose shipping step fails and is rolled back (default: both)",
     )  # fmt: skip
+    sub.add_argument("--create-dirs", action="store_true", help=create_dirs_help)
     sub = command("sagas", cmd_sagas, "sagas: list them, show one's steps, recover stuck ones")
-    from agent_ledger.sagas._cli import add_arguments
+    from agent_ledger.saga_commands import add_arguments
 
     add_arguments(sub)
     sub = command("list", cmd_list, "effects, newest first")
@@ -855,12 +888,12 @@ def build_parser() -> argparse.ArgumentParser:
         "review", cmd_review, "decide pending approvals one by one, oldest first (interactive)"
     )
     sub.add_argument("--by", help="who decides (kept on each receipt; default: your OS user name)")
-    sub = command("approve", cmd_approve, "approve a pending effect")
+    sub = command("approve", cmd_decide, "approve a pending effect")
     sub.add_argument("ref", metavar="KEY", help=ref_help)
     sub.add_argument("--by", help="who approves (kept on the receipt)")
     sub.add_argument("--note", help="why (kept on the receipt)")
     sub.add_argument("--expected-attempt", type=int, metavar="N", help=expected_help)
-    sub = command("deny", cmd_deny, "deny a pending effect")
+    sub = command("deny", cmd_decide, "deny a pending effect")
     sub.add_argument("ref", metavar="KEY", help=ref_help)
     sub.add_argument("--reason", help="why not (kept on the receipt; callers see it)")
     sub.add_argument("--by", help="who denies (kept on the receipt)")
@@ -944,32 +977,97 @@ async def _dispatch(args: argparse.Namespace, out: Output) -> int:
         await store.close()
 
 
-def _say(message: str) -> None:
-    """An error as exactly one line on stderr: its first line.
+def _say(message: str, hint: str = "") -> None:
+    """An error as exactly one line on stderr: its first line, then ``hint``.
 
     A store error can carry the driver's whole text (psycopg's ``LINE 1:``
     and caret under a failed statement, libpq's "Is the server running?");
     its first line says what failed, the rest only where.
     """
     lines = [line.strip() for line in message.splitlines() if line.strip()]
-    print(f"agent-ledger: {lines[0] if lines else 'failed'}", file=sys.stderr)
+    print(f"agent-ledger: {lines[0] if lines else 'failed'}{hint}", file=sys.stderr)
+
+
+#: Store errors about the URL itself: opening, connecting, the schema found there.
+_URL_OPERATIONS: Final = frozenset({"open", "connect", "check_schema"})
+
+
+def _url_hint(args: argparse.Namespace, exc: Exception) -> str:
+    """Where the failing URL came from, when it was not typed on this command line,
+    and why a SQLite file could not be opened when its folder is read-only."""
+    about_url = (isinstance(exc, EffectLedgerValidationError) and exc.field == "url") or (
+        isinstance(exc, EffectStoreError) and exc.operation in _URL_OPERATIONS
+    )
+    if not about_url:
+        return ""
+    hint = ""
+    folder = sqlite_folder(args.url)
+    if isinstance(exc, EffectStoreError) and folder is not None and folder.is_dir():
+        path = Path(args.url[len("sqlite:///") :])
+        if not os.access(folder, os.W_OK):
+            hint += (
+                f"; the folder {folder} is read-only for you, and SQLite writes there "
+                "(the database and its -wal and -shm files)"
+            )
+        elif path.exists() and not os.access(path, os.W_OK):
+            hint += f"; the file {path} is read-only for you"
+    if args.url_from_env:
+        hint += f" (the URL came from ${URL_ENV}; --url overrides it)"
+    return hint
+
+
+def _preparse(argv: Sequence[str]) -> None:
+    """Catch what argparse would misreport: ``--since -2h`` reads as two options."""
+    for option, value in itertools.pairwise(argv):
+        signed = value[:1] in ("-", "+") and bool(_duration_parts(value[1:]))
+        if option in ("--since", "--until") and signed:
+            raise UsageError(
+                f"{option} {value}: a duration is always ago and takes no sign: "
+                f"{option} {value[1:]} means {value[1:]} ago"
+            )
+
+
+@contextmanager
+def _library_logs_quiet() -> Iterator[None]:
+    """The library's log records stay out of the CLI's output, unless logging is set up.
+
+    With no handler anywhere, Python prints warnings to stderr ("effect
+    parked by a sweep: ..."); the command already says what happened, in
+    its own words.
+    """
+    library = logging.getLogger("agent_ledger")
+    quiet = logging.NullHandler()
+    if not logging.getLogger().handlers and not library.handlers:
+        library.addHandler(quiet)
+    try:
+        yield
+    finally:
+        library.removeHandler(quiet)
 
 
 def main(argv: Sequence[str] | None = None, stdout: IO[str] | None = None) -> int:
     """Entry point of the ``agent-ledger`` console script."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        _preparse(argv)
+    except UsageError as exc:
+        _say(str(exc))
+        return EXIT_USAGE
     args = parser.parse_args(argv)
+    args.url_from_env = args.url is None and bool(os.environ.get(URL_ENV))
     args.url = args.url or default_url()
     stream = stdout if stdout is not None else sys.stdout
     colour = stream.isatty() and not os.environ.get("NO_COLOR")
     try:
         _check_before_opening(args)
-        return asyncio.run(_dispatch(args, Output(stream, colour)))
+        with _library_logs_quiet():
+            return asyncio.run(_dispatch(args, Output(stream, colour)))
     except (UsageError, EffectLedgerValidationError) as exc:
-        _say(str(exc))
+        _say(str(exc), _url_hint(args, exc))
         return EXIT_USAGE
     except EffectStoreError as exc:
-        _say(str(exc))
+        _say(str(exc), _url_hint(args, exc))
         return EXIT_NOT_DONE
     except EffectLedgerError as exc:
         _say(f"{type(exc).__name__}: {exc}")

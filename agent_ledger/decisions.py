@@ -1,7 +1,8 @@
 """People's decisions on effects: request approval, approve, deny, resolve, cancel,
 reopen; the sweep that parks ambiguous attempts; and the steps that withdraw
 an effect for a rollback (a saga's), which the layers above reach here rather
-than driving the store themselves.
+than driving the store themselves. Also the one decision a holder makes on its
+own effect: sending it to a person before running it.
 
 Each decision is one compare-and-set in the store (``Store.transition``,
 ``Store.settle`` or ``Store.reopen``), so two operators acting on the same
@@ -15,20 +16,23 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections import OrderedDict
 from datetime import datetime
 from typing import Final
 
+from agent_ledger.codes import ErrorCode
 from agent_ledger.effects import Effect, EffectError, JSONValue, storable_text
 from agent_ledger.errors import EffectLedgerValidationError, require_str
 from agent_ledger.keys import canonical_json
 from agent_ledger.names import check_name_length
 from agent_ledger.observability import effect_fields, log_effect, logger
 from agent_ledger.options import LedgerHooks
-from agent_ledger.status import AMBIGUOUS_ATTEMPT, REOPENABLE, EffectStatus
+from agent_ledger.status import REOPENABLE, EffectStatus
 from agent_ledger.stores.base import (
     ClaimOutcome,
     Decision,
     EffectQuery,
+    Held,
     NewEffect,
     SchemaCheck,
     Store,
@@ -38,6 +42,7 @@ __all__ = [
     "AMBIGUOUS_REASON",
     "NO_RESULT",
     "WAITING_FOR_A_PERSON",
+    "BegunAttempts",
     "Decisions",
     "ambiguous_error",
     "cancel_if_waiting",
@@ -51,21 +56,117 @@ __all__ = [
 WAITING_FOR_A_PERSON: Final = frozenset({EffectStatus.REQUIRES_APPROVAL, EffectStatus.READY})
 
 
+class BegunAttempts:
+    """The effects this ledger's ``begin()`` handed to its caller to run, not yet committed.
+
+    So that 0.2.x's worker flow, ``begin()`` then ``request_approval(key)``
+    with no attempt, is recognised as the holder's own step: the caller whose
+    begin made it the holder may send the effect to a person before running
+    the tool. Bounded (the oldest are forgotten first): a worker that begins
+    effects it never commits must pass ``attempt=`` to ``request_approval``.
+    """
+
+    LIMIT: Final = 4096
+
+    def __init__(self) -> None:
+        self._by_key: OrderedDict[str, Held] = OrderedDict()
+        self._key_of: dict[str, str] = {}
+
+    def remember(self, effect: Effect) -> None:
+        self.forget(effect.id)
+        self._by_key.pop(effect.idem_key, None)
+        self._by_key[effect.idem_key] = Held(effect.id, effect.attempt)
+        self._key_of[effect.id] = effect.idem_key
+        while len(self._by_key) > self.LIMIT:
+            _, oldest = self._by_key.popitem(last=False)
+            self._key_of.pop(oldest.effect_id, None)
+
+    def forget(self, effect_id: str) -> None:
+        key = self._key_of.pop(effect_id, None)
+        if key is not None:
+            self._by_key.pop(key, None)
+
+    def attempt(self, idem_key: str) -> int | None:
+        held = self._by_key.get(idem_key)
+        return None if held is None else held.attempt
+
+
 class Decisions:
     """The decision steps of one ledger."""
 
     def __init__(self, store: Store, schema: SchemaCheck) -> None:
         self._store = store
         self._schema = schema
+        #: What this ledger's begin() handed out: see :class:`BegunAttempts`.
+        self.begun = BegunAttempts()
 
-    async def request_approval(self, idem_key: str, hooks: LedgerHooks) -> bool:
-        # ready -> requires_approval only: the transition table refuses a
-        # running effect (see agent_ledger.status), so the store's
-        # compare-and-set does too.
+    async def request_approval(
+        self, idem_key: str, hooks: LedgerHooks, *, attempt: int | None = None
+    ) -> bool:
+        require_str(idem_key, "idem_key")
+        if attempt is not None and (type(attempt) is not int or not 1 <= attempt <= MAX_ATTEMPT):
+            raise EffectLedgerValidationError(
+                "attempt must be a positive int (the attempt begin() gave you: "
+                f"result.effect.attempt) of at most {MAX_ATTEMPT}, got {attempt!r}",
+                field="attempt",
+            )
+        named = attempt is not None
+        if attempt is None:
+            attempt = self.begun.attempt(idem_key)
+        if attempt is not None:
+            return await self._hold(idem_key, attempt, hooks, named=named)
+        # Anyone but the holder: ready -> requires_approval only. The
+        # decision table has no processing -> requires_approval (see
+        # agent_ledger.status), so the store's compare-and-set refuses a
+        # running effect, and we say so instead of returning False.
         moved = await self._move(idem_key, EffectStatus.REQUIRES_APPROVAL, None, None)
         if moved is not None:
             await notify_approval_required(moved, hooks)
-        return moved is not None
+            return True
+        found = await self._store.find(idem_key)
+        if found is not None and found.status is EffectStatus.PROCESSING:
+            raise EffectLedgerValidationError(
+                f"effect {idem_key[:12]}… ({found.tool}) is processing at attempt "
+                f"{found.attempt}, held by another caller whose handler may be running: an "
+                "approval could not stop it. Only its holder can send it to a person, before "
+                "running the tool: request_approval(key, attempt=result.effect.attempt) from "
+                "the worker whose begin() returned it. To make a call wait for a person "
+                "before it runs, create it that way: RunOptions(requires_approval=True) or "
+                "the requires_approval policy hook. Nothing changed.",
+                field="idem_key",
+            )
+        return False
+
+    async def _hold(self, idem_key: str, attempt: int, hooks: LedgerHooks, *, named: bool) -> bool:
+        """The holder's own step: its ``processing`` effect, at its attempt, goes to a
+        person before the tool runs (``status.HOLD``). Fenced: a holder that was
+        taken over (or, having ``named`` its attempt, finished) is told so, and
+        changes nothing. A finished effect this ledger's begin() handed out
+        answers False, as for anyone: it can run no more."""
+        await self._schema.ensure()
+        found = await self._store.find(idem_key)
+        if found is None:
+            return False
+        if found.status is EffectStatus.PROCESSING and found.attempt == attempt:
+            if await self._store.release(found.id, attempt=attempt, for_approval=True):
+                self.begun.forget(found.id)
+                held = await self._store.find(idem_key)
+                if held is not None:
+                    log_effect(logging.INFO, "effect sent for approval by its holder", held)
+                    await notify_approval_required(held, hooks)
+                return True
+            found = await self._store.find(idem_key) or found
+        self.begun.forget(found.id)
+        if found.status is EffectStatus.REQUIRES_APPROVAL and found.attempt == attempt:
+            return False  # already waiting for a person: nothing can run it meanwhile
+        if found.status.is_terminal and not named:
+            return False
+        raise EffectLedgerValidationError(
+            f"attempt {attempt} no longer holds effect {idem_key[:12]}… ({found.tool}): it "
+            f"is {found.status.value} at attempt {found.attempt} (taken over, finished or "
+            "decided meanwhile). Do not run the tool for this attempt. Nothing changed.",
+            field="attempt",
+        )
 
     async def approve(
         self,
@@ -88,7 +189,7 @@ class Decisions:
         by: str | None,
         expected_attempt: int | None = None,
     ) -> bool:
-        error = EffectError(message=_reason(reason, "denied"), code="denied")
+        error = EffectError(message=_reason(reason, "denied"), code=ErrorCode.DENIED)
         # The reason is the denial's error (callers see it), as before settle
         # existed; the history's settlement keeps who and when.
         decision = _decision(by, None)
@@ -207,7 +308,7 @@ class Decisions:
         return moved
 
     async def cancel(self, idem_key: str, *, reason: str | None, by: str | None) -> bool:
-        error = EffectError(message=_reason(reason, "canceled"), code="canceled")
+        error = EffectError(message=_reason(reason, "canceled"), code=ErrorCode.CANCELED)
         decision = _decision(by, None)
         return await self._move(idem_key, EffectStatus.CANCELED, error, decision) is not None
 
@@ -412,7 +513,7 @@ async def take_over_and_cancel(
 
 def ambiguous_error() -> EffectError:
     """The reason a parked effect carries (its history's ``Parked`` names the attempt)."""
-    return EffectError(AMBIGUOUS_REASON, AMBIGUOUS_ATTEMPT)
+    return EffectError(AMBIGUOUS_REASON, ErrorCode.AMBIGUOUS_ATTEMPT)
 
 
 class _NoResult:

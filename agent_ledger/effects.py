@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
+from typing import Any, Final, Generic, Literal, NamedTuple, TypeAlias, TypeVar
 
 import orjson
 
+from agent_ledger.codes import ErrorCode
 from agent_ledger.errors import EffectLedgerValidationError
-from agent_ledger.status import AMBIGUOUS_ATTEMPT, TRANSITIONS, EffectStatus
+from agent_ledger.status import TRANSITIONS, EffectStatus
 
 #: Any value JSON can represent. Args and results must be of this shape.
 JSONValue: TypeAlias = (
@@ -37,7 +38,8 @@ class EffectError:
     """Why an effect failed, was denied or was canceled.
 
     ``code`` is machine-readable: the exception's ``code`` attribute or class
-    name for handler failures, ``"denied"``/``"canceled"`` for decisions.
+    name for handler failures, an ``agent_ledger.codes.ErrorCode`` for what the
+    ledger records itself (``denied`` and ``canceled`` for decisions, ...).
     """
 
     message: str
@@ -435,7 +437,7 @@ class Effect:
         return (
             self.status is EffectStatus.REQUIRES_APPROVAL
             and self.error is not None
-            and self.error.code == AMBIGUOUS_ATTEMPT
+            and self.error.code == ErrorCode.AMBIGUOUS_ATTEMPT
         )
 
 
@@ -465,6 +467,30 @@ def handler_time(effect: Effect, now: datetime) -> timedelta | None:
     if effect.status in RUN_ENDS and effect.completed_at is not None:
         return effect.completed_at - started
     return None
+
+
+#: Built-in default for ``StaleOptions.after_ms``, the lease an effect's holder
+#: gets (see ``StaleOptions``). Here, beside ``NewEffect``, which records it:
+#: ``agent_ledger.options`` hands it on.
+DEFAULT_STALE_AFTER_MS: Final = 15_000
+
+
+class NewEffect(NamedTuple):
+    """What ``begin`` inserts when the key is new."""
+
+    idem_key: str
+    workflow_id: str
+    call_id: str | None
+    tool: str
+    args_canonical: str
+    resource_id_canonical: str | None
+    #: Insert it waiting for a person (``requires_approval``) instead of
+    #: ``processing``: one atomic step, so no crash, error or cancellation
+    #: between two steps can leave an approval-gated effect claimable.
+    requires_approval: bool = False
+    #: The creator's lease in ms (its stale window; 0: never taken over),
+    #: recorded with the effect so that others judge staleness by it.
+    lease_ms: int = DEFAULT_STALE_AFTER_MS
 
 
 @dataclass(frozen=True, slots=True)

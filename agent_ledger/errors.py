@@ -24,7 +24,9 @@ raised, after recording it.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
+
+from agent_ledger.codes import ErrorCode
 
 if TYPE_CHECKING:
     from agent_ledger.effects import Effect
@@ -60,7 +62,15 @@ class EffectFailedError(EffectLedgerError):
     original error's.
     """
 
-    def __init__(self, effect: Effect) -> None:
+    def __init__(self, effect: Effect, *legacy: object) -> None:
+        # ``legacy``: only so that 0.2.x's two-argument form gets guidance.
+        if isinstance(effect, str) or legacy:
+            raise RemovedNameError(
+                "EffectFailedError(idem_key, effect_error)",
+                "this version's is EffectFailedError(effect), built by the ledger from the "
+                "recorded effect (.message, .code and .effect replace .effect_error); to fail "
+                "a call, raise your own exception from the handler, or commit CommitFailed",
+            )
         error = effect.error
         self.effect = effect
         self.message = error.message if error is not None else "effect failed"
@@ -76,7 +86,15 @@ class EffectDeniedError(EffectLedgerError):
     gave, if anything. The handler did not run (or its run was abandoned).
     """
 
-    def __init__(self, effect: Effect) -> None:
+    def __init__(self, effect: Effect, *legacy: object, **legacy_reason: object) -> None:
+        # ``legacy`` and ``legacy_reason``: only so that 0.2.x's form gets guidance.
+        if isinstance(effect, str) or legacy or legacy_reason:
+            raise RemovedNameError(
+                "EffectDeniedError(idem_key, reason)",
+                "this version's is EffectDeniedError(effect), built by the ledger from the "
+                "denied or canceled effect (.reason, .status and .effect); to refuse a call, "
+                "deny() it (ledger.deny(key, reason))",
+            )
         self.effect = effect
         self.status = effect.status
         self.reason = effect.error.message if effect.error is not None else None
@@ -107,8 +125,9 @@ class EffectTimeoutError(EffectLedgerError):
         )
 
 
-#: The error code an effect is recorded with when its handler ran past its deadline.
-HANDLER_TIMEOUT = "handler_timeout"
+#: The error code an effect is recorded with when its handler ran past its deadline
+#: (an alias of ``ErrorCode.HANDLER_TIMEOUT``, kept for code that imports it from here).
+HANDLER_TIMEOUT: Final = ErrorCode.HANDLER_TIMEOUT
 
 _LIMIT = re.compile(r"\(timeout_ms=(\d+)\)")
 _RAN = re.compile(r"after (\d+) ms")
@@ -142,18 +161,18 @@ class HandlerTimeoutError(EffectTimeoutError):
         self.ran_ms = float(ran.group(1)) if ran else 0.0
         self.waited_ms = self.ran_ms
         self.message = message
-        self.code = HANDLER_TIMEOUT
+        self.code = ErrorCode.HANDLER_TIMEOUT
         # EffectTimeoutError.__init__ words a wait; this one words the handler.
         Exception.__init__(
             self,
             f"the handler of effect {effect.idem_key[:12]}… ({effect.tool}) ran out of time "
-            f"[{HANDLER_TIMEOUT}], recorded {effect.status.value}: {message}",
+            f"[{ErrorCode.HANDLER_TIMEOUT}], recorded {effect.status.value}: {message}",
         )
 
 
 def is_handler_timeout(effect: Effect) -> bool:
     """Whether ``effect`` was recorded as a handler that ran past its deadline."""
-    return effect.error is not None and effect.error.code == HANDLER_TIMEOUT
+    return effect.error is not None and effect.error.code == ErrorCode.HANDLER_TIMEOUT
 
 
 class EffectInFlightError(EffectLedgerError):
@@ -364,6 +383,26 @@ class EffectLedgerInvariantError(EffectLedgerError):
     """
 
 
+class RemovedNameError(ImportError):
+    """A name (or call shape) of agent-ledger 0.2.x with no equivalent in this version.
+
+    Documented as ``agent_ledger.legacy.names.RemovedNameError`` (see there
+    for why it is an ``ImportError``). Defined here, in the lowest layer, so
+    that this module's own 0.2.x constructors can raise it too. ``owner`` is
+    where 0.2.x had the name: a module, or a class for its methods.
+    """
+
+    def __init__(self, name: str, advice: str, *, owner: str = "agent_ledger") -> None:
+        super().__init__(
+            f"{owner}.{name} (agent-ledger 0.2.x) has no equivalent here: {advice}; "
+            "see docs/migrating-from-0.2.md",
+            name=owner,
+        )
+
+
+RemovedNameError.__module__ = "agent_ledger.legacy.names"
+
+
 def require_str(value: object, name: str) -> None:
     """Raise ``EffectLedgerValidationError`` naming ``name`` unless ``value`` is a str."""
     if not isinstance(value, str):
@@ -372,21 +411,15 @@ def require_str(value: object, name: str) -> None:
         )
 
 
-# Public module for every exception, so tracebacks say ``agent_ledger.X``.
+# The errors ``import agent_ledger`` exports: tracebacks say ``agent_ledger.X``.
+# The others keep this module's name, where they are imported from.
 for _cls in (
     EffectLedgerError,
     EffectFailedError,
     EffectDeniedError,
-    EffectTimeoutError,
-    HandlerTimeoutError,
-    EffectInFlightError,
     ApprovalPendingError,
-    EffectPayloadMismatchError,
-    UnrecordedEffectError,
     EffectLedgerValidationError,
     EffectStoreError,
-    EffectLedgerInvariantError,
-    BudgetMismatchError,
     BudgetExceededError,
 ):
     _cls.__module__ = "agent_ledger"

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Final, Literal, TypeAlias, TypeVar
 
 from agent_ledger.backoff import MAX_MS, Backoff, too_many_ms
 from agent_ledger.clock import Clock, utc_now
+from agent_ledger.effects import DEFAULT_STALE_AFTER_MS as DEFAULT_STALE_AFTER_MS  # its home
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.retries import RetryPolicy
 
@@ -39,8 +40,6 @@ class _UnsetType(enum.Enum):
 UNSET: Final = _UnsetType.UNSET
 Unset: TypeAlias = Literal[_UnsetType.UNSET]
 
-#: Built-in default for ``StaleOptions.after_ms``; see ``StaleOptions``.
-DEFAULT_STALE_AFTER_MS: Final = 15_000
 #: How long a step inside a caller's transaction may wait for a lock another
 #: transaction holds, unless ``wait_timeout_ms`` was set; see ``ConcurrencyOptions``.
 DEFAULT_TX_LOCK_TIMEOUT_MS: Final = 1_000

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Callable, Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Final
 
 import orjson
@@ -27,6 +27,7 @@ from agent_ledger.effects import (
     Usage,
     event_from_dict,
     event_to_dict,
+    handler_time,
 )
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.fields import EFFECT_FIELDS, ERROR_PARTS, TIME_FIELDS
@@ -228,6 +229,24 @@ def _escape(match: re.Match[str]) -> str:
     return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
+def _handler_time_rows(effect: Effect) -> list[tuple[str, str]]:
+    """How long the handler ran (``handler_time``: never the wait for a person).
+
+    A run a person settled or canceled after it started has no known end:
+    from its start to the decision is a worker's silence plus a person's
+    wait, and showing it as the handler's time would mislead.
+    """
+    if effect.started_at is None:
+        return []
+    took = handler_time(effect, datetime.now(UTC))
+    if took is not None:
+        running = " so far" if effect.status is EffectStatus.PROCESSING else ""
+        return [("handler time", _elapsed(took) + running)]
+    if effect.decided_at is not None and effect.decided_at > effect.started_at:
+        return [("handler time", "unknown: a person decided after the run started")]
+    return []
+
+
 def render_receipt(effect: Effect) -> str:
     """A multi-line, aligned description of one effect, for terminals and logs.
 
@@ -235,7 +254,7 @@ def render_receipt(effect: Effect) -> str:
     outcome yet says ``pending`` (not ``null``, which is what a handler that
     returned None left); ``executions`` counts handler runs (the attempt is
     the fencing token, and an approval adds one without running anything);
-    the run time excludes any wait for a person, which is shown apart. An
+    the handler time excludes any wait for a person, which is shown apart. An
     effect that was retried or reopened shows its tries and every earlier
     try's error and reopening, oldest first; one that ran once in one try
     does not repeat that it tried once.
@@ -263,8 +282,7 @@ def render_receipt(effect: Effect) -> str:
         if _decision_kind(effect) == "approved":
             rows.append(("approval wait", _elapsed(effect.decided_at - effect.created_at)))
     rows += [("started", _stamp(effect.started_at)), ("completed", _stamp(effect.completed_at))]
-    if effect.started_at is not None and effect.completed_at is not None:
-        rows.append(("run time", _elapsed(effect.completed_at - effect.started_at)))
+    rows += _handler_time_rows(effect)
     if effect.tries > 1 or any(isinstance(e, TryFailure | Reopening) for e in effect.history):
         rows.append(("tries", str(effect.tries)))
     rows += [_history_row(event) for event in effect.history]

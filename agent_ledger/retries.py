@@ -28,12 +28,14 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from agent_ledger.backoff import Backoff, too_many_ms
+from agent_ledger.codes import ErrorCode
 from agent_ledger.errors import EffectLedgerValidationError
 
 __all__ = ["RETRIES_EXHAUSTED", "NonRetryableError", "RetryPolicy", "asked_delay_s"]
 
-#: The error code an effect is recorded with when its tries ran out.
-RETRIES_EXHAUSTED: Final = "retries_exhausted"
+#: The error code an effect is recorded with when its tries ran out (an alias of
+#: ``ErrorCode.RETRIES_EXHAUSTED``, kept for code that imports it from here).
+RETRIES_EXHAUSTED: Final = ErrorCode.RETRIES_EXHAUSTED
 
 
 class NonRetryableError(Exception):

@@ -29,12 +29,14 @@ Seven kinds of step move an effect, and the table covers them all:
 * a **decision** (request approval, approve, deny, cancel) is everything else.
 
 A *running* effect (``processing``, its holder alive) can never be sent back
-for approval: its handler is already executing, so the approval could not
-stop it, and its commit would then be refused and the handler run a second
-time after the approval. A park takes only an effect whose holder is gone.
-Effects that need approval are inserted as ``requires_approval``;
-``request_approval`` only sends a ``ready`` effect (approved or released, not
-yet claimed) back for another look.
+for approval by anyone else: its handler may be executing, so the approval
+could not stop it, and its commit would then be refused and the handler run
+a second time after the approval. A park takes only an effect whose holder
+is gone; a **hold** (:data:`HOLD`) is the holder's own step, fenced by its
+attempt, taken before it runs the tool. Effects that need approval by policy
+are inserted as ``requires_approval``; ``request_approval`` from anyone but
+the holder only sends a ``ready`` effect (approved or released, not yet
+claimed) back for another look.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ import enum
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
+
+from agent_ledger.codes import ErrorCode
 
 
 class EffectStatus(enum.StrEnum):
@@ -101,7 +105,13 @@ REOPENABLE: Final[frozenset[EffectStatus]] = frozenset(source for source, _ in R
 #: The edge only ``Store.park`` takes: the holder of a run under
 #: ``on_stale="park"`` went silent after its handler started, so the effect
 #: waits for a person instead of being taken over. Fenced by the stale attempt.
+#: The holder itself takes the same edge, before its handler starts, when it
+#: decides the call needs a person (:data:`HOLD`).
 PARK: Final = (_S.PROCESSING, _S.REQUIRES_APPROVAL)
+#: The same edge taken by the holder (``Store.release(..., for_approval=True)``,
+#: fenced by its attempt): a ``begin()`` worker that decides, before running
+#: the tool, that a person must approve it (``request_approval`` by the holder).
+HOLD: Final = PARK
 #: The edges only ``Store.settle`` takes for ``resolve()``: a person records the
 #: outcome of a parked effect's run, as the provider reports it.
 RESOLVE: Final[frozenset[tuple[EffectStatus, EffectStatus]]] = frozenset(
@@ -109,7 +119,8 @@ RESOLVE: Final[frozenset[tuple[EffectStatus, EffectStatus]]] = frozenset(
 )
 #: The code a parked effect's ``error`` carries: the reason it waits for a
 #: person (an effect waiting because a policy asked for approval has none).
-AMBIGUOUS_ATTEMPT: Final = "ambiguous_attempt"
+#: An alias of ``ErrorCode.AMBIGUOUS_ATTEMPT``, kept for code that imports it from here.
+AMBIGUOUS_ATTEMPT: Final = ErrorCode.AMBIGUOUS_ATTEMPT
 
 #: Statuses whose outcome is final: nothing but a person's reopen leads out of them.
 TERMINAL: Final[frozenset[EffectStatus]] = frozenset(

@@ -267,9 +267,11 @@ class FaultyStore(Generic[StoreT]):
             effect_id=effect_id,
         )
 
-    async def release(self, effect_id: str, *, attempt: int) -> bool:
+    async def release(self, effect_id: str, *, attempt: int, for_approval: bool = False) -> bool:
         return await self._step(
-            "release", lambda: self.inner.release(effect_id, attempt=attempt), effect_id=effect_id
+            "release",
+            lambda: self.inner.release(effect_id, attempt=attempt, for_approval=for_approval),
+            effect_id=effect_id,
         )
 
     async def transition(
@@ -347,7 +349,7 @@ class FaultyStore(Generic[StoreT]):
     async def find_legacy(self, legacy_key: str, *, tx: object | None = None) -> Effect | None:
         return await self._step("find_legacy", lambda: self.inner.find_legacy(legacy_key, tx=tx))
 
-    async def list_effects(self, query: EffectQuery) -> list[Effect]:
+    async def list_effects(self, query: EffectQuery | None = None) -> list[Effect]:
         return await self._step("list_effects", lambda: self.inner.list_effects(query))
 
     async def stats(self) -> LedgerStats:

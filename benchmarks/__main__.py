@@ -1,4 +1,4 @@
-"""`python -m benchmarks [--store memory|sqlite|postgres|all] [--dsn DSN] [--quick]`.
+"""`python -m benchmarks [--store memory|sqlite|postgres|mysql|all] [--quick] [...]`.
 
 Prints one table per store (each ledger figure beside its floor, measured in
 the same run) and writes benchmarks/results/<date>-<store>.json.
@@ -21,14 +21,17 @@ from typing import Any
 
 import orjson
 
-from agent_ledger import MemoryStore, SqliteStore
+from agent_ledger import MemoryStore, SqliteStore, ToolCall
 from agent_ledger.testing import StatementCounter, build_ledger
 from benchmarks import scenarios as sc
-from benchmarks.floors import PostgresFloor, SqliteFloor, handler
+from benchmarks.floors import MySQLFloor, PostgresFloor, SqliteFloor, handler
 from benchmarks.timing import Figure, figure
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_DSN = os.environ.get("AGENT_LEDGER_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+DEFAULT_MYSQL_URL = os.environ.get(
+    "AGENT_LEDGER_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"
+)
 
 
 class Report:
@@ -316,6 +319,100 @@ async def bench_postgres(sizes: sc.Sizes, dsn: str) -> Report:
     return report
 
 
+async def bench_mysql(sizes: sc.Sizes, url: str) -> Report:
+    """MariaDB / MySQL: the ledger against raw asyncmy on an identical table, in a
+    database of the run's own (dropped afterwards)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from agent_ledger.stores.mysql import MySQLStore
+
+    report = Report("mysql")
+    database = f"agent_ledger_bench_{uuid.uuid4().hex[:8]}"
+    admin = await MySQLStore.connect(url, max_size=1)
+    async with admin._pool.connection() as conn, conn.cursor() as cur:
+        await cur.execute(f"CREATE DATABASE `{database}`")
+    bench_url = urlunsplit(urlsplit(url)._replace(path="/" + database))
+    store = await MySQLStore.connect(bench_url, max_size=sc.CONCURRENCY + 4)
+    try:
+        await store.create_schema()
+        async with store._pool.connection() as conn, conn.cursor() as cur:
+            await cur.execute("CREATE TABLE agent_ledger_floor LIKE agent_ledger_effects")
+        floor = MySQLFloor(store._pool)
+        ledger = build_ledger(store)
+        for label, tasks in (("sequential", 1), (f"{sc.CONCURRENCY} tasks", sc.CONCURRENCY)):
+            figures = await sc.throughput(ledger, floor.fresh, floor.replay, sizes, tasks)
+            throughput_rows(report, label, figures, 0.7, 0.8)
+        fresh_n, replay_n = await _mysql_statements(store, ledger)
+        report.add(
+            "statements per fresh run (server's count)",
+            fresh_n,
+            target="== 2",
+            met=round(fresh_n) == 2,
+        )
+        report.add(
+            "statements per replay (server's count)",
+            replay_n,
+            target="== 1",
+            met=round(replay_n) == 1,
+        )
+        contention = await sc.contended(ledger, sizes)
+        report.add(
+            "contended: executions of 50 callers",
+            contention["executions_max"],
+            target="== 1",
+            met=contention["executions_max"] == 1,
+        )
+        report.add("contended: winner commit -> waiter return", contention["wake_ms"])
+        approval = await sc.approval_wake(ledger, sizes, await in_process_approver(ledger))
+        report.add(
+            "approval wake, same process",
+            approval,
+            target="p50 <= 10 ms",
+            met=approval.median <= 10,
+        )
+        approver = sc.ApproverProcess(bench_url)
+        try:
+            approval = await sc.approval_wake(ledger, sizes, approver.approve)
+        finally:
+            approver.close()
+        # No LISTEN/NOTIFY: another process's decision is found by polling, as on
+        # SQLite; the same target as SQLite's measured delay (docs/benchmarks.md).
+        report.add(
+            "approval wake, other process (polling)",
+            approval,
+            target="p50 <= 50 ms",
+            met=approval.median <= 50,
+        )
+    finally:
+        await store.close()
+        async with admin._pool.connection() as conn, conn.cursor() as cur:
+            await cur.execute(f"DROP DATABASE IF EXISTS `{database}`")
+        await admin.close()
+    return report
+
+
+async def _mysql_statements(store: Any, ledger: Any, calls: int = 200) -> tuple[float, float]:
+    """Statements per fresh run and per replay, as the server counts them
+    (``Questions``, server-wide: another client's traffic meanwhile would show)."""
+
+    async def questions() -> int:
+        async with store._pool.connection() as conn, conn.cursor() as cur:
+            await cur.execute("SHOW GLOBAL STATUS LIKE 'Questions'")
+            (_, value) = await cur.fetchone()
+            return int(value)
+
+    tag = uuid.uuid4().hex[:8]
+    batch = [ToolCall(f"count-{tag}", "send", {"i": i}) for i in range(calls)]
+    figures = []
+    for _ in ("fresh", "replay"):
+        before = await questions()
+        for call in batch:
+            await ledger.run(call, handler)
+        # The SHOW that reads the counter counts itself once.
+        figures.append((await questions() - before - 1) / calls)
+    return figures[0], figures[1]
+
+
 async def _fill_postgres(conn: Any, table: Any, start: int, stop: int) -> None:
     from psycopg import sql
 
@@ -457,7 +554,7 @@ def machine() -> dict[str, Any]:
     }
 
 
-async def run(stores: list[str], dsn: str, quick: bool) -> list[Report]:
+async def run(stores: list[str], dsn: str, quick: bool, mysql_url: str) -> list[Report]:
     sizes = sc.Sizes.choose(quick)
     reports = []
     for store in stores:
@@ -466,6 +563,8 @@ async def run(stores: list[str], dsn: str, quick: bool) -> list[Report]:
             report = await bench_memory(sizes)
         elif store == "sqlite":
             report = await bench_sqlite(sizes)
+        elif store == "mysql":
+            report = await bench_mysql(sizes, mysql_url)
         else:
             report = await bench_postgres(sizes, dsn)
         report.print()
@@ -476,15 +575,20 @@ async def run(stores: list[str], dsn: str, quick: bool) -> list[Report]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    parser.add_argument("--store", choices=["memory", "sqlite", "postgres", "all"], default="all")
+    parser.add_argument(
+        "--store", choices=["memory", "sqlite", "postgres", "mysql", "all"], default="all"
+    )
     parser.add_argument("--dsn", default=DEFAULT_DSN, help="PostgreSQL DSN (default: %(default)s)")
+    parser.add_argument(
+        "--mysql-url", default=DEFAULT_MYSQL_URL, help="MariaDB/MySQL URL (default: %(default)s)"
+    )
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     parser.add_argument("--output", type=Path, default=RESULTS, help="folder for the JSON results")
     args = parser.parse_args(argv)
-    stores = ["memory", "sqlite", "postgres"] if args.store == "all" else [args.store]
+    stores = ["memory", "sqlite", "postgres", "mysql"] if args.store == "all" else [args.store]
     info = machine()
     print(f"machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}")
-    reports = asyncio.run(run(stores, args.dsn, args.quick))
+    reports = asyncio.run(run(stores, args.dsn, args.quick, args.mysql_url))
     args.output.mkdir(parents=True, exist_ok=True)
     date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     for report in reports:

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from agent_ledger.stores._mysql_queries import EFFECT_COLUMNS as MYSQL_COLUMNS
 from agent_ledger.stores._postgres_queries import EFFECT_COLUMNS as PG_COLUMNS
 from agent_ledger.stores._sqlite_queries import FIND as SQLITE_FIND
 from agent_ledger.stores.sqlite import SQLITE_MIGRATIONS, SQLITE_SCHEMA_SQL
@@ -124,3 +125,42 @@ class SqliteFloor:
     def close(self) -> None:
         self.executor.submit(self.conn.close).result()
         self.executor.shutdown()
+
+
+class MySQLFloor:
+    """Raw asyncmy through the store's own connections, on a copy of the ledger's table.
+
+    The same statements a ledger step needs at least: begin's insert-or-read
+    (MariaDB's INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING) and the
+    fenced commit for a fresh run; for a replay, the read of the row by its
+    unique key, of the columns the ledger reads.
+    """
+
+    INSERT = (
+        "INSERT INTO agent_ledger_floor (id, idem_key, workflow_id, tool, status, args_canonical,"
+        " lease_ms, created_at, updated_at, heartbeat_at, history)"
+        " VALUES (%(id)s, %(k)s, 'bench', 'floor', 'processing', '{}', 15000,"
+        " UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), '[]')"
+        " ON DUPLICATE KEY UPDATE dedup_count = dedup_count + 1 RETURNING id"
+    )
+    UPDATE = (
+        "UPDATE agent_ledger_floor FORCE INDEX (PRIMARY) SET status = 'succeeded',"
+        " result = '{\"ok\": true}', completed_at = UTC_TIMESTAMP(6),"
+        " updated_at = UTC_TIMESTAMP(6) WHERE id = %(id)s AND status = 'processing'"
+    )
+    READ = "SELECT " + MYSQL_COLUMNS + " FROM agent_ledger_floor WHERE idem_key = %(k)s"
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    async def fresh(self, key: str) -> None:
+        async with self.pool.connection() as conn, conn.cursor() as cur:
+            await cur.execute(self.INSERT, {"id": str(uuid.uuid4()), "k": key})
+            (effect_id,) = await cur.fetchone()
+        async with self.pool.connection() as conn, conn.cursor() as cur:
+            await cur.execute(self.UPDATE, {"id": effect_id})
+
+    async def replay(self, key: str) -> None:
+        async with self.pool.connection() as conn, conn.cursor() as cur:
+            await cur.execute(self.READ, {"k": key})
+            await cur.fetchone()

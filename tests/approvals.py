@@ -12,17 +12,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from agent_ledger import (
-    ConcurrencyOptions,
-    Effect,
-    EffectLedger,
-    EffectStatus,
-    EffectTimeoutError,
-    LedgerHooks,
-    RunOptions,
-    StaleOptions,
-    ToolCall,
-)
+from agent_ledger import Effect, EffectLedger, EffectStatus, LedgerHooks, RunOptions, ToolCall
+from agent_ledger.errors import EffectTimeoutError
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 
 __all__ = ["PARK", "PENDING", "make_parked", "make_pending"]
 

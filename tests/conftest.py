@@ -18,10 +18,12 @@ from hypothesis import HealthCheck, settings
 
 from tests.harness import (
     DSN,
+    REPRESENTATIVE_STORE,
     STORE_KINDS,
     TEST_SCHEMA,
     PostgresHarness,
     StoreHarness,
+    drop_test_database,
     drop_test_schema,
     ensure_test_schema,
     open_harness,
@@ -40,8 +42,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 # Every PostgreSQL connection this test run makes (worker subprocesses too, which
 # inherit the environment) carries one application_name, so fault tests that
 # terminate backends terminate only this run's: never another run's on the same
-# server.
+# server. Under pytest-xdist each worker inherits the controller's name and adds
+# its own id (gw0, gw1, ...), so a worker's fault tests never reach the other's.
 os.environ.setdefault("PGAPPNAME", f"agent_ledger_tests_{os.getpid()}")
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ["PGAPPNAME"] += f"_{os.environ['PYTEST_XDIST_WORKER']}"
 
 
 @pytest.fixture(params=STORE_KINDS)
@@ -50,11 +55,48 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[StoreHarness]
         yield h
 
 
+#: Store kinds, as tests name them in their parameters.
+_STORE_NAMES = frozenset(str(param.values[0]) for param in STORE_KINDS)
+#: Folders whose store-parametrized tests run on every store in plain `pytest`:
+#: the store contract, and the per-store unit checks of schema text.
+_EVERY_STORE_FOLDERS = frozenset({"contract", "unit"})
+
+
+def _runs_on_every_store(item: pytest.Item) -> bool:
+    folder = item.path.parent.name
+    return folder in _EVERY_STORE_FOLDERS or item.get_closest_marker("every_store") is not None
+
+
+def _store_of(item: pytest.Item) -> str | None:
+    """The store kind a parameter of this test chooses (`harness`, `cli`, ... = "sqlite")."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    for value in params.values():
+        if isinstance(value, str) and value in _STORE_NAMES:
+            return value
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test under tests/postgres/ needs the server: mark it `postgres`."""
+    """Mark what needs the server `postgres`, and choose the stores plain `pytest` runs.
+
+    Every test under tests/postgres/ (tests/mysql/) needs the server (marked
+    `postgres`, `mysql`). A store-parametrized test
+    runs on every store kind (tests/harness.py STORE_KINDS, a new kind included)
+    in plain `pytest` when it pins the store contract (tests/contract/, and the
+    schema checks in tests/unit/) or is marked `every_store`. Any other such
+    test (tools, sagas, replay, adapters, CLI) pins a feature above the Store
+    protocol: plain `pytest` runs it on REPRESENTATIVE_STORE, and the other
+    stores' runs are marked `slow`, so `pytest -m slow` still runs them.
+    """
     for item in items:
         if "postgres" in item.path.parent.parts[-1:]:
             item.add_marker(pytest.mark.postgres)
+        if "mysql" in item.path.parent.parts[-1:]:
+            item.add_marker(pytest.mark.mysql)
+        store = _store_of(item)
+        if store is not None and store != REPRESENTATIVE_STORE and not _runs_on_every_store(item):
+            item.add_marker(pytest.mark.slow)
 
 
 #: A top-level import that needs the `postgres` extra.
@@ -86,6 +128,7 @@ def pytest_pycollect_makemodule(
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     drop_test_schema()
+    drop_test_database()
 
 
 @pytest.fixture

@@ -11,18 +11,29 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.harness import DSN, require_postgres
+from tests.harness import DSN, require_mysql, require_postgres
 
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.every_store  # the tiers are chosen here, per store:
 @pytest.mark.parametrize(
-    "store", ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+    "store",
+    [
+        # Plain pytest: the suite runs end to end (seconds, on the memory store).
+        "memory",
+        # The slow tier: a minute or two each, on the stores with a server or a file.
+        pytest.param("sqlite", marks=pytest.mark.slow),
+        pytest.param("postgres", marks=[pytest.mark.postgres, pytest.mark.slow]),
+        pytest.param("mysql", marks=[pytest.mark.mysql, pytest.mark.slow]),
+    ],
 )
 def test_benchmark_suite_runs_and_writes_results(store: str, tmp_path: Path) -> None:
     """`python -m benchmarks --quick` prints a table and writes a JSON report per store."""
     if store == "postgres":
         require_postgres()
+    if store == "mysql":
+        require_mysql()
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--store", store, "--quick", "--dsn", DSN,
          "--output", str(tmp_path)],
@@ -39,6 +50,10 @@ def test_benchmark_suite_runs_and_writes_results(store: str, tmp_path: Path) -> 
     assert rows["contended: executions of 50 callers"]["ledger"] == 1
     if store != "memory":
         assert fresh["ratio"] > 0 and "floor" in fresh
+    if store == "mysql":
+        # Not a timing: the server's own count of statements (others' traffic aside).
+        assert round(rows["statements per fresh run (server's count)"]["ledger"]) == 2
+        assert round(rows["statements per replay (server's count)"]["ledger"]) == 1
     if store == "postgres":
         assert rows["statements per fresh run (counted)"]["ledger"] == 2
         assert rows["statements per replay (counted)"]["ledger"] == 1

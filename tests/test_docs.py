@@ -5,10 +5,10 @@
 * Every ```console block is replayed in a fresh folder and must print what the
   page shows, up to times, durations and ids.
 * The PostgreSQL page's shell set-up, example and audit SQL work together on
-  one schema.
+  one schema; the MariaDB/MySQL page's on one database.
 
 Fences the tests do not run: ```bash (install and test commands), ```text
-(signatures, diagrams) and ```sql (run only by the PostgreSQL page's test).
+(signatures, diagrams) and ```sql (run only by the PostgreSQL and MySQL pages' tests).
 Any other language fails ``test_every_fence_is_a_known_language``, so a typo
 cannot quietly turn a snippet off.
 """
@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from agent_ledger.status import REOPENABLE, TERMINAL, TRANSITIONS, EffectStatus
-from tests.harness import DSN, require_postgres
+from tests.harness import DSN, MYSQL_URL, require_mysql, require_postgres
 
 if TYPE_CHECKING:
     from psycopg import Connection
@@ -43,6 +44,9 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", flags=re.M | re.S)
 KNOWN_FENCES = {"python", "console", "bash", "text", "sql"}
 #: The schema the PostgreSQL page's examples use; the tests drop it afterwards.
 DOCS_SCHEMA = "agent_ledger"
+#: The database the MySQL page's examples get (as $MYSQL_URL): this session's own,
+#: so that checkouts sharing a server never collide; dropped afterwards.
+DOCS_DATABASE = f"agent_ledger_docs_{os.getpid()}_{uuid.uuid4().hex[:8]}"
 
 
 def _text(page: Path) -> str:
@@ -58,7 +62,15 @@ def _blocks(page: Path, language: str) -> list[str]:
 
 
 SNIPPETS = [(page, i, code) for page in PAGES for i, code in enumerate(_blocks(page, "python"))]
-SESSIONS = [(page, i, body) for page in PAGES for i, body in enumerate(_blocks(page, "console"))]
+#: Pages whose console blocks are one session, replayed in order in one folder
+#: by their own test (tests/test_getting_started_page_runs.py), not each alone.
+WALKED = {ROOT / "docs" / "getting-started.md"}
+SESSIONS = [
+    (page, i, body)
+    for page in PAGES
+    if page not in WALKED
+    for i, body in enumerate(_blocks(page, "console"))
+]
 
 
 def _id(item: tuple[Path, int, str]) -> str:
@@ -90,8 +102,40 @@ def _run_python(script: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=60,
         cwd=cwd,
-        env={**os.environ, "DATABASE_URL": DSN},
+        env={**os.environ, "DATABASE_URL": DSN, "MYSQL_URL": _docs_mysql_url()},
     )
+
+
+def _docs_mysql_url() -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    return urlunsplit(urlsplit(MYSQL_URL)._replace(path="/" + DOCS_DATABASE))
+
+
+async def _mysql_statement(statement: str) -> list[Any]:
+    """One statement on the test server, in $MYSQL_URL's own database."""
+    from agent_ledger.stores.mysql import MySQLStore
+
+    store = await MySQLStore.connect(MYSQL_URL, max_size=1)
+    try:
+        async with store._pool.connection() as conn, conn.cursor() as cur:
+            await cur.execute(statement)
+            return list(await cur.fetchall())
+    finally:
+        await store.close()
+
+
+@contextmanager
+def _docs_database() -> Iterator[None]:
+    """The docs' MySQL database (this session's own name), empty; dropped afterwards."""
+    from tests.harness import _in_a_thread
+
+    _in_a_thread(lambda: _mysql_statement(f"DROP DATABASE IF EXISTS `{DOCS_DATABASE}`"))
+    _in_a_thread(lambda: _mysql_statement(f"CREATE DATABASE `{DOCS_DATABASE}`"))
+    try:
+        yield
+    finally:
+        _in_a_thread(lambda: _mysql_statement(f"DROP DATABASE IF EXISTS `{DOCS_DATABASE}`"))
 
 
 def _drop_docs_schema(conn: Connection[Any]) -> None:
@@ -118,17 +162,33 @@ def _docs_schema() -> Iterator[Connection[Any]]:
             _drop_docs_schema(conn)
 
 
-@pytest.mark.parametrize(("page", "index", "snippet"), SNIPPETS, ids=[_id(s) for s in SNIPPETS])
+def _snippet_param(item: tuple[Path, int, str]) -> Any:
+    """A snippet as a test parameter. The framework adapters' pages import their SDKs
+    in every snippet (5 to 20 s each, twice): plain pytest runs each page's first
+    snippet, the slow tier the rest (tests/adapters/ covers the adapters themselves)."""
+    page, index, _ = item
+    slow = page.parent.name == "adapters" and index > 0
+    return pytest.param(*item, id=_id(item), marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize(("page", "index", "snippet"), [_snippet_param(s) for s in SNIPPETS])
 def test_snippet_runs_twice(page: Path, index: int, snippet: str, tmp_path: Path) -> None:
     """Each ```python block runs without error, and again in the same folder."""
     script = tmp_path / "snippet.py"
     script.write_text(snippet)
     where = f"{_name(page)}, python block {index}"
     needs_postgres = "PostgresStore" in snippet
+    needs_mysql = "MySQLStore" in snippet
     if needs_postgres:
         require_postgres()
         assert f'schema="{DOCS_SCHEMA}"' in snippet, f"{where}: use schema={DOCS_SCHEMA!r}"
-    with _docs_schema() if needs_postgres else contextlib.nullcontext():
+    if needs_mysql:
+        require_mysql()
+        assert 'os.environ.get("MYSQL_URL"' in snippet, f"{where}: read the URL from $MYSQL_URL"
+    with (
+        _docs_schema() if needs_postgres else contextlib.nullcontext(),
+        _docs_database() if needs_mysql else contextlib.nullcontext(),
+    ):
         for run in ("first", "second"):
             done = _run_python(script, tmp_path)
             assert done.returncode == 0, f"{where}, {run} run:\n{snippet}\n{done.stderr}"
@@ -231,39 +291,50 @@ def test_state_machine_diagram_matches_the_transition_table() -> None:
 
 
 def test_postgres_page_sets_up_audits_and_cleans_one_schema(tmp_path: Path) -> None:
-    """The page's psql set-up, its example and its audit SQL all use the same schema."""
+    """Each way the page sets up the schema (agent-ledger init, psql) puts the tables
+    in the docs' schema; then its example and its audit SQL use that schema."""
     require_postgres()
     if shutil.which("psql") is None:
         pytest.skip("psql is not installed")
     page = ROOT / "docs" / "postgres.md"
-    setup = [c for b in _blocks(page, "bash") for c in b.splitlines() if c.startswith("psql ")]
+    setups = [b for b in _blocks(page, "bash") if "agent-ledger init" in b or "psql " in b]
+    assert [("agent-ledger init" in b) for b in setups] == [True, False], "init first, then psql"
     (example,) = _blocks(page, "python")
     (audit,) = _blocks(page, "sql")
-    with _docs_schema() as conn:
-        for command in setup:
+    from psycopg import sql
+
+    from agent_ledger.stores.postgres import SCHEMA_VERSION
+
+    bin_dir = str(Path(sys.executable).parent)
+    env = {k: v for k, v in os.environ.items() if k != "AGENT_LEDGER_URL"}
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    env["DATABASE_URL"] = DSN
+    versions = sql.SQL("SELECT max(version) FROM {}").format(
+        sql.Identifier(DOCS_SCHEMA, "agent_ledger_schema_version")
+    )
+    for setup in setups:
+        # The page's own server URL stands for the suite's.
+        script = re.sub(r'DATABASE_URL="[^"]*"', f'DATABASE_URL="{DSN}"', setup)
+        with _docs_schema() as conn:
             done = subprocess.run(
-                ["bash", "-c", command],
+                ["bash", "-euo", "pipefail", "-c", script],
                 cwd=ROOT,
-                env={**os.environ, "DATABASE_URL": DSN},
+                env=env,
                 capture_output=True,
                 text=True,
                 timeout=60,
             )
-            assert done.returncode == 0, f"{command}: {done.stderr}"
-        from psycopg import sql
-
-        from agent_ledger.stores.postgres import SCHEMA_VERSION
-
-        version = conn.execute(
-            sql.SQL("SELECT max(version) FROM {}").format(
-                sql.Identifier(DOCS_SCHEMA, "agent_ledger_schema_version")
-            )
-        )
-        assert version.fetchone() == (SCHEMA_VERSION,), "psql put the tables in the docs' schema"
-
-        script = tmp_path / "example.py"
-        script.write_text(example)
-        done = _run_python(script, tmp_path)
+            assert done.returncode == 0, f"{setup}: {done.stderr}"
+            assert conn.execute(versions).fetchone() == (SCHEMA_VERSION,), setup
+    with _docs_schema() as conn:
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script], cwd=ROOT, env=env, capture_output=True,
+            text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        example_file = tmp_path / "example.py"
+        example_file.write_text(example)
+        done = _run_python(example_file, tmp_path)
         assert done.returncode == 0, done.stderr
 
         statements = [s for s in audit.split(";") if s.strip()]
@@ -272,3 +343,51 @@ def test_postgres_page_sets_up_audits_and_cleans_one_schema(tmp_path: Path) -> N
         assert [row[1] for row in rows] == ["stripe.charge"], "the audit query sees the example"
         for statement in statements[1:]:
             conn.execute(statement).fetchall()
+
+
+def test_mysql_page_sets_up_audits_and_cleans_one_database(tmp_path: Path) -> None:
+    """The page's `agent-ledger init`, its example and its audit SQL all work on one database."""
+    require_mysql()
+    page = ROOT / "docs" / "mysql.md"
+    (init,) = [c for b in _blocks(page, "bash") for c in b.splitlines() if "agent-ledger init" in c]
+    (example,) = _blocks(page, "python")
+    (audit,) = _blocks(page, "sql")
+    from tests.harness import _in_a_thread
+
+    with _docs_database():
+        url = _docs_mysql_url()
+        command = init.replace('"mysql://root@127.0.0.1:3306/test"', f'"{url}"')
+        assert command != init, "the page's init command names the test server's URL"
+        done = subprocess.run(
+            ["bash", "-c", command.replace("agent-ledger", f"{sys.executable} -m agent_ledger")],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, f"{command}: {done.stderr}"
+        from agent_ledger.stores.mysql import MYSQL_SCHEMA_VERSION
+
+        version = _in_a_thread(
+            lambda: _mysql_statement(
+                f"SELECT MAX(version) FROM `{DOCS_DATABASE}`.agent_ledger_schema_version"
+            )
+        )
+        assert version == [(MYSQL_SCHEMA_VERSION,)], "init put the tables in the docs' database"
+
+        script = tmp_path / "example.py"
+        script.write_text(example)
+        done = _run_python(script, tmp_path)
+        assert done.returncode == 0, done.stderr
+
+        statements = [s for s in audit.split(";") if s.strip()]
+        assert len(statements) == 3
+        qualified = [
+            s.replace("FROM agent_ledger_effects", f"FROM `{DOCS_DATABASE}`.agent_ledger_effects")
+            for s in statements
+        ]
+        rows = _in_a_thread(lambda: _mysql_statement(qualified[0]))
+        assert [row[1] for row in rows] == ["stripe.charge"], "the audit query sees the example"
+        assert rows[0][2] == "succeeded" and rows[0][4] == 1, "the replay is counted"
+        for statement in qualified[1:]:
+            _in_a_thread(lambda s=statement: _mysql_statement(s))

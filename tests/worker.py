@@ -17,16 +17,15 @@ import time
 import orjson
 
 from agent_ledger import (
-    ConcurrencyOptions,
     Effect,
     EffectLedger,
     EffectLedgerError,
     EffectLedgerOptions,
     LedgerDefaults,
     RunOptions,
-    StaleOptions,
     ToolCall,
 )
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from agent_ledger.stores.url import open_store
 
 CALL = ToolCall(workflow_id="cross-process", tool="side.effect", args={"n": 1})

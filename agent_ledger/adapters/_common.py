@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING, Any
 from agent_ledger.errors import EffectLedgerValidationError
 
 if TYPE_CHECKING:
-    from agent_ledger.ledger import EffectLedger
     from agent_ledger.options import RunOptions
-    from agent_ledger.tools import Tool
+    from agent_ledger.tools import Tool, ToolLedger
 
 __all__ = ["MalformedToolCall", "call_tool", "find_tool", "parse_arguments"]
 
@@ -100,7 +99,7 @@ def parse_arguments(raw: str | bytes | Mapping[str, Any] | None, tool: str) -> d
     )
 
 
-def find_tool(ledger: EffectLedger, name: str) -> Tool[Any]:
+def find_tool(ledger: ToolLedger, name: str) -> Tool[Any]:
     """The tool registered on ``ledger`` as ``name``; ``MalformedToolCall`` if none is."""
     tool = ledger.tools.get(name) if isinstance(name, str) else None
     if tool is None:
@@ -110,7 +109,7 @@ def find_tool(ledger: EffectLedger, name: str) -> Tool[Any]:
 
 
 async def call_tool(
-    ledger: EffectLedger,
+    ledger: ToolLedger,
     name: str,
     arguments: str | bytes | Mapping[str, Any] | None,
     *,

@@ -35,9 +35,10 @@ and how a result is wrapped; what happens in between is this module.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Concatenate, Final, ParamSpec, TypeVar, cast
 
 import orjson
 
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
     from agent_ledger.tools import Tool
 
-__all__ = ["ModelCall", "Reply", "call_of", "dispatch", "field", "options_for"]
+__all__ = ["ModelCall", "Reply", "blocking", "call_of", "dispatch", "field"]
 
 #: How an error result starts, so a model reading plain text (OpenAI has no
 #: error flag) tells it from a tool's output.
@@ -115,7 +116,7 @@ def call_of(
     return ModelCall(call_id=call_id, name=name, arguments=arguments)
 
 
-def options_for(
+def _options_for(
     run_options: RunOptions | None, wait_for_approval: bool | None
 ) -> RunOptions | None:
     """The run options for every call: ``run_options``, with ``wait_for_approval`` over them."""
@@ -131,16 +132,30 @@ def options_for(
 
 
 async def dispatch(
-    ledger: EffectLedger, calls: Sequence[ModelCall], run_options: RunOptions | None
+    ledger: EffectLedger,
+    calls: Iterable[ModelCall | None],
+    *,
+    run_options: RunOptions | None,
+    wait_for_approval: bool | None,
 ) -> list[Reply]:
-    """Run ``calls`` concurrently; their replies in order, or the first exception to raise."""
-    if not calls:
+    """Run ``calls`` (None: not the ledger's, skipped) concurrently; their replies in
+    order, or the first exception to raise, after every call settled.
+
+    The options every adapter's ``run_*`` function takes: ``wait_for_approval=False``
+    raises ``ApprovalPendingError`` for a call that needs a person instead of waiting
+    (``RunOptions(wait_for_approval=False)``); None leaves it to the tool's and the
+    ledger's options. ``run_options`` go over each tool's own. A denied call (its
+    handler does not run) raises ``EffectDeniedError``.
+    """
+    options = _options_for(run_options, wait_for_approval)
+    ours = [call for call in calls if call is not None]
+    if not ours:
         return []
-    if len(calls) == 1:
+    if len(ours) == 1:
         # No task for the common case: one call, awaited right here.
-        return [await _run_one(ledger, calls[0], run_options)]
+        return [await _run_one(ledger, ours[0], options)]
     outcomes = await asyncio.gather(
-        *(_run_one(ledger, call, run_options) for call in calls), return_exceptions=True
+        *(_run_one(ledger, call, options) for call in ours), return_exceptions=True
     )
     replies: list[Reply] = []
     for outcome in outcomes:
@@ -230,3 +245,35 @@ def _error(call: ModelCall, message: str) -> Reply:
 
 def _failure(name: str, message: str, code: str | None) -> str:
     return f"tool {name!r} failed ({code or 'error'}): {message}"
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def blocking(
+    run: Callable[Concatenate[EffectLedger, _P], Awaitable[_R]],
+) -> Callable[Concatenate[EffectLedger, _P], _R]:
+    """The synchronous twin of an adapter's ``run_*`` coroutine function (``run_*_sync``).
+
+    It runs ``run`` on the ledger's event loop (``EffectLedger.call_sync``: a
+    background loop the ledger owns, see "Sync callers" in docs/tools.md), in
+    the caller's context, so ``with ledger.workflow(...)`` applies, and blocks
+    until every call settled; the calls still run concurrently there. Called
+    on a running event loop it raises instead of blocking it.
+    """
+
+    def run_sync(ledger: EffectLedger, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        return ledger.call_sync(run, ledger, *args, **kwargs)
+
+    functools.update_wrapper(run_sync, run)  # its module, and its signature for inspect
+    run_sync.__name__ = run_sync.__qualname__ = f"{run.__name__}_sync"
+    run_sync.__doc__ = (
+        f"``{run.__name__}`` for a synchronous agent loop: blocks until every call settled.\n\n"
+        "Runs on the ledger's event loop (``EffectLedger.call_sync``), in the caller's\n"
+        "context, so ``with ledger.workflow(...)`` applies. Called on a running event\n"
+        f"loop it raises instead of blocking it: await ``{run.__name__}`` there.\n"
+    )
+    # ``ledger`` may be passed by name, as before these were generated; the
+    # declared type (Concatenate) can only say "first positional".
+    return cast("Callable[Concatenate[EffectLedger, _P], _R]", run_sync)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from agent_ledger.adapters._common import MalformedToolCall
+from agent_ledger.codes import ErrorCode
 from agent_ledger.effects import TryFailure
 from agent_ledger.errors import (
     ApprovalPendingError,
@@ -21,15 +22,9 @@ from agent_ledger.errors import (
     EffectTimeoutError,
     HandlerTimeoutError,
 )
-from agent_ledger.retries import RETRIES_EXHAUSTED
 from agent_ledger.status import EffectStatus
 
 __all__ = ["answer_failure", "first_raised", "for_model", "raised_as"]
-
-#: The error code the engine records for a run cancelled while its handler ran
-#: (or while it waited to retry): the side effect may have happened. A person's
-#: ``cancel()`` records ``canceled`` and ``deny()`` records ``denied``.
-_CANCELLED_MIDWAY = "cancelled"
 
 
 def for_model(error: BaseException) -> str | None:
@@ -54,12 +49,12 @@ def for_model(error: BaseException) -> str | None:
         because = f" ({error.reason})" if error.reason else ""
         ref = _ref(error.effect.idem_key)
         if error.status is EffectStatus.CANCELED and _may_have_run(error):
-            # Cut off while a handler ran (the engine's "cancelled"), or a
-            # person's cancel() of an effect a handler had started: nobody
-            # knows whether the side effect happened.
+            # Cut off while a handler ran (ErrorCode.RUN_CANCELLED), or a
+            # person's cancel() (ErrorCode.CANCELED) of an effect a handler
+            # had started: nobody knows whether the side effect happened.
             who = (
                 "This call was stopped while it was running"
-                if _code(error) == _CANCELLED_MIDWAY
+                if _code(error) == ErrorCode.RUN_CANCELLED
                 else f"A person canceled this call after it had started{because}"
             )
             return (
@@ -116,7 +111,7 @@ def _code(error: EffectDeniedError) -> str | None:
 def _may_have_run(error: EffectDeniedError) -> bool:
     """Whether a canceled effect's handler may have run: the engine recorded a
     cancellation mid-run, or a handler had been started before a person canceled it."""
-    return _code(error) == _CANCELLED_MIDWAY or error.effect.executions > 0
+    return _code(error) == ErrorCode.RUN_CANCELLED or error.effect.executions > 0
 
 
 def _ref(idem_key: str) -> str:
@@ -131,7 +126,7 @@ def first_raised(error: EffectFailedError) -> tuple[str | None, str]:
     error, but the first call raised that last try's exception: its code
     and message are the last ``TryFailure`` in the effect's history.
     """
-    if error.code == RETRIES_EXHAUSTED:
+    if error.code == ErrorCode.RETRIES_EXHAUSTED:
         last = next((e for e in reversed(error.effect.history) if isinstance(e, TryFailure)), None)
         if last is not None:
             return last.code, last.message

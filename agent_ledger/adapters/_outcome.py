@@ -30,8 +30,7 @@ from agent_ledger.errors import EffectFailedError, EffectLedgerError
 from agent_ledger.status import EffectStatus
 
 if TYPE_CHECKING:
-    from agent_ledger.ledger import EffectLedger
-    from agent_ledger.tools import Tool
+    from agent_ledger.tools import Tool, ToolLedger
 
 __all__ = ["call_key", "is_tool_failure", "recorded", "recorded_failure"]
 
@@ -52,7 +51,7 @@ def call_key(tool: Tool[Any], arguments: Mapping[str, object]) -> str:
     return tool.ledger.idem_key(tool.tool_call(*leading, **values))
 
 
-async def is_tool_failure(ledger: EffectLedger, key: str | None, error: Exception) -> bool:
+async def is_tool_failure(ledger: ToolLedger, key: str | None, error: Exception) -> bool:
     """Whether ``error``, raised out of the run of the call keyed ``key``, is the tool's own.
 
     True for any exception but the ledger's, and for a ledger error about
@@ -74,7 +73,7 @@ async def is_tool_failure(ledger: EffectLedger, key: str | None, error: Exceptio
     return effect is not None and _recorded_as_failure(effect, error)
 
 
-async def recorded_failure(ledger: EffectLedger, key: str) -> EffectFailedError | None:
+async def recorded_failure(ledger: ToolLedger, key: str) -> EffectFailedError | None:
     """The effect's failure as a replay raises it, or None if it is not recorded failed.
 
     Answering a tool's failure from this record, the first call reads what

@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 import weakref
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Final, NotRequired, cast
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, NotRequired, cast
 
 import orjson
 
@@ -49,9 +49,12 @@ except ImportError as exc:  # pragma: no cover - every adapter extra brings pyda
     ) from exc
 
 if TYPE_CHECKING:
-    from agent_ledger.ledger import EffectLedger
+    from agent_ledger.tools import ToolLedger
 
 __all__ = [
+    "Described",
+    "chosen_tools",
+    "described_tools",
     "find_model_tool",
     "model_name",
     "parameters_schema",
@@ -85,7 +88,7 @@ def model_name(tool: Tool[Any]) -> str:
     return name
 
 
-def find_model_tool(ledger: EffectLedger, name: object) -> Tool[Any]:
+def find_model_tool(ledger: ToolLedger, name: object) -> Tool[Any]:
     """The tool a model means by ``name``: the one whose model name it is.
 
     A name no tool is described as (``payments.charge``: the API would not
@@ -134,32 +137,40 @@ def _safe_model_name(tool: Tool[Any]) -> str | None:
     return name
 
 
-def selected_tools(
-    ledger: EffectLedger, tools: Iterable[Tool[Any] | str] | None
-) -> list[Tool[Any]]:
-    """The tools to describe: ``tools`` (tools or registered names), or all, in order.
+def chosen_tools(ledger: ToolLedger, tools: Iterable[Tool[Any] | str] | None) -> list[Tool[Any]]:
+    """``tools`` (tools or registered names) as this ledger's tools, in order; all when None.
 
-    Refuses a tool of another ledger, an unknown name, and a tool whose
-    model name is another registered tool's too (chosen or not).
+    Refuses a bare string (a name where a list was meant), an unknown name
+    and a tool this ledger did not register, naming the ledger's tools.
     """
     if tools is None:
-        chosen = list(ledger.tools.values())
-    else:
-        if isinstance(tools, str):
-            raise EffectLedgerValidationError(
-                f"tools must be a list of tools or names, got the string {tools!r}",
-                field="tools",
-            )
-        chosen = []
-        for item in tools:
-            tool = ledger.tools.get(item) if isinstance(item, str) else item
-            if not isinstance(tool, Tool) or ledger.tools.get(tool.name) is not tool:
-                raise EffectLedgerValidationError(
-                    f"{item!r} is not a tool registered on this ledger; "
-                    f"its tools are {sorted(ledger.tools)}",
-                    field="tools",
-                )
+        return list(ledger.tools.values())
+    if isinstance(tools, str):
+        raise EffectLedgerValidationError(
+            f"tools must be a list of tool names or tools, got the string {tools!r}",
+            field="tools",
+        )
+    chosen: list[Tool[Any]] = []
+    for item in tools:
+        tool = ledger.tools.get(item) if isinstance(item, str) else item
+        if isinstance(tool, Tool) and ledger.tools.get(tool.name) is tool:
             chosen.append(tool)
+            continue
+        known = ", ".join(sorted(ledger.tools)) or "none"
+        if isinstance(item, Tool):
+            refused = f"tool {item.name!r} is registered on another ledger"
+        else:
+            refused = f"there is no tool named {item!r} on this ledger"
+        raise EffectLedgerValidationError(
+            f"{refused} (not a tool registered here); its tools are: {known}", field="tools"
+        )
+    return chosen
+
+
+def selected_tools(ledger: ToolLedger, tools: Iterable[Tool[Any] | str] | None) -> list[Tool[Any]]:
+    """The tools to describe: ``chosen_tools``, refusing also a tool whose model
+    name is another registered tool's too (chosen or not)."""
+    chosen = chosen_tools(ledger, tools)
     # Every registered tool, not only the chosen ones: a call comes back by
     # name, and a tool the model was not offered would answer to it too.
     owners: dict[str, list[str]] = {}
@@ -178,6 +189,22 @@ def selected_tools(
                 field="tools",
             )
     return chosen
+
+
+class Described(NamedTuple):
+    """A tool as a model API describes it: the name it calls, its arguments' schema, its doc."""
+
+    name: str
+    parameters: dict[str, Any]
+    description: str | None
+
+
+def described_tools(ledger: ToolLedger, tools: Iterable[Tool[Any] | str] | None) -> list[Described]:
+    """Each of ``selected_tools`` as a model API describes it, in order."""
+    return [
+        Described(model_name(tool), parameters_schema(tool), tool_description(tool))
+        for tool in selected_tools(ledger, tools)
+    ]
 
 
 def tool_description(tool: Tool[Any]) -> str | None:

@@ -35,13 +35,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from agent_ledger.adapters._dispatch import Reply, call_of, dispatch, field, options_for
-from agent_ledger.adapters._schema import (
-    model_name,
-    parameters_schema,
-    selected_tools,
-    tool_description,
-)
+from agent_ledger.adapters._dispatch import Reply, blocking, call_of, dispatch, field
+from agent_ledger.adapters._schema import described_tools
 from agent_ledger.adapters._tokens import no_usage, token_count
 
 try:
@@ -58,7 +53,7 @@ from agent_ledger.tools import LLMResult
 if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
     from agent_ledger.options import RunOptions
-    from agent_ledger.tools import Tool
+    from agent_ledger.tools import Tool, ToolLedger
 
 __all__ = ["llm_result", "run_tool_uses", "run_tool_uses_sync", "tool_definitions", "usage_of"]
 
@@ -78,11 +73,8 @@ async def run_tool_uses(
     blocks' order, so the list is the content of the next user message
     (tool results go first in it).
 
-    ``wait_for_approval=False`` raises ``ApprovalPendingError`` for a call
-    that needs a person instead of waiting (``RunOptions(wait_for_approval=
-    False)``); None leaves it to the tool's and the ledger's options.
-    ``run_options`` go over each tool's own. Raises ``EffectDeniedError``
-    for a denied call (its handler does not run), after every call settled.
+    ``wait_for_approval`` and ``run_options`` are the options every adapter
+    takes, and its errors theirs too (see ``docs/adapters/anthropic.md``).
     """
     calls = [
         call_of(
@@ -95,36 +87,18 @@ async def run_tool_uses(
         for block in content or ()
         if field(block, "type") == "tool_use"
     ]
-    replies = await dispatch(ledger, calls, options_for(run_options, wait_for_approval))
+    replies = await dispatch(
+        ledger, calls, run_options=run_options, wait_for_approval=wait_for_approval
+    )
     return [_tool_result(reply) for reply in replies]
 
 
-def run_tool_uses_sync(
-    ledger: EffectLedger,
-    content: Iterable[object] | None,
-    *,
-    wait_for_approval: bool | None = None,
-    run_options: RunOptions | None = None,
-) -> list[ToolResultBlockParam]:
-    """``run_tool_uses`` for a synchronous agent loop: blocks until every call settled.
-
-    Runs on the ledger's event loop (``EffectLedger.call_sync``: a
-    background loop the ledger owns, see "Sync callers" in docs/tools.md),
-    in the caller's context, so ``with ledger.workflow(...)`` applies. The
-    calls still run concurrently there. Called on a running event loop it
-    raises instead of blocking it: await ``run_tool_uses`` there.
-    """
-    return ledger.call_sync(
-        run_tool_uses,
-        ledger,
-        content,
-        wait_for_approval=wait_for_approval,
-        run_options=run_options,
-    )
+#: ``run_tool_uses`` for a synchronous agent loop: blocks until every call settled.
+run_tool_uses_sync = blocking(run_tool_uses)
 
 
 def tool_definitions(
-    ledger: EffectLedger, tools: Iterable[Tool[Any] | str] | None = None
+    ledger: ToolLedger, tools: Iterable[Tool[Any] | str] | None = None
 ) -> list[ToolParam]:
     """``tools=[...]`` for ``tools`` (tools or names; default: all registered).
 
@@ -133,11 +107,10 @@ def tool_definitions(
     also be called by the model, or a signature with no JSON schema.
     """
     definitions: list[ToolParam] = []
-    for tool in selected_tools(ledger, tools):
-        definition: ToolParam = {"name": model_name(tool), "input_schema": parameters_schema(tool)}
-        description = tool_description(tool)
-        if description is not None:
-            definition["description"] = description
+    for tool in described_tools(ledger, tools):
+        definition: ToolParam = {"name": tool.name, "input_schema": tool.parameters}
+        if tool.description is not None:
+            definition["description"] = tool.description
         definitions.append(definition)
     return definitions
 

@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
@@ -128,16 +129,9 @@ class LedgerTool(StructuredTool):
         tool_call_id: str | None = None,
         **kwargs: Any,
     ) -> Any:
-        run = _Run(tool_call_id)
-        token = _RUN.set(run)
-        try:
+        with self._answering(tool_call_id) as malformed:
             return super().run(tool_input, *args, tool_call_id=tool_call_id, **kwargs)
-        except ValidationError as exc:
-            if run.started:
-                raise  # the tool's own exception, not its input's
-            return self._malformed(_describe(self.name, exc), tool_call_id, exc)
-        finally:
-            _RUN.reset(token)
+        return malformed[0]
 
     async def arun(
         self,
@@ -146,14 +140,24 @@ class LedgerTool(StructuredTool):
         tool_call_id: str | None = None,
         **kwargs: Any,
     ) -> Any:
+        with self._answering(tool_call_id) as malformed:
+            return await super().arun(tool_input, *args, tool_call_id=tool_call_id, **kwargs)
+        return malformed[0]
+
+    @contextmanager
+    def _answering(self, tool_call_id: str | None) -> Iterator[list[ToolMessage]]:
+        """One run (``run`` or ``arun``): its tool-call id reaches the function, and
+        input LangChain refused before calling it is answered, not raised: the
+        answer is put in the yielded list, and the ``ValidationError`` ends there."""
         run = _Run(tool_call_id)
         token = _RUN.set(run)
+        malformed: list[ToolMessage] = []
         try:
-            return await super().arun(tool_input, *args, tool_call_id=tool_call_id, **kwargs)
+            yield malformed
         except ValidationError as exc:
             if run.started:
-                raise
-            return self._malformed(_describe(self.name, exc), tool_call_id, exc)
+                raise  # the tool's own exception, not its input's
+            malformed.append(self._malformed(_describe(self.name, exc), tool_call_id, exc))
         finally:
             _RUN.reset(token)
 

@@ -81,7 +81,7 @@ from agent_ledger.adapters._signature import (
 from agent_ledger.errors import EffectFailedError, EffectLedgerValidationError
 from agent_ledger.ledger import EffectLedger
 from agent_ledger.options import RunOptions
-from agent_ledger.tools import Tool
+from agent_ledger.tools import Tool, workflow_scope
 
 __all__ = ["WorkflowFor", "add_tool", "add_tools"]
 
@@ -247,7 +247,9 @@ def _function_for(
     def scope(ctx: Context[Any, Any]) -> AbstractContextManager[object]:
         if workflow_id is None:
             return nullcontext()
-        return ledger.workflow(workflow_id if isinstance(workflow_id, str) else workflow_id(ctx))
+        return workflow_scope(
+            ledger, workflow_id if isinstance(workflow_id, str) else workflow_id(ctx)
+        )
 
     async def call_ledger_tool(**kwargs: Any) -> Any:
         ctx: Context[Any, Any] = kwargs.pop(context_name)

@@ -37,13 +37,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from agent_ledger.adapters._dispatch import ModelCall, Reply, call_of, dispatch, field, options_for
-from agent_ledger.adapters._schema import (
-    model_name,
-    parameters_schema,
-    selected_tools,
-    tool_description,
-)
+from agent_ledger.adapters._dispatch import ModelCall, Reply, blocking, call_of, dispatch, field
+from agent_ledger.adapters._schema import described_tools
 from agent_ledger.adapters._tokens import no_usage, token_count
 
 try:
@@ -66,7 +61,7 @@ from agent_ledger.tools import LLMResult
 if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
     from agent_ledger.options import RunOptions
-    from agent_ledger.tools import Tool
+    from agent_ledger.tools import Tool, ToolLedger
 
 __all__ = [
     "chat_tools",
@@ -95,15 +90,12 @@ async def run_tool_calls(
     skipped: answer them yourself. Each message carries its call's
     ``tool_call_id``, in the calls' order.
 
-    ``wait_for_approval=False`` raises ``ApprovalPendingError`` for a call
-    that needs a person instead of waiting (``RunOptions(wait_for_approval=
-    False)``); None leaves it to the tool's and the ledger's options.
-    ``run_options`` go over each tool's own. Raises ``EffectDeniedError``
-    for a denied call (its handler does not run), after every call settled.
+    ``wait_for_approval`` and ``run_options`` are the options every adapter
+    takes, and its errors theirs too (see ``docs/adapters/openai.md``).
     """
     calls = [_chat_call(item) for item in tool_calls or ()]
     replies = await dispatch(
-        ledger, [c for c in calls if c is not None], options_for(run_options, wait_for_approval)
+        ledger, calls, run_options=run_options, wait_for_approval=wait_for_approval
     )
     return [_tool_message(reply) for reply in replies]
 
@@ -125,54 +117,19 @@ async def run_function_calls(
     """
     calls = [_responses_call(item) for item in items or ()]
     replies = await dispatch(
-        ledger, [c for c in calls if c is not None], options_for(run_options, wait_for_approval)
+        ledger, calls, run_options=run_options, wait_for_approval=wait_for_approval
     )
     return [_function_call_output(reply) for reply in replies]
 
 
-def run_tool_calls_sync(
-    ledger: EffectLedger,
-    tool_calls: Iterable[object] | None,
-    *,
-    wait_for_approval: bool | None = None,
-    run_options: RunOptions | None = None,
-) -> list[ChatCompletionToolMessageParam]:
-    """``run_tool_calls`` for a synchronous agent loop: blocks until every call settled.
-
-    Runs on the ledger's event loop (``EffectLedger.call_sync``: a
-    background loop the ledger owns, see "Sync callers" in docs/tools.md),
-    in the caller's context, so ``with ledger.workflow(...)`` applies. The
-    calls still run concurrently there. Called on a running event loop it
-    raises instead of blocking it: await ``run_tool_calls`` there.
-    """
-    return ledger.call_sync(
-        run_tool_calls,
-        ledger,
-        tool_calls,
-        wait_for_approval=wait_for_approval,
-        run_options=run_options,
-    )
-
-
-def run_function_calls_sync(
-    ledger: EffectLedger,
-    items: Iterable[object] | None,
-    *,
-    wait_for_approval: bool | None = None,
-    run_options: RunOptions | None = None,
-) -> list[FunctionCallOutput]:
-    """``run_function_calls`` for a synchronous agent loop (see ``run_tool_calls_sync``)."""
-    return ledger.call_sync(
-        run_function_calls,
-        ledger,
-        items,
-        wait_for_approval=wait_for_approval,
-        run_options=run_options,
-    )
+#: ``run_tool_calls`` for a synchronous agent loop: blocks until every call settled.
+run_tool_calls_sync = blocking(run_tool_calls)
+#: ``run_function_calls`` for a synchronous agent loop: blocks until every call settled.
+run_function_calls_sync = blocking(run_function_calls)
 
 
 def chat_tools(
-    ledger: EffectLedger, tools: Iterable[Tool[Any] | str] | None = None
+    ledger: ToolLedger, tools: Iterable[Tool[Any] | str] | None = None
 ) -> list[ChatCompletionFunctionToolParam]:
     """Chat Completions ``tools=[...]`` for ``tools`` (tools or names; default: all registered).
 
@@ -181,20 +138,16 @@ def chat_tools(
     also be called by the model, or a signature with no JSON schema.
     """
     definitions: list[ChatCompletionFunctionToolParam] = []
-    for tool in selected_tools(ledger, tools):
-        function: FunctionDefinition = {
-            "name": model_name(tool),
-            "parameters": parameters_schema(tool),
-        }
-        description = tool_description(tool)
-        if description is not None:
-            function["description"] = description
+    for tool in described_tools(ledger, tools):
+        function: FunctionDefinition = {"name": tool.name, "parameters": tool.parameters}
+        if tool.description is not None:
+            function["description"] = tool.description
         definitions.append({"type": "function", "function": function})
     return definitions
 
 
 def responses_tools(
-    ledger: EffectLedger, tools: Iterable[Tool[Any] | str] | None = None
+    ledger: ToolLedger, tools: Iterable[Tool[Any] | str] | None = None
 ) -> list[FunctionToolParam]:
     """Responses API ``tools=[...]`` for ``tools``; as ``chat_tools``, in the Responses shape.
 
@@ -204,12 +157,12 @@ def responses_tools(
     return [
         {
             "type": "function",
-            "name": model_name(tool),
-            "description": tool_description(tool),
-            "parameters": parameters_schema(tool),
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters,
             "strict": False,
         }
-        for tool in selected_tools(ledger, tools)
+        for tool in described_tools(ledger, tools)
     ]
 
 

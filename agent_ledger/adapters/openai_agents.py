@@ -75,6 +75,7 @@ import orjson
 
 from agent_ledger.adapters._common import MalformedToolCall, parse_arguments
 from agent_ledger.adapters._outcome import is_tool_failure
+from agent_ledger.adapters._schema import chosen_tools
 from agent_ledger.adapters._signature import arguments, description, refuse_names
 from agent_ledger.errors import (
     ApprovalPendingError,
@@ -212,18 +213,9 @@ def as_function_tools(
     as the SDK's tool list, so it goes straight to ``Agent(tools=...)``;
     each item is a ``LedgerFunctionTool``.
     """
-    if tools is None:
-        chosen = list(ledger.tools.values())
-    else:
-        if isinstance(tools, str):
-            raise EffectLedgerValidationError(
-                f"tools must be a list of tool names or tools, got the string {tools!r}",
-                field="tools",
-            )
-        chosen = [_own_tool(ledger, each) for each in tools]
     converted = [
         as_function_tool(t, strict_mode=strict_mode, failure_error_function=failure_error_function)
-        for t in chosen
+        for t in chosen_tools(ledger, tools)
     ]
     seen: dict[str, str] = {}
     for t in converted:
@@ -235,23 +227,6 @@ def as_function_tools(
                 field="tools",
             )
     return list(converted)
-
-
-def _own_tool(ledger: EffectLedger, each: str | Tool[Any]) -> Tool[Any]:
-    if isinstance(each, Tool):
-        if each.ledger is not ledger:
-            raise EffectLedgerValidationError(
-                f"tool {each.name!r} is registered on another ledger", field="tools"
-            )
-        return each
-    found = ledger.tools.get(each) if isinstance(each, str) else None
-    if found is None:
-        known = ", ".join(sorted(ledger.tools)) or "none"
-        raise EffectLedgerValidationError(
-            f"there is no tool named {each!r} on this ledger; its tools are: {known}",
-            field="tools",
-        )
-    return found
 
 
 def _stand_in(tool: Tool[Any]) -> Callable[..., object]:
@@ -568,11 +543,8 @@ async def approve(
     if not isinstance(found, _Found):
         state.approve(item)
         return None
-    if await _effect(found, item.call_id) is not None:
-        await found.calls.ledger.approve(found.key, by=by, note=note)
-    effect = await found.calls.ledger.find_by_idem_key(found.key)
-    _mirror(state, item, effect)
-    return effect
+    ledger = found.calls.ledger
+    return await _decide(state, item, found, lambda: ledger.approve(found.key, by=by, note=note))
 
 
 async def reject(
@@ -594,8 +566,20 @@ async def reject(
     if isinstance(found, MalformedToolCall):
         state.reject(item, rejection_message=str(found))
         return None
+    ledger = found.calls.ledger
+    return await _decide(state, item, found, lambda: ledger.deny(found.key, reason=reason, by=by))
+
+
+async def _decide(
+    state: RunState[Any, Any],
+    item: ToolApprovalItem,
+    found: _Found,
+    decision: Callable[[], Awaitable[bool]],
+) -> Effect | None:
+    """Record ``decision`` on the ledger if the call's effect exists (else nothing is
+    decided), then mirror the effect as it now stands into ``state``; returns it."""
     if await _effect(found, item.call_id) is not None:
-        await found.calls.ledger.deny(found.key, reason=reason, by=by)
+        await decision()
     effect = await found.calls.ledger.find_by_idem_key(found.key)
     _mirror(state, item, effect)
     return effect

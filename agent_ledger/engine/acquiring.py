@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Callable
 from typing import Final
 
 import orjson
 
+from agent_ledger.codes import ErrorCode
 from agent_ledger.decisions import notify_approval_required
 from agent_ledger.effects import Effect, EffectError, Parked
 from agent_ledger.engine.ownership import own
@@ -60,9 +62,12 @@ class Acquirer:
 
     async def acquire(self, prepared: Prepared, tx: object | None) -> Acquired:
         """Own a ``processing`` effect, or reach a terminal one, waiting as needed."""
-        new = prepared.new
         if not self._schema.ok:
             await self._schema.ensure(tx)
+        unasked = prepared.policy
+        if unasked is not None:
+            prepared = await self._ask_policy_if_fresh(prepared, unasked, tx)
+        new = prepared.new
         if tx is not None and prepared.needs_approval:
             await self._refuse_new_approval_in_transaction(new, tx)
         if tx is None:
@@ -74,6 +79,10 @@ class Acquirer:
                 new, tx=tx, lock_timeout_ms=prepared.opts.tx_lock_timeout_ms
             )
         effect = begun.effect
+        if begun.created and prepared.policy is not None:
+            # The key was stored when we looked, and is gone now (purged): this
+            # call is fresh after all, and its policy was not asked yet.
+            effect = await self._ask_policy_late(prepared, prepared.policy, effect, tx)
         if not begun.created and prepared.validate_keys is not None:
             # Before any waiting: a caller with other values must never get
             # (or wait for) the outcome of a request it did not make.
@@ -129,6 +138,50 @@ class Acquirer:
         log_effect(logging.DEBUG, "answered by the effect imported under its 0.2.x key", effect)
         return prepared._replace(new=new._replace(idem_key=effect.idem_key), validate_keys=None)
 
+    async def _ask_policy_if_fresh(
+        self, prepared: Prepared, policy: Callable[[], bool], tx: object | None
+    ) -> Prepared:
+        """Ask the ``requires_approval`` policy hook if the key is not stored yet.
+
+        Its answer only matters when ``begin`` creates the effect, and the
+        docs promise it is asked for fresh calls only: a replay never asks it
+        (one primary-key read, only for calls with a policy hook). Asked
+        before ``begin``, so a policy that raises leaves nothing stored. Two
+        first calls racing for one key may both ask it. The answer goes into
+        the insert itself (``NewEffect.requires_approval``): one atomic step.
+        A key found stored keeps ``policy`` set, for :meth:`_ask_policy_late`.
+        """
+        if await self._store.find(prepared.new.idem_key, tx=tx) is not None:
+            return prepared
+        needs = policy()
+        return prepared._replace(
+            new=prepared.new._replace(requires_approval=needs), needs_approval=needs, policy=None
+        )
+
+    async def _ask_policy_late(
+        self, prepared: Prepared, policy: Callable[[], bool], effect: Effect, tx: object | None
+    ) -> Effect:
+        """Our begin created the effect, ``processing`` and ours, after the key had
+        been seen stored (it was purged in between): ask the policy now. If it
+        says yes, or raises, the effect goes to a person before anything runs
+        (the holder's fenced ``release(..., for_approval=True)``), and the
+        effect returned waits for approval. Inside a transaction nobody could
+        approve it: refused as a fresh gated call is, and the caller's
+        rollback removes the insert."""
+        try:
+            needs = policy()
+        except BaseException:
+            if tx is None:
+                await self._store.release(effect.id, attempt=effect.attempt, for_approval=True)
+            raise
+        if not needs:
+            return effect
+        if tx is not None:
+            raise _approval_in_transaction(prepared.new)
+        await self._store.release(effect.id, attempt=effect.attempt, for_approval=True)
+        held = await self._store.get(effect.id)
+        return held if held is not None else effect
+
     async def _refuse_new_approval_in_transaction(self, new: NewEffect, tx: object) -> None:
         """An effect that needs approval cannot start inside a caller's transaction.
 
@@ -137,12 +190,7 @@ class Acquirer:
         for ever. An existing effect (a replay) is fine.
         """
         if await self._store.find(new.idem_key, tx=tx) is None:
-            raise EffectLedgerValidationError(
-                f"{new.tool} needs approval, and an effect that needs approval cannot be "
-                "created inside a transaction (nobody can approve it before the transaction "
-                "commits). Call run() without tx=, or request the approval in its own step.",
-                field="tx",
-            )
+            raise _approval_in_transaction(new)
 
     async def wait(self, prepared: Prepared, effect: Effect, tx: object | None) -> Acquired:
         """Wait for the effect; a claim past ``max_takeovers`` ends it as failed instead.
@@ -166,7 +214,7 @@ class Acquirer:
             return acquired
         error = EffectError(
             message=TOO_MANY_TAKEOVERS.format(n=takeovers(claimed), limit=limit),
-            code="too_many_takeovers",
+            code=ErrorCode.TOO_MANY_TAKEOVERS,
         )
         # Just claimed: the lease is whole.
         until = lease_end(asyncio.get_running_loop().time(), prepared.opts.stale_after_ms)
@@ -248,3 +296,12 @@ def _created_to_run(begun: BeginOutcome) -> Effect | None:
     """The effect a begin made ours: inserted as processing (not waiting for a person)."""
     effect = begun.effect
     return effect if begun.created and effect.status is EffectStatus.PROCESSING else None
+
+
+def _approval_in_transaction(new: NewEffect) -> EffectLedgerValidationError:
+    return EffectLedgerValidationError(
+        f"{new.tool} needs approval, and an effect that needs approval cannot be "
+        "created inside a transaction (nobody can approve it before the transaction "
+        "commits). Call run() without tx=, or request the approval in its own step.",
+        field="tx",
+    )

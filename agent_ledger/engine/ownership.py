@@ -40,10 +40,11 @@ import logging
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
+from agent_ledger.context import StepProgress, reset_step_progress, track_step_progress
 from agent_ledger.effects import Effect
 from agent_ledger.engine.cancellation import until_done
 from agent_ledger.observability import effect_fields, log_effect, logger
-from agent_ledger.stores.base import STEP_PROGRESS, StepProgress, Store
+from agent_ledger.stores.base import Store
 
 __all__ = ["own"]
 
@@ -116,7 +117,7 @@ async def own(
     ``name`` is the step's name, for the log.
     """
     progress = StepProgress()
-    started = STEP_PROGRESS.set(progress)
+    started = track_step_progress(progress)
     try:
         waiting_on = step.send(None)
     except StopIteration as done:
@@ -124,7 +125,7 @@ async def own(
         result: T = done.value
         return result
     finally:
-        STEP_PROGRESS.reset(started)
+        reset_step_progress(started)
     task = asyncio.get_running_loop().create_task(_resume(step, waiting_on))
     if not task.done():
         # Not `await task` (our cancellation would cancel the step too) and

@@ -42,6 +42,9 @@ class Prepared(NamedTuple):
     validate_keys: Sequence[str] | Literal["all"] | None = None
     #: The call's 0.2.x key, with ``legacy_keys=True`` (None otherwise).
     legacy_key: str | None = None
+    #: The ``requires_approval`` policy hook, bound to the call, still to be asked:
+    #: ``acquire`` asks it only when the key is not stored yet (fresh calls only).
+    policy: Callable[[], bool] | None = None
 
 
 class Preparer:
@@ -61,11 +64,14 @@ class Preparer:
         opts = self.run_options(run_options)
         hooks = self._hooks(hooks)
         canon = self._canonical(call)
-        # Asked before begin(), so a policy that raises leaves nothing stored;
-        # the answer only matters if begin() creates the effect.
-        policy = hooks.requires_approval
-        needs_approval = opts.requires_approval or (
-            policy is not None and _policy_says_yes(policy, call)
+        # The policy hook is asked later, in acquire(), and only when the key
+        # is not stored yet: fresh calls only, never a replay.
+        hook = hooks.requires_approval
+        needs_approval = opts.requires_approval
+        policy = (
+            None
+            if hook is None or needs_approval
+            else functools.partial(_policy_says_yes, hook, call)
         )
         # The creator's lease is recorded with the effect: others judge its
         # heartbeat by it, never by their own (maybe shorter) window.
@@ -80,7 +86,7 @@ class Preparer:
             opts.stale_after_ms,
         )
         legacy = legacy_key_or_none(call) if self._legacy_keys else None
-        return Prepared(new, opts, hooks, needs_approval, call.validate_keys, legacy)
+        return Prepared(new, opts, hooks, needs_approval, call.validate_keys, legacy, policy)
 
     def approval_policy(
         self, run_options: RunOptions | None, hooks: LedgerHooks | None

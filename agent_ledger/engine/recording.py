@@ -18,6 +18,7 @@ import logging
 from typing import Final, NamedTuple
 
 from agent_ledger.backoff import COMMIT_RETRY
+from agent_ledger.codes import ErrorCode
 from agent_ledger.effects import Effect, EffectError, FailedWithUsage, Parked, WithUsage
 from agent_ledger.engine.cancellation import carry_through
 from agent_ledger.engine.deadline import Late, late_outcome
@@ -46,10 +47,12 @@ __all__ = [
     "was_parked",
 ]
 
-#: Error code recorded when a handler's return value is not JSON.
-RESULT_NOT_SERIALIZABLE: Final = "result_not_serializable"
-#: The error code of a handler whose returned ``usage`` could not be recorded.
-USAGE_NOT_SERIALIZABLE: Final = "usage_not_serializable"
+#: Error code recorded when a handler's return value is not JSON (an alias of
+#: ``ErrorCode.RESULT_NOT_SERIALIZABLE``, kept for code that imports it from here).
+RESULT_NOT_SERIALIZABLE: Final = ErrorCode.RESULT_NOT_SERIALIZABLE
+#: The error code of a handler whose returned ``usage`` could not be recorded
+#: (an alias of ``ErrorCode.USAGE_NOT_SERIALIZABLE``).
+USAGE_NOT_SERIALIZABLE: Final = ErrorCode.USAGE_NOT_SERIALIZABLE
 #: Reason recorded when the task running a handler is cancelled.
 CANCELLED_WHILE_RUNNING: Final = (
     "the task running the handler was cancelled ({exc}); whether the side effect "
@@ -121,7 +124,11 @@ class Recorder:
                 value = value.result
             result_json = canonical_json(value, field="result", sort_keys=False).decode()
         except EffectLedgerValidationError as exc:
-            code = RESULT_NOT_SERIALIZABLE if exc.field == "result" else USAGE_NOT_SERIALIZABLE
+            code = (
+                ErrorCode.RESULT_NOT_SERIALIZABLE
+                if exc.field == "result"
+                else ErrorCode.USAGE_NOT_SERIALIZABLE
+            )
             error = EffectError(message=str(exc), code=code)
             failed = Outcome(EffectStatus.FAILED, error=error, usage_json=usage)
             if await self.landed(effect, failed, tx, until):
@@ -203,7 +210,7 @@ class Recorder:
             message = CANCELLED_WHILE_RUNNING.format(exc=type(exc).__name__)
         else:
             message = CANCELLED_BEFORE_RETRY.format(exc=type(exc).__name__, n=after_try)
-        error = EffectError(message=message, code="cancelled")
+        error = EffectError(message=message, code=ErrorCode.RUN_CANCELLED)
         try:
             cancelled = Outcome(EffectStatus.CANCELED, error=error, ends_try=after_try is None)
             await self.landed(effect, cancelled, tx, until)

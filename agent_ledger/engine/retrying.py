@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Final
 
+from agent_ledger.codes import ErrorCode
 from agent_ledger.effects import Effect, EffectError, FailedWithUsage, TryFailure
 from agent_ledger.engine.handlers import error_of, type_name
 from agent_ledger.engine.heartbeats import Beat
@@ -35,7 +36,7 @@ from agent_ledger.engine.recording import (
 from agent_ledger.errors import EffectFailedError, EffectStoreError
 from agent_ledger.observability import log_effect
 from agent_ledger.options import ResolvedRunOptions
-from agent_ledger.retries import RETRIES_EXHAUSTED, RetryPolicy
+from agent_ledger.retries import RetryPolicy
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores.base import Held, Store
 
@@ -162,7 +163,7 @@ class Retrier:
         """The error to record if no try may follow try ``tried``; None if one may."""
         if tried >= policy.attempts:
             message = RETRIES_RAN_OUT.format(n=tried, limit=policy.attempts, error=error_of(exc))
-            return EffectError(message=message, code=RETRIES_EXHAUSTED)
+            return EffectError(message=message, code=ErrorCode.RETRIES_EXHAUSTED)
         if policy.timeout_ms is None:
             return None
         next_at_ms = (self._clock() - first_try_at).total_seconds() * 1000.0 + delay * 1000.0
@@ -171,7 +172,7 @@ class Retrier:
         message = RETRY_TIME_RAN_OUT.format(
             n=tried, ms=next_at_ms, limit=policy.timeout_ms, error=error_of(exc)
         )
-        return EffectError(message=message, code=RETRIES_EXHAUSTED)
+        return EffectError(message=message, code=ErrorCode.RETRIES_EXHAUSTED)
 
     async def _record_try(
         self,
@@ -260,7 +261,7 @@ class Retrier:
         last = next((e for e in reversed(effect.history) if isinstance(e, TryFailure)), None)
         last_error = "unknown" if last is None else str(EffectError(last.message, last.code))
         message = TRIES_USED_BEFORE.format(n=effect.tries, limit=policy.attempts, error=last_error)
-        error = EffectError(message=message, code=RETRIES_EXHAUSTED)
+        error = EffectError(message=message, code=ErrorCode.RETRIES_EXHAUSTED)
         until = lease_end(asyncio.get_running_loop().time(), opts.stale_after_ms)
         # started=False: no handler runs for this claim, so it is no execution.
         used_up = Outcome(EffectStatus.FAILED, error=error, ends_try=False, started=False)

@@ -50,10 +50,11 @@ import itertools
 import json
 import sqlite3
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
@@ -66,6 +67,9 @@ from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _postgres_queries as q
 from agent_ledger.stores import _sqlite_queries as sq
 from agent_ledger.stores.url import split_schema as url_split_schema
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
 
 #: 0.2.x's table name (it had no prefix and lived in the connection's search path).
 LEGACY_TABLE: Final = "effects"
@@ -387,7 +391,6 @@ async def read_source(url: str, schema: str | None) -> tuple[str, list[LegacyRow
             field="from",
         )
     try:
-        import psycopg
         from psycopg import sql
     except ImportError:
         raise EffectLedgerValidationError(
@@ -396,36 +399,25 @@ async def read_source(url: str, schema: str | None) -> tuple[str, list[LegacyRow
         ) from None
     conninfo, name = split_schema(url, schema, field="from")
     label = f'"{name}"."{LEGACY_TABLE}"'
-    try:
-        conn = await psycopg.AsyncConnection.connect(conninfo, connect_timeout=10)
-    except psycopg.Error as exc:
-        raise EffectStoreError(
-            f"cannot connect to the 0.2.x database: {first_line(exc)}", operation="import-0.2"
-        ) from None
-    try:
-        async with conn.transaction():
-            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            found = await conn.execute(
-                "SELECT count(*) FROM information_schema.columns "
-                "WHERE table_schema = %s AND table_name = %s AND column_name = ANY(%s)",
-                (name, LEGACY_TABLE, ["idem_key", "args_canonical", "resource_id_canonical"]),
+    async with _transaction(
+        conninfo, to="the 0.2.x database", failed=f"cannot read {label}"
+    ) as conn:
+        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        found = await conn.execute(
+            "SELECT count(*) FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name = %s AND column_name = ANY(%s)",
+            (name, LEGACY_TABLE, ["idem_key", "args_canonical", "resource_id_canonical"]),
+        )
+        count = await found.fetchone()
+        if count is None or count[0] != 3:
+            raise EffectLedgerValidationError(
+                f"no agent-ledger 0.2.x table {label} there (pass --schema if it lives in "
+                "another schema)",
+                field="from",
             )
-            count = await found.fetchone()
-            if count is None or count[0] != 3:
-                raise EffectLedgerValidationError(
-                    f"no agent-ledger 0.2.x table {label} there (pass --schema if it lives in "
-                    "another schema)",
-                    field="from",
-                )
-            query = sql.SQL("SELECT " + _LEGACY_COLUMNS + " FROM {} ORDER BY created_at, id")
-            cursor = await conn.execute(query.format(sql.Identifier(name, LEGACY_TABLE)))
-            rows = [LegacyRow(*record) for record in await cursor.fetchall()]
-    except psycopg.Error as exc:
-        raise EffectStoreError(
-            f"cannot read {label}: {first_line(exc)}", operation="import-0.2"
-        ) from None
-    finally:
-        await conn.close()
+        query = sql.SQL("SELECT " + _LEGACY_COLUMNS + " FROM {} ORDER BY created_at, id")
+        cursor = await conn.execute(query.format(sql.Identifier(name, LEGACY_TABLE)))
+        rows = [LegacyRow(*record) for record in await cursor.fetchall()]
     return label, rows
 
 
@@ -580,115 +572,122 @@ def _error_json(values: dict[str, Any]) -> str | None:
 async def write_postgres(
     url: str, items: Sequence[Planned], report: ImportReport, *, dry_run: bool
 ) -> None:
-    import psycopg
     from psycopg import sql
 
     conninfo, schema = split_schema(url, None)
     table = sql.Identifier(schema, "agent_ledger_effects")
+    async with _transaction(conninfo, to="the target", failed="nothing written") as conn:
+        # One import at a time per target schema; live workers are not blocked.
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtext(%s))", ("agent-ledger import " + schema,)
+        )
+        cursor = await conn.execute(
+            sql.SQL(
+                "SELECT id::text, idem_key FROM {} WHERE id::text = ANY(%s) OR idem_key = ANY(%s)"
+            ).format(table),
+            ([i.row.id for i in items], [i.idem_key for i in items]),
+        )
+        existing: dict[str, str] = {}
+        for effect_id, key in await cursor.fetchall():
+            existing["id:" + effect_id] = key
+            existing["key:" + key] = effect_id
+        todo, mapped = _classify(items, existing, report)
+        state_cursor = await conn.execute(
+            sql.SQL(
+                "SELECT id::text, status, attempt, updated_at, heartbeat_at, decided_by, "
+                "history::text FROM {} WHERE id::text = ANY(%s)"
+            ).format(table),
+            ([i.row.id for i in mapped],),
+        )
+        states = {
+            effect_id: TargetState(*rest) for effect_id, *rest in await state_cursor.fetchall()
+        }
+        changes = _reconcile(mapped, states, lambda moment: moment, report)
+        if dry_run:
+            _count(todo, report)
+            for item, state in changes:
+                _updated(item, state, report)
+            _note_inexact([*todo, *mapped], report)
+            return
+        update = sql.SQL(
+            "UPDATE {} SET status = %(status)s, result = %(result)s::json, "
+            "error = %(error)s::jsonb, dedup_count = greatest(dedup_count, %(dedup_count)s), "
+            "updated_at = %(updated_at)s, completed_at = %(completed_at)s, "
+            "heartbeat_at = %(heartbeat_at)s, decided_at = %(decided_at)s, "
+            "lease_ms = %(lease_ms)s, executions = %(executions)s, "
+            "started_at = %(started_at)s "
+            # Compare-and-set: still exactly as read (and as an import leaves it).
+            "WHERE id = %(id)s AND attempt = 1 AND status = %(was_status)s "
+            "AND updated_at = %(was_updated_at)s AND heartbeat_at = %(was_heartbeat_at)s "
+            "AND decided_by IS NULL RETURNING id"
+        ).format(table)
+        for item, state in changes:
+            values = _effect_values(item)
+            values["error"] = _error_json(values)
+            updated = await conn.execute(
+                update,
+                {
+                    **values,
+                    "was_status": state.status,
+                    "was_updated_at": state.updated_at,
+                    "was_heartbeat_at": state.heartbeat_at,
+                },
+            )
+            if await updated.fetchone() is None:
+                _lost_race(item, report)
+            else:
+                _updated(item, state, report)
+        columns = [c for c in _TARGET_COLUMNS if not c.startswith("error_")]
+        names = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+        marks = sql.SQL(", ").join(
+            sql.SQL("%s::json") if c == "result" else sql.Placeholder() for c in columns
+        )
+        insert = sql.SQL(
+            "INSERT INTO {} ({}, error, attempt) VALUES ({}, %s::jsonb, 1) "
+            "ON CONFLICT DO NOTHING RETURNING id"
+        ).format(table, names, marks)
+        for item in todo:
+            values = _effect_values(item)
+            error = _error_json(values)
+            row_cursor = await conn.execute(insert, [*(values[c] for c in columns), error])
+            if await row_cursor.fetchone() is None:
+                report.collisions.append(
+                    f"row {item.row.id}: a worker wrote key {item.idem_key[:12]} during the "
+                    "import; kept the worker's, not imported"
+                )
+                continue
+            _count([item], report)
+            mapped.append(item)
+        _note_inexact(mapped, report)
+        # 0.2.x's key of each imported effect, for legacy_keys=True (a
+        # previous import's rows too, so a second run completes a first).
+        record = sql.SQL(q.RECORD_LEGACY).format(
+            legacy_keys=sql.Identifier(schema, "agent_ledger_legacy_keys")
+        )
+        for item in mapped:
+            await conn.execute(record, {"legacy_key": item.row.idem_key, "idem_key": item.idem_key})
+
+
+@asynccontextmanager
+async def _transaction(conninfo: str, *, to: str, failed: str) -> AsyncIterator[AsyncConnection]:
+    """One transaction on a connection of its own to ``conninfo``, closed after it.
+
+    A driver error is an ``EffectStoreError``: ``cannot connect to {to}``, or
+    ``{failed}`` once connected (the transaction rolled back).
+    """
+    import psycopg
+
     try:
         conn = await psycopg.AsyncConnection.connect(conninfo, connect_timeout=10)
     except psycopg.Error as exc:
         raise EffectStoreError(
-            f"cannot connect to the target: {first_line(exc)}", operation="import-0.2"
+            f"cannot connect to {to}: {first_line(exc)}", operation="import-0.2"
         ) from None
     try:
         async with conn.transaction():
-            # One import at a time per target schema; live workers are not blocked.
-            await conn.execute(
-                "SELECT pg_advisory_xact_lock(hashtext(%s))", ("agent-ledger import " + schema,)
-            )
-            cursor = await conn.execute(
-                sql.SQL(
-                    "SELECT id::text, idem_key FROM {} "
-                    "WHERE id::text = ANY(%s) OR idem_key = ANY(%s)"
-                ).format(table),
-                ([i.row.id for i in items], [i.idem_key for i in items]),
-            )
-            existing: dict[str, str] = {}
-            for effect_id, key in await cursor.fetchall():
-                existing["id:" + effect_id] = key
-                existing["key:" + key] = effect_id
-            todo, mapped = _classify(items, existing, report)
-            state_cursor = await conn.execute(
-                sql.SQL(
-                    "SELECT id::text, status, attempt, updated_at, heartbeat_at, decided_by, "
-                    "history::text FROM {} WHERE id::text = ANY(%s)"
-                ).format(table),
-                ([i.row.id for i in mapped],),
-            )
-            states = {
-                effect_id: TargetState(*rest) for effect_id, *rest in await state_cursor.fetchall()
-            }
-            changes = _reconcile(mapped, states, lambda moment: moment, report)
-            if dry_run:
-                _count(todo, report)
-                for item, state in changes:
-                    _updated(item, state, report)
-                _note_inexact([*todo, *mapped], report)
-                return
-            update = sql.SQL(
-                "UPDATE {} SET status = %(status)s, result = %(result)s::json, "
-                "error = %(error)s::jsonb, dedup_count = greatest(dedup_count, %(dedup_count)s), "
-                "updated_at = %(updated_at)s, completed_at = %(completed_at)s, "
-                "heartbeat_at = %(heartbeat_at)s, decided_at = %(decided_at)s, "
-                "lease_ms = %(lease_ms)s, executions = %(executions)s, "
-                "started_at = %(started_at)s "
-                # Compare-and-set: still exactly as read (and as an import leaves it).
-                "WHERE id = %(id)s AND attempt = 1 AND status = %(was_status)s "
-                "AND updated_at = %(was_updated_at)s AND heartbeat_at = %(was_heartbeat_at)s "
-                "AND decided_by IS NULL RETURNING id"
-            ).format(table)
-            for item, state in changes:
-                values = _effect_values(item)
-                values["error"] = _error_json(values)
-                updated = await conn.execute(
-                    update,
-                    {
-                        **values,
-                        "was_status": state.status,
-                        "was_updated_at": state.updated_at,
-                        "was_heartbeat_at": state.heartbeat_at,
-                    },
-                )
-                if await updated.fetchone() is None:
-                    _lost_race(item, report)
-                else:
-                    _updated(item, state, report)
-            columns = [c for c in _TARGET_COLUMNS if not c.startswith("error_")]
-            names = sql.SQL(", ").join(sql.Identifier(c) for c in columns)
-            marks = sql.SQL(", ").join(
-                sql.SQL("%s::json") if c == "result" else sql.Placeholder() for c in columns
-            )
-            insert = sql.SQL(
-                "INSERT INTO {} ({}, error, attempt) VALUES ({}, %s::jsonb, 1) "
-                "ON CONFLICT DO NOTHING RETURNING id"
-            ).format(table, names, marks)
-            for item in todo:
-                values = _effect_values(item)
-                error = _error_json(values)
-                row_cursor = await conn.execute(insert, [*(values[c] for c in columns), error])
-                if await row_cursor.fetchone() is None:
-                    report.collisions.append(
-                        f"row {item.row.id}: a worker wrote key {item.idem_key[:12]} during the "
-                        "import; kept the worker's, not imported"
-                    )
-                    continue
-                _count([item], report)
-                mapped.append(item)
-            _note_inexact(mapped, report)
-            # 0.2.x's key of each imported effect, for legacy_keys=True (a
-            # previous import's rows too, so a second run completes a first).
-            record = sql.SQL(q.RECORD_LEGACY).format(
-                legacy_keys=sql.Identifier(schema, "agent_ledger_legacy_keys")
-            )
-            for item in mapped:
-                await conn.execute(
-                    record, {"legacy_key": item.row.idem_key, "idem_key": item.idem_key}
-                )
+            yield conn
     except psycopg.Error as exc:
-        raise EffectStoreError(
-            f"nothing written: {first_line(exc)}", operation="import-0.2"
-        ) from None
+        raise EffectStoreError(f"{failed}: {first_line(exc)}", operation="import-0.2") from None
     finally:
         await conn.close()
 

@@ -4,8 +4,9 @@
 block in which the ledger's calls are matched to the recorded run by
 idempotency key and answered from it, so a failed run can be debugged
 step by step without touching the outside world again. This layer sits
-beside sagas, above tools: the ledger offers it one door, the ``RECORDING``
-context variable it reads where a call would begin; the engine never knows.
+beside sagas, above tools: the ledger offers it one door, the recording it
+reads from the context (``agent_ledger.context.recording``) where a call
+would begin; the engine never knows.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``ledger.replay(workflow_id, source=...)``: re-run a recorded workflow without its side effects.
 
-A ``Replay`` is the block's ``Recording`` (``agent_ledger.ledger``): the
+A ``Replay`` is the block's ``Recording`` (``agent_ledger.context``): the
 ledger asks it about every call made inside the block, once the call is
 checked and its key made, and before anything is stored. The answer is the
 recorded effect with the call's key, so a call is matched by what it asks
@@ -12,33 +12,25 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from contextvars import ContextVar, Token
 from types import TracebackType
 from typing import TYPE_CHECKING, Final
 
 import orjson
 
+from agent_ledger.context import check_recording_exit, enter_recording, exit_recording
 from agent_ledger.effects import Effect, JSONValue
 from agent_ledger.errors import EffectLedgerValidationError, UnrecordedEffectError
-from agent_ledger.ledger import RECORDING, Recording
 from agent_ledger.observability import logger
 from agent_ledger.replay._sources import read_export, read_store
 from agent_ledger.stores._memory_budgets import InMemoryBudgets
 from agent_ledger.stores.base import NewEffect, Store
 from agent_ledger.tools import WorkflowScope
-from agent_ledger.tools._workflow import innermost_entry
 
 if TYPE_CHECKING:
-    from agent_ledger.ledger import EffectLedger
+    from agent_ledger.core import LedgerCore
 
 __all__ = ["Replay"]
 
-#: The replays entered in this context, innermost last, with the tokens that
-#: undo each entry: one Replay entered by two tasks at once undoes each entry
-#: in the context that made it (as ``WorkflowScope`` does).
-_ENTERED: ContextVar[tuple[tuple[Replay, Token[Recording | None]], ...]] = ContextVar(
-    "agent_ledger_replays", default=()
-)
 #: How much of one arg's value an error shows.
 _SHOWN: Final = 60
 _ABSENT: Final = object()
@@ -56,7 +48,7 @@ class Replay:
 
     def __init__(
         self,
-        ledger: EffectLedger,
+        ledger: LedgerCore[object],
         workflow_id: str,
         source: Store | str | os.PathLike[str],
         *,
@@ -110,8 +102,7 @@ class Replay:
     # -- the block ---------------------------------------------------------------------
 
     def __enter__(self) -> Replay:
-        token = RECORDING.set(self)
-        _ENTERED.set((*_ENTERED.get(), (self, token)))
+        enter_recording(self)
         self._scope.__enter__()
         return self
 
@@ -121,12 +112,10 @@ class Replay:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        entered = _ENTERED.get()
-        i = innermost_entry(entered, self)  # an inner replay left open: refused
+        check_recording_exit(self)  # an inner replay left open: refused
         self._scope.check_innermost()  # a workflow() block left open inside: refused
         self._scope.__exit__(exc_type, exc, tb)
-        _ENTERED.set(entered[:i])
-        RECORDING.reset(entered[i][1])
+        exit_recording(self)
 
     async def __aenter__(self) -> Replay:
         await self._recording()  # a store is read here: a wrong one fails before the code runs

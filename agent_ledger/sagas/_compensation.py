@@ -40,15 +40,16 @@ stays ``compensating`` for a later pass (or re-run) to finish.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import inspect
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from agent_ledger.backoff import Backoff
 from agent_ledger.calls import ToolCall
+from agent_ledger.codes import ErrorCode
+from agent_ledger.context import recording, set_step_runner, suspend_budgets, waits_for_parked
 from agent_ledger.decisions import (
     WAITING_FOR_A_PERSON,
     cancel_if_waiting,
@@ -64,14 +65,14 @@ from agent_ledger.errors import (
     EffectTimeoutError,
     HandlerTimeoutError,
 )
-from agent_ledger.ledger import RECORDING, EffectLedger
 from agent_ledger.options import UNSET, RunOptions, merge_run_options
 from agent_ledger.retries import RetryPolicy
 from agent_ledger.sagas._errors import SagaStepParked, SagaStepUnsettled
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores.saga_base import SagaStep
-from agent_ledger.tools._budget import suspend_budgets
-from agent_ledger.tools._steps import STEP_RUNNER
+
+if TYPE_CHECKING:
+    from agent_ledger.tools import ToolLedger
 
 #: A compensation tool registered without a retry policy gets this one: a few
 #: tries with backoff, since an undo that gives up leaves money taken.
@@ -100,14 +101,14 @@ def compensation_call(workflow_id: str, compensation: str, forward_key: str) -> 
     )
 
 
-async def cancel_for_rollback(ledger: EffectLedger, idem_key: str) -> bool:
+async def cancel_for_rollback(ledger: ToolLedger, idem_key: str) -> bool:
     """Cancel a step's effect only while it waits for a person (see
     ``decisions.cancel_if_waiting``); True if this call canceled it."""
-    error = EffectError("the saga was rolled back", "canceled")
+    error = EffectError("the saga was rolled back", ErrorCode.CANCELED)
     return await cancel_if_waiting(ledger.store, idem_key, error, by="saga")
 
 
-def check_compensation_tool(ledger: EffectLedger, tool_name: str, name: str) -> None:
+def check_compensation_tool(ledger: ToolLedger, tool_name: str, name: str) -> None:
     """Raise unless ``name`` is a registered tool that can undo ``tool_name``'s calls."""
     tool = ledger.tools.get(name)
     if tool is None:
@@ -132,16 +133,8 @@ def check_compensation_tool(ledger: EffectLedger, tool_name: str, name: str) -> 
         )
 
 
-#: Whether an undo waits for a step parked for a person (the saga's own code,
-#: whose caller waits anyway) or stops with ``SagaStepParked`` (a recovery
-#: pass, which other sagas wait for). Set by the recovery pass.
-WAIT_FOR_PARKED: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "agent_ledger_saga_wait_for_parked", default=True
-)
-
-
 async def compensate(
-    ledger: EffectLedger,
+    ledger: ToolLedger,
     saga_id: str,
     steps: Iterable[SagaStep],
     *,
@@ -172,11 +165,11 @@ async def compensate(
     return undone
 
 
-async def _undo(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Undo:
+async def _undo(ledger: ToolLedger, saga_id: str, step: SagaStep) -> Undo:
     # Its own task (gather): the step runner is cleared in its copy of the
     # context only. A tool the compensation calls is an ordinary effect, not
     # a step of the saga being undone (whose block has ended).
-    STEP_RUNNER.set(None)
+    set_step_runner(None)
     # An undo, and every tool or model call it makes, is never refused for
     # lack of budget: the saga's budget stays in the context it inherited.
     suspend_budgets()
@@ -188,7 +181,7 @@ async def _undo(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Undo:
     own, _ = tool.run_settings
     if own is None or own.retry is UNSET:
         options = RunOptions(retry=COMPENSATION_RETRY)
-    if not WAIT_FOR_PARKED.get():
+    if not waits_for_parked():
         # A recovery pass: an undo waiting for a person (parked, or sent to
         # one by its tool's approval policy) stops this saga, not the pass.
         options = merge_run_options(options or RunOptions(), RunOptions(wait_for_approval=False))
@@ -228,7 +221,7 @@ def _due(step: SagaStep, forward: Effect) -> bool:
     return forward.status is _S.CANCELED and forward.executions > 0
 
 
-async def settle(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Effect | None:
+async def settle(ledger: ToolLedger, saga_id: str, step: SagaStep) -> Effect | None:
     """The step's forward effect once nothing can change it any more; None if it
     never began (and now never will).
 
@@ -236,9 +229,9 @@ async def settle(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Effect |
     the step was answered from the recording, so the ledger's store has no
     receipt of it, and the undo is answered from the recording in turn.
     """
-    recording = RECORDING.get()
-    if recording is not None and recording.ledger is ledger:
-        recorded = await recording.recorded(step.idem_key)
+    answering = recording()
+    if answering is not None and answering.ledger is ledger:
+        recorded = await answering.recorded(step.idem_key)
         if recorded is not None:
             return recorded
     attempt = 0
@@ -254,7 +247,7 @@ async def settle(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Effect |
             # (resolve: undo it; deny: nothing to undo; approve: it is canceled
             # below). The saga's own code waits for them, as its step's callers
             # do; a recovery pass does not (other sagas wait for it).
-            if not WAIT_FOR_PARKED.get():
+            if not waits_for_parked():
                 raise SagaStepParked(saga_id, step)
             await asyncio.sleep(_POLL.delay(min(attempt, 10)))
             attempt += 1
@@ -279,7 +272,9 @@ async def settle(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Effect |
                 # person (judged by the store's clock) rather than cancel it.
                 moved = await park_if_silent(ledger.store, step.idem_key)
             else:
-                error = EffectError("its worker stopped; the saga was rolled back", "canceled")
+                error = EffectError(
+                    "its worker stopped; the saga was rolled back", ErrorCode.CANCELED
+                )
                 moved = await take_over_and_cancel(
                     ledger.store, step.idem_key, forward.lease_ms, error
                 )
@@ -291,10 +286,12 @@ async def settle(ledger: EffectLedger, saga_id: str, step: SagaStep) -> Effect |
         attempt += 1
 
 
-async def _close(ledger: EffectLedger, saga_id: str, step: SagaStep) -> bool:
+async def _close(ledger: ToolLedger, saga_id: str, step: SagaStep) -> bool:
     """Close a step that never began (``decisions.close_unbegun``); True if this
     call closed it (False: its effect appeared meanwhile)."""
-    error = EffectError("the saga was rolled back before this step began", "saga_rolled_back")
+    error = EffectError(
+        "the saga was rolled back before this step began", ErrorCode.SAGA_ROLLED_BACK
+    )
     return await close_unbegun(
         ledger.store, step.idem_key, workflow_id=saga_id, tool=step.tool, error=error
     )

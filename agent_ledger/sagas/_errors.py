@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from agent_ledger.codes import ErrorCode
 from agent_ledger.errors import EffectLedgerError
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ class SagaStepCancelled(EffectLedgerError):
     not be left so.
     """
 
-    code = "step_canceled"
+    code = ErrorCode.STEP_CANCELED
 
     def __init__(self, position: int) -> None:
         self.position = position

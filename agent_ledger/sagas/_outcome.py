@@ -12,11 +12,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
+from agent_ledger.context import recording
 from agent_ledger.effects import Effect, EffectError
-from agent_ledger.ledger import RECORDING, EffectLedger
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores.saga_base import SagaRecord, SagaStatus, SagaStep, SagaStore
+
+if TYPE_CHECKING:
+    from agent_ledger.tools import ToolLedger
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,12 +87,12 @@ class SagaOutcome:
         return tuple(sorted(done, key=lambda s: (-s.step.group_index, s.position)))
 
 
-async def _effect(ledger: EffectLedger, idem_key: str) -> Effect | None:
+async def _effect(ledger: ToolLedger, idem_key: str) -> Effect | None:
     """The effect under ``idem_key``: the recorded one in a replay of this ledger
     (if the recording has it finished), else the ledger's own."""
-    recording = RECORDING.get()
-    if recording is not None and recording.ledger is ledger:
-        recorded = await recording.recorded(idem_key)
+    answering = recording()
+    if answering is not None and answering.ledger is ledger:
+        recorded = await answering.recorded(idem_key)
         if recorded is not None:
             return recorded
     return await ledger.find_by_idem_key(idem_key)
@@ -98,7 +102,7 @@ def _compensation_failed(step: StepOutcome) -> bool:
     return step.compensation_status in (EffectStatus.FAILED, EffectStatus.CANCELED)
 
 
-async def read_outcome(ledger: EffectLedger, store: SagaStore, saga: SagaRecord) -> SagaOutcome:
+async def read_outcome(ledger: ToolLedger, store: SagaStore, saga: SagaRecord) -> SagaOutcome:
     """The saga as stored now, with each step's effects."""
     steps = await store.saga_steps(saga.saga_id)
     outcomes = []

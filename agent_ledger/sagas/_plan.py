@@ -21,7 +21,7 @@ from agent_ledger.sagas._saga import Saga
 from agent_ledger.tools import Tool
 
 if TYPE_CHECKING:
-    from agent_ledger.ledger import EffectLedger
+    from agent_ledger.tools import ToolLedger
 
 #: One checked step: the tool and its arguments by name.
 _Step = tuple[Tool[Any], Mapping[str, object]]
@@ -29,7 +29,7 @@ _KEYS = frozenset({"tool", "args"})
 
 
 def check_plan(
-    ledger: EffectLedger, plan: object, *, saga_id: str | None = None
+    ledger: ToolLedger, plan: object, *, saga_id: str | None = None
 ) -> list[_Step | list[_Step]]:
     """The plan's steps, checked; raise ``EffectLedgerValidationError`` naming the
     first bad step (``step 3``, ``step 2.1`` inside a group). A compensable tool
@@ -54,7 +54,7 @@ def check_plan(
     return checked
 
 
-def _step(ledger: EffectLedger, where: str, item: object, saga_id: str | None) -> _Step:
+def _step(ledger: ToolLedger, where: str, item: object, saga_id: str | None) -> _Step:
     if not isinstance(item, Mapping) or "tool" not in item or not set(item) <= _KEYS:
         raise _bad(where, f"expected {{'tool': name, 'args': {{...}}}}, got {item!r}")
     name = item["tool"]
@@ -102,7 +102,7 @@ def _bad(where: str, problem: str) -> EffectLedgerValidationError:
 
 
 async def run_saga(
-    ledger: EffectLedger,
+    ledger: ToolLedger,
     saga_id: str,
     plan: Sequence[object],
     *,

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
+from agent_ledger.codes import ErrorCode
+from agent_ledger.context import not_waiting_for_parked
 from agent_ledger.effects import EffectError
 from agent_ledger.errors import EffectLedgerError
 from agent_ledger.observability import logger
-from agent_ledger.sagas._compensation import WAIT_FOR_PARKED, check_compensation_tool
+from agent_ledger.sagas._compensation import check_compensation_tool
 from agent_ledger.sagas._outcome import SagaOutcome
 from agent_ledger.sagas._saga import (
     finish_compensation,
@@ -35,11 +37,12 @@ from agent_ledger.sagas._saga import (
 from agent_ledger.stores.saga_base import SagaRecord, SagaStatus, SagaStore, check_saga_limit
 
 if TYPE_CHECKING:
-    from agent_ledger.ledger import EffectLedger
+    from agent_ledger.tools import ToolLedger
 
 _G = SagaStatus
-#: The error an abandoned saga is rolled back with.
-ABANDONED_CODE = "abandoned"
+#: The code an abandoned saga is rolled back with (an alias of
+#: ``ErrorCode.SAGA_ABANDONED``, kept for code that imports it from here).
+ABANDONED_CODE: Final = ErrorCode.SAGA_ABANDONED
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +63,7 @@ class SagaRecovery:
 
 
 async def recover_sagas(
-    ledger: EffectLedger,
+    ledger: ToolLedger,
     *,
     owner: str | None = None,
     lease_ms: int | None = None,
@@ -96,7 +99,7 @@ async def recover_sagas(
 
 
 async def _recover_one(
-    ledger: EffectLedger,
+    ledger: ToolLedger,
     store: SagaStore,
     saga: SagaRecord,
     lease: int,
@@ -138,7 +141,7 @@ async def _recover_one(
         return False
 
 
-async def _check_tools(ledger: EffectLedger, store: SagaStore, saga: SagaRecord) -> None:
+async def _check_tools(ledger: ToolLedger, store: SagaStore, saga: SagaRecord) -> None:
     if saga.status is _G.RUNNING and saga.abandon_after_ms is None:
         return
     for step in await store.saga_steps(saga.saga_id):
@@ -165,7 +168,7 @@ async def _abandon(
     reason = EffectError(
         f"abandoned: its owner ({saga.owner or 'unnamed'}) was gone for longer than "
         f"abandon_after ({saga.abandon_after_ms} ms)",
-        ABANDONED_CODE,
+        ErrorCode.SAGA_ABANDONED,
     )
     moved = await store.finish_saga(
         saga.saga_id, attempt=claimed.attempt, expect=_G.RUNNING, then=_G.COMPENSATING, error=reason
@@ -175,12 +178,8 @@ async def _abandon(
     return await store.get_saga(saga.saga_id)
 
 
-async def _finish(ledger: EffectLedger, store: SagaStore, saga: SagaRecord) -> SagaOutcome:
+async def _finish(ledger: ToolLedger, store: SagaStore, saga: SagaRecord) -> SagaOutcome:
     # A step parked for a person stops this saga's undo (reported in errors)
     # instead of holding up the pass until someone settles it.
-    waiting = WAIT_FOR_PARKED.set(False)
-    try:
-        with kept_alive(ledger, store, saga):
-            return await finish_compensation(ledger, store, saga)
-    finally:
-        WAIT_FOR_PARKED.reset(waiting)
+    with not_waiting_for_parked(), kept_alive(ledger, store, saga):
+        return await finish_compensation(ledger, store, saga)

@@ -109,12 +109,19 @@ def render_saga(outcome: SagaOutcome) -> str:
     return "\n".join(lines)
 
 
-def saga_to_record(saga: SagaRecord) -> dict[str, JSONValue]:
+def _saga_identity(saga: SagaRecord | SagaOutcome) -> dict[str, JSONValue]:
+    """The fields every JSON record of a saga starts with, in this order."""
     return {
         "saga_id": saga.saga_id,
         "status": saga.status.value,
         "attempt": saga.attempt,
         "owner": saga.owner,
+    }
+
+
+def saga_to_record(saga: SagaRecord) -> dict[str, JSONValue]:
+    return {
+        **_saga_identity(saga),
         "lease_ms": saga.lease_ms,
         "heartbeat_at": _iso(saga.heartbeat_at),
         "abandon_after_ms": saga.abandon_after_ms,
@@ -143,10 +150,7 @@ def _effect_record(effect: Effect | None) -> dict[str, JSONValue] | None:
 
 def outcome_to_record(outcome: SagaOutcome) -> dict[str, JSONValue]:
     return {
-        "saga_id": outcome.saga_id,
-        "status": outcome.status.value,
-        "attempt": outcome.attempt,
-        "owner": outcome.owner,
+        **_saga_identity(outcome),
         "error": None if outcome.error is None else outcome.error.message,
         "created_at": _iso(outcome.created_at),
         "completed_at": _iso(outcome.completed_at),

@@ -25,6 +25,13 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from agent_ledger.calls import ToolCall
+from agent_ledger.codes import ErrorCode
+from agent_ledger.context import (
+    reserve_step,
+    reserved_step,
+    set_step_runner,
+    take_reserved_step,
+)
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.engine.cancellation import carry_through, until_done
 from agent_ledger.engine.heartbeats import Beat, Heartbeats
@@ -63,27 +70,22 @@ from agent_ledger.stores.saga_base import (
 )
 from agent_ledger.tools import Tool
 from agent_ledger.tools._budget import BudgetScope
-from agent_ledger.tools._steps import STEP_RUNNER
 from agent_ledger.tools._workflow import WorkflowScope
 
 if TYPE_CHECKING:
     from agent_ledger.budgets import Budget
-    from agent_ledger.ledger import EffectLedger
+    from agent_ledger.tools import ToolLedger
 
 __all__ = ["Saga", "default_owner", "finish_compensation", "keep_alive", "saga_store"]
 
 _G = SagaStatus
-#: A position reserved by ``saga.start()`` for the task it starts: (saga, position, group).
-_RESERVED: contextvars.ContextVar[tuple[Saga, int, int] | None] = contextvars.ContextVar(
-    "agent_ledger_saga_reserved", default=None
-)
 _WAITING: Final = frozenset({EffectStatus.REQUIRES_APPROVAL, EffectStatus.READY})
 #: The error a saga records when the task running it was cancelled; the saga
 #: then ends ``canceled``. Recognised by the whole error, never by its code
 #: alone: a step's own error may carry the code ``"canceled"`` (a provider
 #: saying an order was canceled), and its message always starts with the
 #: exception's class name and a colon, which this one has not.
-TASK_CANCELED: Final = EffectError("the task running the saga was cancelled", "canceled")
+TASK_CANCELED: Final = EffectError("the task running the saga was cancelled", ErrorCode.CANCELED)
 #: The longest saga id (in characters). A saga id is a primary key and every
 #: step's workflow id, indexed by every store: 500 characters of at most 4
 #: bytes each stay under PostgreSQL's B-tree entry limit (about 2,700 bytes).
@@ -95,7 +97,7 @@ def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def saga_store(ledger: EffectLedger) -> SagaStore:
+def saga_store(ledger: ToolLedger) -> SagaStore:
     store = ledger.store
     if not isinstance(store, SagaStore):
         raise EffectLedgerValidationError(
@@ -156,7 +158,7 @@ def _abandon_ms(abandon_after: timedelta | None) -> int | None:
     return int(abandon_after / timedelta(milliseconds=1))
 
 
-def keep_alive(ledger: EffectLedger, store: SagaStore, saga: SagaRecord) -> Beat:
+def keep_alive(ledger: ToolLedger, store: SagaStore, saga: SagaRecord) -> Beat:
     """Keep the owner of ``saga`` (held at ``saga.attempt``) alive with the engine's
     heartbeats: one every third of its lease, until the returned beat is
     stopped. Its ``lost`` turns True when a heartbeat finds the saga no longer
@@ -166,7 +168,7 @@ def keep_alive(ledger: EffectLedger, store: SagaStore, saga: SagaRecord) -> Beat
 
 
 @contextlib.contextmanager
-def kept_alive(ledger: EffectLedger, store: SagaStore, saga: SagaRecord) -> Iterator[Beat]:
+def kept_alive(ledger: ToolLedger, store: SagaStore, saga: SagaRecord) -> Iterator[Beat]:
     """``keep_alive`` for the length of a block."""
     beat = keep_alive(ledger, store, saga)
     try:
@@ -176,7 +178,7 @@ def kept_alive(ledger: EffectLedger, store: SagaStore, saga: SagaRecord) -> Iter
 
 
 async def finish_compensation(
-    ledger: EffectLedger, store: SagaStore, saga: SagaRecord
+    ledger: ToolLedger, store: SagaStore, saga: SagaRecord
 ) -> SagaOutcome:
     """Undo the steps of ``saga`` (compensating, owned at ``saga.attempt``) and record
     how it ended; the outcome as stored."""
@@ -228,7 +230,7 @@ class Saga:
 
     def __init__(
         self,
-        ledger: EffectLedger,
+        ledger: ToolLedger,
         saga_id: str,
         *,
         lease_ms: int | None = None,
@@ -306,7 +308,7 @@ class Saga:
         if not self._replay_only:
             self._heartbeat = keep_alive(self.ledger, self._store, saga)
         self._scope.__enter__()
-        self._tokens.append(STEP_RUNNER.set(self))
+        self._tokens.append(set_step_runner(self))
         return self
 
     async def _begin(self) -> SagaRecord:
@@ -376,9 +378,9 @@ class Saga:
     ) -> object:
         """A tool call inside the block: record it at its position, then run it."""
         self._check_workflow(tool, call)
-        reserved = _RESERVED.get()
+        reserved = reserved_step()
         if reserved is not None and reserved[0] is self:
-            _RESERVED.set(None)  # this task's own context: one call per start()
+            take_reserved_step()  # this task's own context: one call per start()
             position, group = reserved[1], reserved[2]
         else:
             if self._closed:
@@ -399,7 +401,7 @@ class Saga:
         # A tool its handler calls is an ordinary effect, not a step: a replay
         # answers this step from its receipt without running the handler, so
         # such a call would not be made again and the positions would shift.
-        token = STEP_RUNNER.set(None)
+        token = set_step_runner(None)
         try:
             return await self.ledger.run(call, handler, run_options, hooks=hooks)
         except UnrecordedEffectError:
@@ -411,7 +413,7 @@ class Saga:
             self.step_failures.append((position, exc))
             return None
         finally:
-            STEP_RUNNER.reset(token)
+            token.var.reset(token)
 
     async def _note_failed_step(self, exc: Exception, key: str) -> None:
         """Remember the error the step's effect recorded, if it ended failed.
@@ -526,7 +528,7 @@ class Saga:
             raise
         position, group = self._place()
         context = contextvars.copy_context()
-        context.run(_RESERVED.set, (self, position, group))
+        context.run(reserve_step, self, position, group)
         task = asyncio.create_task(step, context=context)
         self._tasks.append((task, position))
         return task

@@ -16,6 +16,7 @@ from typing import Final
 
 import orjson
 
+from agent_ledger.codes import ErrorCode
 from agent_ledger.effects import (
     PARKED,
     REOPENED,
@@ -26,7 +27,6 @@ from agent_ledger.effects import (
     storable_text,
 )
 from agent_ledger.status import (
-    AMBIGUOUS_ATTEMPT,
     CLAIMABLE,
     REOPENABLE,
     EffectStatus,
@@ -164,13 +164,16 @@ def reopen_params(dialect: Dialect, idem_key: str, *, by: str, reason: str) -> d
     }
 
 
-def release_params(effect_id: str, *, attempt: int) -> dict[str, object]:
-    """For the release compare-and-set (``processing`` at ``attempt`` -> ``ready``)."""
+def release_params(
+    effect_id: str, *, attempt: int, for_approval: bool = False
+) -> dict[str, object]:
+    """For the release compare-and-set (``processing`` at ``attempt`` -> ``ready``, or
+    ``requires_approval`` when the holder gives it back to wait for a person)."""
     return {
         "id": effect_id,
         "attempt": attempt,
         "processing": _PROCESSING,
-        "ready": _READY,
+        "ready": _REQUIRES_APPROVAL if for_approval else _READY,
     }
 
 
@@ -242,7 +245,7 @@ def settle_params(
         "target": target.value,
         "expected_attempt": expected_attempt,
         "only_parked": only_parked,
-        "ambiguous": AMBIGUOUS_ATTEMPT,
+        "ambiguous": str(ErrorCode.AMBIGUOUS_ATTEMPT),
         "result": result_json,
         "terminal": target.is_terminal,
         # Approving a parked effect runs it again with a fresh set of tries (as

@@ -391,8 +391,12 @@ STATS: Final[LiteralString] = (
 # Retention: terminal effects (the caller passes only terminal statuses)
 # completed at least older_ms ago by the database clock.
 PURGE: Final[LiteralString] = (
-    "DELETE FROM {effects} WHERE status = ANY(%(statuses)s)"
+    "DELETE FROM {effects} e WHERE status = ANY(%(statuses)s)"
     " AND completed_at <= clock_timestamp() - %(older_ms)s * interval '1 millisecond'"
+    # A saga's step or undo stays: without it `sagas show` would list the
+    # saga's steps as never run (sagas themselves are never purged).
+    " AND NOT EXISTS (SELECT 1 FROM {steps} s"
+    " WHERE s.idem_key = e.idem_key OR s.compensation_key = e.idem_key)"
 )
 
 # -- schema --

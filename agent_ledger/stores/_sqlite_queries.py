@@ -331,6 +331,10 @@ STATS: Final = (
 PURGE: Final = (
     "DELETE FROM agent_ledger_effects WHERE status IN (SELECT value FROM json_each(:statuses))"
     " AND completed_us <= :cutoff"
+    # A saga's step or undo stays (sagas are never purged; see PostgreSQL's PURGE).
+    " AND NOT EXISTS (SELECT 1 FROM agent_ledger_saga_steps s"
+    " WHERE s.idem_key = agent_ledger_effects.idem_key"
+    " OR s.compensation_key = agent_ledger_effects.idem_key)"
 )
 
 # -- sagas (schema version 3; see stores/saga_base.py) --

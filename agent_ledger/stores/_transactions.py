@@ -36,10 +36,10 @@ for the transaction like any other worker, not be refused.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 from collections.abc import Iterable
 from typing import Final, Generic, TypeVar
 
+from agent_ledger.context import enter_transaction, leave_transaction, transactions_entered
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.stores._subscriptions import Subscribers
 from agent_ledger.stores.base import waiting_before_work
@@ -50,14 +50,6 @@ __all__ = ["LEASE_PAUSE_AFTER_MS", "TransactionGate", "TransactionHandle"]
 #: effects held elsewhere (see the module doc). Shorter ones delay a heartbeat
 #: by less than the two spare beats every lease has, so they skip the work.
 LEASE_PAUSE_AFTER_MS: Final = 50
-
-#: The transactions whose block the running code is inside, of any store:
-#: set by ``transaction()`` for its block and inherited by every task started
-#: there. A step without ``tx=`` on a store whose open transaction is in it
-#: would wait for its own block, so the gate refuses it.
-_INSIDE: contextvars.ContextVar[tuple[TransactionHandle, ...]] = contextvars.ContextVar(
-    "agent_ledger_inside_transactions", default=()
-)
 
 
 class TransactionHandle:
@@ -132,7 +124,7 @@ class TransactionGate(Generic[H]):
         active = self.active
         if active is None:
             return
-        if asyncio.current_task() is self._owner or active in _INSIDE.get():
+        if asyncio.current_task() is self._owner or active in transactions_entered():
             raise EffectLedgerValidationError(
                 f"this call was made inside an open {self._store_name}.transaction() "
                 "block (in its task, or in a task started there: asyncio.gather, "
@@ -149,7 +141,7 @@ class TransactionGate(Generic[H]):
         the running context as inside its block."""
         self.active = handle
         self._owner = asyncio.current_task()
-        _INSIDE.set((*_INSIDE.get(), handle))
+        enter_transaction(handle)
 
     def close(self, handle: H) -> None:
         """The transaction ended, committed or not: its handle is no longer valid."""
@@ -158,7 +150,7 @@ class TransactionGate(Generic[H]):
         self._owner = None
         # A task started in the block keeps its copy of the mark: inert, as it
         # names a transaction that is no longer any store's open one.
-        _INSIDE.set(tuple(h for h in _INSIDE.get() if h is not handle))
+        leave_transaction(handle)
 
     def changed(self, idem_key: str, tx: H | None) -> None:
         """``idem_key`` changed: wake its waiters now, or when ``tx`` commits."""

@@ -96,7 +96,6 @@ check_schema    yes     A read.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -104,9 +103,11 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Final, NamedTuple, Protocol, runtime_checkable
 
+from agent_ledger.context import StepProgress as StepProgress  # its home: the context
+from agent_ledger.context import step_progress
 from agent_ledger.effects import Effect, EffectError
+from agent_ledger.effects import NewEffect as NewEffect  # its home; kept importable here
 from agent_ledger.errors import EffectLedgerValidationError
-from agent_ledger.options import DEFAULT_STALE_AFTER_MS
 from agent_ledger.status import (
     COMPLETIONS,
     DECISION_TARGETS,
@@ -146,24 +147,6 @@ STEP_REPEATABLE: Final[Mapping[str, bool]] = MappingProxyType(
 REPEATABLE_STEPS: Final[frozenset[str]] = frozenset(
     step for step, repeatable in STEP_REPEATABLE.items() if repeatable
 )
-
-
-class NewEffect(NamedTuple):
-    """What ``begin`` inserts when the key is new."""
-
-    idem_key: str
-    workflow_id: str
-    call_id: str | None
-    tool: str
-    args_canonical: str
-    resource_id_canonical: str | None
-    #: Insert it waiting for a person (``requires_approval``) instead of
-    #: ``processing``: one atomic step, so no crash, error or cancellation
-    #: between two steps can leave an approval-gated effect claimable.
-    requires_approval: bool = False
-    #: The creator's lease in ms (its stale window; 0: never taken over),
-    #: recorded with the effect so that others judge staleness by it.
-    lease_ms: int = DEFAULT_STALE_AFTER_MS
 
 
 class BeginOutcome(NamedTuple):
@@ -282,37 +265,11 @@ class Subscription(Protocol):
         ...
 
 
-class StepProgress:
-    """Whether a store step is still waiting before doing any work.
-
-    A caller that gives up (is cancelled) while a step that may make it an
-    effect's owner is in flight must wait for that step to end: it cannot
-    tell whether the store applied it (``engine.ownership``). A step that
-    first waits for another task's open transaction (MemoryStore's and
-    SqliteStore's gate) has done nothing yet, and cancelling it there changes
-    nothing stored: it says so through :func:`waiting_before_work`, and the
-    caller may then cancel it instead of waiting out someone else's
-    transaction.
-    """
-
-    __slots__ = ("waiting",)
-
-    def __init__(self) -> None:
-        self.waiting = False
-
-
-#: The progress of the step the caller is starting (set by the engine around a
-#: step it may abandon; None otherwise).
-STEP_PROGRESS: contextvars.ContextVar[StepProgress | None] = contextvars.ContextVar(
-    "agent_ledger_step_progress", default=None
-)
-
-
 @contextlib.contextmanager
 def waiting_before_work() -> Iterator[None]:
     """For a store: wrap a wait that comes before the step does anything (a
     cancellation there leaves the store as it was)."""
-    progress = STEP_PROGRESS.get()
+    progress = step_progress()
     if progress is None:
         yield
         return
@@ -472,9 +429,9 @@ class Store(Protocol):
         """
         ...
 
-    async def release(self, effect_id: str, *, attempt: int) -> bool:
+    async def release(self, effect_id: str, *, attempt: int, for_approval: bool = False) -> bool:
         """Give an effect back unrun: compare-and-set ``processing`` at ``attempt``
-        -> ``ready``.
+        -> ``ready`` (``requires_approval`` with ``for_approval``).
 
         For a holder whose run was cancelled after its begin or claim landed
         and before its handler started: the effect becomes claimable at once
@@ -487,6 +444,12 @@ class Store(Protocol):
         False, changing nothing, otherwise (unknown id included). Wakes
         subscribers, so a waiter claims the effect at once. Never called
         inside a caller's transaction (that one rolls back instead).
+
+        ``for_approval``: the holder decided, before running the handler,
+        that a person must approve the call first (``request_approval`` by
+        the holder, 0.2.x's worker flow; ``status.HOLD``). The same fenced
+        step, to ``requires_approval`` instead: nobody can claim the effect
+        until a person approves it. Waiters wake and wait for the decision.
         """
         ...
 
@@ -616,8 +579,11 @@ class Store(Protocol):
         """
         ...
 
-    async def list_effects(self, query: EffectQuery) -> list[Effect]:
-        """Up to ``query.limit`` effects matching every given filter, newest first."""
+    async def list_effects(self, query: EffectQuery | None = None) -> list[Effect]:
+        """Up to ``query.limit`` effects matching every given filter, newest first.
+
+        With no query, agent-ledger 0.2.x's bare call: every effect, oldest first,
+        with a ``DeprecationWarning`` (``stores._legacy.all_effects``)."""
         ...
 
     async def stats(self) -> LedgerStats:
@@ -640,6 +606,10 @@ class Store(Protocol):
     async def purge(self, *, older_than: timedelta, statuses: frozenset[EffectStatus]) -> int:
         """Delete effects in ``statuses`` (terminal ones only) completed at least
         ``older_than`` ago by the store's clock, atomically; return how many.
+
+        An effect a saga records as a step or as a step's undo is kept:
+        sagas are never purged, and a saga whose steps had gone would read
+        as one whose steps never ran.
         """
         ...
 

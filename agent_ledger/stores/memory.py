@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import copy
 import operator
+import warnings
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Final, NoReturn
 
 import orjson
 
 from agent_ledger.clock import Clock, utc_now
+from agent_ledger.codes import ErrorCode
 from agent_ledger.effects import (
     Effect,
     EffectError,
@@ -31,14 +33,16 @@ from agent_ledger.effects import (
     storable_text,
     usage_from_json,
 )
+from agent_ledger.errors import RemovedNameError
 from agent_ledger.fields import EFFECT_FIELDS
 from agent_ledger.ids import new_effect_id
+from agent_ledger.legacy.names import STORE_METHODS
 from agent_ledger.status import (
-    AMBIGUOUS_ATTEMPT,
     CLAIMABLE,
     REOPENABLE,
     EffectStatus,
 )
+from agent_ledger.stores._legacy import LegacyStoreMethods, all_effects
 from agent_ledger.stores._memory_budgets import MemoryBudgets
 from agent_ledger.stores._memory_sagas import MemorySagas
 from agent_ledger.stores._rows import stats_from_groups
@@ -171,7 +175,7 @@ class MemoryTransaction(TransactionHandle):
         return self._undo
 
 
-class MemoryStore(MemorySagas, MemoryBudgets):
+class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets):
     """Effects in a dict, with the same observable behaviour as the SQL stores.
 
     ``clock`` is the store's clock (inject a ``ManualClock`` to test
@@ -369,13 +373,13 @@ class MemoryStore(MemorySagas, MemoryBudgets):
         row.heartbeat_at = now
         return True
 
-    async def release(self, effect_id: str, *, attempt: int) -> bool:
+    async def release(self, effect_id: str, *, attempt: int, for_approval: bool = False) -> bool:
         if self._gate.active is not None:
             await self._enter(None)
         row = self._row_by_id(effect_id)
         if row is None or row.status is not _PROCESSING or row.attempt != attempt:
             return False
-        row.status = _READY
+        row.status = _REQUIRES_APPROVAL if for_approval else _READY
         # The handler never started: this claim ran nothing.
         row.executions -= 1
         if row.executions == 0:
@@ -489,11 +493,13 @@ class MemoryStore(MemorySagas, MemoryBudgets):
             row is None
             or row.status is not _REQUIRES_APPROVAL
             or (expected_attempt is not None and row.attempt != expected_attempt)
-            or (only_parked and (row.error is None or row.error.code != AMBIGUOUS_ATTEMPT))
         ):
             return None
+        parked = row.error is not None and row.error.code == ErrorCode.AMBIGUOUS_ATTEMPT
+        if only_parked and not parked:
+            return None
         now = self._clock()
-        if target is _READY and row.error is not None and row.error.code == AMBIGUOUS_ATTEMPT:
+        if target is _READY and parked:
             row.tries = 0  # a fresh set of tries, as a reopen gives (see settle_params)
         settled = Settlement(target, row.attempt, decision.by, decision.note, now)
         row.history = (*row.history, settled)
@@ -542,7 +548,9 @@ class MemoryStore(MemorySagas, MemoryBudgets):
 
     # -- audit -------------------------------------------------------------
 
-    async def list_effects(self, query: EffectQuery) -> list[Effect]:
+    async def list_effects(self, query: EffectQuery | None = None) -> list[Effect]:
+        if query is None:
+            return await all_effects(self)  # 0.2.x's bare call
         if self._gate.active is not None:
             await self._enter(None)
         now = self._clock()
@@ -562,12 +570,20 @@ class MemoryStore(MemorySagas, MemoryBudgets):
         if self._gate.active is not None:
             await self._enter(None)
         cutoff = self._clock() - older_than
+        # A saga's step or undo stays (sagas are never purged), as on every store.
+        kept = {
+            key
+            for steps in self._step_rows.values()
+            for step in steps.values()
+            for key in (step.idem_key, step.compensation_key)
+        }
         doomed = [
             row
             for row in self._rows.values()
             if row.status in statuses
             and row.completed_at is not None
             and row.completed_at <= cutoff
+            and row.idem_key not in kept
         ]
         for row in doomed:
             del self._rows[row.idem_key]
@@ -595,3 +611,17 @@ class MemoryStore(MemorySagas, MemoryBudgets):
     def __len__(self) -> int:
         """How many effects the store holds."""
         return len(self._rows)
+
+    @property
+    def size(self) -> int:
+        """0.2.x's ``MemoryStore.size`` (deprecated): ``len(store)``."""
+        warnings.warn(
+            "MemoryStore.size is agent-ledger 0.2.x's; use len(store)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return len(self._rows)
+
+    def clear(self) -> NoReturn:
+        """0.2.x's ``MemoryStore.clear()``: gone (see the error)."""
+        raise RemovedNameError("clear", STORE_METHODS["clear"], owner="MemoryStore")

@@ -31,6 +31,7 @@ from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime, timedelta
 from importlib import resources
 from typing import Any, Final, LiteralString, TypeVar
+from urllib.parse import quote, urlencode, urlunsplit
 
 import orjson
 import psycopg
@@ -61,6 +62,7 @@ from agent_ledger.stores._dedup import (
     plus_one,
     row_id,
 )
+from agent_ledger.stores._legacy import LegacyStoreMethods, all_effects
 from agent_ledger.stores._params import (
     Dialect,
     begin_params,
@@ -76,7 +78,7 @@ from agent_ledger.stores._params import (
     transition_params,
 )
 from agent_ledger.stores._postgres_budgets import PostgresBudgets
-from agent_ledger.stores._postgres_sagas import PostgresSagas
+from agent_ledger.stores._postgres_sagas import STEPS_TABLE, PostgresSagas
 from agent_ledger.stores._postgres_tables import utc
 from agent_ledger.stores._rows import (
     EFFECT_WIDTH,
@@ -167,6 +169,35 @@ def _connection_lost(exc: psycopg.OperationalError, conn: Connection) -> bool:
     return isinstance(exc, lost) or conn.broken or conn.closed
 
 
+#: libpq options whose value must be a whole number (``port``: one per host).
+_INTEGER_OPTIONS: Final = ("port", "connect_timeout", "keepalives_idle", "keepalives_interval")
+
+
+def check_conninfo(conninfo: str, *, field: str = "conninfo") -> None:
+    """Refuse a connection string libpq can never use, naming ``field``.
+
+    libpq rejects an unknown parameter, and a port or timeout that is not a
+    number, only when it connects. The pool then logs the same error on
+    every retry until its timeout, and the probe's own ``connect_timeout``
+    would hide a bad one: so they are checked here, before any connection.
+    """
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        options = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as exc:
+        raise EffectLedgerValidationError(
+            f"malformed PostgreSQL connection string: {exc}", field=field
+        ) from None
+    for name in _INTEGER_OPTIONS:
+        value = options.get(name)
+        if value is not None and not all(part.strip().isdigit() for part in str(value).split(",")):
+            raise EffectLedgerValidationError(
+                f"malformed PostgreSQL connection string: {name} must be a number, got {value!r}",
+                field=field,
+            )
+
+
 async def _probe(conninfo: str, timeout_s: float) -> None:
     """Connect once, directly, and raise ``EffectStoreError`` with the reason if that fails.
 
@@ -215,7 +246,7 @@ async def _restore_transactional(conn: Connection) -> None:
         await conn.close()
 
 
-class PostgresStore(PostgresSagas, PostgresBudgets):
+class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
     """Effects in PostgreSQL, shared by every worker that uses the same database.
 
     ``pool`` is the caller's ``psycopg_pool.AsyncConnectionPool`` (opened by
@@ -275,7 +306,9 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
         self._record_legacy = compose(q.RECORD_LEGACY)
         self._schema_version = compose(q.SCHEMA_VERSION)
         self._stats = compose(q.STATS)
-        self._purge = compose(q.PURGE)
+        self._purge = sql.SQL(q.PURGE).format(
+            effects=effects, steps=sql.Identifier(schema, STEPS_TABLE)
+        )
         self._dedup_flush = compose(q.DEDUP_FLUSH)
         self._dedup_counts = compose(q.DEDUP_COUNTS)
         self._counts = PendingCounts(
@@ -304,9 +337,12 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
         Raises ``EffectStoreError`` if ``min_size`` connections cannot be made
         within ``connect_timeout`` seconds. A server that refuses the
         connection (no such database or role, a closed port, an unknown host)
-        fails at once, with the server's own message.
+        fails at once, with the server's own message. A connection string
+        libpq cannot use (an unknown parameter, a port that is not a number)
+        raises ``EffectLedgerValidationError`` before connecting.
         """
         check_flush_interval(dedup_flush_interval_s)
+        check_conninfo(conninfo)
         deadline = asyncio.get_running_loop().time() + connect_timeout
         await _probe(conninfo, connect_timeout)
         remaining = max(deadline - asyncio.get_running_loop().time(), 0.1)
@@ -381,6 +417,32 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
         row = await cursor.fetchone()
         return 0 if row is None or row[0] is None else int(row[0])
 
+    def _init_command(self) -> str:
+        """``agent-ledger init --url '...'`` for this store's database and schema.
+
+        Built from the pool's connection string without its password (an
+        error message must not carry one), so the command can be pasted
+        where a password comes from ``PGPASSWORD`` or ``~/.pgpass``.
+        """
+        from psycopg.conninfo import conninfo_to_dict
+
+        conninfo = self._pool.conninfo  # a callable when the pool computes it per connection
+        try:
+            options = (
+                {k: str(v) for k, v in conninfo_to_dict(conninfo).items()}
+                if isinstance(conninfo, str)
+                else {}
+            )
+        except psycopg.Error:
+            options = {}
+        user, host = options.pop("user", ""), options.pop("host", "")
+        port, dbname = options.pop("port", ""), options.pop("dbname", "")
+        options.pop("password", None)
+        netloc = (f"{quote(user)}@" if user else "") + host + (f":{port}" if port else "")
+        query = urlencode({**options, "schema": self.schema})
+        url = urlunsplit(("postgresql", netloc, f"/{quote(dbname)}" if dbname else "/", query, ""))
+        return f"`agent-ledger init --url '{url}'`"
+
     async def check_schema(self) -> int:
         """The schema version in the database; raises with a fix if it is missing or old."""
         with self._errors("check_schema"):
@@ -392,7 +454,8 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
             self._refuse_newer(int(version))
         if version is None or version < SCHEMA_VERSION:
             fix = (
-                "apply schema.sql (or await store.create_schema())"
+                f"create them with {self._init_command()} (or await store.create_schema(), "
+                "or apply schema.sql there)"
                 if version is None
                 else "run `agent-ledger migrate` (or await store.migrate(), or apply schema.sql)"
             )
@@ -570,10 +633,10 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
             "record_try", self._record_try, params, None, effect_id=effect_id
         )
 
-    async def release(self, effect_id: str, *, attempt: int) -> bool:
+    async def release(self, effect_id: str, *, attempt: int, for_approval: bool = False) -> bool:
         if not is_effect_id(effect_id):
             return False
-        params = release_params(effect_id, attempt=attempt)
+        params = release_params(effect_id, attempt=attempt, for_approval=for_approval)
         return await self._execute("release", self._release, params, None, effect_id=effect_id)
 
     async def transition(
@@ -595,15 +658,15 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
             decision=decision,
             sources=transition_sources(target, sources),
         )
-        started = self._counts.epoch
-        row = await self._fetch_one("transition", self._transition, params, tx, idem_key=idem_key)
-        return None if row is None else await self._one_counted(row, started, tx)
+        return await self._effect_of(
+            self._fetch_one("transition", self._transition, params, tx, idem_key=idem_key), tx
+        )
 
     async def reopen(self, idem_key: str, *, by: str, reason: str) -> Effect | None:
         params = reopen_params(_DIALECT, idem_key, by=by, reason=reason)
-        started = self._counts.epoch
-        row = await self._fetch_one("reopen", self._reopen, params, None, idem_key=idem_key)
-        return None if row is None else await self._one_counted(row, started, None)
+        return await self._effect_of(
+            self._fetch_one("reopen", self._reopen, params, None, idem_key=idem_key), None
+        )
 
     async def mark_started(
         self, effect_id: str, *, attempt: int, worker: str, tx: object | None = None
@@ -647,42 +710,39 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
             error=error,
             decision=decision,
         )
-        started = self._counts.epoch
-        row = await self._fetch_one("settle", self._settle, params, None, idem_key=idem_key)
-        return None if row is None else await self._one_counted(row, started, None)
+        return await self._effect_of(
+            self._fetch_one("settle", self._settle, params, None, idem_key=idem_key), None
+        )
 
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
         if not is_effect_id(effect_id):
             return None
-        started = self._counts.epoch
-        row = await self._fetch_one("get", self._get, {"id": effect_id}, tx, effect_id=effect_id)
-        return None if row is None else await self._one_counted(row, started, tx)
+        return await self._effect_of(
+            self._fetch_one("get", self._get, {"id": effect_id}, tx, effect_id=effect_id), tx
+        )
 
     async def find(self, idem_key: str, *, tx: object | None = None) -> Effect | None:
         params = {"idem_key": idem_key}
-        started = self._counts.epoch
-        row = await self._fetch_one("find", self._find, params, tx, idem_key=idem_key)
-        return None if row is None else await self._one_counted(row, started, tx)
+        return await self._effect_of(
+            self._fetch_one("find", self._find, params, tx, idem_key=idem_key), tx
+        )
 
     async def find_legacy(self, legacy_key: str, *, tx: object | None = None) -> Effect | None:
         params = {"legacy_key": legacy_key}
-        started = self._counts.epoch
-        row = await self._fetch_one("find_legacy", self._find_legacy, params, tx)
-        return None if row is None else await self._one_counted(row, started, tx)
+        return await self._effect_of(
+            self._fetch_one("find_legacy", self._find_legacy, params, tx), tx
+        )
 
     async def record_legacy(self, legacy_key: str, idem_key: str) -> bool:
-        """Record that 0.2.x's ``legacy_key`` names the effect keyed ``idem_key``
-        here, as ``agent-ledger import-0.2`` does for each row it brings over.
-
-        True if recorded; False, changing nothing, if ``legacy_key`` already
-        has a mapping (the first one stays).
-        """
+        """As ``MemoryStore.record_legacy``: map 0.2.x's key to ours; False if mapped already."""
         params = {"legacy_key": legacy_key, "idem_key": idem_key}
         return await self._execute("record_legacy", self._record_legacy, params, None)
 
     # -- audit --------------------------------------------------------------------
 
-    async def list_effects(self, query: EffectQuery) -> list[Effect]:
+    async def list_effects(self, query: EffectQuery | None = None) -> list[Effect]:
+        if query is None:
+            return await all_effects(self)  # 0.2.x's bare call
         if query.before is not None and not is_effect_id(query.before[1]):
             raise EffectLedgerValidationError("cursor names no effect", field="cursor")
         names, params = list_params(_DIALECT, query)
@@ -865,8 +925,9 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
             raise  # ours already: never double-wrap
         except psycopg.errors.UndefinedTable as exc:
             raise EffectStoreError(
-                f"the agent-ledger tables are missing from schema {self.schema!r}: apply "
-                "schema.sql there (or await store.create_schema())",
+                f"the agent-ledger tables are missing from schema {self.schema!r}: create "
+                f"them with {self._init_command()} (or await store.create_schema(), or "
+                "apply schema.sql there)",
                 operation=operation,
                 idem_key=idem_key,
                 effect_id=effect_id,
@@ -894,6 +955,15 @@ class PostgresStore(PostgresSagas, PostgresBudgets):
             return await cursor.fetchone()
 
         return await self._statement(operation, fetch, tx, idem_key=idem_key, effect_id=effect_id)
+
+    async def _effect_of(
+        self, fetching: Awaitable[tuple[Any, ...] | None], tx: object | None
+    ) -> Effect | None:
+        """The effect ``fetching`` (a ``_fetch_one`` not yet awaited) reads, with this
+        process's pending duplicate counts added; None when it reads no row."""
+        started = self._counts.epoch
+        row = await fetching
+        return None if row is None else await self._one_counted(row, started, tx)
 
     async def _execute(
         self,

@@ -54,6 +54,7 @@ from agent_ledger.stores._dedup import (
     plus_one,
     row_id,
 )
+from agent_ledger.stores._legacy import LegacyStoreMethods, all_effects
 from agent_ledger.stores._params import (
     Dialect,
     begin_params,
@@ -246,7 +247,7 @@ class SqliteTransaction(TransactionHandle):
     opened_us: int | None = None
 
 
-class SqliteStore(SqliteSagas, SqliteBudgets):
+class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
     """Effects in a SQLite file, durable and shared by every process on the machine.
 
     ``path`` is the database file (``":memory:"`` is refused: use
@@ -307,7 +308,8 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
         with self._errors("open"):
             if not create and not self.path.exists():
                 raise EffectStoreError(
-                    f"no ledger database at {self.path}: run `agent-ledger init` first",
+                    f"no ledger database at {self.path}: run "
+                    f"`agent-ledger init --url sqlite:///{self.path}` first",
                     operation="open",
                 )
             # isolation_level=None: we issue BEGIN IMMEDIATE ourselves.
@@ -374,7 +376,8 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
             _refuse_newer(version, SQLITE_SCHEMA_VERSION, str(self.path))
         if version is None or version < SQLITE_SCHEMA_VERSION:
             fix = (
-                "run `agent-ledger init` (or await store.create_schema())"
+                f"run `agent-ledger init --url sqlite:///{self.path}` "
+                "(or await store.create_schema())"
                 if version is None
                 else "run `agent-ledger migrate` (or await store.migrate())"
             )
@@ -601,28 +604,18 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
         if not is_effect_id(effect_id):
             return False
 
-        def work(conn: sqlite3.Connection, now: int) -> str | None:
-            params = commit_params(
-                _DIALECT,
-                effect_id,
-                attempt=attempt,
-                status=status,
-                result_json=result_json,
-                error=error,
-                ends_try=ends_try,
-                usage_json=usage_json,
-                started=started,
-            )
-            params["now"] = now
-            if conn.execute(q.COMMIT, params).rowcount != 1:
-                return None
-            return str(conn.execute(q.KEY_OF, (effect_id,)).fetchone()[0])
-
-        idem_key = await self._run("commit", work, stx, write=True, effect_id=effect_id)
-        if idem_key is None:
-            return False
-        self._gate.changed(idem_key, stx)
-        return True
+        params = commit_params(
+            _DIALECT,
+            effect_id,
+            attempt=attempt,
+            status=status,
+            result_json=result_json,
+            error=error,
+            ends_try=ends_try,
+            usage_json=usage_json,
+            started=started,
+        )
+        return await self._set("commit", q.COMMIT, params, effect_id, stx)
 
     async def record_try(
         self, effect_id: str, *, attempt: int, error: EffectError, error_type: str
@@ -639,32 +632,45 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
 
         return await self._run("record_try", work, None, write=True, effect_id=effect_id)
 
-    async def release(self, effect_id: str, *, attempt: int) -> bool:
+    async def release(self, effect_id: str, *, attempt: int, for_approval: bool = False) -> bool:
         holding = (effect_id, attempt)
         done = self._holders.under_way(holding)
         try:
-            released = await self._release(effect_id, attempt)
+            released = await self._release(effect_id, attempt, for_approval)
         finally:
             done()
         self._holders.remove(holding)
         return released
 
-    async def _release(self, effect_id: str, attempt: int) -> bool:
+    async def _release(self, effect_id: str, attempt: int, for_approval: bool) -> bool:
         await self._enter(None)
         if not is_effect_id(effect_id):
             return False
 
+        params = release_params(effect_id, attempt=attempt, for_approval=for_approval)
+        return await self._set("release", q.RELEASE, params, effect_id, None)
+
+    async def _set(
+        self,
+        operation: str,
+        statement: str,
+        params: dict[str, Any],
+        effect_id: str,
+        stx: SqliteTransaction | None,
+    ) -> bool:
+        """Run ``statement``, a compare-and-set on the row of ``effect_id`` (``:now``: the
+        store's clock); True if it applied, and then its key's waiters are told."""
+
         def work(conn: sqlite3.Connection, now: int) -> str | None:
-            params = release_params(effect_id, attempt=attempt)
             params["now"] = now
-            if conn.execute(q.RELEASE, params).rowcount != 1:
+            if conn.execute(statement, params).rowcount != 1:
                 return None
             return str(conn.execute(q.KEY_OF, (effect_id,)).fetchone()[0])
 
-        idem_key = await self._run("release", work, None, write=True, effect_id=effect_id)
+        idem_key = await self._run(operation, work, stx, write=True, effect_id=effect_id)
         if idem_key is None:
             return False
-        self._gate.changed(idem_key, None)
+        self._gate.changed(idem_key, stx)
         return True
 
     async def transition(
@@ -680,41 +686,15 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
         check_transition_target(target)
         allowed = transition_sources(target, sources)
         stx = await self._enter(tx)
-        started = self._counts.epoch
-
-        def work(conn: sqlite3.Connection, now: int) -> tuple[Any, ...] | None:
-            params = transition_params(
-                _DIALECT, idem_key, target=target, error=error, decision=decision, sources=allowed
-            )
-            params["now"] = now
-            if conn.execute(q.TRANSITION, params).rowcount != 1:
-                return None
-            row: tuple[Any, ...] = conn.execute(q.FIND, (idem_key,)).fetchone()
-            return row
-
-        moved = await self._run("transition", work, stx, write=True, idem_key=idem_key)
-        if moved is None:
-            return None
-        self._gate.changed(idem_key, stx)
-        return await self._one_counted(moved, started, stx)
+        params = transition_params(
+            _DIALECT, idem_key, target=target, error=error, decision=decision, sources=allowed
+        )
+        return await self._move("transition", q.TRANSITION, params, idem_key, stx)
 
     async def reopen(self, idem_key: str, *, by: str, reason: str) -> Effect | None:
         await self._enter(None)
         params = reopen_params(_DIALECT, idem_key, by=by, reason=reason)
-        started = self._counts.epoch
-
-        def work(conn: sqlite3.Connection, now: int) -> tuple[Any, ...] | None:
-            params["now"], params["at"] = now, from_us(now).isoformat()
-            if conn.execute(q.REOPEN, params).rowcount != 1:
-                return None
-            row: tuple[Any, ...] = conn.execute(q.FIND, (idem_key,)).fetchone()
-            return row
-
-        moved = await self._run("reopen", work, None, write=True, idem_key=idem_key)
-        if moved is None:
-            return None
-        self._gate.changed(idem_key, None)
-        return await self._one_counted(moved, started, None)
+        return await self._move("reopen", q.REOPEN, params, idem_key, None)
 
     async def mark_started(
         self, effect_id: str, *, attempt: int, worker: str, tx: object | None = None
@@ -777,20 +757,36 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
             error=error,
             decision=decision,
         )
+        return await self._move("settle", q.SETTLE, params, idem_key, None)
+
+    async def _move(
+        self,
+        operation: str,
+        statement: str,
+        params: dict[str, Any],
+        idem_key: str,
+        stx: SqliteTransaction | None,
+    ) -> Effect | None:
+        """Run ``statement``, a compare-and-set on ``idem_key``'s row, and read the row
+        back in the same write; None when it did not apply (nothing changed).
+
+        ``:now`` is the store's clock in microseconds and ``:at`` the same moment
+        as ISO text, for the history entry a statement may append.
+        """
         started = self._counts.epoch
 
         def work(conn: sqlite3.Connection, now: int) -> tuple[Any, ...] | None:
             params["now"], params["at"] = now, from_us(now).isoformat()
-            if conn.execute(q.SETTLE, params).rowcount != 1:
+            if conn.execute(statement, params).rowcount != 1:
                 return None
             row: tuple[Any, ...] = conn.execute(q.FIND, (idem_key,)).fetchone()
             return row
 
-        moved = await self._run("settle", work, None, write=True, idem_key=idem_key)
+        moved = await self._run(operation, work, stx, write=True, idem_key=idem_key)
         if moved is None:
             return None
-        self._gate.changed(idem_key, None)
-        return await self._one_counted(moved, started, None)
+        self._gate.changed(idem_key, stx)
+        return await self._one_counted(moved, started, stx)
 
     async def get(self, effect_id: str, *, tx: object | None = None) -> Effect | None:
         stx = await self._enter(tx)
@@ -823,12 +819,7 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
         return None if row is None else await self._one_counted(row, started, stx)
 
     async def record_legacy(self, legacy_key: str, idem_key: str) -> bool:
-        """Record that 0.2.x's ``legacy_key`` names the effect keyed ``idem_key``
-        here, as ``agent-ledger import-0.2`` does for each row it brings over.
-
-        True if recorded; False, changing nothing, if ``legacy_key`` already
-        has a mapping (the first one stays).
-        """
+        """As ``MemoryStore.record_legacy``: map 0.2.x's key to ours; False if mapped already."""
         await self._enter(None)
 
         def work(conn: sqlite3.Connection, now: int) -> bool:
@@ -838,7 +829,9 @@ class SqliteStore(SqliteSagas, SqliteBudgets):
 
     # -- audit --------------------------------------------------------------------
 
-    async def list_effects(self, query: EffectQuery) -> list[Effect]:
+    async def list_effects(self, query: EffectQuery | None = None) -> list[Effect]:
+        if query is None:
+            return await all_effects(self)  # 0.2.x's bare call
         await self._enter(None)
         names, params = list_params(_DIALECT, query)
         filters = [q.LIST_FILTERS[name] for name in names]

@@ -7,6 +7,8 @@
 ``postgresql://user@host:5432/db?schema=x``    ``PostgresStore.connect`` (``schema``
                                                defaults to ``public``; ``postgres://``
                                                works too)
+``mysql://user:password@host:3306/db``         ``MySQLStore.connect`` (MariaDB or
+                                               MySQL 8; ``mariadb://`` works too)
 =============================================  ==================================
 """
 
@@ -36,11 +38,12 @@ async def open_store(url: str, *, create: bool = True) -> Store:
 
     ``create=False`` makes a SQLite URL fail with a clear ``EffectStoreError``
     when the file or its tables do not exist, instead of creating them; a
-    PostgreSQL store never creates its schema here (``create_schema()`` does).
+    PostgreSQL or MySQL store never creates its tables here (``create_schema()`` does).
     """
     if not isinstance(url, str) or "://" not in url:
         raise EffectLedgerValidationError(
-            f"not a store URL: {url!r}; expected memory://, sqlite:///PATH or postgresql://...",
+            f"not a store URL: {url!r}; expected memory://, sqlite:///PATH, postgresql://... "
+            "or mysql://...",
             field="url",
         )
     scheme = url.split("://", 1)[0].lower()
@@ -61,19 +64,29 @@ async def open_store(url: str, *, create: bool = True) -> Store:
         return SqliteStore(path, create=create)
     if scheme in ("postgresql", "postgres"):
         try:
-            from agent_ledger.stores.postgres import PostgresStore
+            from agent_ledger.stores.postgres import PostgresStore, check_conninfo
         except ImportError:
             raise EffectLedgerValidationError(
                 'PostgreSQL URLs need the extra: pip install "agent-ledger[postgres]"',
                 field="url",
             ) from None
         conninfo, schema = split_schema(url)
+        check_conninfo(conninfo, field="url")
         return await PostgresStore.connect(
             conninfo, schema=schema or "public", connect_timeout=10.0
         )
+    if scheme in ("mysql", "mariadb"):
+        try:
+            from agent_ledger.stores.mysql import MySQLStore
+        except ImportError:
+            raise EffectLedgerValidationError(
+                'MySQL and MariaDB URLs need the extra: pip install "agent-ledger[mysql]"',
+                field="url",
+            ) from None
+        return await MySQLStore.connect(url, connect_timeout=10.0)
     raise EffectLedgerValidationError(
         f"unknown store URL scheme {scheme!r} in {url!r}; "
-        "expected memory://, sqlite:///PATH or postgresql://...",
+        "expected memory://, sqlite:///PATH, postgresql://... or mysql://...",
         field="url",
     )
 

@@ -41,10 +41,10 @@ import logging
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from agent_ledger.budgets import Budget, BudgetState, Spend, usd_to_micros
+from agent_ledger.context import budget_scopes, budgets_gated, recording
 from agent_ledger.effects import Effect
 from agent_ledger.engine.cancellation import carry_through
 from agent_ledger.errors import (
@@ -56,7 +56,7 @@ from agent_ledger.status import EffectStatus
 from agent_ledger.stores.budget_base import UNITS, BudgetStore, NewHold, detached_key
 
 if TYPE_CHECKING:
-    from agent_ledger.ledger import EffectLedger
+    from agent_ledger.core import LedgerCore
 
 __all__ = [
     "BudgetScope",
@@ -65,7 +65,6 @@ __all__ = [
     "gate",
     "llm_charge",
     "open_budgets",
-    "suspend_budgets",
     "tool_charge",
 ]
 
@@ -79,24 +78,18 @@ DEFAULT_HOLD_TTL_MS: Final = 15 * 60 * 1000
 TOOL_UNITS: Final = frozenset({"tool_calls"})
 LLM_UNITS: Final = frozenset({"usd_micros", "input_tokens", "output_tokens"})
 
-_BUDGETS: ContextVar[tuple[BudgetScope, ...]] = ContextVar("agent_ledger_budgets", default=())
-#: False inside a saga's compensations: an undo, and whatever it calls, is never refused.
-_GATED: ContextVar[bool] = ContextVar("agent_ledger_budgets_gated", default=True)
 
-
-def _simulated(ledger: EffectLedger) -> BudgetStore | None:
+def _simulated(ledger: LedgerCore[object]) -> BudgetStore | None:
     """Inside ``ledger.replay()``: the replay's own budgets (``Replay.budgets``),
     which simulate the recorded run's and store nothing; else None."""
-    from agent_ledger.ledger import RECORDING  # here: the ledger module imports this one
-
-    recording = RECORDING.get()
-    if recording is None or recording.ledger is not ledger:
+    answering = recording()
+    if answering is None or answering.ledger is not ledger:
         return None
-    simulated = getattr(recording, "budgets", None)
+    simulated = getattr(answering, "budgets", None)
     return simulated if isinstance(simulated, BudgetStore) else None
 
 
-def budget_store(ledger: EffectLedger) -> BudgetStore:
+def budget_store(ledger: LedgerCore[object]) -> BudgetStore:
     """Where the ledger's budgets are kept: its store, or inside a replay the
     replay's simulated budgets; a clear error if the store keeps none."""
     simulated = _simulated(ledger)
@@ -128,7 +121,7 @@ class BudgetScope:
 
     __slots__ = ("_opened", "budget", "given", "ledger", "store", "workflow_id")
 
-    def __init__(self, ledger: EffectLedger, workflow_id: str, budget: Budget) -> None:
+    def __init__(self, ledger: LedgerCore[object], workflow_id: str, budget: Budget) -> None:
         if not isinstance(budget, Budget):
             raise EffectLedgerValidationError(
                 f"budget must be an agent_ledger.Budget, got {type(budget).__name__}. "
@@ -144,7 +137,7 @@ class BudgetScope:
         self._opened = False
 
     @classmethod
-    def stored(cls, ledger: EffectLedger, workflow_id: str) -> BudgetScope | None:
+    def stored(cls, ledger: LedgerCore[object], workflow_id: str) -> BudgetScope | None:
         """A scope for the budget stored under ``workflow_id``, if any; None when the
         ledger's store keeps no budgets."""
         store = _simulated(ledger) or ledger.store
@@ -182,33 +175,20 @@ class BudgetScope:
         return f"BudgetScope({self.workflow_id!r}, {self.budget!r})"
 
 
-def push(scope: BudgetScope) -> object:
-    """Make ``scope`` the innermost budget of this context; the token to undo it."""
-    return _BUDGETS.set((*_BUDGETS.get(), scope))
-
-
-def pop(token: object) -> None:
-    _BUDGETS.reset(token)  # type: ignore[arg-type]  # the token push() returned
-
-
-def suspend_budgets() -> None:
-    """No budget applies from here on in this context (a compensation's task)."""
-    _GATED.set(False)
-
-
-def active_budgets(ledger: EffectLedger) -> tuple[BudgetScope, ...]:
+def active_budgets(ledger: LedgerCore[object]) -> tuple[BudgetScope, ...]:
     """The budgets in scope for ``ledger``'s calls, outermost first, one per workflow id.
 
     A workflow id entered twice (a helper re-entering the workflow it is in)
     is one budget: reserving on it twice would count the call twice. The
     scope that was given its budget wins over one that looks it up.
     """
-    scopes = _BUDGETS.get()
-    if not scopes or not _GATED.get():
+    scopes = budget_scopes()
+    if not scopes or not budgets_gated():
         return ()
     chosen: dict[str, BudgetScope] = {}
     for scope in scopes:
-        if scope.ledger is not ledger:
+        # Only this layer enters budget scopes (a workflow's or a saga's).
+        if not isinstance(scope, BudgetScope) or scope.ledger is not ledger:
             continue
         seen = chosen.get(scope.workflow_id)
         if seen is None or (scope.given and not seen.given):
@@ -216,7 +196,7 @@ def active_budgets(ledger: EffectLedger) -> tuple[BudgetScope, ...]:
     return tuple(chosen.values())
 
 
-async def open_budgets(ledger: EffectLedger) -> tuple[BudgetScope, ...]:
+async def open_budgets(ledger: LedgerCore[object]) -> tuple[BudgetScope, ...]:
     """:func:`active_budgets`, each stored or looked up (once per scope), without
     the looked-up ones that found no budget."""
     scopes = active_budgets(ledger)
@@ -242,7 +222,7 @@ def llm_charge(effect: Effect) -> Spend:
 
 
 async def gate(
-    ledger: EffectLedger,
+    ledger: LedgerCore[object],
     scopes: tuple[BudgetScope, ...],
     *,
     idem_key: str,
@@ -287,7 +267,7 @@ async def gate(
 
 
 async def _reserve_all(
-    ledger: EffectLedger,
+    ledger: LedgerCore[object],
     scopes: tuple[BudgetScope, ...],
     idem_key: str,
     tool: str,
@@ -356,17 +336,15 @@ def _short_units(
     return tuple(short)
 
 
-async def _finished(ledger: EffectLedger, idem_key: str) -> Effect | None:
+async def _finished(ledger: LedgerCore[object], idem_key: str) -> Effect | None:
     """The effect if it has finished: in the ledger's store, or inside a replay
     the recorded one that answered the call (a replay books its recorded charge
     on the replay's simulated budgets)."""
     effect = await ledger.find_by_idem_key(idem_key)
     if effect is None and _simulated(ledger) is not None:
-        from agent_ledger.ledger import RECORDING
-
-        recording = RECORDING.get()
-        assert recording is not None  # _simulated found it
-        effect = await recording.recorded(idem_key)
+        answering = recording()
+        assert answering is not None  # _simulated found it
+        effect = await answering.recorded(idem_key)
     return effect if effect is not None and effect.status.is_terminal else None
 
 
@@ -378,7 +356,7 @@ async def _release(scopes: tuple[BudgetScope, ...], holds: dict[str, str]) -> No
 
 
 async def _settle(
-    ledger: EffectLedger,
+    ledger: LedgerCore[object],
     scopes: tuple[BudgetScope, ...],
     idem_key: str,
     holds: dict[str, str],

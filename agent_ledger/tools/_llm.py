@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from agent_ledger.budgets import Budget, Spend, usd_to_micros
 from agent_ledger.calls import ToolCall
+from agent_ledger.context import current_workflow, recording
 from agent_ledger.effects import (
     MAX_USAGE_COST_USD,
     Effect,
@@ -30,7 +31,6 @@ from agent_ledger.effects import (
     WithUsage,
 )
 from agent_ledger.errors import EffectLedgerInvariantError, EffectLedgerValidationError
-from agent_ledger.ledger import RECORDING
 from agent_ledger.options import RunOptions
 from agent_ledger.stores.budget_base import check_hold_ttl_ms
 from agent_ledger.tools._budget import (
@@ -41,10 +41,9 @@ from agent_ledger.tools._budget import (
     llm_charge,
     open_budgets,
 )
-from agent_ledger.tools._workflow import _CURRENT
 
 if TYPE_CHECKING:
-    from agent_ledger.ledger import EffectLedger
+    from agent_ledger.core import LedgerCore
 
 __all__ = ["LLMReply", "LLMResult", "Pricing", "call_llm"]
 
@@ -143,7 +142,7 @@ def _text(value: object, name: str) -> str:
 
 
 async def call_llm(
-    ledger: EffectLedger,
+    ledger: LedgerCore[object],
     call_fn: Callable[[Any], object],
     *,
     provider: str,
@@ -177,7 +176,7 @@ async def call_llm(
             field="estimate",
         )
     check_hold_ttl_ms(hold_ttl_ms)  # the bound every store keeps
-    workflow = workflow_id if workflow_id is not None else _CURRENT.get()
+    workflow = workflow_id if workflow_id is not None else current_workflow()
     if workflow is None:
         raise EffectLedgerValidationError(
             "ledger.llm() was called outside a workflow, so it has no key. Call it inside "
@@ -358,9 +357,9 @@ async def call_llm(
     effect = await ledger.find_by_idem_key(idem_key)
     if effect is None:
         # Inside ledger.replay() the receipt is the recording's, not the store's.
-        recording = RECORDING.get()
-        if recording is not None and recording.ledger is ledger:
-            effect = await recording.recorded(idem_key)
+        answering = recording()
+        if answering is not None and answering.ledger is ledger:
+            effect = await answering.recorded(idem_key)
     if effect is None:  # it was just run or replayed: only a purge in between removes it
         raise EffectLedgerInvariantError(f"model call {idem_key[:12]}… vanished after it ran")
     return LLMReply(response=effect.result, usage=effect.usage, effect=effect)

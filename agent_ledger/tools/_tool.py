@@ -21,26 +21,41 @@ from typing import (
     Generic,
     Literal,
     Protocol,
+    TypeAlias,
     TypeVar,
     cast,
     overload,
+    runtime_checkable,
 )
 
 from agent_ledger.budgets import Spend
 from agent_ledger.calls import ToolCall
+from agent_ledger.context import budget_scopes, current_workflow
+from agent_ledger.context import step_runner as _current_runner
 from agent_ledger.effects import Effect
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.keys import canonical_json
 from agent_ledger.options import UNSET, LedgerHooks, OnStale, RunOptions, merge_run_options
 from agent_ledger.retries import RetryPolicy
-from agent_ledger.tools._budget import _BUDGETS, TOOL_UNITS, gate, open_budgets, tool_charge
-from agent_ledger.tools._steps import STEP_RUNNER
-from agent_ledger.tools._workflow import _CURRENT
+from agent_ledger.tools._budget import TOOL_UNITS, gate, open_budgets, tool_charge
 
 if TYPE_CHECKING:
-    from agent_ledger.ledger import EffectLedger
+    from agent_ledger.core import LedgerCore
 
-__all__ = ["EFFECT_PARAMETER", "Tool", "ToolDecorator", "define"]
+__all__ = [
+    "EFFECT_PARAMETER",
+    "StepRunner",
+    "Tool",
+    "ToolDecorator",
+    "ToolLedger",
+    "define",
+    "step_runner",
+]
+
+#: The ledger as this layer and the ones above see it: the core
+#: (``agent_ledger.core``) with its registry holding ``Tool``s. Never the
+#: ``EffectLedger`` facade, which is built on these layers.
+ToolLedger: TypeAlias = "LedgerCore[Tool[Any]]"
 
 CompensateIf = Literal["succeeded", "attempted"]
 FailureScope = Literal["saga", "step"]
@@ -53,6 +68,47 @@ EFFECT_PARAMETER: Final = "effect"
 
 _P = inspect.Parameter
 _POSITIONAL: Final = (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD)
+
+
+@runtime_checkable
+class StepRunner(Protocol):
+    """Where a tool call goes when it is a step of something above this layer.
+
+    A saga (``agent_ledger.sagas``) makes every tool call inside its block a
+    step: recorded before its effect begins, undone if a later step fails.
+    This layer cannot import it, so the saga makes itself the context's step
+    runner (``agent_ledger.context.set_step_runner``) and ``Tool.__call__``
+    and ``invoke`` hand their run to it (:func:`step_runner`). asyncio copies
+    the context into tasks started inside, as with workflows.
+    """
+
+    @property
+    def ledger(self) -> LedgerCore[object]:
+        """The ledger whose calls it runs as steps."""
+        ...
+
+    async def run_step(
+        self,
+        tool: Tool[object],
+        call: ToolCall,
+        handler: Callable[[Effect], object],
+        run_options: RunOptions | None,
+        hooks: LedgerHooks | None,
+    ) -> object:
+        """Run one tool call as a step; return what ``ledger.run()`` would."""
+        ...
+
+
+def step_runner(ledger: object) -> StepRunner | None:
+    """The step runner of ``ledger``'s calls made here (a saga of that ledger), or None.
+
+    The context keeps it as ``object`` (it cannot name this layer's types);
+    only a ``StepRunner`` is ever put there, and this is where it is known
+    as one."""
+    runner = _current_runner()
+    if runner is None or not isinstance(runner, StepRunner) or runner.ledger is not ledger:
+        return None
+    return runner
 
 
 class ToolDecorator(Protocol):
@@ -84,7 +140,7 @@ class Tool(Generic[R_co]):
 
     def __init__(
         self,
-        ledger: EffectLedger,
+        ledger: ToolLedger,
         fn: Callable[..., Any],
         name: str,
         *,
@@ -229,7 +285,7 @@ class Tool(Generic[R_co]):
         return self._tool_call(self._bind(args, kwargs))
 
     def _tool_call(self, values: dict[str, object], call_id: str | None = None) -> ToolCall:
-        workflow_id = self.workflow_id or _CURRENT.get()
+        workflow_id = self.workflow_id or current_workflow()
         if workflow_id is None:
             raise EffectLedgerValidationError(
                 f"tool {self.name!r} was called outside a workflow, so it has no key. "
@@ -276,15 +332,15 @@ class Tool(Generic[R_co]):
         self, call: ToolCall, handler: Callable[[Effect], object], options: RunOptions | None
     ) -> object:
         """The one path of a call: budgets in scope, then a saga's step or ``ledger.run()``."""
-        if _BUDGETS.get():
+        if budget_scopes():
             return await self._budgeted(call, handler, options)
         return await self._step_or_run(call, handler, options)
 
     async def _step_or_run(
         self, call: ToolCall, handler: Callable[[Effect], object], options: RunOptions | None
     ) -> object:
-        runner = STEP_RUNNER.get()
-        if runner is not None and runner.ledger is self.ledger:
+        runner = step_runner(self.ledger)
+        if runner is not None:
             return await runner.run_step(self, call, handler, options, self._hooks)
         return await self.ledger.run(call, handler, options, hooks=self._hooks)
 
@@ -500,7 +556,7 @@ def _handler_factory(
 
 
 def _policy(
-    ledger: EffectLedger,
+    ledger: ToolLedger,
     name: str,
     requires_approval: bool | Callable[[ToolCall], bool] | None,
     run_options: RunOptions | None,
@@ -588,7 +644,7 @@ def _with_fields(
 
 
 def define(
-    ledger: EffectLedger,
+    ledger: ToolLedger,
     registry: dict[str, Tool[Any]],
     name: str | None,
     *,

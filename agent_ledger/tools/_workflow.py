@@ -1,54 +1,46 @@
-"""Which workflow a tool call belongs to: a context variable, set by ``ledger.workflow(id)``."""
+"""Which workflow a tool call belongs to: ``ledger.workflow(id)``, a block kept in the context.
+
+The workflow id and the scopes entered are ambient state
+(:mod:`agent_ledger.context`): asyncio copies them into every task started
+inside the block, so ``asyncio.gather`` children inherit the scope they were
+started in.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextvars import ContextVar, Token
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from agent_ledger.calls import ToolCall
-from agent_ledger.tools._budget import BudgetScope, pop, push
-
-# One variable for the process, created once at import (context variables are
-# never collected). asyncio copies the context into every task it starts, so
-# `asyncio.gather` children inherit the scope they were started in.
-_CURRENT: ContextVar[str | None] = ContextVar("agent_ledger_workflow", default=None)
-#: The scopes entered in this context, innermost last, with the token that
-#: undoes each. Kept in the context too, so one scope object entered by two
-#: tasks or threads at once undoes each entry in the context that made it.
-_ENTERED: ContextVar[tuple[tuple[WorkflowScope, Token[str | None], object | None], ...]] = (
-    ContextVar("agent_ledger_workflow_scopes", default=())
+from agent_ledger.context import (
+    check_workflow_exit,
+    current_workflow,
+    enter_workflow,
+    exit_workflow,
+    innermost_entry,
 )
+from agent_ledger.tools._budget import BudgetScope
+
+if TYPE_CHECKING:
+    from agent_ledger.budgets import Budget
+    from agent_ledger.core import LedgerCore
+
+__all__ = ["WorkflowScope", "current_workflow", "innermost_entry", "workflow_scope"]
 
 
-def current_workflow() -> str | None:
-    """The workflow id of the innermost ``ledger.workflow(...)`` around this code, or None."""
-    return _CURRENT.get()
-
-
-def innermost_entry(entered: Sequence[tuple[object, ...]], block: object) -> int:
-    """Where ``block``'s latest entry is in ``entered`` (a context's stack of
-    entries, innermost last, each starting with the block); raise
-    ``RuntimeError`` (changing nothing) unless it is the innermost one.
-
-    Each entry undoes itself by restoring what was in place before it: a
-    block left before one entered inside it would restore a state that
-    still holds the inner one, and the inner one's exit would bring the
-    outer block back after both ended. So a block must be left before the
-    block around it, as ``with`` statements always are. Shared by workflow
-    scopes and replays, whose stacks are kept apart.
-    """
-    for i in range(len(entered) - 1, -1, -1):
-        if entered[i][0] is block:
-            if i != len(entered) - 1:
-                inner = ", ".join(repr(e[0]) for e in entered[i + 1 :])
-                raise RuntimeError(
-                    f"{block!r} was exited before {inner}, entered inside it: leave "
-                    "blocks in the reverse order of entering them (as `with` and "
-                    "contextlib.ExitStack do); nothing was changed"
-                )
-            return i
-    raise RuntimeError(f"{block!r} was exited in a context that did not enter it")
+def workflow_scope(
+    ledger: LedgerCore[object], workflow_id: str, budget: Budget | None = None
+) -> WorkflowScope:
+    """``ledger.workflow(workflow_id, budget=...)``: the scope, with ``budget`` (stored
+    under ``workflow_id`` for ``ledger``) or else the budget stored there, if any."""
+    scope = WorkflowScope(workflow_id)  # checks the id before the budget
+    if budget is None:
+        # The budget stored under this id, if any, still applies (read once,
+        # on entering): another worker's limit is this one's too.
+        scope.budget = BudgetScope.stored(ledger, workflow_id)
+    else:
+        scope.budget = BudgetScope(ledger, workflow_id, budget)
+    return scope
 
 
 class WorkflowScope:
@@ -72,9 +64,7 @@ class WorkflowScope:
         self.budget = budget
 
     def __enter__(self) -> WorkflowScope:
-        token = _CURRENT.set(self.workflow_id)
-        budget_token = None if self.budget is None else push(self.budget)
-        _ENTERED.set((*_ENTERED.get(), (self, token, budget_token)))
+        enter_workflow(self, self.workflow_id, self.budget)
         return self
 
     def __exit__(
@@ -83,19 +73,13 @@ class WorkflowScope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        entered = _ENTERED.get()
-        i = self.check_innermost()
-        _, token, budget_token = entered[i]
-        _ENTERED.set(entered[:i])
-        if budget_token is not None:
-            pop(budget_token)
-        _CURRENT.reset(token)
+        exit_workflow(self)
 
     def check_innermost(self) -> int:
         """Where this scope's latest entry is in this context's stack; raise
         ``RuntimeError`` (changing nothing) unless it is the innermost one
         (:func:`innermost_entry`)."""
-        return innermost_entry(_ENTERED.get(), self)
+        return check_workflow_exit(self)
 
     async def __aenter__(self) -> WorkflowScope:
         if self.budget is not None:

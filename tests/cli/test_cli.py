@@ -15,8 +15,9 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 import pytest
 
-from agent_ledger import ConcurrencyOptions, EffectStatus, RunOptions, StaleOptions, ToolCall
+from agent_ledger import EffectStatus, RunOptions, ToolCall
 from agent_ledger.cli import CSV_JSON_COLUMNS
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from agent_ledger.receipt import RECORD_FIELDS, effect_from_record
 from agent_ledger.stores.url import open_store
 from agent_ledger.testing import build_ledger
@@ -95,9 +96,9 @@ def test_unknown_key_bad_url_and_missing_schema_are_one_line(cli: Cli, tmp_path:
     assert "no effect matches" in unknown.stderr
     bad_ref = cli("approve", "not-a-key")
     assert bad_ref.returncode == 2 and "neither an effect id" in bad_ref.stderr
-    bad_url = Cli("mysql://nope", tmp_path)("list")
+    bad_url = Cli("oracle://nope", tmp_path)("list")
     assert bad_url.returncode == 2 and bad_url.stderr.count("\n") == 1
-    assert "unknown store URL scheme 'mysql'" in bad_url.stderr
+    assert "unknown store URL scheme 'oracle'" in bad_url.stderr
     missing = Cli(f"sqlite:///{tmp_path / 'never-created.db'}", tmp_path)("list")
     assert missing.returncode == 1 and "agent-ledger init" in missing.stderr
     assert "Traceback" not in unknown.stderr + bad_ref.stderr + bad_url.stderr + missing.stderr
@@ -110,8 +111,10 @@ def test_usage_errors_exit_2(cli: Cli) -> None:
     assert cli("purge", "--older-than", "soon", "--yes").returncode == 2
     too_long = cli("purge", "--older-than", "99999999999999999999d", "--yes")
     assert too_long.returncode == 2 and "Traceback" not in too_long.stderr
-    assert too_long.stderr.splitlines()[-1].endswith(
+    assert len(too_long.stderr.splitlines()) == 1 and too_long.stderr.startswith("agent-ledger: ")
+    assert (
         "duration too long: '99999999999999999999d' (at most 365000d, about 1000 years)"
+        in too_long.stderr
     )
 
 
@@ -310,6 +313,7 @@ def test_ambiguous_attempts_from_a_shell(cli: Cli) -> None:
     time.sleep(0.3)
     swept = cli("park-stale")
     assert swept.returncode == 0 and f"parked payments.charge ({key[:12]})" in swept.stdout
+    assert swept.stderr == "", "no stray log line (issue 30)"
     assert cli("park-stale").stdout.strip() == "nothing to park"
     table = cli("pending")
     assert table.returncode == 0
@@ -334,7 +338,11 @@ def test_ambiguous_attempts_from_a_shell(cli: Cli) -> None:
     stale = cli("approve", key[:12], "--by", "ops", "--expected-attempt", "2")
     assert stale.returncode == 1 and "at attempt 1, not 2" in stale.stderr
     refused = cli("resolve", approval_key[:12], "--result", "1", "--by", "ops")
-    assert refused.returncode == 1 and "approve() or deny()" in refused.stderr
+    # In the CLI's own words (issue 30): the commands, not the Python calls.
+    assert refused.returncode == 1 and refused.stderr.startswith("agent-ledger: ")
+    assert f"agent-ledger approve {approval_key[:12]}" in refused.stderr
+    assert f"agent-ledger deny {approval_key[:12]}" in refused.stderr
+    assert "approve()" not in refused.stderr
     resolved = cli(
         "resolve", key[:12], "--result", '{"charge": "ch_1"}', "--by", "ops",
         "--note", "seen at the provider", "--expected-attempt", "1",

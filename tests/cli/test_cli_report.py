@@ -15,13 +15,8 @@ import pytest
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
-from agent_ledger import (
-    ApprovalPendingError,
-    Effect,
-    HandlerTimeoutError,
-    RunOptions,
-    ToolCall,
-)
+from agent_ledger import ApprovalPendingError, Effect, RunOptions, ToolCall
+from agent_ledger.errors import HandlerTimeoutError
 from agent_ledger.stores.url import open_store
 from agent_ledger.testing import build_ledger
 from tests.cli.conftest import Cli

@@ -23,13 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_ledger import (
-    ApprovalPendingError,
-    EffectStatus,
-    ResourceDescriptor,
-    RunOptions,
-    ToolCall,
-)
+from agent_ledger import ApprovalPendingError, EffectStatus, RunOptions, ToolCall
+from agent_ledger.calls import ResourceDescriptor
 from agent_ledger.stores.url import open_store
 from agent_ledger.testing import build_ledger
 from tests.cli.conftest import SCRIPT, Cli

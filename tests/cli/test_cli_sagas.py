@@ -60,7 +60,7 @@ def test_demo_saga_rolls_back_and_a_second_run_runs_nothing(cli: Cli) -> None:
         None,
     ]
     missing = cli("sagas", "show", "nope")
-    assert missing.returncode == 1 and "no saga 'nope'" in missing.stdout
+    assert missing.returncode == 1 and missing.stderr == "agent-ledger: no saga 'nope'\n"
 
 
 def test_a_saga_whose_undo_keeps_failing_is_listed_for_a_person(cli: Cli) -> None:
@@ -159,9 +159,11 @@ def test_stored_text_is_printed_escaped_by_list_show_and_recover(cli: Cli) -> No
         "recover": cli("sagas", "recover"),
     }
     for name, out in outputs.items():
-        assert out.stdout, name
+        # An unknown saga is an error: on stderr, escaped like everything else.
+        text = out.stderr if name == "show missing" else out.stdout
+        assert text, name
         for raw in ("\x1b", "\x07", "\x9b", "\u202e"):
-            assert raw not in out.stdout, (name, raw, out.stdout)
+            assert raw not in text, (name, raw, text)
     assert "order\\x1b]0;pwned\\x07-1\\u202e" in outputs["show"].stdout
     assert "no courier\\x1b[2J" in outputs["show"].stdout
     assert "ship\\x9b2J" in outputs["show"].stdout

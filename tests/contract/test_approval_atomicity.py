@@ -9,16 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent_ledger import (
-    ConcurrencyOptions,
-    Effect,
-    EffectStatus,
-    EffectStoreError,
-    EffectTimeoutError,
-    RunOptions,
-    StaleOptions,
-    ToolCall,
-)
+from agent_ledger import Effect, EffectStatus, EffectStoreError, RunOptions, ToolCall
+from agent_ledger.errors import EffectTimeoutError
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from agent_ledger.testing import FaultyStore, build_ledger
 from tests.harness import StoreHarness
 

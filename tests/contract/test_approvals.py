@@ -8,17 +8,17 @@ import logging
 import pytest
 
 from agent_ledger import (
-    CommitSucceeded,
-    ConcurrencyOptions,
     Effect,
     EffectDeniedError,
+    EffectLedgerValidationError,
     EffectStatus,
-    EffectTimeoutError,
     LedgerHooks,
     RunOptions,
-    StaleOptions,
     ToolCall,
 )
+from agent_ledger.effects import CommitSucceeded
+from agent_ledger.errors import EffectTimeoutError
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from tests.approvals import make_pending
 from tests.harness import StoreHarness
 
@@ -198,7 +198,9 @@ async def test_request_approval_refuses_a_running_effect(harness: StoreHarness) 
     task = asyncio.create_task(ledger.run(DEPLOY, deploy))
     await asyncio.wait_for(started.wait(), 5)
     key = ledger.idem_key(DEPLOY)
-    assert not await ledger.request_approval(key)
+    # Not a silent False: the caller learns it cannot gate a running handler.
+    with pytest.raises(EffectLedgerValidationError, match="held by another caller"):
+        await ledger.request_approval(key)
     running = await ledger.find_by_idem_key(key)
     assert running is not None and running.status is EffectStatus.PROCESSING
     release.set()
@@ -211,14 +213,16 @@ async def test_request_approval_refuses_a_running_effect(harness: StoreHarness) 
     assert ran == [1]
 
 
-async def test_request_approval_refuses_an_effect_owned_through_begin(
+async def test_request_approval_refuses_an_effect_another_begin_owns(
     harness: StoreHarness,
 ) -> None:
-    """A begin() worker's effect is running too: request_approval() returns False."""
-    ledger = harness.ledger()
-    begun = await ledger.begin(DEPLOY)
-    assert not await ledger.request_approval(begun.effect.idem_key)
-    assert await ledger.commit(
+    """A begin() worker's effect may be running too: a caller that is not its holder
+    gets an error, and the holder's commit lands (the holder's own request is
+    tests/contract/test_holder_requests_approval.py)."""
+    begun = await harness.ledger().begin(DEPLOY)
+    with pytest.raises(EffectLedgerValidationError, match="held by another caller"):
+        await harness.ledger().request_approval(begun.effect.idem_key)
+    assert await harness.ledger().commit(
         begun.effect.id, CommitSucceeded(result="done"), attempt=begun.effect.attempt
     )
 

@@ -7,8 +7,6 @@ from datetime import timedelta
 import pytest
 
 from agent_ledger import (
-    CommitFailed,
-    CommitSucceeded,
     Effect,
     EffectError,
     EffectLedger,
@@ -16,6 +14,7 @@ from agent_ledger import (
     EffectStatus,
     ToolCall,
 )
+from agent_ledger.effects import CommitFailed, CommitSucceeded
 from tests.approvals import make_pending
 from tests.harness import StoreHarness
 

@@ -16,7 +16,6 @@ import pytest
 
 from agent_ledger import (
     ApprovalPendingError,
-    CommitSucceeded,
     Effect,
     EffectLedgerValidationError,
     EffectStatus,
@@ -24,7 +23,7 @@ from agent_ledger import (
     ToolCall,
 )
 from agent_ledger.audit import MAX_SPAN
-from agent_ledger.effects import handler_time
+from agent_ledger.effects import CommitSucceeded, handler_time
 from tests.harness import StoreHarness
 
 

@@ -7,13 +7,13 @@ import math
 import pytest
 
 from agent_ledger import (
-    ConcurrencyOptions,
     EffectLedger,
     EffectLedgerOptions,
     EffectLedgerValidationError,
     RunOptions,
     ToolCall,
 )
+from agent_ledger.options import ConcurrencyOptions
 from tests.approvals import make_pending
 from tests.harness import StoreHarness
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 
 from agent_ledger import (
-    CommitFailed,
-    CommitSucceeded,
     EffectError,
     EffectFailedError,
     EffectLedgerValidationError,
     EffectStatus,
     ToolCall,
 )
+from agent_ledger.effects import CommitFailed, CommitSucceeded
 from tests.harness import StoreHarness
 
 CALL = ToolCall(workflow_id="wf", tool="email.send", args={"to": "a@example.com"})

@@ -21,7 +21,6 @@ from agent_ledger import (
     BudgetExceededError,
     EffectLedger,
     EffectLedgerValidationError,
-    EffectTimeoutError,
     LLMResult,
     RetryPolicy,
     RunOptions,
@@ -29,6 +28,7 @@ from agent_ledger import (
     Usage,
 )
 from agent_ledger.budgets import Spend
+from agent_ledger.errors import EffectTimeoutError
 from agent_ledger.options import ConcurrencyOptions
 from agent_ledger.stores import budget_base
 from agent_ledger.stores.budget_base import NewHold

@@ -21,13 +21,13 @@ from agent_ledger import (
     BudgetExceededError,
     EffectLedger,
     EffectStatus,
-    HandlerTimeoutError,
     LLMResult,
     RunOptions,
     ToolCall,
     Usage,
 )
 from agent_ledger.budgets import Spend
+from agent_ledger.errors import HandlerTimeoutError
 from tests.budget_helpers import price
 from tests.harness import StoreHarness
 

@@ -14,17 +14,17 @@ import pytest
 from agent_ledger import (
     Budget,
     BudgetExceededError,
-    BudgetMismatchError,
     EffectLedger,
     EffectLedgerValidationError,
-    LLMReply,
     LLMResult,
     ToolCall,
     Usage,
 )
 from agent_ledger.budgets import Spend
+from agent_ledger.errors import BudgetMismatchError
 from agent_ledger.sagas import SagaFailed
 from agent_ledger.stores.budget_base import BudgetStore, NewHold
+from agent_ledger.tools import LLMReply
 from tests.harness import StoreHarness
 
 W = "agent-7"

@@ -15,15 +15,8 @@ import logging
 
 import pytest
 
-from agent_ledger import (
-    ConcurrencyOptions,
-    Effect,
-    EffectLedger,
-    EffectStatus,
-    RunOptions,
-    StaleOptions,
-    ToolCall,
-)
+from agent_ledger import Effect, EffectLedger, EffectStatus, RunOptions, ToolCall
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from agent_ledger.stores.base import Store
 from agent_ledger.testing import FaultyStore, build_ledger
 from tests.approvals import make_pending

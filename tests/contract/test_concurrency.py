@@ -7,15 +7,9 @@ import time
 
 import pytest
 
-from agent_ledger import (
-    ConcurrencyOptions,
-    Effect,
-    EffectFailedError,
-    EffectTimeoutError,
-    RunOptions,
-    StaleOptions,
-    ToolCall,
-)
+from agent_ledger import Effect, EffectFailedError, RunOptions, ToolCall
+from agent_ledger.errors import EffectTimeoutError
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from tests.harness import StoreHarness
 
 CALL = ToolCall(workflow_id="wf", tool="payments.charge", args={"cents": 500})

@@ -15,23 +15,12 @@ import time
 
 import pytest
 
-from agent_ledger import (
-    CommitSucceeded,
-    ConcurrencyOptions,
-    Effect,
-    EffectDeniedError,
-    EffectStatus,
-    EffectTimeoutError,
-    HandlerTimeoutError,
-    ManualClock,
-    RetryPolicy,
-    RunOptions,
-    StaleOptions,
-    ToolCall,
-    TryFailure,
-)
+from agent_ledger import Effect, EffectDeniedError, EffectStatus, RetryPolicy, RunOptions, ToolCall
 from agent_ledger.backoff import MAX_MS
-from agent_ledger.options import MAX_LEASE_MS
+from agent_ledger.clock import ManualClock
+from agent_ledger.effects import CommitSucceeded, TryFailure
+from agent_ledger.errors import EffectTimeoutError, HandlerTimeoutError
+from agent_ledger.options import MAX_LEASE_MS, ConcurrencyOptions, StaleOptions
 from agent_ledger.testing import build_ledger
 from tests.harness import StoreHarness
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from agent_ledger import Effect, JSONValue, ResourceDescriptor, RunOptions, ToolCall
+from agent_ledger import Effect, JSONValue, RunOptions, ToolCall
+from agent_ledger.calls import ResourceDescriptor
 from tests.approvals import make_pending
 from tests.harness import StoreHarness
 

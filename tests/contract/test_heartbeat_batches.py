@@ -7,8 +7,9 @@ import logging
 
 import pytest
 
-from agent_ledger import Effect, EffectStatus, RunOptions, StaleOptions, ToolCall
+from agent_ledger import Effect, EffectStatus, RunOptions, ToolCall
 from agent_ledger.engine.heartbeats import Heartbeats
+from agent_ledger.options import StaleOptions
 from agent_ledger.testing import FaultyStore, build_ledger
 from tests.harness import StoreHarness
 

@@ -17,13 +17,12 @@ from agent_ledger import (
     ApprovalPendingError,
     EffectLedger,
     EffectLedgerOptions,
-    EffectPayloadMismatchError,
     EffectStatus,
     RunOptions,
     ToolCall,
 )
 from agent_ledger.effects import Effect
-from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.errors import EffectLedgerValidationError, EffectPayloadMismatchError
 from agent_ledger.legacy.keys import legacy_key_of, legacy_key_or_none
 from agent_ledger.stores.base import Store
 from agent_ledger.testing import FaultyStore

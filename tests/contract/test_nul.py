@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 
-from agent_ledger import Effect, EffectStatus, JSONValue, ResourceDescriptor, ToolCall
+from agent_ledger import Effect, EffectStatus, JSONValue, ToolCall
+from agent_ledger.calls import ResourceDescriptor
 from tests.harness import StoreHarness
 
 RESULT = {"text": "a\x00b", "k\x00": ["\x00", "x"]}

@@ -16,8 +16,6 @@ from dataclasses import replace
 import pytest
 
 from agent_ledger import (
-    CommitSucceeded,
-    ConcurrencyOptions,
     Effect,
     EffectDeniedError,
     EffectError,
@@ -26,14 +24,13 @@ from agent_ledger import (
     EffectStatus,
     JSONValue,
     LedgerHooks,
-    Parked,
     RetryPolicy,
     RunOptions,
-    Settlement,
-    StaleOptions,
     ToolCall,
 )
 from agent_ledger.decisions import ambiguous_error
+from agent_ledger.effects import CommitSucceeded, Parked, Settlement
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from agent_ledger.status import AMBIGUOUS_ATTEMPT
 from agent_ledger.stores.base import Held, NewEffect
 from tests.approvals import PARK, make_parked, make_pending
@@ -375,7 +372,7 @@ async def test_cancelling_a_waiting_caller_leaves_the_parked_effect_alone(
 async def test_a_waiter_times_out_like_an_approval_and_the_effect_stays_parked(
     harness: StoreHarness,
 ) -> None:
-    from agent_ledger import EffectTimeoutError
+    from agent_ledger.errors import EffectTimeoutError
 
     dead = await dead_after_handler_started(harness)
     ledger = harness.ledger()

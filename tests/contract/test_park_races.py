@@ -23,11 +23,11 @@ from agent_ledger import (
     EffectStatus,
     LedgerHooks,
     RunOptions,
-    StaleOptions,
     ToolCall,
 )
 from agent_ledger.decisions import MAX_ATTEMPT, ambiguous_error
 from agent_ledger.errors import ApprovalPendingError, EffectStoreError
+from agent_ledger.options import StaleOptions
 from agent_ledger.sagas import SagaStatus
 from agent_ledger.sagas._saga import saga_store
 from agent_ledger.stores.base import ClaimOutcome
@@ -256,7 +256,8 @@ async def test_a_recovery_pass_waits_politely_when_the_store_refuses_the_park() 
     """The pass judges the holder dead by its own clock, the store (whose clock is
     behind) refuses the park: the pass polls again after a pause, never in a hot
     loop, and parks it once the store agrees."""
-    from agent_ledger import ManualClock, MemoryStore
+    from agent_ledger import MemoryStore
+    from agent_ledger.clock import ManualClock
 
     clock = ManualClock()
     inner = MemoryStore(clock=clock)

@@ -13,13 +13,12 @@ from agent_ledger import (
     EffectLedger,
     EffectLedgerValidationError,
     EffectStatus,
-    ManualClock,
-    Reopening,
     RetryPolicy,
     RunOptions,
     ToolCall,
-    TryFailure,
 )
+from agent_ledger.clock import ManualClock
+from agent_ledger.effects import Reopening, TryFailure
 from agent_ledger.receipt import render_receipt
 from agent_ledger.testing import build_ledger
 from tests.contract.test_transitions import put_in

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-from agent_ledger import ConcurrencyOptions, Effect, EffectStatus, RunOptions, ToolCall
+from agent_ledger import Effect, EffectStatus, RunOptions, ToolCall
+from agent_ledger.options import ConcurrencyOptions
 from agent_ledger.stores.base import EffectQuery
 from tests.harness import StoreHarness
 

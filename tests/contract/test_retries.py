@@ -20,13 +20,13 @@ from agent_ledger import (
     EffectLedgerOptions,
     EffectLedgerValidationError,
     EffectStatus,
-    ManualClock,
-    NonRetryableError,
     RetryPolicy,
     RunOptions,
     ToolCall,
-    TryFailure,
 )
+from agent_ledger.clock import ManualClock
+from agent_ledger.effects import TryFailure
+from agent_ledger.retries import NonRetryableError
 from agent_ledger.testing import FaultyStore, When, build_ledger
 from tests.harness import StoreHarness
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from agent_ledger import ApprovalPendingError, Effect, RunOptions, StaleOptions, ToolCall
+from agent_ledger import ApprovalPendingError, Effect, RunOptions, ToolCall
+from agent_ledger.options import StaleOptions
 from agent_ledger.review import review
 from tests.harness import StoreHarness
 

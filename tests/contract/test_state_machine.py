@@ -10,7 +10,7 @@ the store's coroutines on it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -20,7 +20,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from agent_ledger import EffectError, EffectStatus, ToolCall
+from agent_ledger import EffectError, EffectLedgerValidationError, EffectStatus, ToolCall
 from agent_ledger.ledger import EffectLedger
 from agent_ledger.stores.base import Held, NewEffect
 from agent_ledger.testing import build_ledger
@@ -28,6 +28,7 @@ from tests.harness import (
     STORE_KINDS,
     StoreHarness,
     open_harness,
+    require_mysql,
     require_postgres,
 )
 
@@ -200,31 +201,41 @@ class LedgerMachine(RuleBasedStateMachine):
             if alive:
                 m.age_ms = 0.0
 
-    @rule(worker=st.sampled_from(WORKERS), key=st.sampled_from(KEYS))
-    def release(self, worker: int, key: int) -> None:
+    @rule(worker=st.sampled_from(WORKERS), key=st.sampled_from(KEYS), for_approval=st.booleans())
+    def release(self, worker: int, key: int, for_approval: bool) -> None:
         token = self.model.tokens[worker].get(key)
         if token is None:
             return
-        released = self.run(self.harness.store.release(token[0], attempt=token[1]))
+        released = self.run(
+            self.harness.store.release(token[0], attempt=token[1], for_approval=for_approval)
+        )
         m = self.model.effects[key]
         assert released == (m.status is S.PROCESSING and m.attempt == token[1]), "fenced"
         if released:
-            # Given back unrun: its claim's execution is taken back; the heartbeat stays.
-            m.status, m.executions = S.READY, m.executions - 1
+            # Given back unrun (to a person, with for_approval: the holder's hold):
+            # its claim's execution is taken back; the heartbeat stays.
+            m.status = S.REQUIRES_APPROVAL if for_approval else S.READY
+            m.executions -= 1
 
     @rule(
         key=st.sampled_from(KEYS), action=st.sampled_from(["request", "approve", "deny", "cancel"])
     )
     def decide(self, key: int, action: str) -> None:
         idem_key = self.news[key].idem_key
-        method = {
+        methods: dict[str, Callable[[str], Awaitable[bool]]] = {
             "request": self.ledger.request_approval,
             "approve": self.ledger.approve,
             "deny": self.ledger.deny,
             "cancel": self.ledger.cancel,
-        }[action]
-        moved = self.run(method(idem_key))
+        }
+        method = methods[action]
         m = self.model.effects.get(key)
+        if action == "request" and m is not None and m.status is S.PROCESSING:
+            # Not the holder (this ledger began nothing): an error, never a silent False.
+            with pytest.raises(EffectLedgerValidationError, match="held by another caller"):
+                self.run(method(idem_key))
+            return
+        moved = self.run(method(idem_key))
         allowed = {
             # Never from processing: a running handler cannot be sent back.
             "request": ({S.READY}, S.REQUIRES_APPROVAL),
@@ -267,6 +278,8 @@ def run_model(kind: str, max_examples: int, steps: int) -> None:
     """Drive a fresh LedgerMachine class for ``kind`` through hypothesis."""
     if kind == "postgres":
         require_postgres()
+    if kind == "mysql":
+        require_mysql()
     machine = type(f"LedgerMachine_{kind}", (LedgerMachine,), {"kind": kind})
     machine.TestCase.settings = settings(  # type: ignore[attr-defined]
         max_examples=max_examples, stateful_step_count=steps, deadline=None
@@ -276,5 +289,8 @@ def run_model(kind: str, max_examples: int, steps: int) -> None:
 
 @pytest.mark.parametrize("kind", STORE_KINDS)
 def test_store_follows_the_model(kind: str) -> None:
-    """Random operation sequences never diverge from the model, on each store."""
-    run_model(kind, max_examples=200, steps=30)
+    """Random operation sequences never diverge from the model, on each store.
+
+    Plain pytest draws 40 sequences of up to 30 steps per store (a few seconds);
+    the slow tier's tests/reliability/test_model_long.py draws 400 of up to 40."""
+    run_model(kind, max_examples=40, steps=30)

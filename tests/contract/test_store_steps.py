@@ -6,7 +6,8 @@ from datetime import UTC
 
 import pytest
 
-from agent_ledger import EffectError, EffectLedgerValidationError, EffectStatus, TryFailure
+from agent_ledger import EffectError, EffectLedgerValidationError, EffectStatus
+from agent_ledger.effects import TryFailure
 from agent_ledger.ids import is_effect_id
 from agent_ledger.status import CLAIMABLE
 from agent_ledger.stores.base import HeartbeatOutcome, Held, NewEffect, Store

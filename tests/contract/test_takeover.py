@@ -7,17 +7,10 @@ from datetime import timedelta
 
 import pytest
 
-from agent_ledger import (
-    CommitSucceeded,
-    ConcurrencyOptions,
-    Effect,
-    EffectFailedError,
-    EffectStatus,
-    EffectTimeoutError,
-    RunOptions,
-    StaleOptions,
-    ToolCall,
-)
+from agent_ledger import Effect, EffectFailedError, EffectStatus, RunOptions, ToolCall
+from agent_ledger.effects import CommitSucceeded
+from agent_ledger.errors import EffectTimeoutError
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from tests.harness import StoreHarness
 
 CALL = ToolCall(workflow_id="wf", tool="deploy", args={"v": 1})

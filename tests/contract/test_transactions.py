@@ -11,19 +11,17 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from agent_ledger import (
-    CommitSucceeded,
-    ConcurrencyOptions,
     Effect,
-    EffectInFlightError,
     EffectLedger,
     EffectLedgerValidationError,
     EffectStatus,
-    EffectTimeoutError,
     RunOptions,
-    StaleOptions,
     ToolCall,
 )
-from tests.harness import StoreHarness
+from agent_ledger.effects import CommitSucceeded
+from agent_ledger.errors import EffectInFlightError, EffectTimeoutError
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
+from tests.harness import ROW_LOCKING, StoreHarness
 
 CALL = ToolCall(workflow_id="wf", tool="ledger.post", args={"amount": 5})
 OTHER = ToolCall(workflow_id="wf", tool="ledger.post", args={"amount": 6})
@@ -192,8 +190,10 @@ async def test_a_long_transaction_on_an_embedded_store_pauses_other_leases(
     """On Memory/SQLite a transaction stops every other worker's heartbeats, so
     its duration must not count against their leases: right after it, a
     waiter must not take over a worker that was alive when it began."""
-    if harness.kind == "postgres":
-        pytest.skip("PostgreSQL locks rows, not the store: heartbeats go on beside a transaction")
+    if harness.kind in ROW_LOCKING:
+        pytest.skip(
+            f"{harness.kind} locks rows, not the store: heartbeats go on beside a transaction"
+        )
     lease = RunOptions(
         stale=StaleOptions(after_ms=1_000),
         concurrency=ConcurrencyOptions(wait_timeout_ms=200, initial_interval_ms=5),
@@ -222,8 +222,8 @@ async def test_a_step_without_tx_from_inside_the_block_is_refused_not_hung(
     """On Memory/SQLite a step without ``tx=`` waits for the open transaction to
     end; from the task that holds it, that wait would never end. It is refused
     at once, naming the fix; another task's step still waits, then goes on."""
-    if harness.kind == "postgres":
-        pytest.skip("PostgreSQL locks rows, not the store: such a step does not wait")
+    if harness.kind in ROW_LOCKING:
+        pytest.skip(f"{harness.kind} locks rows, not the store: such a step does not wait")
     ledger = harness.ledger()
     await ledger.run(CALL, lambda e: 1)
     key = ledger.idem_key(CALL)
@@ -345,8 +345,8 @@ async def test_work_started_inside_the_block_is_refused_not_hung(
     or SqliteStore.close() inside the block would wait for the transaction while
     the block waits for it, uncancellably. Each is refused at once, naming the
     fix; the block then rolls back and the store works on."""
-    if harness.kind == "postgres":
-        pytest.skip("PostgreSQL locks rows, not the store: such a step does not wait")
+    if harness.kind in ROW_LOCKING:
+        pytest.skip(f"{harness.kind} locks rows, not the store: such a step does not wait")
     ways = _started_inside(harness)
     if way not in ways:
         pytest.skip(f"{way}: not a way to hang on {harness.kind} / this Python")

@@ -6,15 +6,9 @@ import itertools
 
 import pytest
 
-from agent_ledger import (
-    CommitFailed,
-    CommitSucceeded,
-    EffectError,
-    EffectLedger,
-    EffectStatus,
-    ToolCall,
-)
+from agent_ledger import EffectError, EffectLedger, EffectStatus, ToolCall
 from agent_ledger.decisions import ambiguous_error
+from agent_ledger.effects import CommitFailed, CommitSucceeded
 from agent_ledger.status import REOPENABLE, can_transition
 from tests.approvals import make_parked, make_pending
 from tests.harness import StoreHarness

@@ -8,6 +8,7 @@ rest of the suite's, so parallel runs never share one.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import subprocess
 import sys
@@ -31,20 +32,26 @@ def _venv_python() -> Path:
     ready = home / ".ready"
     if ready.exists():
         return python
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(home)], check=True)
-    subprocess.run(
-        [
-            str(python),
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            f"agent-ledger=={VERSION}",
-            "psycopg[binary,pool]",
-        ],
-        check=True,
-    )
-    ready.write_text(VERSION)
+    # pytest-xdist workers (and parallel runs) may all find no venv at once: one
+    # builds it while the others wait on the lock, then find it ready.
+    with open(f"{home}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if ready.exists():
+            return python
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(home)], check=True)
+        subprocess.run(
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                f"agent-ledger=={VERSION}",
+                "psycopg[binary,pool]",
+            ],
+            check=True,
+        )
+        ready.write_text(VERSION)
     return python
 
 

@@ -16,7 +16,8 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from agent_ledger import EffectLedger, EffectLedgerOptions, ResourceDescriptor, ToolCall
+from agent_ledger import EffectLedger, EffectLedgerOptions, ToolCall
+from agent_ledger.calls import ResourceDescriptor
 from agent_ledger.cli import main
 from agent_ledger.errors import EffectDeniedError, EffectFailedError, EffectTimeoutError
 from agent_ledger.legacy.keys import legacy_key_of

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 import agent_ledger
-from agent_ledger import CommitFailed, CommitSucceeded, EffectStatus, ToolCall
-from agent_ledger.effects import JSONValue
+from agent_ledger import EffectStatus, ToolCall
+from agent_ledger.effects import CommitFailed, CommitSucceeded, JSONValue
 from agent_ledger.keys import idempotency_key
 from agent_ledger.legacy.names import GONE, RemovedNameError
 from agent_ledger.status import TERMINAL

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from agent_ledger import EffectStoreError
+from agent_ledger import EffectLedgerValidationError, EffectStoreError
 from agent_ledger.stores.postgres import PostgresStore
 
 
@@ -55,3 +55,21 @@ async def test_a_closed_port_is_named_at_once(dsn: str) -> None:
     error = await connect_fails(urlunsplit(parts._replace(netloc=f"postgres@{parts.hostname}:1")))
     assert "Connection refused" in str(error)
     assert "\n" not in str(error)  # libpq's hint joined into one line
+
+
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [("connect_timeout=soon", "connect_timeout must be a number"),
+     ("nosuchparameter=1", 'invalid URI query parameter: "nosuchparameter"')],
+)  # fmt: skip
+async def test_a_connection_string_libpq_cannot_read_is_refused_before_connecting(
+    dsn: str, query: str, says: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Refused at once, naming the option (issue 30); no pool ever retries it, so no
+    warning a second is logged (a bad connect_timeout got past the probe before)."""
+    started = time.monotonic()
+    with pytest.raises(EffectLedgerValidationError, match=says) as info:
+        await PostgresStore.connect(f"{dsn}{'&' if '?' in dsn else '?'}{query}")
+    assert time.monotonic() - started < 2
+    assert info.value.field == "conninfo"
+    assert not [r for r in caplog.records if r.name.startswith("psycopg")]

@@ -56,7 +56,7 @@ def run_pytest(env_overrides: dict[str, str]) -> subprocess.CompletedProcess[str
 
     env = {**os.environ, **env_overrides}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
          "tests/postgres/test_schema.py", "-k", "applies_twice"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip

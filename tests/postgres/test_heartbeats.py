@@ -11,7 +11,8 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
-from agent_ledger import Effect, RunOptions, StaleOptions, ToolCall
+from agent_ledger import Effect, RunOptions, ToolCall
+from agent_ledger.options import StaleOptions
 from agent_ledger.stores.base import HeartbeatOutcome, Held
 from agent_ledger.stores.postgres import PostgresStore
 from agent_ledger.testing import build_ledger

@@ -26,10 +26,10 @@ from agent_ledger import (
     EffectStoreError,
     RetryPolicy,
     RunOptions,
-    SchemaMigration,
     ToolCall,
 )
 from agent_ledger.options import DEFAULT_STALE_AFTER_MS
+from agent_ledger.stores.base import SchemaMigration
 from agent_ledger.stores.memory import MemoryStore
 from agent_ledger.stores.postgres import SCHEMA_SQL, SCHEMA_VERSION, PostgresStore
 from agent_ledger.testing import build_ledger

@@ -16,15 +16,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from agent_ledger import (
-    Budget,
-    EffectStoreError,
-    LLMResult,
-    RunOptions,
-    SchemaMigration,
-    ToolCall,
-    Usage,
-)
+from agent_ledger import Budget, EffectStoreError, LLMResult, RunOptions, ToolCall, Usage
+from agent_ledger.stores.base import SchemaMigration
 from agent_ledger.stores.postgres import SCHEMA_SQL, PostgresStore
 from agent_ledger.stores.saga_base import NewSaga, NewSagaStep, SagaStatus
 from agent_ledger.testing import build_ledger
@@ -158,3 +151,57 @@ async def test_a_failed_version_3_leaves_the_schema_at_version_2(dsn: str, v2_sc
             (v2_schema,),
         )
         assert await cursor.fetchone() == (0,), "the whole version was rolled back"
+
+
+async def test_version_3_adds_five_tables_and_three_columns_and_rewrites_no_row(
+    dsn: str, v2_schema: str
+) -> None:
+    """What docs/postgres.md says version 3 changes, and that the upgrade keeps the
+    effects table's storage (no rewrite: quick on any table size)."""
+
+    async def catalog(
+        conn: psycopg.AsyncConnection[tuple[object, ...]],
+    ) -> tuple[int, set[str], set[str]]:
+        node = await conn.execute(
+            "SELECT relfilenode FROM pg_class WHERE oid = %s::regclass",
+            (f'"{v2_schema}".agent_ledger_effects',),
+        )
+        tables = await conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+            (v2_schema,),
+        )
+        columns = await conn.execute(
+            "SELECT column_name FROM information_schema.columns"
+            " WHERE table_schema = %s AND table_name = 'agent_ledger_effects'",
+            (v2_schema,),
+        )
+        (filenode,) = await node.fetchone() or (0,)
+        return (
+            int(str(filenode)),
+            {str(t) for (t,) in await tables.fetchall()},
+            {str(c) for (c,) in await columns.fetchall()},
+        )
+
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        before = await catalog(conn)
+        store = await PostgresStore.connect(dsn, schema=v2_schema)
+        try:
+            assert await store.migrate() == SchemaMigration(2, 3)
+        finally:
+            await store.close()
+        after = await catalog(conn)
+        assert after[1] - before[1] == {
+            "agent_ledger_sagas",
+            "agent_ledger_saga_steps",
+            "agent_ledger_budgets",
+            "agent_ledger_budget_holds",
+            "agent_ledger_budget_charges",
+        }
+        assert after[2] - before[2] == {"usage", "park_attempt", "worker"}
+        assert after[0] == before[0], "the effects table was rewritten"
+        rows = await conn.execute(
+            sql.SQL("SELECT usage, park_attempt, worker FROM {}").format(
+                sql.Identifier(v2_schema, "agent_ledger_effects")
+            )
+        )
+        assert await rows.fetchall() == [(None, None, None)] * 3

@@ -10,14 +10,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from agent_ledger import (
-    CommitSucceeded,
-    ConcurrencyOptions,
-    Effect,
-    RunOptions,
-    StaleOptions,
-    ToolCall,
-)
+from agent_ledger import Effect, RunOptions, ToolCall
+from agent_ledger.effects import CommitSucceeded
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from agent_ledger.testing import build_ledger
 
 CALL = ToolCall(workflow_id="wf", tool="notify.me", args={})

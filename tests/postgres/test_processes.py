@@ -13,7 +13,8 @@ from typing import Any
 import orjson
 import pytest
 
-from agent_ledger import ConcurrencyOptions, EffectDeniedError, EffectStatus, RunOptions
+from agent_ledger import EffectDeniedError, EffectStatus, RunOptions
+from agent_ledger.options import ConcurrencyOptions
 from agent_ledger.testing import build_ledger
 from tests.processes import executions, finish
 from tests.processes import spawn as spawn_worker

@@ -12,7 +12,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from agent_ledger import CommitSucceeded, ToolCall
+from agent_ledger import ToolCall
+from agent_ledger.effects import CommitSucceeded
 from agent_ledger.stores._params import begin_params
 from agent_ledger.stores.base import NewEffect
 from agent_ledger.stores.postgres import _FINISHED, PostgresStore

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -111,8 +114,21 @@ async def test_missing_tables_give_a_clear_store_error(dsn: str, scratch_schema:
         assert info.value.operation == "begin"
         assert info.value.idem_key == ledger.idem_key(call)
         assert isinstance(info.value.__cause__, psycopg.errors.UndefinedTable)
-        with pytest.raises(EffectStoreError, match=r"tables are missing .* apply schema\.sql"):
+        with pytest.raises(
+            EffectStoreError, match=r"tables are missing .* apply schema\.sql"
+        ) as info:
             await store.check_schema()
+        # It names the command that fixes it, for this database and schema (issue 30):
+        # run as written, it creates the tables.
+        found = re.search(r"`agent-ledger init --url '([^']+)'`", str(info.value))
+        assert found is not None, str(info.value)
+        assert f"schema={scratch_schema}" in found.group(1)
+        script = Path(sys.executable).with_name("agent-ledger")
+        done = subprocess.run(
+            [str(script), "init", "--url", found.group(1)], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        assert await store.check_schema() == SCHEMA_VERSION
     finally:
         await store.close()
 

@@ -16,15 +16,9 @@ import pytest
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from agent_ledger import (
-    CommitSucceeded,
-    Effect,
-    EffectLedger,
-    EffectStatus,
-    RunOptions,
-    StaleOptions,
-    ToolCall,
-)
+from agent_ledger import Effect, EffectLedger, EffectStatus, RunOptions, ToolCall
+from agent_ledger.effects import CommitSucceeded
+from agent_ledger.options import StaleOptions
 from agent_ledger.stores.postgres import PostgresStore
 from agent_ledger.testing import FaultyStore, StatementCounter, build_ledger
 from tests.approvals import make_pending

@@ -9,16 +9,9 @@ from typing import Any
 
 import pytest
 
-from agent_ledger import (
-    ConcurrencyOptions,
-    Effect,
-    EffectInFlightError,
-    EffectStatus,
-    RunOptions,
-    StaleOptions,
-    ToolCall,
-)
-from agent_ledger.options import DEFAULT_TX_LOCK_TIMEOUT_MS
+from agent_ledger import Effect, EffectStatus, RunOptions, ToolCall
+from agent_ledger.errors import EffectInFlightError
+from agent_ledger.options import DEFAULT_TX_LOCK_TIMEOUT_MS, ConcurrencyOptions, StaleOptions
 from agent_ledger.stores.postgres import PostgresStore
 from agent_ledger.testing import build_ledger
 

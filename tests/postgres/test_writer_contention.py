@@ -19,7 +19,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from agent_ledger import Effect, RunOptions, StaleOptions, ToolCall
+from agent_ledger import Effect, RunOptions, ToolCall
+from agent_ledger.options import StaleOptions
 from agent_ledger.stores.postgres import PostgresStore
 from agent_ledger.testing import build_ledger
 

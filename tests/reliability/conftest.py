@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+
+from tests.harness import StoreHarness
 
 #: Every figure a reliability test reports lands here too, for docs/reliability.md.
 FIGURES = (
@@ -32,3 +35,19 @@ def report(scenario: str, **figures: Any) -> None:
     if FIGURES is not None:
         with FIGURES.open("ab") as file:
             file.write(orjson.dumps({"scenario": scenario, **figures}) + b"\n")
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mysql", marks=pytest.mark.mysql),
+    ]
+)
+async def sql_server(request: pytest.FixtureRequest) -> AsyncIterator[tuple[StoreHarness, str]]:
+    """A clean store on each SQL server (PostgreSQL, MariaDB/MySQL), and the URL worker
+    processes open the same tables with."""
+    from tests.harness import DSN, TEST_SCHEMA, mysql_test_url, open_harness
+
+    kind = request.param
+    async with open_harness(kind) as harness:
+        yield harness, (f"{DSN}?schema={TEST_SCHEMA}" if kind == "postgres" else mysql_test_url())

@@ -21,7 +21,6 @@ from datetime import timedelta
 from pathlib import Path
 
 from agent_ledger import (
-    ConcurrencyOptions,
     Effect,
     EffectLedger,
     EffectLedgerOptions,
@@ -29,9 +28,9 @@ from agent_ledger import (
     LedgerDefaults,
     RunOptions,
     SqliteStore,
-    StaleOptions,
     ToolCall,
 )
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 
 LEASE_MS = 1_000
 CALL = ToolCall(workflow_id="wf", tool="payments.charge", args={"cents": 100})

@@ -25,10 +25,10 @@ from agent_ledger import (
     EffectLedgerOptions,
     LedgerDefaults,
     RunOptions,
-    StaleOptions,
     ToolCall,
     open_store,
 )
+from agent_ledger.options import StaleOptions
 from agent_ledger.stores.base import Store
 from agent_ledger.testing import FaultyStore
 

@@ -29,9 +29,9 @@ from agent_ledger import (
     EffectLedgerOptions,
     LedgerDefaults,
     RunOptions,
-    StaleOptions,
     open_store,
 )
+from agent_ledger.options import StaleOptions
 from agent_ledger.stores.base import Store
 from agent_ledger.testing import FaultyStore
 

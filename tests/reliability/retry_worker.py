@@ -16,17 +16,16 @@ import sys
 from typing import Final, NoReturn
 
 from agent_ledger import (
-    ConcurrencyOptions,
     Effect,
     EffectLedger,
     EffectLedgerOptions,
     LedgerDefaults,
     RetryPolicy,
     RunOptions,
-    StaleOptions,
     ToolCall,
     open_store,
 )
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from tests.reliability.zombie_worker import log
 
 #: Five tries in all, a short first wait: the test is about the count, not the delays.

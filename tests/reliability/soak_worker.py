@@ -17,7 +17,6 @@ from typing import Any
 import orjson
 
 from agent_ledger import (
-    ConcurrencyOptions,
     Effect,
     EffectFailedError,
     EffectLedger,
@@ -27,6 +26,7 @@ from agent_ledger import (
     ToolCall,
     open_store,
 )
+from agent_ledger.options import ConcurrencyOptions
 
 OPTIONS = RunOptions(
     concurrency=ConcurrencyOptions(wait_timeout_ms=60_000, approval_timeout_ms=60_000)

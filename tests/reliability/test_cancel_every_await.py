@@ -33,7 +33,6 @@ from typing import Any, TypeVar
 import pytest
 
 from agent_ledger import (
-    ConcurrencyOptions,
     Effect,
     EffectDeniedError,
     EffectLedger,
@@ -42,6 +41,7 @@ from agent_ledger import (
     RunOptions,
     ToolCall,
 )
+from agent_ledger.options import ConcurrencyOptions
 from tests.harness import StoreHarness
 from tests.reliability.conftest import report
 

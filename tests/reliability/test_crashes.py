@@ -8,17 +8,18 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 
-from agent_ledger import EffectStatus, Parked
+from agent_ledger import EffectStatus
+from agent_ledger.effects import Parked
 from agent_ledger.testing import build_ledger
+from tests.harness import StoreHarness
 from tests.reliability.conftest import report
 from tests.reliability.crash_worker import call_for
 
-pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 WORKERS, SLICE, AFTER_MS = 6, 20, 500
 
@@ -32,10 +33,11 @@ def worker(url: str, log: Path, first: int, crash_at: int, point: str) -> subpro
 
 
 async def test_sigkill_at_random_points(
-    pg: Any, dsn: str, schema: str, tmp_path: Path, rng: random.Random
+    sql_server: tuple[StoreHarness, str], tmp_path: Path, rng: random.Random
 ) -> None:
     """Every effect ends terminal; only crashed calls ran twice; callers saw the receipts."""
-    url, log = f"{dsn}?schema={schema}", tmp_path / "events.jsonl"
+    pg, url = sql_server
+    log = tmp_path / "events.jsonl"
     crashes: dict[int, str] = {}
     victims = []
     for w in range(WORKERS):
@@ -73,7 +75,7 @@ async def test_sigkill_at_random_points(
     mismatched = [e for e in returned if stored[e["i"]].result != e["result"]]  # type: ignore[union-attr]
     assert mismatched == []
     report(
-        "process crashes (SIGKILL)",
+        f"process crashes (SIGKILL, {pg.kind})",
         calls=WORKERS * SLICE,
         crashes_injected=len(crashes),
         crash_points=dict(Counter(crashes.values())),

@@ -20,21 +20,22 @@ import psycopg
 import pytest
 
 from agent_ledger import (
-    ConcurrencyOptions,
     Effect,
     EffectLedgerError,
     EffectStatus,
     EffectStoreError,
     RunOptions,
-    StaleOptions,
     ToolCall,
 )
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from agent_ledger.stores.postgres import PostgresStore
 from agent_ledger.testing import build_ledger
 from tests.reliability.conftest import report
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
-APP = "agent_ledger_chaos"
+#: This run's own application_name (conftest sets PGAPPNAME per run and xdist worker),
+#: narrowed to the chaos pool: the faults never reach another run's backends.
+APP = f"{os.environ.get('PGAPPNAME', 'agent_ledger_tests')}_chaos"
 OPTIONS = RunOptions(
     stale=StaleOptions(after_ms=300),
     concurrency=ConcurrencyOptions(

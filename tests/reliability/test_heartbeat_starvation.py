@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from agent_ledger import ConcurrencyOptions, Effect, RunOptions, StaleOptions, ToolCall
+from agent_ledger import Effect, RunOptions, ToolCall
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from agent_ledger.stores.postgres import PostgresStore
 from agent_ledger.testing import build_ledger
 from tests.reliability.conftest import report

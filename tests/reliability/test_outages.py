@@ -37,16 +37,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from agent_ledger import (
-    ConcurrencyOptions,
-    Effect,
-    EffectError,
-    EffectLedger,
-    EffectStatus,
-    RunOptions,
-    StaleOptions,
-    ToolCall,
-)
+from agent_ledger import Effect, EffectError, EffectLedger, EffectStatus, RunOptions, ToolCall
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from agent_ledger.stores.base import BeginOutcome, NewEffect
 from agent_ledger.stores.postgres import PostgresStore
 from agent_ledger.testing import FaultyStore, build_ledger

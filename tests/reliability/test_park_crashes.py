@@ -21,11 +21,10 @@ from agent_ledger import (
     EffectLedger,
     EffectStatus,
     JSONValue,
-    Parked,
-    Settlement,
     ToolCall,
     open_store,
 )
+from agent_ledger.effects import Parked, Settlement
 from agent_ledger.status import AMBIGUOUS_ATTEMPT
 from agent_ledger.testing import build_ledger
 from tests.harness import DSN, TEST_SCHEMA, open_harness

@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from agent_ledger import Effect, EffectStatus, ManualClock, TryFailure
+from agent_ledger import Effect, EffectStatus
+from agent_ledger.clock import ManualClock
+from agent_ledger.effects import TryFailure
 from agent_ledger.testing import build_ledger
 from tests.reliability.conftest import report
 from tests.reliability.retry_worker import HANG_AFTER, POLICY, call_for, options

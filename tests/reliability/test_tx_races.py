@@ -31,20 +31,28 @@ from typing import Any
 import pytest
 
 from agent_ledger import (
-    ConcurrencyOptions,
     Effect,
-    EffectInFlightError,
     EffectLedger,
     EffectStatus,
     MemoryStore,
     RunOptions,
     SqliteStore,
-    StaleOptions,
     ToolCall,
 )
+from agent_ledger.errors import EffectInFlightError
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from agent_ledger.stores.base import Store
 from agent_ledger.testing import build_ledger
-from tests.harness import DSN, STORE_KINDS, TEST_SCHEMA, ensure_test_schema, require_postgres
+from tests.harness import (
+    DSN,
+    STORE_KINDS,
+    TEST_SCHEMA,
+    ensure_test_database,
+    ensure_test_schema,
+    mysql_test_url,
+    require_mysql,
+    require_postgres,
+)
 from tests.reliability.conftest import report
 
 pytestmark = pytest.mark.slow
@@ -74,6 +82,16 @@ async def real_clock_store(kind: str) -> AsyncIterator[Store]:
                 yield sqlite
             finally:
                 await sqlite.close()
+    elif kind == "mysql":
+        require_mysql()
+        await ensure_test_database()
+        from agent_ledger.stores.mysql import MySQLStore
+
+        my = await MySQLStore.connect(mysql_test_url(), max_size=10)
+        try:
+            yield my
+        finally:
+            await my.close()
     else:
         require_postgres()
         await ensure_test_schema()

@@ -21,16 +21,15 @@ from typing import Any
 import orjson
 
 from agent_ledger import (
-    ConcurrencyOptions,
     Effect,
     EffectError,
     EffectLedgerError,
     EffectStatus,
     RunOptions,
-    StaleOptions,
     ToolCall,
     open_store,
 )
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from agent_ledger.stores.base import HeartbeatOutcome, Held, Store
 from agent_ledger.testing import FaultyStore, build_ledger
 

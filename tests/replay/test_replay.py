@@ -32,15 +32,17 @@ from agent_ledger import (
     EffectLedgerError,
     EffectLedgerOptions,
     EffectLedgerValidationError,
-    EffectPayloadMismatchError,
     EffectStatus,
     MemoryStore,
     RunOptions,
     ToolCall,
-    UnrecordedEffectError,
 )
 from agent_ledger.cli import main as cli_main
-from agent_ledger.errors import ApprovalPendingError
+from agent_ledger.errors import (
+    ApprovalPendingError,
+    EffectPayloadMismatchError,
+    UnrecordedEffectError,
+)
 from agent_ledger.ledger import RECORDING
 from agent_ledger.legacy.keys import legacy_key_of
 from agent_ledger.receipt import effect_to_record
@@ -48,7 +50,15 @@ from agent_ledger.sagas import SagaFailed
 from agent_ledger.stores.saga_base import SagaStatus
 from agent_ledger.testing import build_ledger
 from agent_ledger.tools import Tool, current_workflow
-from tests.harness import DSN, TEST_SCHEMA, MemoryHarness, PostgresHarness, StoreHarness
+from tests.harness import (
+    DSN,
+    TEST_SCHEMA,
+    MemoryHarness,
+    MySQLHarness,
+    PostgresHarness,
+    StoreHarness,
+    mysql_test_url,
+)
 
 WORKFLOW = "order-7"
 
@@ -148,11 +158,12 @@ async def export(harness: StoreHarness, path: Path) -> None:
         page = await harness.ledger().list_effects(workflow_id=WORKFLOW, limit=1_000)
         path.write_bytes(b"".join(orjson.dumps(effect_to_record(e)) + b"\n" for e in page.effects))
         return
-    url = (
-        f"{DSN}?schema={TEST_SCHEMA}"
-        if harness.kind == "postgres"
-        else f"sqlite:///{harness.store.path}"  # type: ignore[attr-defined]
-    )
+    if harness.kind == "postgres":
+        url = f"{DSN}?schema={TEST_SCHEMA}"
+    elif harness.kind == "mysql":
+        url = mysql_test_url()
+    else:
+        url = f"sqlite:///{harness.store.path}"  # type: ignore[attr-defined]
     argv = ["--url", url, "export", "--workflow", WORKFLOW, "--format", "jsonl", "-o", str(path)]
     assert await asyncio.to_thread(cli_main, argv) == 0
 
@@ -177,6 +188,13 @@ async def stored_rows(harness: StoreHarness) -> object:
                 sql.SQL("SELECT * FROM {} ORDER BY 1, 2").format(sql.Identifier(TEST_SCHEMA, table))
             )
             found.append(await cursor.fetchall())
+        return found
+    if isinstance(harness, MySQLHarness):
+        found = []
+        for table in tables:
+            async with harness.backdoor.cursor() as cur:
+                await cur.execute(f"SELECT * FROM {table} ORDER BY 1, 2")
+                found.append(await cur.fetchall())
         return found
     path = harness.store.path  # type: ignore[attr-defined]
     with contextlib.closing(sqlite3.connect(path)) as conn:

@@ -10,15 +10,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from agent_ledger import (
-    Budget,
-    EffectFailedError,
-    EffectLedger,
-    LLMResult,
-    MemoryStore,
-    UnrecordedEffectError,
-    Usage,
-)
+from agent_ledger import Budget, EffectFailedError, EffectLedger, LLMResult, MemoryStore, Usage
+from agent_ledger.errors import UnrecordedEffectError
 from agent_ledger.receipt import effect_to_record
 from agent_ledger.testing import build_ledger
 

@@ -29,9 +29,9 @@ from agent_ledger import (
     LedgerDefaults,
     RetryPolicy,
     RunOptions,
-    StaleOptions,
     open_store,
 )
+from agent_ledger.options import StaleOptions
 from agent_ledger.sagas import SagaFailed, SagaInFlightError, SagaStatus
 from agent_ledger.sagas._saga import saga_store
 

@@ -9,14 +9,8 @@ from datetime import timedelta
 
 import pytest
 
-from agent_ledger import (
-    ConcurrencyOptions,
-    Effect,
-    EffectDeniedError,
-    EffectStatus,
-    RunOptions,
-    StaleOptions,
-)
+from agent_ledger import Effect, EffectDeniedError, EffectStatus, RunOptions
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from agent_ledger.sagas import Saga, SagaFailed, SagaStatus
 from agent_ledger.sagas._compensation import compensation_call
 from agent_ledger.sagas._saga import saga_store

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from agent_ledger import Effect, EffectLedger, EffectStatus, RunOptions, StaleOptions
+from agent_ledger import Effect, EffectLedger, EffectStatus, RunOptions
+from agent_ledger.options import StaleOptions
 from agent_ledger.sagas import SagaFailed, SagaStatus
 from agent_ledger.sagas._outcome import read_outcome
 from agent_ledger.sagas._report import render_saga, sagas_table

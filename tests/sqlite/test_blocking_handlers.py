@@ -17,17 +17,15 @@ from pathlib import Path
 import pytest
 
 from agent_ledger import (
-    ConcurrencyOptions,
     EffectFailedError,
     EffectLedger,
     EffectLedgerOptions,
     LedgerDefaults,
     RunOptions,
     SqliteStore,
-    StaleOptions,
     ToolCall,
 )
-from agent_ledger.options import SyncHandlers
+from agent_ledger.options import ConcurrencyOptions, StaleOptions, SyncHandlers
 
 CALL = ToolCall(workflow_id="wf", tool="payments.charge", args={"cents": 100})
 

@@ -26,9 +26,9 @@ from agent_ledger import (
     EffectStatus,
     RunOptions,
     SqliteStore,
-    StaleOptions,
     ToolCall,
 )
+from agent_ledger.options import StaleOptions
 from agent_ledger.stores._sqlite_holders import GRACE_S
 from agent_ledger.stores.base import Held, NewEffect
 

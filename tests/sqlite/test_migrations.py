@@ -25,11 +25,10 @@ from agent_ledger import (
     EffectStoreError,
     RetryPolicy,
     RunOptions,
-    SchemaMigration,
-    StaleOptions,
     ToolCall,
 )
-from agent_ledger.options import DEFAULT_STALE_AFTER_MS
+from agent_ledger.options import DEFAULT_STALE_AFTER_MS, StaleOptions
+from agent_ledger.stores.base import SchemaMigration
 from agent_ledger.stores.memory import MEMORY_SCHEMA_VERSION, MemoryStore
 from agent_ledger.stores.sqlite import (
     SQLITE_MIGRATIONS,

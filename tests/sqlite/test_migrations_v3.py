@@ -15,15 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_ledger import (
-    Budget,
-    EffectStoreError,
-    LLMResult,
-    RunOptions,
-    SchemaMigration,
-    ToolCall,
-    Usage,
-)
+from agent_ledger import Budget, EffectStoreError, LLMResult, RunOptions, ToolCall, Usage
+from agent_ledger.stores.base import SchemaMigration
 from agent_ledger.stores.saga_base import NewSaga, NewSagaStep, SagaStatus
 from agent_ledger.stores.sqlite import SQLITE_MIGRATIONS, SQLITE_SCHEMA_SQL, SqliteStore
 from agent_ledger.testing import build_ledger

@@ -63,7 +63,9 @@ async def test_check_schema_names_the_fix(tmp_path: Path) -> None:
         with contextlib.closing(sqlite3.connect(db)) as conn:
             conn.execute("DELETE FROM agent_ledger_schema_version")
             conn.commit()
-        with pytest.raises(EffectStoreError, match=r"version None.*agent-ledger init") as info:
+        with pytest.raises(
+            EffectStoreError, match=rf"version None.*`agent-ledger init --url sqlite:///{db}`"
+        ) as info:
             await store.check_schema()
         assert info.value.operation == "check_schema"
         with contextlib.closing(sqlite3.connect(db)) as conn:

@@ -7,14 +7,8 @@ from typing import Any
 
 import pytest
 
-from agent_ledger import (
-    Effect,
-    EffectLedger,
-    EffectPayloadMismatchError,
-    EffectStatus,
-    MemoryStore,
-    ToolCall,
-)
+from agent_ledger import Effect, EffectLedger, EffectStatus, MemoryStore, ToolCall
+from agent_ledger.errors import EffectPayloadMismatchError
 from agent_ledger.testing import build_ledger
 from tests.harness import StoreHarness
 

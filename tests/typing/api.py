@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import assert_type
 
-from agent_ledger import BeginResult, Effect, EffectLedger, JSONValue, MemoryStore, ToolCall
+from agent_ledger import Effect, EffectLedger, JSONValue, MemoryStore, ToolCall
+from agent_ledger.effects import BeginResult
 
 
 async def check(ledger: EffectLedger, call: ToolCall) -> None:
@@ -55,7 +56,9 @@ async def tools(ledger: EffectLedger) -> None:
 
 
 async def retries_and_schema(ledger: EffectLedger, effect: Effect) -> None:
-    from agent_ledger import Parked, Reopening, RetryPolicy, SchemaMigration, Settlement, TryFailure
+    from agent_ledger import RetryPolicy
+    from agent_ledger.effects import Parked, Reopening, Settlement, TryFailure
+    from agent_ledger.stores.base import SchemaMigration
 
     @ledger.tool("t.retried", retry=RetryPolicy(on=(TimeoutError, ConnectionError)))
     async def charge(order: str) -> int:

@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from agent_ledger import EffectLedgerValidationError, ResourceDescriptor, ToolCall
+from agent_ledger import EffectLedgerValidationError, ToolCall
+from agent_ledger.calls import ResourceDescriptor
 
 
 @pytest.mark.parametrize(

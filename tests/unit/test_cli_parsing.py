@@ -109,7 +109,7 @@ async def test_open_store_by_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ("url", "fragment"),
     [
         ("ledger.db", "not a store URL"),
-        ("mysql://x", "unknown store URL scheme 'mysql'"),
+        ("oracle://x", "unknown store URL scheme 'oracle'"),
         ("sqlite://", "names no file"),
         ("sqlite:///", "names no file"),
     ],

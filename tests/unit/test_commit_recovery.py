@@ -13,11 +13,11 @@ from agent_ledger import (
     EffectStoreError,
     MemoryStore,
     RunOptions,
-    StaleOptions,
     ToolCall,
 )
 from agent_ledger.backoff import COMMIT_RETRY, Backoff
 from agent_ledger.engine import recording
+from agent_ledger.options import StaleOptions
 from agent_ledger.testing import FaultyStore
 from tests.approvals import make_pending
 
@@ -125,7 +125,9 @@ async def test_waiter_survives_failing_polls() -> None:
     """A duplicate caller whose polls fail for a while keeps waiting and gets the result."""
     import asyncio
 
-    from agent_ledger import CommitSucceeded, ConcurrencyOptions, LedgerDefaults, RunOptions
+    from agent_ledger import LedgerDefaults, RunOptions
+    from agent_ledger.effects import CommitSucceeded
+    from agent_ledger.options import ConcurrencyOptions
 
     store = FaultyStore(MemoryStore())
     fast = RunOptions(concurrency=ConcurrencyOptions(initial_interval_ms=5, max_interval_ms=10))
@@ -142,7 +144,8 @@ async def test_waiter_survives_failing_polls() -> None:
 
 async def test_polls_failing_until_the_deadline_raise_the_store_error() -> None:
     """If the store keeps failing, the caller gets the store's error, not a timeout."""
-    from agent_ledger import ConcurrencyOptions, RunOptions
+    from agent_ledger import RunOptions
+    from agent_ledger.options import ConcurrencyOptions
 
     store = FaultyStore(MemoryStore())
     ledger = EffectLedger(EffectLedgerOptions(store=store))
@@ -161,7 +164,8 @@ async def test_failing_polls_on_a_ready_effect_back_off() -> None:
     """A ready effect whose polls fail is not polled in a tight loop: the backoff holds."""
     import asyncio
 
-    from agent_ledger import ConcurrencyOptions, RunOptions
+    from agent_ledger import RunOptions
+    from agent_ledger.options import ConcurrencyOptions
 
     store = FaultyStore(MemoryStore())
     ledger = EffectLedger(EffectLedgerOptions(store=store))

@@ -11,22 +11,26 @@ from datetime import UTC, datetime
 import pytest
 
 from agent_ledger import (
-    ConcurrencyOptions,
     Effect,
     EffectError,
     EffectLedgerValidationError,
     EffectStatus,
-    HandlerTimeoutError,
     MemoryStore,
     RetryPolicy,
     RunOptions,
-    StaleOptions,
     ToolCall,
 )
 from agent_ledger.adapters._messages import for_model
 from agent_ledger.backoff import MAX_MS
 from agent_ledger.engine.deadline import Late, late_outcome
-from agent_ledger.options import MAX_LEASE_MS, merge_run_options, resolve
+from agent_ledger.errors import HandlerTimeoutError
+from agent_ledger.options import (
+    MAX_LEASE_MS,
+    ConcurrencyOptions,
+    StaleOptions,
+    merge_run_options,
+    resolve,
+)
 from agent_ledger.testing import build_ledger
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

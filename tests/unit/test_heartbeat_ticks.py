@@ -17,10 +17,10 @@ from agent_ledger import (
     EffectStatus,
     LedgerDefaults,
     RunOptions,
-    StaleOptions,
     ToolCall,
 )
 from agent_ledger.engine.heartbeats import EARLY_FRACTION, Beat, Heartbeats, due_beats
+from agent_ledger.options import StaleOptions
 from agent_ledger.stores.memory import MemoryStore
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from agent_ledger import EffectLedgerValidationError, JSONValue, ResourceDescriptor, ToolCall
+from agent_ledger import EffectLedgerValidationError, JSONValue, ToolCall
+from agent_ledger.calls import ResourceDescriptor
 from agent_ledger.keys import MAX_DEPTH, canonical_json, canonicalize, idempotency_key
 from tests.strategies import json_objects, json_values, texts
 

@@ -6,17 +6,12 @@ from collections.abc import Callable
 
 import pytest
 
-from agent_ledger import (
-    ConcurrencyOptions,
-    EffectLedgerOptions,
-    EffectLedgerValidationError,
-    MemoryStore,
-    RunOptions,
-    StaleOptions,
-)
+from agent_ledger import EffectLedgerOptions, EffectLedgerValidationError, MemoryStore, RunOptions
 from agent_ledger.options import (
     DEFAULT_STALE_AFTER_MS,
     DEFAULT_TX_LOCK_TIMEOUT_MS,
+    ConcurrencyOptions,
+    StaleOptions,
     merge_run_options,
     resolve,
 )

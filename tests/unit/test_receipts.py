@@ -9,8 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from agent_ledger import Effect, EffectError, EffectStatus, Reopening, TryFailure
+from agent_ledger import Effect, EffectError, EffectStatus
 from agent_ledger.cli import Output, effects_table
+from agent_ledger.effects import Reopening, TryFailure
 from agent_ledger.receipt import render_receipt
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -47,7 +48,7 @@ def test_a_handler_that_returned_none_shows_null() -> None:
 
 def test_an_approved_run_shows_one_execution_and_its_wait_apart() -> None:
     """attempt 2 (the approval's claim) is the fencing token, not a second run;
-    the run time leaves out the 3 s spent waiting for a person."""
+    the handler time leaves out the 3 s spent waiting for a person."""
     decided = T0 + timedelta(seconds=3)
     effect = dataclasses.replace(
         BASE,
@@ -63,7 +64,8 @@ def test_an_approved_run_shows_one_execution_and_its_wait_apart() -> None:
     assert shown["executions"] == "1"
     assert shown["fencing token"] == "attempt 2"
     assert shown["approval wait"] == "3.0 s"
-    assert shown["run time"] == "12.5 ms"
+    assert shown["handler time"] == "12.5 ms"
+    assert "run time" not in shown
     assert shown["decision"] == "approved by ada"
     assert "attempts" not in shown and "duration" not in shown
 
@@ -81,7 +83,25 @@ def test_a_denied_effect_has_no_run_and_no_approval_wait() -> None:
     shown = rows(effect)
     assert shown["executions"] == "0"
     assert shown["started"] == "-"
-    assert "run time" not in shown and "approval wait" not in shown
+    assert "handler time" not in shown and "approval wait" not in shown
+
+
+def test_a_run_settled_by_a_person_has_no_handler_time_from_the_wait() -> None:
+    """A parked run resolved 23 s after it started: its handler's end is unknown,
+    and the 23 s (a dead worker's silence and a person's wait) is not shown as it."""
+    started = T0 + timedelta(milliseconds=5)
+    effect = dataclasses.replace(
+        BASE,
+        status=EffectStatus.SUCCEEDED,
+        executions=1,
+        started_at=started,
+        decided_at=started + timedelta(seconds=23.9),
+        decided_by="ada",
+        completed_at=started + timedelta(seconds=23.9),
+    )
+    shown = rows(effect)
+    assert shown["handler time"] == "unknown: a person decided after the run started"
+    assert "run time" not in shown
 
 
 @pytest.mark.parametrize(
@@ -95,7 +115,7 @@ def test_a_denied_effect_has_no_run_and_no_approval_wait() -> None:
 )
 def test_long_spans_read_in_their_own_units(span: timedelta, text: str) -> None:
     effect = dataclasses.replace(BASE, status=EffectStatus.SUCCEEDED, completed_at=T0 + span)
-    assert rows(effect)["run time"] == text
+    assert rows(effect)["handler time"] == text
 
 
 def test_a_retried_effect_shows_its_tries_and_every_failed_try() -> None:

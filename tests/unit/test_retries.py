@@ -6,16 +6,10 @@ import asyncio
 
 import pytest
 
-from agent_ledger import (
-    EffectLedgerValidationError,
-    ManualClock,
-    MemoryStore,
-    NonRetryableError,
-    RetryPolicy,
-    RunOptions,
-)
+from agent_ledger import EffectLedgerValidationError, MemoryStore, RetryPolicy, RunOptions
+from agent_ledger.clock import ManualClock
 from agent_ledger.options import merge_run_options, resolve
-from agent_ledger.retries import asked_delay_s
+from agent_ledger.retries import NonRetryableError, asked_delay_s
 from agent_ledger.testing import build_ledger
 
 

@@ -6,17 +6,16 @@ import asyncio
 from typing import cast
 
 from agent_ledger import (
-    CommitSucceeded,
-    ConcurrencyOptions,
     EffectLedger,
     EffectLedgerOptions,
     LedgerDefaults,
     MemoryStore,
     RunOptions,
-    StaleOptions,
     Store,
     ToolCall,
 )
+from agent_ledger.effects import CommitSucceeded
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from agent_ledger.testing import FaultyStore
 from tests.approvals import make_pending
 

@@ -19,7 +19,10 @@ EXPECTED = {
     "begin": (["call"], ["tx", "run_options", "hooks"]),
     "commit": (["effect_id", "outcome"], ["attempt", "tx"]),
     "approve": (["idem_key"], ["by", "note", "expected_attempt"]),
-    "deny": (["idem_key"], ["reason", "by", "expected_attempt"]),
+    # The reason by position, as 0.2.x's deny(idem_key, reason) took it (issue 26,
+    # item 10): the one decision field with no other reading in that place.
+    "deny": (["idem_key", "reason"], ["by", "expected_attempt"]),
+    "request_approval": (["idem_key"], ["attempt"]),
     "resolve": (["idem_key"], ["result", "error", "by", "note", "expected_attempt"]),
     "cancel": (["idem_key"], ["reason", "by"]),
 }

@@ -12,12 +12,10 @@ from datetime import timedelta
 import pytest
 
 from agent_ledger import (
-    ConcurrencyOptions,
     Effect,
     EffectError,
     EffectStatus,
     EffectStoreError,
-    EffectTimeoutError,
     LedgerHooks,
     MemoryStore,
     RunOptions,
@@ -25,6 +23,8 @@ from agent_ledger import (
     ToolCall,
 )
 from agent_ledger import clock as clock_module
+from agent_ledger.errors import EffectTimeoutError
+from agent_ledger.options import ConcurrencyOptions
 from agent_ledger.stores.base import Decision, EffectQuery, Held, NewEffect
 from agent_ledger.testing import STORE_STEPS, FaultyStore, ManualClock, build_ledger
 

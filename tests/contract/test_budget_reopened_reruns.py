@@ -1,4 +1,4 @@
-"""Budgets: the third adversarial pass over issue 13 (a rerun after a reopen).
+"""Budgets across a reopen: a rerun keeps its own hold and both runs are booked.
 
 Each test names what went wrong before. A late booking of a finished run
 deleted every hold of the effect, a reopened rerun's in-flight hold

@@ -1,4 +1,4 @@
-"""Budgets and model calls under the defects an adversarial pass found (issue 13).
+"""Budgets book what a model call really spent and hold its room once (issue 13).
 
 Each test names what went wrong before: a paid call booked as $0, a sync
 provider call blocking the heartbeats, a rerun after ``reopen`` never booked,
@@ -522,7 +522,7 @@ async def test_usage_a_handler_cannot_encode_fails_the_effect_once(
     harness: StoreHarness,
 ) -> None:
     """Any usage that cannot be stored fails the effect (not left processing)."""
-    from agent_ledger import WithUsage
+    from agent_ledger.effects import WithUsage
 
     ledger = harness.ledger()
     runs = 0

@@ -127,7 +127,8 @@ async def sagas_command(
             raise EffectLedgerValidationError("sagas show needs a SAGA_ID", field="saga_id")
         saga = await store.get_saga(args.saga_id)
         if saga is None:
-            line(f"no saga '{visible(args.saga_id)}'")
+            # An error like every other: on stderr, with the CLI's prefix.
+            print(f"agent-ledger: no saga '{visible(args.saga_id)}'", file=sys.stderr)
             return EXIT_NOT_DONE
         outcome = await read_outcome(ledger, store, saga)
         if args.json:

@@ -1,4 +1,5 @@
-"""CLI rough edges a user hit (issue 10, item 19): one clear line, never a traceback."""
+"""CLI arguments a user got wrong are one clear line, never a traceback (issue 10, item 19);
+`--url` after the command, `init` making its folder, and help on decision arguments."""
 
 from __future__ import annotations
 
@@ -37,11 +38,11 @@ def test_url_is_accepted_after_the_command(tmp_path: Path) -> None:
     assert not (tmp_path / "nowhere.db").exists()  # the later --url wins
 
 
-def test_init_creates_the_folder_that_list_asks_for(tmp_path: Path) -> None:
+def test_init_create_dirs_creates_the_folder_that_list_asks_for(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'missing' / 'dir' / 'x.db'}"
     listed = run("--url", url, "list", cwd=tmp_path)
     assert listed.returncode == 1 and "agent-ledger init" in listed.stderr
-    assert run("--url", url, "init", cwd=tmp_path).returncode == 0
+    assert run("--url", url, "init", "--create-dirs", cwd=tmp_path).returncode == 0
     assert run("--url", url, "list", cwd=tmp_path).returncode == 0
 
 

@@ -1,0 +1,98 @@
+"""Every error code the ledger itself records, in one table.
+
+An effect's ``error.code`` (and a saga's) is machine-readable: code that
+decides what to do after a failure matches on it, and it is stored, so a
+code's spelling is part of the data format. The codes the ledger writes are
+the members of ``ErrorCode``; everything else in ``error.code`` came from a
+handler (its exception's ``code`` attribute, or its class name). Each member
+says when it is recorded (``ErrorCode.X.when``), and docs/concepts.md lists
+them all.
+
+``ErrorCode`` is a ``StrEnum``: a member *is* its string, so
+``effect.error.code == ErrorCode.HANDLER_TIMEOUT`` works on an effect read
+back from any store, and values stored before this table existed mean what
+they meant.
+
+Two members differ only in spelling, and that is on purpose: they record two
+different causes, both already in stored data. ``RUN_CANCELLED``
+(``"cancelled"``) is the engine's: the task running a call was cancelled while
+its handler ran, so nobody knows whether the side effect happened.
+``CANCELED`` (``"canceled"``, like the status) is a decision: a person's
+``cancel()``, or a saga rolling back a step that waited for one. The adapters
+tell a model different things for each, so they are not merged.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["ErrorCode"]
+
+
+class ErrorCode(enum.StrEnum):
+    """The error codes agent-ledger records, each with when it is recorded (``.when``)."""
+
+    when: str
+
+    # ``when`` has a default only so that a look-up, ``ErrorCode("denied")``,
+    # type-checks: the enum machinery routes that call elsewhere, and every
+    # member below gives its text (a test checks none is empty).
+    def __new__(cls, value: str, when: str = "") -> ErrorCode:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.when = when
+        return member
+
+    # -- a person's decision ------------------------------------------------
+    DENIED = "denied", "a person denied the effect (`deny()`); the message is their reason"
+    CANCELED = (
+        "canceled",
+        "a person canceled the effect (`cancel()`), or a saga rolled back a step that "
+        "waited for one or whose worker stopped; also a saga whose own task was cancelled",
+    )
+    AMBIGUOUS_ATTEMPT = (
+        "ambiguous_attempt",
+        'a worker went silent after its handler started (`on_stale="park"`): the effect '
+        "waits in `requires_approval` for a person to say whether it took effect",
+    )
+
+    # -- the engine, about the handler's run ----------------------------------
+    RUN_CANCELLED = (
+        "cancelled",
+        "the task running the call was cancelled while its handler ran or waited to retry; "
+        "the effect is `canceled` and its side effect may have happened",
+    )
+    HANDLER_TIMEOUT = (
+        "handler_timeout",
+        "the handler ran past its deadline (`RunOptions(timeout_ms=...)`)",
+    )
+    RETRIES_EXHAUSTED = (
+        "retries_exhausted",
+        "every try the retry policy allowed failed; the history keeps each try's error",
+    )
+    TOO_MANY_TAKEOVERS = (
+        "too_many_takeovers",
+        "the effect was taken over more than `max_takeovers` times; not run again",
+    )
+    RESULT_NOT_SERIALIZABLE = (
+        "result_not_serializable",
+        "the handler returned a value that is not JSON",
+    )
+    USAGE_NOT_SERIALIZABLE = (
+        "usage_not_serializable",
+        "the handler's returned `usage` could not be recorded",
+    )
+
+    # -- sagas ------------------------------------------------------------------
+    SAGA_ROLLED_BACK = (
+        "saga_rolled_back",
+        "a saga was rolled back before this step of it began; the step never ran",
+    )
+    SAGA_ABANDONED = (
+        "abandoned",
+        "a saga's owner was gone longer than `abandon_after`; recovery rolled it back",
+    )
+    STEP_CANCELED = (
+        "step_canceled",
+        "the task of a step started with `saga.start()` was cancelled; the saga rolled back",
+    )

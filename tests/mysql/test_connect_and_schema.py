@@ -1,0 +1,136 @@
+"""Connecting by URL and the versioned schema: what fails says why, and what to run."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import AsyncIterator
+from importlib import resources
+
+import pytest
+
+from agent_ledger import EffectLedgerValidationError, EffectStoreError
+from agent_ledger.stores.mysql import MYSQL_SCHEMA_VERSION, MySQLStore
+from agent_ledger.stores.url import open_store
+from tests.harness import (
+    MYSQL_URL,
+    _root_sql,
+    ensure_test_database,
+    mysql_test_url,
+    require_mysql,
+)
+
+
+def _url_for(database: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    return urlunsplit(urlsplit(MYSQL_URL)._replace(path="/" + database))
+
+
+@pytest.fixture
+async def empty_database() -> AsyncIterator[str]:
+    """A database with no tables in it, dropped afterwards; its URL."""
+    require_mysql()
+    name = f"agent_ledger_empty_{uuid.uuid4().hex[:10]}"
+    await _root_sql(f"CREATE DATABASE `{name}`")
+    try:
+        yield _url_for(name)
+    finally:
+        await _root_sql(f"DROP DATABASE IF EXISTS `{name}`")
+
+
+def test_the_schema_file_records_the_version_the_library_needs() -> None:
+    text = resources.files("agent_ledger.stores").joinpath("mysql_schema.sql").read_text()
+    recorded = re.findall(
+        r"agent_ledger_schema_version \(version, applied_at\) VALUES \((\d+),", text
+    )
+    assert recorded == [str(MYSQL_SCHEMA_VERSION)]
+
+
+@pytest.mark.parametrize(
+    ("url", "fragment"),
+    [
+        ("mysql://root@127.0.0.1:3306", "names no database"),
+        ("mysql://root@127.0.0.1:3306/test?sslmode=x", "unknown MySQL URL parameter 'sslmode'"),
+        ("mysql://root@[::1/test", "malformed MySQL URL"),
+    ],
+)
+async def test_a_bad_url_is_refused_naming_the_field(url: str, fragment: str) -> None:
+    with pytest.raises(EffectLedgerValidationError, match=re.escape(fragment)) as refused:
+        await MySQLStore.connect(url)
+    assert refused.value.field == "url"
+
+
+async def test_an_unknown_database_fails_at_connect_with_the_servers_reason() -> None:
+    require_mysql()
+    with pytest.raises(EffectStoreError, match="Unknown database"):
+        await MySQLStore.connect(_url_for(f"agent_ledger_missing_{uuid.uuid4().hex[:8]}"))
+
+
+async def test_a_closed_port_fails_at_connect() -> None:
+    with pytest.raises(EffectStoreError, match="cannot connect to MySQL"):
+        await MySQLStore.connect("mysql://root@127.0.0.1:1/test", connect_timeout=5)
+
+
+async def test_mariadb_and_mysql_urls_open_the_store() -> None:
+    require_mysql()
+    await ensure_test_database()
+    for url in (mysql_test_url(), mysql_test_url().replace("mysql://", "mariadb://", 1)):
+        store = await open_store(url)
+        try:
+            assert isinstance(store, MySQLStore)
+            assert store.server.mariadb == ("mariadb" in store.server.version.lower())
+        finally:
+            await store.close()
+
+
+async def test_migrate_creates_then_finds_nothing_to_do(empty_database: str) -> None:
+    store = await MySQLStore.connect(empty_database)
+    try:
+        with pytest.raises(EffectStoreError, match="agent-ledger init"):
+            await store.check_schema()
+        with pytest.raises(EffectStoreError, match="tables are missing"):
+            await store.find("k" * 64)
+        first = await store.migrate()
+        assert (first.from_version, first.to_version) == (0, MYSQL_SCHEMA_VERSION)
+        again = await store.migrate()
+        assert (again.from_version, again.to_version, again.changed) == (3, 3, False)
+        assert await store.check_schema() == MYSQL_SCHEMA_VERSION
+    finally:
+        await store.close()
+
+
+async def test_a_schema_from_a_newer_release_is_refused(empty_database: str) -> None:
+    store = await MySQLStore.connect(empty_database)
+    try:
+        await store.create_schema()
+        database = empty_database.rsplit("/", 1)[1]
+        await _root_sql(
+            f"INSERT INTO `{database}`.agent_ledger_schema_version VALUES (99, UTC_TIMESTAMP(6))"
+        )
+        with pytest.raises(EffectStoreError, match="newer than this library's"):
+            await store.check_schema()
+        with pytest.raises(EffectStoreError, match="newer than this library's"):
+            await store.migrate()
+    finally:
+        await store.close()
+
+
+async def test_names_too_long_for_their_key_are_refused_not_truncated(empty_database: str) -> None:
+    store = await MySQLStore.connect(empty_database)
+    try:
+        await store.create_schema()
+        from agent_ledger.stores.saga_base import NewSaga
+
+        too_long = NewSaga(
+            saga_id="s" * 513,
+            owner="me",
+            lease_ms=1000,
+            abandon_after_ms=None,
+            on_compensation_failure="continue",
+        )
+        with pytest.raises(EffectStoreError, match="Data too long"):
+            await store.begin_saga(too_long)
+        assert await store.list_sagas() == []
+    finally:
+        await store.close()
