@@ -8,6 +8,7 @@ from typing import Literal
 
 from agent_ledger.effects import JSONValue
 from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.names import check_name_length
 
 
 def _require_text(value: object, field_name: str) -> None:
@@ -21,6 +22,7 @@ def _require_text(value: object, field_name: str) -> None:
         raise EffectLedgerValidationError(
             f"{field_name} must not contain U+0000 (NUL)", field=field_name
         )
+    check_name_length(value, field_name)
 
 
 @dataclass(frozen=True, slots=True)

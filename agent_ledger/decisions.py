@@ -24,6 +24,7 @@ from agent_ledger.codes import ErrorCode
 from agent_ledger.effects import Effect, EffectError, JSONValue, storable_text
 from agent_ledger.errors import EffectLedgerValidationError, require_str
 from agent_ledger.keys import canonical_json
+from agent_ledger.names import check_name_length
 from agent_ledger.observability import effect_fields, log_effect, logger
 from agent_ledger.options import LedgerHooks
 from agent_ledger.status import REOPENABLE, EffectStatus
@@ -373,6 +374,8 @@ def _decision(by: str | None, note: str | None) -> Decision:
             raise EffectLedgerValidationError(
                 f"{name} must be a string or None, got {type(value).__name__}", field=name
             )
+    if by:
+        check_name_length(by, "by")
     return Decision(
         by=storable_text(by) if by else None, note=storable_text(note) if note else None
     )
@@ -399,6 +402,8 @@ def _required_text(value: object, name: str, saying: str | None = None) -> str:
             f"{name} is required: a non-empty string saying {what}, got {value!r}",
             field=name,
         )
+    if name == "by":  # a name, stored and listed; a reason is free text
+        check_name_length(value, name)
     return storable_text(value)
 
 
@@ -489,8 +494,8 @@ async def take_over_and_cancel(
     could land just after a paused holder woke and recorded its handler's
     start: a run that must be parked, not canceled, with its side effect
     never undone. After the claim the old holder can no longer record a
-    start, heartbeat or commit. Like any takeover, the claim counts in the
-    receipt's ``executions`` (no handler runs for it).
+    start, heartbeat or commit. No handler runs for the claim, so the cancel
+    takes its execution back (``executions`` counts handler starts).
     """
     outcome = await store.claim(idem_key, stale_after_ms=1, lease_ms=lease_ms)
     if outcome.claimed and outcome.effect is not None:
@@ -501,6 +506,7 @@ async def take_over_and_cancel(
             result_json=None,
             error=error,
             ends_try=False,
+            started=False,
         )
     return outcome
 

@@ -238,6 +238,7 @@ class FaultyStore(Generic[StoreT]):
         tx: object | None = None,
         ends_try: bool = True,
         usage_json: str | None = None,
+        started: bool = True,
     ) -> bool:
         return await self._step(
             "commit",
@@ -250,6 +251,7 @@ class FaultyStore(Generic[StoreT]):
                 tx=tx,
                 ends_try=ends_try,
                 usage_json=usage_json,
+                started=started,
             ),
             effect_id=effect_id,
         )

@@ -218,7 +218,8 @@ class Acquirer:
         )
         # Just claimed: the lease is whole.
         until = lease_end(asyncio.get_running_loop().time(), prepared.opts.stale_after_ms)
-        failed = Outcome(EffectStatus.FAILED, error=error, ends_try=False)
+        # started=False: no handler runs for this claim, so it is no execution.
+        failed = Outcome(EffectStatus.FAILED, error=error, ends_try=False, started=False)
         if await self._recorder.landed(claimed, failed, tx, until):
             log_effect(logging.WARNING, "effect failed: too many takeovers", claimed)
         stored = await self._store.get(claimed.id, tx=tx)

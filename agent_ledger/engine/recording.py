@@ -74,6 +74,9 @@ class Outcome(NamedTuple):
     usage_json: str | None = None
     #: False for an outcome no try of the handler produced (see ``Store.commit``).
     ends_try: bool = True
+    #: False when no handler started for this attempt at all (a claim the
+    #: engine refused to run): ``Store.commit`` takes its execution back.
+    started: bool = True
 
 
 class Recorded(NamedTuple):
@@ -282,6 +285,7 @@ class Recorder:
                     tx=tx,
                     ends_try=outcome.ends_try,
                     usage_json=outcome.usage_json,
+                    started=outcome.started,
                 )
             except EffectStoreError:
                 # Inside a caller's transaction the failed statement aborted it.

@@ -263,7 +263,8 @@ class Retrier:
         message = TRIES_USED_BEFORE.format(n=effect.tries, limit=policy.attempts, error=last_error)
         error = EffectError(message=message, code=ErrorCode.RETRIES_EXHAUSTED)
         until = lease_end(asyncio.get_running_loop().time(), opts.stale_after_ms)
-        used_up = Outcome(EffectStatus.FAILED, error=error, ends_try=False)
+        # started=False: no handler runs for this claim, so it is no execution.
+        used_up = Outcome(EffectStatus.FAILED, error=error, ends_try=False, started=False)
         if not await self._recorder.landed(effect, used_up, tx, until):
             return LOST
         log_effect(logging.INFO, f"effect failed: {message}", effect)

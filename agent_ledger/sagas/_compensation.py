@@ -62,6 +62,8 @@ from agent_ledger.errors import (
     ApprovalPendingError,
     EffectLedgerValidationError,
     EffectStoreError,
+    EffectTimeoutError,
+    HandlerTimeoutError,
 )
 from agent_ledger.options import UNSET, RunOptions, merge_run_options
 from agent_ledger.retries import RetryPolicy
@@ -191,6 +193,14 @@ async def _undo(ledger: ToolLedger, saga_id: str, step: SagaStep) -> Undo:
         await tool.run_as(call, {first: forward}, run_options=options)
     except EffectStoreError:
         raise  # the store failed, not the compensation: the saga stays compensating
+    except HandlerTimeoutError as exc:
+        # The undo's own handler ran out of time: a failed compensation.
+        return Undo(step, False, EffectError(f"{type(exc).__name__}: {exc}", exc.code))
+    except EffectTimeoutError:
+        # Only the wait ran out (for the undo another worker holds): nothing
+        # was decided, so the saga stays compensating and a later pass, or
+        # the holder, finishes the undo (issue 26, item 2).
+        raise
     except ApprovalPendingError as pending:
         raise SagaStepParked(saga_id, step, pending.effect) from None
     except Exception as exc:

@@ -40,6 +40,7 @@ from agent_ledger.errors import (
     EffectLedgerValidationError,
     UnrecordedEffectError,
 )
+from agent_ledger.names import MAX_NAME_LENGTH, check_name_length
 from agent_ledger.options import DEFAULT_STALE_AFTER_MS, MAX_LEASE_MS, LedgerHooks, RunOptions
 from agent_ledger.sagas._compensation import (
     cancel_for_rollback,
@@ -88,7 +89,7 @@ TASK_CANCELED: Final = EffectError("the task running the saga was cancelled", Er
 #: The longest saga id (in characters). A saga id is a primary key and every
 #: step's workflow id, indexed by every store: 500 characters of at most 4
 #: bytes each stay under PostgreSQL's B-tree entry limit (about 2,700 bytes).
-MAX_SAGA_ID_LENGTH: Final = 500
+MAX_SAGA_ID_LENGTH: Final = MAX_NAME_LENGTH
 
 
 def default_owner() -> str:
@@ -133,6 +134,7 @@ def owner_of(owner: str | None) -> str:
             f"got {owner!r}",
             field="owner",
         )
+    check_name_length(owner, "owner")
     return owner
 
 
@@ -237,8 +239,8 @@ class Saga:
         owner: str | None = None,
         budget: Budget | None = None,
     ) -> None:
+        check_saga_id(saga_id)  # first: a long id is refused as the saga's, not a workflow's
         self._scope = WorkflowScope(saga_id)  # the checks any workflow id gets
-        check_saga_id(saga_id)
         # Its steps (tool calls) and model calls reserve on it (the one stored
         # under the saga id when none is given); the compensations never do.
         self._scope.budget = (

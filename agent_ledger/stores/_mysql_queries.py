@@ -184,7 +184,8 @@ COMMIT: Final = (
     "UPDATE agent_ledger_effects FORCE INDEX (PRIMARY)"
     " SET status = %(status)s, result = %(result)s,"
     " `usage` = %(usage)s, error_message = %(error_message)s, error_code = %(error_code)s,"
-    " tries = tries + %(tried)s, completed_at = " + NOW + ", updated_at = " + NOW + ""
+    " tries = tries + %(tried)s, executions = executions - %(unstarted)s,"
+    " completed_at = " + NOW + ", updated_at = " + NOW + ""
     " WHERE id = %(id)s AND status = %(processing)s"
     " AND (%(attempt)s IS NULL OR attempt = %(attempt)s)"
 )

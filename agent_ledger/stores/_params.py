@@ -110,9 +110,11 @@ def commit_params(
     error: EffectError | None,
     ends_try: bool = True,
     usage_json: str | None = None,
+    started: bool = True,
 ) -> dict[str, object]:
     """For the commit compare-and-set (``processing`` -> ``status`` at ``attempt``);
-    ``tried`` is what it adds to ``tries``."""
+    ``tried`` is what it adds to ``tries``, ``unstarted`` what it takes from
+    ``executions`` (1 when the attempt's handler never started)."""
     return {
         "id": effect_id,
         "attempt": attempt,
@@ -121,6 +123,7 @@ def commit_params(
         "usage": usage_json,
         "processing": _PROCESSING,
         "tried": 1 if ends_try else 0,
+        "unstarted": 0 if started else 1,
         **dialect.error(error),
     }
 

@@ -206,6 +206,7 @@ COMMIT: Final[LiteralString] = (
     "UPDATE {effects} SET status = %(status)s, result = %(result)s::json,"
     " usage = %(usage)s::json,"
     " error = %(error)s::jsonb, tries = tries + %(tried)s::integer,"
+    " executions = executions - %(unstarted)s::integer,"
     " completed_at = clock_timestamp(), updated_at = clock_timestamp() "
     "WHERE id = %(id)s AND status = %(processing)s"
     " AND (%(attempt)s::integer IS NULL OR attempt = %(attempt)s::integer)"

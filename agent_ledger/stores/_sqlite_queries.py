@@ -108,7 +108,10 @@ DEDUP_COUNTS: Final = (
 # array: ready, and processing itself), but from processing only when its
 # heartbeat is older than the holder's lease, and than the caller's stale_ms,
 # by the store's clock: a takeover (0 on either side: never), and never of an
-# attempt whose handler started under on_stale="park" (PARK takes those). +1 attempt
+# attempt whose handler started under on_stale="park" (PARK takes those). The
+# heartbeat is the later of the stored one and :seen_us, the time of the
+# holder's file (stores/_sqlite_holders.py: a heartbeat that needs no write
+# lock; 0 when it has none), read by HOLDING under the same lock. +1 attempt
 # fences the previous holder; the caller's lease_ms becomes the new holder's
 # lease. The write lock makes the check and the
 # update one step, so of concurrent claims exactly one changes a row
@@ -119,8 +122,17 @@ CLAIM: Final = (
     " heartbeat_us = :now, started_us = :now, updated_us = :now"
     " WHERE idem_key = :idem_key AND status IN (SELECT value FROM json_each(:claimable))"
     " AND (status <> :processing OR (:stale_ms > 0 AND lease_ms > 0"
-    " AND heartbeat_us <= :now - max(lease_ms, :stale_ms) * 1000"
+    " AND max(heartbeat_us, :seen_us) <= :now - max(lease_ms, :stale_ms) * 1000"
     " AND park_attempt IS NOT attempt))"
+)
+# Who holds the key now, if anyone: the holding whose file CLAIM and PARK read.
+HOLDING: Final = "SELECT id, attempt FROM agent_ledger_effects WHERE idem_key = ? AND status = ?"
+# Of some holdings (:holdings, a JSON array of [id, attempt]), those still
+# held: purge() removes the files of the rest.
+STILL_HELD: Final = (
+    "SELECT e.id, e.attempt FROM agent_ledger_effects AS e"
+    " JOIN json_each(:holdings) AS h ON e.id = json_extract(h.value, '$[0]')"
+    " AND e.attempt = json_extract(h.value, '$[1]') WHERE e.status = :processing"
 )
 
 # -- heartbeat --
@@ -135,11 +147,13 @@ HEARTBEAT: Final = (
 # Compare-and-set processing -> succeeded/failed/canceled on (id, status,
 # attempt): the first commit wins, and a late commit from an older attempt
 # matches no row. A NULL attempt skips the fencing check (unfenced commit()).
+# :unstarted (0 or 1) takes back the claim's execution when the attempt's
+# handler never started (executions counts handler starts).
 # KEY_OF then names the key whose waiters to wake.
 COMMIT: Final = (
     "UPDATE agent_ledger_effects SET status = :status, result = :result, usage = :usage,"
     " error_message = :error_message, error_code = :error_code, tries = tries + :tried,"
-    " completed_us = :now, updated_us = :now"
+    " executions = executions - :unstarted, completed_us = :now, updated_us = :now"
     " WHERE id = :id AND status = :processing AND (:attempt IS NULL OR attempt = :attempt)"
 )
 
@@ -220,10 +234,11 @@ MARK_STARTED: Final = (
 # park: processing -> requires_approval, only for the attempt whose handler
 # was recorded as started under park, and only once its holder has been
 # silent for the longer of its lease and :stale_ms (0 on either side: never),
-# as a takeover would judge it. The reason goes to the error; the history
-# keeps which attempt, when it started, who ran it, its last heartbeat and
-# when it was parked (SET reads the row's old values). The attempt stays: it
-# is the one a person settles. FIND then reads the effect as it stands.
+# as a takeover would judge it (the holder's file too, as in CLAIM). The
+# reason goes to the error; the history keeps which attempt, when it started,
+# who ran it, its last heartbeat and when it was parked (SET reads the row's
+# old values). The attempt stays: it is the one a person settles. FIND then
+# reads the effect as it stands.
 PARK: Final = (
     "UPDATE agent_ledger_effects SET status = :requires_approval,"
     " error_message = :error_message, error_code = :error_code, updated_us = :now,"
@@ -235,7 +250,7 @@ PARK: Final = (
     + ", 'at', :at))"
     " WHERE idem_key = :idem_key AND status = :processing AND park_attempt = attempt"
     " AND :stale_ms > 0 AND lease_ms > 0"
-    " AND heartbeat_us <= :now - max(lease_ms, :stale_ms) * 1000"
+    " AND max(heartbeat_us, :seen_us) <= :now - max(lease_ms, :stale_ms) * 1000"
 )
 # settle: a person's approve, deny or resolve, requires_approval -> :target,
 # at the attempt they saw (:expected_attempt; NULL: any) and, for resolve,

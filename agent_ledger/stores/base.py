@@ -395,6 +395,7 @@ class Store(Protocol):
         tx: object | None = None,
         ends_try: bool = True,
         usage_json: str | None = None,
+        started: bool = True,
     ) -> bool:
         """Compare-and-set ``processing`` -> ``status`` (succeeded, failed or canceled).
 
@@ -403,7 +404,10 @@ class Store(Protocol):
         overwrites the winner). Records ``result_json`` (JSON text) or
         ``error`` (and ``usage_json``, a model call's ``Usage`` as JSON text, in
         the same step), and ``completed_at=updated_at=now``; with ``ends_try``
-        (the default: the outcome is a try's) adds one to ``tries``. First
+        (the default: the outcome is a try's) adds one to ``tries``. With
+        ``started=False`` (this attempt's handler never started: a claim the
+        engine then refused to run) it takes back the one its claim added to
+        ``executions``, which counts handler starts only. First
         commit wins; every later one returns False. Wakes subscribers.
         """
         ...

@@ -335,6 +335,7 @@ class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets):
         tx: object | None = None,
         ends_try: bool = True,
         usage_json: str | None = None,
+        started: bool = True,
     ) -> bool:
         check_commit_status(status)
         mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
@@ -351,6 +352,8 @@ class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets):
         row.usage = usage_from_json(usage_json)
         row.error = error
         row.tries += ends_try
+        if not started:
+            row.executions -= 1  # the claim's: its handler never started
         row.completed_at = row.updated_at = now
         self._gate.changed(row.idem_key, mtx)
         return True

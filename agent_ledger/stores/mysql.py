@@ -722,6 +722,7 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets):
         tx: object | None = None,
         ends_try: bool = True,
         usage_json: str | None = None,
+        started: bool = True,
     ) -> bool:
         check_commit_status(status)
         if not is_effect_id(effect_id):
@@ -736,6 +737,7 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets):
             error=error,
             ends_try=ends_try,
             usage_json=usage_json,
+            started=started,
         )
         if not await self._execute("commit", q.COMMIT, params, conn, effect_id=effect_id):
             return False

@@ -654,6 +654,7 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
         tx: object | None = None,
         ends_try: bool = True,
         usage_json: str | None = None,
+        started: bool = True,
     ) -> bool:
         check_commit_status(status)
         if not is_effect_id(effect_id):
@@ -667,6 +668,7 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
             error=error,
             ends_try=ends_try,
             usage_json=usage_json,
+            started=started,
         )
         return await self._execute("commit", self._commit, params, tx, effect_id=effect_id)
 

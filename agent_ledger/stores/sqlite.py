@@ -71,6 +71,7 @@ from agent_ledger.stores._params import (
 )
 from agent_ledger.stores._rows import STATUS_BY_VALUE, effect_from_row, stats_from_groups
 from agent_ledger.stores._sqlite_budgets import SqliteBudgets
+from agent_ledger.stores._sqlite_holders import Holders
 from agent_ledger.stores._sqlite_sagas import SqliteSagas
 from agent_ledger.stores._sqlite_tables import from_us, to_us
 from agent_ledger.stores._subscriptions import Registration, Subscribers
@@ -209,6 +210,9 @@ _T = TypeVar("_T")
 _PROCESSING: Final = EffectStatus.PROCESSING.value
 _STATUS_BY_VALUE: Final = STATUS_BY_VALUE
 _STATUS: Final = ROW_COLUMNS.index("status")
+_ID: Final = ROW_COLUMNS.index("id")
+_ATTEMPT: Final = ROW_COLUMNS.index("attempt")
+_LEASE_MS: Final = ROW_COLUMNS.index("lease_ms")
 #: A duplicate of an effect in one of these is only read by begin, and counted later.
 _FINISHED: Final = frozenset(s.value for s in TERMINAL)
 #: A flush of duplicate counts waits at most this long for the write lock.
@@ -291,6 +295,8 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
         self._subscribers = Subscribers()
         self._gate = TransactionGate(self, SqliteTransaction, "SqliteStore", self._subscribers)
         self._closed = False
+        #: The holders' second heartbeat, outside the database (_sqlite_holders).
+        self._holders = Holders(self.path, lambda: to_us(self._clock()))
         opener = functools.partial(self._open, create, synchronous, busy_timeout_ms)
         try:
             self._conn: sqlite3.Connection = self._executor.submit(opener).result()
@@ -453,10 +459,14 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
         started = counts.epoch
         params = {**begin_params(new), "id": new_effect_id()}
         clock = self._clock
+        holders = self._holders
 
         def insert_or_get(conn: sqlite3.Connection, now: int) -> tuple[tuple[Any, ...], bool]:
             created = conn.execute(q.INSERT, {**params, "now": now}).rowcount == 1
-            if not created and stx is None:  # with tx: only read (Store.begin)
+            if created and params["executions"]:
+                # Processing: its holder's file, before the insert commits.
+                holders.hold((str(params["id"]), 1), new.lease_ms)
+            elif not created and stx is None:  # with tx: only read (Store.begin)
                 conn.execute(q.COUNT_DUPLICATE, params)
             return conn.execute(q.FIND, (key,)).fetchone(), created
 
@@ -503,10 +513,19 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
         params = claim_params(_DIALECT, idem_key, stale_after_ms=stale_after_ms, lease_ms=lease_ms)
         started = self._counts.epoch
 
+        holders = self._holders
+
         def work(conn: sqlite3.Connection, now: int) -> tuple[tuple[Any, ...] | None, bool]:
-            params["now"] = now
+            held = _holding(conn, idem_key)
+            params["now"], params["seen_us"] = now, 0 if held is None else holders.seen_us(held)
             claimed = conn.execute(q.CLAIM, params).rowcount == 1
-            return conn.execute(q.FIND, (idem_key,)).fetchone(), claimed
+            row: tuple[Any, ...] | None = conn.execute(q.FIND, (idem_key,)).fetchone()
+            if claimed and row is not None:
+                holders.hold((row[_ID], row[_ATTEMPT]), row[_LEASE_MS])
+                if held is not None:
+                    # The previous holder's file: it is fenced off now.
+                    holders.remove(held, ours=False)
+            return row, claimed
 
         row, claimed = await self._run("claim", work, stx, write=True, idem_key=idem_key)
         if claimed:
@@ -520,6 +539,8 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
         batch = [one for one in held if is_effect_id(one.effect_id)]
         if not batch:
             return HeartbeatOutcome(frozenset())
+        # Before waiting for the write lock: this sign of life needs none.
+        self._holders.alive((one.effect_id, one.attempt) for one in batch)
 
         def work(conn: sqlite3.Connection, now: int) -> HeartbeatOutcome:
             # One job and one write transaction for the whole batch; a
@@ -547,8 +568,38 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
         tx: object | None = None,
         ends_try: bool = True,
         usage_json: str | None = None,
+        started: bool = True,
     ) -> bool:
         check_commit_status(status)
+        if attempt is None:
+            return await self._commit(
+                effect_id, attempt, status, result_json, error, tx, ends_try, usage_json, started
+            )
+        # The holder is alive until its outcome is stored, however long the
+        # commit waits for the write lock; then the holding is over.
+        holding = (effect_id, attempt)
+        done = self._holders.under_way(holding)
+        try:
+            won = await self._commit(
+                effect_id, attempt, status, result_json, error, tx, ends_try, usage_json, started
+            )
+        finally:
+            done()
+        self._holders.remove(holding)
+        return won
+
+    async def _commit(
+        self,
+        effect_id: str,
+        attempt: int | None,
+        status: EffectStatus,
+        result_json: str | None,
+        error: EffectError | None,
+        tx: object | None,
+        ends_try: bool,
+        usage_json: str | None,
+        started: bool,
+    ) -> bool:
         stx = await self._enter(tx)
         if not is_effect_id(effect_id):
             return False
@@ -562,12 +613,14 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
             error=error,
             ends_try=ends_try,
             usage_json=usage_json,
+            started=started,
         )
         return await self._set("commit", q.COMMIT, params, effect_id, stx)
 
     async def record_try(
         self, effect_id: str, *, attempt: int, error: EffectError, error_type: str
     ) -> bool:
+        self._holders.alive(((effect_id, attempt),))
         await self._enter(None)
         if not is_effect_id(effect_id):
             return False
@@ -580,6 +633,16 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
         return await self._run("record_try", work, None, write=True, effect_id=effect_id)
 
     async def release(self, effect_id: str, *, attempt: int, for_approval: bool = False) -> bool:
+        holding = (effect_id, attempt)
+        done = self._holders.under_way(holding)
+        try:
+            released = await self._release(effect_id, attempt, for_approval)
+        finally:
+            done()
+        self._holders.remove(holding)
+        return released
+
+    async def _release(self, effect_id: str, attempt: int, for_approval: bool) -> bool:
         await self._enter(None)
         if not is_effect_id(effect_id):
             return False
@@ -636,6 +699,7 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
     async def mark_started(
         self, effect_id: str, *, attempt: int, worker: str, tx: object | None = None
     ) -> bool:
+        self._holders.alive(((effect_id, attempt),))
         stx = await self._enter(tx)
         if not is_effect_id(effect_id):
             return False
@@ -652,9 +716,15 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
         params = park_params(_DIALECT, idem_key, stale_after_ms=stale_after_ms, error=error)
         started = self._counts.epoch
 
+        holders = self._holders
+
         def work(conn: sqlite3.Connection, now: int) -> tuple[tuple[Any, ...] | None, bool]:
+            held = _holding(conn, idem_key)
             params["now"], params["at"] = now, from_us(now).isoformat()
+            params["seen_us"] = 0 if held is None else holders.seen_us(held)
             parked = conn.execute(q.PARK, params).rowcount == 1
+            if parked and held is not None:
+                holders.remove(held, ours=False)
             return conn.execute(q.FIND, (idem_key,)).fetchone(), parked
 
         row, parked = await self._run("park", work, None, write=True, idem_key=idem_key)
@@ -810,9 +880,15 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
         await self._enter(None)
         names = _status_array(statuses)
 
+        holders = self._holders
+
         def work(conn: sqlite3.Connection, now: int) -> int:
             cutoff = now - older_than // timedelta(microseconds=1)
-            return conn.execute(q.PURGE, {"statuses": names, "cutoff": cutoff}).rowcount
+            purged: int = conn.execute(q.PURGE, {"statuses": names, "cutoff": cutoff}).rowcount
+            # Under the write lock, so every holding's insert or claim has
+            # committed: the files of holdings that are over go (dead holders').
+            holders.sweep(functools.partial(_still_held, conn))
+            return purged
 
         return await self._run("purge", work, None, write=True)
 
@@ -964,9 +1040,24 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
         self._flush_wait_ms = self._busy_timeout_ms
         await self._counts.close()
         self._closed = True
+        self._holders.close()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self._conn.close)
         self._executor.shutdown(wait=True)
+
+
+def _holding(conn: sqlite3.Connection, idem_key: str) -> tuple[str, int] | None:
+    """The (id, attempt) holding ``idem_key`` now, if it is processing."""
+    found = conn.execute(q.HOLDING, (idem_key, _PROCESSING)).fetchone()
+    return None if found is None else (str(found[0]), int(found[1]))
+
+
+def _still_held(
+    conn: sqlite3.Connection, holdings: Iterable[tuple[str, int]]
+) -> set[tuple[str, int]]:
+    text = orjson.dumps([list(h) for h in holdings]).decode()
+    rows = conn.execute(q.STILL_HELD, {"holdings": text, "processing": _PROCESSING}).fetchall()
+    return {(str(effect_id), int(attempt)) for effect_id, attempt in rows}
 
 
 def _find_row(idem_key: str) -> Callable[[sqlite3.Connection, int], tuple[Any, ...] | None]:

@@ -187,6 +187,9 @@ async def test_takeovers_past_the_bound_fail_the_effect_instead_of_running_it(
     assert info.value.code == "too_many_takeovers" and ran == []
     effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
     assert effect is not None and effect.status is EffectStatus.FAILED
+    # The refused claim started no handler: executions counts the begin's and
+    # the takeovers' starts only (issue 26, item 3), the attempt every claim.
+    assert effect.executions == 1 + limit and effect.attempt == 2 + limit
     with pytest.raises(EffectFailedError):  # a receipt now: nobody runs it again
         await ledger.run(CALL, lambda e: ran.append(e.attempt))
     assert ran == []

@@ -367,3 +367,26 @@ async def test_work_started_inside_the_block_is_refused_not_hung(
         assert await harness.store.get_saga("saga-in-tx") is None  # type: ignore[attr-defined]
     if way != "close":
         assert await ledger.run(OTHER, lambda e: "after") == "after"
+
+
+async def test_a_rollback_erases_the_receipt_so_the_next_call_runs_the_handler_again(
+    harness: StoreHarness,
+) -> None:
+    # What the guide's Transactions section warns about (issue 26, item 7): an
+    # external side effect made inside tx= outlives the rollback, its receipt
+    # does not, and a retry runs the handler again; a service that honours
+    # effect.idem_key sees the same key both times.
+    ledger = harness.ledger()
+    sent: list[str] = []
+
+    def send(effect: Effect) -> str:
+        sent.append(effect.idem_key)
+        return "sent"
+
+    with contextlib.suppress(RuntimeError):
+        async with harness.store.transaction() as tx:
+            await ledger.run(CALL, send, tx=tx)
+            raise RuntimeError("the surrounding transaction failed")
+    assert await ledger.find_by_idem_key(ledger.idem_key(CALL)) is None
+    assert await ledger.run(CALL, send) == "sent"
+    assert sent == [ledger.idem_key(CALL)] * 2

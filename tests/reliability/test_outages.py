@@ -110,6 +110,7 @@ class OutageAt(FaultyStore[PostgresStore]):
         tx: object | None = None,
         ends_try: bool = True,
         usage_json: str | None = None,
+        started: bool = True,
     ) -> bool:
         self.trigger("commit")
         return await super().commit(
@@ -121,6 +122,7 @@ class OutageAt(FaultyStore[PostgresStore]):
             tx=tx,
             ends_try=ends_try,
             usage_json=usage_json,
+            started=started,
         )
 
 

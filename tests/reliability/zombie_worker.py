@@ -81,6 +81,7 @@ class Recorded(FaultyStore[Store]):
         tx: object | None = None,
         ends_try: bool = True,
         usage_json: str | None = None,
+        started: bool = True,
     ) -> bool:
         won = await super().commit(
             effect_id,
@@ -91,6 +92,7 @@ class Recorded(FaultyStore[Store]):
             tx=tx,
             ends_try=ends_try,
             usage_json=usage_json,
+            started=started,
         )
         log(self.path, event="commit", attempt=attempt, won=won)
         return won

@@ -9,8 +9,10 @@ from datetime import timedelta
 
 import pytest
 
-from agent_ledger import EffectDeniedError, EffectStatus
+from agent_ledger import Effect, EffectDeniedError, EffectStatus, RunOptions
+from agent_ledger.options import ConcurrencyOptions, StaleOptions
 from agent_ledger.sagas import Saga, SagaFailed, SagaStatus
+from agent_ledger.sagas._compensation import compensation_call
 from agent_ledger.sagas._saga import saga_store
 from agent_ledger.stores.saga_base import NewSaga, NewSagaStep, SagaStore
 from tests.harness import StoreHarness
@@ -179,3 +181,41 @@ async def test_sagas_this_pass_cannot_finish_do_not_use_up_its_limit(
     report = await _recoverer(harness, shop).ledger.recover_sagas(limit=1)
     assert [saga_id for saga_id, _ in report.errors] == ["unknown-0", "unknown-1", "unknown-2"]
     assert [o.saga_id for o in report.finished] == ["order-42"]
+
+
+async def test_a_wait_that_runs_out_leaves_the_saga_compensating_for_a_later_pass(
+    harness: StoreHarness,
+) -> None:
+    # The dead owner had begun s2's refund, with a lease longer than the
+    # recoverer is willing to wait: the pass gives up waiting, which changes
+    # nothing (issue 26, item 2); a later pass, once that lease has run out,
+    # takes the refund over and runs it once.
+    shop, store = await _dead_while_compensating(harness)
+    step = next(s for s in await store.saga_steps("order-42") if s.tool == "s2")
+    forward = await store_effect(harness, step.idem_key)
+    call = compensation_call(forward.workflow_id, "undo.s2", forward.idem_key)
+    ledger = harness.ledger()
+    # The owner died inside it: begun with its 60 s lease, never committed.
+    begun = await ledger.begin(call, run_options=RunOptions(stale=StaleOptions(after_ms=60_000)))
+    refund = begun.effect
+    impatient = RunOptions(concurrency=ConcurrencyOptions(wait_timeout_ms=200))
+    recoverer = shop_of(harness.ledger(defaults=impatient), "s1", "s2", "s3")
+    recoverer.log = shop.log
+    first = await recoverer.ledger.recover_sagas(lease_ms=LEASE)
+    assert first.finished == []
+    assert [saga_id for saga_id, _ in first.errors] == ["order-42"]
+    assert "EffectTimeoutError" in first.errors[0][1]
+    saga = await store.get_saga("order-42")
+    assert saga is not None and saga.status is G.COMPENSATING
+    await harness.age(61_000)
+    later = await recoverer.ledger.recover_sagas(lease_ms=LEASE)
+    assert [o.status for o in later.finished] == [G.COMPENSATED]
+    assert shop.log == ["s1", "s2", "s3", "undo s2", "undo s1"]
+    undone = await harness.store.find(refund.idem_key)
+    assert undone is not None and undone.status is EffectStatus.SUCCEEDED
+
+
+async def store_effect(harness: StoreHarness, idem_key: str) -> Effect:
+    found = await harness.store.find(idem_key)
+    assert found is not None
+    return found

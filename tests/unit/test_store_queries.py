@@ -97,7 +97,7 @@ def test_claims_take_their_sources_from_claimable() -> None:
     assert _names(pg.CLAIM, "pg") == set(claim_params(PG, "k", stale_after_ms=5, lease_ms=None))
     assert _names(lite.CLAIM, "lite") == set(
         claim_params(LITE, "k", stale_after_ms=5, lease_ms=None)
-    ) | {"now"}
+    ) | {"now", "seen_us"}  # seen_us: the holder's file (stores/_sqlite_holders.py)
 
 
 def test_release_params_cover_each_dialects_statement() -> None:
