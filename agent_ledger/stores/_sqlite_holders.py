@@ -82,7 +82,10 @@ class Holders:
     """
 
     def __init__(self, database: Path, clock_us: Callable[[], int]) -> None:
-        self.folder = Path(f"{database}-holders")
+        # Every store on the file must find the same folder, however it named
+        # the file: through a symlink, a relative path (and a later chdir), or
+        # `..`. Hard links are the one spelling this cannot see (docs/sqlite.md).
+        self.folder = Path(f"{os.path.realpath(database)}-holders")
         self._clock_us = clock_us
         self._lock = threading.Lock()
         #: Holdings of this store whose files its thread keeps fresh: until

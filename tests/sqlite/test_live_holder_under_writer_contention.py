@@ -20,6 +20,8 @@ import asyncio
 import os
 from pathlib import Path
 
+import pytest
+
 from agent_ledger import (
     EffectLedger,
     EffectLedgerOptions,
@@ -36,11 +38,23 @@ LEASE_MS = 300
 CALL = ToolCall(workflow_id="wf", tool="payments.charge", args={"cents": 100})
 
 
+@pytest.mark.parametrize("spelling", ["same path", "symlink", "relative path"])
 async def test_a_claim_after_a_long_hold_of_the_write_lock_leaves_a_live_holder(
-    tmp_path: Path,
+    tmp_path: Path, spelling: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "ledger.db"
-    store = SqliteStore(path)
+    # Each store names the file its own way: the holder's liveness file must
+    # be found however the claimer spelled the path.
+    path = tmp_path / "data" / "ledger.db"
+    path.parent.mkdir()
+    if spelling == "symlink":
+        link = tmp_path / "link.db"
+        link.symlink_to(path)
+        store = SqliteStore(link)
+    elif spelling == "relative path":
+        monkeypatch.chdir(tmp_path)
+        store = SqliteStore(Path("data") / "ledger.db")
+    else:
+        store = SqliteStore(path)
     other = SqliteStore(path)
     ledger = EffectLedger(EffectLedgerOptions(store=store))
     started, finish = asyncio.Event(), asyncio.Event()
