@@ -323,7 +323,7 @@ class LedgerCore(Generic[ToolT_co]):
         Two callers may: the effect's **holder**, before it runs the tool
         (a ``begin()`` worker that decides the call needs a person: pass
         ``attempt=result.effect.attempt``, or nothing when this ledger's
-        ``begin()`` gave it the effect), and anyone, for an approved effect
+        ``begin()`` gave it the effect in the same asyncio task), and anyone, for an approved effect
         nobody has claimed yet (``ready``: the approval is taken back). The
         holder's step is fenced by its attempt: nobody can claim the effect
         until a person approves it, then the next call runs it once. A holder

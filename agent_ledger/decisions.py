@@ -14,11 +14,13 @@ and their note or reason, go on the receipt and into its history.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
+import weakref
 from collections import OrderedDict
 from datetime import datetime
-from typing import Final
+from typing import Any, Final
 
 from agent_ledger.codes import ErrorCode
 from agent_ledger.effects import Effect, EffectError, JSONValue, storable_text
@@ -62,23 +64,31 @@ class BegunAttempts:
     So that 0.2.x's worker flow, ``begin()`` then ``request_approval(key)``
     with no attempt, is recognised as the holder's own step: the caller whose
     begin made it the holder may send the effect to a person before running
-    the tool. Bounded (the oldest are forgotten first): a worker that begins
-    effects it never commits must pass ``attempt=`` to ``request_approval``.
+    the tool. "The caller" is the asyncio task that called ``begin()``: another
+    task sharing the ledger object (a reviewer, a watchdog) is anyone else,
+    and is refused for a running effect, since parking it would have the tool
+    run again after the approval. Bounded (the oldest are forgotten first): a
+    worker that begins effects it never commits, or asks from another task
+    (each sync call runs as a task of its own), passes ``attempt=``.
     """
 
     LIMIT: Final = 4096
 
     def __init__(self) -> None:
-        self._by_key: OrderedDict[str, Held] = OrderedDict()
+        self._by_key: OrderedDict[str, tuple[Held, weakref.ref[asyncio.Task[Any]] | None]] = (
+            OrderedDict()
+        )
         self._key_of: dict[str, str] = {}
 
     def remember(self, effect: Effect) -> None:
         self.forget(effect.id)
         self._by_key.pop(effect.idem_key, None)
-        self._by_key[effect.idem_key] = Held(effect.id, effect.attempt)
+        task = asyncio.current_task()
+        caller = None if task is None else weakref.ref(task)
+        self._by_key[effect.idem_key] = (Held(effect.id, effect.attempt), caller)
         self._key_of[effect.id] = effect.idem_key
         while len(self._by_key) > self.LIMIT:
-            _, oldest = self._by_key.popitem(last=False)
+            _, (oldest, _caller) = self._by_key.popitem(last=False)
             self._key_of.pop(oldest.effect_id, None)
 
     def forget(self, effect_id: str) -> None:
@@ -87,8 +97,15 @@ class BegunAttempts:
             self._by_key.pop(key, None)
 
     def attempt(self, idem_key: str) -> int | None:
-        held = self._by_key.get(idem_key)
-        return None if held is None else held.attempt
+        """The attempt begin() handed out for ``idem_key``, to the task asking only."""
+        entry = self._by_key.get(idem_key)
+        if entry is None:
+            return None
+        held, caller = entry
+        task = asyncio.current_task()
+        if caller is None or task is None or caller() is not task:
+            return None
+        return held.attempt
 
 
 class Decisions:

@@ -6,6 +6,8 @@ the effect over and ran it with no approval)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from agent_ledger import (
@@ -128,3 +130,32 @@ async def test_a_bad_attempt_is_refused(harness: StoreHarness, attempt: object) 
     assert info.value.field == "attempt"
     still = await harness.store.find(begun.effect.idem_key)
     assert still is not None and still.status is EffectStatus.PROCESSING
+
+
+async def test_another_task_on_the_same_ledger_is_not_the_holder(harness: StoreHarness) -> None:
+    """ "The caller whose begin() created it" is the task that called begin(): a reviewer
+    task sharing the ledger object is anyone else. Parking a running effect from there
+    would refuse the worker's commit and have the tool run again after the approval."""
+    ledger = build_ledger(harness.store)
+    begun = await ledger.begin(REFUND)
+    key = begun.effect.idem_key
+    charges = ["worker"]  # the holder ran the side effect
+
+    async def reviewer() -> bool:
+        return await ledger.request_approval(key)
+
+    with pytest.raises(EffectLedgerValidationError) as refused:
+        await asyncio.create_task(reviewer())
+    assert refused.value.field == "idem_key"
+    still = await ledger.find_by_idem_key(key)
+    assert still is not None and still.status is EffectStatus.PROCESSING
+    assert await ledger.commit(
+        begun.effect.id, CommitSucceeded(result="refunded"), attempt=begun.effect.attempt
+    )
+
+    def refund(effect: Effect) -> str:
+        charges.append("again")
+        return "refunded twice"
+
+    assert await ledger.run(REFUND, refund) == "refunded"
+    assert charges == ["worker"]
