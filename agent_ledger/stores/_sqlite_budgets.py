@@ -8,7 +8,6 @@ between, in this process or another. Statements are in ``_sqlite_queries``.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -25,34 +24,16 @@ from agent_ledger.stores.budget_base import (
     check_hold,
     detached_key,
     fits,
+    hold_amount,
+    largest_spend,
     limit_params,
+    limit_values,
+    spend_minus,
 )
 
 
 def _budget(row: tuple[Any, ...]) -> BudgetState:
     return budget_from_row(row, from_us)
-
-
-def _limit_values(state: BudgetState) -> tuple[int | None, ...]:
-    limits = state.limits
-    return (limits.usd_micros, limits.input_tokens, limits.output_tokens, limits.tool_calls)
-
-
-def _amount(row: tuple[Any, ...]) -> Spend:
-    """The estimate of a ``HOLD_ROWS`` row."""
-    return Spend(*(int(v) for v in row[2:6]))
-
-
-def _largest(amounts: Iterable[Spend]) -> Spend:
-    """The room a group of holds of one effect takes: their largest estimate, unit by unit."""
-    room = Spend()
-    for amount in amounts:
-        room = Spend(*(max(a, b) for a, b in zip(room, amount, strict=True)))
-    return room
-
-
-def _minus(a: Spend, b: Spend) -> Spend:
-    return Spend(*(x - y for x, y in zip(a, b, strict=True)))
 
 
 def _give_back(
@@ -67,9 +48,9 @@ def _give_back(
     freed = Spend()
     for key in set(gone.values()):
         group = conn.execute(q.HOLD_ROWS + q.OF_KEY, params | {"idem_key": key}).fetchall()
-        old = _largest(_amount(row) for row in group)
-        left = _largest(_amount(row) for row in group if row[0] not in gone)
-        freed = Spend(*(f + d for f, d in zip(freed, _minus(old, left), strict=True)))
+        old = largest_spend(hold_amount(row) for row in group)
+        left = largest_spend(hold_amount(row) for row in group if row[0] not in gone)
+        freed = Spend(*(f + d for f, d in zip(freed, spend_minus(old, left), strict=True)))
     for hold_id in gone:
         conn.execute(q.DELETE_HOLD_ONE, params | {"hold_id": hold_id})
     conn.execute(
@@ -113,17 +94,17 @@ class SqliteBudgets(SqliteTables):
             # dropped. Inside BEGIN IMMEDIATE nobody else changes them meanwhile.
             group = conn.execute(q.HOLD_ROWS + q.OF_KEY, at).fetchall()
             dead = [g[0] for g in group if int(g[6]) <= now]
-            old = _largest(_amount(g) for g in group)
-            live = [_amount(g) for g in group if g[0] not in dead]
-            new = _largest([*live, hold.estimate])
+            old = largest_spend(hold_amount(g) for g in group)
+            live = [hold_amount(g) for g in group if g[0] not in dead]
+            new = largest_spend([*live, hold.estimate])
             counted = [unit in hold.units for unit in UNITS]
             grows = any(c and n > o for c, n, o in zip(counted, new, old, strict=True))
             # Joining a live hold at no more than it holds always fits: the
             # call was admitted when that hold was made.
             if (grows or not live) and not fits(
-                _limit_values(state),
+                limit_values(state),
                 state.spent,
-                _minus(state.reserved, old),
+                spend_minus(state.reserved, old),
                 [n if c else None for c, n in zip(counted, new, strict=True)],
             ):
                 return False
@@ -131,7 +112,9 @@ class SqliteBudgets(SqliteTables):
                 conn.execute(q.DELETE_HOLD_ONE, at | {"hold_id": hold_id})
             conn.execute(
                 q.BUDGET_APPLY,
-                at | amount_params("spent", Spend()) | amount_params("freed", _minus(old, new)),
+                at
+                | amount_params("spent", Spend())
+                | amount_params("freed", spend_minus(old, new)),
             )
             conn.execute(q.HOLD_INSERT, at)
             return True
@@ -186,14 +169,14 @@ class SqliteBudgets(SqliteTables):
             # Out of the effect's room (it shrinks to the largest estimate left),
             # into its own: reserved grows by the hold's estimate.
             group = conn.execute(q.HOLD_ROWS + q.OF_KEY, at | {"idem_key": row[1]}).fetchall()
-            old = _largest(_amount(g) for g in group)
-            left = _largest(_amount(g) for g in group if g[0] != hold_id)
+            old = largest_spend(hold_amount(g) for g in group)
+            left = largest_spend(hold_amount(g) for g in group if g[0] != hold_id)
             conn.execute(q.HOLD_REKEY, at | {"new_key": detached_key(row[1], hold_id)})
             conn.execute(
                 q.BUDGET_APPLY,
                 at
                 | amount_params("spent", Spend())
-                | amount_params("freed", _minus(_minus(old, left), _amount(row))),
+                | amount_params("freed", spend_minus(spend_minus(old, left), hold_amount(row))),
             )
             return True
 

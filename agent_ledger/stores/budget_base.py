@@ -62,7 +62,7 @@ one atomic step; times use the store's clock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, Final, NamedTuple, Protocol, runtime_checkable
 
@@ -259,3 +259,27 @@ def budget_from_row(row: Sequence[Any], when: Callable[[Any], datetime]) -> Budg
         created_at=when(created),
         updated_at=when(updated),
     )
+
+
+def limit_values(state: BudgetState) -> tuple[int | None, ...]:
+    """A budget's limits in ``limit_params`` order, to compare a stored row with a request."""
+    limits = state.limits
+    return (limits.usd_micros, limits.input_tokens, limits.output_tokens, limits.tool_calls)
+
+
+def hold_amount(row: Sequence[Any]) -> Spend:
+    """The estimate of a ``HOLD_ROWS`` row (the SQL dialects' hold reads)."""
+    return Spend(*(int(v) for v in row[2:6]))
+
+
+def largest_spend(amounts: Iterable[Spend]) -> Spend:
+    """The room a group of holds of one effect takes: their largest estimate, unit by unit."""
+    room = Spend()
+    for amount in amounts:
+        room = Spend(*(max(a, b) for a, b in zip(room, amount, strict=True)))
+    return room
+
+
+def spend_minus(a: Spend, b: Spend) -> Spend:
+    """``a - b``, unit by unit (may go negative: the caller decides what that means)."""
+    return Spend(*(x - y for x, y in zip(a, b, strict=True)))
