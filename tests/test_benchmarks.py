@@ -62,3 +62,28 @@ def test_benchmark_suite_runs_and_writes_results(store: str, tmp_path: Path) -> 
         assert rows["WAL bytes per replay, caller's path (EXPLAIN)"]["ledger"] >= 0
         hot = rows["replay run, 32 tasks on 10 hot keys"]
         assert hot["ratio"] > 0 and hot["floor"]["samples"] >= 5
+
+
+def test_the_instruction_count_is_read_from_callgrinds_summary_line() -> None:
+    from benchmarks.instructions import _total
+
+    profile = "version: 1\ncreator: callgrind-3.19.0\nevents: Ir\nsummary: 123456789\ntotals: 1\n"
+    assert _total(profile) == 123456789
+    with pytest.raises(RuntimeError, match="no summary line"):
+        _total("events: Ir\n")
+
+
+@pytest.mark.slow
+def test_instruction_counts_come_out_positive_and_repeatable(tmp_path: Path) -> None:
+    """Two runs of the same build count the same instructions per call (within 1 %):
+    the point of measuring in instructions on a noisy machine."""
+    import shutil
+
+    if shutil.which("valgrind") is None:
+        pytest.skip("valgrind is not installed (.ci/run installs it)")
+    from benchmarks.instructions import measure
+
+    first, second = measure("memory", 40), measure("memory", 40)
+    assert first.fresh > first.replay > 0
+    assert abs(first.fresh - second.fresh) <= 0.01 * first.fresh
+    assert abs(first.replay - second.replay) <= 0.01 * first.replay
