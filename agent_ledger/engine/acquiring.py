@@ -20,7 +20,7 @@ import orjson
 from agent_ledger.backoff import lock_wait_slice
 from agent_ledger.codes import ErrorCode
 from agent_ledger.decisions import notify_approval_required
-from agent_ledger.effects import Effect, EffectError, Parked
+from agent_ledger.effects import Effect, EffectError, Parked, Reopening
 from agent_ledger.engine.ownership import own
 from agent_ledger.engine.preparing import Prepared
 from agent_ledger.engine.recording import Outcome, Recorder, lease_end
@@ -351,14 +351,19 @@ def takeovers(effect: Effect) -> int:
     """How often ``effect`` was taken over from a holder that stopped heartbeating.
 
     Every execution but the first began with a takeover, or with a person's
-    approval of a parked run: the only ways into ``processing`` are the
-    insert, the claim of an approved effect (before any run, or after a
-    park: the history counts those), a takeover, and the claim of a
-    released effect (a release takes back the execution its own claim
-    added, so the counts still hold).
+    approval of a parked run, or a person's reopen: the only ways into
+    ``processing`` are the insert, the claim of an approved effect (before
+    any run, or after a park or a reopen: the history counts those), a
+    takeover, and the claim of a released effect (a release takes back the
+    execution its own claim added, so the counts still hold).
     """
-    parks = sum(1 for event in effect.history if isinstance(event, Parked))
-    return max(effect.executions - 1 - parks, 0)
+    # A park and a reopen each send the effect back to a person's ``ready``,
+    # and the claim after it adds an execution that took nothing over. (A
+    # reopen of an effect that had never started, canceled while it waited
+    # for approval, is subtracted as well: one later takeover may then go
+    # uncounted. The history does not say whether that run had started.)
+    decided = sum(1 for event in effect.history if isinstance(event, Parked | Reopening))
+    return max(effect.executions - 1 - decided, 0)
 
 
 def _created_to_run(begun: BeginOutcome) -> Effect | None:
