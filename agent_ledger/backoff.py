@@ -16,7 +16,6 @@ carried into the next one), so a schedule is easy to reason about: with
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +27,6 @@ __all__ = [
     "LOCK_WAIT_SLICE_MS",
     "MAX_MS",
     "Backoff",
-    "lock_wait_slice",
     "too_many_ms",
 ]
 
@@ -133,11 +131,8 @@ LISTENER_RECONNECT: Final = Backoff(initial_s=0.05, multiplier=2.0, max_s=5.0)
 #: ``wait_timeout_ms`` again and tries anew. A step waiting inside the
 #: database cannot be abandoned without losing its reply (it may have landed),
 #: so the caller waits for it: a slice this short is what lets a cancellation
-#: land, and the wait end, at most this much late.
+#: land, and the wait end, at most this much late. Every try gets a whole
+#: slice, however little of the wait is left (even ``wait_timeout_ms=0``): on
+#: SQLite the lock is the file's write lock, which any writer holds for a
+#: moment, and a caller must not fail for an unrelated heartbeat or commit.
 LOCK_WAIT_SLICE_MS: Final = 100
-
-
-def lock_wait_slice(remaining_ms: float) -> int:
-    """How long the next step may wait for another transaction's lock, in whole
-    milliseconds: a slice, or what is left of the caller's wait (at least 1)."""
-    return max(1, min(LOCK_WAIT_SLICE_MS, math.ceil(remaining_ms)))

@@ -17,7 +17,7 @@ from typing import Any, Final, TypeVar
 
 import orjson
 
-from agent_ledger.backoff import lock_wait_slice
+from agent_ledger.backoff import LOCK_WAIT_SLICE_MS
 from agent_ledger.codes import ErrorCode
 from agent_ledger.decisions import notify_approval_required
 from agent_ledger.effects import Effect, EffectError, Parked, Reopening
@@ -128,7 +128,8 @@ class Acquirer:
         limit_ms = prepared.opts.concurrency.wait_timeout_ms
         loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout_at(called + limit_ms / 1000.0):
+            # At least a slice, as a begin gets (wait_timeout_ms=0 included).
+            async with asyncio.timeout_at(called + max(limit_ms, LOCK_WAIT_SLICE_MS) / 1000.0):
                 return await reading
         except TimeoutError:
             waited_ms = (loop.time() - called) * 1000.0
@@ -138,9 +139,9 @@ class Acquirer:
         """``begin`` outside any transaction, for a call made at ``began`` (the loop's clock).
 
         Another transaction may hold the key (its insert of it, uncommitted;
-        on SQLite the write lock): each try waits for it at most a slice of
-        what is left of ``limit_ms`` (``backoff.lock_wait_slice``), so the
-        caller gets ``EffectTimeoutError`` (``status=None``) within its
+        on SQLite the write lock): each try waits for it at most a slice
+        (``backoff.LOCK_WAIT_SLICE_MS``), so the caller gets
+        ``EffectTimeoutError`` (``status=None``) within a slice of its
         ``wait_timeout_ms``, and a cancellation lands within a slice. A try
         that ran out changed nothing. Cancelled while a try is in flight: wait
         for it, and give back an effect it created for us to run (see
@@ -150,7 +151,7 @@ class Acquirer:
         loop = asyncio.get_running_loop()
         while True:
             tried = loop.time()
-            bound = lock_wait_slice(limit_ms - (tried - began) * 1000.0)
+            bound = LOCK_WAIT_SLICE_MS
             try:
                 begun = await own(
                     store, store.begin(new, lock_timeout_ms=bound), _created_to_run, name="begin"

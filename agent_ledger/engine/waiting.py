@@ -21,7 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Final, NamedTuple
 
-from agent_ledger.backoff import LOCK_WAIT_SLICE_MS, lock_wait_slice
+from agent_ledger.backoff import LOCK_WAIT_SLICE_MS
 from agent_ledger.effects import Effect
 from agent_ledger.engine.cancellation import carry_through
 from agent_ledger.engine.polling import SharedPolls
@@ -114,15 +114,6 @@ class WaitBudget:
             self._approval, self._started, self._step = approval, since or now, 0
         return c.approval_timeout_ms if approval else c.wait_timeout_ms
 
-    def lock_bound_ms(self, status: EffectStatus) -> int:
-        """How long the next poll may wait for another transaction's lock on the
-        effect (``backoff.lock_wait_slice`` of what is left of this phase)."""
-        now = self._loop.time()
-        limit_ms = self._phase(status, now)
-        if limit_ms is None:
-            return LOCK_WAIT_SLICE_MS
-        return lock_wait_slice(limit_ms - (now - self._started) * 1000.0)
-
     def next_delay(
         self, idem_key: str, status: EffectStatus, poll_error: EffectStoreError | None
     ) -> float:
@@ -166,8 +157,8 @@ class Waiter:
 
         ``since``: when the caller began waiting (see :class:`WaitBudget`).
         A claim that meets another transaction's lock on the row waits for it
-        at most a slice of what is left (``backoff.lock_wait_slice``), and
-        the poll then counts as no news.
+        at most a slice (``backoff.LOCK_WAIT_SLICE_MS``), and the poll then
+        counts as no news.
 
         A holder that went silent after its handler started under
         ``on_stale="park"`` is parked instead of taken over; the caller whose
@@ -186,11 +177,7 @@ class Waiter:
                 # caller's last read and this wait can be missed.
                 window = claim_window(effect.status, opts.stale_after_ms)
                 park = window is not None and tx is None and parks_instead(effect)
-                bound = (
-                    None
-                    if window is None or tx is not None
-                    else budget.lock_bound_ms(effect.status)
-                )
+                bound = None if window is None or tx is not None else LOCK_WAIT_SLICE_MS
                 try:
                     poll = await self._poll(idem_key, effect, window, tx, park=park, bound=bound)
                 except asyncio.CancelledError:

@@ -39,7 +39,7 @@ one second it does not wait at all), then raises ``EffectInFlightError``
 (``status=None``) having changed nothing, and leaves nothing set on the
 connection. None: the store's own limit (SQLite's ``busy_timeout_ms``, the
 server's lock timeout). The ledger passes short slices of the caller's
-``wait_timeout_ms`` and tries again (``backoff.lock_wait_slice``), so its
+``wait_timeout_ms`` and tries again (``backoff.LOCK_WAIT_SLICE_MS``), so its
 callers get ``EffectTimeoutError`` in time and can be cancelled promptly.
 MySQL 8 has no per-statement bound: there it is the server's
 ``innodb_lock_wait_timeout``.
