@@ -21,7 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["COMMIT_RETRY", "LISTENER_RECONNECT", "MAX_MS", "Backoff", "too_many_ms"]
+__all__ = [
+    "COMMIT_RETRY",
+    "LISTENER_RECONNECT",
+    "LOCK_WAIT_SLICE_MS",
+    "MAX_MS",
+    "Backoff",
+    "too_many_ms",
+]
 
 #: The longest time, in milliseconds, an option accepts: 365000 days (about
 #: 1000 years; ``audit.MAX_SPAN`` is the same span). Each clock the ledger
@@ -116,3 +123,16 @@ COMMIT_RETRY: Final = Backoff(initial_s=0.05, multiplier=2.0, max_s=1.0)
 
 #: The Postgres notification listener, after losing its connection.
 LISTENER_RECONNECT: Final = Backoff(initial_s=0.05, multiplier=2.0, max_s=5.0)
+
+#: The longest one store step outside any transaction (a begin, a waiter's
+#: claim) waits for a lock another transaction holds on its key (PostgreSQL,
+#: MySQL: an uncommitted insert or claim of it; SQLite: the write lock, or
+#: the store's open ``transaction()``) before the caller looks at its own
+#: ``wait_timeout_ms`` again and tries anew. A step waiting inside the
+#: database cannot be abandoned without losing its reply (it may have landed),
+#: so the caller waits for it: a slice this short is what lets a cancellation
+#: land, and the wait end, at most this much late. Every try gets a whole
+#: slice, however little of the wait is left (even ``wait_timeout_ms=0``): on
+#: SQLite the lock is the file's write lock, which any writer holds for a
+#: moment, and a caller must not fail for an unrelated heartbeat or commit.
+LOCK_WAIT_SLICE_MS: Final = 100

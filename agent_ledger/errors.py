@@ -151,21 +151,29 @@ class EffectTimeoutError(EffectLedgerError):
 
     The effect is left as it is: a later call with the same key picks it up
     (replays the outcome, or waits again). ``waited_ms`` says how long this
-    call waited and ``status`` what it was waiting on.
+    call waited and ``status`` what it was waiting on: None when another
+    transaction held the key the whole time (an uncommitted insert or claim
+    of it, or, on SQLite, the write lock), so this call never saw the effect,
+    and stored nothing.
     """
 
     def __init__(
-        self, idem_key: str, status: EffectStatus, waited_ms: float, limit_ms: int
+        self, idem_key: str, status: EffectStatus | None, waited_ms: float, limit_ms: int
     ) -> None:
         self.idem_key = idem_key
         self.status = status
         self.waited_ms = waited_ms
         self.limit_ms = limit_ms
-        what = "approval" if status == "requires_approval" else "the worker running it"
+        if status is None:
+            what = "another transaction holding its key (not committed yet)"
+            where = f"effect {idem_key[:12]}… was not stored by this call"
+        else:
+            what = "approval" if status == "requires_approval" else "the worker running it"
+            where = f"effect {idem_key[:12]}… is still {status.value}"
         super().__init__(
             f"gave up after waiting {waited_ms:.0f} ms (limit {limit_ms} ms) for {what}; "
-            f"effect {idem_key[:12]}… is still {status.value}. Call again later to pick up "
-            "its outcome, or raise the limit in ConcurrencyOptions."
+            f"{where}. Call again later to pick up its outcome, or raise the limit in "
+            "ConcurrencyOptions."
         )
 
 
@@ -230,6 +238,11 @@ class EffectInFlightError(EffectLedgerError):
     approval); it is None when another *transaction* holds the key (an
     uncommitted insert or claim of it) and did not let go within
     ``lock_timeout_ms``. The caller's transaction stays usable either way.
+
+    A store step *outside* a transaction that was given ``lock_timeout_ms``
+    raises it too (``status=None``) when that lock wait runs out, having
+    changed nothing; ``run()`` then tries again within its
+    ``wait_timeout_ms`` and raises ``EffectTimeoutError`` past it.
     """
 
     def __init__(

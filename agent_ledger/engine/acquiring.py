@@ -12,14 +12,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Coroutine
+from typing import Any, Final, TypeVar
 
 import orjson
 
+from agent_ledger.backoff import LOCK_WAIT_SLICE_MS
 from agent_ledger.codes import ErrorCode
 from agent_ledger.decisions import notify_approval_required
-from agent_ledger.effects import Effect, EffectError, Parked, RetryableFailure
+from agent_ledger.effects import Effect, EffectError, Parked, Reopening, RetryableFailure
 from agent_ledger.engine.ownership import own
 from agent_ledger.engine.preparing import Prepared
 from agent_ledger.engine.recording import Outcome, Recorder, lease_end
@@ -32,6 +33,7 @@ from agent_ledger.errors import (
     EffectLedgerInvariantError,
     EffectLedgerValidationError,
     EffectPayloadMismatchError,
+    EffectTimeoutError,
     HandlerTimeoutError,
     is_handler_timeout,
 )
@@ -42,6 +44,8 @@ from agent_ledger.status import EffectStatus
 from agent_ledger.stores.base import BeginOutcome, ClaimOutcome, NewEffect, SchemaCheck, Store
 
 __all__ = ["TOO_MANY_TAKEOVERS", "Acquirer", "recorded_outcome", "takeovers"]
+
+T = TypeVar("T")
 
 #: Reason recorded when an effect was taken over more than ``max_takeovers`` times.
 TOO_MANY_TAKEOVERS: Final = (
@@ -61,19 +65,26 @@ class Acquirer:
         self._waiter = Waiter(store)
 
     async def acquire(self, prepared: Prepared, tx: object | None) -> Acquired:
-        """Own a ``processing`` effect, or reach a terminal one, waiting as needed."""
+        """Own a ``processing`` effect, or reach a terminal one, waiting as needed.
+
+        Outside a transaction, ``wait_timeout_ms`` counts from here: time spent
+        waiting for another transaction before the effect was found counts too.
+        """
+        called = asyncio.get_running_loop().time()
         if not self._schema.ok:
-            await self._schema.ensure(tx)
+            await self._before_begin(self._schema.ensure(tx), prepared, tx, called)
         unasked = prepared.policy
         if unasked is not None:
-            prepared = await self._ask_policy_if_fresh(prepared, unasked, tx)
+            prepared = await self._before_begin(
+                self._ask_policy_if_fresh(prepared, unasked, tx), prepared, tx, called
+            )
         new = prepared.new
         if tx is not None and prepared.needs_approval:
             await self._refuse_new_approval_in_transaction(new, tx)
+        since: float | None = None
         if tx is None:
-            # Cancelled while the insert is in flight: wait for it, and give
-            # back an effect it created for us to run (see ownership).
-            begun = await own(self._store, self._store.begin(new), _created_to_run, name="begin")
+            begun = await self._begin(new, called, prepared.opts.concurrency.wait_timeout_ms)
+            since = called
         else:
             begun = await self._store.begin(
                 new, tx=tx, lock_timeout_ms=prepared.opts.tx_lock_timeout_ms
@@ -104,7 +115,61 @@ class Acquirer:
                 return await self.retry(prepared, effect)
             log_effect(logging.DEBUG, "effect replayed", effect)
             return Acquired(effect, owned=False)
-        return await self.wait(prepared, effect, tx)
+        return await self.wait(prepared, effect, tx, since=since)
+
+    @staticmethod
+    async def _before_begin(
+        reading: Coroutine[Any, Any, T], prepared: Prepared, tx: object | None, called: float
+    ) -> T:
+        """A read before the begin (the schema check, the approval policy's lookup),
+        within the caller's ``wait_timeout_ms`` outside a transaction: on the
+        embedded stores it waits for the store's open ``transaction()`` like any
+        step. Abandoning a read changes nothing."""
+        if tx is not None:
+            return await reading
+        limit_ms = prepared.opts.concurrency.wait_timeout_ms
+        loop = asyncio.get_running_loop()
+        try:
+            # At least a slice, as a begin gets (wait_timeout_ms=0 included).
+            async with asyncio.timeout_at(called + max(limit_ms, LOCK_WAIT_SLICE_MS) / 1000.0):
+                return await reading
+        except TimeoutError:
+            waited_ms = (loop.time() - called) * 1000.0
+            raise EffectTimeoutError(prepared.new.idem_key, None, waited_ms, limit_ms) from None
+
+    async def _begin(self, new: NewEffect, began: float, limit_ms: int) -> BeginOutcome:
+        """``begin`` outside any transaction, for a call made at ``began`` (the loop's clock).
+
+        Another transaction may hold the key (its insert of it, uncommitted;
+        on SQLite the write lock): each try waits for it at most a slice
+        (``backoff.LOCK_WAIT_SLICE_MS``), so the caller gets
+        ``EffectTimeoutError`` (``status=None``) within a slice of its
+        ``wait_timeout_ms``, and a cancellation lands within a slice. A try
+        that ran out changed nothing. Cancelled while a try is in flight: wait
+        for it, and give back an effect it created for us to run (see
+        ownership).
+        """
+        store = self._store
+        loop = asyncio.get_running_loop()
+        while True:
+            tried = loop.time()
+            bound = LOCK_WAIT_SLICE_MS
+            try:
+                begun = await own(
+                    store, store.begin(new, lock_timeout_ms=bound), _created_to_run, name="begin"
+                )
+            except EffectInFlightError as exc:
+                if exc.status is not None:
+                    raise
+            else:
+                return begun
+            now = loop.time()
+            waited_ms = (now - began) * 1000.0
+            if waited_ms >= limit_ms:
+                raise EffectTimeoutError(new.idem_key, None, waited_ms, limit_ms) from None
+            # A store that answered before the bound (a lock it does not wait
+            # for, such as MariaDB's below one second): wait out the slice.
+            await asyncio.sleep(max(0.0, tried + bound / 1000.0 - now))
 
     async def retry(self, prepared: Prepared, failed: Effect) -> Acquired:
         """A later call after a failure its tool declared retryable: run it again.
@@ -230,8 +295,12 @@ class Acquirer:
         if await self._store.find(new.idem_key, tx=tx) is None:
             raise _approval_in_transaction(new)
 
-    async def wait(self, prepared: Prepared, effect: Effect, tx: object | None) -> Acquired:
+    async def wait(
+        self, prepared: Prepared, effect: Effect, tx: object | None, *, since: float | None = None
+    ) -> Acquired:
         """Wait for the effect; a claim past ``max_takeovers`` ends it as failed instead.
+
+        ``since``: when the caller began waiting, if before now (see ``WaitBudget``).
 
         Inside a caller's transaction there is no waiting: an approved
         effect is claimed at once, anything else held elsewhere raises
@@ -245,6 +314,7 @@ class Acquirer:
             prepared.opts,
             tx,
             on_parked=functools.partial(notify_approval_required, hooks=prepared.hooks),
+            since=since,
         )
         limit = prepared.opts.max_takeovers
         claimed = acquired.effect
@@ -320,18 +390,23 @@ def takeovers(effect: Effect) -> int:
     """How often ``effect`` was taken over from a holder that stopped heartbeating.
 
     Every execution but the first began with a takeover, with a person's
-    approval of a parked run, or with a later call's retry after a retryable
-    failure: the only ways into ``processing`` are the insert, the claim of
-    an approved effect (before any run, or after a park: the history counts
-    those), a takeover, the retry of a failed attempt (its
-    ``RetryableFailure`` is in the history, at an earlier attempt), and the
-    claim of a released effect (a release takes back the execution its own
-    claim added, so the counts still hold).
+    approval of a parked run or a person's reopen, or with a later call's
+    retry after a retryable failure: the only ways into ``processing`` are
+    the insert, the claim of an approved effect (before any run, or after a
+    park or a reopen: the history counts those), a takeover, the retry of a
+    failed attempt (its ``RetryableFailure`` is in the history, at an
+    earlier attempt), and the claim of a released effect (a release takes
+    back the execution its own claim added, so the counts still hold).
     """
+    # A park and a reopen each send the effect back to a person's ``ready``,
+    # and the claim after it adds an execution that took nothing over. (A
+    # reopen of an effect that had never started, canceled while it waited
+    # for approval, is subtracted as well: one later takeover may then go
+    # uncounted. The history does not say whether that run had started.)
     others = sum(
         1
         for event in effect.history
-        if isinstance(event, Parked)
+        if isinstance(event, Parked | Reopening)
         or (isinstance(event, RetryableFailure) and event.attempt < effect.attempt)
     )
     return max(effect.executions - 1 - others, 0)

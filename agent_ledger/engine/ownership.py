@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 from agent_ledger.context import StepProgress, reset_step_progress, track_step_progress
 from agent_ledger.effects import Effect
 from agent_ledger.engine.cancellation import until_done
+from agent_ledger.errors import EffectInFlightError
 from agent_ledger.observability import effect_fields, log_effect, logger
 from agent_ledger.stores.base import Store
 
@@ -169,7 +170,9 @@ async def _give_back(
         raise interrupted  # the loop is closing: nothing left to wait for
     error = task.exception()
     effect = None
-    if error is not None:
+    if isinstance(error, EffectInFlightError) and error.status is None:
+        pass  # its wait for another transaction's lock ran out: it did nothing
+    elif error is not None:
         # The step failed: it made nobody the owner (or, after a lost reply,
         # nobody can tell; the lease then decides, as after any store error).
         logger.warning("%s failed while the run was being cancelled", name, exc_info=error)

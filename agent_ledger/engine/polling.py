@@ -36,9 +36,12 @@ class SharedPolls:
         claim_stale_after_ms: int | None,
         tx: object | None,
         park: bool = False,
+        lock_timeout_ms: int | None = None,
     ) -> tuple[Effect | None, bool, bool]:
         """Read the effect, claiming it when ``claim_stale_after_ms`` is given (or,
-        with ``park``, parking it: ``Store.park`` with that window instead).
+        with ``park``, parking it: ``Store.park`` with that window instead). A
+        claim outside a transaction waits at most ``lock_timeout_ms`` for another
+        transaction's lock on the row (``EffectInFlightError`` past it).
 
         Returns ``(effect, won, shared)``: ``won`` (claimed, or parked) only
         for the caller whose own query made the change, ``shared`` when the
@@ -52,10 +55,15 @@ class SharedPolls:
                 pass  # the sender's poll failed or was abandoned: poll ourselves
             else:
                 return effect, False, True
-        return await self._own_poll(idem_key, claim_stale_after_ms, tx, park)
+        return await self._own_poll(idem_key, claim_stale_after_ms, tx, park, lock_timeout_ms)
 
     async def _own_poll(
-        self, idem_key: str, claim_stale_after_ms: int | None, tx: object | None, park: bool
+        self,
+        idem_key: str,
+        claim_stale_after_ms: int | None,
+        tx: object | None,
+        park: bool,
+        lock_timeout_ms: int | None,
     ) -> tuple[Effect | None, bool, bool]:
         # Inside a transaction the caller may see its own uncommitted writes:
         # such a read is not for sharing.
@@ -74,7 +82,12 @@ class SharedPolls:
                 last = await own(self._store, parking, _gives_nothing_back, name="park")
                 result = (last.effect, last.claimed)
             elif claim_stale_after_ms is not None:
-                claim = self._store.claim(idem_key, stale_after_ms=claim_stale_after_ms, tx=tx)
+                claim = self._store.claim(
+                    idem_key,
+                    stale_after_ms=claim_stale_after_ms,
+                    tx=tx,
+                    lock_timeout_ms=lock_timeout_ms if tx is None else None,
+                )
                 # Outside a transaction, a cancelled claim is waited for, and an
                 # effect it took is given back (see ownership).
                 outcome = await (

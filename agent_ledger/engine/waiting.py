@@ -21,11 +21,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Final, NamedTuple
 
+from agent_ledger.backoff import LOCK_WAIT_SLICE_MS
 from agent_ledger.effects import Effect
 from agent_ledger.engine.cancellation import carry_through
 from agent_ledger.engine.polling import SharedPolls
 from agent_ledger.errors import (
     ApprovalPendingError,
+    EffectInFlightError,
     EffectLedgerInvariantError,
     EffectStoreError,
     EffectTimeoutError,
@@ -61,6 +63,8 @@ class _Poll(NamedTuple):
     error: EffectStoreError | None
     #: This poll parked the effect (an ambiguous attempt, see ``parking``).
     parked: bool = False
+    #: Its claim waited out its bound on another transaction's lock on the row.
+    locked: bool = False
 
 
 def parks_instead(effect: Effect) -> bool:
@@ -88,14 +92,27 @@ class WaitBudget:
     backoff start over, so a long approval does not eat the worker's budget.
     """
 
-    __slots__ = ("_approval", "_concurrency", "_loop", "_started", "_step")
+    __slots__ = ("_approval", "_concurrency", "_loop", "_since", "_started", "_step")
 
-    def __init__(self, concurrency: ResolvedConcurrency) -> None:
+    def __init__(self, concurrency: ResolvedConcurrency, since: float | None = None) -> None:
+        """``since``: when the caller began waiting for a worker (the loop's clock),
+        if before this budget was made (its begin waited for another transaction's
+        lock): the first worker phase counts from then."""
         self._concurrency = concurrency
         self._loop = asyncio.get_running_loop()
         self._approval: bool | None = None
+        self._since = since
         self._started = 0.0
         self._step = 0
+
+    def _phase(self, status: EffectStatus, now: float) -> int | None:
+        """Enter the phase ``status`` belongs to, if not in it yet; its limit in ms."""
+        c = self._concurrency
+        approval = status is _REQUIRES_APPROVAL
+        if approval is not self._approval:
+            since = self._since if self._approval is None and not approval else None
+            self._approval, self._started, self._step = approval, since or now, 0
+        return c.approval_timeout_ms if approval else c.wait_timeout_ms
 
     def next_delay(
         self, idem_key: str, status: EffectStatus, poll_error: EffectStoreError | None
@@ -107,11 +124,8 @@ class WaitBudget:
         ``EffectTimeoutError``.
         """
         c = self._concurrency
-        approval = status is _REQUIRES_APPROVAL
         now = self._loop.time()
-        if approval is not self._approval:
-            self._approval, self._started, self._step = approval, now, 0
-        limit_ms = c.approval_timeout_ms if approval else c.wait_timeout_ms
+        limit_ms = self._phase(status, now)
         waited_ms = (now - self._started) * 1000.0
         if limit_ms is not None and waited_ms >= limit_ms:
             if poll_error is not None:
@@ -137,8 +151,14 @@ class Waiter:
         opts: ResolvedRunOptions,
         tx: object | None,
         on_parked: Callable[[Effect], Awaitable[None]] | None = None,
+        since: float | None = None,
     ) -> Acquired:
         """Poll (woken early by notifications) until we own the effect or it ends.
+
+        ``since``: when the caller began waiting (see :class:`WaitBudget`).
+        A claim that meets another transaction's lock on the row waits for it
+        at most a slice (``backoff.LOCK_WAIT_SLICE_MS``), and the poll then
+        counts as no news.
 
         A holder that went silent after its handler started under
         ``on_stale="park"`` is parked instead of taken over; the caller whose
@@ -147,7 +167,7 @@ class Waiter:
         is carried through a cancellation of the caller, and a park whose
         reply was lost pages once the next poll shows it landed.
         """
-        budget = WaitBudget(opts.concurrency)
+        budget = WaitBudget(opts.concurrency, since)
         #: The attempt a park poll of ours may have parked though it failed
         #: (a lost reply): whether it landed is read on the next poll.
         unsure_park: int | None = None
@@ -157,8 +177,9 @@ class Waiter:
                 # caller's last read and this wait can be missed.
                 window = claim_window(effect.status, opts.stale_after_ms)
                 park = window is not None and tx is None and parks_instead(effect)
+                bound = None if window is None or tx is not None else LOCK_WAIT_SLICE_MS
                 try:
-                    poll = await self._poll(idem_key, effect, window, tx, park=park)
+                    poll = await self._poll(idem_key, effect, window, tx, park=park, bound=bound)
                 except asyncio.CancelledError:
                     if park:
                         # The park was carried to its end, and may have landed:
@@ -182,7 +203,7 @@ class Waiter:
                     return Acquired(effect, owned=True)
                 if effect.status.is_terminal:
                     return Acquired(effect, owned=False, shared=poll.shared)
-                if effect.status is _READY and poll.error is None:
+                if effect.status is _READY and poll.error is None and not poll.locked:
                     continue  # approved since we last looked: claim it now, not after a sleep
                 if effect.status is _REQUIRES_APPROVAL and not opts.wait_for_approval:
                     raise ApprovalPendingError(effect)
@@ -196,11 +217,18 @@ class Waiter:
         tx: object | None,
         *,
         park: bool,
+        bound: int | None = None,
     ) -> _Poll:
         try:
             current, won, shared = await self._polls.poll(
-                idem_key, claim_stale_after_ms=window, tx=tx, park=park
+                idem_key, claim_stale_after_ms=window, tx=tx, park=park, lock_timeout_ms=bound
             )
+        except EffectInFlightError as exc:
+            if exc.status is not None or tx is not None:
+                raise
+            # Another transaction holds the row (its claim of it, uncommitted):
+            # no news, and no store error either; the budget decides.
+            return _Poll(last_seen, claimed=False, shared=False, error=None, locked=True)
         except EffectStoreError as exc:
             # Waiting is retryable: a failed poll (a dropped connection, a
             # restarting server) is no news, and the next poll tries again.

@@ -31,6 +31,7 @@ EFFECT_COLUMNS: Final = select_list(_EXPRESSIONS)
 # The same columns read back from claim's CTE `c`, where they already have their row names.
 _CTE_COLUMNS: Final = select_list(prefix="c.")
 
+
 # -- begin --
 # Insert-or-read in one statement, which writes nothing for an existing key.
 # A new key is inserted (c) as processing (or, for a call that needs
@@ -50,21 +51,50 @@ _CTE_COLUMNS: Final = select_list(prefix="c.")
 # it and nothing comes back: that is not "absent", and PostgresStore runs
 # the statement again, whose fresh snapshot sees it (FIND, in a caller's
 # transaction).
-_INSERT: Final[LiteralString] = (
-    "INSERT INTO {effects} AS e "
-    "(idem_key, workflow_id, call_id, tool, args_canonical, resource_id_canonical, status,"
-    " lease_ms, executions, started_at, history) "
-    "VALUES (%(idem_key)s, %(workflow_id)s, %(call_id)s, %(tool)s, %(args_canonical)s, "
-    "%(resource_id_canonical)s, %(status)s, %(lease_ms)s, %(executions)s,"
-    " CASE WHEN %(executions)s > 0 THEN clock_timestamp() END, %(history)s::jsonb)"
-    " ON CONFLICT (idem_key) DO NOTHING RETURNING " + EFFECT_COLUMNS
+#
+# Outside a transaction the insert may still wait: for another transaction
+# that inserted the key and has not ended. That wait is bounded by the
+# caller's lock_timeout_ms (_LOCK_BOUND, below), set in the VALUES row, so it
+# is in force before the row meets the unique index.
+def _insert(lease_ms: LiteralString) -> LiteralString:
+    return (
+        "INSERT INTO {effects} AS e "
+        "(idem_key, workflow_id, call_id, tool, args_canonical, resource_id_canonical, status,"
+        " lease_ms, executions, started_at, history) "
+        "VALUES (%(idem_key)s, %(workflow_id)s, %(call_id)s, %(tool)s, %(args_canonical)s, "
+        "%(resource_id_canonical)s, %(status)s, " + lease_ms + ", %(executions)s,"
+        " CASE WHEN %(executions)s > 0 THEN clock_timestamp() END, %(history)s::jsonb)"
+        " ON CONFLICT (idem_key) DO NOTHING RETURNING " + EFFECT_COLUMNS
+    )
+
+
+def _insert_or_read(insert: LiteralString) -> LiteralString:
+    return (
+        "WITH c AS (" + insert + ") "
+        "SELECT " + _CTE_COLUMNS + ", true AS created FROM c "
+        "UNION ALL "
+        "SELECT " + EFFECT_COLUMNS + ", false AS created FROM {effects} "
+        "WHERE idem_key = %(idem_key)s AND NOT EXISTS (SELECT 1 FROM c)"
+    )
+
+
+# -- lock waits of a step outside any transaction --
+# begin's insert, count_waiting's and claim's update can wait for a lock
+# another transaction holds on the key (its uncommitted insert or claim of
+# it). Each bounds that wait itself, with no round trip more: it sets
+# lock_timeout to %(lock_timeout)s (e.g. '100ms'; NULL keeps the setting)
+# for its own implicit transaction (set_config(..., true): gone when the
+# statement ends, committed or failed, so the pooled connection goes back
+# as it came), before it writes or locks a row: in the VALUES row, or in the
+# WHERE (evaluated on the row before the update waits for its lock). A
+# wait that runs out fails the statement with SQLSTATE 55P03, having changed
+# nothing. Only a step without tx= runs these: inside a caller's transaction
+# the setting would outlive the statement (see LOCK_BOUND_* for that case).
+_LOCK_BOUND: Final[LiteralString] = (
+    "set_config('lock_timeout', coalesce(%(lock_timeout)s, current_setting('lock_timeout')), true)"
 )
-BEGIN: Final[LiteralString] = (
-    "WITH c AS (" + _INSERT + ") "
-    "SELECT " + _CTE_COLUMNS + ", true AS created FROM c "
-    "UNION ALL "
-    "SELECT " + EFFECT_COLUMNS + ", false AS created FROM {effects} "
-    "WHERE idem_key = %(idem_key)s AND NOT EXISTS (SELECT 1 FROM c)"
+BEGIN: Final[LiteralString] = _insert_or_read(
+    _insert("CASE WHEN " + _LOCK_BOUND + " IS NOT NULL THEN %(lease_ms)s END")
 )
 # A duplicate of an open effect (processing, waiting for a person, ready) is
 # counted at once, synchronously, as it always was: a caller that may wait
@@ -74,7 +104,7 @@ BEGIN: Final[LiteralString] = (
 # reads it again.
 COUNT_WAITING: Final[LiteralString] = (
     "UPDATE {effects} AS e SET dedup_count = e.dedup_count + 1"
-    " WHERE e.id = %(id)s::uuid AND e.status <> ALL(%(finished)s)"
+    " WHERE e.id = %(id)s::uuid AND e.status <> ALL(%(finished)s) AND " + _LOCK_BOUND + " <> ''"
     " RETURNING " + EFFECT_COLUMNS
 )
 
@@ -85,7 +115,7 @@ COUNT_WAITING: Final[LiteralString] = (
 # duplicate here (Store.begin says so). When the conflicting row was
 # committed after the statement's snapshot nothing comes back, and FIND
 # reads it.
-BEGIN_IN_TRANSACTION: Final[LiteralString] = BEGIN
+BEGIN_IN_TRANSACTION: Final[LiteralString] = _insert_or_read(_insert("%(lease_ms)s"))
 
 # -- duplicate counts --
 # One statement for every key this store counted duplicates of since the
@@ -145,6 +175,7 @@ LOCK_BOUND_UNDO: Final[LiteralString] = (
     "ROLLBACK TO SAVEPOINT " + LOCK_BOUND_SAVEPOINT + "; RELEASE SAVEPOINT " + LOCK_BOUND_SAVEPOINT
 )
 
+
 # -- claim --
 # Take the effect from any status in `claimable` (status.CLAIMABLE: ready, and
 # processing itself), but from processing only when its heartbeat is older
@@ -155,23 +186,29 @@ LOCK_BOUND_UNDO: Final[LiteralString] = (
 # claims serialize on the row lock and re-check the WHERE, so one wins. If
 # nothing was claimed, the same statement returns the row as it stands, so a
 # waiter's poll is one round trip either way.
-CLAIM: Final[LiteralString] = (
-    "WITH c AS ("
-    " UPDATE {effects} SET status = %(processing)s, attempt = attempt + 1,"
-    " executions = executions + 1, lease_ms = %(lease_ms)s,"
-    " heartbeat_at = clock_timestamp(), started_at = clock_timestamp(),"
-    " updated_at = clock_timestamp()"
-    " WHERE idem_key = %(idem_key)s AND status = ANY(%(claimable)s)"
-    " AND (status <> %(processing)s OR (%(stale_ms)s > 0 AND lease_ms > 0"
-    " AND heartbeat_at <= clock_timestamp()"
-    " - greatest(lease_ms, %(stale_ms)s) * interval '1 millisecond'"
-    " AND park_attempt IS DISTINCT FROM attempt))"
-    " RETURNING " + EFFECT_COLUMNS + ") "
-    "SELECT " + _CTE_COLUMNS + ", true AS claimed FROM c "
-    "UNION ALL "
-    "SELECT " + EFFECT_COLUMNS + ", false AS claimed FROM {effects} "
-    "WHERE idem_key = %(idem_key)s AND NOT EXISTS (SELECT 1 FROM c)"
-)
+def _claim(bound: LiteralString) -> LiteralString:
+    return (
+        "WITH c AS ("
+        " UPDATE {effects} SET status = %(processing)s, attempt = attempt + 1,"
+        " executions = executions + 1, lease_ms = %(lease_ms)s,"
+        " heartbeat_at = clock_timestamp(), started_at = clock_timestamp(),"
+        " updated_at = clock_timestamp()"
+        " WHERE idem_key = %(idem_key)s AND status = ANY(%(claimable)s)"
+        " AND (status <> %(processing)s OR (%(stale_ms)s > 0 AND lease_ms > 0"
+        " AND heartbeat_at <= clock_timestamp()"
+        " - greatest(lease_ms, %(stale_ms)s) * interval '1 millisecond'"
+        " AND park_attempt IS DISTINCT FROM attempt))" + bound + ""
+        " RETURNING " + EFFECT_COLUMNS + ") "
+        "SELECT " + _CTE_COLUMNS + ", true AS claimed FROM c "
+        "UNION ALL "
+        "SELECT " + EFFECT_COLUMNS + ", false AS claimed FROM {effects} "
+        "WHERE idem_key = %(idem_key)s AND NOT EXISTS (SELECT 1 FROM c)"
+    )
+
+
+# Outside a transaction its wait for the row's lock is bounded (_LOCK_BOUND).
+CLAIM: Final[LiteralString] = _claim(" AND " + _LOCK_BOUND + " <> ''")
+CLAIM_IN_TRANSACTION: Final[LiteralString] = _claim("")
 
 # -- heartbeat --
 # One statement for every effect a ledger runs: `ids` and `attempts` are

@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from typing import Final, Generic, TypeVar
 
 from agent_ledger.context import enter_transaction, leave_transaction, transactions_entered
-from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.errors import EffectInFlightError, EffectLedgerValidationError
 from agent_ledger.stores._subscriptions import Subscribers
 from agent_ledger.stores.base import waiting_before_work
 
@@ -94,8 +94,12 @@ class TransactionGate(Generic[H]):
         #: The task that opened it: the one task that must never wait for it.
         self._owner: asyncio.Task[object] | None = None
 
-    async def enter(self, tx: object | None) -> H | None:
-        """Check ``tx``, or wait until no other task's transaction is open."""
+    async def enter(
+        self, tx: object | None, *, lock_timeout_ms: int | None = None, idem_key: str = ""
+    ) -> H | None:
+        """Check ``tx``, or wait until no other task's transaction is open: at most
+        ``lock_timeout_ms`` when given, then ``EffectInFlightError`` (``status=None``)
+        about ``idem_key``, with nothing done (see "Lock waits" in ``stores.base``)."""
         if tx is not None:
             if not isinstance(tx, self._handle_type) or not tx.belongs_to(self._store):
                 raise EffectLedgerValidationError(
@@ -110,9 +114,19 @@ class TransactionGate(Generic[H]):
             self.refuse_inside()
             # Nothing done yet: a caller giving up may cancel this wait.
             with waiting_before_work():
+                loop = asyncio.get_running_loop()
+                until = None if lock_timeout_ms is None else loop.time() + lock_timeout_ms / 1000
                 while self.active is not None:
-                    async with self.lock:
-                        pass
+                    # Not asyncio.timeout: it would cancel the caller's task, which
+                    # the engine reads as the caller giving up (see ownership).
+                    left = None if until is None else until - loop.time()
+                    if left is not None and left <= 0:
+                        raise EffectInFlightError(idem_key, None, lock_timeout_ms=lock_timeout_ms)
+                    try:
+                        await asyncio.wait_for(self.lock.acquire(), left)
+                    except TimeoutError:
+                        continue
+                    self.lock.release()
         return None
 
     def refuse_inside(self) -> None:

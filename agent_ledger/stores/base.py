@@ -23,10 +23,26 @@ writes an existing effect, and ``begin`` and ``claim`` wait at most
 ``lock_timeout_ms`` (None: ``options.DEFAULT_TX_LOCK_TIMEOUT_MS``) for a lock
 another transaction holds on the key, such as an uncommitted insert or claim
 of it. Past that they raise ``EffectInFlightError`` (``status=None``), change
-nothing, and leave the caller's transaction usable. Without ``tx``,
-``lock_timeout_ms`` is ignored. MemoryStore and SqliteStore ignore it too:
-their transactions exclude every other writer from the start, so nothing
-inside one waits.
+nothing, and leave the caller's transaction usable. MemoryStore and
+SqliteStore ignore it there: their transactions exclude every other writer
+from the start, so nothing inside one waits.
+
+Lock waits outside a transaction
+--------------------------------
+A ``begin`` or ``claim`` without ``tx`` may wait too: for another caller's
+transaction that holds the key (PostgreSQL, MySQL: its uncommitted insert
+or claim of it; SQLite: the file's write lock, held by another connection's
+transaction; MemoryStore and SqliteStore: this store's open
+``transaction()``). Given ``lock_timeout_ms``, such a step waits for that at
+most about that long (MariaDB counts whole seconds, rounded down, so below
+one second it does not wait at all), then raises ``EffectInFlightError``
+(``status=None``) having changed nothing, and leaves nothing set on the
+connection. None: the store's own limit (SQLite's ``busy_timeout_ms``, the
+server's lock timeout). The ledger passes short slices of the caller's
+``wait_timeout_ms`` and tries again (``backoff.LOCK_WAIT_SLICE_MS``), so its
+callers get ``EffectTimeoutError`` in time and can be cancelled promptly.
+MySQL 8 has no per-statement bound: there it is the server's
+``innodb_lock_wait_timeout``.
 
 Which steps are safe to repeat
 ------------------------------

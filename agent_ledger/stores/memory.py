@@ -263,7 +263,11 @@ class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets):
     async def begin(
         self, new: NewEffect, *, tx: object | None = None, lock_timeout_ms: int | None = None
     ) -> BeginOutcome:
-        mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
+        mtx = (
+            None
+            if tx is None and self._gate.active is None
+            else await self._gate.enter(tx, lock_timeout_ms=lock_timeout_ms, idem_key=new.idem_key)
+        )
         row = self._rows.get(new.idem_key)
         if row is None:
             if mtx is not None:
@@ -285,7 +289,11 @@ class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets):
         tx: object | None = None,
         lock_timeout_ms: int | None = None,
     ) -> ClaimOutcome:
-        mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
+        mtx = (
+            None
+            if tx is None and self._gate.active is None
+            else await self._gate.enter(tx, lock_timeout_ms=lock_timeout_ms, idem_key=idem_key)
+        )
         row = self._rows.get(idem_key)
         if row is None:
             return ClaimOutcome(None, claimed=False)

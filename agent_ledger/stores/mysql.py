@@ -584,7 +584,10 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets):
         started = counts.epoch
         statement = self._begin_statement
         if self.server.mariadb:
-            row = await self._fetch_one("begin", statement, params, None, idem_key=key)
+            bounded = self._lock_bound(lock_timeout_ms) + statement
+            row = await self._lock_bounded(
+                self._fetch_one("begin", bounded, params, None, idem_key=key), key, lock_timeout_ms
+            )
         else:
 
             async def insert_then_read(cur: Cursor) -> tuple[Any, ...] | None:
@@ -667,16 +670,22 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets):
         started = self._counts.epoch
         conn = None if tx is None else self._tx_connection(tx, bounded=True)
 
+        bound = self._lock_bound(lock_timeout_ms)
+
         async def work(cur: Cursor) -> tuple[tuple[Any, ...] | None, bool]:
             if conn is None:
-                claimed = await cur.execute(q.CLAIM, params) == 1
+                claimed = await cur.execute(bound + q.CLAIM, params) == 1
             else:
                 claimed = await self._bounded(cur, q.CLAIM, params, lock_timeout_ms, idem_key) == 1
             await cur.execute(q.FIND, params)
             row: tuple[Any, ...] | None = await cur.fetchone()
             return row, claimed
 
-        row, claimed = await self._run("claim", work, conn, atomic=True, idem_key=idem_key)
+        row, claimed = await self._lock_bounded(
+            self._run("claim", work, conn, atomic=True, idem_key=idem_key),
+            idem_key,
+            lock_timeout_ms if conn is None else None,
+        )
         if row is None:
             return ClaimOutcome(None, claimed=False)
         if claimed:
@@ -1173,6 +1182,32 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets):
                 field="tx",
             )
         return tx
+
+    def _lock_bound(self, lock_timeout_ms: int | None) -> str:
+        """The prefix that bounds a statement's lock wait outside any transaction:
+        MariaDB's ``SET STATEMENT`` in whole seconds, rounded down (0: no wait at
+        all; the engine waits out the rest of its slice before it tries again).
+        MySQL 8 has no per-statement form, and its plain steps keep the
+        server's ``innodb_lock_wait_timeout``."""
+        if lock_timeout_ms is None or not self.server.mariadb:
+            return ""
+        return q.LOCK_BOUND_MARIADB.format(seconds=lock_timeout_ms // 1000)
+
+    @staticmethod
+    async def _lock_bounded(step: Awaitable[_T], idem_key: str, lock_timeout_ms: int | None) -> _T:
+        """``step``, with a lock wait that ran out (error 1205: InnoDB undid the
+        statement) as ``EffectInFlightError``, when the step was bounded."""
+        try:
+            return await step
+        except EffectStoreError as exc:
+            cause = exc.__cause__
+            if (
+                lock_timeout_ms is not None
+                and isinstance(cause, asyncmy.errors.OperationalError)
+                and error_number(cause) == _LOCK_WAIT_TIMEOUT
+            ):
+                raise EffectInFlightError(idem_key, None, lock_timeout_ms=lock_timeout_ms) from None
+            raise
 
     async def _bounded(
         self,

@@ -328,6 +328,7 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
         self._begin_in_transaction = compose(q.BEGIN_IN_TRANSACTION)
         self._count_waiting = compose(q.COUNT_WAITING)
         self._claim = compose(q.CLAIM)
+        self._claim_in_transaction = compose(q.CLAIM_IN_TRANSACTION)
         self._heartbeat = compose(q.HEARTBEAT)
         self._commit = compose(q.COMMIT)
         self._record_try = compose(q.RECORD_TRY)
@@ -525,6 +526,7 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
         params = begin_params(new)
         if tx is not None:
             return await self._begin_inside(tx, new, params, lock_timeout_ms)
+        params["lock_timeout"] = None if lock_timeout_ms is None else f"{lock_timeout_ms}ms"
         key = new.idem_key
         counts = self._counts
         known = self._known
@@ -548,7 +550,7 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
         # between BEGIN and COUNT_WAITING; a third try covers a purge between.
         for _ in range(3):
             started = counts.epoch
-            row = await self._fetch_one("begin", self._begin, params, None, idem_key=key)
+            row = await self._lock_bounded("begin", self._begin, params, lock_timeout_ms, key)
             if row is None:
                 continue
             if row[_EFFECT_WIDTH]:
@@ -556,10 +558,14 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
             if row[_STATUS_AT] not in _FINISHED_VALUES:
                 # Open: this caller may wait for it, so its duplicate counts now.
                 started = counts.epoch
-                row = await self._fetch_one(
-                    "begin", self._count_waiting, {"id": row[_ID_AT], "finished": _FINISHED},
-                    None, idem_key=key,
-                )  # fmt: skip
+                waiting = {
+                    "id": row[_ID_AT],
+                    "finished": _FINISHED,
+                    "lock_timeout": params["lock_timeout"],
+                }
+                row = await self._lock_bounded(
+                    "begin", self._count_waiting, waiting, lock_timeout_ms, key
+                )
                 if row is None:
                     continue  # finished (or purged) meanwhile: read it again
                 (row,) = await self._counted([row], started, None)
@@ -615,9 +621,12 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
         params = claim_params(_DIALECT, idem_key, stale_after_ms=stale_after_ms, lease_ms=lease_ms)
         started = self._counts.epoch
         if tx is not None:
-            row = await self._bounded("claim", self._claim, params, tx, lock_timeout_ms, idem_key)
+            row = await self._bounded(
+                "claim", self._claim_in_transaction, params, tx, lock_timeout_ms, idem_key
+            )
         else:
-            row = await self._fetch_one("claim", self._claim, params, tx, idem_key=idem_key)
+            params["lock_timeout"] = None if lock_timeout_ms is None else f"{lock_timeout_ms}ms"
+            row = await self._lock_bounded("claim", self._claim, params, lock_timeout_ms, idem_key)
         if row is None:
             return ClaimOutcome(None, claimed=False)
         claimed = bool(row[_EFFECT_WIDTH])
@@ -1057,6 +1066,25 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
             return cursor.rowcount == 1
 
         return await self._statement(operation, execute, tx, effect_id=effect_id)
+
+    async def _lock_bounded(
+        self,
+        operation: str,
+        query: sql.Composed,
+        params: Mapping[str, object],
+        lock_timeout_ms: int | None,
+        idem_key: str,
+    ) -> tuple[Any, ...] | None:
+        """One statement of ``operation`` outside any transaction that bounds its own
+        lock wait (``_LOCK_BOUND`` in ``_postgres_queries``, fed by the ``lock_timeout``
+        parameter): a wait that ran out becomes ``EffectInFlightError``; the
+        statement changed nothing, and its setting ended with it."""
+        try:
+            return await self._fetch_one(operation, query, params, None, idem_key=idem_key)
+        except EffectStoreError as exc:
+            if isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
+                raise EffectInFlightError(idem_key, None, lock_timeout_ms=lock_timeout_ms) from None
+            raise
 
     async def _bounded(
         self,

@@ -41,7 +41,12 @@ import orjson
 
 from agent_ledger.clock import Clock, utc_now
 from agent_ledger.effects import Effect, EffectError
-from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
+from agent_ledger.errors import (
+    EffectInFlightError,
+    EffectLedgerError,
+    EffectLedgerValidationError,
+    EffectStoreError,
+)
 from agent_ledger.ids import is_effect_id, new_effect_id
 from agent_ledger.observability import logger
 from agent_ledger.status import TERMINAL, EffectStatus
@@ -218,6 +223,26 @@ _LEASE_MS: Final = ROW_COLUMNS.index("lease_ms")
 _FINISHED: Final = frozenset(s.value for s in TERMINAL)
 #: A flush of duplicate counts waits at most this long for the write lock.
 _FLUSH_BUSY_TIMEOUT_MS: Final = 100
+
+
+def _begin_write(conn: sqlite3.Connection, wait_ms: int | None, busy_ms: int, key: str) -> None:
+    """``BEGIN IMMEDIATE``, waiting for another connection's write lock at most
+    ``wait_ms`` when that is shorter than the store's ``busy_ms`` (a caller's
+    ``lock_timeout_ms``, see "Lock waits" in ``stores.base``): past it
+    ``EffectInFlightError`` about ``key``, and nothing was done. The busy timeout
+    is set for this statement alone (two PRAGMAs, only when the bound is shorter)."""
+    if wait_ms is None or wait_ms >= busy_ms:
+        conn.execute(q.TX_BEGIN)
+        return
+    conn.execute(q.BUSY_TIMEOUT.format(ms=wait_ms))
+    try:
+        conn.execute(q.TX_BEGIN)
+    except sqlite3.OperationalError as exc:
+        if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+            raise
+        raise EffectInFlightError(key, None, lock_timeout_ms=wait_ms) from None
+    finally:
+        conn.execute(q.BUSY_TIMEOUT.format(ms=busy_ms))
 
 
 def _error_columns(error: EffectError | None) -> dict[str, object]:
@@ -408,12 +433,14 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
                 message, operation=operation, idem_key=idem_key, effect_id=effect_id
             ) from exc
 
-    async def _enter(self, tx: object | None) -> SqliteTransaction | None:
+    async def _enter(
+        self, tx: object | None, lock_timeout_ms: int | None = None, idem_key: str = ""
+    ) -> SqliteTransaction | None:
         if self._closed:
             raise EffectStoreError("the store is closed", operation="use")
         # The connection is shared: while a transaction is open on it, any other
         # statement would join that transaction, so the gate makes it wait.
-        return await self._gate.enter(tx)
+        return await self._gate.enter(tx, lock_timeout_ms=lock_timeout_ms, idem_key=idem_key)
 
     async def _run(
         self,
@@ -424,19 +451,21 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
         write: bool,
         idem_key: str | None = None,
         effect_id: str | None = None,
+        lock_timeout_ms: int | None = None,
     ) -> _T:
         """Run ``work(conn, now_us)`` on the store's thread, atomically.
 
         Outside a caller's transaction a writing step runs in its own
         ``BEGIN IMMEDIATE`` transaction, so it holds the write lock from its
-        first read: the clock is read under that lock too.
+        first read: the clock is read under that lock too. It waits for the
+        lock at most ``lock_timeout_ms`` when given (``_begin_write``).
         """
 
         def job() -> _T:
             with self._errors(operation, idem_key=idem_key, effect_id=effect_id):
                 if tx is not None or not write:
                     return work(self._conn, to_us(self._clock()))
-                self._conn.execute(q.TX_BEGIN)
+                _begin_write(self._conn, lock_timeout_ms, self._busy_timeout_ms, idem_key or "")
                 try:
                     result = work(self._conn, to_us(self._clock()))
                     self._conn.execute(q.TX_COMMIT)
@@ -454,9 +483,10 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
     async def begin(
         self, new: NewEffect, *, tx: object | None = None, lock_timeout_ms: int | None = None
     ) -> BeginOutcome:
-        stx = await self._enter(tx)
         key = new.idem_key
+        stx = await self._enter(tx, lock_timeout_ms, key)
         counts = self._counts
+        busy_ms = self._busy_timeout_ms
         started = counts.epoch
         params = {**begin_params(new), "id": new_effect_id()}
         clock = self._clock
@@ -480,7 +510,7 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
             found: tuple[Any, ...] | None = conn.execute(q.FIND, (key,)).fetchone()
             if found is not None and found[_STATUS] in _FINISHED:
                 return found, False, True
-            conn.execute(q.TX_BEGIN)
+            _begin_write(conn, lock_timeout_ms, busy_ms, key)
             try:
                 # The clock under the write lock, as every writing step reads it.
                 outcome = insert_or_get(conn, to_us(clock()))
@@ -510,7 +540,7 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
         tx: object | None = None,
         lock_timeout_ms: int | None = None,
     ) -> ClaimOutcome:
-        stx = await self._enter(tx)
+        stx = await self._enter(tx, lock_timeout_ms, idem_key)
         params = claim_params(_DIALECT, idem_key, stale_after_ms=stale_after_ms, lease_ms=lease_ms)
         started = self._counts.epoch
 
@@ -528,7 +558,9 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
                     holders.remove(held, ours=False)
             return row, claimed
 
-        row, claimed = await self._run("claim", work, stx, write=True, idem_key=idem_key)
+        row, claimed = await self._run(
+            "claim", work, stx, write=True, idem_key=idem_key, lock_timeout_ms=lock_timeout_ms
+        )
         if claimed:
             self._gate.changed(idem_key, stx)
         if row is None:

@@ -94,7 +94,10 @@ def test_claims_take_their_sources_from_claimable() -> None:
         claimable = params["claimable"]
         values = claimable if isinstance(claimable, list) else orjson.loads(str(claimable))
         assert set(values) == {s.value for s in CLAIMABLE}
-    assert _names(pg.CLAIM, "pg") == set(claim_params(PG, "k", stale_after_ms=5, lease_ms=None))
+    pg_params = set(claim_params(PG, "k", stale_after_ms=5, lease_ms=None))
+    assert _names(pg.CLAIM_IN_TRANSACTION, "pg") == pg_params
+    # Outside a transaction the claim bounds its own lock wait (PostgresStore adds it).
+    assert _names(pg.CLAIM, "pg") == pg_params | {"lock_timeout"}
     assert _names(lite.CLAIM, "lite") == set(
         claim_params(LITE, "k", stale_after_ms=5, lease_ms=None)
     ) | {"now", "seen_us"}  # seen_us: the holder's file (stores/_sqlite_holders.py)
