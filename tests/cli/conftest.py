@@ -39,10 +39,14 @@ _IN_PROCESS = threading.Lock()
 
 
 @contextlib.contextmanager
-def _as_a_fresh_process(cwd: Path, stdin: str) -> Iterator[tuple[io.StringIO, io.StringIO]]:
+def _as_a_fresh_process(
+    cwd: Path, stdin: str, env: dict[str, str]
+) -> Iterator[tuple[io.StringIO, io.StringIO]]:
     """cwd, environment, streams and warning filters as a new `agent-ledger` process has them."""
     out, err = io.StringIO(), io.StringIO()
-    saved_env = {name: os.environ.pop(name) for name in _UNSET if name in os.environ}
+    changed = {*_UNSET, *env}
+    saved_env = {name: os.environ.pop(name) for name in changed if name in os.environ}
+    os.environ.update(env)
     saved_cwd = os.getcwd()
     saved_stdin = sys.stdin
     # What `--app` imports stays in this command, as it would in its own process.
@@ -67,15 +71,21 @@ def _as_a_fresh_process(cwd: Path, stdin: str) -> Iterator[tuple[io.StringIO, io
             del sys.path_importer_cache[entry]
         importlib.invalidate_caches()
         os.chdir(saved_cwd)
+        for name in changed:
+            os.environ.pop(name, None)
         os.environ.update(saved_env)
 
 
-def run_in_process(args: list[str], cwd: Path, stdin: str) -> subprocess.CompletedProcess[str]:
-    """``agent-ledger *args`` by calling ``cli.main``; the result a child process would give."""
+def run_in_process(
+    args: list[str], cwd: Path, stdin: str = "", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``agent-ledger *args`` by calling ``cli.main``; the result a child process would give.
+
+    ``env``: variables set for the command (beside the shell's, less ``_UNSET``)."""
     from agent_ledger import cli
 
     def call() -> subprocess.CompletedProcess[str]:
-        with _IN_PROCESS, _as_a_fresh_process(cwd, stdin) as (out, err):
+        with _IN_PROCESS, _as_a_fresh_process(cwd, stdin, env or {}) as (out, err):
             try:
                 code: object = cli.main(args, stdout=out)
             except SystemExit as exc:  # argparse: --help, usage errors
