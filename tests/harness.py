@@ -207,6 +207,15 @@ class PostgresHarness:
         return build_ledger(self.store, defaults=defaults)
 
 
+#: Where SQLite harnesses keep their files: a RAM-backed folder where the machine
+#: has one (Linux's /dev/shm), else the temp dir. Still a real file with its WAL
+#: and locks; only the fsyncs cost nothing (about 0.1 s a test on a busy disk).
+SQLITE_FOLDER = next(
+    (str(d) for d in (Path("/dev/shm"),) if d.is_dir() and os.access(d, os.W_OK | os.X_OK)),
+    None,
+)
+
+
 @dataclass
 class SqliteHarness:
     path: Path
@@ -452,7 +461,7 @@ async def open_harness(kind: str) -> AsyncIterator[StoreHarness]:
         yield MemoryHarness()
         return
     if kind == "sqlite":
-        with tempfile.TemporaryDirectory(prefix="agent-ledger-") as folder:
+        with tempfile.TemporaryDirectory(prefix="agent-ledger-", dir=SQLITE_FOLDER) as folder:
             harness = SqliteHarness(Path(folder) / "ledger.db")
             try:
                 yield harness
@@ -480,12 +489,14 @@ async def open_harness(kind: str) -> AsyncIterator[StoreHarness]:
 
             # Emptied with DELETE, not TRUNCATE: the tables hold a test's few rows,
             # and TRUNCATE costs about 150 ms (new files, synced) where DELETE costs
-            # about 1 ms. Children first, for the foreign keys.
-            async with backdoor.transaction():
-                for name in reversed(_POSTGRES_TABLES):
-                    await pg_harness._sql(
-                        sql.SQL("DELETE FROM {}").format(sql.Identifier(TEST_SCHEMA, name))
-                    )
+            # about 1 ms. Children first, for the foreign keys; all in one
+            # statement string, so one round trip and one transaction.
+            await backdoor.execute(
+                sql.SQL("; ").join(
+                    sql.SQL("DELETE FROM {}").format(sql.Identifier(TEST_SCHEMA, name))
+                    for name in reversed(_POSTGRES_TABLES)
+                )
+            )
             yield pg_harness
         finally:
             await store.close()

@@ -20,9 +20,9 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize(
     "store",
     [
-        # Plain pytest: the suite runs end to end (seconds, on the memory store).
-        "memory",
-        # The slow tier: a minute or two each, on the stores with a server or a file.
+        # The slow tier, as every benchmark run: seconds on the memory store, a
+        # minute or two each on the stores with a server or a file.
+        pytest.param("memory", marks=pytest.mark.slow),
         pytest.param("sqlite", marks=pytest.mark.slow),
         pytest.param("postgres", marks=[pytest.mark.postgres, pytest.mark.slow]),
         pytest.param("mysql", marks=[pytest.mark.mysql, pytest.mark.slow]),

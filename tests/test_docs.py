@@ -164,10 +164,10 @@ def _docs_schema() -> Iterator[Connection[Any]]:
 
 def _snippet_param(item: tuple[Path, int, str]) -> Any:
     """A snippet as a test parameter. The framework adapters' pages import their SDKs
-    in every snippet (5 to 20 s each, twice): plain pytest runs each page's first
-    snippet, the slow tier the rest (tests/adapters/ covers the adapters themselves)."""
-    page, index, _ = item
-    slow = page.parent.name == "adapters" and index > 0
+    in every snippet (4 to 20 CPU-seconds each, twice): the slow tier runs them
+    (tests/adapters/ covers the adapters themselves in plain pytest)."""
+    page, _, _ = item
+    slow = page.parent.name == "adapters"
     return pytest.param(*item, id=_id(item), marks=[pytest.mark.slow] if slow else [])
 
 

@@ -3,21 +3,18 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import SCRIPT
+from tests.cli.conftest import run_in_process
 
 
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("AGENT_LEDGER_URL", "NO_COLOR")}
-    return subprocess.run(
-        [SCRIPT, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
-    )
+    """The command's wording and exit code, from ``cli.main`` in this process."""
+    return run_in_process(list(args), cwd)
 
 
 @pytest.mark.parametrize("target", ["missing/dir/f.json", "."])

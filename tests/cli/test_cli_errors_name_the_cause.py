@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import SCRIPT, Cli
+from tests.cli.conftest import SCRIPT, Cli, run_in_process
 
 DEMO_REFUND = "298608e47a56"  # the refund the demo leaves waiting for a person
 
@@ -19,6 +19,10 @@ DEMO_REFUND = "298608e47a56"  # the refund the demo leaves waiting for a person
 def run(
     *args: str, cwd: Path, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess[str]:
+    """The command's wording, from ``cli.main`` in this process; with a ``prefix``
+    (another user's powers) the real console script under it."""
+    if not prefix:
+        return run_in_process(list(args), cwd, env=env)
     clean = {k: v for k, v in os.environ.items() if k not in ("AGENT_LEDGER_URL", "NO_COLOR")}
     return subprocess.run(
         [*prefix, SCRIPT, *args],
