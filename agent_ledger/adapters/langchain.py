@@ -39,17 +39,24 @@ What reaches whom:
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import re
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, get_args, get_origin
 
 try:
     from langchain_core.messages import ToolMessage
-    from langchain_core.tools import BaseTool, StructuredTool, ToolException
+    from langchain_core.tools import (
+        BaseTool,
+        InjectedToolArg,
+        StructuredTool,
+        ToolException,
+    )
+    from langchain_core.tools import base as _lc_tools_base
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError(
         "agent_ledger.adapters.langchain needs LangChain: "
@@ -60,21 +67,25 @@ from pydantic_core import to_jsonable_python
 
 from agent_ledger.adapters._common import MalformedToolCall
 from agent_ledger.adapters._messages import answer_failure
-from agent_ledger.adapters._outcome import call_key, is_tool_failure, recorded_failure
+from agent_ledger.adapters._outcome import is_tool_failure, recorded_failure
 from agent_ledger.adapters._signature import (
     REQUIRED,
+    Argument,
     JsonArguments,
     arguments,
     check_storable,
     description,
     refuse_names,
 )
+from agent_ledger.context import adapter_run, enter_adapter_run, exit_adapter_run
 from agent_ledger.errors import EffectFailedError, EffectLedgerValidationError
 from agent_ledger.options import RunOptions
 from agent_ledger.tools import Tool
 
 if TYPE_CHECKING:
+    from agent_ledger.adapters.langgraph import GraphCall
     from agent_ledger.calls import ToolCall
+    from agent_ledger.calls import ToolCall as LedgerCall
     from agent_ledger.ledger import EffectLedger
 
 __all__ = ["LedgerTool", "as_langchain_tool", "wrap_langchain_tool"]
@@ -84,6 +95,10 @@ _LANGCHAIN_NAMES: Final = dict.fromkeys(
     ("config", "run_manager"),
     "LangChain passes its own value under that name and drops the model's",
 )
+
+#: The hidden field through which LangGraph's ``ToolNode`` hands a ledger tool
+#: its ``ToolRuntime`` (never shown to the model, never passed to the function).
+RUNTIME_FIELD: Final = "agent_ledger_runtime"
 
 #: What model providers accept in a function name (OpenAI's rule; Anthropic's is the same set).
 _NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9_-]")
@@ -99,11 +114,17 @@ class _Run:
     started: bool = False
 
 
-# LangChain hands the tool-call id to BaseTool.run/arun but not to the
-# function they call; LedgerTool puts it here for the duration of the run.
-# A run copies the context before calling the function, so the value reaches
-# it, and nested runs of other tools set their own.
-_RUN: ContextVar[_Run | None] = ContextVar("agent_ledger_langchain_run", default=None)
+def _current_run() -> _Run | None:
+    """The LangChain run of a ledger tool this code is in, if any.
+
+    LangChain hands the tool-call id to ``BaseTool.run``/``arun`` but not to
+    the function they call; ``LedgerTool`` keeps its ``_Run`` in the context
+    (``agent_ledger.context.adapter_run``) for the duration of the run. A run
+    copies the context before calling the function, so the value reaches it,
+    and nested runs of other tools set their own.
+    """
+    run = adapter_run()
+    return run if isinstance(run, _Run) else None
 
 
 class LedgerTool(StructuredTool):
@@ -150,7 +171,7 @@ class LedgerTool(StructuredTool):
         input LangChain refused before calling it is answered, not raised: the
         answer is put in the yielded list, and the ``ValidationError`` ends there."""
         run = _Run(tool_call_id)
-        token = _RUN.set(run)
+        token = enter_adapter_run(run)
         malformed: list[ToolMessage] = []
         try:
             yield malformed
@@ -159,7 +180,7 @@ class LedgerTool(StructuredTool):
                 raise  # the tool's own exception, not its input's
             malformed.append(self._malformed(_describe(self.name, exc), tool_call_id, exc))
         finally:
-            _RUN.reset(token)
+            exit_adapter_run(token)
 
     def _malformed(
         self, message: str, tool_call_id: str | None, cause: Exception | None
@@ -207,9 +228,14 @@ def as_langchain_tool(
         )
     refuse_names(tool, "LangChain", _LANGCHAIN_NAMES)
     lc_name = _langchain_name(tool.name) if name is None else name
-    schema = _arguments_model(tool, lc_name)
+    args = arguments(tool)
+    injected = frozenset(arg.name for arg in args if _is_injected(arg.annotation))
+    _refuse_injected_keys(tool, injected)
+    schema = _arguments_model(tool, lc_name, args)
     _refuse_factories(schema, f"tool {tool.name!r}", "fn")
-    to_json = JsonArguments(tool.name, {arg.name: arg.annotation for arg in arguments(tool)})
+    to_json = JsonArguments(
+        tool.name, {arg.name: arg.annotation for arg in args if arg.name not in injected}
+    )
     return _build(
         tool,
         name=lc_name,
@@ -217,6 +243,7 @@ def as_langchain_tool(
         args_schema=schema,
         wait_for_approval=wait_for_approval,
         to_json=to_json,
+        injected=injected,
     )
 
 
@@ -311,6 +338,7 @@ def _build(
     args_schema: type[BaseModel] | dict[str, Any],
     wait_for_approval: bool,
     to_json: Callable[[Mapping[str, Any], str], dict[str, Any]],
+    injected: frozenset[str] = frozenset(),
     **fields: Any,
 ) -> LedgerTool:
     """The ``LedgerTool`` whose function and coroutine run ``tool``.
@@ -318,52 +346,53 @@ def _build(
     ``to_json`` turns the arguments LangChain validated (enum members,
     dates, models) back into the JSON values the key is made of, which are
     also what the tool receives (a wrapped LangChain tool validates them
-    again itself).
+    again itself). ``injected`` names the parameters LangChain or LangGraph
+    fill in (``ToolRuntime``, ``InjectedState``, ...): passed to the
+    function as they come, never part of the key.
     """
     options = None if wait_for_approval else RunOptions(wait_for_approval=False)
 
-    def started(kwargs: dict[str, Any]) -> tuple[str | None, dict[str, object] | ToolMessage]:
-        run = _RUN.get()
+    def started(kwargs: dict[str, Any]) -> _Call | ToolMessage:
+        run = _current_run()
         call_id = None
         if run is not None:
             run.started = True
             call_id = run.call_id
+        runtime = kwargs.pop(RUNTIME_FIELD, None)
+        passed = {n: kwargs.pop(n) for n in injected if n in kwargs}
         try:
-            values = tool.bind_arguments(to_json(kwargs, tool.name))
+            values = tool.bind_arguments({**to_json(kwargs, tool.name), **passed})
+            passed = {n: values.pop(n) for n in injected if n in values}
             # Values the schema let through but a key cannot hold (NaN inside
             # a dict, an integer beyond 64 bits, a payload over the size limit).
             check_storable(tool, values)
         except EffectLedgerValidationError as exc:
             # A JSON-schema tool's input is not validated by LangChain: this
             # is the first check, and the model's mistake.
-            return call_id, lc_tool._malformed(str(exc), call_id, None)
-        return call_id, values
+            return lc_tool._malformed(str(exc), call_id, None)
+        if runtime is None:
+            runtime = next((v for v in passed.values() if _is_runtime(type(v))), None)
+        return _Call(tool, values, passed, call_id, runtime)
 
     async def coroutine(**kwargs: Any) -> Any:
-        call_id, values = started(kwargs)
-        if isinstance(values, ToolMessage):
-            return values
-        try:
-            return await tool.invoke(values, call_id=call_id, run_options=options)
-        except Exception as exc:
-            answer = await _answer(tool, values, exc)
-            if answer is exc:
-                raise
-            raise answer from exc
+        call = started(kwargs)
+        if isinstance(call, ToolMessage):
+            return call
+        graph = _graph(call)
+        if graph is not None:
+            return await graph.arun(call.answered)
+        return await call.answered(options)
 
     def func(**kwargs: Any) -> Any:
         # Sync invoke: the ledger runs the call on its own event loop thread
         # (Tool.invoke_sync), in this context, so the workflow scope applies.
-        call_id, values = started(kwargs)
-        if isinstance(values, ToolMessage):
-            return values
-        try:
-            return tool.invoke_sync(values, call_id=call_id, run_options=options)
-        except Exception as exc:
-            answer = tool.ledger.call_sync(_answer, tool, values, exc)
-            if answer is exc:
-                raise
-            raise answer from exc
+        call = started(kwargs)
+        if isinstance(call, ToolMessage):
+            return call
+        graph = _graph(call)
+        if graph is not None:
+            return graph.run_sync(call.answered_sync)
+        return call.answered_sync(options)
 
     lc_tool = LedgerTool(
         name=name,
@@ -377,7 +406,71 @@ def _build(
     return lc_tool
 
 
-async def _answer(tool: Tool[Any], values: dict[str, object], error: Exception) -> Exception:
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One call of a ledger tool as LangChain made it, ready to run through the ledger."""
+
+    tool: Tool[Any]
+    #: The model's arguments, bound and as JSON: what the key is made of.
+    values: dict[str, object]
+    #: The values LangChain or LangGraph injected (by parameter name): passed
+    #: to the function, never part of the key or the stored args.
+    injected: dict[str, object]
+    #: The framework's tool-call id, when LangChain was given a ToolCall.
+    call_id: str | None
+    #: LangGraph's ``ToolRuntime`` when a ``ToolNode`` runs the call, else None.
+    runtime: object | None
+
+    def ledger_call(self) -> LedgerCall:
+        """The ledger's ``ToolCall`` this call runs as, here (in the current workflow)."""
+        return self.tool._tool_call(self.values, self.call_id)
+
+    def key(self) -> str | None:
+        """The idempotency key this call runs under here; None if no key can be made."""
+        try:
+            return self.tool.ledger.idem_key(self.ledger_call())
+        except EffectLedgerValidationError:
+            return None
+
+    async def run(self, options: RunOptions | None) -> object:
+        """One ``Tool.invoke`` of the call (``run_as`` when values were injected,
+        so that they reach the function without being part of the key)."""
+        if not self.injected:
+            return await self.tool.invoke(self.values, call_id=self.call_id, run_options=options)
+        return await self.tool.run_as(
+            self.ledger_call(), {**self.values, **self.injected}, run_options=options
+        )
+
+    async def answered(self, options: RunOptions | None) -> object:
+        """``run``, with a failure raised as a model reads it every time (``_answer``)."""
+        try:
+            return await self.run(options)
+        except Exception as exc:
+            answer = await _answer(self, exc)
+            if answer is exc:
+                raise
+            raise answer from exc
+
+    def answered_sync(self, options: RunOptions | None) -> object:
+        """``answered`` from sync code: on the ledger's event-loop thread, in this
+        context, so the workflow scope around it applies (``Tool.invoke_sync``)."""
+        return self.tool.ledger.call_sync(self.answered, options)
+
+
+def _graph(call: _Call) -> GraphCall | None:
+    """The LangGraph run ``call`` is made in, if any (see ``agent_ledger.adapters.langgraph``).
+
+    LangGraph is imported only when it already is: a program that never
+    loaded it runs no graph.
+    """
+    if "langgraph" not in sys.modules:
+        return None
+    from agent_ledger.adapters.langgraph import graph_call
+
+    return graph_call(call)
+
+
+async def _answer(call: _Call, error: Exception) -> Exception:
     """What to raise for a run that raised ``error``, so a model reads the same every time.
 
     A failure first raised as ``ToolException`` (the tool's own, a replay of
@@ -386,10 +479,8 @@ async def _answer(tool: Tool[Any], values: dict[str, object], error: Exception) 
     and on every replay, so ``handle_tool_error`` treats them alike; see
     ``answer_failure``. Anything else is raised as it is.
     """
-    try:
-        key: str | None = call_key(tool, values)
-    except EffectLedgerValidationError:
-        key = None
+    tool = call.tool
+    key = call.key()
     if await is_tool_failure(tool.ledger, key, error):
         failure = None if key is None else await recorded_failure(tool.ledger, key)
         return answer_failure(failure, error, ToolException, ToolException)
@@ -406,17 +497,84 @@ def _description(tool: Tool[Any]) -> str:
     return description(tool) or f"Runs {tool.name} (recorded by agent-ledger)."
 
 
-def _arguments_model(tool: Tool[Any], model_name: str) -> type[BaseModel]:
-    """The pydantic model of a ledger tool's arguments, from its signature."""
+def _arguments_model(tool: Tool[Any], model_name: str, args: list[Argument]) -> type[BaseModel]:
+    """The pydantic model of a ledger tool's arguments, from its signature.
+
+    Injected parameters keep their annotations, by which LangChain leaves
+    them out of what the model sees and LangGraph's ``ToolNode`` fills
+    them. Where LangGraph is installed, a tool without a ``ToolRuntime``
+    parameter gets a hidden one (``RUNTIME_FIELD``, never passed to the
+    function): a ``ToolNode`` fills it, and the adapter reads the thread and
+    the turn from it (see ``agent_ledger.adapters.langgraph``).
+    """
     fields: dict[str, Any] = {
-        arg.name: (arg.annotation, ... if arg.default is REQUIRED else arg.default)
-        for arg in arguments(tool)
+        arg.name: (arg.annotation, ... if arg.default is REQUIRED else arg.default) for arg in args
     }
+    if not any(_is_runtime(arg.annotation) for arg in args):
+        hidden = _runtime_annotation()
+        if hidden is not None:
+            fields[RUNTIME_FIELD] = (hidden, None)
     # extra="forbid": a misspelt argument must not quietly run the tool with a
     # default. allow_inf_nan=False: JSON (and so a key) cannot hold them.
     config = ConfigDict(extra="forbid", allow_inf_nan=False, arbitrary_types_allowed=True)
     model: type[BaseModel] = create_model(model_name, __config__=config, **fields)
     return model
+
+
+def _is_runtime(annotation: Any) -> bool:
+    """Whether ``annotation`` is a value LangChain passes whole (LangGraph's ``ToolRuntime``)."""
+    direct = getattr(_lc_tools_base, "_DirectlyInjectedToolArg", None)
+    if direct is None:  # langchain-core before 1.0: no such arguments
+        return False
+    origin = get_origin(annotation)
+    return any(
+        isinstance(candidate, type) and issubclass(candidate, direct)
+        for candidate in (annotation, origin)
+    )
+
+
+def _is_injected(annotation: Any) -> bool:
+    """Whether a parameter annotated ``annotation`` is filled by LangChain or LangGraph,
+    never sent by the model: ``ToolRuntime``, or ``Annotated[..., InjectedToolArg]``
+    (``InjectedToolCallId``, ``InjectedState``, ``InjectedStore``, ...)."""
+    if _is_runtime(annotation):
+        return True
+    if get_origin(annotation) is not Annotated:
+        return False
+    return any(
+        isinstance(meta, InjectedToolArg)
+        or (isinstance(meta, type) and issubclass(meta, InjectedToolArg))
+        for meta in get_args(annotation)[1:]
+    )
+
+
+def _refuse_injected_keys(tool: Tool[Any], injected: frozenset[str]) -> None:
+    """A value LangChain injects is never the model's, and not JSON: it cannot be a key."""
+    named = [
+        name
+        for names in (tool.idempotency_keys, tool.validate_keys)
+        if names is not None and names != "all"
+        for name in names
+        if name in injected
+    ]
+    if named:
+        raise EffectLedgerValidationError(
+            f"tool {tool.name!r}: {sorted(set(named))} are filled in by LangChain or LangGraph "
+            "(injected), not sent by the model, so they cannot be part of the key; leave them "
+            "out of idempotency_keys and validate_keys",
+            field="idempotency_keys",
+        )
+
+
+def _runtime_annotation() -> Any:
+    """The hidden ``ToolRuntime`` field's annotation, or None without LangGraph."""
+    if importlib.util.find_spec("langgraph") is None:
+        return None
+    try:
+        from agent_ledger.adapters.langgraph import RUNTIME_ANNOTATION
+    except ImportError:  # langgraph without its prebuilt ToolNode
+        return None
+    return RUNTIME_ANNOTATION
 
 
 def _refuse_factories(schema: type[BaseModel], what: str, field: str) -> None:
