@@ -49,7 +49,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, get_args, get_origin
 
 try:
-    from langchain_core.messages import ToolMessage
+    from langchain_core.language_models import BaseChatModel, LanguageModelInput
+    from langchain_core.messages import (
+        AIMessage,
+        BaseMessage,
+        ToolMessage,
+        message_to_dict,
+        messages_from_dict,
+    )
+    from langchain_core.outputs import ChatGeneration, ChatResult
+    from langchain_core.runnables import Runnable
     from langchain_core.tools import (
         BaseTool,
         InjectedToolArg,
@@ -57,12 +66,13 @@ try:
         ToolException,
     )
     from langchain_core.tools import base as _lc_tools_base
+    from langchain_core.utils.function_calling import convert_to_openai_tool
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError(
         "agent_ledger.adapters.langchain needs LangChain: "
         'pip install "agent-ledger[langchain]" (langchain-core)'
     ) from exc
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
 from pydantic_core import to_jsonable_python
 
 from agent_ledger.adapters._common import MalformedToolCall
@@ -78,9 +88,10 @@ from agent_ledger.adapters._signature import (
     refuse_names,
 )
 from agent_ledger.context import adapter_run, enter_adapter_run, exit_adapter_run
+from agent_ledger.effects import Usage
 from agent_ledger.errors import EffectFailedError, EffectLedgerValidationError
 from agent_ledger.options import RunOptions
-from agent_ledger.tools import Tool
+from agent_ledger.tools import LLMResult, Pricing, Tool, current_workflow
 
 if TYPE_CHECKING:
     from agent_ledger.adapters.langgraph import GraphCall
@@ -88,7 +99,14 @@ if TYPE_CHECKING:
     from agent_ledger.calls import ToolCall as LedgerCall
     from agent_ledger.ledger import EffectLedger
 
-__all__ = ["LedgerTool", "as_langchain_tool", "wrap_langchain_tool"]
+__all__ = [
+    "RUNTIME_FIELD",
+    "LedgerChatModel",
+    "LedgerTool",
+    "as_langchain_tool",
+    "record_model_calls",
+    "wrap_langchain_tool",
+]
 
 #: Parameter names LangChain fills itself, dropping what the model sent.
 _LANGCHAIN_NAMES: Final = dict.fromkeys(
@@ -675,3 +693,175 @@ def _describe(tool_name: str, error: ValidationError) -> str:
         f"The arguments for tool {tool_name!r} do not fit its schema ({problems}). Nothing "
         "ran and nothing was stored; call the tool again with arguments that fit it."
     )
+
+
+# -- model calls ----------------------------------------------------------------------
+
+
+class LedgerChatModel(BaseChatModel):
+    """A LangChain chat model whose every call is one ``ledger.llm()`` effect.
+
+    Made by ``record_model_calls(ledger, model, ...)``; give it to an agent
+    (``create_agent``, ``create_react_agent``, ``model.bind_tools(...)``) in
+    place of ``model``. Each call is keyed by the workflow, provider, model
+    name and request (the messages without their ids, which LangGraph makes
+    up anew on every run, the bound tools and the call's options), and
+    recorded with the reply and its usage, priced by ``pricing``. So under
+    ``ledger.workflow(id, budget=Budget(usd=...))`` a call that does not fit
+    raises ``BudgetExceededError`` before the model is called; a repeated
+    call (a resumed thread, a restarted process) and ``ledger.replay(...)``
+    get the recorded reply without calling it. Inside a graph with no
+    workflow around it, the thread is the workflow, as for tools.
+    """
+
+    #: The wrapped model, as the agent uses it (with its tools bound, once bound).
+    inner: Runnable[LanguageModelInput, BaseMessage]
+    #: The wrapped model before any binding, to bind tools to.
+    base: Runnable[LanguageModelInput, BaseMessage]
+    ledger: Any
+    provider: str
+    model_name: str
+    pricing: Any = None
+    estimate: Any = None
+    #: The bound tools as the model sees them (OpenAI's tool format): part of the key.
+    tool_schemas: list[dict[str, Any]] = Field(default_factory=list)
+    #: The options the tools were bound with (``tool_choice``, ...): part of the key.
+    bind_options: dict[str, Any] = Field(default_factory=dict)
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    @property
+    def _llm_type(self) -> str:
+        return "agent-ledger"
+
+    def bind_tools(
+        self,
+        tools: Sequence[Any],
+        *,
+        tool_choice: str | None = None,
+        **kwargs: Any,
+    ) -> LedgerChatModel:
+        """The same recorded model with ``tools`` bound to the wrapped one."""
+        bind = getattr(self.base, "bind_tools", None)
+        if bind is None:
+            raise EffectLedgerValidationError(
+                f"the wrapped model {self.base!r} cannot bind tools", field="model"
+            )
+        options = dict(kwargs)
+        if tool_choice is not None:
+            options["tool_choice"] = tool_choice
+        return self.model_copy(
+            update={
+                "inner": bind(tools, **options),
+                "tool_schemas": [convert_to_openai_tool(t) for t in tools],
+                "bind_options": to_jsonable_python(options, fallback=repr),
+            }
+        )
+
+    def _request(
+        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The call's request as JSON, which its key is made of."""
+        sent = []
+        for message in messages:
+            as_dict = message_to_dict(message)
+            data = {k: v for k, v in as_dict["data"].items() if k != "id"}
+            sent.append({"type": as_dict["type"], "data": data})
+        request: dict[str, Any] = {
+            "messages": to_jsonable_python(sent, fallback=repr),
+            "tools": self.tool_schemas,
+        }
+        options = {**self.bind_options, **to_jsonable_python(kwargs, fallback=repr)}
+        if stop is not None:
+            options["stop"] = list(stop)
+        if options:
+            request["options"] = options
+        return request
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: Any = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        async def call_model(request: object) -> LLMResult:
+            reply = await self.inner.ainvoke(messages, stop=stop, **kwargs)
+            return LLMResult(response=message_to_dict(reply), usage=_usage(reply))
+
+        reply = await self.ledger.llm(
+            call_model,
+            provider=self.provider,
+            model=self.model_name,
+            request=self._request(messages, stop, kwargs),
+            pricing=self.pricing,
+            estimate=self.estimate,
+            workflow_id=None if current_workflow() is not None else _thread_id(),
+        )
+        (message,) = messages_from_dict([reply.response])
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: Any = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        # On the ledger's own event loop, in this context (a workflow around
+        # the call applies): the same path as an async call.
+        result: ChatResult = self.ledger.call_sync(self._agenerate, messages, stop, None, **kwargs)
+        return result
+
+
+def record_model_calls(
+    ledger: EffectLedger,
+    model: BaseChatModel,
+    *,
+    provider: str = "langchain",
+    model_name: str | None = None,
+    pricing: Pricing | None = None,
+    estimate: Usage | None = None,
+) -> LedgerChatModel:
+    """``model``, with every call recorded through ``ledger.llm()`` (see ``LedgerChatModel``).
+
+    ``provider`` and ``model_name`` name the calls on their receipts and in
+    their keys (``model_name`` defaults to the model's ``model_name`` or
+    ``model`` attribute, else its type); ``pricing(provider, model_name,
+    usage)`` prices each reply's tokens (needed by a dollar budget), and
+    ``estimate`` is the usage a budget reserves before each call.
+    """
+    if not isinstance(model, BaseChatModel):
+        raise EffectLedgerValidationError(
+            f"record_model_calls takes a LangChain chat model, got {model!r}", field="model"
+        )
+    name = model_name
+    if name is None:
+        found = getattr(model, "model_name", None) or getattr(model, "model", None)
+        name = found if isinstance(found, str) and found else type(model).__name__
+    return LedgerChatModel(
+        inner=model,
+        base=model,
+        ledger=ledger,
+        provider=provider,
+        model_name=name,
+        pricing=pricing,
+        estimate=estimate,
+    )
+
+
+def _usage(reply: BaseMessage) -> Usage:
+    """The tokens a reply says it used (``usage_metadata``); none if it does not say."""
+    usage = reply.usage_metadata if isinstance(reply, AIMessage) else None
+    if not usage:
+        return Usage()
+    return Usage(input_tokens=usage["input_tokens"], output_tokens=usage["output_tokens"])
+
+
+def _thread_id() -> str | None:
+    """The thread of the graph this code runs in, if any (the workflow by default)."""
+    if "langgraph" not in sys.modules:
+        return None
+    from agent_ledger.adapters.langgraph import current_thread
+
+    return current_thread()

@@ -78,6 +78,7 @@ __all__ = [
     "Decision",
     "GraphCall",
     "LedgerApprovals",
+    "current_thread",
     "graph_call",
     "handle_tool_errors",
 ]
@@ -138,6 +139,23 @@ class ApprovalRequest(BaseModel):
     reason: str
 
 
+def current_thread() -> str | None:
+    """The thread id of the graph run this code is in, or None outside one (or without one)."""
+    configurable = _configurable()
+    thread = None if configurable is None else configurable.get("thread_id")
+    return None if thread is None else str(thread)
+
+
+def _configurable() -> dict[str, Any] | None:
+    """The running graph task's ``configurable``, or None when not inside a graph's task."""
+    try:
+        config = get_config()
+    except RuntimeError:  # not in a runnable context at all
+        return None
+    configurable = config.get("configurable") or {}
+    return configurable if _SCRATCHPAD in configurable else None
+
+
 def graph_call(call: _Call) -> GraphCall | None:
     """The graph run ``call`` is made in, or None when it is not inside one.
 
@@ -146,12 +164,8 @@ def graph_call(call: _Call) -> GraphCall | None:
     graph of your own). A ``ToolNode``-less call (``tool.invoke`` from
     your own node) is inside one too, without the ``ToolRuntime``.
     """
-    try:
-        config = get_config()
-    except RuntimeError:  # not in a runnable context at all
-        return None
-    configurable = config.get("configurable") or {}
-    if _SCRATCHPAD not in configurable:
+    configurable = _configurable()
+    if configurable is None:
         return None
     thread = configurable.get("thread_id")
     return GraphCall(call, None if thread is None else str(thread))
