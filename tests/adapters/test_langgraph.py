@@ -492,3 +492,30 @@ async def test_replay_serves_the_model_and_the_tools_without_calling_either(
     assert replayed["messages"][-1].content == recorded["messages"][-1].content
     assert silent.calls == [] and again == [] and runs == ["o1"]
     await fresh.store.close()
+
+
+async def test_two_pending_calls_in_one_reply_are_two_interrupts_answered_by_id(
+    ledger: EffectLedger,
+) -> None:
+    """create_agent runs each tool call as its own task: two pauses, each decision goes
+    to its own effect, whichever order the tasks ran in."""
+    runs: list[str] = []
+    model = ScriptedChat(
+        reply=calls_tools(
+            ("payments_charge", {"order_id": "o1", "amount": 500}),
+            ("payments_charge", {"order_id": "o2", "amount": 700}),
+        )
+    )
+    agent: Any = create_agent(model, [charge_tools(ledger, runs)], checkpointer=InMemorySaver())
+    result = await agent.ainvoke({"messages": [HumanMessage("charge both")]}, config("t1"))
+    pauses = {p.value["args"]["order_id"]: p for p in result["__interrupt__"]}
+    assert sorted(pauses) == ["o1", "o2"]
+    answers = {
+        pauses["o1"].id: {"approved": True, "by": "ada"},
+        pauses["o2"].id: {"approved": False, "by": "bo", "reason": "too much"},
+    }
+    result = await agent.ainvoke(Command(resume=answers), config("t1"))
+    effects = {e.args["order_id"]: e for e in (await ledger.list_effects()).effects}
+    assert effects["o1"].status is EffectStatus.SUCCEEDED and effects["o1"].decided_by == "ada"
+    assert effects["o2"].status is EffectStatus.DENIED and effects["o2"].decided_by == "bo"
+    assert runs == ["o1"] and "__interrupt__" not in result
