@@ -48,6 +48,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, get_args, get_origin
 
+import orjson
+
 try:
     from langchain_core.language_models import BaseChatModel, LanguageModelInput
     from langchain_core.messages import (
@@ -76,7 +78,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from pydantic_core import to_jsonable_python
 
 from agent_ledger.adapters._common import MalformedToolCall
-from agent_ledger.adapters._messages import answer_failure
+from agent_ledger.adapters._messages import answer_failure, earlier_turn_text, retryable_text
 from agent_ledger.adapters._outcome import is_tool_failure, recorded_failure
 from agent_ledger.adapters._signature import (
     REQUIRED,
@@ -87,15 +89,16 @@ from agent_ledger.adapters._signature import (
     description,
     refuse_names,
 )
-from agent_ledger.context import adapter_run, enter_adapter_run, exit_adapter_run
+from agent_ledger.context import adapter_run, current_turn, enter_adapter_run, exit_adapter_run
 from agent_ledger.effects import Usage
 from agent_ledger.errors import EffectFailedError, EffectLedgerValidationError
-from agent_ledger.options import RunOptions
-from agent_ledger.tools import LLMResult, Pricing, Tool, current_workflow
+from agent_ledger.options import UNSET, RunOptions, merge_run_options
+from agent_ledger.retries import failure_is_retryable
+from agent_ledger.tools import CallOutcome, LLMResult, Pricing, Tool, current_workflow
 
 if TYPE_CHECKING:
     from agent_ledger.adapters.langgraph import GraphCall
-    from agent_ledger.calls import ToolCall
+    from agent_ledger.calls import Scope, ToolCall
     from agent_ledger.calls import ToolCall as LedgerCall
     from agent_ledger.ledger import EffectLedger
 
@@ -439,9 +442,16 @@ class _Call:
     #: LangGraph's ``ToolRuntime`` when a ``ToolNode`` runs the call, else None.
     runtime: object | None
 
+    def default_scope(self) -> Scope | None:
+        """The adapter's scope: ``"turn"`` where the call has a turn (a LangGraph
+        run's human message, or ``ledger.workflow(id, turn=...)``), else the
+        tool's own or ``"workflow"``. A tool's ``scope=`` always wins."""
+        tool = self.tool
+        return "turn" if current_turn(tool.workflow_id or current_workflow()) else None
+
     def ledger_call(self) -> LedgerCall:
         """The ledger's ``ToolCall`` this call runs as, here (in the current workflow)."""
-        return self.tool._tool_call(self.values, self.call_id)
+        return self.tool._tool_call(self.values, self.call_id, None, self.default_scope())
 
     def key(self) -> str | None:
         """The idempotency key this call runs under here; None if no key can be made."""
@@ -450,29 +460,101 @@ class _Call:
         except EffectLedgerValidationError:
             return None
 
-    async def run(self, options: RunOptions | None) -> object:
-        """One ``Tool.invoke`` of the call (``run_as`` when values were injected,
-        so that they reach the function without being part of the key)."""
+    def options(self, options: RunOptions | None) -> RunOptions:
+        """``options`` plus LangChain's retry signal: a ``ToolException`` (or what the
+        tool declared retryable) is recorded as a failure a later call runs again."""
+        own = self.tool.run_settings[0]
+        spec = None if own is None or own.retryable is UNSET else own.retryable
+
+        def retryable(error: BaseException) -> bool:
+            return isinstance(error, ToolException) or failure_is_retryable(error, spec)
+
+        return merge_run_options(options or RunOptions(), RunOptions(retryable=retryable))
+
+    async def outcome(self, options: RunOptions | None) -> CallOutcome[object]:
+        """One run of the call through the ledger, as a ``CallOutcome`` (the tool's
+        failure in it; anything else raised as ``Tool.invoke`` raises it)."""
+        tool, run_options = self.tool, self.options(options)
         if not self.injected:
-            return await self.tool.invoke(self.values, call_id=self.call_id, run_options=options)
-        return await self.tool.run_as(
-            self.ledger_call(), {**self.values, **self.injected}, run_options=options
+            return await tool.call_outcome(
+                self.values,
+                call_id=self.call_id,
+                run_options=run_options,
+                default_scope=self.default_scope(),
+            )
+        # Values were injected: run_as passes them to the function without
+        # making them part of the key. Whether the receipt is an earlier
+        # turn's is read from it, as call_outcome does.
+        call = self.ledger_call()
+        key = tool.ledger.idem_key(call)
+        result: object = None
+        error: BaseException | None = None
+        try:
+            result = await tool.run_as(
+                call, {**self.values, **self.injected}, run_options=run_options
+            )
+        except Exception as exc:
+            if not await is_tool_failure(tool.ledger, key, exc) and not (
+                isinstance(exc, EffectFailedError) and exc.effect.idem_key == key
+            ):
+                raise
+            error = exc
+        effect = await tool.ledger.find_by_idem_key(key)
+        effect_turn = None if effect is None else effect.turn
+        return CallOutcome(
+            result=result,
+            replayed=False,
+            from_earlier_turn=call.turn is not None and effect_turn != call.turn,
+            completed_at=None if effect is None else effect.completed_at,
+            idem_key=key,
+            effect_turn=effect_turn,
+            turn=call.turn,
+            error=error,
+            retryable=effect is not None and effect.retryable,
+            effect=effect,
         )
 
     async def answered(self, options: RunOptions | None) -> object:
-        """``run``, with a failure raised as a model reads it every time (``_answer``)."""
+        """The call's result as the model should read it; a failure raised as a
+        model reads it every time (``_answer``).
+
+        A result from an earlier turn's receipt says so (``earlier_turn_text``).
+        A retryable failure (a ``ToolException``) is raised as a
+        ``ToolException`` saying that calling again runs it again.
+        """
         try:
-            return await self.run(options)
+            outcome = await self.outcome(options)
         except Exception as exc:
             answer = await _answer(self, exc)
             if answer is exc:
                 raise
             raise answer from exc
+        error = outcome.error
+        if error is None:
+            if outcome.from_earlier_turn:
+                return earlier_turn_text(outcome, _as_text(outcome.result))
+            return outcome.result
+        if outcome.retryable:
+            raise ToolException(retryable_text(error, outcome.idem_key)) from error
+        if not isinstance(error, Exception):
+            raise error
+        answer = await _answer(self, error)
+        raise answer from (None if answer is error else error)
 
     def answered_sync(self, options: RunOptions | None) -> object:
         """``answered`` from sync code: on the ledger's event-loop thread, in this
         context, so the workflow scope around it applies (``Tool.invoke_sync``)."""
         return self.tool.ledger.call_sync(self.answered, options)
+
+
+def _as_text(result: object) -> str:
+    """A result as LangChain shows it to a model: text as it is, anything else as JSON."""
+    if isinstance(result, str):
+        return result
+    try:
+        return orjson.dumps(result).decode()
+    except TypeError:
+        return str(result)
 
 
 def _graph(call: _Call) -> GraphCall | None:

@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Final
 
 try:
     from langchain.agents.middleware import AgentMiddleware, HumanInTheLoopMiddleware
-    from langchain_core.messages import ToolMessage
-    from langchain_core.tools import InjectedToolArg
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langchain_core.tools import InjectedToolArg, ToolException
     from langgraph.config import get_config
     from langgraph.prebuilt import ToolRuntime
     from langgraph.types import interrupt
@@ -55,11 +55,17 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 from pydantic import BaseModel, ConfigDict, StrictBool
 
 from agent_ledger.adapters._messages import for_model
-from agent_ledger.context import approved_by_framework, current_workflow, framework_approval
+from agent_ledger.context import (
+    approved_by_framework,
+    current_turn,
+    current_workflow,
+    framework_approval,
+)
 from agent_ledger.errors import (
     ApprovalPendingError,
     BudgetExceededError,
     EffectDeniedError,
+    EffectFailedError,
     EffectLedgerError,
     EffectLedgerValidationError,
 )
@@ -181,18 +187,47 @@ class GraphCall:
 
     @contextlib.contextmanager
     def _scope(self) -> Iterator[None]:
-        """The thread as the call's workflow, when nothing else names one."""
+        """The call's workflow and turn: the thread as the workflow when nothing
+        else names one, and the human message that started the turn as the turn
+        when the workflow block around the call gave none."""
         tool = self.call.tool
-        if tool.workflow_id is not None or current_workflow() is not None:
-            yield
-            return
-        if self.thread_id is None:
+        workflow = tool.workflow_id or current_workflow() or self.thread_id
+        if workflow is None:
             # No workflow at all: the run raises EffectLedgerValidationError
             # naming the fix, as outside a graph.
             yield
             return
-        with workflow_scope(tool.ledger, self.thread_id):
+        turn = current_turn(workflow) or self.turn()
+        if workflow == current_workflow() and turn == current_turn(workflow):
             yield
+            return
+        with workflow_scope(tool.ledger, workflow, turn=turn):
+            yield
+
+    def turn(self) -> str | None:
+        """The id of the human message that started this call's turn: the last
+        ``HumanMessage`` before the ``AIMessage`` that made the call, in the
+        graph's state (read from the ``ToolRuntime``); None where there is none."""
+        state = getattr(self.call.runtime, "state", None)
+        messages = state.get("messages") if isinstance(state, dict) else None
+        if messages is None:
+            messages = getattr(state, "messages", None)
+        if not isinstance(messages, list):
+            return None
+        end = len(messages)
+        call_id = self.call.call_id
+        if call_id is not None:
+            for i in range(len(messages) - 1, -1, -1):
+                message = messages[i]
+                if isinstance(message, AIMessage) and any(
+                    c.get("id") == call_id for c in message.tool_calls
+                ):
+                    end = i
+                    break
+        for message in reversed(messages[:end]):
+            if isinstance(message, HumanMessage):
+                return message.id
+        return None
 
     async def arun(self, run: Callable[[RunOptions | None], Awaitable[object]]) -> object:
         """Run the call (``run(options)``, one ledger call) the way a graph needs it."""
@@ -207,6 +242,8 @@ class GraphCall:
                     await _record(self.call.tool.ledger, pending, decision)
                 except EffectDeniedError as denied:
                     return self._denied(denied)
+                except ToolException as failed:
+                    return self._failed(failed)
 
     def run_sync(self, run: Callable[[RunOptions | None], object]) -> object:
         """``arun`` for a graph run from sync code (``graph.invoke``)."""
@@ -224,6 +261,8 @@ class GraphCall:
                     ledger.call_sync(_record, ledger, pending, decision)
                 except EffectDeniedError as denied:
                     return self._denied(denied)
+                except ToolException as failed:
+                    return self._failed(failed)
 
     def _decide(self, pending: ApprovalPendingError, approver: str | None) -> Decision:
         """The decision on a pending call: the framework's approval if it gave
@@ -247,6 +286,17 @@ class GraphCall:
         )
         answer = interrupt(request.model_dump(), response_schema=Decision)
         return answer if isinstance(answer, Decision) else Decision.model_validate(answer)
+
+    def _failed(self, failed: ToolException) -> object:
+        """A ``ToolException`` (the model's error to read: LangChain's retry signal)
+        answers the model as an error ``ToolMessage``, whatever ``ToolNode``'s
+        ``handle_tool_errors`` says; without a tool-call id it is raised."""
+        call = self.call
+        if call.call_id is None:
+            raise failed
+        return ToolMessage(
+            str(failed), tool_call_id=call.call_id, name=_langchain_name(call), status="error"
+        )
 
     def _denied(self, denied: EffectDeniedError) -> object:
         """A denied (or canceled) call answers the model, when it is this call's own
@@ -384,6 +434,9 @@ def handle_tool_errors(error: Exception) -> str:
     ``EffectLedgerError``), which then leave ``invoke``. Pending approvals
     never reach a handler inside a graph: they are interrupts.
     """
+    if isinstance(error, EffectFailedError):
+        # A replay of the tool's own failure: the model's to read, with the remedy.
+        return f"Error: {error}"
     if isinstance(error, (EffectLedgerError, BudgetExceededError)):
         raise error
     return f"Error: {error!r}\n Please fix your mistakes."

@@ -26,7 +26,8 @@ from typing import Any
 import orjson
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.tools import ToolException
 from langgraph.types import Command
 
 from agent_ledger import EffectLedger
@@ -41,6 +42,15 @@ def script(messages: list[BaseMessage]) -> AIMessage:
     """The model: each human message is ``TOOL ARG...`` naming the calls to make
     (``remind ada ada`` asks twice in one reply); after the results, it reports them."""
     last = messages[-1]
+    if isinstance(last, ToolMessage) and "may be retried" in str(last.content):
+        # The tool said calling again may work: retry once, the same call, a new id.
+        asked = next(m for m in reversed(messages) if isinstance(m, AIMessage) and m.tool_calls)
+        again = [
+            {**c, "id": f"{c['id']}-retry"}
+            for c in asked.tool_calls
+            if c["id"] == last.tool_call_id
+        ]
+        return AIMessage("", tool_calls=again)
     if not isinstance(last, HumanMessage):
         return AIMessage("done: " + " | ".join(results_since_human(messages)))
     name, *args = str(last.content).split()
@@ -48,6 +58,8 @@ def script(messages: list[BaseMessage]) -> AIMessage:
     calls: list[tuple[str, dict[str, object]]]
     if name == "remind":
         calls = [("send_reminder", {"person": a}) for a in args]
+    elif name == "book":
+        calls = [("book_room", {"room": args[0]})]
     else:
         calls = [("refund", {"order_id": args[0], "amount": int(args[1])})]
     return AIMessage(
@@ -78,9 +90,19 @@ def ledger_tools(ledger: EffectLedger, log: Path) -> list[Any]:
             f.write(f"refund {order_id}\n")
         return f"refunded {amount} on {order_id}"
 
+    @ledger.tool("rooms.book")
+    async def book_room(room: str) -> str:
+        """Book a room; the booking system is busy on the first try."""
+        with log.open("a") as f:
+            f.write(f"book {room}\n")
+        if sum(line.startswith("book ") for line in log.read_text().splitlines()) == 1:
+            raise ToolException("the booking system is busy; try again")
+        return f"booked {room}"
+
     return [
         as_langchain_tool(send_reminder, name="send_reminder"),
         as_langchain_tool(refund, name="refund"),
+        as_langchain_tool(book_room, name="book_room"),
     ]
 
 

@@ -149,6 +149,31 @@ async def test_4_denial_through_the_interrupt_tells_the_model_and_denies_the_eff
     assert "denied" in said(result) and "finance" in said(result) and world.log == []
 
 
+async def test_5_the_same_request_in_a_later_turn_runs_again(world: World) -> None:
+    """scope="turn" (the adapter's default, the turn being the human message): "remind ada"
+    asked again in a later turn sends again; within a turn, repeats are receipts."""
+    agent = world.agent()
+    first = await agent.ainvoke(ask("remind ada ada"), config())
+    second = await agent.ainvoke(ask("remind ada"), config())
+    assert world.log == ["reminder ada", "reminder ada"]
+    assert said(first) == "done: reminder sent to ada | reminder sent to ada"
+    assert said(second) == "done: reminder sent to ada"
+    effects = (await world.ledger.list_effects()).effects
+    assert len(effects) == 2 and len({e.turn for e in effects}) == 2
+    assert sorted(e.dedup_count for e in effects) == [0, 1]
+
+
+async def test_a_retryable_failure_runs_again_when_the_model_calls_again(world: World) -> None:
+    """A ToolException is recorded as retryable: the model reads that it may call again,
+    does, and the tool runs again in the same turn, once more."""
+    result = await world.agent().ainvoke(ask("book blue"), config())
+    failed = [m for m in result["messages"] if isinstance(m, ToolMessage) and m.status == "error"]
+    assert len(failed) == 1 and "busy" in str(failed[0].content)
+    assert said(result).endswith("| booked blue") and world.log == ["book blue", "book blue"]
+    (effect,) = (await world.ledger.list_effects()).effects
+    assert effect.status is EffectStatus.SUCCEEDED and effect.attempt == 2
+
+
 async def test_a_budget_refusal_reaches_the_application(world: World) -> None:
     """Budget(tool_calls=1) on the thread: the second reminder is refused, and invoke
     raises BudgetExceededError instead of telling the model to try again."""
