@@ -519,3 +519,89 @@ async def test_two_pending_calls_in_one_reply_are_two_interrupts_answered_by_id(
     assert effects["o1"].status is EffectStatus.SUCCEEDED and effects["o1"].decided_by == "ada"
     assert effects["o2"].status is EffectStatus.DENIED and effects["o2"].decided_by == "bo"
     assert runs == ["o1"] and "__interrupt__" not in result
+
+
+# -- turns and scopes -----------------------------------------------------------------
+
+
+async def test_the_turn_is_the_human_message_that_started_it(ledger: EffectLedger) -> None:
+    """Each effect records the id of the human message whose turn made the call."""
+    runs: list[str] = []
+    model = ScriptedChat(reply=calls_tools(("payments_charge", {"order_id": "o1", "amount": 5})))
+    agent: Any = create_agent(model, [charge_tools(ledger, runs)], checkpointer=InMemorySaver())
+    await agent.ainvoke({"messages": [HumanMessage("charge", id="m1")]}, config("t1"))
+    await agent.ainvoke({"messages": [HumanMessage("again", id="m2")]}, config("t1"))
+    turns = sorted(e.turn or "" for e in (await ledger.list_effects()).effects)
+    assert turns == ["m1", "m2"] and runs == ["o1", "o1"]
+
+
+async def test_a_workflow_scoped_tool_says_it_answered_from_an_earlier_turn(
+    ledger: EffectLedger,
+) -> None:
+    """scope="workflow" on the tool wins over the adapter's "turn": a later turn gets the
+    receipt, and the model reads that it was already done, when, and under which receipt."""
+    runs: list[str] = []
+
+    @ledger.tool("accounts.open", scope="workflow")
+    async def open_account(owner: str) -> str:
+        """Open an account."""
+        runs.append(owner)
+        return f"account for {owner}"
+
+    model = ScriptedChat(reply=calls_tools(("accounts_open", {"owner": "ada"})))
+    agent: Any = create_agent(
+        model, [as_langchain_tool(open_account)], checkpointer=InMemorySaver()
+    )
+    await agent.ainvoke({"messages": [HumanMessage("open", id="m1")]}, config("t1"))
+    result = await agent.ainvoke({"messages": [HumanMessage("open", id="m2")]}, config("t1"))
+    (later,) = [m for m in tool_messages(result) if m.tool_call_id.startswith("m2")]
+    assert str(later.content).startswith("Already done at ")
+    assert "earlier turn" in str(later.content) and "account for ada" in str(later.content)
+    assert runs == ["ada"]
+
+
+async def test_a_call_scoped_tool_runs_once_per_tool_call_id(ledger: EffectLedger) -> None:
+    """scope="call": the framework's tool-call id is the key; two ids, two runs."""
+    runs: list[str] = []
+
+    @ledger.tool("dice.roll", scope="call")
+    async def roll(sides: int) -> str:
+        """Roll a die."""
+        runs.append(str(sides))
+        return f"rolled a d{sides}"
+
+    graph = tool_node_graph(as_langchain_tool(roll))
+    call = asks(("dice_roll", {"sides": 6}), ("dice_roll", {"sides": 6}))
+    await graph.ainvoke(call, config("t1"))
+    await tool_node_graph(as_langchain_tool(roll)).ainvoke(call, config("t1"))  # same ids
+    assert runs == ["6", "6"]
+
+
+async def test_a_turn_given_around_the_graph_wins(ledger: EffectLedger) -> None:
+    """ledger.workflow(id, turn=...) around invoke: its turn, not the human message's."""
+    runs: list[str] = []
+    graph = tool_node_graph(charge_tools(ledger, runs))
+    async with ledger.workflow("order-1", turn="request-9"):
+        await graph.ainvoke(asks(("payments_charge", {"order_id": "o1", "amount": 5})), config("t"))
+    effect = await only_effect(ledger)
+    assert effect.workflow_id == "order-1" and effect.turn == "request-9"
+
+
+async def test_a_final_failure_replayed_tells_the_model_retrying_will_not_help(
+    ledger: EffectLedger,
+) -> None:
+    """Not a ToolException: recorded final. Under handle_tool_errors, a repeat in the turn
+    reads the replayed failure with its remedy, and the tool does not run again."""
+    runs: list[int] = []
+
+    @ledger.tool("flaky.op")
+    async def flaky(n: int) -> str:
+        """Fails."""
+        runs.append(n)
+        raise RuntimeError("disk full")
+
+    graph = tool_node_graph(as_langchain_tool(flaky), handle_tool_errors=handle_tool_errors)
+    result = await graph.ainvoke(asks(("flaky_op", {"n": 1}), ("flaky_op", {"n": 1})), config("t"))
+    texts = sorted(str(m.content) for m in tool_messages(result))
+    assert runs == [1] and "disk full" in texts[0] and "disk full" in texts[1]
+    assert any("retry" in t for t in texts)  # the replay names the remedy
