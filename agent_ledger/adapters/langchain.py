@@ -28,13 +28,23 @@ What reaches whom:
   the result is a ``ToolMessage`` with ``status="error"`` telling the model
   what was wrong; invoked with plain arguments, ``MalformedToolCall`` is
   raised.
+* A ``ToolException`` (LangChain's "the model should read this and may
+  fix it") is recorded as a retryable failure: it is raised as a
+  ``ToolException`` saying that calling again runs it again, and the next
+  call with the same key does run again. Other exceptions stay final (a
+  repeat raises ``EffectFailedError``).
+* A result answered from an earlier turn's receipt (a tool whose scope
+  lets a later turn reuse it) says so, with its time and receipt.
 * Everything else the ledger decides reaches the application as the
   exception it is: ``EffectDeniedError``, ``ApprovalPendingError`` (with
-  ``wait_for_approval=False``), ``EffectPayloadMismatchError``, and the tool's
-  own exception (a replay of a failure: ``EffectFailedError``). A tool that
-  raises ``ToolException`` for the model to read gets the same on replays
-  (also when a retry policy's tries ran out on it), so LangChain's
-  ``handle_tool_error`` treats both alike.
+  ``wait_for_approval=False``), ``EffectPayloadMismatchError``,
+  ``BudgetExceededError``.
+
+Inside a LangGraph graph a pending approval is an ``interrupt()`` and a
+denial a ``ToolMessage`` for the model: see ``agent_ledger.adapters.langgraph``.
+Parameters LangChain or LangGraph inject (``ToolRuntime``,
+``InjectedState``, ``InjectedToolCallId``, ...) reach the function and are
+never part of the key. ``record_model_calls`` records a chat model's calls.
 """
 
 from __future__ import annotations
