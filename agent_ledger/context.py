@@ -34,6 +34,8 @@ __all__ = [
     "OutcomeSlot",
     "Recording",
     "StepProgress",
+    "adapter_run",
+    "approved_by_framework",
     "budget_scopes",
     "budgets_gated",
     "check_recording_exit",
@@ -41,13 +43,16 @@ __all__ = [
     "current_outcome_slot",
     "current_turn",
     "current_workflow",
+    "enter_adapter_run",
     "enter_outcome_slot",
     "enter_recording",
     "enter_transaction",
     "enter_workflow",
+    "exit_adapter_run",
     "exit_outcome_slot",
     "exit_recording",
     "exit_workflow",
+    "framework_approval",
     "innermost_entry",
     "leave_transaction",
     "not_waiting_for_parked",
@@ -425,3 +430,46 @@ def enter_transaction(handle: object) -> None:
 def leave_transaction(handle: object) -> None:
     """``handle``'s transaction ended: this context is no longer inside it."""
     _TRANSACTIONS.set(tuple(h for h in _TRANSACTIONS.get() if h is not handle))
+
+
+# -- a framework adapter's run of one tool call (agent_ledger.adapters) --------------
+
+#: The adapter's record of the tool call being run here (a LangChain run: the
+#: framework's tool-call id, whether the function started), for the function
+#: the framework calls, which the framework gives no way to receive it.
+_ADAPTER_RUN: ContextVar[object | None] = ContextVar("agent_ledger_adapter_run", default=None)
+#: Who approved, through the framework's own human-in-the-loop (LangChain's
+#: HumanInTheLoopMiddleware), the tool call being run here; None if nobody did.
+_FRAMEWORK_APPROVAL: ContextVar[str | None] = ContextVar(
+    "agent_ledger_framework_approval", default=None
+)
+
+
+def adapter_run() -> object | None:
+    """The adapter's record of the tool call run here, or None outside one."""
+    return _ADAPTER_RUN.get()
+
+
+def enter_adapter_run(run: object) -> Token[object | None]:
+    """``run`` is the tool call run here until :func:`exit_adapter_run` with the token."""
+    return _ADAPTER_RUN.set(run)
+
+
+def exit_adapter_run(token: Token[object | None]) -> None:
+    _ADAPTER_RUN.reset(token)
+
+
+def framework_approval() -> str | None:
+    """Who approved the tool call run here through the framework, or None."""
+    return _FRAMEWORK_APPROVAL.get()
+
+
+@contextlib.contextmanager
+def approved_by_framework(by: str) -> Iterator[None]:
+    """Inside the block, the tool call being run was approved by ``by`` through
+    the framework's own human-in-the-loop (the ledger records that decision)."""
+    token = _FRAMEWORK_APPROVAL.set(by)
+    try:
+        yield
+    finally:
+        _FRAMEWORK_APPROVAL.reset(token)

@@ -28,62 +28,108 @@ What reaches whom:
   the result is a ``ToolMessage`` with ``status="error"`` telling the model
   what was wrong; invoked with plain arguments, ``MalformedToolCall`` is
   raised.
+* A ``ToolException`` (LangChain's "the model should read this and may
+  fix it") is recorded as a retryable failure: it is raised as a
+  ``ToolException`` saying that calling again runs it again, and the next
+  call with the same key does run again. Other exceptions stay final (a
+  repeat raises ``EffectFailedError``).
+* A result answered from an earlier turn's receipt (a tool whose scope
+  lets a later turn reuse it) says so, with its time and receipt.
 * Everything else the ledger decides reaches the application as the
   exception it is: ``EffectDeniedError``, ``ApprovalPendingError`` (with
-  ``wait_for_approval=False``), ``EffectPayloadMismatchError``, and the tool's
-  own exception (a replay of a failure: ``EffectFailedError``). A tool that
-  raises ``ToolException`` for the model to read gets the same on replays
-  (also when a retry policy's tries ran out on it), so LangChain's
-  ``handle_tool_error`` treats both alike.
+  ``wait_for_approval=False``), ``EffectPayloadMismatchError``,
+  ``BudgetExceededError``.
+
+Inside a LangGraph graph a pending approval is an ``interrupt()`` and a
+denial a ``ToolMessage`` for the model: see ``agent_ledger.adapters.langgraph``.
+Parameters LangChain or LangGraph inject (``ToolRuntime``,
+``InjectedState``, ``InjectedToolCallId``, ...) reach the function and are
+never part of the key. ``record_model_calls`` records a chat model's calls.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import re
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, get_args, get_origin
+
+import orjson
 
 try:
-    from langchain_core.messages import ToolMessage
-    from langchain_core.tools import BaseTool, StructuredTool, ToolException
+    from langchain_core.language_models import BaseChatModel, LanguageModelInput
+    from langchain_core.messages import (
+        AIMessage,
+        BaseMessage,
+        ToolMessage,
+        message_to_dict,
+        messages_from_dict,
+    )
+    from langchain_core.outputs import ChatGeneration, ChatResult
+    from langchain_core.runnables import Runnable
+    from langchain_core.tools import (
+        BaseTool,
+        InjectedToolArg,
+        StructuredTool,
+        ToolException,
+    )
+    from langchain_core.tools import base as _lc_tools_base
+    from langchain_core.utils.function_calling import convert_to_openai_tool
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError(
         "agent_ledger.adapters.langchain needs LangChain: "
         'pip install "agent-ledger[langchain]" (langchain-core)'
     ) from exc
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
 from pydantic_core import to_jsonable_python
 
 from agent_ledger.adapters._common import MalformedToolCall
-from agent_ledger.adapters._messages import answer_failure
-from agent_ledger.adapters._outcome import call_key, is_tool_failure, recorded_failure
+from agent_ledger.adapters._messages import answer_failure, earlier_turn_text, retryable_text
+from agent_ledger.adapters._outcome import is_tool_failure, recorded_failure
 from agent_ledger.adapters._signature import (
     REQUIRED,
+    Argument,
     JsonArguments,
     arguments,
     check_storable,
     description,
     refuse_names,
 )
+from agent_ledger.context import adapter_run, current_turn, enter_adapter_run, exit_adapter_run
+from agent_ledger.effects import Usage
 from agent_ledger.errors import EffectFailedError, EffectLedgerValidationError
-from agent_ledger.options import RunOptions
-from agent_ledger.tools import Tool
+from agent_ledger.options import UNSET, RunOptions, merge_run_options
+from agent_ledger.retries import failure_is_retryable
+from agent_ledger.tools import CallOutcome, LLMResult, Pricing, Tool, current_workflow
 
 if TYPE_CHECKING:
-    from agent_ledger.calls import ToolCall
+    from agent_ledger.adapters.langgraph import GraphCall
+    from agent_ledger.calls import Scope, ToolCall
+    from agent_ledger.calls import ToolCall as LedgerCall
     from agent_ledger.ledger import EffectLedger
 
-__all__ = ["LedgerTool", "as_langchain_tool", "wrap_langchain_tool"]
+__all__ = [
+    "RUNTIME_FIELD",
+    "LedgerChatModel",
+    "LedgerTool",
+    "as_langchain_tool",
+    "record_model_calls",
+    "wrap_langchain_tool",
+]
 
 #: Parameter names LangChain fills itself, dropping what the model sent.
 _LANGCHAIN_NAMES: Final = dict.fromkeys(
     ("config", "run_manager"),
     "LangChain passes its own value under that name and drops the model's",
 )
+
+#: The hidden field through which LangGraph's ``ToolNode`` hands a ledger tool
+#: its ``ToolRuntime`` (never shown to the model, never passed to the function).
+RUNTIME_FIELD: Final = "agent_ledger_runtime"
 
 #: What model providers accept in a function name (OpenAI's rule; Anthropic's is the same set).
 _NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9_-]")
@@ -99,11 +145,17 @@ class _Run:
     started: bool = False
 
 
-# LangChain hands the tool-call id to BaseTool.run/arun but not to the
-# function they call; LedgerTool puts it here for the duration of the run.
-# A run copies the context before calling the function, so the value reaches
-# it, and nested runs of other tools set their own.
-_RUN: ContextVar[_Run | None] = ContextVar("agent_ledger_langchain_run", default=None)
+def _current_run() -> _Run | None:
+    """The LangChain run of a ledger tool this code is in, if any.
+
+    LangChain hands the tool-call id to ``BaseTool.run``/``arun`` but not to
+    the function they call; ``LedgerTool`` keeps its ``_Run`` in the context
+    (``agent_ledger.context.adapter_run``) for the duration of the run. A run
+    copies the context before calling the function, so the value reaches it,
+    and nested runs of other tools set their own.
+    """
+    run = adapter_run()
+    return run if isinstance(run, _Run) else None
 
 
 class LedgerTool(StructuredTool):
@@ -150,7 +202,7 @@ class LedgerTool(StructuredTool):
         input LangChain refused before calling it is answered, not raised: the
         answer is put in the yielded list, and the ``ValidationError`` ends there."""
         run = _Run(tool_call_id)
-        token = _RUN.set(run)
+        token = enter_adapter_run(run)
         malformed: list[ToolMessage] = []
         try:
             yield malformed
@@ -159,7 +211,7 @@ class LedgerTool(StructuredTool):
                 raise  # the tool's own exception, not its input's
             malformed.append(self._malformed(_describe(self.name, exc), tool_call_id, exc))
         finally:
-            _RUN.reset(token)
+            exit_adapter_run(token)
 
     def _malformed(
         self, message: str, tool_call_id: str | None, cause: Exception | None
@@ -207,9 +259,14 @@ def as_langchain_tool(
         )
     refuse_names(tool, "LangChain", _LANGCHAIN_NAMES)
     lc_name = _langchain_name(tool.name) if name is None else name
-    schema = _arguments_model(tool, lc_name)
+    args = arguments(tool)
+    injected = frozenset(arg.name for arg in args if _is_injected(arg.annotation))
+    _refuse_injected_keys(tool, injected)
+    schema = _arguments_model(tool, lc_name, args)
     _refuse_factories(schema, f"tool {tool.name!r}", "fn")
-    to_json = JsonArguments(tool.name, {arg.name: arg.annotation for arg in arguments(tool)})
+    to_json = JsonArguments(
+        tool.name, {arg.name: arg.annotation for arg in args if arg.name not in injected}
+    )
     return _build(
         tool,
         name=lc_name,
@@ -217,6 +274,7 @@ def as_langchain_tool(
         args_schema=schema,
         wait_for_approval=wait_for_approval,
         to_json=to_json,
+        injected=injected,
     )
 
 
@@ -311,6 +369,7 @@ def _build(
     args_schema: type[BaseModel] | dict[str, Any],
     wait_for_approval: bool,
     to_json: Callable[[Mapping[str, Any], str], dict[str, Any]],
+    injected: frozenset[str] = frozenset(),
     **fields: Any,
 ) -> LedgerTool:
     """The ``LedgerTool`` whose function and coroutine run ``tool``.
@@ -318,52 +377,53 @@ def _build(
     ``to_json`` turns the arguments LangChain validated (enum members,
     dates, models) back into the JSON values the key is made of, which are
     also what the tool receives (a wrapped LangChain tool validates them
-    again itself).
+    again itself). ``injected`` names the parameters LangChain or LangGraph
+    fill in (``ToolRuntime``, ``InjectedState``, ...): passed to the
+    function as they come, never part of the key.
     """
     options = None if wait_for_approval else RunOptions(wait_for_approval=False)
 
-    def started(kwargs: dict[str, Any]) -> tuple[str | None, dict[str, object] | ToolMessage]:
-        run = _RUN.get()
+    def started(kwargs: dict[str, Any]) -> _Call | ToolMessage:
+        run = _current_run()
         call_id = None
         if run is not None:
             run.started = True
             call_id = run.call_id
+        runtime = kwargs.pop(RUNTIME_FIELD, None)
+        passed = {n: kwargs.pop(n) for n in injected if n in kwargs}
         try:
-            values = tool.bind_arguments(to_json(kwargs, tool.name))
+            values = tool.bind_arguments({**to_json(kwargs, tool.name), **passed})
+            passed = {n: values.pop(n) for n in injected if n in values}
             # Values the schema let through but a key cannot hold (NaN inside
             # a dict, an integer beyond 64 bits, a payload over the size limit).
             check_storable(tool, values)
         except EffectLedgerValidationError as exc:
             # A JSON-schema tool's input is not validated by LangChain: this
             # is the first check, and the model's mistake.
-            return call_id, lc_tool._malformed(str(exc), call_id, None)
-        return call_id, values
+            return lc_tool._malformed(str(exc), call_id, None)
+        if runtime is None:
+            runtime = next((v for v in passed.values() if _is_runtime(type(v))), None)
+        return _Call(tool, values, passed, call_id, runtime)
 
     async def coroutine(**kwargs: Any) -> Any:
-        call_id, values = started(kwargs)
-        if isinstance(values, ToolMessage):
-            return values
-        try:
-            return await tool.invoke(values, call_id=call_id, run_options=options)
-        except Exception as exc:
-            answer = await _answer(tool, values, exc)
-            if answer is exc:
-                raise
-            raise answer from exc
+        call = started(kwargs)
+        if isinstance(call, ToolMessage):
+            return call
+        graph = _graph(call)
+        if graph is not None:
+            return await graph.arun(call.answered)
+        return await call.answered(options)
 
     def func(**kwargs: Any) -> Any:
         # Sync invoke: the ledger runs the call on its own event loop thread
         # (Tool.invoke_sync), in this context, so the workflow scope applies.
-        call_id, values = started(kwargs)
-        if isinstance(values, ToolMessage):
-            return values
-        try:
-            return tool.invoke_sync(values, call_id=call_id, run_options=options)
-        except Exception as exc:
-            answer = tool.ledger.call_sync(_answer, tool, values, exc)
-            if answer is exc:
-                raise
-            raise answer from exc
+        call = started(kwargs)
+        if isinstance(call, ToolMessage):
+            return call
+        graph = _graph(call)
+        if graph is not None:
+            return graph.run_sync(call.answered_sync)
+        return call.answered_sync(options)
 
     lc_tool = LedgerTool(
         name=name,
@@ -377,7 +437,150 @@ def _build(
     return lc_tool
 
 
-async def _answer(tool: Tool[Any], values: dict[str, object], error: Exception) -> Exception:
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One call of a ledger tool as LangChain made it, ready to run through the ledger."""
+
+    tool: Tool[Any]
+    #: The model's arguments, bound and as JSON: what the key is made of.
+    values: dict[str, object]
+    #: The values LangChain or LangGraph injected (by parameter name): passed
+    #: to the function, never part of the key or the stored args.
+    injected: dict[str, object]
+    #: The framework's tool-call id, when LangChain was given a ToolCall.
+    call_id: str | None
+    #: LangGraph's ``ToolRuntime`` when a ``ToolNode`` runs the call, else None.
+    runtime: object | None
+
+    def default_scope(self) -> Scope | None:
+        """The adapter's scope: ``"turn"`` where the call has a turn (a LangGraph
+        run's human message, or ``ledger.workflow(id, turn=...)``), else the
+        tool's own or ``"workflow"``. A tool's ``scope=`` always wins."""
+        tool = self.tool
+        return "turn" if current_turn(tool.workflow_id or current_workflow()) else None
+
+    def ledger_call(self) -> LedgerCall:
+        """The ledger's ``ToolCall`` this call runs as, here (in the current workflow)."""
+        return self.tool._tool_call(self.values, self.call_id, None, self.default_scope())
+
+    def key(self) -> str | None:
+        """The idempotency key this call runs under here; None if no key can be made."""
+        try:
+            return self.tool.ledger.idem_key(self.ledger_call())
+        except EffectLedgerValidationError:
+            return None
+
+    def options(self, options: RunOptions | None) -> RunOptions:
+        """``options`` plus LangChain's retry signal: a ``ToolException`` (or what the
+        tool declared retryable) is recorded as a failure a later call runs again."""
+        own = self.tool.run_settings[0]
+        spec = None if own is None or own.retryable is UNSET else own.retryable
+
+        def retryable(error: BaseException) -> bool:
+            return isinstance(error, ToolException) or failure_is_retryable(error, spec)
+
+        return merge_run_options(options or RunOptions(), RunOptions(retryable=retryable))
+
+    async def outcome(self, options: RunOptions | None) -> CallOutcome[object]:
+        """One run of the call through the ledger, as a ``CallOutcome`` (the tool's
+        failure in it; anything else raised as ``Tool.invoke`` raises it)."""
+        tool, run_options = self.tool, self.options(options)
+        if not self.injected:
+            return await tool.call_outcome(
+                self.values,
+                call_id=self.call_id,
+                run_options=run_options,
+                default_scope=self.default_scope(),
+            )
+        # Values were injected: run_as passes them to the function without
+        # making them part of the key. Whether the receipt is an earlier
+        # turn's is read from it, as call_outcome does.
+        call = self.ledger_call()
+        key = tool.ledger.idem_key(call)
+        result: object = None
+        error: BaseException | None = None
+        try:
+            result = await tool.run_as(
+                call, {**self.values, **self.injected}, run_options=run_options
+            )
+        except Exception as exc:
+            if not await is_tool_failure(tool.ledger, key, exc) and not (
+                isinstance(exc, EffectFailedError) and exc.effect.idem_key == key
+            ):
+                raise
+            error = exc
+        effect = await tool.ledger.find_by_idem_key(key)
+        effect_turn = None if effect is None else effect.turn
+        return CallOutcome(
+            result=result,
+            replayed=False,
+            from_earlier_turn=call.turn is not None and effect_turn != call.turn,
+            completed_at=None if effect is None else effect.completed_at,
+            idem_key=key,
+            effect_turn=effect_turn,
+            turn=call.turn,
+            error=error,
+            retryable=effect is not None and effect.retryable,
+            effect=effect,
+        )
+
+    async def answered(self, options: RunOptions | None) -> object:
+        """The call's result as the model should read it; a failure raised as a
+        model reads it every time (``_answer``).
+
+        A result from an earlier turn's receipt says so (``earlier_turn_text``).
+        A retryable failure (a ``ToolException``) is raised as a
+        ``ToolException`` saying that calling again runs it again.
+        """
+        try:
+            outcome = await self.outcome(options)
+        except Exception as exc:
+            answer = await _answer(self, exc)
+            if answer is exc:
+                raise
+            raise answer from exc
+        error = outcome.error
+        if error is None:
+            if outcome.from_earlier_turn:
+                return earlier_turn_text(outcome, _as_text(outcome.result))
+            return outcome.result
+        if outcome.retryable:
+            raise ToolException(retryable_text(error, outcome.idem_key)) from error
+        if not isinstance(error, Exception):
+            raise error
+        answer = await _answer(self, error)
+        raise answer from (None if answer is error else error)
+
+    def answered_sync(self, options: RunOptions | None) -> object:
+        """``answered`` from sync code: on the ledger's event-loop thread, in this
+        context, so the workflow scope around it applies (``Tool.invoke_sync``)."""
+        return self.tool.ledger.call_sync(self.answered, options)
+
+
+def _as_text(result: object) -> str:
+    """A result as LangChain shows it to a model: text as it is, anything else as JSON."""
+    if isinstance(result, str):
+        return result
+    try:
+        return orjson.dumps(result).decode()
+    except TypeError:
+        return str(result)
+
+
+def _graph(call: _Call) -> GraphCall | None:
+    """The LangGraph run ``call`` is made in, if any (see ``agent_ledger.adapters.langgraph``).
+
+    LangGraph is imported only when it already is: a program that never
+    loaded it runs no graph.
+    """
+    if "langgraph" not in sys.modules:
+        return None
+    from agent_ledger.adapters.langgraph import graph_call
+
+    return graph_call(call)
+
+
+async def _answer(call: _Call, error: Exception) -> Exception:
     """What to raise for a run that raised ``error``, so a model reads the same every time.
 
     A failure first raised as ``ToolException`` (the tool's own, a replay of
@@ -386,10 +589,8 @@ async def _answer(tool: Tool[Any], values: dict[str, object], error: Exception) 
     and on every replay, so ``handle_tool_error`` treats them alike; see
     ``answer_failure``. Anything else is raised as it is.
     """
-    try:
-        key: str | None = call_key(tool, values)
-    except EffectLedgerValidationError:
-        key = None
+    tool = call.tool
+    key = call.key()
     if await is_tool_failure(tool.ledger, key, error):
         failure = None if key is None else await recorded_failure(tool.ledger, key)
         return answer_failure(failure, error, ToolException, ToolException)
@@ -406,17 +607,84 @@ def _description(tool: Tool[Any]) -> str:
     return description(tool) or f"Runs {tool.name} (recorded by agent-ledger)."
 
 
-def _arguments_model(tool: Tool[Any], model_name: str) -> type[BaseModel]:
-    """The pydantic model of a ledger tool's arguments, from its signature."""
+def _arguments_model(tool: Tool[Any], model_name: str, args: list[Argument]) -> type[BaseModel]:
+    """The pydantic model of a ledger tool's arguments, from its signature.
+
+    Injected parameters keep their annotations, by which LangChain leaves
+    them out of what the model sees and LangGraph's ``ToolNode`` fills
+    them. Where LangGraph is installed, a tool without a ``ToolRuntime``
+    parameter gets a hidden one (``RUNTIME_FIELD``, never passed to the
+    function): a ``ToolNode`` fills it, and the adapter reads the thread and
+    the turn from it (see ``agent_ledger.adapters.langgraph``).
+    """
     fields: dict[str, Any] = {
-        arg.name: (arg.annotation, ... if arg.default is REQUIRED else arg.default)
-        for arg in arguments(tool)
+        arg.name: (arg.annotation, ... if arg.default is REQUIRED else arg.default) for arg in args
     }
+    if not any(_is_runtime(arg.annotation) for arg in args):
+        hidden = _runtime_annotation()
+        if hidden is not None:
+            fields[RUNTIME_FIELD] = (hidden, None)
     # extra="forbid": a misspelt argument must not quietly run the tool with a
     # default. allow_inf_nan=False: JSON (and so a key) cannot hold them.
     config = ConfigDict(extra="forbid", allow_inf_nan=False, arbitrary_types_allowed=True)
     model: type[BaseModel] = create_model(model_name, __config__=config, **fields)
     return model
+
+
+def _is_runtime(annotation: Any) -> bool:
+    """Whether ``annotation`` is a value LangChain passes whole (LangGraph's ``ToolRuntime``)."""
+    direct = getattr(_lc_tools_base, "_DirectlyInjectedToolArg", None)
+    if direct is None:  # langchain-core before 1.0: no such arguments
+        return False
+    origin = get_origin(annotation)
+    return any(
+        isinstance(candidate, type) and issubclass(candidate, direct)
+        for candidate in (annotation, origin)
+    )
+
+
+def _is_injected(annotation: Any) -> bool:
+    """Whether a parameter annotated ``annotation`` is filled by LangChain or LangGraph,
+    never sent by the model: ``ToolRuntime``, or ``Annotated[..., InjectedToolArg]``
+    (``InjectedToolCallId``, ``InjectedState``, ``InjectedStore``, ...)."""
+    if _is_runtime(annotation):
+        return True
+    if get_origin(annotation) is not Annotated:
+        return False
+    return any(
+        isinstance(meta, InjectedToolArg)
+        or (isinstance(meta, type) and issubclass(meta, InjectedToolArg))
+        for meta in get_args(annotation)[1:]
+    )
+
+
+def _refuse_injected_keys(tool: Tool[Any], injected: frozenset[str]) -> None:
+    """A value LangChain injects is never the model's, and not JSON: it cannot be a key."""
+    named = [
+        name
+        for names in (tool.idempotency_keys, tool.validate_keys)
+        if names is not None and names != "all"
+        for name in names
+        if name in injected
+    ]
+    if named:
+        raise EffectLedgerValidationError(
+            f"tool {tool.name!r}: {sorted(set(named))} are filled in by LangChain or LangGraph "
+            "(injected), not sent by the model, so they cannot be part of the key; leave them "
+            "out of idempotency_keys and validate_keys",
+            field="idempotency_keys",
+        )
+
+
+def _runtime_annotation() -> Any:
+    """The hidden ``ToolRuntime`` field's annotation, or None without LangGraph."""
+    if importlib.util.find_spec("langgraph") is None:
+        return None
+    try:
+        from agent_ledger.adapters.langgraph import RUNTIME_ANNOTATION
+    except ImportError:  # langgraph without its prebuilt ToolNode
+        return None
+    return RUNTIME_ANNOTATION
 
 
 def _refuse_factories(schema: type[BaseModel], what: str, field: str) -> None:
@@ -517,3 +785,175 @@ def _describe(tool_name: str, error: ValidationError) -> str:
         f"The arguments for tool {tool_name!r} do not fit its schema ({problems}). Nothing "
         "ran and nothing was stored; call the tool again with arguments that fit it."
     )
+
+
+# -- model calls ----------------------------------------------------------------------
+
+
+class LedgerChatModel(BaseChatModel):
+    """A LangChain chat model whose every call is one ``ledger.llm()`` effect.
+
+    Made by ``record_model_calls(ledger, model, ...)``; give it to an agent
+    (``create_agent``, ``create_react_agent``, ``model.bind_tools(...)``) in
+    place of ``model``. Each call is keyed by the workflow, provider, model
+    name and request (the messages without their ids, which LangGraph makes
+    up anew on every run, the bound tools and the call's options), and
+    recorded with the reply and its usage, priced by ``pricing``. So under
+    ``ledger.workflow(id, budget=Budget(usd=...))`` a call that does not fit
+    raises ``BudgetExceededError`` before the model is called; a repeated
+    call (a resumed thread, a restarted process) and ``ledger.replay(...)``
+    get the recorded reply without calling it. Inside a graph with no
+    workflow around it, the thread is the workflow, as for tools.
+    """
+
+    #: The wrapped model, as the agent uses it (with its tools bound, once bound).
+    inner: Runnable[LanguageModelInput, BaseMessage]
+    #: The wrapped model before any binding, to bind tools to.
+    base: Runnable[LanguageModelInput, BaseMessage]
+    ledger: Any
+    provider: str
+    model_name: str
+    pricing: Any = None
+    estimate: Any = None
+    #: The bound tools as the model sees them (OpenAI's tool format): part of the key.
+    tool_schemas: list[dict[str, Any]] = Field(default_factory=list)
+    #: The options the tools were bound with (``tool_choice``, ...): part of the key.
+    bind_options: dict[str, Any] = Field(default_factory=dict)
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    @property
+    def _llm_type(self) -> str:
+        return "agent-ledger"
+
+    def bind_tools(
+        self,
+        tools: Sequence[Any],
+        *,
+        tool_choice: str | None = None,
+        **kwargs: Any,
+    ) -> LedgerChatModel:
+        """The same recorded model with ``tools`` bound to the wrapped one."""
+        bind = getattr(self.base, "bind_tools", None)
+        if bind is None:
+            raise EffectLedgerValidationError(
+                f"the wrapped model {self.base!r} cannot bind tools", field="model"
+            )
+        options = dict(kwargs)
+        if tool_choice is not None:
+            options["tool_choice"] = tool_choice
+        return self.model_copy(
+            update={
+                "inner": bind(tools, **options),
+                "tool_schemas": [convert_to_openai_tool(t) for t in tools],
+                "bind_options": to_jsonable_python(options, fallback=repr),
+            }
+        )
+
+    def _request(
+        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The call's request as JSON, which its key is made of."""
+        sent = []
+        for message in messages:
+            as_dict = message_to_dict(message)
+            data = {k: v for k, v in as_dict["data"].items() if k != "id"}
+            sent.append({"type": as_dict["type"], "data": data})
+        request: dict[str, Any] = {
+            "messages": to_jsonable_python(sent, fallback=repr),
+            "tools": self.tool_schemas,
+        }
+        options = {**self.bind_options, **to_jsonable_python(kwargs, fallback=repr)}
+        if stop is not None:
+            options["stop"] = list(stop)
+        if options:
+            request["options"] = options
+        return request
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: Any = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        async def call_model(request: object) -> LLMResult:
+            reply = await self.inner.ainvoke(messages, stop=stop, **kwargs)
+            return LLMResult(response=message_to_dict(reply), usage=_usage(reply))
+
+        reply = await self.ledger.llm(
+            call_model,
+            provider=self.provider,
+            model=self.model_name,
+            request=self._request(messages, stop, kwargs),
+            pricing=self.pricing,
+            estimate=self.estimate,
+            workflow_id=None if current_workflow() is not None else _thread_id(),
+        )
+        (message,) = messages_from_dict([reply.response])
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: Any = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        # On the ledger's own event loop, in this context (a workflow around
+        # the call applies): the same path as an async call.
+        result: ChatResult = self.ledger.call_sync(self._agenerate, messages, stop, None, **kwargs)
+        return result
+
+
+def record_model_calls(
+    ledger: EffectLedger,
+    model: BaseChatModel,
+    *,
+    provider: str = "langchain",
+    model_name: str | None = None,
+    pricing: Pricing | None = None,
+    estimate: Usage | None = None,
+) -> LedgerChatModel:
+    """``model``, with every call recorded through ``ledger.llm()`` (see ``LedgerChatModel``).
+
+    ``provider`` and ``model_name`` name the calls on their receipts and in
+    their keys (``model_name`` defaults to the model's ``model_name`` or
+    ``model`` attribute, else its type); ``pricing(provider, model_name,
+    usage)`` prices each reply's tokens (needed by a dollar budget), and
+    ``estimate`` is the usage a budget reserves before each call.
+    """
+    if not isinstance(model, BaseChatModel):
+        raise EffectLedgerValidationError(
+            f"record_model_calls takes a LangChain chat model, got {model!r}", field="model"
+        )
+    name = model_name
+    if name is None:
+        found = getattr(model, "model_name", None) or getattr(model, "model", None)
+        name = found if isinstance(found, str) and found else type(model).__name__
+    return LedgerChatModel(
+        inner=model,
+        base=model,
+        ledger=ledger,
+        provider=provider,
+        model_name=name,
+        pricing=pricing,
+        estimate=estimate,
+    )
+
+
+def _usage(reply: BaseMessage) -> Usage:
+    """The tokens a reply says it used (``usage_metadata``); none if it does not say."""
+    usage = reply.usage_metadata if isinstance(reply, AIMessage) else None
+    if not usage:
+        return Usage()
+    return Usage(input_tokens=usage["input_tokens"], output_tokens=usage["output_tokens"])
+
+
+def _thread_id() -> str | None:
+    """The thread of the graph this code runs in, if any (the workflow by default)."""
+    if "langgraph" not in sys.modules:
+        return None
+    from agent_ledger.adapters.langgraph import current_thread
+
+    return current_thread()
