@@ -59,6 +59,7 @@ async def test_a_fixed_tool_runs_again_once_after_reopen(harness: StoreHarness) 
     assert (ready.status, ready.error, ready.tries, ready.completed_at) == (S.READY, None, 0, None)
     assert (ready.attempt, ready.result) == (failed.attempt, None)
     (event,) = ready.history
+    assert isinstance(event, Reopening)
     assert event == Reopening(
         status=S.FAILED,
         error=EffectError("name 'recipent' is not defined", "NameError"),

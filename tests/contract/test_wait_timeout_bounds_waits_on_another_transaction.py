@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from agent_ledger import EffectLedger, EffectLedgerOptions, RunOptions, ToolCall
+from agent_ledger import Effect, EffectLedger, EffectLedgerOptions, RunOptions, ToolCall
 from agent_ledger.errors import EffectTimeoutError
 from agent_ledger.options import ConcurrencyOptions
 from agent_ledger.stores.base import Store
@@ -95,7 +95,12 @@ async def assert_clean_afterwards(
     """Nothing was stored for the key; the next call runs the handler, once."""
     assert ran == []
     assert await harness.store.find(ledger.idem_key(call)) is None
-    assert await asyncio.wait_for(ledger.run(call, lambda e: ran.append("later") or "ok"), 10)
+
+    def later(effect: Effect) -> str:
+        ran.append("later")
+        return "ok"
+
+    assert await asyncio.wait_for(ledger.run(call, later), 10) == "ok"
     assert ran == ["later"]
 
 

@@ -21,7 +21,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from agent_ledger import RunOptions, ToolCall
+from agent_ledger import Effect, RunOptions, ToolCall
 from agent_ledger.errors import EffectTimeoutError
 from agent_ledger.options import ConcurrencyOptions
 from agent_ledger.stores.postgres import PostgresStore
@@ -112,5 +112,10 @@ async def test_another_processs_uncommitted_insert_bounds_the_wait(
     assert holder.returncode == 0
     assert ran == []
     assert await harness.store.find(ledger.idem_key(call)) is None
-    assert await ledger.run(call, lambda e: ran.append("later") or "ok") == "ok"
+
+    def later(effect: Effect) -> str:
+        ran.append("later")
+        return "ok"
+
+    assert await ledger.run(call, later) == "ok"
     assert ran == ["later"]

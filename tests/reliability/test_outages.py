@@ -111,6 +111,7 @@ class OutageAt(FaultyStore[PostgresStore]):
         ends_try: bool = True,
         usage_json: str | None = None,
         started: bool = True,
+        retryable: bool = False,
     ) -> bool:
         self.trigger("commit")
         return await super().commit(
@@ -123,6 +124,7 @@ class OutageAt(FaultyStore[PostgresStore]):
             ends_try=ends_try,
             usage_json=usage_json,
             started=started,
+            retryable=retryable,
         )
 
 

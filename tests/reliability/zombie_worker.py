@@ -82,6 +82,7 @@ class Recorded(FaultyStore[Store]):
         ends_try: bool = True,
         usage_json: str | None = None,
         started: bool = True,
+        retryable: bool = False,
     ) -> bool:
         won = await super().commit(
             effect_id,
@@ -93,6 +94,7 @@ class Recorded(FaultyStore[Store]):
             ends_try=ends_try,
             usage_json=usage_json,
             started=started,
+            retryable=retryable,
         )
         log(self.path, event="commit", attempt=attempt, won=won)
         return won

@@ -33,7 +33,7 @@ async def test_the_same_request_in_a_later_turn_runs_again() -> None:
     async with ledger.workflow("thread-1", turn="msg-1"):
         assert await remind("ada") == "reminded ada"
         assert await remind("ada") == "reminded ada"
-        assert await asyncio.gather(remind("ada"), remind("ada")) == ["reminded ada"] * 2
+        assert list(await asyncio.gather(remind("ada"), remind("ada"))) == ["reminded ada"] * 2
     async with ledger.workflow("thread-1", turn="msg-2"):
         assert await remind("ada") == "reminded ada"
     async with ledger.workflow("thread-1", turn="msg-1"):
@@ -136,7 +136,7 @@ async def test_run_takes_scope_and_call_id() -> None:
         assert await ledger.run(call, handler, scope="turn") == 3
         assert await ledger.run(call, handler, scope="turn") == 3
     with pytest.raises(EffectLedgerValidationError, match="scope must be one of"):
-        await ledger.run(call, handler, scope="thread")  # type: ignore[arg-type]
+        await ledger.run(call, handler, scope="thread")  # type: ignore[call-overload]
 
 
 async def test_call_outcome_tells_an_earlier_turns_receipt_from_a_fresh_run() -> None:

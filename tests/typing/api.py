@@ -57,7 +57,14 @@ async def tools(ledger: EffectLedger) -> None:
 
 async def retries_and_schema(ledger: EffectLedger, effect: Effect) -> None:
     from agent_ledger import RetryPolicy
-    from agent_ledger.effects import Parked, Reopening, Settlement, TryFailure
+    from agent_ledger.effects import (
+        Parked,
+        Reopening,
+        RetryableFailure,
+        Scoped,
+        Settlement,
+        TryFailure,
+    )
     from agent_ledger.stores.base import SchemaMigration
 
     @ledger.tool("t.retried", retry=RetryPolicy(on=(TimeoutError, ConnectionError)))
@@ -69,7 +76,7 @@ async def retries_and_schema(ledger: EffectLedger, effect: Effect) -> None:
     assert_type(await ledger.store.migrate(), SchemaMigration)
     assert_type(effect.tries, int)
     for event in effect.history:
-        assert_type(event, TryFailure | Reopening | Parked | Settlement)
+        assert_type(event, TryFailure | Reopening | Parked | Settlement | Scoped | RetryableFailure)
 
 
 async def replays(ledger: EffectLedger, store: MemoryStore) -> None:
