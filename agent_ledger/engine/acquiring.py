@@ -83,7 +83,20 @@ class Acquirer:
             await self._refuse_new_approval_in_transaction(new, tx)
         since: float | None = None
         if tx is None:
-            begun = await self._begin(new, called, prepared.opts.concurrency.wait_timeout_ms)
+            # Cancelled while the insert is in flight: wait for it, and give
+            # back an effect it created for us to run (see ownership).
+            store = self._store
+            try:
+                begun = await own(
+                    store,
+                    store.begin(new, lock_timeout_ms=LOCK_WAIT_SLICE_MS),
+                    _created_to_run,
+                    name="begin",
+                )
+            except EffectInFlightError as exc:
+                if exc.status is not None:
+                    raise
+                begun = await self._begin(new, called, prepared.opts.concurrency.wait_timeout_ms)
             since = called
         else:
             begun = await self._store.begin(
@@ -138,7 +151,8 @@ class Acquirer:
             raise EffectTimeoutError(prepared.new.idem_key, None, waited_ms, limit_ms) from None
 
     async def _begin(self, new: NewEffect, began: float, limit_ms: int) -> BeginOutcome:
-        """``begin`` outside any transaction, for a call made at ``began`` (the loop's clock).
+        """``begin`` outside any transaction, again, for a call made at ``began`` (the
+        loop's clock) whose first try waited out its slice.
 
         Another transaction may hold the key (its insert of it, uncommitted;
         on SQLite the write lock): each try waits for it at most a slice
@@ -151,7 +165,15 @@ class Acquirer:
         """
         store = self._store
         loop = asyncio.get_running_loop()
+        tried = began
         while True:
+            now = loop.time()
+            waited_ms = (now - began) * 1000.0
+            if waited_ms >= limit_ms:
+                raise EffectTimeoutError(new.idem_key, None, waited_ms, limit_ms) from None
+            # A store that answered before the bound (a lock it does not wait
+            # for, such as MariaDB's below one second): wait out the slice.
+            await asyncio.sleep(max(0.0, tried + LOCK_WAIT_SLICE_MS / 1000.0 - now))
             tried = loop.time()
             bound = LOCK_WAIT_SLICE_MS
             try:
@@ -163,13 +185,6 @@ class Acquirer:
                     raise
             else:
                 return begun
-            now = loop.time()
-            waited_ms = (now - began) * 1000.0
-            if waited_ms >= limit_ms:
-                raise EffectTimeoutError(new.idem_key, None, waited_ms, limit_ms) from None
-            # A store that answered before the bound (a lock it does not wait
-            # for, such as MariaDB's below one second): wait out the slice.
-            await asyncio.sleep(max(0.0, tried + bound / 1000.0 - now))
 
     async def retry(self, prepared: Prepared, failed: Effect) -> Acquired:
         """A later call after a failure its tool declared retryable: run it again.

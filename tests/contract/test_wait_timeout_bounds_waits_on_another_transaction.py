@@ -182,3 +182,44 @@ async def test_the_wait_counts_from_the_call_not_from_the_end_of_the_lock_wait(
     waited = time.monotonic() - began
     await holder
     assert waited < WAIT_MS / 1000 + 0.3, waited
+
+
+async def test_a_plain_call_times_out_within_its_wait_on_an_uncommitted_claim(
+    harness: StoreHarness,
+) -> None:
+    """An approved effect claimed (and running) inside another transaction: the plain
+    caller's duplicate count and its claims meet that transaction's row lock (the
+    embedded stores: its open transaction), and it still gives up in time."""
+    call = ToolCall(workflow_id="wf", tool="charge", args={"approved": True})
+    ledger = harness.ledger()
+    gated = RunOptions(
+        requires_approval=True, concurrency=ConcurrencyOptions(approval_timeout_ms=10)
+    )
+    with pytest.raises(Exception, match="approval"):
+        await ledger.run(call, lambda e: "never", gated)
+    assert await ledger.approve(ledger.idem_key(call), by="ops")
+    claimed, finish = asyncio.Event(), asyncio.Event()
+    ran: list[str] = []
+
+    async def inside(effect: object) -> str:
+        ran.append("inside")
+        claimed.set()
+        await finish.wait()
+        return "inside"
+
+    async def in_transaction() -> object:
+        async with harness.store.transaction() as tx:
+            return await ledger.run(call, inside, tx=tx)
+
+    holder = asyncio.create_task(in_transaction())
+    try:
+        await asyncio.wait_for(claimed.wait(), 10)
+        began = time.monotonic()
+        with pytest.raises(EffectTimeoutError):
+            await asyncio.wait_for(ledger.run(call, lambda e: ran.append("plain"), OPTIONS), 30)
+        waited = time.monotonic() - began
+        assert waited < WAIT_MS / 1000 + MARGIN_S, waited
+    finally:
+        finish.set()
+        assert await asyncio.wait_for(holder, 10) == "inside"
+    assert ran == ["inside"]
