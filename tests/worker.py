@@ -4,6 +4,8 @@ run:     run one call through the ledger; the handler appends "<pid> <attempt>" 
          --log (that line is the side effect being counted), sleeps --sleep
          seconds, and returns {"pid": ...}; prints the outcome as JSON.
 approve/deny: decide the effect with --idem-key.
+--retryable: the handler fails with ConnectionError on attempt 1, declared retryable
+         (RunOptions(retryable=...)), so the next call runs it again.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ async def main(argv: list[str]) -> int:
     parser.add_argument("--start-at", type=float, default=0.0)
     parser.add_argument("--approval", action="store_true")
     parser.add_argument("--idem-key", default="")
+    parser.add_argument("--retryable", action="store_true")
     args = parser.parse_args(argv)
 
     store = await open_store(args.url)
@@ -73,14 +76,20 @@ async def main(argv: list[str]) -> int:
             finally:
                 os.close(fd)
             await asyncio.sleep(args.sleep)
+            if args.retryable and effect.attempt == 1:
+                raise ConnectionError("down on attempt 1")
             return {"pid": os.getpid(), "attempt": effect.attempt}
 
         # Line the processes up so they really contend.
         await asyncio.sleep(max(0.0, args.start_at - time.time()))
         try:
-            result = await ledger.run(CALL, handler, RunOptions(requires_approval=args.approval))
+            options = RunOptions(
+                requires_approval=args.approval,
+                retryable=(ConnectionError,) if args.retryable else None,
+            )
+            result = await ledger.run(CALL, handler, options)
             print(orjson.dumps({"result": result}).decode(), flush=True)
-        except EffectLedgerError as exc:
+        except (EffectLedgerError, ConnectionError) as exc:
             print(
                 orjson.dumps({"error": type(exc).__name__, "text": str(exc)}).decode(), flush=True
             )

@@ -19,7 +19,7 @@ import orjson
 
 from agent_ledger.codes import ErrorCode
 from agent_ledger.decisions import notify_approval_required
-from agent_ledger.effects import Effect, EffectError, Parked
+from agent_ledger.effects import Effect, EffectError, Parked, RetryableFailure
 from agent_ledger.engine.ownership import own
 from agent_ledger.engine.preparing import Prepared
 from agent_ledger.engine.recording import Outcome, Recorder, lease_end
@@ -319,15 +319,22 @@ def recorded_outcome(acquired: Acquired) -> object:
 def takeovers(effect: Effect) -> int:
     """How often ``effect`` was taken over from a holder that stopped heartbeating.
 
-    Every execution but the first began with a takeover, or with a person's
-    approval of a parked run: the only ways into ``processing`` are the
-    insert, the claim of an approved effect (before any run, or after a
-    park: the history counts those), a takeover, and the claim of a
-    released effect (a release takes back the execution its own claim
-    added, so the counts still hold).
+    Every execution but the first began with a takeover, with a person's
+    approval of a parked run, or with a later call's retry after a retryable
+    failure: the only ways into ``processing`` are the insert, the claim of
+    an approved effect (before any run, or after a park: the history counts
+    those), a takeover, the retry of a failed attempt (its
+    ``RetryableFailure`` is in the history, at an earlier attempt), and the
+    claim of a released effect (a release takes back the execution its own
+    claim added, so the counts still hold).
     """
-    parks = sum(1 for event in effect.history if isinstance(event, Parked))
-    return max(effect.executions - 1 - parks, 0)
+    others = sum(
+        1
+        for event in effect.history
+        if isinstance(event, Parked)
+        or (isinstance(event, RetryableFailure) and event.attempt < effect.attempt)
+    )
+    return max(effect.executions - 1 - others, 0)
 
 
 def _created_to_run(begun: BeginOutcome) -> Effect | None:

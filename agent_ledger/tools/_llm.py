@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from agent_ledger.budgets import Budget, Spend, usd_to_micros
 from agent_ledger.calls import ToolCall
-from agent_ledger.context import current_workflow, recording
+from agent_ledger.context import current_turn, current_workflow, recording
 from agent_ledger.effects import (
     MAX_USAGE_COST_USD,
     Effect,
@@ -31,7 +31,7 @@ from agent_ledger.effects import (
     WithUsage,
 )
 from agent_ledger.errors import EffectLedgerInvariantError, EffectLedgerValidationError
-from agent_ledger.options import RunOptions
+from agent_ledger.options import UNSET, RunOptions
 from agent_ledger.stores.budget_base import check_hold_ttl_ms
 from agent_ledger.tools._budget import (
     DEFAULT_HOLD_TTL_MS,
@@ -176,6 +176,15 @@ async def call_llm(
             field="estimate",
         )
     check_hold_ttl_ms(hold_ttl_ms)  # the bound every store keeps
+    if isinstance(run_options, RunOptions) and run_options.retryable not in (UNSET, None):
+        # A retry clears the receipt's usage and books the larger attempt's:
+        # a paid failed attempt would go uncounted.
+        raise EffectLedgerValidationError(
+            "ledger.llm() takes no retryable=: a model call's attempts are each paid, and "
+            "the receipt keeps one usage. Retry a failed model call with a RetryPolicy "
+            "(RunOptions(retry=...)) inside the call. Nothing was stored.",
+            field="retryable",
+        )
     workflow = workflow_id if workflow_id is not None else current_workflow()
     if workflow is None:
         raise EffectLedgerValidationError(
@@ -187,6 +196,7 @@ async def call_llm(
         workflow_id=workflow,
         tool=TOOL_PREFIX + provider,
         args={"provider": provider, "model": model, "request": request},
+        turn=current_turn(workflow),  # recorded on the receipt; not part of its key
     )
     idem_key = ledger.idem_key(call)  # checks the request is JSON, before anything runs
     scopes = await open_budgets(ledger)

@@ -255,3 +255,26 @@ async def test_a_replay_serves_the_recorded_outcome(harness: StoreHarness) -> No
             await replayer.run(CALL, must_not_run, RETRY_CONNECTION)
     assert replayed.value.retryable
     assert (await stored(harness, ledger.idem_key(CALL))).attempt == 1
+
+
+async def test_a_retry_is_no_takeover_for_max_takeovers(harness: StoreHarness) -> None:
+    """max_takeovers bounds takeovers of silent holders; a retry after a retryable
+    failure started its attempt for a caller that asked, and does not count."""
+    from agent_ledger.options import ConcurrencyOptions, StaleOptions
+
+    options = RunOptions(
+        retryable=(ConnectionError,),
+        stale=StaleOptions(after_ms=5_000, max_takeovers=1),
+        concurrency=ConcurrencyOptions(wait_timeout_ms=300, initial_interval_ms=5),
+    )
+    ledger = harness.ledger(options)
+
+    def down(effect: Effect) -> str:
+        raise ConnectionError("down")
+
+    with pytest.raises(ConnectionError):
+        await ledger.run(CALL, down)
+    held = await ledger.begin(CALL)  # the retry: attempt 2, then its holder goes silent
+    assert not held.cached and held.effect.attempt == 2
+    await harness.age(5_001)
+    assert await ledger.run(CALL, lambda e: e.attempt) == 3  # one takeover: within the bound

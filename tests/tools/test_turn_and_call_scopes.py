@@ -225,3 +225,61 @@ async def test_call_outcome_raises_what_is_not_the_tools_failure() -> None:
         outcome = await outer.call_outcome({"x": 1})
     assert isinstance(outcome.error, ValueError) and not outcome.replayed
     assert outcome.effect is not None and outcome.effect.tool == "outer"
+
+
+async def test_model_calls_record_the_turn_and_refuse_retryable() -> None:
+    """ledger.llm() records the turn on its receipt (not in its key), and refuses
+    retryable=: each attempt is paid, and a receipt keeps one usage."""
+    from agent_ledger import LLMResult, RunOptions, Usage
+
+    ledger = build_ledger(MemoryStore())
+
+    def call_fn(request: object) -> LLMResult:
+        return LLMResult(response={"text": "hi"}, usage=Usage(1, 1))
+
+    async with ledger.workflow("w", turn="t1"):
+        reply = await ledger.llm(call_fn, provider="fake", model="m", request={"q": 1})
+        with pytest.raises(EffectLedgerValidationError, match="retryable") as info:
+            await ledger.llm(
+                call_fn,
+                provider="fake",
+                model="m",
+                request={"q": 2},
+                run_options=RunOptions(retryable=(TimeoutError,)),
+            )
+    assert info.value.field == "retryable"
+    (effect,) = (await ledger.list_effects()).effects
+    assert effect.turn == "t1" and effect.scope == "workflow"
+    assert reply.response == {"text": "hi"}
+
+
+async def test_a_retry_cancelled_in_flight_is_given_back_and_runs_once_later() -> None:
+    """Cancelled while its retry step is in flight, the call gives back an attempt the
+    step made its own (released, ready), so the next call runs it at once, once."""
+    from agent_ledger.testing import FaultyStore
+
+    store = FaultyStore(MemoryStore())
+    ledger = build_ledger(store)
+    runs: list[int] = []
+
+    @ledger.tool("send", retryable=(ConnectionError,))
+    async def send(to: str) -> str:
+        runs.append(len(runs) + 1)
+        if len(runs) == 1:
+            raise ConnectionError("down")
+        return "sent"
+
+    async with ledger.workflow("w"):
+        with pytest.raises(ConnectionError):
+            await send("ada")
+        store.slow("retry_failed", seconds=0.2)
+        task = asyncio.create_task(send("ada"))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        store.heal("retry_failed")
+        assert runs == [1]
+        assert await send("ada") == "sent"
+        assert await send("ada") == "sent"
+    assert runs == [1, 2]
