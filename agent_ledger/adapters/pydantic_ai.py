@@ -81,7 +81,12 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
 import orjson
 from pydantic import TypeAdapter
 
-from agent_ledger.adapters._messages import answer_failure, earlier_turn_text, for_model
+from agent_ledger.adapters._messages import (
+    answer_failure,
+    earlier_turn_text,
+    for_model,
+    retryable_text,
+)
 from agent_ledger.adapters._signature import (
     REQUIRED,
     JsonArguments,
@@ -102,7 +107,7 @@ from agent_ledger.errors import (
     EffectTimeoutError,
 )
 from agent_ledger.options import UNSET, RunOptions
-from agent_ledger.tools import LLMResult, Pricing, Tool
+from agent_ledger.tools import CallOutcome, LLMResult, Pricing, Tool
 
 __all__ = [
     "METADATA_KEY",
@@ -266,7 +271,7 @@ async def _answer(
     by: str,
 ) -> Any:
     context = ctx if tool.context_parameter is not None else None
-    for _ in range(2):  # a second time only after recording an approval pydantic-ai gave
+    for attempt in range(2):  # a second time only after recording an approval pydantic-ai gave
         try:
             outcome = await tool.call_outcome(
                 values,
@@ -276,7 +281,7 @@ async def _answer(
                 context=context,
             )
         except ApprovalPendingError as pending:
-            if ctx.tool_call_approved:
+            if ctx.tool_call_approved and attempt == 0:
                 # DeferredToolResults approved it without record_decisions: record it now.
                 who = _metadata_by(ctx.tool_call_metadata) or by
                 await tool.ledger.approve(pending.idem_key, by=who)
@@ -293,16 +298,24 @@ async def _answer(
                 text = orjson.dumps(outcome.result).decode()
                 return earlier_turn_text(outcome, text)
             return outcome.result
-        raise _failure(outcome.error)
-    raise AssertionError("unreachable: an approved call does not wait again")
+        raise _failure(outcome)
+    raise AssertionError("unreachable: the second pass raises or returns")
 
 
-def _failure(error: BaseException) -> BaseException:
+def _failure(outcome: CallOutcome[Any]) -> BaseException:
     """What pydantic-ai gets for the tool's failure, alike on the first call and replays:
     ``ModelRetry`` or ``ToolFailed`` again (with the recorded message) when the tool
-    raised one, else the exception, which ends the run."""
+    raised one; ``ModelRetry`` for any other retryable failure (calling again runs
+    it again); ``ToolFailed`` for a handler past its deadline; else the exception,
+    which ends the run."""
+    error = outcome.error
+    assert error is not None
     if isinstance(error, (ModelRetry, ToolFailed)):
         return error
+    if outcome.retryable:
+        return ModelRetry(retryable_text(error, outcome.idem_key))
+    if isinstance(error, EffectTimeoutError):  # HandlerTimeoutError: it may have taken effect
+        return ToolFailed(for_model(error) or str(error))
     if isinstance(error, EffectFailedError):
         retry = answer_failure(error, error, ModelRetry, ModelRetry)
         if isinstance(retry, ModelRetry):

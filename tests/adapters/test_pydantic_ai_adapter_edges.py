@@ -136,6 +136,34 @@ async def test_arguments_a_key_cannot_hold_ask_the_model_to_retry_and_store_noth
     await ledger.store.close()
 
 
+async def test_a_declared_retryable_failure_asks_the_model_to_retry(tmp_path: Path) -> None:
+    """A tool's own exception declared ``retryable=`` reaches the model as a retry
+    (saying a call with the same arguments runs it again), and the retry runs it."""
+    ledger = _ledger(tmp_path / "l.db")
+    tries: list[int] = []
+
+    @ledger.tool("mail.send", retryable=(ConnectionError,))
+    async def send(to: str) -> str:
+        """Send a mail."""
+        tries.append(1)
+        if len(tries) == 1:
+            raise ConnectionError("smtp is down")
+        return f"sent to {to}"
+
+    agent = _agent(Script({"mail": [("mail_send", {"to": "ada"})]}), as_pydantic_ai_tool(send))
+    async with ledger.workflow("edge-6"):
+        result = await agent.run("mail")
+    assert result.output == "sent to ada" and len(tries) == 2
+    retried = [
+        part
+        for message in result.all_messages()
+        for part in getattr(message, "parts", [])
+        if getattr(part, "outcome", None) == "retried"
+    ]
+    assert len(retried) == 1 and "smtp is down" in str(retried[0].content)
+    await ledger.store.close()
+
+
 def test_a_ledger_tool_refused_where_it_is_not_one() -> None:
     """``as_pydantic_ai_tool`` takes a ledger tool and says so otherwise."""
     with pytest.raises(EffectLedgerValidationError, match="takes a ledger tool"):
