@@ -79,11 +79,14 @@ class EffectFailedError(EffectLedgerError):
         #: The tool declared this failure retryable: calling again with the same
         #: key (same args, same scope) runs the tool again, as a new attempt.
         self.retryable = effect.retryable
-        suffix = f" [{self.code}]" if self.code else ""
-        super().__init__(
-            f"effect {effect.idem_key[:12]}… failed{suffix}: {self.message}. "
-            + (RETRYABLE_REMEDY if self.retryable else FINAL_REMEDY).format(key=effect.idem_key)
+        #: What the caller may do about it (also a note on the exception, which
+        #: tracebacks show): call again if retryable, else the remedy.
+        self.remedy = (RETRYABLE_REMEDY if self.retryable else FINAL_REMEDY).format(
+            key=effect.idem_key
         )
+        suffix = f" [{self.code}]" if self.code else ""
+        super().__init__(f"effect {effect.idem_key[:12]}… failed{suffix}: {self.message}")
+        self.add_note(self.remedy)
 
 
 #: What a caller may do about a failure its tool declared retryable.

@@ -84,7 +84,8 @@ async def test_a_failure_stays_final_by_default(harness: StoreHarness) -> None:
         await ledger.run(CALL, broken)
     assert runs == 1
     assert not replay.value.retryable
-    assert "agent-ledger retry" in str(replay.value)
+    assert "agent-ledger retry" in replay.value.remedy
+    assert replay.value.__notes__ == [replay.value.remedy]
     failed = await stored(harness, ledger.idem_key(CALL))
     assert not failed.retryable
     assert not any(isinstance(e, RetryableFailure) for e in failed.history)
@@ -232,6 +233,7 @@ async def test_waiters_on_a_retry_that_fails_again_get_that_failure(
     assert all(isinstance(o, ConnectionError | EffectFailedError) for o in outcomes)
     replays = [o for o in outcomes if isinstance(o, EffectFailedError)]
     assert len(replays) == 3 and all(r.retryable and "down on 2" in r.message for r in replays)
+    assert all("call it again" in r.remedy for r in replays)
     assert await ledger.run(CALL, down, RETRY_CONNECTION) == "sent"
     assert runs == [1, 2, 3]
 
