@@ -16,6 +16,7 @@ cannot quietly turn a snippet off.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import re
 import shutil
@@ -162,11 +163,27 @@ def _docs_schema() -> Iterator[Connection[Any]]:
             _drop_docs_schema(conn)
 
 
+#: The CrewAI page's examples need CrewAI, which lives in a virtualenv of its own
+#: (.ci/run runs them there with `pytest -m crewai`); elsewhere they are skipped.
+CREWAI_PAGE = ROOT / "docs" / "adapters" / "crewai.md"
+_CREWAI_MISSING = (
+    importlib.util.find_spec("crewai") is None
+    and os.environ.get("AGENT_LEDGER_REQUIRE_CREWAI") != "1"
+)
+
+
 def _snippet_param(item: tuple[Path, int, str]) -> Any:
     """A snippet as a test parameter. The framework adapters' pages import their SDKs
     in every snippet (4 to 20 CPU-seconds each, twice): the slow tier runs them
-    (tests/adapters/ covers the adapters themselves in plain pytest)."""
+    (tests/adapters/ covers the adapters themselves in plain pytest). The CrewAI
+    page's are marked ``crewai`` instead (see ``CREWAI_PAGE``)."""
     page, _, _ = item
+    if page == CREWAI_PAGE:
+        marks = [
+            pytest.mark.crewai,
+            pytest.mark.skipif(_CREWAI_MISSING, reason="CrewAI has its own virtualenv (.ci/run)"),
+        ]
+        return pytest.param(*item, id=_id(item), marks=marks)
     slow = page.parent.name == "adapters"
     return pytest.param(*item, id=_id(item), marks=[pytest.mark.slow] if slow else [])
 

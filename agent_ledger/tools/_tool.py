@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import (
@@ -24,6 +25,7 @@ from typing import (
     TypeAlias,
     TypeVar,
     cast,
+    get_origin,
     overload,
     runtime_checkable,
 )
@@ -201,7 +203,12 @@ class Tool(Generic[R_co]):
         keywords: list[str] = []
         defaults: list[tuple[str, object, bool]] = []
         self._positional_only = 0
-        for param in self.signature.parameters.values():
+        #: The name of a leading run-context parameter (see ``context_parameter``), or None.
+        self._context: str | None = None
+        for index, param in enumerate(self.signature.parameters.values()):
+            if index == 0 and param.kind in _POSITIONAL and _is_run_context(param.annotation):
+                self._context = param.name
+                continue
             if param.kind in (_P.VAR_POSITIONAL, _P.VAR_KEYWORD):
                 raise EffectLedgerValidationError(
                     f"tool {name!r}: *{param.name} and **{param.name} parameters are not "
@@ -245,6 +252,19 @@ class Tool(Generic[R_co]):
             fn, self.is_async, self._takes_effect, positional_only, recorded_later=False
         )
         self._run_options, self._hooks = _policy(ledger, name, requires_approval, run_options)
+        # What calling the tool takes: the function's parameters less ``effect``,
+        # which the ledger passes. ``inspect.signature(tool)`` reads this before
+        # following ``__wrapped__`` to the function, so a framework that builds
+        # a schema from the signature (pydantic-ai's ``Agent(tools=[tool])``)
+        # never sees ``effect``: an ``Effect`` is no argument a model can send
+        # (pydantic, asked for its schema, recursed for ever on its JSON type).
+        self.__signature__ = self.signature.replace(
+            parameters=[
+                p
+                for p in self.signature.parameters.values()
+                if not (p.name == EFFECT_PARAMETER and p.kind is _P.KEYWORD_ONLY)
+            ]
+        )
         if workflow_id is not None:
             # Checked like any workflow id, once, here.
             ToolCall(workflow_id=workflow_id, tool=name)
@@ -341,10 +361,50 @@ class Tool(Generic[R_co]):
         )
 
     async def __call__(self, *args: object, **kwargs: object) -> R_co:
-        values = self._bind(args, kwargs)
+        if self._context is not None:
+            args, context = self._split_context(args, kwargs)
+            values = self._bind(args, kwargs)
+            handler = self._handler_with(context, values)
+        else:
+            values = self._bind(args, kwargs)
+            handler = self._make_handler(values)
         call = self._tool_call(values)
         # The function's R on a fresh run; on a replay its JSON (a tuple as a list).
-        return cast(R_co, await self._run(call, self._make_handler(values), self._run_options))
+        return cast(R_co, await self._run(call, handler, self._run_options))
+
+    @property
+    def context_parameter(self) -> str | None:
+        """The name of the function's leading run-context parameter, or None.
+
+        A function whose first parameter is annotated as pydantic-ai's
+        ``RunContext`` (``def f(ctx: RunContext[Deps], to: str)``) gets the
+        framework's context passed through: the caller gives it first (as
+        pydantic-ai does), the function receives it, and it is never an
+        argument of the call (not bound, not in the key, not recorded). A later
+        attempt of the effect (after an approval, a takeover) gets the context
+        of the call that runs it.
+        """
+        return self._context
+
+    def _split_context(
+        self, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> tuple[tuple[object, ...], object]:
+        """The call's run context (first positional argument, or by its name) and the rest."""
+        name = self._context
+        assert name is not None
+        if name in kwargs:
+            return args, kwargs.pop(name)
+        if args:
+            return args[1:], args[0]
+        raise self._bad_call(f"is missing its run context, the first argument {name!r}")
+
+    def _handler_with(
+        self, context: object, values: dict[str, object]
+    ) -> Callable[[Effect], object]:
+        """The run handler of a call whose function takes ``context`` first, outside the args."""
+        positional_only = self._positional[: self._positional_only]
+        bound = functools.partial(self.fn, context)
+        return _handler_factory(bound, self.is_async, self._takes_effect, positional_only)(values)
 
     async def run_as(
         self,
@@ -487,6 +547,7 @@ class Tool(Generic[R_co]):
         run_options: RunOptions | None = None,
         scope: Scope | None = None,
         default_scope: Scope | None = None,
+        context: object = None,
     ) -> R_co:
         """Run the tool with its arguments by name, as a model sends them: the adapters' door.
 
@@ -498,12 +559,19 @@ class Tool(Generic[R_co]):
         ``default_scope`` (an adapter's default) applies when neither the
         call nor the tool declares one (see :meth:`scope_for`).
         ``run_options`` go over the tool's own, field by field (for example
-        ``RunOptions(wait_for_approval=False)``).
+        ``RunOptions(wait_for_approval=False)``). ``context`` is the run
+        context a function with a ``context_parameter`` receives (never part
+        of the arguments or the key).
         """
         options = self._options_over(run_options)
         values = self.bind_arguments(arguments)
         call = self._tool_call(values, call_id, scope, default_scope)
-        return cast(R_co, await self._run(call, self._make_handler(values), options))
+        return cast(R_co, await self._run(call, self._handler_of(values, context), options))
+
+    def _handler_of(self, values: dict[str, object], context: object) -> Callable[[Effect], object]:
+        if self._context is None:
+            return self._make_handler(values)
+        return self._handler_with(context, values)
 
     def call_for(
         self,
@@ -525,6 +593,7 @@ class Tool(Generic[R_co]):
         run_options: RunOptions | None = None,
         scope: Scope | None = None,
         default_scope: Scope | None = None,
+        context: object = None,
     ) -> CallOutcome[R_co]:
         """``invoke``, answered as a :class:`CallOutcome`: the result or the tool's
         failure, and whether the call ran now or was answered from a receipt
@@ -540,7 +609,7 @@ class Tool(Generic[R_co]):
         slot = OutcomeSlot(self.ledger.idem_key(call))
         token = enter_outcome_slot(slot)
         try:
-            result = await self._run(call, self._make_handler(values), options)
+            result = await self._run(call, self._handler_of(values, context), options)
         except (EffectFailedError, HandlerTimeoutError) as exc:
             if exc is not slot.error and not (
                 slot.replayed and exc.effect.idem_key == slot.idem_key
@@ -598,6 +667,27 @@ class Tool(Generic[R_co]):
 
     def __repr__(self) -> str:
         return f"<Tool {self.name!r} {self.signature}>"
+
+
+def _is_run_context(annotation: object) -> bool:
+    """Whether a parameter's annotation is pydantic-ai's ``RunContext`` (subscripted or
+    not, as a class or as the text ``from __future__ import annotations`` leaves).
+
+    Recognised by name, so this layer imports no framework: a class named
+    ``RunContext`` from a ``pydantic_ai`` module, or text naming ``RunContext``.
+    """
+    if isinstance(annotation, str):
+        return _RUN_CONTEXT_TEXT.fullmatch(annotation.strip()) is not None
+    origin = get_origin(annotation) or annotation
+    module = getattr(origin, "__module__", None)
+    return (
+        getattr(origin, "__name__", None) == "RunContext"
+        and isinstance(module, str)
+        and module.split(".")[0] == "pydantic_ai"
+    )
+
+
+_RUN_CONTEXT_TEXT: Final = re.compile(r"(?:[A-Za-z_][\w.]*\.)?RunContext(?:\[.*\])?", re.S)
 
 
 def _outcome(
