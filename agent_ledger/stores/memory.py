@@ -73,7 +73,7 @@ __all__ = ["MEMORY_SCHEMA_VERSION", "MemoryStore", "MemoryTransaction"]
 
 #: What ``MemoryStore.check_schema`` reports: the version of the SQL schemas
 #: whose behaviour it mirrors. It has nothing to create or migrate.
-MEMORY_SCHEMA_VERSION: Final = 3
+MEMORY_SCHEMA_VERSION: Final = 4
 
 _PROCESSING = EffectStatus.PROCESSING
 _REQUIRES_APPROVAL = EffectStatus.REQUIRES_APPROVAL

@@ -117,7 +117,7 @@ __all__ = ["MYSQL_SCHEMA_SQL", "MYSQL_SCHEMA_VERSION", "MySQLStore", "MySQLTrans
 #: files record in ``agent_ledger_schema_version`` (a test holds the two equal).
 #: The same number as the other stores' schema: the MySQL tables start out as
 #: version 3 of the ledger's tables (there never was a MySQL version 1 or 2).
-MYSQL_SCHEMA_VERSION: Final = 3
+MYSQL_SCHEMA_VERSION: Final = 4
 #: The version ``mysql_schema.sql`` creates.
 _FIRST_VERSION: Final = 3
 #: The text of ``mysql_schema.sql`` (version 3), with ``{collation}`` to fill in.

@@ -108,7 +108,7 @@ from agent_ledger.stores.base import (
 __all__ = ["SCHEMA_SQL", "SCHEMA_VERSION", "PostgresStore"]
 
 #: The schema this version of the library needs (see the marker table).
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 #: The text of ``schema.sql``; apply it with ``conn.execute(SCHEMA_SQL)``.
 # Typed LiteralString so `conn.execute(SCHEMA_SQL)` type-checks: it is our own file.
 SCHEMA_SQL: Final[LiteralString] = (

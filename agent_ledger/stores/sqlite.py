@@ -107,7 +107,7 @@ __all__ = [
 
 #: The schema this version of the library needs: the newest version its schema
 #: files record in ``agent_ledger_schema_version`` (a test holds the two equal).
-SQLITE_SCHEMA_VERSION: Final = 3
+SQLITE_SCHEMA_VERSION: Final = 4
 
 #: The SQLite schema; applied by ``SqliteStore`` when it opens a database.
 SQLITE_SCHEMA_SQL: Final = (

@@ -10,7 +10,7 @@ from importlib import resources
 import pytest
 
 from agent_ledger import EffectLedgerValidationError, EffectStoreError
-from agent_ledger.stores.mysql import MYSQL_SCHEMA_VERSION, MySQLStore
+from agent_ledger.stores.mysql import MYSQL_MIGRATIONS, MYSQL_SCHEMA_VERSION, MySQLStore
 from agent_ledger.stores.url import open_store
 from tests.harness import (
     MYSQL_URL,
@@ -39,12 +39,18 @@ async def empty_database() -> AsyncIterator[str]:
         await _root_sql(f"DROP DATABASE IF EXISTS `{name}`")
 
 
-def test_the_schema_file_records_the_version_the_library_needs() -> None:
-    text = resources.files("agent_ledger.stores").joinpath("mysql_schema.sql").read_text()
-    recorded = re.findall(
-        r"agent_ledger_schema_version \(version, applied_at\) VALUES \((\d+),", text
-    )
-    assert recorded == [str(MYSQL_SCHEMA_VERSION)]
+def test_the_schema_files_record_the_version_the_library_needs() -> None:
+    """mysql_schema.sql records version 3, each mysql_schema_<N>.sql records N, and
+    the last of them is the version this library needs."""
+    files = resources.files("agent_ledger.stores")
+    recorded = []
+    for name in ["mysql_schema.sql", *(f"mysql_schema_{n}.sql" for n in MYSQL_MIGRATIONS)]:
+        recorded += re.findall(
+            r"agent_ledger_schema_version \(version, applied_at\) VALUES \((\d+),",
+            files.joinpath(name).read_text(),
+        )
+    assert recorded == [str(n) for n in range(3, MYSQL_SCHEMA_VERSION + 1)]
+    assert MYSQL_SCHEMA_VERSION == 4
 
 
 @pytest.mark.parametrize(
@@ -94,7 +100,7 @@ async def test_migrate_creates_then_finds_nothing_to_do(empty_database: str) -> 
         first = await store.migrate()
         assert (first.from_version, first.to_version) == (0, MYSQL_SCHEMA_VERSION)
         again = await store.migrate()
-        assert (again.from_version, again.to_version, again.changed) == (3, 3, False)
+        assert (again.from_version, again.to_version, again.changed) == (MYSQL_SCHEMA_VERSION, MYSQL_SCHEMA_VERSION, False)
         assert await store.check_schema() == MYSQL_SCHEMA_VERSION
     finally:
         await store.close()
