@@ -43,6 +43,7 @@ from agent_ledger.status import (
     EffectStatus,
 )
 from agent_ledger.stores._legacy import LegacyStoreMethods, all_effects
+from agent_ledger.stores._memory_approvals import MemoryApprovals
 from agent_ledger.stores._memory_budgets import MemoryBudgets
 from agent_ledger.stores._memory_sagas import MemorySagas
 from agent_ledger.stores._rows import stats_from_groups
@@ -175,7 +176,7 @@ class MemoryTransaction(TransactionHandle):
         return self._undo
 
 
-class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets):
+class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets, MemoryApprovals):
     """Effects in a dict, with the same observable behaviour as the SQL stores.
 
     ``clock`` is the store's clock (inject a ``ManualClock`` to test
@@ -193,6 +194,7 @@ class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets):
         self._gate = TransactionGate(self, MemoryTransaction, "MemoryStore", self._subscribers)
         self._init_sagas()
         self._init_budgets()
+        self._init_approvals()
 
     # -- schema ------------------------------------------------------------
 

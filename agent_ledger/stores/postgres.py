@@ -77,6 +77,7 @@ from agent_ledger.stores._params import (
     settle_params,
     transition_params,
 )
+from agent_ledger.stores._postgres_approvals import PostgresApprovals
 from agent_ledger.stores._postgres_budgets import PostgresBudgets
 from agent_ledger.stores._postgres_sagas import STEPS_TABLE, PostgresSagas
 from agent_ledger.stores._postgres_tables import utc
@@ -267,7 +268,7 @@ async def _restore_transactional(conn: Connection) -> None:
         await conn.close()
 
 
-class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
+class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets, PostgresApprovals):
     """Effects in PostgreSQL, shared by every worker that uses the same database.
 
     ``pool`` is the caller's ``psycopg_pool.AsyncConnectionPool`` (opened by
@@ -292,6 +293,9 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
     prepare statements (``kwargs={"prepare_threshold": None}``; :meth:`connect`
     sets it when it detects a pooler).
     """
+
+    #: How settle's parameters are spelled here (for the approval steps' ``decide``).
+    _dialect = _DIALECT
 
     def __init__(
         self,

@@ -70,6 +70,7 @@ from agent_ledger.stores._params import (
     transition_params,
 )
 from agent_ledger.stores._rows import STATUS_BY_VALUE, effect_from_row, stats_from_groups
+from agent_ledger.stores._sqlite_approvals import SqliteApprovals
 from agent_ledger.stores._sqlite_budgets import SqliteBudgets
 from agent_ledger.stores._sqlite_holders import Holders
 from agent_ledger.stores._sqlite_sagas import SqliteSagas
@@ -247,7 +248,7 @@ class SqliteTransaction(TransactionHandle):
     opened_us: int | None = None
 
 
-class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
+class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets, SqliteApprovals):
     """Effects in a SQLite file, durable and shared by every process on the machine.
 
     ``path`` is the database file (``":memory:"`` is refused: use
@@ -262,6 +263,9 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
     that never takes the write lock (``stores/_dedup.py`` says what a reader
     sees and what a crash may lose).
     """
+
+    #: How settle's parameters are spelled here (for the approval steps' ``decide``).
+    _dialect = _DIALECT
 
     def __init__(
         self,
