@@ -90,7 +90,10 @@ async def test_another_intent_or_policy_version_decides_nothing(harness: StoreHa
         tool="pay", workflow_id="wf-pay", args_canonical=effect.args_canonical, policy_version="v1"
     )
     other_args = intent_hash(
-        tool="pay", workflow_id="wf-pay", args_canonical='{"cents":1,"to":"acme"}', policy_version="v2"
+        tool="pay",
+        workflow_id="wf-pay",
+        args_canonical='{"cents":1,"to":"acme"}',
+        policy_version="v2",
     )
     for shown in (stale, other_args, None):
         refused = await decide(
@@ -178,14 +181,24 @@ async def test_a_decision_that_does_not_apply_consumes_no_link(harness: StoreHar
     from agent_ledger.stores.approval_base import DecideRequest
     from agent_ledger.stores.base import Decision
 
-    attempt = NewDecisionAttempt(effect.idem_key, "bob", Channel.LINK, DecisionAction.APPROVE, shown)
+    attempt = NewDecisionAttempt(
+        effect.idem_key, "bob", Channel.LINK, DecisionAction.APPROVE, shown
+    )
     stale = DecideRequest(
-        effect.idem_key, S.READY, Decision(by="bob"), attempt, expected_attempt=effect.attempt + 1,
+        effect.idem_key,
+        S.READY,
+        Decision(by="bob"),
+        attempt,
+        expected_attempt=effect.attempt + 1,
         link=link,
     )
     assert (await approvals.decide(stale)).effect is None
     fresh = DecideRequest(
-        effect.idem_key, S.READY, Decision(by="bob"), attempt, expected_attempt=effect.attempt,
+        effect.idem_key,
+        S.READY,
+        Decision(by="bob"),
+        attempt,
+        expected_attempt=effect.attempt,
         link=link,
     )
     applied = await approvals.decide(fresh)

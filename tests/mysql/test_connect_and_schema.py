@@ -100,7 +100,11 @@ async def test_migrate_creates_then_finds_nothing_to_do(empty_database: str) -> 
         first = await store.migrate()
         assert (first.from_version, first.to_version) == (0, MYSQL_SCHEMA_VERSION)
         again = await store.migrate()
-        assert (again.from_version, again.to_version, again.changed) == (MYSQL_SCHEMA_VERSION, MYSQL_SCHEMA_VERSION, False)
+        assert (again.from_version, again.to_version, again.changed) == (
+            MYSQL_SCHEMA_VERSION,
+            MYSQL_SCHEMA_VERSION,
+            False,
+        )
         assert await store.check_schema() == MYSQL_SCHEMA_VERSION
     finally:
         await store.close()
