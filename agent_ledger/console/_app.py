@@ -231,11 +231,12 @@ class _Console:
         )
 
     async def decide(self, request: Request) -> Response:
+        # Another site's form is refused before anything else, signed in or not.
+        if not self._same_origin(request):
+            return self._message("Refused", "A form from another site may not decide.", 403)
         principal = await self._principal(request)
         if principal is None:
             return self._unauthenticated()
-        if not self._same_origin(request):
-            return self._message("Refused", "A form from another site may not decide.", 403)
         form = await self._form(request)
         if not hmac.compare_digest(form.get("csrf", ""), self._csrf(principal)):
             return self._message("Refused", "This form has expired: reload the page.", 403)

@@ -16,6 +16,7 @@ header{display:flex;justify-content:space-between;flex-wrap:wrap;gap:.5rem;
 border-bottom:1px solid #ccc;margin-bottom:1rem}
 table{border-collapse:collapse;width:100%}td,th{text-align:left;padding:.4rem;
 border-bottom:1px solid #eee;vertical-align:top}
+code{word-break:break-all}
 pre{background:#f6f6f6;padding:.75rem;overflow-x:auto;white-space:pre-wrap;word-break:break-word}
 .notice{padding:.75rem;border-radius:.3rem;background:#eef}
 .refused{background:#fee}.accepted{background:#efe}
