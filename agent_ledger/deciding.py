@@ -74,7 +74,8 @@ def approval_store(store: Store) -> ApprovalStore:
     if not isinstance(store, ApprovalStore):
         raise EffectLedgerValidationError(
             f"{type(store).__name__} keeps no approvals (schema version 4's decision "
-            "audit trail and links): use MemoryStore, SqliteStore or PostgresStore",
+            "audit trail and links): every store of agent-ledger 0.3 does; a store of "
+            "your own must implement ApprovalStore (stores/approval_base.py)",
             field="store",
         )
     return store

@@ -31,15 +31,8 @@ PARK = RunOptions(requires_approval=True, wait_for_approval=False)
 PAY = ToolCall(tool="pay", args={"to": "acme", "cents": 12_500}, workflow_id="wf-pay")
 
 
-def _needs_approvals(harness: StoreHarness) -> Store:
-    store = harness.store
-    if harness.kind == "mysql":
-        pytest.skip("MySQLStore has schema version 4's tables, not yet the approval steps")
-    return store
-
-
 async def _pending(harness: StoreHarness) -> tuple[Store, Effect]:
-    store = _needs_approvals(harness)
+    store = harness.store
     ledger = harness.ledger()
     with pytest.raises(ApprovalPendingError):
         await ledger.run(PAY, lambda e: "paid", PARK)

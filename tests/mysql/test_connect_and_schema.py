@@ -144,3 +144,50 @@ async def test_names_too_long_for_their_key_are_refused_not_truncated(empty_data
         assert await store.list_sagas() == []
     finally:
         await store.close()
+
+
+async def test_migrate_upgrades_a_version_3_database_to_4_and_keeps_every_effect(
+    empty_database: str,
+) -> None:
+    """A database written by mysql_schema.sql as released at version 3 (the
+    fixture), with an effect waiting for a person, is upgraded once; the effect
+    is then decided with its audit row."""
+    from agent_ledger.approvals import Channel, DecisionAction
+    from agent_ledger.deciding import approval_store, decide, effect_intent
+    from agent_ledger.status import EffectStatus
+    from agent_ledger.stores.base import SchemaMigration
+    from agent_ledger.stores.mysql import _statements
+    from tests.schema_history import MYSQL_V3
+
+    store = await MySQLStore.connect(empty_database)
+    try:
+
+        async def build(cur: object) -> None:
+            for statement in _statements(MYSQL_V3, store.server.collation):
+                await cur.execute(statement)  # type: ignore[attr-defined]
+            await cur.execute(  # type: ignore[attr-defined]
+                "INSERT INTO agent_ledger_effects (id, idem_key, workflow_id, tool, status,"
+                " args_canonical, created_at, updated_at, heartbeat_at, lease_ms, history)"
+                " VALUES ('00000000-0000-4000-8000-000000000001', 'key-1', 'w', 'pay',"
+                " 'requires_approval', '{}', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6),"
+                " UTC_TIMESTAMP(6), 15000, '[]')"
+            )
+
+        await store._run("test_setup", build, None, atomic=False)
+        assert await store.migrate() == SchemaMigration(3, 4)
+        assert await store.migrate() == SchemaMigration(4, 4)
+        waiting = await store.find("key-1")
+        assert waiting is not None and waiting.status is EffectStatus.REQUIRES_APPROVAL
+        done = await decide(
+            store,
+            "key-1",
+            action=DecisionAction.APPROVE,
+            principal="alice",
+            channel=Channel.CONSOLE,
+            shown_intent=effect_intent(waiting, None),
+        )
+        assert done.accepted
+        (row,) = await approval_store(store).decision_attempts("key-1")
+        assert row.principal == "alice"
+    finally:
+        await store.close()
