@@ -544,6 +544,8 @@ async def cmd_review(ctx: Context) -> int:
 
 async def cmd_export(ctx: Context) -> int:
     args = ctx.args
+    if args.decision_attempts:
+        return await _export_attempts(ctx)
     filters = _filters(args)
     effects: list[Effect] = []
     cursor: str | None = None
@@ -563,6 +565,101 @@ async def cmd_export(ctx: Context) -> int:
         await asyncio.to_thread(_write_file, args.output, text)
         print(f"exported {_count(len(effects), 'effect')} to {args.output}", file=sys.stderr)
     return EXIT_OK
+
+
+async def _export_attempts(ctx: Context) -> int:
+    """``export --decision-attempts``: the decision audit trail (schema version 4),
+    oldest first, every attempt accepted or refused, in JSON, JSON lines or CSV."""
+    args = ctx.args
+    if args.format == "md":
+        raise UsageError("--decision-attempts writes json, jsonl or csv, not md")
+    from agent_ledger.deciding import approval_store
+
+    rows = [a.to_json() for a in await approval_store(ctx.store).decision_attempts(limit=10**9)]
+    if args.format == "json":
+        text = orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n"
+    elif args.format == "jsonl":
+        text = "".join(orjson.dumps(r).decode() + "\n" for r in rows)
+    else:
+        buffer = io.StringIO()
+        writer = csv.writer(buffer)
+        columns = list(rows[0]) if rows else _ATTEMPT_COLUMNS
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow(["" if row[c] is None else row[c] for c in columns])
+        text = buffer.getvalue()
+    if args.output in (None, "-"):
+        ctx.out.stream.write(text)
+    else:
+        await asyncio.to_thread(_write_file, args.output, text)
+        print(f"exported {_count(len(rows), 'decision attempt')} to {args.output}", file=sys.stderr)
+    return EXIT_OK
+
+
+#: The audit trail's CSV header when it is empty.
+_ATTEMPT_COLUMNS: Final = [
+    "id", "idem_key", "principal", "channel", "action", "outcome", "reason_code",
+    "intent_hash", "note", "at",
+]  # fmt: skip
+
+
+async def cmd_console(ctx: Context) -> int:
+    """Serve the approval console (agent_ledger.console) with uvicorn until stopped."""
+    args = ctx.args
+    try:
+        import uvicorn
+
+        from agent_ledger.console import ProxyHeaderAuth, StaticUsers, ToolPatterns, create_app
+    except ImportError:
+        raise UsageError('the console needs its extra: pip install -e ".[console]"') from None
+    if (args.users is None) == (args.proxy_header is None):
+        raise UsageError("give exactly one of --users FILE or --proxy-header NAME")
+    authenticate: Any
+    if args.users is not None:
+        try:
+            users = orjson.loads(await asyncio.to_thread(Path(args.users).read_bytes))
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise UsageError(f"cannot read --users {args.users}: {exc}") from None
+        if not isinstance(users, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in users.items()
+        ):
+            raise UsageError("--users must be a JSON object of user name -> password hash")
+        authenticate = StaticUsers(users)
+    else:
+        if not args.trusted_proxy:
+            raise UsageError("--proxy-header needs --trusted-proxy ADDRESS (repeatable)")
+        authenticate = ProxyHeaderAuth(header=args.proxy_header, trusted_proxies=args.trusted_proxy)
+    rules: dict[str, list[str]] = {}
+    for rule in args.allow or []:
+        who, sep, pattern = rule.partition(":")
+        if not sep or not who or not pattern:
+            raise UsageError(f"--allow takes PRINCIPAL:TOOL_PATTERN, got {rule!r}")
+        rules.setdefault(who, []).append(pattern)
+    if not rules:
+        raise UsageError("say who may decide what: --allow PRINCIPAL:TOOL_PATTERN (repeatable)")
+    secret_text = os.environ.get(CONSOLE_SECRET_ENV, "")
+    if secret_text and len(secret_text.encode()) < 32:
+        raise UsageError(f"${CONSOLE_SECRET_ENV} must be at least 32 bytes")
+    import secrets
+
+    secret = secret_text.encode() if secret_text else secrets.token_bytes(32)
+    app = create_app(
+        ctx.ledger,
+        authenticate=authenticate,
+        authorize=ToolPatterns(rules),
+        secret=secret,
+        separation_of_duty=args.separation_of_duty,
+    )
+    print(f"approval console on http://{args.host}:{args.port}/", file=sys.stderr)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
+    )
+    await server.serve()
+    return EXIT_OK
+
+
+#: Where ``agent-ledger console`` reads its signing secret (CSRF tokens, links).
+CONSOLE_SECRET_ENV: Final = "AGENT_LEDGER_CONSOLE_SECRET"
 
 
 def _given(args: argparse.Namespace) -> dict[str, str]:
@@ -936,6 +1033,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="md: a Markdown incident report (summary, failures first, one section per effect)",
     )
     sub.add_argument("-o", "--output", help="file to write (default: stdout)")
+    sub.add_argument(
+        "--decision-attempts",
+        action="store_true",
+        help="write the decision audit trail (every attempt, accepted or refused) instead",
+    )
+    sub = command("console", cmd_console, "serve the approval console (needs the console extra)")
+    sub.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    sub.add_argument("--port", type=int, default=8000)
+    sub.add_argument("--users", metavar="FILE", help="JSON {user: password hash} (HTTP Basic)")
+    sub.add_argument("--proxy-header", metavar="NAME", help="the trusted proxy's user header")
+    sub.add_argument(
+        "--trusted-proxy", action="append", metavar="ADDRESS", help="proxy address or network"
+    )
+    sub.add_argument(
+        "--allow", action="append", metavar="PRINCIPAL:PATTERN", help="who may decide which tools"
+    )
+    sub.add_argument(
+        "--separation-of-duty",
+        action="store_true",
+        help="refuse a decision by the principal who asked for the approval",
+    )
     command("stats", cmd_stats, "counts by status and tool, and spend by workflow")
     sub = command("budget", cmd_budget, "a workflow's budget: limits, spent, reserved, remaining")
     sub.add_argument("action", choices=["show"])

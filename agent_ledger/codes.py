@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["ErrorCode"]
+__all__ = ["DecisionCode", "ErrorCode"]
 
 
 class ErrorCode(enum.StrEnum):
@@ -49,6 +49,11 @@ class ErrorCode(enum.StrEnum):
         "canceled",
         "a person canceled the effect (`cancel()`), or a saga rolled back a step that "
         "waited for one or whose worker stopped; also a saga whose own task was cancelled",
+    )
+    APPROVAL_EXPIRED = (
+        "expired",
+        "nobody decided before the approval's deadline (`agent_ledger.approvals`): a sweep, "
+        "or the console on reading it, denied the effect; silence is never consent",
     )
     AMBIGUOUS_ATTEMPT = (
         "ambiguous_attempt",
@@ -96,3 +101,50 @@ class ErrorCode(enum.StrEnum):
         "step_canceled",
         "the task of a step started with `saga.start()` was cancelled; the saga rolled back",
     )
+
+
+class DecisionCode(enum.StrEnum):
+    """Why a person's decision attempt was accepted or refused: the ``reason_code``
+    of each row of the decision audit trail (``agent_ledger_decision_attempts``),
+    each with when it is recorded (``.when``). Stored: a member's spelling is part
+    of the data format."""
+
+    when: str
+
+    def __new__(cls, value: str, when: str = "") -> DecisionCode:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.when = when
+        return member
+
+    DECIDED = "decided", "the decision was accepted: this attempt made the transition"
+    ALREADY_DECIDED = (
+        "already_decided",
+        "someone decided first (or the effect no longer waits for a person): nothing changed",
+    )
+    UNKNOWN_EFFECT = "unknown_effect", "no effect has this key: nothing changed"
+    INTENT_MISMATCH = (
+        "intent_mismatch",
+        "the intent hash the person was shown differs from what would run (other args, "
+        "workflow, tool or policy version): nothing runs",
+    )
+    NOT_PARKED = (
+        "not_parked",
+        "resolve was asked for an effect that waits for an approval, not for an ambiguous "
+        "attempt's outcome",
+    )
+    NOT_ALLOWED = (
+        "not_allowed",
+        "the authenticated principal may not decide this tool (the authorization rule)",
+    )
+    SELF_DECISION = (
+        "self_decision",
+        "the principal who asked for the approval tried to decide it, and separation of duty is on",
+    )
+    EXPIRED = "expired", "the approval's deadline had passed: the effect was denied as expired"
+    LINK_INVALID = (
+        "link_invalid",
+        "a signed link that does not verify (forged, tampered, or for another effect)",
+    )
+    LINK_EXPIRED = "link_expired", "a signed link past its expiry"
+    LINK_USED = "link_used", "a single-use link that had already decided"

@@ -254,6 +254,10 @@ MYSQL_TABLES = (
     "agent_ledger_budgets",
     "agent_ledger_legacy_keys",
     "agent_ledger_effects",
+    # Schema version 4.
+    "agent_ledger_approvals",
+    "agent_ledger_decision_attempts",
+    "agent_ledger_used_links",
 )
 ASYNCMY_MISSING = "asyncmy is not installed (pip install -e '.[mysql]')"
 
@@ -435,6 +439,10 @@ _POSTGRES_TABLES = (
     "agent_ledger_budgets",
     "agent_ledger_budget_holds",
     "agent_ledger_budget_charges",
+    # Schema version 4.
+    "agent_ledger_approvals",
+    "agent_ledger_decision_attempts",
+    "agent_ledger_used_links",
 )
 
 

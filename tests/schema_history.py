@@ -39,3 +39,11 @@ def executed_sql(sql_text: str) -> str:
 #: The schemas as they stand at version 2 (the last version before sagas).
 POSTGRES_V2: Final = (FIXTURES / "postgres_schema_v2.sql").read_text(encoding="utf-8")
 SQLITE_V2: Final = (FIXTURES / "sqlite_schema_v2.sql").read_text(encoding="utf-8")
+
+
+#: The schemas as they stand at version 3 (the last version before approvals
+#: for people): PostgreSQL's file, SQLite's scripts 1 to 3 in order, and
+#: MySQL's first file (MySQL's tables start at version 3).
+POSTGRES_V3: Final = (FIXTURES / "postgres_schema_v3.sql").read_text(encoding="utf-8")
+SQLITE_V3: Final = (FIXTURES / "sqlite_schema_v3.sql").read_text(encoding="utf-8")
+MYSQL_V3: Final = (FIXTURES / "mysql_schema_v3.sql").read_text(encoding="utf-8")

@@ -631,3 +631,51 @@ BUDGET_APPLY: Final = (
     " reserved_tool_calls = reserved_tool_calls - %(freed_tool_calls)s, updated_at = %(now)s"
     " WHERE workflow_id = %(workflow_id)s"
 )
+
+# -- approvals (schema version 4; see stores/approval_base.py) --
+_REQUEST_COLUMNS: Final = (
+    "idem_key, requested_by, policy_version, deadline_at, escalated_at, created_at"
+)
+# note_request: insert-or-get; the first request's asker and deadline stand
+# (a second insert is a duplicate key, and the row is read back as it is).
+APPROVAL_INSERT: Final = (
+    "INSERT INTO agent_ledger_approvals"
+    " (idem_key, requested_by, policy_version, deadline_at, created_at)"
+    " VALUES (%(idem_key)s, %(requested_by)s, %(policy_version)s,"
+    " IF(%(deadline_ms)s IS NULL, NULL,"
+    " UTC_TIMESTAMP(6) + INTERVAL %(deadline_ms)s * 1000 MICROSECOND), UTC_TIMESTAMP(6))"
+)
+APPROVAL_GET: Final = (
+    "SELECT " + _REQUEST_COLUMNS + " FROM agent_ledger_approvals WHERE idem_key = %(idem_key)s"
+)
+APPROVALS_OVERDUE: Final = (
+    "SELECT " + _REQUEST_COLUMNS + " FROM agent_ledger_approvals"
+    " WHERE deadline_at IS NOT NULL AND deadline_at <= UTC_TIMESTAMP(6)"
+    " ORDER BY deadline_at, idem_key LIMIT %(limit)s"
+)
+# decide: has this link already decided? Then the nonce's insert, after the
+# settle applied; a concurrent decide that inserted it first makes this one
+# roll back (the primary key says so).
+LINK_USED: Final = "SELECT 1 FROM agent_ledger_used_links WHERE nonce = %(nonce)s"
+LINK_INSERT: Final = (
+    "INSERT INTO agent_ledger_used_links (nonce, idem_key, action, used_by, used_at, expires_at)"
+    " VALUES (%(nonce)s, %(idem_key)s, %(action)s, %(used_by)s, UTC_TIMESTAMP(6), %(expires)s)"
+)
+ROLLBACK: Final = "ROLLBACK"
+ATTEMPT_INSERT: Final = (
+    "INSERT INTO agent_ledger_decision_attempts (idem_key, principal, channel, action,"
+    " outcome, reason_code, intent_hash, note, at) VALUES (%(a_idem_key)s, %(a_principal)s,"
+    " %(a_channel)s, %(a_action)s, %(a_outcome)s, %(a_reason)s, %(a_intent)s, %(a_note)s,"
+    " UTC_TIMESTAMP(6))"
+)
+_ATTEMPT_COLUMNS: Final = (
+    "id, idem_key, principal, channel, action, outcome, reason_code, intent_hash, note, at"
+)
+ATTEMPTS_OF: Final = (
+    "SELECT " + _ATTEMPT_COLUMNS + " FROM agent_ledger_decision_attempts"
+    " WHERE idem_key = %(idem_key)s ORDER BY id LIMIT %(limit)s"
+)
+ATTEMPTS_ALL: Final = (
+    "SELECT " + _ATTEMPT_COLUMNS + " FROM agent_ledger_decision_attempts"
+    " ORDER BY id LIMIT %(limit)s"
+)

@@ -760,3 +760,52 @@ BUDGET_RELEASE: Final[LiteralString] = "WITH " + _give_back("hold_id = %(hold_id
 BUDGET_RECLAIM: Final[LiteralString] = (
     "WITH " + _give_back("expires_at <= clock_timestamp()") + _GIVEN_BACK
 )
+
+# -- approvals (schema version 4; see stores/approval_base.py) --
+# {approvals}, {attempts}, {links}: the qualified tables.
+_REQUEST_COLUMNS: Final[LiteralString] = (
+    "idem_key, requested_by, policy_version, deadline_at, escalated_at, created_at"
+)
+# note_request: insert-or-get in one statement; the first request's asker,
+# policy version and deadline stand (a second request returns them).
+APPROVAL_NOTE: Final[LiteralString] = (
+    "WITH ins AS (INSERT INTO {approvals} (idem_key, requested_by, policy_version, deadline_at)"
+    " VALUES (%(idem_key)s, %(requested_by)s, %(policy_version)s,"
+    " clock_timestamp() + %(deadline_ms)s::bigint * interval '1 millisecond')"
+    " ON CONFLICT (idem_key) DO NOTHING RETURNING " + _REQUEST_COLUMNS + ") "
+    "SELECT " + _REQUEST_COLUMNS + " FROM ins UNION ALL "
+    "SELECT " + _REQUEST_COLUMNS + " FROM {approvals} WHERE idem_key = %(idem_key)s"
+    " AND NOT EXISTS (SELECT 1 FROM ins)"
+)
+APPROVAL_GET: Final[LiteralString] = (
+    "SELECT " + _REQUEST_COLUMNS + " FROM {approvals} WHERE idem_key = %(idem_key)s"
+)
+APPROVALS_OVERDUE: Final[LiteralString] = (
+    "SELECT " + _REQUEST_COLUMNS + " FROM {approvals}"
+    " WHERE deadline_at IS NOT NULL AND deadline_at <= clock_timestamp()"
+    " ORDER BY deadline_at, idem_key LIMIT %(limit)s"
+)
+# decide, first statement: consume the link's nonce. A concurrent decide with
+# the same nonce waits on the primary key until this transaction ends, then
+# inserts nothing (the link has decided) or, if it rolled back, takes it.
+LINK_CONSUME: Final[LiteralString] = (
+    "INSERT INTO {links} (nonce, idem_key, action, used_by, expires_at)"
+    " VALUES (%(nonce)s, %(idem_key)s, %(action)s, %(used_by)s, %(expires_at)s)"
+    " ON CONFLICT (nonce) DO NOTHING RETURNING nonce"
+)
+# record_attempt, and decide's accepted row: one row of the audit trail.
+ATTEMPT_INSERT: Final[LiteralString] = (
+    "INSERT INTO {attempts} (idem_key, principal, channel, action, outcome, reason_code,"
+    " intent_hash, note) VALUES (%(a_idem_key)s, %(a_principal)s, %(a_channel)s,"
+    " %(a_action)s, %(a_outcome)s, %(a_reason)s, %(a_intent)s, %(a_note)s)"
+)
+_ATTEMPT_COLUMNS: Final[LiteralString] = (
+    "id, idem_key, principal, channel, action, outcome, reason_code, intent_hash, note, at"
+)
+ATTEMPTS_OF: Final[LiteralString] = (
+    "SELECT " + _ATTEMPT_COLUMNS + " FROM {attempts} WHERE idem_key = %(idem_key)s"
+    " ORDER BY id LIMIT %(limit)s"
+)
+ATTEMPTS_ALL: Final[LiteralString] = (
+    "SELECT " + _ATTEMPT_COLUMNS + " FROM {attempts} ORDER BY id LIMIT %(limit)s"
+)

@@ -527,3 +527,48 @@ BUDGET_APPLY: Final = (
     " reserved_tool_calls = reserved_tool_calls - :freed_tool_calls, updated_us = :now"
     " WHERE workflow_id = :workflow_id"
 )
+
+# -- approvals (schema version 4; see stores/approval_base.py) --
+_REQUEST_COLUMNS: Final = (
+    "idem_key, requested_by, policy_version, deadline_us, escalated_us, created_us"
+)
+# note_request: insert-or-get; the first request's asker and deadline stand.
+APPROVAL_INSERT: Final = (
+    "INSERT INTO agent_ledger_approvals"
+    " (idem_key, requested_by, policy_version, deadline_us, created_us)"
+    " VALUES (:idem_key, :requested_by, :policy_version,"
+    " CASE WHEN :deadline_ms IS NULL THEN NULL ELSE :now + :deadline_ms * 1000 END, :now)"
+    " ON CONFLICT (idem_key) DO NOTHING"
+)
+APPROVAL_GET: Final = (
+    "SELECT " + _REQUEST_COLUMNS + " FROM agent_ledger_approvals WHERE idem_key = ?"
+)
+# overdue_approvals: deadlines passed by the store's clock, the oldest first.
+APPROVALS_OVERDUE: Final = (
+    "SELECT " + _REQUEST_COLUMNS + " FROM agent_ledger_approvals"
+    " WHERE deadline_us IS NOT NULL AND deadline_us <= :now"
+    " ORDER BY deadline_us, idem_key LIMIT :limit"
+)
+# decide: has this link already decided? (Read under the write lock, so the
+# check and the insert below see no other writer in between.)
+LINK_USED: Final = "SELECT 1 FROM agent_ledger_used_links WHERE nonce = ?"
+LINK_INSERT: Final = (
+    "INSERT INTO agent_ledger_used_links (nonce, idem_key, action, used_by, used_us, expires_us)"
+    " VALUES (:nonce, :idem_key, :action, :used_by, :now, :expires)"
+)
+# record_attempt, and decide's accepted row: one row of the audit trail.
+ATTEMPT_INSERT: Final = (
+    "INSERT INTO agent_ledger_decision_attempts (idem_key, principal, channel, action,"
+    " outcome, reason_code, intent_hash, note, at_us) VALUES (:a_idem_key, :a_principal,"
+    " :a_channel, :a_action, :a_outcome, :a_reason, :a_intent, :a_note, :now)"
+)
+_ATTEMPT_COLUMNS: Final = (
+    "id, idem_key, principal, channel, action, outcome, reason_code, intent_hash, note, at_us"
+)
+ATTEMPTS_OF: Final = (
+    "SELECT " + _ATTEMPT_COLUMNS + " FROM agent_ledger_decision_attempts"
+    " WHERE idem_key = :idem_key ORDER BY id LIMIT :limit"
+)
+ATTEMPTS_ALL: Final = (
+    "SELECT " + _ATTEMPT_COLUMNS + " FROM agent_ledger_decision_attempts ORDER BY id LIMIT :limit"
+)

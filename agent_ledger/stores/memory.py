@@ -45,6 +45,7 @@ from agent_ledger.status import (
     EffectStatus,
 )
 from agent_ledger.stores._legacy import LegacyStoreMethods, all_effects
+from agent_ledger.stores._memory_approvals import MemoryApprovals
 from agent_ledger.stores._memory_budgets import MemoryBudgets
 from agent_ledger.stores._memory_sagas import MemorySagas
 from agent_ledger.stores._rows import stats_from_groups
@@ -75,7 +76,7 @@ __all__ = ["MEMORY_SCHEMA_VERSION", "MemoryStore", "MemoryTransaction"]
 
 #: What ``MemoryStore.check_schema`` reports: the version of the SQL schemas
 #: whose behaviour it mirrors. It has nothing to create or migrate.
-MEMORY_SCHEMA_VERSION: Final = 3
+MEMORY_SCHEMA_VERSION: Final = 4
 
 _PROCESSING = EffectStatus.PROCESSING
 _REQUIRES_APPROVAL = EffectStatus.REQUIRES_APPROVAL
@@ -178,7 +179,7 @@ class MemoryTransaction(TransactionHandle):
         return self._undo
 
 
-class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets):
+class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets, MemoryApprovals):
     """Effects in a dict, with the same observable behaviour as the SQL stores.
 
     ``clock`` is the store's clock (inject a ``ManualClock`` to test
@@ -196,6 +197,7 @@ class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets):
         self._gate = TransactionGate(self, MemoryTransaction, "MemoryStore", self._subscribers)
         self._init_sagas()
         self._init_budgets()
+        self._init_approvals()
 
     # -- schema ------------------------------------------------------------
 

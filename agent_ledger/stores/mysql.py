@@ -68,6 +68,7 @@ from agent_ledger.stores._dedup import (
     row_id,
 )
 from agent_ledger.stores._legacy import LegacyStoreMethods, all_effects
+from agent_ledger.stores._mysql_approvals import MySQLApprovals
 from agent_ledger.stores._mysql_budgets import MySQLBudgets
 from agent_ledger.stores._mysql_sagas import MySQLSagas
 from agent_ledger.stores._mysql_tables import (
@@ -118,7 +119,7 @@ __all__ = ["MYSQL_SCHEMA_SQL", "MYSQL_SCHEMA_VERSION", "MySQLStore", "MySQLTrans
 #: files record in ``agent_ledger_schema_version`` (a test holds the two equal).
 #: The same number as the other stores' schema: the MySQL tables start out as
 #: version 3 of the ledger's tables (there never was a MySQL version 1 or 2).
-MYSQL_SCHEMA_VERSION: Final = 3
+MYSQL_SCHEMA_VERSION: Final = 4
 #: The version ``mysql_schema.sql`` creates.
 _FIRST_VERSION: Final = 3
 #: The text of ``mysql_schema.sql`` (version 3), with ``{collation}`` to fill in.
@@ -366,7 +367,7 @@ def _session(settings: Mapping[str, Any], connect_timeout: float) -> dict[str, A
     }
 
 
-class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets):
+class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
     """Effects in MariaDB or MySQL, shared by every worker that uses the same database.
 
     Open it with :meth:`connect` (a URL) and close it with :meth:`close`. The
@@ -378,6 +379,13 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets):
     :meth:`flush_counts` and on :meth:`close`, so that a replay is one read
     (``stores/_dedup.py`` says what a reader sees and what a crash may lose).
     """
+
+    #: How settle's parameters are spelled here (for the approval steps' ``decide``).
+    _dialect = _DIALECT
+
+    @staticmethod
+    def _effect_of_row(row: tuple[Any, ...]) -> Effect:
+        return _effect_from_row(row)
 
     def __init__(
         self,

@@ -78,6 +78,7 @@ from agent_ledger.stores._params import (
     settle_params,
     transition_params,
 )
+from agent_ledger.stores._postgres_approvals import PostgresApprovals
 from agent_ledger.stores._postgres_budgets import PostgresBudgets
 from agent_ledger.stores._postgres_sagas import STEPS_TABLE, PostgresSagas
 from agent_ledger.stores._postgres_tables import utc
@@ -109,7 +110,7 @@ from agent_ledger.stores.base import (
 __all__ = ["SCHEMA_SQL", "SCHEMA_VERSION", "PostgresStore"]
 
 #: The schema this version of the library needs (see the marker table).
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 #: The text of ``schema.sql``; apply it with ``conn.execute(SCHEMA_SQL)``.
 # Typed LiteralString so `conn.execute(SCHEMA_SQL)` type-checks: it is our own file.
 SCHEMA_SQL: Final[LiteralString] = (
@@ -268,7 +269,7 @@ async def _restore_transactional(conn: Connection) -> None:
         await conn.close()
 
 
-class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
+class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets, PostgresApprovals):
     """Effects in PostgreSQL, shared by every worker that uses the same database.
 
     ``pool`` is the caller's ``psycopg_pool.AsyncConnectionPool`` (opened by
@@ -293,6 +294,9 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
     prepare statements (``kwargs={"prepare_threshold": None}``; :meth:`connect`
     sets it when it detects a pooler).
     """
+
+    #: How settle's parameters are spelled here (for the approval steps' ``decide``).
+    _dialect = _DIALECT
 
     def __init__(
         self,

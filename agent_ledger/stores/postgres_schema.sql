@@ -1,4 +1,4 @@
--- agent-ledger PostgreSQL schema, version 3 (PostgreSQL 14 or later).
+-- agent-ledger PostgreSQL schema, version 4 (PostgreSQL 14 or later).
 --
 -- Apply it with `psql -f schema.sql`, `await conn.execute(SCHEMA_SQL)` or
 -- `await store.create_schema()`. It is idempotent: applying it twice is a
@@ -338,3 +338,82 @@ BEGIN
     INSERT INTO agent_ledger_schema_version (version) VALUES (3);
 END
 $version_3$;
+
+-- ===========================================================================
+-- Version 4: approvals for people (docs/console.md): who asked, the policy
+-- version and the deadline of each request; every decision attempt; links
+-- already used
+-- ===========================================================================
+-- An effect that waits for a person gets a row in agent_ledger_approvals,
+-- beside its effect row rather than as new effect columns: the effect record
+-- and the statements on every run's path stay as they were, and the MySQL
+-- store (whose DDL cannot add a column idempotently) keeps the same layout.
+-- A decision is bound to what the person was shown: the SHA-256 of the
+-- canonical (tool, workflow, args, policy version), the "intent hash"
+-- (agent_ledger/intent.py). Each attempt to decide, accepted or refused,
+-- is one row of agent_ledger_decision_attempts, the audit trail: who (the
+-- authenticated principal), through which channel, what they asked, the
+-- intent hash they saw, and a reason code (agent_ledger.codes.DecisionCode).
+-- A signed link is single-use: its nonce is inserted into
+-- agent_ledger_used_links in the transaction that records the decision, so
+-- a link either decided once or changed nothing. Nothing existing changes;
+-- a version 3 ledger simply has no requests recorded yet.
+DO $version_4$
+BEGIN
+    IF EXISTS (SELECT 1 FROM agent_ledger_schema_version WHERE version = 4) THEN
+        RETURN;
+    END IF;
+    CREATE TABLE agent_ledger_approvals (
+        -- The effect waiting for a person (agent_ledger_effects.idem_key).
+        idem_key        text        PRIMARY KEY,
+        -- Who asked (the worker's principal or database role); NULL: not said.
+        requested_by    text,
+        -- The version of the approval policy that sent it to a person; part of
+        -- the intent hash, so a decision made under another policy never runs.
+        policy_version  text,
+        -- Past this, a sweep (or the console, on reading it) denies the effect
+        -- with reason `expired`; NULL: no deadline.
+        deadline_at     timestamptz,
+        -- When the escalation hook fired (once per request); NULL: not yet.
+        escalated_at    timestamptz,
+        created_at      timestamptz NOT NULL DEFAULT clock_timestamp()
+    );
+    -- Requests with a deadline, for the sweep.
+    CREATE INDEX agent_ledger_approvals_deadline_idx
+        ON agent_ledger_approvals (deadline_at) WHERE deadline_at IS NOT NULL;
+    CREATE TABLE agent_ledger_decision_attempts (
+        id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        idem_key     text        NOT NULL,
+        -- The authenticated principal (never a name taken from the request body).
+        principal    text        NOT NULL,
+        channel      text        NOT NULL
+            CONSTRAINT agent_ledger_decision_attempts_channel_check CHECK (channel IN (
+                'console', 'link', 'slack', 'cli', 'code')),
+        action       text        NOT NULL
+            CONSTRAINT agent_ledger_decision_attempts_action_check CHECK (action IN (
+                'approve', 'deny', 'resolve')),
+        outcome      text        NOT NULL
+            CONSTRAINT agent_ledger_decision_attempts_outcome_check CHECK (outcome IN (
+                'accepted', 'refused')),
+        -- agent_ledger.codes.DecisionCode: why it was accepted or refused.
+        reason_code  text        NOT NULL,
+        -- The intent hash the decider was shown (lowercase hex); NULL: none sent.
+        intent_hash  text,
+        note         text,
+        at           timestamptz NOT NULL DEFAULT clock_timestamp()
+    );
+    CREATE INDEX agent_ledger_decision_attempts_key_idx
+        ON agent_ledger_decision_attempts (idem_key, id);
+    CREATE TABLE agent_ledger_used_links (
+        -- The link's random nonce: present once the link has decided.
+        nonce       text        PRIMARY KEY,
+        idem_key    text        NOT NULL,
+        action      text        NOT NULL,
+        used_by     text        NOT NULL,
+        used_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
+        -- The link's own expiry: a row past it may be deleted (the link is dead anyway).
+        expires_at  timestamptz NOT NULL
+    );
+    INSERT INTO agent_ledger_schema_version (version) VALUES (4);
+END
+$version_4$;

@@ -76,6 +76,7 @@ from agent_ledger.stores._params import (
     transition_params,
 )
 from agent_ledger.stores._rows import STATUS_BY_VALUE, effect_from_row, stats_from_groups
+from agent_ledger.stores._sqlite_approvals import SqliteApprovals
 from agent_ledger.stores._sqlite_budgets import SqliteBudgets
 from agent_ledger.stores._sqlite_holders import Holders
 from agent_ledger.stores._sqlite_sagas import SqliteSagas
@@ -113,7 +114,7 @@ __all__ = [
 
 #: The schema this version of the library needs: the newest version its schema
 #: files record in ``agent_ledger_schema_version`` (a test holds the two equal).
-SQLITE_SCHEMA_VERSION: Final = 3
+SQLITE_SCHEMA_VERSION: Final = 4
 
 #: The SQLite schema; applied by ``SqliteStore`` when it opens a database.
 SQLITE_SCHEMA_SQL: Final = (
@@ -273,7 +274,7 @@ class SqliteTransaction(TransactionHandle):
     opened_us: int | None = None
 
 
-class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
+class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets, SqliteApprovals):
     """Effects in a SQLite file, durable and shared by every process on the machine.
 
     ``path`` is the database file (``":memory:"`` is refused: use
@@ -288,6 +289,9 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
     that never takes the write lock (``stores/_dedup.py`` says what a reader
     sees and what a crash may lose).
     """
+
+    #: How settle's parameters are spelled here (for the approval steps' ``decide``).
+    _dialect = _DIALECT
 
     def __init__(
         self,

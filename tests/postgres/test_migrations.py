@@ -105,7 +105,7 @@ def test_version_1_is_never_edited_in_place() -> None:
     """schema.sql still executes exactly the released version 1 statements, then
     the later versions' sections."""
     assert executed_sql(SCHEMA_SQL).startswith(executed_sql(V1_SCHEMA) + "\n")
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION == 4
 
 
 async def test_create_schema_upgrades_a_version_1_schema_and_keeps_every_effect(
@@ -113,12 +113,12 @@ async def test_create_schema_upgrades_a_version_1_schema_and_keeps_every_effect(
 ) -> None:
     store = await PostgresStore.connect(dsn, schema=v1_schema)
     try:
-        with pytest.raises(EffectStoreError, match=r"version 1, this library needs 3"):
+        with pytest.raises(EffectStoreError, match=r"version 1, this library needs 4"):
             await store.check_schema()
         await store.create_schema()
         await store.create_schema()
-        assert await store.check_schema() == 3
-        assert await _versions(dsn, v1_schema) == [1, 2, 3]
+        assert await store.check_schema() == 4
+        assert await _versions(dsn, v1_schema) == [1, 2, 3, 4]
         ledger = build_ledger(store)
         effects = (await ledger.list_effects(limit=100)).effects
         assert len(effects) == len(HISTORIES), "no effect is lost"
@@ -164,10 +164,10 @@ async def test_applying_todays_schema_sql_upgrades_too(dsn: str, v1_schema: str)
         await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(v1_schema)))
         await conn.execute(SCHEMA_SQL)
         await conn.execute(SCHEMA_SQL)
-    assert await _versions(dsn, v1_schema) == [1, 2, 3]
+    assert await _versions(dsn, v1_schema) == [1, 2, 3, 4]
     store = await PostgresStore.connect(dsn, schema=v1_schema)
     try:
-        assert await store.check_schema() == 3
+        assert await store.check_schema() == 4
         assert await build_ledger(store).run(_call("fresh"), lambda e: "ok") == "ok"
     finally:
         await store.close()
@@ -179,7 +179,7 @@ async def test_concurrent_create_schema_on_a_version_1_schema_upgrades_once(
     stores = [await PostgresStore.connect(dsn, schema=v1_schema) for _ in range(3)]
     try:
         await asyncio.gather(*(s.create_schema() for s in stores))
-        assert await _versions(dsn, v1_schema) == [1, 2, 3]
+        assert await _versions(dsn, v1_schema) == [1, 2, 3, 4]
     finally:
         for store in stores:
             await store.close()
@@ -189,17 +189,17 @@ async def test_migrate_reports_what_it_did(dsn: str, v1_schema: str) -> None:
     """1 -> 2 once, then 2 -> 2; a schema that did not exist is created (0 -> 2)."""
     store = await PostgresStore.connect(dsn, schema=v1_schema)
     try:
-        assert await store.migrate() == SchemaMigration(1, 3)
-        assert await store.migrate() == SchemaMigration(3, 3)
-        assert await _versions(dsn, v1_schema) == [1, 2, 3]
+        assert await store.migrate() == SchemaMigration(1, 4)
+        assert await store.migrate() == SchemaMigration(4, 4)
+        assert await _versions(dsn, v1_schema) == [1, 2, 3, 4]
         assert len((await build_ledger(store).list_effects(limit=100)).effects) == len(HISTORIES)
     finally:
         await store.close()
     fresh = f"{v1_schema}_new"
     store = await PostgresStore.connect(dsn, schema=fresh)
     try:
-        assert await store.migrate() == SchemaMigration(0, 3)
-        assert await store.check_schema() == 3
+        assert await store.migrate() == SchemaMigration(0, 4)
+        assert await store.check_schema() == 4
     finally:
         await store.close()
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
@@ -212,8 +212,8 @@ async def test_concurrent_migrations_both_succeed_and_upgrade_once(
     stores = [await PostgresStore.connect(dsn, schema=v1_schema) for _ in range(3)]
     try:
         reports = await asyncio.gather(*(s.migrate() for s in stores))
-        assert sorted(reports) == [SchemaMigration(1, 3)] + [SchemaMigration(3, 3)] * 2
-        assert await _versions(dsn, v1_schema) == [1, 2, 3]
+        assert sorted(reports) == [SchemaMigration(1, 4)] + [SchemaMigration(4, 4)] * 2
+        assert await _versions(dsn, v1_schema) == [1, 2, 3, 4]
     finally:
         for store in stores:
             await store.close()
@@ -275,9 +275,9 @@ def test_the_migrate_command_upgrades_a_version_1_schema(
     before = cli("pending")
     assert before.returncode == 1 and "run `agent-ledger migrate`" in before.stderr
     done = cli("migrate")
-    assert (done.returncode, done.stdout) == (0, "migrated the schema from version 1 to 3\n")
+    assert (done.returncode, done.stdout) == (0, "migrated the schema from version 1 to 4\n")
     again = cli("migrate")
-    assert (again.returncode, again.stdout) == (0, "schema already at version 3: nothing to do\n")
+    assert (again.returncode, again.stdout) == (0, "schema already at version 4: nothing to do\n")
     assert cli("pending").returncode == 0
 
 

@@ -82,8 +82,8 @@ def test_version_1_is_never_edited_in_place() -> None:
 
 
 def test_every_store_needs_the_same_version() -> None:
-    assert SQLITE_SCHEMA_VERSION == MEMORY_SCHEMA_VERSION == 3
-    assert set(SQLITE_MIGRATIONS) == {2, 3}
+    assert SQLITE_SCHEMA_VERSION == MEMORY_SCHEMA_VERSION == 4
+    assert set(SQLITE_MIGRATIONS) == {2, 3, 4}
 
 
 async def test_opening_a_version_1_file_upgrades_it_and_keeps_every_effect(
@@ -93,8 +93,8 @@ async def test_opening_a_version_1_file_upgrades_it_and_keeps_every_effect(
     _version_1_database(db)
     store = SqliteStore(db)
     try:
-        assert await store.check_schema() == 3
-        assert _versions(db) == [1, 2, 3]
+        assert await store.check_schema() == 4
+        assert _versions(db) == [1, 2, 3, 4]
         by_key = {
             e.idem_key: e for e in (await build_ledger(store).list_effects(limit=100)).effects
         }
@@ -185,13 +185,13 @@ async def test_a_bare_open_names_the_old_version_and_create_schema_upgrades(
     _version_1_database(db)
     store = SqliteStore(db, create=False)
     try:
-        with pytest.raises(EffectStoreError, match=r"version 1, this library needs 3.*migrate"):
+        with pytest.raises(EffectStoreError, match=r"version 1, this library needs 4.*migrate"):
             await store.check_schema()
         assert _versions(db) == [1]
         await store.create_schema()
         await store.create_schema()
-        assert await store.check_schema() == 3
-        assert _versions(db) == [1, 2, 3]
+        assert await store.check_schema() == 4
+        assert _versions(db) == [1, 2, 3, 4]
     finally:
         await store.close()
 
@@ -215,7 +215,7 @@ def test_processes_opening_an_old_file_at_once_upgrade_it_once(tmp_path: Path) -
     for thread in threads:
         thread.join()
     assert errors == []
-    assert _versions(db) == [1, 2, 3]
+    assert _versions(db) == [1, 2, 3, 4]
 
 
 async def test_a_failed_upgrade_rolls_back_and_says_why(tmp_path: Path) -> None:
@@ -240,7 +240,7 @@ async def test_a_failed_upgrade_rolls_back_and_says_why(tmp_path: Path) -> None:
         conn.commit()
     store = SqliteStore(db)
     try:
-        assert await store.check_schema() == 3
+        assert await store.check_schema() == 4
     finally:
         await store.close()
 
@@ -268,19 +268,19 @@ async def test_migrate_reports_what_it_did_and_is_idempotent(tmp_path: Path) -> 
     _version_1_database(db)
     store = SqliteStore(db, create=False)
     try:
-        assert await store.migrate() == SchemaMigration(1, 3)
+        assert await store.migrate() == SchemaMigration(1, 4)
         assert (await store.migrate()).changed is False
-        assert await store.check_schema() == 3
-        assert _versions(db) == [1, 2, 3]
+        assert await store.check_schema() == 4
+        assert _versions(db) == [1, 2, 3, 4]
         assert len((await build_ledger(store).list_effects(limit=100)).effects) == len(HISTORIES)
     finally:
         await store.close()
     fresh = SqliteStore(tmp_path / "new.db")  # opening creates it: nothing left to do
     try:
-        assert await fresh.migrate() == SchemaMigration(3, 3)
+        assert await fresh.migrate() == SchemaMigration(4, 4)
     finally:
         await fresh.close()
-    assert await MemoryStore().migrate() == SchemaMigration(3, 3)
+    assert await MemoryStore().migrate() == SchemaMigration(4, 4)
 
 
 def test_two_migrations_at_once_both_succeed_and_upgrade_once(tmp_path: Path) -> None:
@@ -312,8 +312,8 @@ def test_two_migrations_at_once_both_succeed_and_upgrade_once(tmp_path: Path) ->
     for thread in threads:
         thread.join()
     assert errors == []
-    assert sorted(reports) == [SchemaMigration(1, 3), SchemaMigration(3, 3)]
-    assert _versions(db) == [1, 2, 3]
+    assert sorted(reports) == [SchemaMigration(1, 4), SchemaMigration(4, 4)]
+    assert _versions(db) == [1, 2, 3, 4]
 
 
 def test_the_migrate_command_upgrades_a_version_1_file(tmp_path: Path) -> None:
@@ -322,12 +322,12 @@ def test_the_migrate_command_upgrades_a_version_1_file(tmp_path: Path) -> None:
     cli = Cli(f"sqlite:///{db}", tmp_path)
     before = cli("list")
     assert before.returncode == 1
-    assert "version 1, this library needs 3: run `agent-ledger migrate`" in before.stderr
+    assert "version 1, this library needs 4: run `agent-ledger migrate`" in before.stderr
     done = cli("migrate")
-    assert (done.returncode, done.stdout) == (0, "migrated the schema from version 1 to 3\n")
+    assert (done.returncode, done.stdout) == (0, "migrated the schema from version 1 to 4\n")
     again = cli("migrate", "--json")
     assert again.returncode == 0
-    assert orjson.loads(again.stdout) == {"from_version": 3, "to_version": 3, "changed": False}
+    assert orjson.loads(again.stdout) == {"from_version": 4, "to_version": 4, "changed": False}
     listed = cli("list", "--limit", "100")
     assert listed.returncode == 0 and len(listed.stdout.splitlines()) == len(HISTORIES) + 1
     missing = Cli(f"sqlite:///{tmp_path / 'nothing.db'}", tmp_path)("migrate")

@@ -57,13 +57,13 @@ async def test_opening_a_version_2_file_adds_the_saga_tables_and_keeps_every_eff
     _version_2_database(db)
     bare = SqliteStore(db, create=False)
     try:
-        with pytest.raises(EffectStoreError, match=r"version 2, this library needs 3.*migrate"):
+        with pytest.raises(EffectStoreError, match=r"version 2, this library needs 4.*migrate"):
             await bare.check_schema()
-        assert await bare.migrate() == SchemaMigration(2, 3)
-        assert await bare.migrate() == SchemaMigration(3, 3)
+        assert await bare.migrate() == SchemaMigration(2, 4)
+        assert await bare.migrate() == SchemaMigration(4, 4)
     finally:
         await bare.close()
-    assert sorted(_versions(db)) == [1, 2, 3]
+    assert sorted(_versions(db)) == [1, 2, 3, 4]
     assert {
         "agent_ledger_budgets",
         "agent_ledger_budget_holds",

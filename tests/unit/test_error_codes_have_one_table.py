@@ -114,6 +114,7 @@ def test_stored_spellings_never_change() -> None:
     assert {c.name: c.value for c in ErrorCode} == {
         "DENIED": "denied",
         "CANCELED": "canceled",
+        "APPROVAL_EXPIRED": "expired",
         "AMBIGUOUS_ATTEMPT": "ambiguous_attempt",
         "RUN_CANCELLED": "cancelled",
         "HANDLER_TIMEOUT": "handler_timeout",

@@ -1,0 +1,29 @@
+"""The approval console (issue 28): an ASGI app a person decides from.
+
+Needs the ``console`` extra (Starlette, Jinja2; uvicorn to serve it alone):
+``pip install -e ".[console]"``. ``import agent_ledger`` never imports it.
+See docs/console.md.
+"""
+
+from __future__ import annotations
+
+from agent_ledger.console._app import create_app
+from agent_ledger.console._identity import (
+    ProxyHeaderAuth,
+    StaticUsers,
+    ToolPatterns,
+    hash_password,
+)
+from agent_ledger.console._links import BadLink, Link, sign_link, verify_link
+
+__all__ = [
+    "BadLink",
+    "Link",
+    "ProxyHeaderAuth",
+    "StaticUsers",
+    "ToolPatterns",
+    "create_app",
+    "hash_password",
+    "sign_link",
+    "verify_link",
+]

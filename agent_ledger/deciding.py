@@ -1,0 +1,279 @@
+"""A person's decision, bound to what they were shown and recorded however it ends.
+
+``decide()`` is the one path every channel takes (the console, a signed link,
+Slack, the CLI, code): it refuses a decision on an effect that no longer
+waits, whose intent hash differs from the one the person saw, whose deadline
+passed, or (with separation of duty) made by the principal who asked for it;
+otherwise it makes the transition with ``ApprovalStore.decide``, exactly one
+of any number of concurrent deciders winning. Every attempt, accepted or
+refused, lands in the audit trail with its principal, channel and reason
+code. Who may decide which tool is the caller's rule (the console's
+``authorize``); a refusal by it is recorded here too (:func:`refuse`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Final
+
+from agent_ledger.approvals import (
+    ApprovalRequest,
+    Channel,
+    DecisionAction,
+    DecisionOutcome,
+    NewDecisionAttempt,
+    UsedLink,
+    intent_hash,
+)
+from agent_ledger.codes import DecisionCode, ErrorCode
+from agent_ledger.decisions import NO_RESULT
+from agent_ledger.effects import Effect, EffectError, JSONValue, storable_text
+from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.keys import canonical_json
+from agent_ledger.observability import log_effect
+from agent_ledger.status import EffectStatus
+from agent_ledger.stores.approval_base import ApprovalStore, DecideRequest
+from agent_ledger.stores.base import Decision, Store
+
+__all__ = [
+    "EXPIRY_DECIDER",
+    "DecisionResult",
+    "approval_store",
+    "decide",
+    "effect_intent",
+    "expire_overdue",
+    "refuse",
+]
+
+#: An expired approval's denial reason.
+_EXPIRED_MESSAGE: Final = "expired: nobody decided before the approval's deadline"
+#: Who the receipt says decided an expired approval.
+EXPIRY_DECIDER: Final = "agent-ledger (deadline)"
+
+_TARGETS: Final = {
+    DecisionAction.APPROVE: EffectStatus.READY,
+    DecisionAction.DENY: EffectStatus.DENIED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionResult:
+    """How a decision attempt ended: ``accepted`` (this attempt made the transition)
+    or refused with ``reason``; ``message`` says it for a person."""
+
+    accepted: bool
+    reason: DecisionCode
+    message: str
+    effect: Effect | None
+
+
+def approval_store(store: Store) -> ApprovalStore:
+    """``store`` as an ``ApprovalStore``; a clear error if it is not one."""
+    if not isinstance(store, ApprovalStore):
+        raise EffectLedgerValidationError(
+            f"{type(store).__name__} keeps no approvals (schema version 4's decision "
+            "audit trail and links): every store of agent-ledger 0.3 does; a store of "
+            "your own must implement ApprovalStore (stores/approval_base.py)",
+            field="store",
+        )
+    return store
+
+
+def effect_intent(effect: Effect, request: ApprovalRequest | None) -> str:
+    """The intent hash of ``effect`` as it would run, under its request's policy version."""
+    return intent_hash(
+        tool=effect.tool,
+        workflow_id=effect.workflow_id,
+        args_canonical=effect.args_canonical,
+        policy_version=None if request is None else request.policy_version,
+    )
+
+
+def already_decided(effect: Effect) -> str:
+    """ "already decided by X at T" (or why the effect no longer waits)."""
+    if effect.decided_by and effect.decided_at is not None:
+        when = effect.decided_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+        return f"already decided by {effect.decided_by} at {when} (now {effect.status.value})"
+    return f"no longer waits for a person: it is {effect.status.value}"
+
+
+async def refuse(
+    store: Store,
+    attempt: NewDecisionAttempt,
+    reason: DecisionCode,
+    message: str,
+    effect: Effect | None = None,
+) -> DecisionResult:
+    """Record a refused attempt and say why; nothing else changes."""
+    await approval_store(store).record_attempt(
+        attempt, outcome=DecisionOutcome.REFUSED, reason=reason
+    )
+    return DecisionResult(False, reason, message, effect)
+
+
+async def decide(
+    store: Store,
+    idem_key: str,
+    *,
+    action: DecisionAction,
+    principal: str,
+    channel: Channel,
+    shown_intent: str | None,
+    note: str | None = None,
+    result: JSONValue = NO_RESULT,
+    error: EffectError | None = None,
+    link: UsedLink | None = None,
+    separation_of_duty: bool = False,
+    now: datetime | None = None,
+) -> DecisionResult:
+    """Approve, deny or resolve ``idem_key`` as ``principal`` through ``channel``.
+
+    ``shown_intent`` is the intent hash the person was shown; the console,
+    links and Slack always send one, and a decision without one is refused
+    from those channels (code and the CLI may omit it: they read the effect
+    they decide). ``now`` (default: this process's UTC clock) judges the
+    request's deadline; the sweep, :func:`expire_overdue`, judges it by the
+    store's clock.
+    """
+    approvals = approval_store(store)
+    if not isinstance(principal, str) or not principal.strip():
+        raise EffectLedgerValidationError(
+            "principal must be the authenticated decider's name, a non-empty string",
+            field="principal",
+        )
+    note = storable_text(note) if note else None
+    attempt = NewDecisionAttempt(idem_key, principal, channel, action, shown_intent, note)
+    effect = await store.find(idem_key)
+    if effect is None:
+        return await refuse(
+            store, attempt, DecisionCode.UNKNOWN_EFFECT, "no effect has this key: nothing changed"
+        )
+    request = await approvals.approval_request(idem_key)
+    if effect.status is EffectStatus.REQUIRES_APPROVAL and _overdue(request, now):
+        await expire_overdue(store, only=idem_key)
+        effect = await store.find(idem_key) or effect
+        return await refuse(
+            store,
+            attempt,
+            DecisionCode.EXPIRED,
+            "the approval's deadline has passed: the effect was denied as expired",
+            effect,
+        )
+    if effect.status is not EffectStatus.REQUIRES_APPROVAL:
+        return await refuse(
+            store, attempt, DecisionCode.ALREADY_DECIDED, already_decided(effect), effect
+        )
+    current = effect_intent(effect, request)
+    if (shown_intent is None and channel in _BOUND_CHANNELS) or (
+        shown_intent is not None and shown_intent != current
+    ):
+        return await refuse(
+            store,
+            attempt,
+            DecisionCode.INTENT_MISMATCH,
+            "what would run differs from what you were shown (tool, workflow, arguments "
+            "or policy version): nothing changed. Reload the receipt and decide again.",
+            effect,
+        )
+    if separation_of_duty and request is not None and request.requested_by == principal:
+        return await refuse(
+            store,
+            attempt,
+            DecisionCode.SELF_DECISION,
+            f"{principal} asked for this approval and may not decide it (separation of duty)",
+            effect,
+        )
+    target, result_json, error = _outcome(action, effect, result, error, note)
+    if action is DecisionAction.RESOLVE and not effect.parked:
+        return await refuse(
+            store,
+            attempt,
+            DecisionCode.NOT_PARKED,
+            "this effect waits for an approval, not for an outcome: approve or deny it",
+            effect,
+        )
+    outcome = await approvals.decide(
+        DecideRequest(
+            idem_key=idem_key,
+            target=target,
+            decision=Decision(by=principal, note=note),
+            attempt=attempt,
+            expected_attempt=effect.attempt,
+            only_parked=action is DecisionAction.RESOLVE,
+            result_json=result_json,
+            error=error,
+            link=link,
+        )
+    )
+    if outcome.link_used:
+        return await refuse(
+            store, attempt, DecisionCode.LINK_USED, "this link has already been used", effect
+        )
+    if outcome.effect is None:
+        now_effect = await store.find(idem_key) or effect
+        return await refuse(
+            store, attempt, DecisionCode.ALREADY_DECIDED, already_decided(now_effect), now_effect
+        )
+    log_effect(logging.INFO, f"effect decided by {principal} via {channel.value}", outcome.effect)
+    return DecisionResult(True, DecisionCode.DECIDED, f"{action.value}d", outcome.effect)
+
+
+#: Channels that show a person an effect: their decisions must say what they saw.
+_BOUND_CHANNELS: Final = frozenset({Channel.CONSOLE, Channel.LINK, Channel.SLACK})
+
+
+def _overdue(request: ApprovalRequest | None, now: datetime | None) -> bool:
+    if request is None or request.deadline_at is None:
+        return False
+    return request.deadline_at <= (now or datetime.now(UTC))
+
+
+def _outcome(
+    action: DecisionAction,
+    effect: Effect,
+    result: JSONValue,
+    error: EffectError | None,
+    note: str | None,
+) -> tuple[EffectStatus, str | None, EffectError | None]:
+    """The settle target, result and error an action records."""
+    if action is DecisionAction.APPROVE:
+        return EffectStatus.READY, None, None
+    if action is DecisionAction.DENY:
+        return EffectStatus.DENIED, None, EffectError(note or "denied", ErrorCode.DENIED)
+    if (result is NO_RESULT) == (error is None):
+        raise EffectLedgerValidationError(
+            "resolve takes exactly one of result= (the side effect happened) or error= "
+            "(it failed). Nothing changed.",
+            field="result",
+        )
+    if error is not None:
+        return EffectStatus.FAILED, None, error
+    text = canonical_json(result, field="result", sort_keys=False).decode()
+    return EffectStatus.SUCCEEDED, text, None
+
+
+async def expire_overdue(store: Store, *, only: str | None = None) -> list[Effect]:
+    """Deny, with reason ``expired``, every effect still waiting past its deadline
+    (by the store's clock); return those this call denied. Silence is never consent.
+
+    ``only``: just this key (the console expiring one effect as it reads it).
+    """
+    approvals = approval_store(store)
+    denied: list[Effect] = []
+    for request in await approvals.overdue_approvals():
+        if only is not None and request.idem_key != only:
+            continue
+        moved = await store.settle(
+            request.idem_key,
+            target=EffectStatus.DENIED,
+            decision=Decision(by=EXPIRY_DECIDER, note="the approval's deadline passed"),
+            error=EffectError(
+                "expired: nobody decided before the deadline", ErrorCode.APPROVAL_EXPIRED
+            ),
+        )
+        if moved is not None:
+            log_effect(logging.INFO, "approval expired: effect denied", moved)
+            denied.append(moved)
+    return denied

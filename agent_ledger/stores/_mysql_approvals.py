@@ -1,0 +1,164 @@
+"""MySQLStore's approval steps (``ApprovalStore``), kept apart from its effect steps.
+
+``decide`` is one InnoDB transaction: the link's check, the settle
+compare-and-set (its row lock queues concurrent deciders, and all but the
+first match nothing), the nonce's insert (a concurrent use that inserted it
+first makes this transaction roll back, settle included) and the audit row.
+Statements are in ``_mysql_queries``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+from agent_ledger.approvals import (
+    ApprovalRequest,
+    DecisionAttempt,
+    DecisionOutcome,
+    NewDecisionAttempt,
+)
+from agent_ledger.codes import DecisionCode
+from agent_ledger.effects import Effect
+from agent_ledger.stores import _mysql_queries as q
+from agent_ledger.stores._mysql_tables import Cursor, MySQLTables, insert_new, stored, utc
+from agent_ledger.stores._params import Dialect, settle_params
+from agent_ledger.stores.approval_base import (
+    DecideOutcome,
+    DecideRequest,
+    attempt_from_row,
+    attempt_params,
+    request_from_row,
+)
+
+if TYPE_CHECKING:
+    from agent_ledger.stores._dedup import PendingCounts
+
+#: ``decide``'s answer when the link had already decided.
+_LINK_USED: Final = "link used"
+
+
+class MySQLApprovals(MySQLTables):
+    """Mixed into ``MySQLStore``: the approval tables of schema version 4."""
+
+    if TYPE_CHECKING:
+        _dialect: Dialect
+        _counts: PendingCounts
+
+        def _changed(self, idem_key: str, conn: Any) -> None: ...
+
+        async def _counted(
+            self, rows: list[tuple[Any, ...]], started: int, conn: Any
+        ) -> list[tuple[Any, ...]]: ...
+
+        def _effect_of_row(self, row: tuple[Any, ...]) -> Effect: ...
+
+    async def note_request(
+        self,
+        idem_key: str,
+        *,
+        requested_by: str | None,
+        policy_version: str | None,
+        deadline_ms: int | None,
+    ) -> ApprovalRequest:
+        params: dict[str, object] = {
+            "idem_key": idem_key,
+            "requested_by": requested_by,
+            "policy_version": policy_version,
+            "deadline_ms": deadline_ms,
+        }
+
+        async def work(cur: Cursor) -> ApprovalRequest:
+            await insert_new(cur, q.APPROVAL_INSERT, params)
+            await cur.execute(q.APPROVAL_GET, params)
+            return request_from_row(await cur.fetchone(), utc)
+
+        return await self._run("note_request", work, None, atomic=True, idem_key=idem_key)
+
+    async def approval_request(self, idem_key: str) -> ApprovalRequest | None:
+        async def work(cur: Cursor) -> ApprovalRequest | None:
+            await cur.execute(q.APPROVAL_GET, {"idem_key": idem_key})
+            row = await cur.fetchone()
+            return None if row is None else request_from_row(row, utc)
+
+        return await self._run("approval_request", work, None, atomic=False)
+
+    async def decide(self, request: DecideRequest) -> DecideOutcome:
+        key = request.idem_key
+        params = settle_params(
+            self._dialect,
+            key,
+            target=request.target,
+            expected_attempt=request.expected_attempt,
+            only_parked=request.only_parked,
+            result_json=request.result_json,
+            error=request.error,
+            decision=request.decision,
+        )
+        audit = attempt_params(request.attempt, DecisionOutcome.ACCEPTED, DecisionCode.DECIDED)
+        link = request.link
+        started = self._counts.epoch
+
+        async def work(cur: Cursor) -> tuple[Any, ...] | str | None:
+            if link is not None:
+                await cur.execute(q.LINK_USED, {"nonce": link.nonce})
+                if await cur.fetchone() is not None:
+                    return _LINK_USED
+            if await cur.execute(q.SETTLE, params) != 1:
+                return None
+            if link is not None:
+                fresh = await insert_new(
+                    cur,
+                    q.LINK_INSERT,
+                    {
+                        "nonce": link.nonce,
+                        "idem_key": key,
+                        "action": link.action.value,
+                        "used_by": request.attempt.principal,
+                        "expires": stored(link.expires_at),
+                    },
+                )
+                if not fresh:
+                    await cur.execute(q.ROLLBACK)  # the settle too: the link decided elsewhere
+                    return _LINK_USED
+            await cur.execute(q.ATTEMPT_INSERT, audit)
+            await cur.execute(q.FIND, {"idem_key": key})
+            row: tuple[Any, ...] | None = await cur.fetchone()
+            return row
+
+        moved = await self._run("decide", work, None, atomic=True, idem_key=key)
+        if moved is None:
+            return DecideOutcome(None)
+        if isinstance(moved, str):
+            return DecideOutcome(None, link_used=True)
+        self._changed(key, None)
+        (row,) = await self._counted([moved], started, None)
+        return DecideOutcome(self._effect_of_row(row))
+
+    async def record_attempt(
+        self, attempt: NewDecisionAttempt, *, outcome: DecisionOutcome, reason: DecisionCode
+    ) -> None:
+        params = attempt_params(attempt, outcome, reason)
+
+        async def work(cur: Cursor) -> None:
+            await cur.execute(q.ATTEMPT_INSERT, params)
+
+        await self._run("record_attempt", work, None, atomic=False, idem_key=attempt.idem_key)
+
+    async def decision_attempts(
+        self, idem_key: str | None = None, *, limit: int = 1000
+    ) -> list[DecisionAttempt]:
+        async def work(cur: Cursor) -> list[DecisionAttempt]:
+            if idem_key is None:
+                await cur.execute(q.ATTEMPTS_ALL, {"limit": limit})
+            else:
+                await cur.execute(q.ATTEMPTS_OF, {"idem_key": idem_key, "limit": limit})
+            return [attempt_from_row(row, utc) for row in await cur.fetchall()]
+
+        return await self._run("decision_attempts", work, None, atomic=False)
+
+    async def overdue_approvals(self, *, limit: int = 500) -> list[ApprovalRequest]:
+        async def work(cur: Cursor) -> list[ApprovalRequest]:
+            await cur.execute(q.APPROVALS_OVERDUE, {"limit": limit})
+            return [request_from_row(row, utc) for row in await cur.fetchall()]
+
+        return await self._run("overdue_approvals", work, None, atomic=False)

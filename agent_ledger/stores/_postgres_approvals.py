@@ -1,0 +1,170 @@
+"""PostgresStore's approval steps (``ApprovalStore``), kept apart from its effect steps.
+
+``decide`` is one transaction: the link's nonce first (its primary key makes
+a second use wait, then find it taken), then the settle compare-and-set (the
+row lock makes concurrent deciders queue, and all but the first match
+nothing), then the audit row. A settle that does not apply rolls the nonce
+back, so a link is consumed only by the decision it made. Statements are in
+``_postgres_queries``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from psycopg import sql
+
+from agent_ledger.approvals import (
+    ApprovalRequest,
+    DecisionAttempt,
+    DecisionOutcome,
+    NewDecisionAttempt,
+)
+from agent_ledger.codes import DecisionCode
+from agent_ledger.effects import Effect
+from agent_ledger.stores import _postgres_queries as q
+from agent_ledger.stores._params import Dialect, settle_params
+from agent_ledger.stores._postgres_tables import Connection, PostgresTables, utc
+from agent_ledger.stores.approval_base import (
+    DecideOutcome,
+    DecideRequest,
+    attempt_from_row,
+    attempt_params,
+    request_from_row,
+)
+
+if TYPE_CHECKING:
+    from contextlib import AbstractAsyncContextManager
+
+    from agent_ledger.stores._dedup import PendingCounts
+
+APPROVALS_TABLE: Final = "agent_ledger_approvals"
+ATTEMPTS_TABLE: Final = "agent_ledger_decision_attempts"
+LINKS_TABLE: Final = "agent_ledger_used_links"
+
+
+class _NotSettled(Exception):
+    """Raised inside decide's transaction to roll the nonce back."""
+
+
+class PostgresApprovals(PostgresTables):
+    """Mixed into ``PostgresStore``: the approval tables of schema version 4."""
+
+    if TYPE_CHECKING:
+        _dialect: Dialect
+        _settle: sql.Composed
+        _counts: PendingCounts
+
+        def transaction(self) -> AbstractAsyncContextManager[Connection]: ...
+
+        async def _one_counted(self, row: tuple[Any, ...], started: int, tx: Any) -> Effect: ...
+
+    def _approval_sql(self, text: Any) -> sql.Composed:
+        return sql.SQL(text).format(
+            approvals=sql.Identifier(self.schema, APPROVALS_TABLE),
+            attempts=sql.Identifier(self.schema, ATTEMPTS_TABLE),
+            links=sql.Identifier(self.schema, LINKS_TABLE),
+        )
+
+    async def _rows(
+        self, operation: str, text: Any, params: Mapping[str, object], tx: object | None = None
+    ) -> list[tuple[Any, ...]]:
+        query = self._approval_sql(text)
+
+        async def work(conn: Connection) -> list[tuple[Any, ...]]:
+            cursor = await conn.execute(query, params)
+            return await cursor.fetchall() if cursor.description is not None else []
+
+        return await self._statement(operation, work, tx)
+
+    async def note_request(
+        self,
+        idem_key: str,
+        *,
+        requested_by: str | None,
+        policy_version: str | None,
+        deadline_ms: int | None,
+    ) -> ApprovalRequest:
+        params = {
+            "idem_key": idem_key,
+            "requested_by": requested_by,
+            "policy_version": policy_version,
+            "deadline_ms": deadline_ms,
+        }
+        (row,) = await self._rows("note_request", q.APPROVAL_NOTE, params)
+        return request_from_row(row, utc)
+
+    async def approval_request(self, idem_key: str) -> ApprovalRequest | None:
+        rows = await self._rows("approval_request", q.APPROVAL_GET, {"idem_key": idem_key})
+        return request_from_row(rows[0], utc) if rows else None
+
+    async def decide(self, request: DecideRequest) -> DecideOutcome:
+        key = request.idem_key
+        params = settle_params(
+            self._dialect,
+            key,
+            target=request.target,
+            expected_attempt=request.expected_attempt,
+            only_parked=request.only_parked,
+            result_json=request.result_json,
+            error=request.error,
+            decision=request.decision,
+        )
+        audit = attempt_params(request.attempt, DecisionOutcome.ACCEPTED, DecisionCode.DECIDED)
+        link = request.link
+        consume = self._approval_sql(q.LINK_CONSUME)
+        insert = self._approval_sql(q.ATTEMPT_INSERT)
+        settle = self._settle
+        started = self._counts.epoch
+
+        async def work(conn: Connection) -> tuple[Any, ...] | None:
+            if link is not None:
+                cursor = await conn.execute(
+                    consume,
+                    {
+                        "nonce": link.nonce,
+                        "idem_key": key,
+                        "action": link.action.value,
+                        "used_by": request.attempt.principal,
+                        "expires_at": link.expires_at,
+                    },
+                )
+                if await cursor.fetchone() is None:
+                    return None
+            cursor = await conn.execute(settle, params)
+            row: tuple[Any, ...] | None = await cursor.fetchone()
+            if row is None:
+                raise _NotSettled
+            await conn.execute(insert, audit)
+            return row
+
+        try:
+            async with self.transaction() as tx:
+                row = await self._statement("decide", work, tx, idem_key=key)
+        except _NotSettled:
+            return DecideOutcome(None)
+        if row is None:
+            return DecideOutcome(None, link_used=True)
+        return DecideOutcome(await self._one_counted(row, started, None))
+
+    async def record_attempt(
+        self, attempt: NewDecisionAttempt, *, outcome: DecisionOutcome, reason: DecisionCode
+    ) -> None:
+        await self._rows(
+            "record_attempt", q.ATTEMPT_INSERT, attempt_params(attempt, outcome, reason)
+        )
+
+    async def decision_attempts(
+        self, idem_key: str | None = None, *, limit: int = 1000
+    ) -> list[DecisionAttempt]:
+        if idem_key is None:
+            rows = await self._rows("decision_attempts", q.ATTEMPTS_ALL, {"limit": limit})
+        else:
+            params = {"idem_key": idem_key, "limit": limit}
+            rows = await self._rows("decision_attempts", q.ATTEMPTS_OF, params)
+        return [attempt_from_row(row, utc) for row in rows]
+
+    async def overdue_approvals(self, *, limit: int = 500) -> list[ApprovalRequest]:
+        rows = await self._rows("overdue_approvals", q.APPROVALS_OVERDUE, {"limit": limit})
+        return [request_from_row(row, utc) for row in rows]

@@ -1,0 +1,163 @@
+"""SqliteStore's approval steps (``ApprovalStore``), kept apart from its effect steps.
+
+Every writing step runs in its own ``BEGIN IMMEDIATE`` transaction, like the
+effect steps: ``decide``'s link check, settle, nonce and audit row see no
+other writer in between, in this process or another, and land together.
+Statements are in ``_sqlite_queries``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import TYPE_CHECKING, Any, Final
+
+from agent_ledger.approvals import (
+    ApprovalRequest,
+    DecisionAttempt,
+    DecisionOutcome,
+    NewDecisionAttempt,
+)
+from agent_ledger.codes import DecisionCode
+from agent_ledger.effects import Effect
+from agent_ledger.stores import _sqlite_queries as q
+from agent_ledger.stores._params import Dialect, settle_params
+from agent_ledger.stores._sqlite_tables import SqliteTables, from_us, to_us
+from agent_ledger.stores.approval_base import (
+    DecideOutcome,
+    DecideRequest,
+    attempt_from_row,
+    attempt_params,
+    request_from_row,
+)
+
+if TYPE_CHECKING:
+    from agent_ledger.stores._dedup import PendingCounts
+    from agent_ledger.stores._transactions import TransactionGate
+
+#: ``decide``'s answer when the link had already decided.
+_LINK_USED: Final = "link used"
+
+
+class SqliteApprovals(SqliteTables):
+    """Mixed into ``SqliteStore``: the approval tables of schema version 4."""
+
+    if TYPE_CHECKING:
+        _dialect: Dialect
+        _gate: TransactionGate[Any]
+
+        async def _one_counted(self, row: tuple[Any, ...], started: int, tx: Any) -> Effect: ...
+
+        _counts: PendingCounts
+
+    async def note_request(
+        self,
+        idem_key: str,
+        *,
+        requested_by: str | None,
+        policy_version: str | None,
+        deadline_ms: int | None,
+    ) -> ApprovalRequest:
+        await self._enter(None)
+        params = {
+            "idem_key": idem_key,
+            "requested_by": requested_by,
+            "policy_version": policy_version,
+            "deadline_ms": deadline_ms,
+        }
+
+        def work(conn: sqlite3.Connection, now: int) -> ApprovalRequest:
+            conn.execute(q.APPROVAL_INSERT, params | {"now": now})
+            return request_from_row(conn.execute(q.APPROVAL_GET, (idem_key,)).fetchone(), from_us)
+
+        return await self._run("note_request", work, None, write=True, idem_key=idem_key)
+
+    async def approval_request(self, idem_key: str) -> ApprovalRequest | None:
+        await self._enter(None)
+
+        def work(conn: sqlite3.Connection, now: int) -> ApprovalRequest | None:
+            row = conn.execute(q.APPROVAL_GET, (idem_key,)).fetchone()
+            return None if row is None else request_from_row(row, from_us)
+
+        return await self._run("approval_request", work, None, write=False, idem_key=idem_key)
+
+    async def decide(self, request: DecideRequest) -> DecideOutcome:
+        await self._enter(None)
+        key = request.idem_key
+        params = settle_params(
+            self._dialect,
+            key,
+            target=request.target,
+            expected_attempt=request.expected_attempt,
+            only_parked=request.only_parked,
+            result_json=request.result_json,
+            error=request.error,
+            decision=request.decision,
+        )
+        audit = attempt_params(request.attempt, DecisionOutcome.ACCEPTED, DecisionCode.DECIDED)
+        link = request.link
+        started = self._counts.epoch
+
+        def work(conn: sqlite3.Connection, now: int) -> tuple[Any, ...] | str | None:
+            if link is not None and conn.execute(q.LINK_USED, (link.nonce,)).fetchone():
+                return _LINK_USED
+            params["now"], params["at"] = now, from_us(now).isoformat()
+            if conn.execute(q.SETTLE, params).rowcount != 1:
+                return None
+            if link is not None:
+                conn.execute(
+                    q.LINK_INSERT,
+                    {
+                        "nonce": link.nonce,
+                        "idem_key": key,
+                        "action": link.action.value,
+                        "used_by": request.attempt.principal,
+                        "now": now,
+                        "expires": to_us(link.expires_at),
+                    },
+                )
+            conn.execute(q.ATTEMPT_INSERT, audit | {"now": now})
+            row: tuple[Any, ...] = conn.execute(q.FIND, (key,)).fetchone()
+            return row
+
+        moved = await self._run("decide", work, None, write=True, idem_key=key)
+        if moved is None:
+            return DecideOutcome(None)
+        if isinstance(moved, str):
+            return DecideOutcome(None, link_used=True)
+        self._gate.changed(key, None)
+        return DecideOutcome(await self._one_counted(moved, started, None))
+
+    async def record_attempt(
+        self, attempt: NewDecisionAttempt, *, outcome: DecisionOutcome, reason: DecisionCode
+    ) -> None:
+        await self._enter(None)
+        params = attempt_params(attempt, outcome, reason)
+
+        def work(conn: sqlite3.Connection, now: int) -> None:
+            conn.execute(q.ATTEMPT_INSERT, params | {"now": now})
+
+        await self._run("record_attempt", work, None, write=True, idem_key=attempt.idem_key)
+
+    async def decision_attempts(
+        self, idem_key: str | None = None, *, limit: int = 1000
+    ) -> list[DecisionAttempt]:
+        await self._enter(None)
+
+        def work(conn: sqlite3.Connection, now: int) -> list[DecisionAttempt]:
+            if idem_key is None:
+                rows = conn.execute(q.ATTEMPTS_ALL, {"limit": limit}).fetchall()
+            else:
+                params = {"idem_key": idem_key, "limit": limit}
+                rows = conn.execute(q.ATTEMPTS_OF, params).fetchall()
+            return [attempt_from_row(row, from_us) for row in rows]
+
+        return await self._run("decision_attempts", work, None, write=False)
+
+    async def overdue_approvals(self, *, limit: int = 500) -> list[ApprovalRequest]:
+        await self._enter(None)
+
+        def work(conn: sqlite3.Connection, now: int) -> list[ApprovalRequest]:
+            rows = conn.execute(q.APPROVALS_OVERDUE, {"now": now, "limit": limit}).fetchall()
+            return [request_from_row(row, from_us) for row in rows]
+
+        return await self._run("overdue_approvals", work, None, write=False)
