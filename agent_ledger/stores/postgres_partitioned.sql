@@ -81,9 +81,10 @@ LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
 $$;
 
 -- ---------------------------------------------------------------------------
--- Partitions up to `upto`: from the start of the current period (or the end
--- of the newest partition, if later) to the end of the period holding
--- `upto`. Each is made as a plain table and attached: ATTACH takes only a SHARE
+-- Partitions up to `upto`: every period from the current one to the one
+-- holding `upto` that no partition covers yet gets one (a gap too: a period
+-- partly covered, after a change of period, is left as it is). Each is made
+-- as a plain table and attached: ATTACH takes only a SHARE
 -- UPDATE EXCLUSIVE lock on the parent, which writers do not wait for
 -- (CREATE TABLE ... PARTITION OF would take an ACCESS EXCLUSIVE one).
 -- Returns how many it made. Safe to run while the ledger runs.
@@ -94,9 +95,8 @@ LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
     unit text;
     step interval;
-    lo timestamptz;
-    hi timestamptz;
-    last_hi timestamptz;
+    lo_at timestamptz;
+    hi_at timestamptz;
     made integer := 0;
     part text;
 BEGIN
@@ -113,25 +113,26 @@ BEGIN
     END IF;
     -- One maker at a time (two would race to attach the same range).
     PERFORM pg_advisory_xact_lock(hashtext('agent_ledger_add_partitions'));
-    lo := date_trunc(unit, clock_timestamp(), 'UTC');
-    SELECT max(b.hi) INTO last_hi FROM agent_ledger_effect_partitions() AS b;
-    IF last_hi IS NOT NULL AND last_hi > lo THEN
-        lo := last_hi;
-    END IF;
-    WHILE lo <= upto LOOP
+    lo_at := date_trunc(unit, clock_timestamp(), 'UTC');
+    WHILE lo_at <= upto LOOP
         -- Calendar steps in UTC, whatever the session's TimeZone.
-        hi := ((lo AT TIME ZONE 'UTC') + step) AT TIME ZONE 'UTC';
-        part := 'agent_ledger_effects_p' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMMDD');
+        hi_at := ((lo_at AT TIME ZONE 'UTC') + step) AT TIME ZONE 'UTC';
+        IF EXISTS (SELECT 1 FROM agent_ledger_effect_partitions() AS b
+                   WHERE coalesce(b.lo, '-infinity') < hi_at AND b.hi > lo_at) THEN
+            lo_at := hi_at;
+            CONTINUE;
+        END IF;
+        part := 'agent_ledger_effects_p' || to_char(lo_at AT TIME ZONE 'UTC', 'YYYYMMDD');
         EXECUTE format('CREATE TABLE %I (LIKE agent_ledger_effects'
                        ' INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', part);
         -- A matching CHECK lets ATTACH skip its scan of the new table.
         EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I CHECK (created_at >= %L AND created_at < %L)',
-                       part, part || '_range', lo, hi);
+                       part, part || '_range', lo_at, hi_at);
         EXECUTE format('ALTER TABLE agent_ledger_effects ATTACH PARTITION %I'
-                       ' FOR VALUES FROM (%L) TO (%L)', part, lo, hi);
+                       ' FOR VALUES FROM (%L) TO (%L)', part, lo_at, hi_at);
         EXECUTE format('ALTER TABLE %I DROP CONSTRAINT %I', part, part || '_range');
         made := made + 1;
-        lo := hi;
+        lo_at := hi_at;
     END LOOP;
     RETURN made;
 END
