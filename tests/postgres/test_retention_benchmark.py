@@ -20,3 +20,15 @@ async def test_the_retention_benchmark_fills_measures_and_purges_a_tenth(dsn: st
     assert [r["purged"] for r in rows] == [200, 500]
     assert all(r["table_mb_per_million"] > 0 and r["indexes_mb_per_million"] > 0 for r in rows)
     assert "| 5,000 |" in markdown(rows)
+
+
+async def test_the_benchmark_on_the_partitioned_table_drops_partitions(dsn: str) -> None:
+    """The partitioned variant: the same effects, their key rows, and the tenth
+    purged (mostly by dropping partitions, which the count cannot tell apart)."""
+    schema = f"agent_ledger_bench_test_{uuid.uuid4().hex[:8]}"
+    rows = await measure(dsn, (2_000,), samples=20, schema=schema, partitioned=True)
+    assert [(r["effects"], r["purged"]) for r in rows] == [(2_000, 200)]
+    # 100 days of daily partitions and the ones ahead, less the 10 purged.
+    assert rows[0]["partitions"] > 100
+    assert rows[0]["variant"] == "partitioned by day"
+    assert "| partitioned by day (" in markdown(rows)
