@@ -81,7 +81,8 @@ LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
 $$;
 
 -- ---------------------------------------------------------------------------
--- Partitions up to `upto`: every period from the current one to the one
+-- Partitions up to `upto`: every period from the current one (or the one
+-- holding `since`, to make partitions for the past) to the one
 -- holding `upto` that no partition covers yet gets one (a gap too: a period
 -- partly covered, after a change of period, is left as it is). Each is made
 -- as a plain table and attached: ATTACH takes only a SHARE
@@ -89,7 +90,8 @@ $$;
 -- (CREATE TABLE ... PARTITION OF would take an ACCESS EXCLUSIVE one).
 -- Returns how many it made. Safe to run while the ledger runs.
 -- ---------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION agent_ledger_add_partitions(upto timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION agent_ledger_add_partitions(upto timestamptz DEFAULT NULL,
+                                                       since timestamptz DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
@@ -113,7 +115,7 @@ BEGIN
     END IF;
     -- One maker at a time (two would race to attach the same range).
     PERFORM pg_advisory_xact_lock(hashtext('agent_ledger_add_partitions'));
-    lo_at := date_trunc(unit, clock_timestamp(), 'UTC');
+    lo_at := date_trunc(unit, coalesce(since, clock_timestamp()), 'UTC');
     WHILE lo_at <= upto LOOP
         -- Calendar steps in UTC, whatever the session's TimeZone.
         hi_at := ((lo_at AT TIME ZONE 'UTC') + step) AT TIME ZONE 'UTC';

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -396,3 +398,40 @@ async def test_init_partitioned_from_the_command_line(schema: Schema) -> None:
     )
     again = await asyncio.to_thread(cli)
     assert "already partitioned (its period unchanged)" in again.stdout
+
+
+async def test_the_postgres_pages_partitioned_section_runs(dsn: str, tmp_path: Path) -> None:
+    """docs/postgres.md, "A hundred million effects": its init command makes the
+    docs' schema partitioned, its SQL lists the partitions, its example runs."""
+    from tests.test_docs import ROOT, _blocks, _docs_schema, _run_python
+
+    page = ROOT / "docs" / "postgres.md"
+    (init,) = [b for b in _blocks(page, "bash") if "--partitioned" in b]
+    (listing,) = [b for b in _blocks(page, "sql") if "agent_ledger_effect_partitions()" in b]
+    (example,) = [b for b in _blocks(page, "python") if "partitioned=True" in b]
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "DATABASE_URL": dsn, "PATH": bin_dir + os.pathsep + os.environ["PATH"]}
+
+    def session() -> tuple[subprocess.CompletedProcess[str], list[Any]]:
+        with _docs_schema() as conn:
+            done = subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", init], env=env, capture_output=True,
+                text=True, timeout=60,
+            )  # fmt: skip
+            rows = conn.execute(listing).fetchall() if done.returncode == 0 else []
+            return done, rows
+
+    done, rows = await asyncio.to_thread(session)
+    assert done.returncode == 0, done.stderr
+    assert "effects table partitioned by month" in done.stdout
+    assert len(rows) == 4  # this month's partition and 3 ahead
+    script = tmp_path / "partitioned.py"
+    script.write_text(example)
+    try:
+        for _ in range(2):  # a reader runs it again
+            ran = await asyncio.to_thread(_run_python, script, tmp_path)
+            assert ran.returncode == 0, ran.stderr
+            assert ran.stdout.splitlines() == ["{'charge': 'ch_1'}", "0"]
+    finally:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute("DROP SCHEMA IF EXISTS agent_ledger_partitioned CASCADE")
