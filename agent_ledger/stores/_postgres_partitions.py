@@ -136,6 +136,23 @@ DELETE_KEYS: Final[LiteralString] = (
     " SELECT max(idem_key) FROM b"
 )
 DROP: Final[LiteralString] = "DROP TABLE {part}"
+# The bounds a detached partition had, from the CHECK constraint that
+# DETACH ... CONCURRENTLY leaves on it (lo NULL: from MINVALUE); no row when
+# it has none (it was detached otherwise).
+DETACHED_BOUNDS: Final[LiteralString] = (
+    "SELECT (regexp_match(d, 'created_at >= ''([^'']+)''::timestamp'))[1],"
+    " (regexp_match(d, 'created_at < ''([^'']+)''::timestamp'))[1]"
+    " FROM (SELECT pg_get_constraintdef(oid) AS d FROM pg_constraint"
+    " WHERE conrelid = to_regclass(%(name)s) AND contype = 'c') AS c"
+    " WHERE d ~ 'created_at < ' LIMIT 1"
+)
+# Before a detached partition goes back: an effect whose key row names
+# another effect was superseded while it was detached (a begin took its key
+# for a new effect), and cannot come back beside it.
+SUPERSEDED: Final[LiteralString] = (
+    "DELETE FROM {part} AS e WHERE NOT EXISTS (SELECT 1 FROM {keys} AS k"
+    " WHERE k.idem_key = e.idem_key AND k.id = e.id)"
+)
 # {lo} is a literal or MINVALUE, {hi} a literal: the bounds the partition had.
 REATTACH: Final[LiteralString] = (
     "ALTER TABLE {effects} ATTACH PARTITION {part} FOR VALUES FROM ({lo}) TO ({hi})"

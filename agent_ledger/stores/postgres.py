@@ -1059,7 +1059,12 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
                     await conn.execute(q_(part.FINALIZE, part=sql.Identifier(self.schema, name)))
                 cursor = await conn.execute(part.LEFT_DETACHED, {"schema": self.schema})
                 for (name,) in await cursor.fetchall():
-                    purged += await self._drop_detached(conn, sql.Identifier(self.schema, name))
+                    where = sql.Identifier(self.schema, name)
+                    bounds = await conn.execute(
+                        part.DETACHED_BOUNDS, {"name": where.as_string(conn)}
+                    )
+                    lo, hi = await bounds.fetchone() or (None, None)
+                    purged += await self._finish_detached(conn, where, args, lo, hi)
                 await conn.execute(q_(part.ADD_PARTITIONS))
                 cursor = await conn.execute(q_(part.OLD_PARTITIONS), args)
                 for name, lo, hi in await cursor.fetchall():
@@ -1069,29 +1074,46 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
                     if found is None or found[0]:
                         continue  # row by row, below
                     await conn.execute(q_(part.DETACH, part=where))
-                    counted = await conn.execute(q_(part.DETACHED_COUNT, part=where), args)
-                    total, keepers = await counted.fetchone() or (0, 0)
-                    if keepers:
-                        bounds = {
-                            "lo": sql.SQL("MINVALUE") if lo is None else sql.Literal(lo),
-                            "hi": sql.Literal(hi),
-                        }
-                        await conn.execute(q_(part.REATTACH, part=where, **bounds))
-                        continue
-                    purged += await self._drop_detached(conn, where, total)
+                    purged += await self._finish_detached(conn, where, args, lo, hi)
                 cursor = await conn.execute(q_(part.PURGE_ROWS), args)
                 row = await cursor.fetchone()
                 purged += int(row[0]) if row else 0
         return purged
 
-    async def _drop_detached(
-        self, conn: Connection, where: sql.Identifier, total: int | None = None
+    async def _finish_detached(
+        self,
+        conn: Connection,
+        where: sql.Identifier,
+        args: Mapping[str, object],
+        lo: str | None,
+        hi: str | None,
     ) -> int:
-        """Delete a detached partition's key rows in batches, then drop it; its row count."""
-        if total is None:
-            cursor = await conn.execute(sql.SQL("SELECT count(*) FROM {}").format(where))
-            row = await cursor.fetchone()
-            total = int(row[0]) if row else 0
+        """A partition this purge (or an interrupted one) detached: dropped with
+        its key rows, or, if it holds something purge keeps (a person reopened
+        an effect before the detach), attached again with its bounds, without
+        the effects a begin superseded meanwhile. How many effects went."""
+        names = self._p_names
+        cursor = await conn.execute(sql.SQL(part.DETACHED_COUNT).format(**names, part=where), args)
+        total, keepers = await cursor.fetchone() or (0, 0)
+        if keepers:
+            if hi is None:  # its bounds are unknown: left for a person
+                logger.warning(
+                    "purge left the detached partition %s: it holds effects purge keeps, "
+                    "and no CHECK constraint says its bounds (attach it again by hand)",
+                    where.as_string(conn),
+                )
+                return 0
+            bounds = {
+                "lo": sql.SQL("MINVALUE") if lo is None else sql.Literal(lo),
+                "hi": sql.Literal(hi),
+            }
+            await conn.execute(sql.SQL(part.SUPERSEDED).format(**names, part=where))
+            await conn.execute(sql.SQL(part.REATTACH).format(**names, part=where, **bounds))
+            return 0
+        return await self._drop_detached(conn, where, int(total))
+
+    async def _drop_detached(self, conn: Connection, where: sql.Identifier, total: int) -> int:
+        """Delete a detached partition's key rows in batches, then drop it; ``total``."""
         after = ""
         batch = sql.SQL(part.DELETE_KEYS).format(**self._p_names, part=where)
         while True:

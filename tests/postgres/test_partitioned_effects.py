@@ -435,3 +435,42 @@ async def test_the_postgres_pages_partitioned_section_runs(dsn: str, tmp_path: P
     finally:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             await conn.execute("DROP SCHEMA IF EXISTS agent_ledger_partitioned CASCADE")
+
+
+async def test_a_detached_partition_holding_a_keeper_is_attached_again(schema: Schema) -> None:
+    """A purge stopped after its detach, and the partition holds something purge keeps
+    (a person reopened an effect just before): the next purge attaches it again,
+    without the effect a begin superseded meanwhile, and purges it row by row."""
+    store = await _partitioned(schema)
+    name = await schema.past_partition(PAST[0])
+    await store.begin(_new("keep", requires_approval=True))
+    await _done(store, "gone")
+    await _done(store, "taken")
+    for key in ("keep", "gone", "taken"):
+        await schema.move(key, PAST[0])
+    await schema.conn.execute(
+        sql.SQL("ALTER TABLE {} DETACH PARTITION {} CONCURRENTLY").format(
+            schema.ident("agent_ledger_effects"), schema.ident(name)
+        )
+    )
+    fresh = await (await schema.store()).begin(_new("taken"))
+    assert fresh.created
+
+    assert await store.purge(older_than=timedelta(days=30), statuses=TERMINAL) == 1
+
+    attached = await schema.one(
+        sql.SQL("SELECT count(*) FROM {}() WHERE name = %s").format(
+            schema.ident("agent_ledger_effect_partitions")
+        ),
+        name,
+    )
+    assert attached == 1
+    rows = await schema.conn.execute(
+        sql.SQL("SELECT idem_key, id::text, status FROM {} ORDER BY 1").format(
+            schema.ident("agent_ledger_effects")
+        )
+    )
+    found = [(k, s) for k, _, s in await rows.fetchall()]
+    assert found == [("keep", "requires_approval"), ("taken", "processing")]
+    taken = await store.find("taken")
+    assert taken is not None and taken.id == fresh.effect.id
