@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from benchmarks.retention import markdown, measure
 
 
@@ -32,3 +34,21 @@ async def test_the_benchmark_on_the_partitioned_table_drops_partitions(dsn: str)
     assert rows[0]["partitions"] > 100
     assert rows[0]["variant"] == "partitioned by day"
     assert "| partitioned by day (" in markdown(rows)
+
+
+@pytest.mark.slow
+async def test_the_side_by_side_benchmark_times_both_tables_on_the_same_effects(dsn: str) -> None:
+    """benchmarks/partitions.py: both tables answer every step (a generated key is
+    found by a replay), and both purges remove the same tenth."""
+    from benchmarks.partitions import purges, steps
+
+    medians = await steps(dsn, "week", effects=500, rounds=3)
+    assert set(medians) == {"plain", "partitioned"}
+    assert all(set(m) == {"begin", "commit", "replay"} for m in medians.values())
+    rows = await purges(dsn, "week", effects=1_000)
+    assert [(r["table"], r["purged"]) for r in rows] == [
+        ("plain", 100),
+        ("partitioned by week", 100),
+        ("plain", 100),
+        ("partitioned by week", 100),
+    ]
