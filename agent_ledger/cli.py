@@ -210,6 +210,15 @@ class Context:
 
 async def cmd_init(ctx: Context) -> int:
     # The store's tables were created on opening (see _dispatch).
+    if ctx.args.partitioned:
+        # PostgreSQL only: partition the effects table (converting one that
+        # holds effects: docs/postgres.md, "A hundred million effects").
+        partition = getattr(ctx.store, "partition", None)
+        if partition is None:
+            raise UsageError("--partitioned is for PostgreSQL URLs (postgresql://...)")
+        done = await partition(period=ctx.args.period)
+        by = f" by {ctx.args.period}" if done == "partitioned" else " (its period unchanged)"
+        ctx.out.line(f"effects table {done}{by}")
     ctx.out.line(f"ledger ready at {ctx.args.url}")
     return EXIT_OK
 
@@ -948,6 +957,15 @@ def build_parser() -> argparse.ArgumentParser:
     create_dirs_help = "create the SQLite file's missing folders (else a missing one is an error)"
     sub = command("init", cmd_init, "create the store's tables (idempotent)")
     sub.add_argument("--create-dirs", action="store_true", help=create_dirs_help)
+    sub.add_argument(
+        "--partitioned", action="store_true",
+        help="PostgreSQL: partition the effects table by time (converts an existing one, "
+        "locking it meanwhile; see docs/postgres.md)",
+    )  # fmt: skip
+    sub.add_argument(
+        "--period", choices=["day", "week", "month"], default="month",
+        help="with --partitioned: how long one partition spans (default: month)",
+    )  # fmt: skip
     command(
         "migrate",
         cmd_migrate,

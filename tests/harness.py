@@ -77,6 +77,8 @@ DSN = os.environ.get("AGENT_LEDGER_TEST_DSN", "postgresql://postgres@127.0.0.1:5
 REQUIRE_POSTGRES = os.environ.get("AGENT_LEDGER_REQUIRE_POSTGRES") == "1"
 #: One schema per test session, so parallel runs and leftovers never collide.
 TEST_SCHEMA = f"agent_ledger_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+#: The same, with the effects table partitioned (the "postgres-partitioned" kind).
+PARTITIONED_SCHEMA = TEST_SCHEMA + "_p"
 
 
 PSYCOPG_MISSING = "psycopg is not installed (pip install -e '.[postgres]')"
@@ -135,16 +137,63 @@ async def ensure_test_schema() -> None:
     _schema_ready = True
 
 
+_partitioned_ready = False
+
+
+async def ensure_partitioned_schema() -> None:
+    """PARTITIONED_SCHEMA, created partitioned (monthly), once per session."""
+    global _partitioned_ready
+    if _partitioned_ready:
+        return
+    from agent_ledger.stores.postgres import PostgresStore
+
+    store = await PostgresStore.connect(
+        DSN, schema=PARTITIONED_SCHEMA, min_size=1, max_size=2, partitioned=True
+    )
+    try:
+        await store.create_schema()
+    finally:
+        await store.close()
+    _partitioned_ready = True
+
+
+async def ensure_history_partition(backdoor: Any) -> None:
+    """A partition for every time before the first monthly one, so that a test
+    can age its effects into the past (a purge may have dropped it: made again)."""
+    from psycopg import sql
+
+    effects = sql.Identifier(PARTITIONED_SCHEMA, "agent_ledger_effects")
+    history = sql.Identifier(PARTITIONED_SCHEMA, "agent_ledger_effects_p00010101")
+    cursor = await backdoor.execute(
+        sql.SQL("SELECT min(lo) FROM {}() WHERE lo IS NOT NULL").format(
+            sql.Identifier(PARTITIONED_SCHEMA, "agent_ledger_effect_partitions")
+        )
+    )
+    (first,) = await cursor.fetchone()
+    cursor = await backdoor.execute(
+        sql.SQL("SELECT count(*) FROM {}() WHERE lo IS NULL OR lo < %s").format(
+            sql.Identifier(PARTITIONED_SCHEMA, "agent_ledger_effect_partitions")
+        ),
+        (first,),
+    )
+    (before,) = await cursor.fetchone()
+    if before == 0:
+        await backdoor.execute(
+            sql.SQL("CREATE TABLE {} PARTITION OF {} FOR VALUES FROM (MINVALUE) TO ({})").format(
+                history, effects, sql.Literal(first)
+            )
+        )
+
+
 def drop_test_schema() -> None:
-    if not _schema_ready:
+    if not (_schema_ready or _partitioned_ready):
         return
     import psycopg
     from psycopg import sql
 
     with psycopg.connect(DSN, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(TEST_SCHEMA))
-        )
+        for schema in (TEST_SCHEMA, PARTITIONED_SCHEMA):
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 @dataclass
@@ -153,11 +202,13 @@ class PostgresHarness:
     #: The back door: its own connection, not the store's pool.
     backdoor: Any
     kind: str = "postgres"
+    #: Where its tables are: TEST_SCHEMA, or PARTITIONED_SCHEMA (with a key table).
+    schema: str = TEST_SCHEMA
 
     def _table(self) -> Any:
         from psycopg import sql
 
-        return sql.Identifier(TEST_SCHEMA, "agent_ledger_effects")
+        return sql.Identifier(self.schema, "agent_ledger_effects")
 
     async def _sql(self, query: Any, *params: object) -> Any:
         cursor = await self.backdoor.execute(query, params or None)
@@ -178,10 +229,18 @@ class PostgresHarness:
             ms,
             ms,
         )
+        if self.schema == PARTITIONED_SCHEMA:
+            # The key table names each effect's partition by its created_at.
+            await self._sql(
+                sql.SQL(
+                    "UPDATE {} SET created_at = created_at - %s * interval '1 millisecond'"
+                ).format(sql.Identifier(self.schema, "agent_ledger_effect_keys")),
+                ms,
+            )
         # Budget holds age too: their expiry comes closer.
         await self._sql(
             sql.SQL("UPDATE {} SET expires_at = expires_at - %s * interval '1 millisecond'").format(
-                sql.Identifier(TEST_SCHEMA, "agent_ledger_budget_holds")
+                sql.Identifier(self.schema, "agent_ledger_budget_holds")
             ),
             ms,
         )
@@ -191,7 +250,7 @@ class PostgresHarness:
                 "UPDATE {} SET heartbeat_at = heartbeat_at - %s * interval '1 millisecond',"
                 " created_at = created_at - %s * interval '1 millisecond',"
                 " updated_at = updated_at - %s * interval '1 millisecond'"
-            ).format(sql.Identifier(TEST_SCHEMA, "agent_ledger_sagas")),
+            ).format(sql.Identifier(self.schema, "agent_ledger_sagas")),
             ms,
             ms,
             ms,
@@ -420,6 +479,13 @@ STORE_KINDS = [
         id="pgbouncer",
         marks=[pytest.mark.postgres, pytest.mark.pgbouncer, pytest.mark.slow],
     ),
+    # The same PostgresStore on a partitioned effects table
+    # (postgres_partitioned.sql): every contract test again, in the slow tier.
+    pytest.param(
+        "postgres-partitioned",
+        id="partitioned",
+        marks=[pytest.mark.postgres, pytest.mark.slow],
+    ),
 ]
 #: The stores whose transactions lock rows, not the whole store: a step
 #: without ``tx=`` goes on beside an open transaction, and heartbeats too.
@@ -476,33 +542,42 @@ async def open_harness(kind: str) -> AsyncIterator[StoreHarness]:
             finally:
                 await harness.store.close()
         return
-    if kind in ("postgres", "postgres-pgbouncer"):
+    if kind in ("postgres", "postgres-pgbouncer", "postgres-partitioned"):
         require_postgres()
         # Through PgBouncer: the pool goes through it, notifications come
         # directly (listen_dsn), as docs/postgres.md advises.
-        pool_dsn = DSN if kind == "postgres" else require_pgbouncer()
-        listen_dsn = None if kind == "postgres" else DSN
-        await ensure_test_schema()
+        pool_dsn = require_pgbouncer() if kind == "postgres-pgbouncer" else DSN
+        listen_dsn = DSN if kind == "postgres-pgbouncer" else None
+        partitioned = kind == "postgres-partitioned"
+        schema = PARTITIONED_SCHEMA if partitioned else TEST_SCHEMA
+        if partitioned:
+            await ensure_partitioned_schema()
+        else:
+            await ensure_test_schema()
         import psycopg
 
         from agent_ledger.stores.postgres import PostgresStore
 
         store = await PostgresStore.connect(
-            pool_dsn, schema=TEST_SCHEMA, min_size=1, max_size=8, listen_dsn=listen_dsn
-        )
+            pool_dsn, schema=schema, min_size=1, max_size=8, listen_dsn=listen_dsn,
+            partitioned=True if partitioned else None,
+        )  # fmt: skip
         backdoor = await psycopg.AsyncConnection.connect(DSN, autocommit=True)
-        pg_harness = PostgresHarness(store, backdoor)
+        pg_harness = PostgresHarness(store, backdoor, schema=schema)
         try:
             from psycopg import sql
 
+            if partitioned:
+                await ensure_history_partition(backdoor)
             # Emptied with DELETE, not TRUNCATE: the tables hold a test's few rows,
             # and TRUNCATE costs about 150 ms (new files, synced) where DELETE costs
             # about 1 ms. Children first, for the foreign keys; all in one
             # statement string, so one round trip and one transaction.
+            tables = (*_POSTGRES_TABLES, "agent_ledger_effect_keys") if partitioned else ()
             await backdoor.execute(
                 sql.SQL("; ").join(
-                    sql.SQL("DELETE FROM {}").format(sql.Identifier(TEST_SCHEMA, name))
-                    for name in reversed(_POSTGRES_TABLES)
+                    sql.SQL("DELETE FROM {}").format(sql.Identifier(schema, name))
+                    for name in reversed(tables or _POSTGRES_TABLES)
                 )
             )
             yield pg_harness

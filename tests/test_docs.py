@@ -314,7 +314,11 @@ def test_postgres_page_sets_up_audits_and_cleans_one_schema(tmp_path: Path) -> N
     if shutil.which("psql") is None:
         pytest.skip("psql is not installed")
     page = ROOT / "docs" / "postgres.md"
-    setups = [b for b in _blocks(page, "bash") if "agent-ledger init" in b or "psql " in b]
+    setups = [
+        b
+        for b in _blocks(page, "bash")
+        if ("agent-ledger init" in b or "psql " in b) and "--partitioned" not in b
+    ]  # the partitioned init has its own test (tests/postgres/test_partitioned_effects.py)
     assert [("agent-ledger init" in b) for b in setups] == [True, False], "init first, then psql"
     # The first example and the first SQL block; later sections have their own tests.
     example = _blocks(page, "python")[0]

@@ -54,7 +54,7 @@ _CTE_COLUMNS: Final = select_list(prefix="c.")
 #
 # Outside a transaction the insert may still wait: for another transaction
 # that inserted the key and has not ended. That wait is bounded by the
-# caller's lock_timeout_ms (_LOCK_BOUND, below), set in the VALUES row, so it
+# caller's lock_timeout_ms (LOCK_BOUND, below), set in the VALUES row, so it
 # is in force before the row meets the unique index.
 def _insert(lease_ms: LiteralString) -> LiteralString:
     return (
@@ -90,11 +90,11 @@ def _insert_or_read(insert: LiteralString) -> LiteralString:
 # wait that runs out fails the statement with SQLSTATE 55P03, having changed
 # nothing. Only a step without tx= runs these: inside a caller's transaction
 # the setting would outlive the statement (see LOCK_BOUND_* for that case).
-_LOCK_BOUND: Final[LiteralString] = (
+LOCK_BOUND: Final[LiteralString] = (
     "set_config('lock_timeout', coalesce(%(lock_timeout)s, current_setting('lock_timeout')), true)"
 )
 BEGIN: Final[LiteralString] = _insert_or_read(
-    _insert("CASE WHEN " + _LOCK_BOUND + " IS NOT NULL THEN %(lease_ms)s END")
+    _insert("CASE WHEN " + LOCK_BOUND + " IS NOT NULL THEN %(lease_ms)s END")
 )
 # A duplicate of an open effect (processing, waiting for a person, ready) is
 # counted at once, synchronously, as it always was: a caller that may wait
@@ -104,7 +104,7 @@ BEGIN: Final[LiteralString] = _insert_or_read(
 # reads it again.
 COUNT_WAITING: Final[LiteralString] = (
     "UPDATE {effects} AS e SET dedup_count = e.dedup_count + 1"
-    " WHERE e.id = %(id)s::uuid AND e.status <> ALL(%(finished)s) AND " + _LOCK_BOUND + " <> ''"
+    " WHERE e.id = %(id)s::uuid AND e.status <> ALL(%(finished)s) AND " + LOCK_BOUND + " <> ''"
     " RETURNING " + EFFECT_COLUMNS
 )
 
@@ -206,8 +206,8 @@ def _claim(bound: LiteralString) -> LiteralString:
     )
 
 
-# Outside a transaction its wait for the row's lock is bounded (_LOCK_BOUND).
-CLAIM: Final[LiteralString] = _claim(" AND " + _LOCK_BOUND + " <> ''")
+# Outside a transaction its wait for the row's lock is bounded (LOCK_BOUND).
+CLAIM: Final[LiteralString] = _claim(" AND " + LOCK_BOUND + " <> ''")
 CLAIM_IN_TRANSACTION: Final[LiteralString] = _claim("")
 
 # -- heartbeat --

@@ -52,6 +52,7 @@ from agent_ledger.ids import is_effect_id
 from agent_ledger.observability import logger
 from agent_ledger.options import DEFAULT_TX_LOCK_TIMEOUT_MS
 from agent_ledger.status import TERMINAL, EffectStatus
+from agent_ledger.stores import _postgres_partitions as part
 from agent_ledger.stores import _postgres_queries as q
 from agent_ledger.stores._columns import ROW_COLUMNS
 from agent_ledger.stores._dedup import (
@@ -269,6 +270,27 @@ async def _restore_transactional(conn: Connection) -> None:
         await conn.close()
 
 
+def schema_sql(*, partitioned: bool) -> LiteralString:
+    """``SCHEMA_SQL`` as applied to a schema whose effects table is (not) partitioned.
+
+    On a partitioned one, without the unique index on idem_key that
+    PostgreSQL refuses there (``_postgres_partitions.PLAIN_ONLY_INDEX``).
+    """
+    if not partitioned:
+        return SCHEMA_SQL
+    if part.PLAIN_ONLY_INDEX not in SCHEMA_SQL:
+        raise EffectLedgerInvariantError("postgres_schema.sql no longer has its idem_key index")
+    return SCHEMA_SQL.replace(part.PLAIN_ONLY_INDEX, "")
+
+
+def _no_partition(exc: EffectStoreError) -> bool:
+    """Did an insert find no partition for its row (a partitioned table's CheckViolation)?"""
+    cause = exc.__cause__
+    return isinstance(cause, psycopg.errors.CheckViolation) and "no partition of relation" in str(
+        cause
+    )
+
+
 class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets, PostgresApprovals):
     """Effects in PostgreSQL, shared by every worker that uses the same database.
 
@@ -305,6 +327,7 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets, Postgres
         schema: str = "public",
         dedup_flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
         listen_dsn: str | None = None,
+        partitioned: bool | None = None,
         _owns_pool: bool = False,
     ) -> None:
         if not isinstance(schema, str) or not schema or len(schema.encode()) > 63:
@@ -316,6 +339,11 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets, Postgres
             raise EffectLedgerValidationError(
                 f"listen_dsn must be a PostgreSQL connection string, got {listen_dsn!r}",
                 field="listen_dsn",
+            )
+        if partitioned is not None and not isinstance(partitioned, bool):
+            raise EffectLedgerValidationError(
+                f"partitioned must be True, False or None, got {partitioned!r}",
+                field="partitioned",
             )
         interval_s = check_flush_interval(dedup_flush_interval_s)
         self._pool = pool
@@ -363,6 +391,25 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets, Postgres
         self._known: dict[str, None] = {}
         self._listener = _Listener(pool, schema, listen_dsn)
         self._beats = _ReservedConnection(pool)
+        #: What the caller asked for (None: whatever the catalogue says), and
+        #: what the catalogue said (None: not asked yet); see _partitioning.
+        self._wants_partitioned = partitioned
+        self._partitioned: bool | None = None
+        keys = sql.Identifier(schema, part.KEYS_TABLE)
+        self._p_names = {
+            "effects": effects,
+            "keys": keys,
+            "steps": sql.Identifier(schema, STEPS_TABLE),
+            "partitions": sql.Identifier(schema, "agent_ledger_effect_partitions"),
+            "add": sql.Identifier(schema, "agent_ledger_add_partitions"),
+            "partition": sql.Identifier(schema, "agent_ledger_partition_effects"),
+        }
+        self._p_begin = sql.SQL(part.BEGIN).format(**self._p_names)
+        self._p_begin_in_transaction = sql.SQL(part.BEGIN_IN_TRANSACTION).format(**self._p_names)
+        self._p_find = sql.SQL(part.FIND).format(**self._p_names)
+        self._p_reclaim = sql.SQL(part.RECLAIM_KEY).format(**self._p_names)
+        self._p_add_now = sql.SQL(part.ADD_PARTITIONS_NOW).format(**self._p_names)
+        self._plain_statements = (self._begin, self._begin_in_transaction, self._find)
 
     @classmethod
     async def connect(
@@ -375,6 +422,7 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets, Postgres
         connect_timeout: float = 30.0,
         dedup_flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
         listen_dsn: str | None = None,
+        partitioned: bool | None = None,
     ) -> PostgresStore:
         """Open a pool of autocommit connections that the store owns and closes.
 
@@ -411,6 +459,7 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets, Postgres
             schema=schema,
             dedup_flush_interval_s=dedup_flush_interval_s,
             listen_dsn=listen_dsn,
+            partitioned=partitioned,
             _owns_pool=True,
         )
 
@@ -447,8 +496,14 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets, Postgres
                 await conn.execute(
                     sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(self.schema))
                 )
-                await conn.execute(SCHEMA_SQL)
+                partitioned = await self._is_partitioned(conn)
+                await conn.execute(schema_sql(partitioned=bool(partitioned)))
+                if partitioned or self._wants_partitioned:
+                    await conn.execute(part.PARTITIONED_SQL)
+                if self._wants_partitioned and not partitioned:
+                    await self._partition_in(conn, period="month", ahead=3, convert=False)
                 left = await self._version_in(conn, versions)
+        self._partitioned = None  # read the catalogue again at the next step
         return SchemaMigration(found, left)
 
     def _refuse_newer(self, found: int) -> None:
@@ -528,6 +583,8 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets, Postgres
         self, new: NewEffect, *, tx: object | None = None, lock_timeout_ms: int | None = None
     ) -> BeginOutcome:
         params = begin_params(new)
+        if self._partitioned is None:
+            await self._partitioning()
         if tx is not None:
             return await self._begin_inside(tx, new, params, lock_timeout_ms)
         params["lock_timeout"] = None if lock_timeout_ms is None else f"{lock_timeout_ms}ms"
@@ -554,8 +611,16 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets, Postgres
         # between BEGIN and COUNT_WAITING; a third try covers a purge between.
         for _ in range(3):
             started = counts.epoch
-            row = await self._lock_bounded("begin", self._begin, params, lock_timeout_ms, key)
+            try:
+                row = await self._lock_bounded("begin", self._begin, params, lock_timeout_ms, key)
+            except EffectStoreError as exc:
+                if not (self._partitioned and _no_partition(exc)):
+                    raise
+                await self._add_partitions_now()
+                continue
             if row is None:
+                if self._partitioned:
+                    await self._execute("begin", self._p_reclaim, {"idem_key": key}, None)
                 continue
             if row[_EFFECT_WIDTH]:
                 return BeginOutcome(_effect_from_row(row), created=True)
@@ -592,9 +657,19 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets, Postgres
         ``BEGIN_IN_TRANSACTION``), waiting for no lock longer than the bound."""
         key = new.idem_key
         started = self._counts.epoch
-        row = await self._bounded(
-            "begin", self._begin_in_transaction, params, tx, lock_timeout_ms, key
-        )
+        try:
+            row = await self._bounded(
+                "begin", self._begin_in_transaction, params, tx, lock_timeout_ms, key
+            )
+        except EffectStoreError as exc:
+            if not (self._partitioned and _no_partition(exc)):
+                raise
+            # The savepoint undid the failed insert; the partition is made
+            # on a connection of its own, and the insert tried once more.
+            await self._add_partitions_now()
+            row = await self._bounded(
+                "begin", self._begin_in_transaction, params, tx, lock_timeout_ms, key
+            )
         if row is not None:
             created = bool(row[_EFFECT_WIDTH])
             if not created:
@@ -871,10 +946,214 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets, Postgres
             "statuses": _DIALECT.statuses(statuses),
             "older_ms": older_than / timedelta(milliseconds=1),
         }
+        if await self._partitioning():
+            return await self._purge_partitions(params)
         with self._errors("purge"):
             async with self._connection(None) as conn:
                 cursor = await conn.execute(self._purge, params)
                 return cursor.rowcount
+
+    # -- the partitioned variant (postgres_partitioned.sql) -------------------------
+
+    async def partition(self, *, period: str = "month", ahead: int = 3) -> str:
+        """Partition the effects table by ``created_at``; what it found.
+
+        ``period`` is how long a partition spans (``"day"``, ``"week"`` or
+        ``"month"``, in UTC), ``ahead`` how many periods past the current one
+        get their partitions now (each purge makes them again). On a new or
+        empty ledger it is instant. A ledger holding effects is converted
+        in one transaction that keeps writers waiting while it copies every
+        key to the key table and attaches the old table as one partition
+        (docs/postgres.md: "A hundred million effects"). Returns
+        ``"partitioned"``, or ``"already partitioned"`` (then nothing changes).
+        Apply the schema first (``create_schema()``).
+        """
+        if period not in part.PERIODS:
+            raise EffectLedgerValidationError(
+                f"period must be one of {', '.join(part.PERIODS)}, got {period!r}",
+                field="period",
+            )
+        if isinstance(ahead, bool) or not isinstance(ahead, int) or not 1 <= ahead <= 366:
+            raise EffectLedgerValidationError(
+                f"ahead must be a whole number of periods from 1 to 366, got {ahead!r}",
+                field="ahead",
+            )
+        with self._errors("partition"):
+            async with self._pool.connection() as conn, conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtext('agent_ledger_schema'))")
+                await conn.execute(
+                    sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(self.schema))
+                )
+                if await self._is_partitioned(conn) is None:
+                    raise EffectStoreError(
+                        f"schema {self.schema!r} has no agent-ledger tables: create them first "
+                        f"with {self._init_command()}",
+                        operation="partition",
+                    )
+                await conn.execute(part.PARTITIONED_SQL)
+                done = await self._partition_in(conn, period=period, ahead=ahead, convert=True)
+        self._partitioned = None
+        return done
+
+    async def _partition_in(
+        self, conn: Connection, *, period: str, ahead: int, convert: bool
+    ) -> str:
+        """Run the conversion function on ``conn`` (in its transaction). Without
+        ``convert``, a table holding effects is refused, not converted."""
+        if not convert:
+            cursor = await conn.execute(sql.SQL(part.HAS_EFFECTS).format(**self._p_names))
+            row = await cursor.fetchone()
+            if row is not None and row[0]:
+                raise EffectStoreError(
+                    f"schema {self.schema!r} holds effects in an unpartitioned table; "
+                    "converting it locks the table while every key is copied: run "
+                    "`agent-ledger init --partitioned` (or await store.partition()) "
+                    "when writers may wait (docs/postgres.md)",
+                    operation="create_schema",
+                )
+        cursor = await conn.execute(
+            sql.SQL(part.PARTITION_EFFECTS).format(**self._p_names),
+            {"period": period, "ahead": ahead},
+        )
+        row = await cursor.fetchone()
+        return str(row[0]) if row is not None else "partitioned"
+
+    async def _is_partitioned(self, conn: Connection) -> bool | None:
+        """Whether the effects table is partitioned; None when there is none."""
+        name = self._effects.as_string(conn)
+        cursor = await conn.execute(part.IS_PARTITIONED, {"name": name})
+        row = await cursor.fetchone()
+        return None if row is None or row[0] is None else bool(row[0])
+
+    async def _partitioning(self) -> bool:
+        """Whether the effects table is partitioned, read from the catalogue once
+        (again after create_schema, migrate or partition), and the statements
+        that differ chosen to match. A table that is not what the store was
+        made for (``partitioned=``) is refused."""
+        if self._partitioned is not None:
+            return self._partitioned
+        with self._errors("check_schema"):
+            async with self._connection(None) as conn:
+                found = await self._is_partitioned(conn)
+        if found is None:
+            return bool(self._wants_partitioned)  # no tables: the step fails on its own
+        if self._wants_partitioned is not None and found != self._wants_partitioned:
+            raise EffectStoreError(
+                f"schema {self.schema!r} has a {'partitioned' if found else 'plain'} effects "
+                f"table, and this store was made with partitioned={self._wants_partitioned}"
+                + (
+                    ": convert it with `agent-ledger init --partitioned` (docs/postgres.md)"
+                    if not found
+                    else ""
+                ),
+                operation="check_schema",
+            )
+        if found:
+            self._begin, self._begin_in_transaction = self._p_begin, self._p_begin_in_transaction
+            self._find = self._p_find
+        else:
+            self._begin, self._begin_in_transaction, self._find = self._plain_statements
+        self._partitioned = found
+        return found
+
+    async def _add_partitions_now(self) -> None:
+        """An insert found no partition for now: make it (and any missing before it)."""
+        with self._errors("begin"):
+            async with self._connection(None) as conn:
+                await conn.execute(self._p_add_now)
+
+    async def _purge_partitions(self, params: dict[str, object]) -> int:
+        """``purge`` on the partitioned table (see postgres_partitioned.sql).
+
+        Partitions wholly older than the cut-off whose every row goes are
+        detached (CONCURRENTLY), their key rows deleted in batches, and
+        dropped; the rest goes row by row. A partition that a person's
+        reopen made hold a keeper between the check and the detach is
+        attached again. Partitions a purge left detached (it was
+        interrupted) are finished first, and the partitions ahead made.
+        """
+        names = self._p_names
+
+        def q_(text: LiteralString, **more: sql.Composable) -> sql.Composed:
+            return sql.SQL(text).format(**names, **more)
+
+        purged = 0
+        with self._errors("purge"):
+            async with self._connection(None) as conn:
+                cursor = await conn.execute(part.CUTOFF, params)
+                row = await cursor.fetchone()
+                args = {**params, "cutoff": row[0] if row else None}
+                table = self._effects.as_string(conn)
+                cursor = await conn.execute(part.PENDING_DETACH, {"name": table})
+                for (name,) in await cursor.fetchall():
+                    await conn.execute(q_(part.FINALIZE, part=sql.Identifier(self.schema, name)))
+                cursor = await conn.execute(part.LEFT_DETACHED, {"schema": self.schema})
+                for (name,) in await cursor.fetchall():
+                    where = sql.Identifier(self.schema, name)
+                    bounds = await conn.execute(
+                        part.DETACHED_BOUNDS, {"name": where.as_string(conn)}
+                    )
+                    lo, hi = await bounds.fetchone() or (None, None)
+                    purged += await self._finish_detached(conn, where, args, lo, hi)
+                await conn.execute(q_(part.ADD_PARTITIONS))
+                cursor = await conn.execute(q_(part.OLD_PARTITIONS), args)
+                for name, lo, hi in await cursor.fetchall():
+                    where = sql.Identifier(self.schema, name)
+                    kept = await conn.execute(q_(part.HAS_KEPT, part=where), args)
+                    found = await kept.fetchone()
+                    if found is None or found[0]:
+                        continue  # row by row, below
+                    await conn.execute(q_(part.DETACH, part=where))
+                    purged += await self._finish_detached(conn, where, args, lo, hi)
+                cursor = await conn.execute(q_(part.PURGE_ROWS), args)
+                row = await cursor.fetchone()
+                purged += int(row[0]) if row else 0
+        return purged
+
+    async def _finish_detached(
+        self,
+        conn: Connection,
+        where: sql.Identifier,
+        args: Mapping[str, object],
+        lo: str | None,
+        hi: str | None,
+    ) -> int:
+        """A partition this purge (or an interrupted one) detached: dropped with
+        its key rows, or, if it holds something purge keeps (a person reopened
+        an effect before the detach), attached again with its bounds, without
+        the effects a begin superseded meanwhile. How many effects went."""
+        names = self._p_names
+        cursor = await conn.execute(sql.SQL(part.DETACHED_COUNT).format(**names, part=where), args)
+        total, keepers = await cursor.fetchone() or (0, 0)
+        if keepers:
+            if hi is None:  # its bounds are unknown: left for a person
+                logger.warning(
+                    "purge left the detached partition %s: it holds effects purge keeps, "
+                    "and no CHECK constraint says its bounds (attach it again by hand)",
+                    where.as_string(conn),
+                )
+                return 0
+            bounds = {
+                "lo": sql.SQL("MINVALUE") if lo is None else sql.Literal(lo),
+                "hi": sql.Literal(hi),
+            }
+            await conn.execute(sql.SQL(part.SUPERSEDED).format(**names, part=where))
+            await conn.execute(sql.SQL(part.REATTACH).format(**names, part=where, **bounds))
+            return 0
+        return await self._drop_detached(conn, where, int(total))
+
+    async def _drop_detached(self, conn: Connection, where: sql.Identifier, total: int) -> int:
+        """Delete a detached partition's key rows in batches, then drop it; ``total``."""
+        after = ""
+        batch = sql.SQL(part.DELETE_KEYS).format(**self._p_names, part=where)
+        while True:
+            cursor = await conn.execute(batch, {"after": after, "limit": part.KEY_BATCH})
+            row = await cursor.fetchone()
+            if row is None or row[0] is None:
+                break
+            after = row[0]
+        await conn.execute(sql.SQL(part.DROP).format(part=where))
+        return total
 
     # -- transactions and notifications -------------------------------------------
 
@@ -1080,7 +1359,7 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets, Postgres
         idem_key: str,
     ) -> tuple[Any, ...] | None:
         """One statement of ``operation`` outside any transaction that bounds its own
-        lock wait (``_LOCK_BOUND`` in ``_postgres_queries``, fed by the ``lock_timeout``
+        lock wait (``LOCK_BOUND`` in ``_postgres_queries``, fed by the ``lock_timeout``
         parameter): a wait that ran out becomes ``EffectInFlightError``; the
         statement changed nothing, and its setting ended with it."""
         try:
