@@ -53,7 +53,7 @@ async def _xid_of(pg: PostgresHarness, statement: Any, params: Mapping[str, obje
 async def _xid_of_begin(pg: PostgresHarness, key: str) -> object:
     new = NewEffect(idem_key=key, workflow_id="wf", call_id=None, tool="charge",
                     args_canonical="{}", resource_id_canonical=None)  # fmt: skip
-    return await _xid_of(pg, pg.store._begin, begin_params(new))
+    return await _xid_of(pg, pg.store._begin, {**begin_params(new), "lock_timeout": None})
 
 
 async def test_a_replay_of_a_finished_effect_gets_no_transaction_id(
