@@ -53,7 +53,7 @@ async def _xid_of(pg: PostgresHarness, statement: Any, params: Mapping[str, obje
 async def _xid_of_begin(pg: PostgresHarness, key: str) -> object:
     new = NewEffect(idem_key=key, workflow_id="wf", call_id=None, tool="charge",
                     args_canonical="{}", resource_id_canonical=None)  # fmt: skip
-    return await _xid_of(pg, pg.store._begin, begin_params(new))
+    return await _xid_of(pg, pg.store._begin, {**begin_params(new), "lock_timeout": None})
 
 
 async def test_a_replay_of_a_finished_effect_gets_no_transaction_id(
@@ -66,7 +66,7 @@ async def test_a_replay_of_a_finished_effect_gets_no_transaction_id(
     begun = await ledger.begin(CALL)
     key = begun.effect.idem_key
     assert await _xid_of_begin(pg, key) is None  # processing: read only
-    count = {"id": begun.effect.id, "finished": _FINISHED}
+    count = {"id": begun.effect.id, "finished": _FINISHED, "lock_timeout": None}
     assert await _xid_of(pg, pg.store._count_waiting, count) is not None  # counted, written
     assert await ledger.commit(begun.effect.id, CommitSucceeded(result="ok"))
     assert await _xid_of_begin(pg, key) is None  # finished: read only
