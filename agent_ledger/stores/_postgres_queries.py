@@ -463,6 +463,13 @@ PURGE: Final[LiteralString] = (
 
 # -- schema --
 SCHEMA_VERSION: Final[LiteralString] = "SELECT max(version) FROM {versions}"
+# The same, with whether the effects table (`name`: qualified, quoted) is
+# partitioned, so the first step's schema check learns both in one statement.
+SCHEMA_VERSION_AND_KIND: Final[LiteralString] = (
+    "SELECT max(version),"
+    " (SELECT c.relkind = 'p' FROM pg_class AS c WHERE c.oid = to_regclass(%(name)s))"
+    " FROM {versions}"
+)
 # Is there a version marker yet? `name` is the qualified, quoted table name.
 HAS_VERSIONS_TABLE: Final[LiteralString] = "SELECT to_regclass(%(name)s) IS NOT NULL"
 

@@ -375,7 +375,7 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets, Postgres
         self._find = compose(q.FIND)
         self._find_legacy = compose(q.FIND_LEGACY)
         self._record_legacy = compose(q.RECORD_LEGACY)
-        self._schema_version = compose(q.SCHEMA_VERSION)
+        self._schema_version = compose(q.SCHEMA_VERSION_AND_KIND)
         self._stats = compose(q.STATS)
         self._purge = sql.SQL(q.PURGE).format(
             effects=effects, steps=sql.Identifier(schema, STEPS_TABLE)
@@ -558,11 +558,16 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets, Postgres
         """The schema version in the database; raises with a fix if it is missing or old."""
         with self._errors("check_schema"):
             async with self._connection(None) as conn:
-                cursor = await conn.execute(self._schema_version)
+                cursor = await conn.execute(
+                    self._schema_version, {"name": self._effects.as_string(conn)}
+                )
                 row = await cursor.fetchone()
         version = row[0] if row is not None else None
         if version is not None:
             self._refuse_newer(int(version))
+            if self._partitioned is None and row is not None and row[1] is not None:
+                # Learnt with the version: the first begin need not ask the catalogue.
+                self._choose_statements(bool(row[1]))
         if version is None or version < SCHEMA_VERSION:
             fix = (
                 f"create them with {self._init_command()} (or await store.create_schema(), "
@@ -1037,6 +1042,11 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets, Postgres
                 found = await self._is_partitioned(conn)
         if found is None:
             return bool(self._wants_partitioned)  # no tables: the step fails on its own
+        return self._choose_statements(found)
+
+    def _choose_statements(self, found: bool) -> bool:
+        """Use the statements for a (not) partitioned effects table, as ``found``;
+        a table that is not what the store was made for is refused."""
         if self._wants_partitioned is not None and found != self._wants_partitioned:
             raise EffectStoreError(
                 f"schema {self.schema!r} has a {'partitioned' if found else 'plain'} effects "
