@@ -24,7 +24,7 @@ from agent_ledger.errors import (
 )
 from agent_ledger.status import EffectStatus
 
-__all__ = ["answer_failure", "first_raised", "for_model", "raised_as"]
+__all__ = ["answer_failure", "first_raised", "for_model", "may_have_run", "raised_as"]
 
 
 def for_model(error: BaseException) -> str | None:
@@ -48,7 +48,7 @@ def for_model(error: BaseException) -> str | None:
     if isinstance(error, EffectDeniedError):
         because = f" ({error.reason})" if error.reason else ""
         ref = _ref(error.effect.idem_key)
-        if error.status is EffectStatus.CANCELED and _may_have_run(error):
+        if error.status is EffectStatus.CANCELED and may_have_run(error):
             # Cut off while a handler ran (ErrorCode.RUN_CANCELLED), or a
             # person's cancel() (ErrorCode.CANCELED) of an effect a handler
             # had started: nobody knows whether the side effect happened.
@@ -108,7 +108,7 @@ def _code(error: EffectDeniedError) -> str | None:
     return error.effect.error.code if error.effect.error is not None else None
 
 
-def _may_have_run(error: EffectDeniedError) -> bool:
+def may_have_run(error: EffectDeniedError) -> bool:
     """Whether a canceled effect's handler may have run: the engine recorded a
     cancellation mid-run, or a handler had been started before a person canceled it."""
     return _code(error) == ErrorCode.RUN_CANCELLED or error.effect.executions > 0
