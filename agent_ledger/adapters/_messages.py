@@ -16,6 +16,7 @@ from agent_ledger.codes import ErrorCode
 from agent_ledger.effects import TryFailure
 from agent_ledger.errors import (
     ApprovalPendingError,
+    BudgetExceededError,
     EffectDeniedError,
     EffectFailedError,
     EffectPayloadMismatchError,
@@ -24,7 +25,15 @@ from agent_ledger.errors import (
 )
 from agent_ledger.status import EffectStatus
 
-__all__ = ["answer_failure", "first_raised", "for_model", "may_have_run", "raised_as"]
+__all__ = [
+    "answer_failure",
+    "budget_text",
+    "failure_text",
+    "first_raised",
+    "for_model",
+    "may_have_run",
+    "raised_as",
+]
 
 
 def for_model(error: BaseException) -> str | None:
@@ -192,3 +201,34 @@ def _class_code(cls: type[BaseException]) -> str | None:
     except Exception:
         return None
     return code if isinstance(code, str) else None
+
+
+def budget_text(error: BudgetExceededError) -> str:
+    """What a model reads for a call its workflow's budget refused: nothing ran, and why.
+
+    For an adapter whose application chose to tell the model (the MCP
+    server's client is one: it has no other way to learn it).
+    """
+    which = ", ".join(error.units) if error.units else "its limits"
+    return (
+        f"This call was refused before it ran: workflow {error.workflow_id!r} has no budget "
+        f"left for it ({which}). Nothing ran, and calling again will be refused the same way "
+        "until a person raises the budget."
+    )
+
+
+def failure_text(error: EffectFailedError, *, show_message: bool = True) -> str:
+    """What a model reads for a call recorded as failed, on the first call and every replay.
+
+    Says that it failed, the error code, the receipt, and that calling
+    again with the same arguments gives the same answer (a recorded failure
+    is final). ``show_message=False`` leaves the exception's own text out
+    (an MCP server keeps a crash's text private).
+    """
+    code, message = first_raised(error)
+    detail = f": {message}" if show_message and message else ""
+    return (
+        f"This call failed ({code or 'error'}{detail}; effect {_ref(error.effect.idem_key)}). "
+        "The failure is recorded, and calling again with the same arguments gives this "
+        "answer without running it."
+    )
