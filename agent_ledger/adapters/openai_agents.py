@@ -51,16 +51,18 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
 
 try:
     from agents import (
+        AgentsException,
         FunctionTool,
         RunContextWrapper,
         RunState,
         ToolApprovalItem,
         default_tool_error_function,
     )
+    from agents.agent import AgentBase
     from agents.function_schema import function_schema
     from agents.tool import Tool as AgentTool
     from agents.tool_context import ToolContext
@@ -74,17 +76,22 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
 import orjson
 
 from agent_ledger.adapters._common import MalformedToolCall, parse_arguments
-from agent_ledger.adapters._outcome import is_tool_failure
+from agent_ledger.adapters._messages import budget_text, failure_text, may_have_run
+from agent_ledger.adapters._outcome import is_tool_failure, recorded_failure
 from agent_ledger.adapters._schema import chosen_tools
 from agent_ledger.adapters._signature import arguments, description, refuse_names
+from agent_ledger.context import current_workflow
 from agent_ledger.errors import (
     ApprovalPendingError,
+    BudgetExceededError,
     EffectDeniedError,
+    EffectFailedError,
     EffectInFlightError,
     EffectLedgerInvariantError,
     EffectLedgerValidationError,
     EffectPayloadMismatchError,
     EffectStoreError,
+    UnrecordedEffectError,
 )
 from agent_ledger.keys import canonical_json
 from agent_ledger.options import RunOptions
@@ -97,6 +104,8 @@ if TYPE_CHECKING:
     from agent_ledger.ledger import EffectLedger
 
 __all__ = [
+    "RUN_STATE",
+    "DecidedBy",
     "ErrorFunction",
     "LedgerFunctionTool",
     "approve",
@@ -109,6 +118,15 @@ __all__ = [
 #: What turns a tool's own failure into the text the model reads: the SDK's
 #: ``failure_error_function`` (sync or async).
 ErrorFunction: TypeAlias = Callable[[RunContextWrapper[Any], Exception], str | Awaitable[str]]
+
+#: Who decided, for a decision made in the SDK's run state (``state.approve(item)``,
+#: ``state.reject(item)``): a name, or a function of the run context (your
+#: context object may know the person).
+DecidedBy: TypeAlias = str | Callable[[RunContextWrapper[Any]], str]
+
+#: ``decided_by`` when the application names nobody: the SDK does not say who
+#: called ``state.approve``/``state.reject``, so the receipt says where it was decided.
+RUN_STATE: Final = "openai-agents run state"
 
 #: An invocation never blocks on a person: the SDK pauses the run instead.
 _NO_WAIT: Final = RunOptions(wait_for_approval=False)
@@ -140,6 +158,8 @@ def as_function_tool(
     description: str | None = None,
     strict_mode: bool = True,
     failure_error_function: ErrorFunction | None = default_tool_error_function,
+    decided_by: DecidedBy = RUN_STATE,
+    tell_model: bool = False,
 ) -> LedgerFunctionTool:
     """The Agents SDK ``FunctionTool`` for a ledger tool.
 
@@ -149,8 +169,17 @@ def as_function_tool(
     sections also describe the parameters. ``strict_mode`` is the SDK's
     (every parameter required, no others). ``failure_error_function`` turns
     the tool's own failures into the model's text, as in the SDK's
-    ``function_tool``; ``None`` lets them raise. See the module doc for the
-    rest of what the model sees and for approvals.
+    ``function_tool``; ``None`` lets them raise. With the SDK's default
+    function, a failure the tool declared retryable reads as the SDK's
+    "please try again", and a final one (sending it again replays it) as the
+    ledger's words: that it failed, with the error and the receipt.
+    ``decided_by`` names who decided on the ledger when a call is approved or
+    rejected in the SDK's run state (``state.approve(item)``,
+    ``state.reject(item)``): a name, or a function of the run context.
+    ``tell_model=True`` hands budget refusals, replay divergences and calls
+    canceled while they ran to the model as the call's result, instead of
+    raising them out of ``Runner.run``. See the module doc for the rest of
+    what the model sees and for approvals.
     """
     if not isinstance(tool, Tool):
         raise EffectLedgerValidationError(
@@ -165,6 +194,11 @@ def as_function_tool(
             f"tool {tool.name!r}: {sdk_name!r} is not a name the OpenAI API accepts "
             "(1 to 64 letters, digits, '_' or '-'); pass name=...",
             field="name",
+        )
+    if not isinstance(decided_by, str) and not callable(decided_by):
+        raise EffectLedgerValidationError(
+            f"decided_by must be a name or a function of the run context, got {decided_by!r}",
+            field="decided_by",
         )
     if failure_error_function is not None and not callable(failure_error_function):
         raise EffectLedgerValidationError(
@@ -183,7 +217,14 @@ def as_function_tool(
             "tool's parameters are the call's arguments (its key), so it cannot take one",
             field="fn",
         )
-    calls = _Calls(tool, sdk_name, schema.params_pydantic_model, failure_error_function)
+    calls = _Calls(
+        tool,
+        sdk_name,
+        schema.params_pydantic_model,
+        failure_error_function,
+        decided_by=decided_by,
+        tell_model=tell_model,
+    )
     return LedgerFunctionTool(
         name=sdk_name,
         description=schema.description or "",
@@ -194,6 +235,9 @@ def as_function_tool(
         # closed (pauses) on arguments it cannot parse, which would stop runs
         # of tools that never need anyone.
         needs_approval=False if calls.policy is False else calls.needs_approval,
+        # Asked by the SDK before each model turn, with the run context: where a
+        # rejection made in the run state alone (state.reject) reaches the ledger.
+        is_enabled=True if calls.policy is False else calls.mirror_rejections,
         ledger_tool=tool,
         _calls=calls,
     )
@@ -205,6 +249,8 @@ def as_function_tools(
     *,
     strict_mode: bool = True,
     failure_error_function: ErrorFunction | None = default_tool_error_function,
+    decided_by: DecidedBy = RUN_STATE,
+    tell_model: bool = False,
 ) -> list[AgentTool]:
     """``as_function_tool`` for every tool of ``ledger`` (in registration order), or those named.
 
@@ -214,7 +260,13 @@ def as_function_tools(
     each item is a ``LedgerFunctionTool``.
     """
     converted = [
-        as_function_tool(t, strict_mode=strict_mode, failure_error_function=failure_error_function)
+        as_function_tool(
+            t,
+            strict_mode=strict_mode,
+            failure_error_function=failure_error_function,
+            decided_by=decided_by,
+            tell_model=tell_model,
+        )
         for t in chosen_tools(ledger, tools)
     ]
     seen: dict[str, str] = {}
@@ -257,8 +309,13 @@ class _Calls:
         sdk_name: str,
         params_model: type[BaseModel],
         on_error: ErrorFunction | None,
+        *,
+        decided_by: DecidedBy = RUN_STATE,
+        tell_model: bool = False,
     ) -> None:
         self.tool = tool
+        self._decided_by = decided_by
+        self._tell_model = tell_model
         self.ledger = tool.ledger
         self.sdk_name = sdk_name
         self._params = params_model
@@ -358,16 +415,75 @@ class _Calls:
         except MalformedToolCall as exc:
             return str(exc)
         try:
-            result = await self.tool.invoke(values, call_id=ctx.tool_call_id, run_options=_NO_WAIT)
+            result = await self._run(ctx, values)
         except Exception as exc:
-            if await is_tool_failure(self.ledger, self._key(values), exc):
+            key = self._key(values)
+            if await is_tool_failure(self.ledger, key, exc):
                 # The tool's own exception (a ledger error of a tool call inside
                 # it included), recorded as this effect's failure.
-                return await self._failure(ctx, exc)
+                return await self._failure(ctx, exc, key)
             return await self._own_outcome(ctx, exc, values)
         return (
             result if isinstance(result, str) else canonical_json(result, field="result").decode()
         )
+
+    async def _run(self, ctx: ToolContext[Any], values: dict[str, object]) -> object:
+        """The call; one the run state approved is approved on the ledger first.
+
+        ``state.approve(item)`` is the SDK's human-in-the-loop decision: the
+        effect waiting for it is approved on the ledger (``decided_by``), and
+        the call runs once. A decision already on the ledger stands.
+        """
+        try:
+            return await self.tool.invoke(values, call_id=ctx.tool_call_id, run_options=_NO_WAIT)
+        except ApprovalPendingError as pending:
+            if ctx.is_tool_approved(ctx.tool_name, ctx.tool_call_id) is not True:
+                raise
+            await self.ledger.approve(
+                pending.idem_key, by=self.decider(ctx), note="approved in the Agents SDK run state"
+            )
+        return await self.tool.invoke(values, call_id=ctx.tool_call_id, run_options=_NO_WAIT)
+
+    def decider(self, ctx: RunContextWrapper[Any]) -> str:
+        """Who decided in the run state, as the receipt records it."""
+        if isinstance(self._decided_by, str):
+            return self._decided_by
+        who = self._decided_by(ctx)
+        if not isinstance(who, str) or not who:
+            raise EffectLedgerValidationError(
+                f"decided_by(context) must return a non-empty name, got {who!r}",
+                field="decided_by",
+            )
+        return who
+
+    async def mirror_rejections(self, ctx: RunContextWrapper[Any], agent: AgentBase) -> bool:
+        """The SDK's ``is_enabled``: always True, after denying on the ledger what the run
+        state rejected.
+
+        The SDK answers a call rejected with ``state.reject(item)`` itself,
+        without invoking the tool; before the next model turn it asks each
+        tool whether it is enabled, with the run context. Each effect of
+        this tool waiting for a person in the run's workflow whose call id
+        the run state rejected is denied here (``decided_by``, and the
+        rejection message as the reason), so none is left pending.
+        """
+        workflow = self.tool.workflow_id or current_workflow()
+        if workflow is None:
+            return True
+        waiting = await self.ledger.list_effects(
+            workflow_id=workflow, tool=self.tool.name, status=EffectStatus.REQUIRES_APPROVAL
+        )
+        for effect in waiting.effects:
+            call_id = effect.call_id
+            if call_id is None or ctx.is_tool_approved(self.sdk_name, call_id) is not False:
+                continue
+            reason = ctx.get_rejection_message(self.sdk_name, call_id)
+            await self.ledger.deny(
+                effect.idem_key,
+                reason=reason or "rejected in the Agents SDK run state",
+                by=self.decider(ctx),
+            )
+        return True
 
     def _key(self, values: dict[str, object]) -> str | None:
         """The call's key, None if it has none (no workflow: the run raised about that)."""
@@ -376,32 +492,49 @@ class _Calls:
         except EffectLedgerValidationError:
             return None
 
-    async def _failure(self, ctx: ToolContext[Any], exc: Exception) -> str:
-        """The tool's failure as ``failure_error_function`` words it (``None``: raised)."""
+    async def _failure(self, ctx: ToolContext[Any], exc: Exception, key: str | None) -> str:
+        """The tool's failure as the model reads it (``None`` function: raised).
+
+        With the SDK's default function a final failure (the ledger replays
+        it to every later call) reads as the ledger's words, not "please try
+        again"; a retryable one, and every failure given to a function of
+        the application's, as that function words it.
+        """
         if self._on_error is None:
             raise exc
+        if self._on_error is default_tool_error_function and not _retryable(exc):
+            failure = exc if isinstance(exc, EffectFailedError) else None
+            if failure is None and key is not None:
+                failure = await recorded_failure(self.ledger, key)
+            if failure is not None:
+                return failure_text(failure)
         message = self._on_error(ctx, exc)
         return await message if inspect.isawaitable(message) else message
+
+    def _for_app(self, exc: Exception) -> str:
+        """A ledger outcome the application must see: raised out of ``Runner.run`` as
+        itself, or (``tell_model=True``) the model's text."""
+        if not self._tell_model:
+            raise _through_sdk(exc) from exc.__cause__
+        if isinstance(exc, BudgetExceededError):
+            return budget_text(exc)
+        if isinstance(exc, EffectDeniedError):
+            return _decision_text(exc.effect)
+        return str(exc)
 
     async def _own_outcome(
         self, ctx: ToolContext[Any], exc: Exception, values: dict[str, object]
     ) -> str:
         """What the model reads for this call's own ledger outcome; raises what is the app's."""
+        if isinstance(exc, (BudgetExceededError, UnrecordedEffectError)):
+            return self._for_app(exc)
         if isinstance(exc, EffectDeniedError):
+            if exc.status is EffectStatus.CANCELED and may_have_run(exc):
+                return self._for_app(exc)
             return _decision_text(exc.effect)
         if isinstance(exc, EffectPayloadMismatchError):
             return self._mismatch_text(exc, values)
         if isinstance(exc, ApprovalPendingError):
-            if ctx.is_tool_approved(ctx.tool_name, ctx.tool_call_id):
-                raise EffectLedgerValidationError(
-                    f"tool call {ctx.tool_call_id!r} ({self.sdk_name}) was approved in the "
-                    f"RunState only; on the ledger effect {exc.idem_key[:12]}… still waits for "
-                    "a person, so nothing ran. Approve with agent_ledger.adapters."
-                    "openai_agents.approve(state, item, by=...), which records the decision "
-                    "on the ledger, or approve the effect on the ledger and call "
-                    "sync_decisions(state) before resuming.",
-                    field="approval",
-                ) from exc
             # Put back to wait after the SDK asked (request_approval, a race):
             # the run goes on without it.
             return (
@@ -416,7 +549,7 @@ class _Calls:
             raise exc
         # A replayed failure (EffectFailedError), or the wait for another
         # worker timing out: the tool's failure, as far as the model goes.
-        return await self._failure(ctx, exc)
+        return await self._failure(ctx, exc, self._key(values))
 
     def _mismatch_text(self, exc: EffectPayloadMismatchError, values: dict[str, object]) -> str:
         keys = self.tool.idempotency_keys or ()
@@ -446,6 +579,39 @@ def _keyable_json(values: dict[str, object], tool: str) -> bytes:
             "and finite numbers.",
             tool=tool,
         ) from None
+
+
+def _retryable(exc: Exception) -> bool:
+    """Whether the tool declared this failure retryable (a later call runs again)."""
+    return getattr(exc, "retryable", False) is True
+
+
+#: Each ledger error class's twin that is also the SDK's ``AgentsException``.
+_THROUGH: dict[type[Exception], type[Exception]] = {}
+
+
+def _through_sdk(error: Exception) -> Exception:
+    """``error`` as an exception the SDK lets out of ``Runner.run`` as it is.
+
+    The SDK wraps whatever a tool raises in its ``UserError``, except its own
+    ``AgentsException``s. The copy's class is a subclass of both ``error``'s
+    and ``AgentsException``, with ``error``'s attributes, so
+    ``except BudgetExceededError`` around ``Runner.run`` catches it.
+    """
+    cls = type(error)
+    twin = _THROUGH.get(cls)
+    if twin is None:
+        twin = cast(
+            "type[Exception]",
+            type(cls.__name__, (cls, AgentsException), {"__module__": cls.__module__}),
+        )
+        twin.__qualname__ = cls.__qualname__
+        _THROUGH[cls] = twin
+    copy = twin.__new__(twin)
+    copy.__dict__.update(error.__dict__)
+    copy.args = error.args
+    cast(Any, copy).run_data = None
+    return copy
 
 
 def _show(values: Mapping[str, object], names: Iterable[str]) -> str:
