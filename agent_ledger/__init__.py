@@ -26,6 +26,7 @@ from agent_ledger.errors import (
     EffectLedgerError,
     EffectLedgerValidationError,
     EffectStoreError,
+    RetryableToolError,
 )
 from agent_ledger.ledger import EffectLedger
 from agent_ledger.options import EffectLedgerOptions, LedgerDefaults, LedgerHooks, RunOptions
@@ -58,6 +59,7 @@ __all__ = [
     "LedgerHooks",
     "MemoryStore",
     "RetryPolicy",
+    "RetryableToolError",
     "RunOptions",
     "Saga",
     "SagaFailed",

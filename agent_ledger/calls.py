@@ -4,11 +4,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Final, Literal, TypeAlias
 
 from agent_ledger.effects import JSONValue
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.names import check_name_length
+
+#: What makes two calls of a tool "the same call" (see ``agent_ledger.keys``):
+#: ``"workflow"``: the workflow and the key's args, ever (the default);
+#: ``"turn"``: those within one turn (``ledger.workflow(id, turn=...)``);
+#: ``"call"``: one framework tool-call id (``call_id``).
+Scope: TypeAlias = Literal["workflow", "turn", "call"]
+#: The scopes, in the order the docs list them.
+SCOPES: Final[tuple[Scope, ...]] = ("workflow", "turn", "call")
+
+
+def check_scope(scope: object, field_name: str = "scope") -> Scope:
+    """``scope`` if it names a scope; else ``EffectLedgerValidationError``."""
+    if scope not in SCOPES or not isinstance(scope, str):
+        raise EffectLedgerValidationError(
+            f"{field_name} must be one of {', '.join(repr(s) for s in SCOPES)}, got {scope!r}",
+            field=field_name,
+        )
+    return scope
 
 
 def _require_text(value: object, field_name: str) -> None:
@@ -64,6 +82,15 @@ class ToolCall:
     and its stored args differ in one of them, ``run()`` and ``begin()``
     raise ``EffectPayloadMismatchError`` at once (no waiting, no handler).
     Not part of the key.
+
+    ``scope`` says what else is part of the key: nothing (``"workflow"``,
+    the default: the same args in the same workflow are one effect, ever),
+    the ``turn`` (``"turn"``: once per user request; when ``turn`` is None,
+    ``run()`` takes the turn of ``ledger.workflow(id, turn=...)`` around it)
+    or the ``call_id`` (``"call"``: once per framework tool-call id). A
+    scope whose id is missing is refused when the key is computed. ``turn``
+    is recorded with a new effect whatever the scope (so a later turn can
+    tell it was answered from an earlier one's receipt).
     """
 
     workflow_id: str
@@ -73,6 +100,8 @@ class ToolCall:
     resource: ResourceDescriptor | None = None
     idempotency_keys: Sequence[str] | None = None
     validate_keys: Sequence[str] | Literal["all"] | None = None
+    scope: Scope = "workflow"
+    turn: str | None = None
 
     def __post_init__(self) -> None:
         _require_text(self.workflow_id, "workflow_id")
@@ -86,6 +115,10 @@ class ToolCall:
             object.__setattr__(self, "args", dict(self.args))
         if self.call_id is not None:
             _require_text(self.call_id, "call_id")
+        if self.scope != "workflow":
+            check_scope(self.scope)
+        if self.turn is not None:
+            _require_text(self.turn, "turn")
         if self.resource is not None and not isinstance(self.resource, ResourceDescriptor):
             raise EffectLedgerValidationError(
                 f"resource must be a ResourceDescriptor, got {type(self.resource).__name__}",

@@ -31,16 +31,21 @@ from typing import Protocol
 from agent_ledger.effects import Effect, NewEffect
 
 __all__ = [
+    "OutcomeSlot",
     "Recording",
     "StepProgress",
     "budget_scopes",
     "budgets_gated",
     "check_recording_exit",
     "check_workflow_exit",
+    "current_outcome_slot",
+    "current_turn",
     "current_workflow",
+    "enter_outcome_slot",
     "enter_recording",
     "enter_transaction",
     "enter_workflow",
+    "exit_outcome_slot",
     "exit_recording",
     "exit_workflow",
     "innermost_entry",
@@ -89,11 +94,23 @@ def innermost_entry(entered: Sequence[tuple[object, ...]], block: object) -> int
 # -- the workflow and its budgets (ledger.workflow(), tools layer) -------------------
 
 _WORKFLOW: ContextVar[str | None] = ContextVar("agent_ledger_workflow", default=None)
+#: The turn of that workflow (``ledger.workflow(id, turn=...)``): one user
+#: request, which ``scope="turn"`` tools key their calls by. Kept with the
+#: workflow it was given for: (workflow id, turn id), or None.
+_TURN: ContextVar[tuple[str, str] | None] = ContextVar("agent_ledger_turn", default=None)
 #: The workflow scopes entered in this context, innermost last, with the tokens
 #: that undo each. Kept in the context too, so one scope object entered by two
 #: tasks or threads at once undoes each entry in the context that made it.
 _WORKFLOW_SCOPES: ContextVar[
-    tuple[tuple[object, Token[str | None], Token[tuple[object, ...]] | None], ...]
+    tuple[
+        tuple[
+            object,
+            Token[str | None],
+            Token[tuple[object, ...]] | None,
+            Token[tuple[str, str] | None],
+        ],
+        ...,
+    ]
 ] = ContextVar("agent_ledger_workflow_scopes", default=())
 #: The budget scopes in force, outermost first (the tools layer's ``BudgetScope``).
 _BUDGETS: ContextVar[tuple[object, ...]] = ContextVar("agent_ledger_budgets", default=())
@@ -106,12 +123,29 @@ def current_workflow() -> str | None:
     return _WORKFLOW.get()
 
 
-def enter_workflow(scope: object, workflow_id: str, budget: object | None = None) -> None:
-    """``scope`` is entered: its ``workflow_id`` (and ``budget``, if any, innermost
-    of the budgets in force) hold in this context until :func:`exit_workflow`."""
+def current_turn(workflow_id: str | None = None) -> str | None:
+    """The turn given to the innermost ``ledger.workflow(id, turn=...)`` around this
+    code, or None (none given, or the innermost scope gave none).
+
+    With ``workflow_id``: that turn only if it was given for that workflow
+    (a tool registered with its own ``workflow_id`` is not in the block's turn).
+    """
+    entry = _TURN.get()
+    if entry is None or (workflow_id is not None and entry[0] != workflow_id):
+        return None
+    return entry[1]
+
+
+def enter_workflow(
+    scope: object, workflow_id: str, budget: object | None = None, turn: str | None = None
+) -> None:
+    """``scope`` is entered: its ``workflow_id`` and ``turn`` (None: no turn, even if
+    an outer scope had one) and ``budget`` (if any, innermost of the budgets in
+    force) hold in this context until :func:`exit_workflow`."""
     token = _WORKFLOW.set(workflow_id)
     budget_token = None if budget is None else _BUDGETS.set((*_BUDGETS.get(), budget))
-    _WORKFLOW_SCOPES.set((*_WORKFLOW_SCOPES.get(), (scope, token, budget_token)))
+    turn_token = _TURN.set(None if turn is None else (workflow_id, turn))
+    _WORKFLOW_SCOPES.set((*_WORKFLOW_SCOPES.get(), (scope, token, budget_token, turn_token)))
 
 
 def check_workflow_exit(scope: object) -> int:
@@ -125,8 +159,9 @@ def exit_workflow(scope: object) -> None:
     and budgets around it hold again."""
     entered = _WORKFLOW_SCOPES.get()
     i = innermost_entry(entered, scope)
-    _, token, budget_token = entered[i]
+    _, token, budget_token, turn_token = entered[i]
     _WORKFLOW_SCOPES.set(entered[:i])
+    _TURN.reset(turn_token)
     if budget_token is not None:
         _BUDGETS.reset(budget_token)
     _WORKFLOW.reset(token)
@@ -146,6 +181,60 @@ def budgets_gated() -> bool:
 def suspend_budgets() -> None:
     """No budget applies from here on in this context (a compensation's task)."""
     _GATED.set(False)
+
+
+# -- the outcome of one tool call, for the adapters (Tool.call_outcome) --------------
+
+
+class OutcomeSlot:
+    """Where the engine leaves how it answered one call: the effect, and whether
+    it ran the handler for this caller or answered from a receipt.
+
+    ``Tool.call_outcome`` (the tools layer) puts one in the context for the
+    call it makes, naming the call's key; the engine (``ledger.run``) fills it
+    for the first call with that key made in this context, so tool calls the
+    handler itself makes (other keys) never fill it. ``effect`` is None until
+    then (a call refused before it reached the engine: a budget, a replay).
+    """
+
+    __slots__ = ("effect", "error", "idem_key", "replayed", "retryable")
+
+    def __init__(self, idem_key: str) -> None:
+        self.idem_key = idem_key
+        #: The effect as the engine last saw it for this call.
+        self.effect: Effect | None = None
+        #: True: answered from a recorded outcome (this caller ran no handler).
+        self.replayed = False
+        #: The exception this call's handler failed with, once it is recorded
+        #: (what the call raises: the tool's failure, not the ledger's).
+        self.error: BaseException | None = None
+        #: True: the handler's failure was recorded as retryable.
+        self.retryable = False
+
+    def fill(self, effect: Effect, *, replayed: bool) -> None:
+        self.effect = effect
+        self.replayed = replayed
+
+
+_OUTCOME: ContextVar[OutcomeSlot | None] = ContextVar("agent_ledger_outcome", default=None)
+
+
+def current_outcome_slot(idem_key: str) -> OutcomeSlot | None:
+    """The slot waiting for the outcome of the call keyed ``idem_key``, or None."""
+    slot = _OUTCOME.get()
+    if slot is None or slot.idem_key != idem_key:
+        return None
+    return slot
+
+
+def enter_outcome_slot(slot: OutcomeSlot) -> Token[OutcomeSlot | None]:
+    """Calls made here with ``slot.idem_key`` report to ``slot``; the token undoes it
+    (:func:`exit_outcome_slot`)."""
+    return _OUTCOME.set(slot)
+
+
+def exit_outcome_slot(token: Token[OutcomeSlot | None]) -> None:
+    _OUTCOME.reset(token)
 
 
 # -- sagas: the step runner, reserved positions, waiting for people ------------------

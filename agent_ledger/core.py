@@ -22,6 +22,7 @@ context (:func:`agent_ledger.context.recording`), which ``run()`` and
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from types import MappingProxyType
@@ -29,8 +30,8 @@ from typing import Generic, ParamSpec, TypeVar, overload
 
 from agent_ledger.audit import Audit, EffectPage
 from agent_ledger.background import BackgroundLoop, HomeLoop
-from agent_ledger.calls import ToolCall
-from agent_ledger.context import Recording, recording
+from agent_ledger.calls import Scope, ToolCall, check_scope
+from agent_ledger.context import Recording, current_outcome_slot, recording
 from agent_ledger.decisions import NO_RESULT, Decisions
 from agent_ledger.effects import BeginResult, CommitOutcome, Effect, EffectError, JSONValue
 from agent_ledger.engine import Acquired, Engine, Prepared
@@ -54,6 +55,18 @@ P = ParamSpec("P")
 #: What the tools layer registers (``agent_ledger.tools.Tool``); the core only
 #: keeps it by name. Covariant: a ledger of tools is a ledger of anything.
 ToolT_co = TypeVar("ToolT_co", covariant=True)
+
+
+def _rescoped(call: ToolCall, scope: Scope | None, call_id: str | None) -> ToolCall:
+    """``call`` with ``ledger.run``'s ``scope`` and ``call_id`` (checked as a ToolCall's)."""
+    if not isinstance(call, ToolCall):
+        return call  # the engine names the problem
+    changes: dict[str, object] = {}
+    if scope is not None:
+        changes["scope"] = check_scope(scope)
+    if call_id is not None:
+        changes["call_id"] = call_id
+    return dataclasses.replace(call, **changes)  # type: ignore[arg-type]
 
 
 async def _from_recording(answering: Recording, prepared: Prepared) -> Effect | None:
@@ -123,6 +136,8 @@ class LedgerCore(Generic[ToolT_co]):
         *,
         hooks: LedgerHooks | None = None,
         tx: object | None = None,
+        scope: Scope | None = None,
+        call_id: str | None = None,
     ) -> T: ...
 
     @overload
@@ -134,6 +149,8 @@ class LedgerCore(Generic[ToolT_co]):
         *,
         hooks: LedgerHooks | None = None,
         tx: object | None = None,
+        scope: Scope | None = None,
+        call_id: str | None = None,
     ) -> T: ...
 
     async def run(
@@ -144,6 +161,8 @@ class LedgerCore(Generic[ToolT_co]):
         *,
         hooks: LedgerHooks | None = None,
         tx: object | None = None,
+        scope: Scope | None = None,
+        call_id: str | None = None,
     ) -> object:
         """Run ``handler`` for ``call`` at most once per idempotency key.
 
@@ -168,15 +187,27 @@ class LedgerCore(Generic[ToolT_co]):
 
         The fresh path returns the handler's own value; replays and waiters
         get the recorded JSON decoded (a tuple comes back as a list).
+
+        ``scope`` and ``call_id``, when given, replace the call's own
+        (``ToolCall.scope``, ``ToolCall.call_id``): ``scope="turn"`` keys
+        the call by the turn of ``ledger.workflow(id, turn=...)`` too,
+        ``scope="call"`` by ``call_id`` (see ``agent_ledger.keys``).
+        With ``run_options.retryable``, a failure it names is recorded as
+        retryable: the next call with the key runs the handler again.
         """
         loop = asyncio.get_running_loop()
         if loop is not self._home.loop:
             self._home.enter(loop)
+        if scope is not None or call_id is not None:
+            call = _rescoped(call, scope, call_id)
         prepared = self._engine.prepare(call, run_options, hooks)
         answering = recording()
         if answering is not None and answering.ledger is self:
             recorded = await _from_recording(answering, prepared)
             if recorded is not None:
+                slot = current_outcome_slot(prepared.new.idem_key)
+                if slot is not None:
+                    slot.fill(recorded, replayed=True)
                 # Shared: one recorded result answers every call with its key.
                 return recorded_outcome(Acquired(recorded, owned=False, shared=True))
         with span("agent_ledger.run", call.tool, prepared.new.idem_key):

@@ -220,14 +220,63 @@ class Settlement:
     at: datetime
 
 
+@dataclass(frozen=True, slots=True)
+class Scoped:
+    """The turn and tool-call id a new effect was created in, and the scope it was
+    keyed by: the first event of an effect created inside a turn (or with a
+    scope other than ``"workflow"``). Written with the insert, so it has no
+    time of its own: the effect's ``created_at`` is when.
+
+    Effects created outside any turn with ``scope="workflow"`` (and every
+    effect of earlier releases) have none.
+    """
+
+    #: ``"workflow"``, ``"turn"`` or ``"call"``: what, besides the args, keyed it.
+    scope: str
+    #: The turn it was created in (``ledger.workflow(id, turn=...)``), if any.
+    turn: str | None
+    #: The framework's tool-call id that created it, if any (also ``Effect.call_id``).
+    call_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryableFailure:
+    """A failure the tool declared retryable (``retryable=``, or the handler raised
+    ``RetryableToolError``), recorded with the outcome that ended ``attempt``.
+
+    While it is the effect's last event and the effect is still ``failed`` at
+    that attempt, the next call with the key runs the handler again as a new
+    attempt (``Store.retry``); the event stays in the history after that, so
+    every earlier failure is kept.
+    """
+
+    #: The attempt whose run ended with this failure.
+    attempt: int
+    message: str
+    code: str | None
+    #: When it was recorded, by the store's clock.
+    at: datetime
+
+
 #: What ``Effect.history`` holds, oldest first.
-HistoryEvent: TypeAlias = TryFailure | Reopening | Parked | Settlement
+HistoryEvent: TypeAlias = TryFailure | Reopening | Parked | Settlement | Scoped | RetryableFailure
 
 #: The ``kind`` of each event in the stored JSON.
 TRY_FAILED: Final = "try_failed"
 REOPENED: Final = "reopened"
 PARKED: Final = "parked"
 SETTLED: Final = "settled"
+SCOPED: Final = "scoped"
+RETRYABLE_FAILURE: Final = "retryable_failure"
+
+
+def scoped_history(scope: str, turn: str | None, call_id: str | None) -> str:
+    """The history a new effect is inserted with: ``"[]"``, or its :class:`Scoped` event
+    (when it has a turn or a scope other than ``"workflow"``)."""
+    if turn is None and scope == "workflow":
+        return "[]"
+    event = {"kind": SCOPED, "scope": scope, "turn": turn, "call_id": call_id}
+    return orjson.dumps([event]).decode()
 
 
 def history_from_json(text: str | None) -> tuple[HistoryEvent, ...]:
@@ -248,7 +297,20 @@ def _text_or_none(value: object) -> str | None:
 
 def event_from_dict(item: dict[str, Any]) -> HistoryEvent:
     """One event from its JSON object (see :func:`event_to_dict`)."""
+    if item["kind"] == SCOPED:
+        return Scoped(
+            scope=str(item["scope"]),
+            turn=_text_or_none(item.get("turn")),
+            call_id=_text_or_none(item.get("call_id")),
+        )
     at = _moment(item["at"])
+    if item["kind"] == RETRYABLE_FAILURE:
+        return RetryableFailure(
+            attempt=int(item["attempt"]),
+            message=str(item["message"]),
+            code=_text_or_none(item.get("code")),
+            at=at,
+        )
     if item["kind"] == PARKED:
         started = item.get("started_at")
         return Parked(
@@ -307,6 +369,21 @@ def event_to_dict(event: HistoryEvent) -> dict[str, JSONValue]:
             "started_at": None if event.started_at is None else event.started_at.isoformat(),
             "worker": event.worker,
             "heartbeat_at": event.heartbeat_at.isoformat(),
+            "at": event.at.isoformat(),
+        }
+    if isinstance(event, Scoped):
+        return {
+            "kind": SCOPED,
+            "scope": event.scope,
+            "turn": event.turn,
+            "call_id": event.call_id,
+        }
+    if isinstance(event, RetryableFailure):
+        return {
+            "kind": RETRYABLE_FAILURE,
+            "attempt": event.attempt,
+            "message": event.message,
+            "code": event.code,
             "at": event.at.isoformat(),
         }
     if isinstance(event, Settlement):
@@ -418,7 +495,9 @@ class Effect:
     #: What happened before the outcome, oldest first: each failed try of a
     #: retried handler (``TryFailure``), each ``reopen()`` (``Reopening``),
     #: each park of an ambiguous attempt (``Parked``) and each person's
-    #: approve, deny or resolve (``Settlement``).
+    #: approve, deny or resolve (``Settlement``); first, the turn and scope it
+    #: was created in (``Scoped``), and each failure declared retryable
+    #: (``RetryableFailure``), which the next call runs again after.
     history: tuple[HistoryEvent, ...] = ()
     #: What a model call consumed (tokens, and its price), recorded with its
     #: outcome by ``ledger.llm()``; None for every other effect.
@@ -439,6 +518,35 @@ class Effect:
             and self.error is not None
             and self.error.code == ErrorCode.AMBIGUOUS_ATTEMPT
         )
+
+    @property
+    def scoped(self) -> Scoped | None:
+        """The turn, tool-call id and scope it was created with (its first event), if recorded."""
+        history = self.history
+        if history and isinstance(history[0], Scoped):
+            return history[0]
+        return None
+
+    @property
+    def turn(self) -> str | None:
+        """The turn it was created in (``ledger.workflow(id, turn=...)``), or None."""
+        scoped = self.scoped
+        return None if scoped is None else scoped.turn
+
+    @property
+    def scope(self) -> str:
+        """What keyed it besides its args: ``"workflow"``, ``"turn"`` or ``"call"``."""
+        scoped = self.scoped
+        return "workflow" if scoped is None else scoped.scope
+
+    @property
+    def retryable(self) -> bool:
+        """Failed with a failure its tool declared retryable: the next call with its key
+        runs the handler again (a new attempt) instead of replaying the failure."""
+        if self.status is not EffectStatus.FAILED or not self.history:
+            return False
+        last = self.history[-1]
+        return isinstance(last, RetryableFailure) and last.attempt == self.attempt
 
 
 #: The statuses a run ends in (from ``processing``, the terminal ones): their
@@ -491,6 +599,9 @@ class NewEffect(NamedTuple):
     #: The creator's lease in ms (its stale window; 0: never taken over),
     #: recorded with the effect so that others judge staleness by it.
     lease_ms: int = DEFAULT_STALE_AFTER_MS
+    #: The history it starts with, as JSON text: ``"[]"``, or its turn and
+    #: scope (:func:`scoped_history`).
+    history: str = "[]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -555,9 +666,15 @@ class FailedWithUsage(Exception):
 
 @dataclass(frozen=True, slots=True)
 class CommitFailed:
-    """Outcome for ``commit()``: the tool failed with ``error``."""
+    """Outcome for ``commit()``: the tool failed with ``error``.
+
+    ``retryable``: the failure may be run again by a later call with the key
+    (the next ``begin()`` or ``run()`` gets the effect to execute, as a new
+    attempt); False (the default): the failure is final.
+    """
 
     error: EffectError
+    retryable: bool = False
 
 
 CommitOutcome: TypeAlias = CommitSucceeded | CommitFailed

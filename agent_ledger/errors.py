@@ -46,6 +46,7 @@ __all__ = [
     "EffectStoreError",
     "EffectTimeoutError",
     "HandlerTimeoutError",
+    "RetryableToolError",
     "UnrecordedEffectError",
 ]
 
@@ -75,8 +76,48 @@ class EffectFailedError(EffectLedgerError):
         self.effect = effect
         self.message = error.message if error is not None else "effect failed"
         self.code = error.code if error is not None else None
+        #: The tool declared this failure retryable: calling again with the same
+        #: key (same args, same scope) runs the tool again, as a new attempt.
+        self.retryable = effect.retryable
         suffix = f" [{self.code}]" if self.code else ""
-        super().__init__(f"effect {effect.idem_key[:12]}… failed{suffix}: {self.message}")
+        super().__init__(
+            f"effect {effect.idem_key[:12]}… failed{suffix}: {self.message}. "
+            + (RETRYABLE_REMEDY if self.retryable else FINAL_REMEDY).format(key=effect.idem_key)
+        )
+
+
+#: What a caller may do about a failure its tool declared retryable.
+RETRYABLE_REMEDY: Final = (
+    "The tool declared this failure retryable: call it again with the same arguments "
+    "(in the same workflow and scope) to run it again as a new attempt."
+)
+#: What a caller may do about a failure recorded as final (the default).
+FINAL_REMEDY: Final = (
+    "This failure is final for its key, and every repeat is answered with it: fix the "
+    "cause, then `agent-ledger retry {key} --by NAME --reason WHY` (ledger.reopen) to "
+    "run it again, or call it in a new scope (a new turn for scope='turn', a new "
+    "call_id for scope='call'); a tool can declare failures retryable (retryable=)."
+)
+
+
+class RetryableToolError(EffectLedgerError):
+    """Raise it from a tool to fail this call *retryably*: the failure is recorded
+    (the receipt says it is retryable, and keeps it in the history), and the
+    next call with the same key runs the tool again as a new attempt, instead
+    of being answered with the failure.
+
+    For tools whose own error means "try again" (a model asking for other
+    input, a transient outage): adapters map their framework's retry signal
+    onto it. ``code`` is recorded as the error's code (default: the class
+    name). A tool can instead declare which of its exceptions are retryable
+    with ``retryable=`` (exception types or a predicate).
+    """
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        #: None: the class name is recorded.
+        self.code = code
 
 
 class EffectDeniedError(EffectLedgerError):

@@ -21,7 +21,20 @@ encode as arrays. Strings may hold any character but lone surrogates
 ``\\u0000``, so the text every store keeps has no NUL byte in it. So two
 calls are the same effect exactly when their workflow, tool, mode and
 identity are equal as JSON values: dict order does not matter, ``1`` and
-``1.0`` differ, ``call_id`` is ignored.
+``1.0`` differ, ``call_id`` is ignored (unless the scope is ``"call"``).
+
+A call whose ``scope`` is ``"turn"`` or ``"call"`` (see ``ToolCall``) adds a
+sixth element naming its scope and that scope's id::
+
+    ["agent-ledger/v1", workflow_id, tool, mode, identity, ["turn", turn]]
+    ["agent-ledger/v1", workflow_id, tool, mode, identity, ["call", call_id]]
+
+so the same args in another turn (or under another tool-call id) are another
+effect. ``scope="workflow"`` (the default) adds nothing: its keys are
+byte-for-byte the keys of every earlier release, and a five-element array
+never encodes like a six-element one. A ``"turn"`` call without a turn, or a
+``"call"`` call without a ``call_id``, has no key:
+``EffectLedgerValidationError``, never a silent fallback to the workflow.
 
 Because every part is a complete JSON value inside a JSON array, no choice of
 strings can make two different calls encode alike (a ``"|"`` or ``","`` in a
@@ -182,18 +195,41 @@ def canonicalize(
     else:
         mode = b"args"
         identity = args
-    material = b'["%s",%s,%s,"%s",%s]' % (
+    material = b'["%s",%s,%s,"%s",%s%s]' % (
         KEY_VERSION.encode(),
         _encode_text(call.workflow_id, "workflow_id"),
         _encode_text(call.tool, "tool"),
         mode,
         identity,
+        b"" if call.scope == "workflow" else _scope_part(call),
     )
     return CanonicalCall(
         idem_key=hashlib.sha256(material).hexdigest(),
         args_canonical=args.decode(),
         resource_id_canonical=resource_canonical,
     )
+
+
+def _scope_part(call: ToolCall) -> bytes:
+    """The key's sixth element for a ``"turn"`` or ``"call"`` scope (with its comma)."""
+    if call.scope == "turn":
+        if call.turn is None:
+            raise EffectLedgerValidationError(
+                f"tool {call.tool!r} has scope='turn', and no turn is known for this call: "
+                f"call it inside `ledger.workflow({call.workflow_id!r}, turn=...)` (an adapter "
+                "derives the turn from its framework), or give ToolCall(turn=...). "
+                "Nothing was stored.",
+                field="turn",
+            )
+        return b',["turn",%s]' % _encode_text(call.turn, "turn")
+    if call.call_id is None:
+        raise EffectLedgerValidationError(
+            f"tool {call.tool!r} has scope='call', and this call has no call_id: pass the "
+            "framework's tool-call id (tool.invoke(arguments, call_id=...), "
+            "ledger.run(..., call_id=...) or ToolCall(call_id=...)). Nothing was stored.",
+            field="call_id",
+        )
+    return b',["call",%s]' % _encode_text(call.call_id, "call_id")
 
 
 def _encode_text(text: str, field: str) -> bytes:

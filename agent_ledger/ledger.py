@@ -17,7 +17,7 @@ from os import PathLike
 from typing import Any, Literal
 
 from agent_ledger.budgets import Budget, BudgetState
-from agent_ledger.calls import ToolCall
+from agent_ledger.calls import Scope, ToolCall
 from agent_ledger.context import RECORDING as RECORDING  # kept importable here (0.3.x)
 from agent_ledger.context import Recording as Recording  # kept importable here (0.3.x)
 from agent_ledger.core import LedgerCore
@@ -25,7 +25,7 @@ from agent_ledger.effects import JSONValue, Usage
 from agent_ledger.errors import require_str
 from agent_ledger.options import RunOptions
 from agent_ledger.replay import Replay
-from agent_ledger.retries import RetryPolicy
+from agent_ledger.retries import Retryable, RetryPolicy
 from agent_ledger.sagas import Saga, SagaRecovery, check_step_settings, recover_sagas, run_saga
 from agent_ledger.stores.base import Store
 from agent_ledger.tools import (
@@ -73,6 +73,8 @@ class EffectLedger(LedgerCore[Tool[Any]]):
         compensate_if: Literal["succeeded", "attempted"] = "succeeded",
         failure_scope: Literal["saga", "step"] = "saga",
         on_stale: Literal["take_over", "park"] | None = None,
+        scope: Scope | None = None,
+        retryable: Retryable | None = None,
     ) -> ToolDecorator:
         """Register a function as a tool: ``@ledger.tool("payments.charge", ...)``.
 
@@ -94,6 +96,12 @@ class EffectLedger(LedgerCore[Tool[Any]]):
         ``docs/sagas.md``. ``on_stale`` is the tool's ``RunOptions.on_stale``:
         ``"park"`` for a side effect that must never repeat and cannot take an
         idempotency key downstream (``docs/choosing-recovery.md``).
+        ``scope`` says what else makes two calls the same call: ``"workflow"``
+        (nothing: the default for a tool that declares none), ``"turn"`` (the
+        turn of ``ledger.workflow(id, turn=...)``) or ``"call"`` (the
+        framework's tool-call id); see ``docs/concepts.md``. ``retryable`` is
+        the tool's ``RunOptions.retryable``: the failures (exception types, or
+        a predicate) a later call runs again instead of replaying them.
         """
 
         decorate = define(
@@ -111,13 +119,24 @@ class EffectLedger(LedgerCore[Tool[Any]]):
             compensate_if=compensate_if,
             failure_scope=failure_scope,
             on_stale=on_stale,
+            scope=scope,
+            retryable=retryable,
         )
         # The saga layer says what a tool's saga settings may be.
         check_step_settings(name or "<function name>", compensate, compensate_if, failure_scope)
         return decorate
 
-    def workflow(self, workflow_id: str, *, budget: Budget | None = None) -> WorkflowScope:
+    def workflow(
+        self, workflow_id: str, *, budget: Budget | None = None, turn: str | None = None
+    ) -> WorkflowScope:
         """A ``with`` / ``async with`` scope: tool calls inside belong to ``workflow_id``.
+
+        ``turn`` names the current turn of that workflow (one user request, a
+        framework's run): tools with ``scope="turn"`` are keyed by it, so the
+        same arguments in a later turn run again, and every effect created
+        inside records it (``Effect.turn``), so a later turn answered from
+        its receipt can say so (``Tool.call_outcome``). An inner scope without
+        ``turn`` has none.
 
         Scopes nest (the innermost wins) and reach tasks started inside them.
         With ``budget``, every tool call and ``llm()`` call inside (inner
@@ -128,7 +147,7 @@ class EffectLedger(LedgerCore[Tool[Any]]):
         ``workflow_id`` (by another worker, or earlier) applies if there is
         one: it is read once, on entering the scope.
         """
-        return workflow_scope(self, workflow_id, budget)
+        return workflow_scope(self, workflow_id, budget, turn)
 
     async def llm(
         self,

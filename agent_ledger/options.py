@@ -21,7 +21,7 @@ from agent_ledger.backoff import MAX_MS, Backoff, too_many_ms
 from agent_ledger.clock import Clock, utc_now
 from agent_ledger.effects import DEFAULT_STALE_AFTER_MS as DEFAULT_STALE_AFTER_MS  # its home
 from agent_ledger.errors import EffectLedgerValidationError
-from agent_ledger.retries import RetryPolicy
+from agent_ledger.retries import Retryable, RetryPolicy, check_retryable
 
 if TYPE_CHECKING:
     from agent_ledger.calls import ToolCall
@@ -250,6 +250,15 @@ class RunOptions:
     statement, fenced by the attempt) just before calling it, so a run that
     died before that is still taken over. The policy of the run that holds
     the effect decides, never a caller's; see docs/choosing-recovery.md.
+
+    ``retryable`` (default None: every recorded failure is final) names the
+    handler failures that a *later call* runs again: exception types, or a
+    predicate of the exception (``retries.failure_is_retryable``; a handler
+    raising ``RetryableToolError`` is always retryable). Such a failure is
+    recorded as the call's outcome, marked retryable on the receipt; the
+    next call with the key runs the handler again as a new attempt, exactly
+    once however many callers ask (``Store.retry``). ``None`` set explicitly
+    turns off what a lower level gave.
     """
 
     requires_approval: bool | Unset = UNSET
@@ -260,9 +269,12 @@ class RunOptions:
     retry: RetryPolicy | Unset | None = UNSET
     timeout_ms: int | Unset | None = UNSET
     on_stale: OnStale | Unset = UNSET
+    retryable: Retryable | Unset | None = UNSET
 
     def __post_init__(self) -> None:
         _check_int(self.timeout_ms, "timeout_ms", allow_none=True, positive=True)
+        if self.retryable is not UNSET:
+            check_retryable(self.retryable)
         if self.on_stale is not UNSET and self.on_stale not in ON_STALE_POLICIES:
             raise EffectLedgerValidationError(
                 f"on_stale must be 'take_over' or 'park', got {self.on_stale!r}",
@@ -420,6 +432,8 @@ class ResolvedRunOptions:
     timeout_ms: int | None = None
     #: What a silent holder's effect becomes: taken over, or parked for a person.
     on_stale: OnStale = "take_over"
+    #: Which handler failures a later call runs again; None: all are final.
+    retryable: Retryable | None = None
 
 
 def _overlay(base: _Opt, top: _Opt) -> _Opt:
@@ -456,6 +470,7 @@ def merge_run_options(base: RunOptions, top: RunOptions | None) -> RunOptions:
         retry=base.retry if top.retry is UNSET else top.retry,
         timeout_ms=base.timeout_ms if top.timeout_ms is UNSET else top.timeout_ms,
         on_stale=base.on_stale if top.on_stale is UNSET else top.on_stale,
+        retryable=base.retryable if top.retryable is UNSET else top.retryable,
     )
 
 
@@ -511,4 +526,5 @@ def resolve(options: RunOptions) -> ResolvedRunOptions:
         retry=None if options.retry is UNSET else options.retry,
         timeout_ms=None if options.timeout_ms is UNSET else options.timeout_ms,
         on_stale="take_over" if options.on_stale is UNSET else options.on_stale,
+        retryable=None if options.retryable is UNSET else options.retryable,
     )

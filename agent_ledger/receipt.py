@@ -22,6 +22,8 @@ from agent_ledger.effects import (
     JSONValue,
     Parked,
     Reopening,
+    RetryableFailure,
+    Scoped,
     Settlement,
     TryFailure,
     Usage,
@@ -333,6 +335,17 @@ def _history_row(event: HistoryEvent) -> tuple[str, str]:
     if isinstance(event, TryFailure):
         error = EffectError(event.message, event.code)
         return (f"try {event.number}", f"{_stamp(event.at)} failed: {error} ({event.type})")
+    if isinstance(event, Scoped):
+        ids = [f"turn {event.turn}"] if event.turn is not None else []
+        ids += [f"call {event.call_id}"] if event.call_id is not None else []
+        return ("scope", f"{event.scope}" + (f" ({', '.join(ids)})" if ids else ""))
+    if isinstance(event, RetryableFailure):
+        error = EffectError(event.message, event.code)
+        return (
+            "retryable",
+            f"{_stamp(event.at)} attempt {event.attempt} failed: {error}; the next call runs "
+            "it again",
+        )
     was = event.status.value + (f" ({event.error})" if event.error is not None else "")
     tries = (
         "" if event.tries == 0 else f", after {event.tries} tr{'y' if event.tries == 1 else 'ies'}"

@@ -28,6 +28,8 @@ from agent_ledger.effects import (
     HistoryEvent,
     JSONValue,
     Parked,
+    RetryableFailure,
+    Scoped,
     Settlement,
     TryFailure,
     handler_time,
@@ -219,6 +221,14 @@ def _event(event: HistoryEvent) -> str:
         code = f" {_code(event.code)}" if event.code else ""
         message = _code(_one_line(event.message, 200))
         return f"{_stamp(event.at)}: try {event.number} failed{code}: {message}"
+    if isinstance(event, Scoped):
+        turn = f", turn {_code(event.turn)}" if event.turn is not None else ""
+        call = f", call {_code(event.call_id)}" if event.call_id is not None else ""
+        return f"created with scope {event.scope}{turn}{call}"
+    if isinstance(event, RetryableFailure):
+        code = f" {_code(event.code)}" if event.code else ""
+        message = _code(_one_line(event.message, 200))
+        return f"{_stamp(event.at)}: attempt {event.attempt} failed retryably{code}: {message}"
     reason = _code(_one_line(event.reason, 200))
     return f"{_stamp(event.at)}: reopened by {_code(event.by)} ({event.status.value}): {reason}"
 

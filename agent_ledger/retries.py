@@ -21,17 +21,34 @@ result fails the same way every time).
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeAlias
 
 from agent_ledger.backoff import Backoff, too_many_ms
 from agent_ledger.codes import ErrorCode
-from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.errors import EffectLedgerValidationError, RetryableToolError
 
-__all__ = ["RETRIES_EXHAUSTED", "NonRetryableError", "RetryPolicy", "asked_delay_s"]
+__all__ = [
+    "RETRIES_EXHAUSTED",
+    "NonRetryableError",
+    "RetryPolicy",
+    "Retryable",
+    "asked_delay_s",
+    "check_retryable",
+    "failure_is_retryable",
+]
+
+#: Which recorded failures of a tool a *later call* may run again (``retryable=``):
+#: exception types (one, or a tuple), or a predicate of the exception. Not a
+#: retry policy (``retry=``, tries within one call): a retryable failure is
+#: recorded as the call's outcome, and the next call with the key runs again.
+Retryable: TypeAlias = (
+    "type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]"
+)
 
 #: The error code an effect is recorded with when its tries ran out (an alias of
 #: ``ErrorCode.RETRIES_EXHAUSTED``, kept for code that imports it from here).
@@ -200,3 +217,57 @@ def asked_delay_s(exc: BaseException) -> float | None:
     except OverflowError:  # an int beyond any float: no usable hint
         return None
     return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def check_retryable(value: object, field: str = "retryable") -> None:
+    """Refuse a ``retryable=`` that is neither exception types nor a predicate."""
+    if value is None:
+        return
+    if isinstance(value, type | tuple):
+        kinds = value if isinstance(value, tuple) else (value,)
+        if not kinds:
+            raise EffectLedgerValidationError(
+                f"{field} must name at least one exception type (or be None)", field=field
+            )
+        for kind in kinds:
+            if not (isinstance(kind, type) and issubclass(kind, Exception)):
+                raise EffectLedgerValidationError(
+                    f"{field} must be exception types (Exception subclasses: a cancellation "
+                    f"is never a failure to retry) or a predicate, got {kind!r}",
+                    field=field,
+                )
+        return
+    if not callable(value):
+        raise EffectLedgerValidationError(
+            f"{field} must be an exception type, a tuple of them, or a function "
+            f"(BaseException) -> bool, got {value!r}",
+            field=field,
+        )
+    if inspect.iscoroutinefunction(value):
+        raise EffectLedgerValidationError(
+            f"{field} must be a plain function returning a bool, got an async def {value!r}",
+            field=field,
+        )
+
+
+def failure_is_retryable(exc: BaseException, retryable: Retryable | None) -> bool:
+    """Whether a handler's ``exc`` is recorded as a retryable failure.
+
+    ``RetryableToolError`` always is; anything else when ``retryable`` (the
+    tool's or the call's) names its type or says so. Never a cancellation or
+    interrupt (not an ``Exception``), a ``NonRetryableError`` (nor anything
+    with a true ``non_retryable``), or the ledger's own validation errors.
+    A predicate that raises says no (the failure stays final, as by default).
+    """
+    if not isinstance(exc, Exception) or getattr(exc, "non_retryable", False) is True:
+        return False
+    if isinstance(exc, RetryableToolError):
+        return True
+    if retryable is None or isinstance(exc, EffectLedgerValidationError):
+        return False
+    if isinstance(retryable, type | tuple):
+        return isinstance(exc, retryable)
+    try:
+        return retryable(exc) is True
+    except Exception:
+        return False

@@ -23,6 +23,11 @@ Seven kinds of step move an effect, and the table covers them all:
   then went silent for its whole lease, so nobody knows whether the side
   effect happened, and a person decides instead of a takeover. Fenced by the
   stale attempt, and only once the lease is out;
+* a **retry** sends a ``failed`` effect straight back to ``processing``
+  (:data:`RETRY`), attempt + 1, for the caller that asked again after a
+  failure its tool declared retryable (``retryable=``): fenced by the failed
+  attempt, so of any number of such callers exactly one runs the handler
+  again. Nothing else claims a failed effect; a final failure stays final;
 * a **resolve** records an outcome a person read from the provider,
   ``requires_approval`` -> ``succeeded`` or ``failed`` (:data:`RESOLVE`),
   for a parked effect only;
@@ -89,8 +94,9 @@ TRANSITIONS: Final[Mapping[EffectStatus, frozenset[EffectStatus]]] = MappingProx
         # ready -> requires_approval: an approval taken back before anyone claimed it.
         _S.READY: frozenset({_S.PROCESSING, _S.REQUIRES_APPROVAL, _S.CANCELED}),
         _S.SUCCEEDED: frozenset(),
-        # failed/canceled -> ready: only reopen (see REOPEN), never automatic.
-        _S.FAILED: frozenset({_S.READY}),
+        # failed/canceled -> ready: only reopen (see REOPEN), never automatic;
+        # failed -> processing: only retry, after a retryable failure (see RETRY).
+        _S.FAILED: frozenset({_S.READY, _S.PROCESSING}),
         _S.DENIED: frozenset(),
         _S.CANCELED: frozenset({_S.READY}),
     }
@@ -102,6 +108,9 @@ REOPEN: Final[frozenset[tuple[EffectStatus, EffectStatus]]] = frozenset(
 )
 #: The statuses ``reopen`` takes an effect from.
 REOPENABLE: Final[frozenset[EffectStatus]] = frozenset(source for source, _ in REOPEN)
+#: The edge only ``Store.retry_failed`` takes: a later call runs a failure its
+#: tool declared retryable again, as a new attempt (fenced by the failed one).
+RETRY: Final = (_S.FAILED, _S.PROCESSING)
 #: The edge only ``Store.park`` takes: the holder of a run under
 #: ``on_stale="park"`` went silent after its handler started, so the effect
 #: waits for a person instead of being taken over. Fenced by the stale attempt.
@@ -122,16 +131,18 @@ RESOLVE: Final[frozenset[tuple[EffectStatus, EffectStatus]]] = frozenset(
 #: An alias of ``ErrorCode.AMBIGUOUS_ATTEMPT``, kept for code that imports it from here.
 AMBIGUOUS_ATTEMPT: Final = ErrorCode.AMBIGUOUS_ATTEMPT
 
-#: Statuses whose outcome is final: nothing but a person's reopen leads out of them.
+#: Statuses whose outcome is final: nothing but a person's reopen (or, for a
+#: failure declared retryable, a later call's retry) leads out of them.
 TERMINAL: Final[frozenset[EffectStatus]] = frozenset(
-    s for s, out in TRANSITIONS.items() if all((s, t) in REOPEN for t in out)
+    s for s, out in TRANSITIONS.items() if all((s, t) in REOPEN or (s, t) == RETRY for t in out)
 )
 
 
 #: Statuses a claim takes an effect from (into ``processing``, attempt + 1).
 #: From ``processing`` only when the holder's heartbeat is stale: a takeover.
+#: Never ``failed``: only ``Store.retry_failed`` takes that edge (:data:`RETRY`).
 CLAIMABLE: Final[frozenset[EffectStatus]] = frozenset(
-    s for s, out in TRANSITIONS.items() if _S.PROCESSING in out
+    s for s, out in TRANSITIONS.items() if _S.PROCESSING in out and (s, _S.PROCESSING) != RETRY
 )
 #: The outcomes ``Store.commit`` may record: terminal statuses reachable from processing.
 COMPLETIONS: Final[frozenset[EffectStatus]] = frozenset(
@@ -173,7 +184,7 @@ def decision_sources(target: EffectStatus) -> frozenset[EffectStatus]:
     """Every status from which a decision (``Store.transition``) may reach ``target``.
 
     ``sources_of(target)`` without the :data:`RELEASE`, :data:`REOPEN`,
-    :data:`PARK` and :data:`RESOLVE` edges: ``approve()`` moves only
+    :data:`RETRY`, :data:`PARK` and :data:`RESOLVE` edges: ``approve()`` moves only
     ``requires_approval`` to ``ready``, never
     a ``processing`` effect, whose holder may be running its handler, nor a
     finished one. Stores use this as the ``WHERE status IN (...)`` half of a
@@ -193,7 +204,7 @@ _DECISION_SOURCES: Final[Mapping[EffectStatus, frozenset[EffectStatus]]] = Mappi
         target: frozenset(
             s
             for s in sources
-            if (s, target) not in (RELEASE, PARK)
+            if (s, target) not in (RELEASE, PARK, RETRY)
             and (s, target) not in REOPEN
             and (s, target) not in RESOLVE
         )

@@ -82,6 +82,7 @@ STORE_STEPS: Final = (
     "release",
     "transition",
     "reopen",
+    "retry_failed",
     "mark_started",
     "park",
     "settle",
@@ -239,6 +240,7 @@ class FaultyStore(Generic[StoreT]):
         ends_try: bool = True,
         usage_json: str | None = None,
         started: bool = True,
+        retryable: bool = False,
     ) -> bool:
         return await self._step(
             "commit",
@@ -252,6 +254,7 @@ class FaultyStore(Generic[StoreT]):
                 ends_try=ends_try,
                 usage_json=usage_json,
                 started=started,
+                retryable=retryable,
             ),
             effect_id=effect_id,
         )
@@ -289,6 +292,13 @@ class FaultyStore(Generic[StoreT]):
             lambda: self.inner.transition(
                 idem_key, target=target, error=error, decision=decision, tx=tx, sources=sources
             ),
+            idem_key=idem_key,
+        )
+
+    async def retry_failed(self, idem_key: str, *, attempt: int, lease_ms: int) -> ClaimOutcome:
+        return await self._step(
+            "retry_failed",
+            lambda: self.inner.retry_failed(idem_key, attempt=attempt, lease_ms=lease_ms),
             idem_key=idem_key,
         )
 

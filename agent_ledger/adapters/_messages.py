@@ -24,15 +24,19 @@ from agent_ledger.errors import (
     HandlerTimeoutError,
 )
 from agent_ledger.status import EffectStatus
+from agent_ledger.tools import CallOutcome
 
 __all__ = [
     "answer_failure",
     "budget_text",
+    "earlier_turn_text",
     "failure_text",
     "first_raised",
     "for_model",
     "may_have_run",
+    "outcome_text",
     "raised_as",
+    "retryable_text",
 ]
 
 
@@ -232,3 +236,53 @@ def failure_text(error: EffectFailedError, *, show_message: bool = True) -> str:
         "The failure is recorded, and calling again with the same arguments gives this "
         "answer without running it."
     )
+
+
+# -- answered from an earlier turn, and failures the model may retry ----------------
+
+
+def earlier_turn_text(outcome: CallOutcome[object], result_text: str) -> str:
+    """What a model reads for a call answered from an earlier turn's receipt:
+    that it already happened, when, and under which receipt, then its result.
+
+    ``result_text`` is the result as the adapter shows results (its own
+    serialization). For the text of any outcome, use :func:`outcome_text`.
+    """
+    when = (
+        f" at {outcome.completed_at:%Y-%m-%d %H:%M} UTC" if outcome.completed_at is not None else ""
+    )
+    return (
+        f"Already done{when}, in an earlier turn (receipt {_ref(outcome.idem_key)}); it was "
+        f"not done again. Its result then: {result_text}"
+    )
+
+
+def retryable_text(error: BaseException, idem_key: str) -> str:
+    """What a model reads for a failure the tool declared retryable: what failed,
+    and that calling again (with the same arguments, or corrected ones) runs it again."""
+    message = error.message if isinstance(error, EffectFailedError) else str(error)
+    return (
+        f"This call failed and may be retried (effect {_ref(idem_key)}): {message}. Calling "
+        "the tool again with the same arguments runs it again; different arguments are a "
+        "new call."
+    )
+
+
+def outcome_text(outcome: CallOutcome[object], result_text: str) -> str | None:
+    """The one text every adapter gives a model for a :class:`CallOutcome`.
+
+    * succeeded in this turn (run now, or a repeat of this turn's call):
+      ``result_text`` itself, so every repeat reads alike;
+    * answered from an earlier turn's receipt: :func:`earlier_turn_text`,
+      never as if it had just happened;
+    * a retryable failure (the one just raised, or a replay of one):
+      :func:`retryable_text`;
+    * any other failure: :func:`for_model`'s text for it, or None when it is
+      not the model's to read (the adapter raises it, as it does today).
+    """
+    error = outcome.error
+    if error is None:
+        return earlier_turn_text(outcome, result_text) if outcome.from_earlier_turn else result_text
+    if outcome.retryable:
+        return retryable_text(error, outcome.idem_key)
+    return for_model(error)

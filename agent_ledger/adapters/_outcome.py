@@ -30,25 +30,53 @@ from agent_ledger.errors import EffectFailedError, EffectLedgerError
 from agent_ledger.status import EffectStatus
 
 if TYPE_CHECKING:
-    from agent_ledger.tools import Tool, ToolLedger
+    from agent_ledger.calls import Scope
+    from agent_ledger.options import RunOptions
+    from agent_ledger.tools import CallOutcome, Tool, ToolLedger
 
-__all__ = ["call_key", "is_tool_failure", "recorded", "recorded_failure"]
+__all__ = ["call_key", "is_tool_failure", "outcome_of", "recorded", "recorded_failure"]
 
 
-def call_key(tool: Tool[Any], arguments: Mapping[str, object]) -> str:
-    """The key ``tool.invoke(arguments)`` runs under, here (in the current workflow).
+def call_key(
+    tool: Tool[Any],
+    arguments: Mapping[str, object],
+    *,
+    call_id: str | None = None,
+    scope: Scope | None = None,
+    default_scope: Scope | None = None,
+) -> str:
+    """The key ``tool.invoke(arguments, call_id=..., scope=..., default_scope=...)`` runs
+    under, here (in the current workflow and turn).
 
     Raises ``EffectLedgerValidationError`` as the run would (arguments that
-    do not bind or that a key cannot hold, no workflow).
+    do not bind or that a key cannot hold, no workflow, a ``"turn"`` or
+    ``"call"`` scope without its id).
     """
-    values = tool.bind_arguments(arguments)
-    # tool_call binds like a Python call: positional-only parameters go first.
-    leading = [
-        values.pop(param.name)
-        for param in tool.signature.parameters.values()
-        if param.kind is param.POSITIONAL_ONLY
-    ]
-    return tool.ledger.idem_key(tool.tool_call(*leading, **values))
+    call = tool.call_for(arguments, call_id=call_id, scope=scope, default_scope=default_scope)
+    return tool.ledger.idem_key(call)
+
+
+async def outcome_of(
+    tool: Tool[Any],
+    arguments: Mapping[str, object],
+    *,
+    call_id: str | None = None,
+    run_options: RunOptions | None = None,
+    scope: Scope | None = None,
+    default_scope: Scope | None = None,
+) -> CallOutcome[Any]:
+    """Run the call as ``tool.invoke`` does and return its :class:`CallOutcome`
+    (``Tool.call_outcome``): the adapters' one way to learn whether a call ran
+    now or was answered from a receipt (an earlier turn's included) and
+    whether its failure may be retried. ``adapters._messages.outcome_text``
+    turns it into the model's text."""
+    return await tool.call_outcome(
+        arguments,
+        call_id=call_id,
+        run_options=run_options,
+        scope=scope,
+        default_scope=default_scope,
+    )
 
 
 async def is_tool_failure(ledger: ToolLedger, key: str | None, error: Exception) -> bool:

@@ -39,7 +39,7 @@ from agent_ledger.keys import mismatched_args
 from agent_ledger.legacy.keys import legacy_mismatched_args
 from agent_ledger.observability import log_effect
 from agent_ledger.status import EffectStatus
-from agent_ledger.stores.base import BeginOutcome, NewEffect, SchemaCheck, Store
+from agent_ledger.stores.base import BeginOutcome, ClaimOutcome, NewEffect, SchemaCheck, Store
 
 __all__ = ["TOO_MANY_TAKEOVERS", "Acquirer", "recorded_outcome", "takeovers"]
 
@@ -100,9 +100,47 @@ class Acquirer:
             log_effect(logging.INFO, "effect requires approval", effect)
             await notify_approval_required(effect, prepared.hooks)
         elif effect.status.is_terminal:
+            if effect.retryable and tx is None:
+                return await self.retry(prepared, effect)
             log_effect(logging.DEBUG, "effect replayed", effect)
             return Acquired(effect, owned=False)
         return await self.wait(prepared, effect, tx)
+
+    async def retry(self, prepared: Prepared, failed: Effect) -> Acquired:
+        """A later call after a failure its tool declared retryable: run it again.
+
+        One fenced store step (``Store.retry_failed``, from ``failed`` at the
+        attempt read to ``processing`` at the next), so of any number of
+        callers that read this failure exactly one owns the new attempt; the
+        others wait for its outcome, whatever it is (a new retryable failure
+        included: it answers the calls it was running for). Cancelled while
+        the step is in flight, an attempt it made ours is given back
+        (``ownership.own``), so the next caller claims it at once.
+        """
+        store = self._store
+        outcome = await own(
+            store,
+            store.retry_failed(
+                failed.idem_key, attempt=failed.attempt, lease_ms=prepared.opts.stale_after_ms
+            ),
+            _retried_to_run,
+            name="retry_failed",
+        )
+        if outcome.claimed and outcome.effect is not None:
+            log_effect(
+                logging.INFO,
+                f"retrying after a retryable failure (attempt {outcome.effect.attempt})",
+                outcome.effect,
+            )
+            return Acquired(outcome.effect, owned=True)
+        # Someone else's retry won (or a person reopened it): read it as it
+        # stands now, after their step, and wait for its outcome.
+        current = await store.find(failed.idem_key)
+        if current is None:
+            return Acquired(failed, owned=False)
+        if current.status.is_terminal:
+            return Acquired(current, owned=False)
+        return await self.wait(prepared, current, None)
 
     async def follow_legacy_key(self, prepared: Prepared, tx: object | None) -> Prepared:
         """``legacy_keys=True``: the call goes on under the key of the effect its
@@ -296,6 +334,11 @@ def _created_to_run(begun: BeginOutcome) -> Effect | None:
     """The effect a begin made ours: inserted as processing (not waiting for a person)."""
     effect = begun.effect
     return effect if begun.created and effect.status is EffectStatus.PROCESSING else None
+
+
+def _retried_to_run(outcome: ClaimOutcome) -> Effect | None:
+    """The effect a retry made ours: the new attempt it claimed."""
+    return outcome.effect if outcome.claimed else None
 
 
 def _approval_in_transaction(new: NewEffect) -> EffectLedgerValidationError:

@@ -21,6 +21,7 @@ import asyncio
 import functools
 from collections.abc import Callable
 
+from agent_ledger.context import current_outcome_slot
 from agent_ledger.effects import (
     BeginResult,
     CommitFailed,
@@ -133,14 +134,20 @@ class Engine:
                 field="retry",
             )
         acquirer = self._acquirer
+        # Tool.call_outcome's slot for this call, if it asked (one context read).
+        slot = current_outcome_slot(prepared.new.idem_key)
         prepared = await acquirer.follow_legacy_key(prepared, tx)
         acquired = await acquirer.acquire(prepared, tx)
         while acquired.owned:
+            if slot is not None:
+                slot.fill(acquired.effect, replayed=False)
             recorded = await self.execute(acquired.effect, handler, prepared.opts, tx, loop)
             if recorded.won:
                 return recorded.value
             # Our commit lost to another attempt: the winner's outcome decides.
             acquired = await acquirer.wait(prepared, acquired.effect, tx)
+        if slot is not None:
+            slot.fill(acquired.effect, replayed=True)
         return recorded_outcome(acquired)
 
     async def begin(self, prepared: Prepared, tx: object | None) -> BeginResult[object]:
@@ -268,6 +275,11 @@ class Engine:
                 usage_json = usage_to_json(outcome.usage)
         elif isinstance(outcome, CommitFailed) and isinstance(outcome.error, EffectError):
             result_json, status, error = None, EffectStatus.FAILED, outcome.error
+            if type(outcome.retryable) is not bool:
+                raise EffectLedgerValidationError(
+                    f"CommitFailed.retryable must be a bool, got {outcome.retryable!r}",
+                    field="retryable",
+                )
         else:
             raise EffectLedgerValidationError(
                 "outcome must be CommitSucceeded(result=...) or "
@@ -282,4 +294,5 @@ class Engine:
             error=error,
             tx=tx,
             usage_json=usage_json,
+            retryable=isinstance(outcome, CommitFailed) and outcome.retryable,
         )

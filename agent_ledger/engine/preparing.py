@@ -9,12 +9,15 @@ behind. What comes out, :class:`Prepared`, is what ``run()`` and
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Literal, NamedTuple
 
 from agent_ledger.calls import ToolCall
+from agent_ledger.context import current_turn
+from agent_ledger.effects import scoped_history
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.keys import DEFAULT_MAX_ARGS_SIZE_BYTES, CanonicalCall, canonicalize
 from agent_ledger.legacy.keys import legacy_key_or_none
@@ -63,6 +66,7 @@ class Preparer:
         """Check everything about a call before anything is stored."""
         opts = self.run_options(run_options)
         hooks = self._hooks(hooks)
+        call = with_turn(call)
         canon = self._canonical(call)
         # The policy hook is asked later, in acquire(), and only when the key
         # is not stored yet: fresh calls only, never a replay.
@@ -84,8 +88,12 @@ class Preparer:
             canon.resource_id_canonical,
             needs_approval,
             opts.stale_after_ms,
+            scoped_history(call.scope, call.turn, call.call_id),
         )
-        legacy = legacy_key_or_none(call) if self._legacy_keys else None
+        # 0.2.x keyed by workflow and args alone: only a "workflow" call is one of its.
+        legacy = (
+            legacy_key_or_none(call) if self._legacy_keys and call.scope == "workflow" else None
+        )
         return Prepared(new, opts, hooks, needs_approval, call.validate_keys, legacy, policy)
 
     def approval_policy(
@@ -107,8 +115,9 @@ class Preparer:
         return functools.partial(_policy_says_yes, policy)
 
     def idem_key(self, call: ToolCall) -> str:
-        """The idempotency key ``prepare`` computes for ``call``."""
-        return self._canonical(call).idem_key
+        """The idempotency key ``prepare`` computes for ``call`` (here: its turn
+        taken from ``ledger.workflow(id, turn=...)`` when it names none)."""
+        return self._canonical(with_turn(call)).idem_key
 
     def run_options(self, run_options: RunOptions | None) -> ResolvedRunOptions:
         """A call's options over the ledger's defaults, resolved."""
@@ -136,6 +145,18 @@ class Preparer:
                 f"call must be a ToolCall, got {type(call).__name__}", field="call"
             )
         return canonicalize(call, self._max_args)
+
+
+def with_turn(call: ToolCall) -> ToolCall:
+    """``call`` with the turn of the ``ledger.workflow(id, turn=...)`` around it, when
+    it names none itself and that block is its workflow's (any scope: the turn
+    is recorded with a new effect; a ``"turn"`` call is keyed by it)."""
+    if not isinstance(call, ToolCall) or call.turn is not None:
+        return call
+    turn = current_turn(call.workflow_id)
+    if turn is None:
+        return call
+    return dataclasses.replace(call, turn=turn)
 
 
 def _policy_says_yes(policy: Callable[[ToolCall], object], call: ToolCall) -> bool:

@@ -19,6 +19,7 @@ from typing import Final, NamedTuple
 
 from agent_ledger.backoff import COMMIT_RETRY
 from agent_ledger.codes import ErrorCode
+from agent_ledger.context import current_outcome_slot
 from agent_ledger.effects import Effect, EffectError, FailedWithUsage, Parked, WithUsage
 from agent_ledger.engine.cancellation import carry_through
 from agent_ledger.engine.deadline import Late, late_outcome
@@ -28,6 +29,7 @@ from agent_ledger.errors import EffectLedgerValidationError, EffectStoreError, H
 from agent_ledger.keys import canonical_json
 from agent_ledger.observability import effect_fields, log_effect, logger
 from agent_ledger.options import DEFAULT_STALE_AFTER_MS, ResolvedRunOptions
+from agent_ledger.retries import failure_is_retryable
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores.base import Store
 
@@ -36,6 +38,7 @@ __all__ = [
     "CANCELLED_WHILE_RUNNING",
     "LOST",
     "RESULT_NOT_SERIALIZABLE",
+    "RETRYABLE_NOTE",
     "USAGE_NOT_SERIALIZABLE",
     "Outcome",
     "Recorded",
@@ -53,6 +56,11 @@ RESULT_NOT_SERIALIZABLE: Final = ErrorCode.RESULT_NOT_SERIALIZABLE
 #: The error code of a handler whose returned ``usage`` could not be recorded
 #: (an alias of ``ErrorCode.USAGE_NOT_SERIALIZABLE``).
 USAGE_NOT_SERIALIZABLE: Final = ErrorCode.USAGE_NOT_SERIALIZABLE
+#: The note a retryable failure's exception carries to the caller that ran it.
+RETRYABLE_NOTE: Final = (
+    "agent-ledger: recorded as a retryable failure (effect {key}…): calling the tool again "
+    "with the same arguments, in the same workflow and scope, runs it again"
+)
 #: Reason recorded when the task running a handler is cancelled.
 CANCELLED_WHILE_RUNNING: Final = (
     "the task running the handler was cancelled ({exc}); whether the side effect "
@@ -77,6 +85,8 @@ class Outcome(NamedTuple):
     #: False when no handler started for this attempt at all (a claim the
     #: engine refused to run): ``Store.commit`` takes its execution back.
     started: bool = True
+    #: A failure the tool declared retryable: the next call runs it again.
+    retryable: bool = False
 
 
 class Recorded(NamedTuple):
@@ -152,11 +162,22 @@ class Recorder:
         ours (a ``FailedWithUsage``'s cause, with its usage recorded)."""
         until = stop_beat(beat, opts)
         error, usage, raised = failure_of(exc)
+        retryable = failure_is_retryable(raised, opts.retryable)
         if not await self.landed(
-            effect, Outcome(EffectStatus.FAILED, None, error, usage), tx, until
+            effect,
+            Outcome(EffectStatus.FAILED, None, error, usage, retryable=retryable),
+            tx,
+            until,
         ):
             return LOST
-        log_effect(logging.INFO, "effect failed", effect)
+        log_effect(
+            logging.INFO, "effect failed (retryable)" if retryable else "effect failed", effect
+        )
+        slot = current_outcome_slot(effect.idem_key)
+        if slot is not None:
+            slot.error, slot.retryable = raised, retryable
+        if retryable:
+            raised.add_note(RETRYABLE_NOTE.format(key=effect.idem_key[:12]))
         if raised is exc:
             raise exc
         raise raised from raised.__cause__
@@ -188,7 +209,11 @@ class Recorder:
             return LOST
         log_effect(logging.WARNING, f"handler timed out: {error.message}", effect)
         recorded = dataclasses.replace(effect, status=status, error=error)
-        raise HandlerTimeoutError(recorded) from late.exc
+        timed_out = HandlerTimeoutError(recorded)
+        slot = current_outcome_slot(effect.idem_key)
+        if slot is not None:
+            slot.error = timed_out
+        raise timed_out from late.exc
 
     async def abandoned(
         self,
@@ -286,6 +311,7 @@ class Recorder:
                     ends_try=outcome.ends_try,
                     usage_json=outcome.usage_json,
                     started=outcome.started,
+                    retryable=outcome.retryable,
                 )
             except EffectStoreError:
                 # Inside a caller's transaction the failed statement aborted it.

@@ -96,7 +96,15 @@ _INSERT: Final = (
     " updated_at, heartbeat_at, history)"
     " VALUES (%(id)s, %(idem_key)s, %(workflow_id)s, %(call_id)s, %(tool)s, %(status)s,"
     " %(args_canonical)s, %(resource_id_canonical)s, %(lease_ms)s, %(executions)s,"
-    " IF(%(executions)s > 0, " + NOW + ", NULL), " + NOW + ", " + NOW + ", " + NOW + ", '[]')"
+    " IF(%(executions)s > 0, "
+    + NOW
+    + ", NULL), "
+    + NOW
+    + ", "
+    + NOW
+    + ", "
+    + NOW
+    + ", %(history)s)"
     " ON DUPLICATE KEY UPDATE dedup_count = dedup_count + IF(status IN %(finished)s, 0, 1)"
 )
 BEGIN_MARIADB: Final = _INSERT + " RETURNING " + EFFECT_COLUMNS
@@ -116,7 +124,15 @@ INSERT_ONLY_MARIADB: Final = (
     " updated_at, heartbeat_at, history)"
     " VALUES (%(id)s, %(idem_key)s, %(workflow_id)s, %(call_id)s, %(tool)s, %(status)s,"
     " %(args_canonical)s, %(resource_id_canonical)s, %(lease_ms)s, %(executions)s,"
-    " IF(%(executions)s > 0, " + NOW + ", NULL), " + NOW + ", " + NOW + ", " + NOW + ", '[]')"
+    " IF(%(executions)s > 0, "
+    + NOW
+    + ", NULL), "
+    + NOW
+    + ", "
+    + NOW
+    + ", "
+    + NOW
+    + ", %(history)s)"
     " RETURNING " + EFFECT_COLUMNS
 )
 INSERT_ONLY_MYSQL: Final = INSERT_ONLY_MARIADB.split(" RETURNING ", 1)[0]
@@ -185,7 +201,10 @@ COMMIT: Final = (
     " SET status = %(status)s, result = %(result)s,"
     " `usage` = %(usage)s, error_message = %(error_message)s, error_code = %(error_code)s,"
     " tries = tries + %(tried)s, executions = executions - %(unstarted)s,"
-    " completed_at = " + NOW + ", updated_at = " + NOW + ""
+    " completed_at = " + NOW + ", updated_at = " + NOW + ","
+    " history = IF(%(retryable)s, JSON_ARRAY_APPEND(history, '$', JSON_OBJECT('kind',"
+    " %(retryable_kind)s, 'attempt', attempt, 'message', %(error_message)s, 'code',"
+    " %(error_code)s, 'at', " + _ISO.format(col=NOW) + ")), history)"
     " WHERE id = %(id)s AND status = %(processing)s"
     " AND (%(attempt)s IS NULL OR attempt = %(attempt)s)"
 )
@@ -251,6 +270,23 @@ REOPEN: Final = (
     " completed_at = NULL, decided_by = %(by)s, decision_note = %(reason)s,"
     " decided_at = " + NOW + ", updated_at = " + NOW + ""
     " WHERE idem_key = %(idem_key)s AND status IN %(sources)s"
+)
+
+# -- retry_failed --
+# Compare-and-set failed -> processing at exactly `attempt` (the failure the
+# caller read), for a later call after a retryable failure: concurrent callers
+# serialize on the row lock and re-check the WHERE, so exactly one changes the
+# row. Like a claim: attempt + 1 (assigned last: the WHERE already read the
+# old one), one more execution, the caller's lease, heartbeat and start now;
+# like a reopen: the outcome cleared and the tries counted afresh. The
+# history keeps the failure. FIND then reads the effect as it stands.
+RETRY_FAILED: Final = (
+    "UPDATE agent_ledger_effects FORCE INDEX (agent_ledger_effects_idem_key_idx)"
+    " SET status = %(processing)s, executions = executions + 1, lease_ms = %(lease_ms)s,"
+    " result = NULL, `usage` = NULL, error_message = NULL, error_code = NULL, tries = 0,"
+    " completed_at = NULL, heartbeat_at = " + NOW + ", started_at = " + NOW + ","
+    " updated_at = " + NOW + ", attempt = attempt + 1"
+    " WHERE idem_key = %(idem_key)s AND status = %(failed)s AND attempt = %(attempt)s"
 )
 
 # -- ambiguous attempts --

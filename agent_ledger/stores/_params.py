@@ -20,6 +20,7 @@ from agent_ledger.codes import ErrorCode
 from agent_ledger.effects import (
     PARKED,
     REOPENED,
+    RETRYABLE_FAILURE,
     RUN_ENDS,
     SETTLED,
     TRY_FAILED,
@@ -46,6 +47,7 @@ __all__ = [
     "record_try_params",
     "release_params",
     "reopen_params",
+    "retry_failed_params",
     "settle_params",
     "transition_params",
 ]
@@ -81,6 +83,8 @@ def begin_params(new: NewEffect) -> dict[str, object]:
         # An effect inserted as processing is handed to its creator's handler.
         "executions": 0 if new.requires_approval else 1,
         "lease_ms": new.lease_ms,
+        # "[]", or the turn and scope it was created in (effects.Scoped).
+        "history": new.history,
     }
 
 
@@ -111,11 +115,15 @@ def commit_params(
     ends_try: bool = True,
     usage_json: str | None = None,
     started: bool = True,
+    retryable: bool = False,
 ) -> dict[str, object]:
     """For the commit compare-and-set (``processing`` -> ``status`` at ``attempt``);
     ``tried`` is what it adds to ``tries``, ``unstarted`` what it takes from
-    ``executions`` (1 when the attempt's handler never started)."""
+    ``executions`` (1 when the attempt's handler never started); ``retryable``
+    (a failure only) appends a ``RetryableFailure`` of the error to the history."""
     return {
+        "retryable": retryable and status is EffectStatus.FAILED and error is not None,
+        "retryable_kind": RETRYABLE_FAILURE,
         "id": effect_id,
         "attempt": attempt,
         "status": status.value,
@@ -301,3 +309,17 @@ def list_params(dialect: Dialect, query: EffectQuery) -> tuple[list[str], dict[s
         params["before_at"], params["before_id"] = dialect.moment(query.before[0]), query.before[1]
     names.sort(key=LIST_FILTER_NAMES.index)
     return names, params
+
+
+def retry_failed_params(
+    dialect: Dialect, idem_key: str, *, attempt: int, lease_ms: int
+) -> dict[str, object]:
+    """For ``retry_failed``: ``failed`` at ``attempt`` -> ``processing``, with the new
+    holder's lease."""
+    return {
+        "idem_key": idem_key,
+        "attempt": attempt,
+        "lease_ms": lease_ms,
+        "failed": EffectStatus.FAILED.value,
+        "processing": _PROCESSING,
+    }

@@ -53,10 +53,10 @@ _CTE_COLUMNS: Final = select_list(prefix="c.")
 _INSERT: Final[LiteralString] = (
     "INSERT INTO {effects} AS e "
     "(idem_key, workflow_id, call_id, tool, args_canonical, resource_id_canonical, status,"
-    " lease_ms, executions, started_at) "
+    " lease_ms, executions, started_at, history) "
     "VALUES (%(idem_key)s, %(workflow_id)s, %(call_id)s, %(tool)s, %(args_canonical)s, "
     "%(resource_id_canonical)s, %(status)s, %(lease_ms)s, %(executions)s,"
-    " CASE WHEN %(executions)s > 0 THEN clock_timestamp() END)"
+    " CASE WHEN %(executions)s > 0 THEN clock_timestamp() END, %(history)s::jsonb)"
     " ON CONFLICT (idem_key) DO NOTHING RETURNING " + EFFECT_COLUMNS
 )
 BEGIN: Final[LiteralString] = (
@@ -207,7 +207,10 @@ COMMIT: Final[LiteralString] = (
     " usage = %(usage)s::json,"
     " error = %(error)s::jsonb, tries = tries + %(tried)s::integer,"
     " executions = executions - %(unstarted)s::integer,"
-    " completed_at = clock_timestamp(), updated_at = clock_timestamp() "
+    " completed_at = clock_timestamp(), updated_at = clock_timestamp(),"
+    " history = CASE WHEN %(retryable)s THEN history || jsonb_build_array(%(error)s::jsonb"
+    " || jsonb_build_object('kind', %(retryable_kind)s::text, 'attempt', attempt,"
+    " 'at', clock_timestamp())) ELSE history END "
     "WHERE id = %(id)s AND status = %(processing)s"
     " AND (%(attempt)s::integer IS NULL OR attempt = %(attempt)s::integer)"
 )
@@ -271,6 +274,28 @@ REOPEN: Final[LiteralString] = (
     "FROM (SELECT clock_timestamp() AS now) AS n "
     "WHERE e.idem_key = %(idem_key)s AND e.status = ANY(%(sources)s) "
     "RETURNING " + EFFECT_COLUMNS
+)
+
+# -- retry_failed --
+# Compare-and-set failed -> processing at exactly `attempt` (the failure the
+# caller read), for a later call after a retryable failure: concurrent callers
+# serialize on the row lock and re-check the WHERE, so exactly one wins. Like
+# a claim: attempt + 1, one more execution, the caller's lease, heartbeat and
+# start now; like a reopen: the outcome cleared and the tries counted afresh.
+# The history keeps the failure. If nothing changed, the same statement
+# returns the row as it stands (`claimed` false), as CLAIM does.
+RETRY_FAILED: Final[LiteralString] = (
+    "WITH c AS ("
+    " UPDATE {effects} SET status = %(processing)s, attempt = attempt + 1,"
+    " executions = executions + 1, lease_ms = %(lease_ms)s, result = NULL, usage = NULL,"
+    " error = NULL, tries = 0, completed_at = NULL, heartbeat_at = clock_timestamp(),"
+    " started_at = clock_timestamp(), updated_at = clock_timestamp()"
+    " WHERE idem_key = %(idem_key)s AND status = %(failed)s AND attempt = %(attempt)s"
+    " RETURNING " + EFFECT_COLUMNS + ") "
+    "SELECT " + _CTE_COLUMNS + ", true AS claimed FROM c "
+    "UNION ALL "
+    "SELECT " + EFFECT_COLUMNS + ", false AS claimed FROM {effects} "
+    "WHERE idem_key = %(idem_key)s AND NOT EXISTS (SELECT 1 FROM c)"
 )
 
 # -- ambiguous attempts (schema version 3) --

@@ -79,10 +79,10 @@ PAUSE_LEASES: Final = (
 INSERT: Final = (
     "INSERT INTO agent_ledger_effects (id, idem_key, workflow_id, call_id, tool, status,"
     " args_canonical, resource_id_canonical, lease_ms, executions, created_us, updated_us,"
-    " heartbeat_us, started_us)"
+    " heartbeat_us, started_us, history)"
     " VALUES (:id, :idem_key, :workflow_id, :call_id, :tool, :status, :args_canonical,"
     " :resource_id_canonical, :lease_ms, :executions, :now, :now, :now,"
-    " CASE WHEN :executions > 0 THEN :now END)"
+    " CASE WHEN :executions > 0 THEN :now END, :history)"
     " ON CONFLICT (idem_key) DO NOTHING"
 )
 COUNT_DUPLICATE: Final = (
@@ -150,10 +150,22 @@ HEARTBEAT: Final = (
 # :unstarted (0 or 1) takes back the claim's execution when the attempt's
 # handler never started (executions counts handler starts).
 # KEY_OF then names the key whose waiters to wake.
+# A time kept in µs as the ISO 8601 text the history's events hold (exact to
+# the µs, UTC), for the values the statement reads from the row itself.
+_ISO_US: Final = (
+    "(strftime('%Y-%m-%dT%H:%M:%S', {col} / 1000000, 'unixepoch')"
+    " || printf('.%06d+00:00', {col} % 1000000))"
+)
+# With :retryable (a failure its tool declared retryable) the failure is also
+# appended to the history as a RetryableFailure of this attempt, in the same
+# step: that is what lets a later call run it again (RETRY_FAILED).
 COMMIT: Final = (
     "UPDATE agent_ledger_effects SET status = :status, result = :result, usage = :usage,"
     " error_message = :error_message, error_code = :error_code, tries = tries + :tried,"
-    " executions = executions - :unstarted, completed_us = :now, updated_us = :now"
+    " executions = executions - :unstarted, completed_us = :now, updated_us = :now,"
+    " history = CASE WHEN :retryable THEN json_insert(history, '$[#]', json_object('kind',"
+    " :retryable_kind, 'attempt', attempt, 'message', :error_message, 'code', :error_code,"
+    " 'at', " + _ISO_US.format(col=":now") + ")) ELSE history END"
     " WHERE id = :id AND status = :processing AND (:attempt IS NULL OR attempt = :attempt)"
 )
 
@@ -217,13 +229,22 @@ REOPEN: Final = (
     " WHERE idem_key = :idem_key AND status IN (SELECT value FROM json_each(:sources))"
 )
 
-# -- ambiguous attempts (schema version 3) --
-# A time kept in µs as the ISO 8601 text the history's events hold (exact to
-# the µs, UTC), for the values the statement reads from the row itself.
-_ISO_US: Final = (
-    "(strftime('%Y-%m-%dT%H:%M:%S', {col} / 1000000, 'unixepoch')"
-    " || printf('.%06d+00:00', {col} % 1000000))"
+# -- retry_failed --
+# Compare-and-set failed -> processing at exactly :attempt (the failure the
+# caller read), for a later call after a retryable failure: of concurrent
+# callers exactly one changes the row (rowcount 1). Like a claim: attempt + 1,
+# one more execution, the caller's lease, heartbeat and start now; like a
+# reopen: the outcome (result, usage, error, completion) cleared and the tries
+# counted afresh. The history keeps the failure. FIND then reads the effect.
+RETRY_FAILED: Final = (
+    "UPDATE agent_ledger_effects SET status = :processing, attempt = attempt + 1,"
+    " executions = executions + 1, lease_ms = :lease_ms, result = NULL, usage = NULL,"
+    " error_message = NULL, error_code = NULL, tries = 0, completed_us = NULL,"
+    " heartbeat_us = :now, started_us = :now, updated_us = :now"
+    " WHERE idem_key = :idem_key AND status = :failed AND attempt = :attempt"
 )
+
+# -- ambiguous attempts (schema version 3) --
 # mark_started: a run under on_stale="park" records, fenced by its attempt,
 # that its handler starts now, and who runs it. A sign of life too.
 MARK_STARTED: Final = (

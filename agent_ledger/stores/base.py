@@ -68,6 +68,11 @@ transition      no      A repeat after a landed decision returns None, so
                         that was recorded. Decisions are not retried.
 reopen          no      Likewise: a repeat after a landed reopen finds the
                         effect ``ready`` and returns None.
+retry_failed    yes     Like a claim: a repeat after a landed retry finds the
+                        effect processing at the next attempt (not failed),
+                        changes nothing and returns ``claimed=False``; the
+                        caller waits out the lease of the attempt it lost
+                        track of: a delay, never a second execution.
 mark_started    yes     Setting ``park_attempt`` to the attempt it already is,
                         and the worker to the same name, is setting it once.
 park            yes     A repeat after a landed park finds the effect
@@ -128,6 +133,7 @@ STEP_REPEATABLE: Final[Mapping[str, bool]] = MappingProxyType(
         "release": False,
         "transition": False,
         "reopen": False,
+        "retry_failed": True,
         "mark_started": True,
         "park": True,
         "settle": False,
@@ -396,6 +402,7 @@ class Store(Protocol):
         ends_try: bool = True,
         usage_json: str | None = None,
         started: bool = True,
+        retryable: bool = False,
     ) -> bool:
         """Compare-and-set ``processing`` -> ``status`` (succeeded, failed or canceled).
 
@@ -407,7 +414,10 @@ class Store(Protocol):
         (the default: the outcome is a try's) adds one to ``tries``. With
         ``started=False`` (this attempt's handler never started: a claim the
         engine then refused to run) it takes back the one its claim added to
-        ``executions``, which counts handler starts only. First
+        ``executions``, which counts handler starts only. With ``retryable``
+        (a ``failed`` outcome only) it appends a ``RetryableFailure`` to
+        ``history`` in the same step (``attempt``, ``error``'s message and
+        code, ``at=now``), which makes the effect ``Effect.retryable``. First
         commit wins; every later one returns False. Wakes subscribers.
         """
         ...
@@ -499,6 +509,25 @@ class Store(Protocol):
         increments it, which is what fences off a handler still running from
         before a cancel. Returns the updated effect, or None if the key is
         unknown or the status does not allow it. Wakes subscribers.
+        """
+        ...
+
+    async def retry_failed(self, idem_key: str, *, attempt: int, lease_ms: int) -> ClaimOutcome:
+        """Run a failed effect again, for a later call after a retryable failure
+        (``status.RETRY``): compare-and-set ``failed`` at exactly ``attempt`` ->
+        ``processing`` at ``attempt + 1``, held by the caller.
+
+        Fenced by the failed attempt, so of any number of callers that read
+        the same failure exactly one wins (``claimed=True``); the others get
+        the effect as it then stands (held by the winner) and wait for it.
+        Like a claim it adds one to ``executions``, records ``lease_ms`` and
+        sets ``heartbeat_at``, ``started_at`` and ``updated_at`` to now; like
+        a reopen it clears ``error``, ``result``, ``usage`` and
+        ``completed_at`` and starts ``tries`` again at 0. ``history`` keeps the
+        failure (its ``RetryableFailure``, appended by the commit). Whether
+        the failure may be retried is the ledger's policy
+        (``Effect.retryable``), not checked here. ``(None, False)`` for an
+        unknown key. Wakes subscribers.
         """
         ...
 

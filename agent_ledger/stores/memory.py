@@ -26,10 +26,12 @@ from agent_ledger.effects import (
     HistoryEvent,
     Parked,
     Reopening,
+    RetryableFailure,
     Settlement,
     TryFailure,
     Usage,
     handler_time,
+    history_from_json,
     storable_text,
     usage_from_json,
 )
@@ -78,6 +80,7 @@ MEMORY_SCHEMA_VERSION: Final = 3
 _PROCESSING = EffectStatus.PROCESSING
 _REQUIRES_APPROVAL = EffectStatus.REQUIRES_APPROVAL
 _READY = EffectStatus.READY
+_FAILED = EffectStatus.FAILED
 
 
 # MemoryStore keeps every field of the effect under its own name, except the
@@ -96,7 +99,7 @@ class _Row:
     def __init__(self, new: NewEffect, now: datetime) -> None:
         self.id = new_effect_id()
         (self.idem_key, self.workflow_id, self.call_id, self.tool, self.args_canonical,
-         self.resource_id_canonical, _, self.lease_ms) = new  # fmt: skip
+         self.resource_id_canonical, _, self.lease_ms, history) = new  # fmt: skip
         self.status = _REQUIRES_APPROVAL if new.requires_approval else _PROCESSING
         # Inserted as processing, it is handed to its creator's handler.
         self.executions = 0 if new.requires_approval else 1
@@ -111,7 +114,7 @@ class _Row:
         self.decision_note: str | None = None
         self.decided_at: datetime | None = None
         self.tries = 0
-        self.history: tuple[HistoryEvent, ...] = ()
+        self.history: tuple[HistoryEvent, ...] = history_from_json(history)
         self.usage: Usage | None = None
         self.park_attempt: int | None = None
         self.worker: str | None = None
@@ -336,6 +339,7 @@ class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets):
         ends_try: bool = True,
         usage_json: str | None = None,
         started: bool = True,
+        retryable: bool = False,
     ) -> bool:
         check_commit_status(status)
         mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
@@ -354,6 +358,9 @@ class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets):
         row.tries += ends_try
         if not started:
             row.executions -= 1  # the claim's: its handler never started
+        if retryable and status is EffectStatus.FAILED and error is not None:
+            failure = RetryableFailure(row.attempt, error.message, error.code, now)
+            row.history = (*row.history, failure)
         row.completed_at = row.updated_at = now
         self._gate.changed(row.idem_key, mtx)
         return True
@@ -435,6 +442,28 @@ class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets):
         row.updated_at = now
         self._gate.changed(idem_key, None)
         return row.snapshot()
+
+    async def retry_failed(self, idem_key: str, *, attempt: int, lease_ms: int) -> ClaimOutcome:
+        if self._gate.active is not None:
+            await self._enter(None)
+        row = self._rows.get(idem_key)
+        if row is None:
+            return ClaimOutcome(None, claimed=False)
+        if row.status is not _FAILED or row.attempt != attempt:
+            return ClaimOutcome(row.snapshot(), claimed=False)
+        now = self._clock()
+        row.status = _PROCESSING
+        row.attempt += 1
+        row.executions += 1
+        row.lease_ms = lease_ms
+        row.result_json = None
+        row.usage = None
+        row.error = None
+        row.tries = 0
+        row.completed_at = None
+        row.heartbeat_at = row.started_at = row.updated_at = now
+        self._gate.changed(idem_key, None)
+        return ClaimOutcome(row.snapshot(), claimed=True)
 
     async def mark_started(
         self, effect_id: str, *, attempt: int, worker: str, tx: object | None = None

@@ -88,6 +88,7 @@ from agent_ledger.stores._params import (
     record_try_params,
     release_params,
     reopen_params,
+    retry_failed_params,
     settle_params,
     transition_params,
 )
@@ -684,6 +685,25 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets):
         (row,) = await self._counted([row], started, conn)
         return ClaimOutcome(_effect_from_row(row), claimed=claimed)
 
+    async def retry_failed(self, idem_key: str, *, attempt: int, lease_ms: int) -> ClaimOutcome:
+        params = retry_failed_params(_DIALECT, idem_key, attempt=attempt, lease_ms=lease_ms)
+        started = self._counts.epoch
+
+        async def work(cur: Cursor) -> tuple[tuple[Any, ...] | None, bool]:
+            claimed = await cur.execute(q.RETRY_FAILED, params) == 1
+            await cur.execute(q.FIND, params)
+            row: tuple[Any, ...] | None = await cur.fetchone()
+            return row, claimed
+
+        row, claimed = await self._run("retry_failed", work, None, atomic=True, idem_key=idem_key)
+        if row is None:
+            return ClaimOutcome(None, claimed=False)
+        if claimed:
+            self._remember(row)
+            self._changed(idem_key, None)
+        (row,) = await self._counted([row], started, None)
+        return ClaimOutcome(_effect_from_row(row), claimed=claimed)
+
     async def heartbeat(self, held: Sequence[Held]) -> HeartbeatOutcome:
         batch = {one for one in held if is_effect_id(one.effect_id)}
         if not batch:
@@ -723,6 +743,7 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets):
         ends_try: bool = True,
         usage_json: str | None = None,
         started: bool = True,
+        retryable: bool = False,
     ) -> bool:
         check_commit_status(status)
         if not is_effect_id(effect_id):
@@ -738,6 +759,7 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets):
             ends_try=ends_try,
             usage_json=usage_json,
             started=started,
+            retryable=retryable,
         )
         if not await self._execute("commit", q.COMMIT, params, conn, effect_id=effect_id):
             return False

@@ -74,6 +74,7 @@ from agent_ledger.stores._params import (
     record_try_params,
     release_params,
     reopen_params,
+    retry_failed_params,
     settle_params,
     transition_params,
 )
@@ -333,6 +334,7 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
         self._release = compose(q.RELEASE)
         self._transition = compose(q.TRANSITION)
         self._reopen = compose(q.REOPEN)
+        self._retry_failed = compose(q.RETRY_FAILED)
         self._mark_started = compose(q.MARK_STARTED)
         self._park = compose(q.PARK)
         self._settle = compose(q.SETTLE)
@@ -655,6 +657,7 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
         ends_try: bool = True,
         usage_json: str | None = None,
         started: bool = True,
+        retryable: bool = False,
     ) -> bool:
         check_commit_status(status)
         if not is_effect_id(effect_id):
@@ -669,6 +672,7 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
             ends_try=ends_try,
             usage_json=usage_json,
             started=started,
+            retryable=retryable,
         )
         return await self._execute("commit", self._commit, params, tx, effect_id=effect_id)
 
@@ -716,6 +720,18 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets):
         return await self._effect_of(
             self._fetch_one("reopen", self._reopen, params, None, idem_key=idem_key), None
         )
+
+    async def retry_failed(self, idem_key: str, *, attempt: int, lease_ms: int) -> ClaimOutcome:
+        params = retry_failed_params(_DIALECT, idem_key, attempt=attempt, lease_ms=lease_ms)
+        started = self._counts.epoch
+        row = await self._fetch_one(
+            "retry_failed", self._retry_failed, params, None, idem_key=idem_key
+        )
+        if row is None:
+            return ClaimOutcome(None, claimed=False)
+        claimed = bool(row[_EFFECT_WIDTH])
+        (row,) = await self._counted([row], started, None)
+        return ClaimOutcome(_effect_from_row(row), claimed=claimed)
 
     async def mark_started(
         self, effect_id: str, *, attempt: int, worker: str, tx: object | None = None

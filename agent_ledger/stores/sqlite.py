@@ -66,6 +66,7 @@ from agent_ledger.stores._params import (
     record_try_params,
     release_params,
     reopen_params,
+    retry_failed_params,
     settle_params,
     transition_params,
 )
@@ -569,11 +570,21 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
         ends_try: bool = True,
         usage_json: str | None = None,
         started: bool = True,
+        retryable: bool = False,
     ) -> bool:
         check_commit_status(status)
         if attempt is None:
             return await self._commit(
-                effect_id, attempt, status, result_json, error, tx, ends_try, usage_json, started
+                effect_id,
+                attempt,
+                status,
+                result_json,
+                error,
+                tx,
+                ends_try,
+                usage_json,
+                started,
+                retryable,
             )
         # The holder is alive until its outcome is stored, however long the
         # commit waits for the write lock; then the holding is over.
@@ -581,7 +592,16 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
         done = self._holders.under_way(holding)
         try:
             won = await self._commit(
-                effect_id, attempt, status, result_json, error, tx, ends_try, usage_json, started
+                effect_id,
+                attempt,
+                status,
+                result_json,
+                error,
+                tx,
+                ends_try,
+                usage_json,
+                started,
+                retryable,
             )
         finally:
             done()
@@ -599,6 +619,7 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
         ends_try: bool,
         usage_json: str | None,
         started: bool,
+        retryable: bool = False,
     ) -> bool:
         stx = await self._enter(tx)
         if not is_effect_id(effect_id):
@@ -614,6 +635,7 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
             ends_try=ends_try,
             usage_json=usage_json,
             started=started,
+            retryable=retryable,
         )
         return await self._set("commit", q.COMMIT, params, effect_id, stx)
 
@@ -695,6 +717,27 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets):
         await self._enter(None)
         params = reopen_params(_DIALECT, idem_key, by=by, reason=reason)
         return await self._move("reopen", q.REOPEN, params, idem_key, None)
+
+    async def retry_failed(self, idem_key: str, *, attempt: int, lease_ms: int) -> ClaimOutcome:
+        await self._enter(None)
+        params = retry_failed_params(_DIALECT, idem_key, attempt=attempt, lease_ms=lease_ms)
+        started = self._counts.epoch
+        holders = self._holders
+
+        def work(conn: sqlite3.Connection, now: int) -> tuple[tuple[Any, ...] | None, bool]:
+            params["now"] = now
+            claimed = conn.execute(q.RETRY_FAILED, params).rowcount == 1
+            row: tuple[Any, ...] | None = conn.execute(q.FIND, (idem_key,)).fetchone()
+            if claimed and row is not None:
+                holders.hold((row[_ID], row[_ATTEMPT]), row[_LEASE_MS])
+            return row, claimed
+
+        row, claimed = await self._run("retry_failed", work, None, write=True, idem_key=idem_key)
+        if claimed:
+            self._gate.changed(idem_key, None)
+        if row is None:
+            return ClaimOutcome(None, claimed=claimed)
+        return ClaimOutcome(await self._one_counted(row, started, None), claimed=claimed)
 
     async def mark_started(
         self, effect_id: str, *, attempt: int, worker: str, tx: object | None = None

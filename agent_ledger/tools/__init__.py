@@ -15,6 +15,7 @@ from agent_ledger.tools._budget import (
     budget_store,
 )
 from agent_ledger.tools._llm import LLMReply, LLMResult, Pricing, call_llm
+from agent_ledger.tools._outcome import CallOutcome
 from agent_ledger.tools._tool import EFFECT_PARAMETER, Tool, ToolDecorator, ToolLedger, define
 from agent_ledger.tools._workflow import WorkflowScope, current_workflow, workflow_scope
 
@@ -22,6 +23,7 @@ __all__ = [
     "DEFAULT_HOLD_TTL_MS",
     "EFFECT_PARAMETER",
     "BudgetScope",
+    "CallOutcome",
     "LLMReply",
     "LLMResult",
     "Pricing",

@@ -295,7 +295,8 @@ async def _reserve_all(
                 continue
             del holds[scope.workflow_id]
             found = await _finished(ledger, idem_key)
-            if found is not None:
+            # A retryable failure is no replay: the call runs the handler again.
+            if found is not None and not found.retryable:
                 await _release(scopes, holds)  # a replay: served from its receipt
                 return {}
             state = await scope.store.get_budget(scope.workflow_id)

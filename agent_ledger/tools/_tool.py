@@ -29,15 +29,27 @@ from typing import (
 )
 
 from agent_ledger.budgets import Spend
-from agent_ledger.calls import ToolCall
-from agent_ledger.context import budget_scopes, current_workflow
+from agent_ledger.calls import Scope, ToolCall, check_scope
+from agent_ledger.context import (
+    OutcomeSlot,
+    budget_scopes,
+    current_turn,
+    current_workflow,
+    enter_outcome_slot,
+    exit_outcome_slot,
+)
 from agent_ledger.context import step_runner as _current_runner
 from agent_ledger.effects import Effect
-from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.errors import (
+    EffectFailedError,
+    EffectLedgerValidationError,
+    HandlerTimeoutError,
+)
 from agent_ledger.keys import canonical_json
 from agent_ledger.options import UNSET, LedgerHooks, OnStale, RunOptions, merge_run_options
-from agent_ledger.retries import RetryPolicy
+from agent_ledger.retries import Retryable, RetryPolicy, check_retryable
 from agent_ledger.tools._budget import TOOL_UNITS, gate, open_budgets, tool_charge
+from agent_ledger.tools._outcome import CallOutcome
 
 if TYPE_CHECKING:
     from agent_ledger.core import LedgerCore
@@ -152,6 +164,7 @@ class Tool(Generic[R_co]):
         compensate: str | None = None,
         compensate_if: CompensateIf = "succeeded",
         failure_scope: FailureScope = "saga",
+        scope: Scope | None = None,
     ) -> None:
         # First, and without merging fn.__dict__ into ours: attributes the
         # function carries (a `name`, say) must never overwrite the tool's.
@@ -177,6 +190,11 @@ class Tool(Generic[R_co]):
         self.compensate = compensate
         self.compensate_if: CompensateIf = compensate_if
         self.failure_scope: FailureScope = failure_scope
+        #: What makes two calls of this tool the same call besides their
+        #: arguments: ``"workflow"``, ``"turn"`` or ``"call"`` (see
+        #: ``ToolCall.scope``). None: not declared, so the caller's default
+        #: applies (an adapter's ``default_scope``), else ``"workflow"``.
+        self.scope: Scope | None = None if scope is None else check_scope(scope)
 
         self._takes_effect = False
         positional: list[str] = []
@@ -284,7 +302,25 @@ class Tool(Generic[R_co]):
         """
         return self._tool_call(self._bind(args, kwargs))
 
-    def _tool_call(self, values: dict[str, object], call_id: str | None = None) -> ToolCall:
+    def scope_for(self, scope: Scope | None = None, default_scope: Scope | None = None) -> Scope:
+        """The scope a call of this tool is keyed by: the call's own ``scope``, else
+        the tool's (``@ledger.tool(scope=...)``), else ``default_scope`` (an
+        adapter's), else ``"workflow"``. Raises for a value that names no scope."""
+        if scope is not None:
+            return check_scope(scope)
+        if self.scope is not None:
+            return self.scope
+        if default_scope is not None:
+            return check_scope(default_scope, "default_scope")
+        return "workflow"
+
+    def _tool_call(
+        self,
+        values: dict[str, object],
+        call_id: str | None = None,
+        scope: Scope | None = None,
+        default_scope: Scope | None = None,
+    ) -> ToolCall:
         workflow_id = self.workflow_id or current_workflow()
         if workflow_id is None:
             raise EffectLedgerValidationError(
@@ -300,6 +336,8 @@ class Tool(Generic[R_co]):
             idempotency_keys=self.idempotency_keys,
             validate_keys=self.validate_keys,
             call_id=call_id,
+            scope=self.scope_for(scope, default_scope),
+            turn=current_turn(workflow_id),
         )
 
     async def __call__(self, *args: object, **kwargs: object) -> R_co:
@@ -392,10 +430,36 @@ class Tool(Generic[R_co]):
         *,
         call_id: str | None = None,
         run_options: RunOptions | None = None,
+        scope: Scope | None = None,
+        default_scope: Scope | None = None,
     ) -> R_co:
         """``invoke`` for sync code (see ``sync``)."""
         return self.ledger.call_sync(
-            self.invoke, arguments, call_id=call_id, run_options=run_options
+            self.invoke,
+            arguments,
+            call_id=call_id,
+            run_options=run_options,
+            scope=scope,
+            default_scope=default_scope,
+        )
+
+    def call_outcome_sync(
+        self,
+        arguments: Mapping[str, object],
+        *,
+        call_id: str | None = None,
+        run_options: RunOptions | None = None,
+        scope: Scope | None = None,
+        default_scope: Scope | None = None,
+    ) -> CallOutcome[R_co]:
+        """``call_outcome`` for sync code (see ``sync``)."""
+        return self.ledger.call_sync(
+            self.call_outcome,
+            arguments,
+            call_id=call_id,
+            run_options=run_options,
+            scope=scope,
+            default_scope=default_scope,
         )
 
     def bind_arguments(self, arguments: Mapping[str, object]) -> dict[str, object]:
@@ -421,20 +485,75 @@ class Tool(Generic[R_co]):
         *,
         call_id: str | None = None,
         run_options: RunOptions | None = None,
+        scope: Scope | None = None,
+        default_scope: Scope | None = None,
     ) -> R_co:
         """Run the tool with its arguments by name, as a model sends them: the adapters' door.
 
         ``arguments`` bind like keyword arguments (positional-only
         parameters included, by name), so it is the same effect as the
         equivalent ``await tool(...)``. ``call_id`` (a framework's tool-call
-        id) is recorded on a new effect and is never part of the key.
+        id) is recorded on a new effect; it is part of the key only under
+        ``scope="call"``. ``scope`` overrides the tool's for this call;
+        ``default_scope`` (an adapter's default) applies when neither the
+        call nor the tool declares one (see :meth:`scope_for`).
         ``run_options`` go over the tool's own, field by field (for example
         ``RunOptions(wait_for_approval=False)``).
         """
         options = self._options_over(run_options)
         values = self.bind_arguments(arguments)
-        call = self._tool_call(values, call_id)
+        call = self._tool_call(values, call_id, scope, default_scope)
         return cast(R_co, await self._run(call, self._make_handler(values), options))
+
+    def call_for(
+        self,
+        arguments: Mapping[str, object],
+        *,
+        call_id: str | None = None,
+        scope: Scope | None = None,
+        default_scope: Scope | None = None,
+    ) -> ToolCall:
+        """The ``ToolCall`` that ``invoke(arguments, ...)`` with these would run, here and
+        now (its workflow, turn and scope); raises as the call would."""
+        return self._tool_call(self.bind_arguments(arguments), call_id, scope, default_scope)
+
+    async def call_outcome(
+        self,
+        arguments: Mapping[str, object],
+        *,
+        call_id: str | None = None,
+        run_options: RunOptions | None = None,
+        scope: Scope | None = None,
+        default_scope: Scope | None = None,
+    ) -> CallOutcome[R_co]:
+        """``invoke``, answered as a :class:`CallOutcome`: the result or the tool's
+        failure, and whether the call ran now or was answered from a receipt
+        (and from an earlier turn's), with the receipt's key and time.
+
+        Raises what ``invoke`` raises for everything that is not the tool's own
+        failure (a denial, a pending approval, a budget refusal, bad
+        arguments, a store error): see ``CallOutcome``.
+        """
+        options = self._options_over(run_options)
+        values = self.bind_arguments(arguments)
+        call = self._tool_call(values, call_id, scope, default_scope)
+        slot = OutcomeSlot(self.ledger.idem_key(call))
+        token = enter_outcome_slot(slot)
+        try:
+            result = await self._run(call, self._make_handler(values), options)
+        except (EffectFailedError, HandlerTimeoutError) as exc:
+            if exc is not slot.error and not (
+                slot.replayed and exc.effect.idem_key == slot.idem_key
+            ):
+                raise
+            return _outcome(call, slot, None, exc)
+        except Exception as exc:
+            if exc is not slot.error:
+                raise
+            return _outcome(call, slot, None, exc)
+        finally:
+            exit_outcome_slot(token)
+        return _outcome(call, slot, cast(R_co, result), None)
 
     @property
     def approval_policy(self) -> bool | Callable[[ToolCall], bool]:
@@ -479,6 +598,29 @@ class Tool(Generic[R_co]):
 
     def __repr__(self) -> str:
         return f"<Tool {self.name!r} {self.signature}>"
+
+
+def _outcome(
+    call: ToolCall, slot: OutcomeSlot, result: R | None, error: BaseException | None
+) -> CallOutcome[R]:
+    """The ``CallOutcome`` of ``call``, from what the engine left in its slot."""
+    effect = slot.effect
+    replayed = slot.replayed
+    effect_turn = None if effect is None else effect.turn
+    earlier = replayed and call.turn is not None and effect_turn != call.turn
+    retryable = slot.retryable if error is slot.error else bool(getattr(error, "retryable", False))
+    return CallOutcome(
+        result=result,
+        replayed=replayed,
+        from_earlier_turn=earlier,
+        completed_at=effect.completed_at if replayed and effect is not None else None,
+        idem_key=slot.idem_key if effect is None else effect.idem_key,
+        effect_turn=effect_turn,
+        turn=call.turn,
+        error=error,
+        retryable=retryable,
+        effect=effect,
+    )
 
 
 def _handler_factory(
@@ -616,17 +758,25 @@ def _with_fields(
     retry: RetryPolicy | None,
     timeout_ms: int | None,
     on_stale: OnStale | None,
+    retryable: Retryable | None = None,
 ) -> RunOptions | None:
-    """A tool's ``retry=``, ``timeout_ms=`` and ``on_stale=`` are the ``RunOptions``
-    fields of those names; giving one both as an argument and in ``run_options``
-    is ambiguous. ``RunOptions`` checks the values."""
+    """A tool's ``retry=``, ``timeout_ms=``, ``on_stale=`` and ``retryable=`` are the
+    ``RunOptions`` fields of those names; giving one both as an argument and in
+    ``run_options`` is ambiguous. ``RunOptions`` checks the values."""
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise EffectLedgerValidationError(
             f"tool {name!r}: retry must be a RetryPolicy, got {retry!r}", field="retry"
         )
+    if retryable is not None:
+        check_retryable(retryable)
     given: dict[str, Any] = {
         key: value
-        for key, value in (("retry", retry), ("timeout_ms", timeout_ms), ("on_stale", on_stale))
+        for key, value in (
+            ("retry", retry),
+            ("timeout_ms", timeout_ms),
+            ("on_stale", on_stale),
+            ("retryable", retryable),
+        )
         if value is not None
     }
     if not given:
@@ -659,6 +809,8 @@ def define(
     compensate_if: CompensateIf = "succeeded",
     failure_scope: FailureScope = "saga",
     on_stale: OnStale | None = None,
+    scope: Scope | None = None,
+    retryable: Retryable | None = None,
 ) -> ToolDecorator:
     """``EffectLedger.tool``: the decorator that registers a function in ``registry``."""
     if callable(name):
@@ -669,8 +821,15 @@ def define(
         )
     if name is not None:
         ToolCall(workflow_id="-", tool=name)  # the checks any tool name gets
+    if scope is not None:
+        check_scope(scope)
     run_options = _with_fields(
-        name, run_options, retry=retry, timeout_ms=timeout_ms, on_stale=on_stale
+        name,
+        run_options,
+        retry=retry,
+        timeout_ms=timeout_ms,
+        on_stale=on_stale,
+        retryable=retryable,
     )
 
     def decorate(fn: Callable[..., Any]) -> Tool[Any]:
@@ -714,6 +873,7 @@ def define(
             compensate=compensate,
             compensate_if=compensate_if,
             failure_scope=failure_scope,
+            scope=scope,
         )
         registry[tool_name] = tool
         return tool

@@ -29,11 +29,15 @@ __all__ = ["WorkflowScope", "current_workflow", "innermost_entry", "workflow_sco
 
 
 def workflow_scope(
-    ledger: LedgerCore[object], workflow_id: str, budget: Budget | None = None
+    ledger: LedgerCore[object],
+    workflow_id: str,
+    budget: Budget | None = None,
+    turn: str | None = None,
 ) -> WorkflowScope:
-    """``ledger.workflow(workflow_id, budget=...)``: the scope, with ``budget`` (stored
-    under ``workflow_id`` for ``ledger``) or else the budget stored there, if any."""
-    scope = WorkflowScope(workflow_id)  # checks the id before the budget
+    """``ledger.workflow(workflow_id, budget=..., turn=...)``: the scope, with ``budget``
+    (stored under ``workflow_id`` for ``ledger``) or else the budget stored there,
+    if any, and ``turn``."""
+    scope = WorkflowScope(workflow_id, turn=turn)  # checks the ids before the budget
     if budget is None:
         # The budget stored under this id, if any, still applies (read once,
         # on entering): another worker's limit is this one's too.
@@ -52,19 +56,23 @@ class WorkflowScope:
     inside it use it.
     """
 
-    __slots__ = ("budget", "workflow_id")
+    __slots__ = ("budget", "turn", "workflow_id")
 
-    def __init__(self, workflow_id: str, budget: BudgetScope | None = None) -> None:
+    def __init__(
+        self, workflow_id: str, budget: BudgetScope | None = None, *, turn: str | None = None
+    ) -> None:
         # The same checks a ToolCall makes, at the scope's start rather than
         # at the first call inside it.
-        ToolCall(workflow_id=workflow_id, tool="-")
+        ToolCall(workflow_id=workflow_id, tool="-", turn=turn)
         self.workflow_id = workflow_id
+        #: The turn of the workflow the block is (``ledger.workflow(id, turn=...)``).
+        self.turn = turn
         #: The spend budget the block's tool and model calls reserve on
         #: (``ledger.workflow(id, budget=...)``); inner scopes keep it too.
         self.budget = budget
 
     def __enter__(self) -> WorkflowScope:
-        enter_workflow(self, self.workflow_id, self.budget)
+        enter_workflow(self, self.workflow_id, self.budget, self.turn)
         return self
 
     def __exit__(
@@ -96,4 +104,6 @@ class WorkflowScope:
         self.__exit__(exc_type, exc, tb)
 
     def __repr__(self) -> str:
+        if self.turn is not None:
+            return f"WorkflowScope({self.workflow_id!r}, turn={self.turn!r})"
         return f"WorkflowScope({self.workflow_id!r})"

@@ -77,6 +77,11 @@ async def attempt(
         return await ledger.request_approval(key)
     current = await ledger.find_by_idem_key(key)
     assert current is not None
+    if target is S.PROCESSING and current.status is S.FAILED:
+        # Only a later call's retry, fenced by the failed attempt (the engine
+        # asks for it after a failure the tool declared retryable).
+        outcome = await harness.store.retry_failed(key, attempt=current.attempt, lease_ms=1_000)
+        return outcome.claimed
     if target is S.READY and current.status in REOPENABLE:
         # A finished effect goes back only by a person's reopen, never approve().
         return await ledger.reopen(key, by="ops", reason="run it again")

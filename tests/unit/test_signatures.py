@@ -15,7 +15,7 @@ from agent_ledger import EffectLedger
 KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY
 
 EXPECTED = {
-    "run": (["call", "handler", "run_options"], ["hooks", "tx"]),
+    "run": (["call", "handler", "run_options"], ["hooks", "tx", "scope", "call_id"]),
     "begin": (["call"], ["tx", "run_options", "hooks"]),
     "commit": (["effect_id", "outcome"], ["attempt", "tx"]),
     "approve": (["idem_key"], ["by", "note", "expected_attempt"]),

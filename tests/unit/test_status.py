@@ -16,6 +16,7 @@ from agent_ledger.status import (
     REOPEN,
     REOPENABLE,
     RESOLVE,
+    RETRY,
     SETTLE_TARGETS,
     TERMINAL,
     TRANSITIONS,
@@ -41,6 +42,7 @@ ALLOWED = {
     (S.READY, S.REQUIRES_APPROVAL),  # an approval taken back before the effect was claimed
     (S.READY, S.CANCELED),
     (S.FAILED, S.READY),  # reopened by a person, to run again
+    (S.FAILED, S.PROCESSING),  # retried by a later call, after a retryable failure
     (S.CANCELED, S.READY),  # reopened likewise
 }
 
@@ -69,8 +71,12 @@ def test_sources_of_inverts_the_table(target: S) -> None:
 
 
 def test_claims_are_the_edges_into_processing() -> None:
-    """An approved run (ready) and a takeover (processing) are the only claims."""
-    assert {S.READY, S.PROCESSING} == CLAIMABLE == sources_of(S.PROCESSING)
+    """An approved run (ready) and a takeover (processing) are the only claims; the
+    third edge into processing, from failed, is the retry's alone."""
+    assert {S.READY, S.PROCESSING} == CLAIMABLE
+    assert sources_of(S.PROCESSING) == CLAIMABLE | {S.FAILED}
+    assert RETRY == (S.FAILED, S.PROCESSING)
+    assert S.FAILED in TERMINAL and S.FAILED not in CLAIMABLE
 
 
 def test_completions_are_the_outcomes_reachable_from_processing() -> None:
@@ -100,7 +106,7 @@ def test_only_a_failure_or_a_cancellation_can_be_reopened() -> None:
 def test_decisions_never_take_the_release_park_or_resolve_edges(target: S) -> None:
     """approve() moves requires_approval to ready, never a processing or finished effect;
     no decision parks a processing effect or records a handler's outcome."""
-    special = {RELEASE, PARK, *REOPEN, *RESOLVE}
+    special = {RELEASE, PARK, RETRY, *REOPEN, *RESOLVE}
     expected = {s for s in sources_of(target) if (s, target) not in special}
     assert decision_sources(target) == expected
     assert decision_sources(S.READY) == {S.REQUIRES_APPROVAL}

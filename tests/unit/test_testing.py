@@ -60,6 +60,8 @@ def step_calls(store: Store, effect_id: str) -> dict[str, Callable[[], Awaitable
         "transition": lambda: store.transition(KEY, target=EffectStatus.REQUIRES_APPROVAL),
         # A succeeded effect is never reopened: the store says None, changing nothing.
         "reopen": lambda: store.reopen(KEY, by="ops", reason="again"),
+        # Not failed: nothing to retry, and nothing changes.
+        "retry_failed": lambda: store.retry_failed(KEY, attempt=1, lease_ms=1_000),
         # Finished by now: none of the three applies, and none changes anything.
         "mark_started": lambda: store.mark_started(effect_id, attempt=1, worker="w"),
         "park": lambda: store.park(KEY, stale_after_ms=1, error=EffectError("?", "x")),
