@@ -47,9 +47,11 @@ The workflow a call belongs to is the ``ledger.workflow(...)`` around
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
 
@@ -57,6 +59,7 @@ try:
     from agents import (
         AgentsException,
         FunctionTool,
+        ItemHelpers,
         RunContextWrapper,
         RunState,
         ToolApprovalItem,
@@ -76,11 +79,19 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
 import orjson
 
 from agent_ledger.adapters._common import MalformedToolCall, parse_arguments
-from agent_ledger.adapters._messages import budget_text, failure_text, may_have_run
-from agent_ledger.adapters._outcome import is_tool_failure, recorded_failure
+from agent_ledger.adapters._messages import (
+    budget_text,
+    failure_text,
+    for_model,
+    may_have_run,
+    outcome_text,
+    retryable_text,
+)
+from agent_ledger.adapters._outcome import recorded_failure
 from agent_ledger.adapters._schema import chosen_tools
 from agent_ledger.adapters._signature import arguments, description, refuse_names
-from agent_ledger.context import current_workflow
+from agent_ledger.calls import check_scope
+from agent_ledger.context import current_turn, current_workflow
 from agent_ledger.errors import (
     ApprovalPendingError,
     BudgetExceededError,
@@ -96,10 +107,11 @@ from agent_ledger.errors import (
 from agent_ledger.keys import canonical_json
 from agent_ledger.options import RunOptions
 from agent_ledger.status import EffectStatus
-from agent_ledger.tools import EFFECT_PARAMETER, Tool
+from agent_ledger.tools import EFFECT_PARAMETER, CallOutcome, Tool
+from agent_ledger.tools._workflow import WorkflowScope
 
 if TYPE_CHECKING:
-    from agent_ledger.calls import ToolCall
+    from agent_ledger.calls import Scope, ToolCall
     from agent_ledger.effects import Effect
     from agent_ledger.ledger import EffectLedger
 
@@ -112,6 +124,7 @@ __all__ = [
     "as_function_tool",
     "as_function_tools",
     "reject",
+    "run_turn",
     "sync_decisions",
 ]
 
@@ -160,6 +173,7 @@ def as_function_tool(
     failure_error_function: ErrorFunction | None = default_tool_error_function,
     decided_by: DecidedBy = RUN_STATE,
     tell_model: bool = False,
+    default_scope: Scope = "turn",
 ) -> LedgerFunctionTool:
     """The Agents SDK ``FunctionTool`` for a ledger tool.
 
@@ -224,6 +238,7 @@ def as_function_tool(
         failure_error_function,
         decided_by=decided_by,
         tell_model=tell_model,
+        default_scope=check_scope(default_scope, "default_scope"),
     )
     return LedgerFunctionTool(
         name=sdk_name,
@@ -251,6 +266,7 @@ def as_function_tools(
     failure_error_function: ErrorFunction | None = default_tool_error_function,
     decided_by: DecidedBy = RUN_STATE,
     tell_model: bool = False,
+    default_scope: Scope = "turn",
 ) -> list[AgentTool]:
     """``as_function_tool`` for every tool of ``ledger`` (in registration order), or those named.
 
@@ -266,6 +282,7 @@ def as_function_tools(
             failure_error_function=failure_error_function,
             decided_by=decided_by,
             tell_model=tell_model,
+            default_scope=default_scope,
         )
         for t in chosen_tools(ledger, tools)
     ]
@@ -312,6 +329,7 @@ class _Calls:
         *,
         decided_by: DecidedBy = RUN_STATE,
         tell_model: bool = False,
+        default_scope: Scope = "turn",
     ) -> None:
         self.tool = tool
         self._decided_by = decided_by
@@ -322,11 +340,7 @@ class _Calls:
         self._on_error = on_error
         # Fixed when the tool and its ledger were made, so asked once.
         self.policy = tool.approval_policy
-        self._positional_only = tuple(
-            p.name
-            for p in tool.signature.parameters.values()
-            if p.kind is inspect.Parameter.POSITIONAL_ONLY
-        )
+        self.default_scope: Scope = default_scope
 
     def arguments(self, raw: str | Mapping[str, Any] | None) -> dict[str, object]:
         """The call's arguments bound as the ledger keys them.
@@ -359,13 +373,22 @@ class _Calls:
         except EffectLedgerValidationError as exc:
             raise MalformedToolCall(str(exc), tool=self.sdk_name) from None
 
-    def tool_call(self, values: dict[str, object]) -> ToolCall:
-        """The ledger call, in the current workflow (raises outside one)."""
-        if not self._positional_only:
-            return self.tool.tool_call(**values)
-        leading = [values[n] for n in self._positional_only]
-        rest = {k: v for k, v in values.items() if k not in self._positional_only}
-        return self.tool.tool_call(*leading, **rest)
+    def tool_call(self, values: dict[str, object], call_id: str | None = None) -> ToolCall:
+        """The ledger call, in the current workflow and turn (raises outside a workflow)."""
+        return self.tool.call_for(values, call_id=call_id, default_scope=self.default_scope)
+
+    def turn(self, ctx: RunContextWrapper[Any] | None) -> AbstractContextManager[object]:
+        """The run's turn around a call: the run's input, unless the application gave
+        one (``ledger.workflow(id, turn=...)``) or there is no workflow (the call raises)."""
+        return self.turn_of(None if ctx is None else ctx.turn_input)
+
+    def turn_of(self, items: object) -> AbstractContextManager[object]:
+        """``turn`` for a run whose input is ``items``."""
+        workflow = self.tool.workflow_id or current_workflow()
+        if workflow is None or current_turn(workflow) is not None:
+            return nullcontext()
+        turn = run_turn(items)
+        return nullcontext() if turn is None else WorkflowScope(workflow, turn=turn)
 
     async def needs_approval(
         self, ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str
@@ -381,7 +404,8 @@ class _Calls:
         """
         try:
             values = self.arguments(params)
-            call = self.tool_call(values)
+            with self.turn(ctx):
+                call = self.tool_call(values, call_id)
             key = self.ledger.idem_key(call)
         except EffectLedgerValidationError:
             # Malformed, or no workflow: the invocation says so (or raises),
@@ -393,12 +417,17 @@ class _Calls:
         policy = self.policy
         if policy is False or (policy is not True and not policy(call)):
             return False
-        return await self.park(values, call_id)
+        return await self.park(ctx, values, call_id)
 
-    async def park(self, values: dict[str, object], call_id: str | None) -> bool:
+    async def park(
+        self, ctx: RunContextWrapper[Any] | None, values: dict[str, object], call_id: str | None
+    ) -> bool:
         """Create the effect waiting for a person; True if it waits (it normally does)."""
         try:
-            await self.tool.invoke(values, call_id=call_id, run_options=_PARK)
+            with self.turn(ctx):
+                await self.tool.invoke(
+                    values, call_id=call_id, run_options=_PARK, default_scope=self.default_scope
+                )
         except ApprovalPendingError:
             return True
         except Exception:
@@ -409,40 +438,81 @@ class _Calls:
         return False
 
     async def invoke(self, ctx: ToolContext[Any], raw: str) -> object:
-        """The SDK's ``on_invoke_tool``: one ``Tool.invoke``, answered in the model's terms."""
+        """The SDK's ``on_invoke_tool``: one ledger call, answered in the model's terms."""
         try:
             values = self.arguments(raw)
         except MalformedToolCall as exc:
             return str(exc)
-        try:
-            result = await self._run(ctx, values)
-        except Exception as exc:
-            key = self._key(values)
-            if await is_tool_failure(self.ledger, key, exc):
-                # The tool's own exception (a ledger error of a tool call inside
-                # it included), recorded as this effect's failure.
-                return await self._failure(ctx, exc, key)
-            return await self._own_outcome(ctx, exc, values)
-        return (
-            result if isinstance(result, str) else canonical_json(result, field="result").decode()
-        )
+        with self.turn(ctx):
+            try:
+                outcome = await self._run(ctx, values)
+            except Exception as exc:
+                return await self._own_outcome(ctx, exc, values)
+        return await self._answer(ctx, outcome)
 
-    async def _run(self, ctx: ToolContext[Any], values: dict[str, object]) -> object:
-        """The call; one the run state approved is approved on the ledger first.
+    async def _run(self, ctx: ToolContext[Any], values: dict[str, object]) -> CallOutcome[Any]:
+        """The call's outcome; one the run state approved is approved on the ledger first.
 
         ``state.approve(item)`` is the SDK's human-in-the-loop decision: the
         effect waiting for it is approved on the ledger (``decided_by``), and
         the call runs once. A decision already on the ledger stands.
         """
         try:
-            return await self.tool.invoke(values, call_id=ctx.tool_call_id, run_options=_NO_WAIT)
+            return await self._outcome(ctx, values)
         except ApprovalPendingError as pending:
             if ctx.is_tool_approved(ctx.tool_name, ctx.tool_call_id) is not True:
                 raise
             await self.ledger.approve(
                 pending.idem_key, by=self.decider(ctx), note="approved in the Agents SDK run state"
             )
-        return await self.tool.invoke(values, call_id=ctx.tool_call_id, run_options=_NO_WAIT)
+        return await self._outcome(ctx, values)
+
+    async def _outcome(self, ctx: ToolContext[Any], values: dict[str, object]) -> CallOutcome[Any]:
+        return await self.tool.call_outcome(
+            values,
+            call_id=ctx.tool_call_id,
+            run_options=_NO_WAIT,
+            default_scope=self.default_scope,
+        )
+
+    async def _answer(self, ctx: ToolContext[Any], outcome: CallOutcome[Any]) -> str:
+        """What the model reads for the call's outcome: its result (or that it was done
+        in an earlier turn), or its failure.
+
+        A failure goes to ``failure_error_function`` if the application gave
+        one (``None``: raised). With the SDK's default one, a retryable
+        failure reads that it may be retried, a final one that it failed,
+        with the error and the receipt, and that sending it again gives the
+        same answer: never "please try again" for a call that will not run.
+        """
+        error = outcome.error
+        if error is None:
+            result = outcome.result
+            text = (
+                result
+                if isinstance(result, str)
+                else canonical_json(result, field="result").decode()
+            )
+            return outcome_text(outcome, text) or text
+        if self._on_error is None:
+            raise error
+        if self._on_error is default_tool_error_function:
+            if outcome.retryable:
+                return retryable_text(error, outcome.idem_key)
+            failure = (
+                error
+                if isinstance(error, EffectFailedError)
+                else await recorded_failure(self.ledger, outcome.idem_key)
+            )
+            if failure is not None:
+                return failure_text(failure)
+            timed_out = for_model(error)  # a handler past its deadline
+            if timed_out is not None:
+                return timed_out
+        if not isinstance(error, Exception):
+            raise error
+        message = self._on_error(ctx, error)
+        return await message if inspect.isawaitable(message) else message
 
     def decider(self, ctx: RunContextWrapper[Any]) -> str:
         """Who decided in the run state, as the receipt records it."""
@@ -485,32 +555,6 @@ class _Calls:
             )
         return True
 
-    def _key(self, values: dict[str, object]) -> str | None:
-        """The call's key, None if it has none (no workflow: the run raised about that)."""
-        try:
-            return self.ledger.idem_key(self.tool_call(dict(values)))
-        except EffectLedgerValidationError:
-            return None
-
-    async def _failure(self, ctx: ToolContext[Any], exc: Exception, key: str | None) -> str:
-        """The tool's failure as the model reads it (``None`` function: raised).
-
-        With the SDK's default function a final failure (the ledger replays
-        it to every later call) reads as the ledger's words, not "please try
-        again"; a retryable one, and every failure given to a function of
-        the application's, as that function words it.
-        """
-        if self._on_error is None:
-            raise exc
-        if self._on_error is default_tool_error_function and not _retryable(exc):
-            failure = exc if isinstance(exc, EffectFailedError) else None
-            if failure is None and key is not None:
-                failure = await recorded_failure(self.ledger, key)
-            if failure is not None:
-                return failure_text(failure)
-        message = self._on_error(ctx, exc)
-        return await message if inspect.isawaitable(message) else message
-
     def _for_app(self, exc: Exception) -> str:
         """A ledger outcome the application must see: raised out of ``Runner.run`` as
         itself, or (``tell_model=True``) the model's text."""
@@ -547,9 +591,11 @@ class _Calls:
             return str(exc)  # the arguments, e.g. too large: the model's to fix
         if isinstance(exc, (EffectStoreError, EffectInFlightError, EffectLedgerInvariantError)):
             raise exc
-        # A replayed failure (EffectFailedError), or the wait for another
-        # worker timing out: the tool's failure, as far as the model goes.
-        return await self._failure(ctx, exc, self._key(values))
+        # The wait for another worker timing out: the model may call again later.
+        text = for_model(exc)
+        if text is None:
+            raise exc
+        return text
 
     def _mismatch_text(self, exc: EffectPayloadMismatchError, values: dict[str, object]) -> str:
         keys = self.tool.idempotency_keys or ()
@@ -581,9 +627,33 @@ def _keyable_json(values: dict[str, object], tool: str) -> bytes:
         ) from None
 
 
-def _retryable(exc: Exception) -> bool:
-    """Whether the tool declared this failure retryable (a later call runs again)."""
-    return getattr(exc, "retryable", False) is True
+def _input_items(original: object) -> object:
+    """A run's input as the list of items ``turn_input`` holds (a string is one message)."""
+    if original is None:
+        return None
+    try:
+        return ItemHelpers.input_to_new_input_list(cast(Any, original))
+    except Exception:
+        return None
+
+
+def run_turn(items: object) -> str | None:
+    """The turn of a run whose input is ``items`` (``RunContextWrapper.turn_input``).
+
+    One run of the agent (and its resumptions after an interruption, which
+    keep its input) is one turn: a digest of its input, history included,
+    so the next user message starts another. None for an empty or
+    unreadable input (no turn: a ``scope="turn"`` call then raises).
+    """
+    if not items:
+        return None
+    try:
+        from pydantic_core import to_jsonable_python
+
+        text = orjson.dumps(to_jsonable_python(items), option=orjson.OPT_SORT_KEYS)
+    except Exception:
+        return None
+    return "agents-run-" + hashlib.sha256(text).hexdigest()[:32]
 
 
 #: Each ledger error class's twin that is also the SDK's ``AgentsException``.
@@ -633,22 +703,28 @@ def _decision_text(effect: Effect) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Found:
-    """An interruption's ledger call: its converted tool and effect key."""
+    """An interruption's ledger call: its converted tool, arguments, effect key, and the
+    run context it was made in (its turn)."""
 
     calls: _Calls
     values: dict[str, object]
     key: str
+    context: RunContextWrapper[Any] | None
+    items: object
 
 
-def _ledger_call(item: ToolApprovalItem) -> _Found | MalformedToolCall | None:
+async def _ledger_call(
+    state: RunState[Any, Any], item: ToolApprovalItem
+) -> _Found | MalformedToolCall | None:
     """The ledger call behind an interruption; None for another tool's.
 
     ``MalformedToolCall`` (returned, with the model's message) when its
     arguments make no ledger call: the SDK pauses on arguments it cannot
     parse without asking the adapter, so such an interruption has no effect
-    and never can. The key is made again from the tool, the arguments and
-    the workflow, as the call made it, so call the helpers inside the same
-    ``ledger.workflow()``.
+    and never can. The effect is the one recorded with the interruption's
+    call id in the current workflow; failing that, the key is made again
+    from the tool, the arguments, the workflow and the run's turn, as the
+    call made it. Call the helpers inside the same ``ledger.workflow()``.
     """
     agent = getattr(item, "agent", None)
     converted = next(
@@ -662,23 +738,37 @@ def _ledger_call(item: ToolApprovalItem) -> _Found | MalformedToolCall | None:
     if converted is None:
         return None
     calls = converted._calls
+    # The run's input (its turn) and context: the SDK keeps them on the state
+    # (its input survives to_string/from_string) with no public accessor.
+    context = getattr(state, "_context", None)
+    items = _input_items(getattr(state, "_original_input", None))
+    call_id = item.call_id
     try:
         values = calls.arguments(item.arguments)
-        key = calls.ledger.idem_key(calls.tool_call(values))
+        with calls.turn_of(items):
+            key = calls.ledger.idem_key(calls.tool_call(values, call_id))
     except MalformedToolCall as exc:
         return exc  # nothing stored, nothing to decide
     except EffectLedgerValidationError as exc:
         if exc.field != "args":  # no workflow: the application's
             raise
         return MalformedToolCall(str(exc), tool=calls.sdk_name)  # e.g. too large
-    return _Found(calls, values, key)
+    workflow = calls.tool.workflow_id or current_workflow()
+    if call_id is not None and workflow is not None:
+        page = await calls.ledger.list_effects(
+            workflow_id=workflow, tool=calls.tool.name, call_id=call_id, limit=1
+        )
+        if page.effects:
+            key = page.effects[0].idem_key
+    return _Found(calls, values, key, context, items)
 
 
 async def _effect(found: _Found, call_id: str | None) -> Effect | None:
     """The call's effect, created waiting for a person if the ledger has none yet."""
     effect = await found.calls.ledger.find_by_idem_key(found.key)
     if effect is None:
-        await found.calls.park(found.values, call_id)
+        with found.calls.turn_of(found.items):
+            await found.calls.park(found.context, found.values, call_id)
         effect = await found.calls.ledger.find_by_idem_key(found.key)
     return effect
 
@@ -705,7 +795,7 @@ async def approve(
     not make a call, it only approves in ``state`` and returns None (the
     invocation then tells the model what is wrong with the arguments).
     """
-    found = _ledger_call(item)
+    found = await _ledger_call(state, item)
     if not isinstance(found, _Found):
         state.approve(item)
         return None
@@ -725,7 +815,7 @@ async def reject(
     no ledger call: rejected in ``state`` with what is wrong with them (the
     model's to fix), and None.
     """
-    found = _ledger_call(item)
+    found = await _ledger_call(state, item)
     if found is None:
         state.reject(item)
         return None
@@ -770,7 +860,7 @@ async def sync_decisions(state: RunState[Any, Any]) -> list[ToolApprovalItem]:
     """
     waiting: list[ToolApprovalItem] = []
     for item in state.get_interruptions():
-        found = _ledger_call(item)
+        found = await _ledger_call(state, item)
         if isinstance(found, MalformedToolCall):
             state.reject(item, rejection_message=str(found))
         elif found is None or not _mirror(state, item, await _effect(found, item.call_id)):

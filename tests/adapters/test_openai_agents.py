@@ -156,10 +156,9 @@ def charge_ledger(harness: StoreHarness, **options: Any) -> tuple[EffectLedger, 
 
 
 async def the_effect(ledger: EffectLedger, workflow: str, **args: object) -> Effect:
-    async with ledger.workflow(workflow):
-        key = ledger.idem_key(ledger.tools["payments.charge"].tool_call(**args))
-    effect = await ledger.find_by_idem_key(key)
-    assert effect is not None
+    """The workflow's one ``payments.charge`` effect with these args (any turn)."""
+    page = await ledger.list_effects(workflow_id=workflow, tool="payments.charge")
+    (effect,) = [e for e in page.effects if e.args == args]
     return effect
 
 
@@ -477,12 +476,12 @@ async def test_a_nested_ledger_error_is_the_tools_failure_first_and_on_replay(
     async def drop(table: str) -> str:
         return f"dropped {table}"
 
-    @ledger.tool("db.cleanup")
+    @ledger.tool("db.cleanup", scope="workflow")  # keyed as the direct calls below
     async def cleanup(name: str) -> str:
         cleaned.append(name)  # a side effect that did happen
         return await drop(f"{name}.tmp")
 
-    @ledger.tool("db.vacuum")
+    @ledger.tool("db.vacuum", scope="workflow")
     async def vacuum(name: str) -> str:
         cleaned.append(name)
         return await drop(tabel=name)  # a bug: the nested call's arguments are refused
@@ -863,9 +862,7 @@ async def test_a_positional_only_parameter_is_keyed_like_a_direct_call(
     state = result.to_state()
     async with ledger.workflow("w"):
         effect = await approve(state, result.interruptions[0], by="ada")
-        assert effect is not None and effect.idem_key == ledger.idem_key(
-            refund.tool_call("o3", "late")
-        )
+        assert effect is not None and effect.args == {"order_id": "o3", "reason": "late"}
         resumed = await Runner.run(agent, state, run_config=NO_TRACING)
     assert refunded == ["o3"] and outputs(resumed)["r"] == "refunded o3"
 
@@ -874,7 +871,7 @@ async def test_an_effect_put_back_to_wait_tells_the_model_it_has_not_run(
     harness: StoreHarness,
 ) -> None:
     """A tool without a policy whose effect waits anyway (created so elsewhere): not run."""
-    ledger, charged = charge_ledger(harness)
+    ledger, charged = charge_ledger(harness, scope="workflow")  # keyed as a direct call
     async with ledger.workflow("w"):
         tool_call = ledger.tools["payments.charge"].tool_call("o", 1)
     park = RunOptions(requires_approval=True, wait_for_approval=False)
