@@ -50,7 +50,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
@@ -60,16 +60,25 @@ try:
         AgentsException,
         FunctionTool,
         ItemHelpers,
+        Model,
+        ModelProvider,
+        ModelResponse,
+        ModelSettings,
+        ModelTracing,
         RunContextWrapper,
         RunState,
         ToolApprovalItem,
         default_tool_error_function,
     )
+    from agents import Usage as SdkUsage
     from agents.agent import AgentBase
+    from agents.agent_output import AgentOutputSchemaBase
     from agents.function_schema import function_schema
+    from agents.handoffs import Handoff
+    from agents.items import TResponseInputItem, TResponseOutputItem, TResponseStreamEvent
     from agents.tool import Tool as AgentTool
     from agents.tool_context import ToolContext
-    from pydantic import BaseModel, ValidationError
+    from pydantic import BaseModel, TypeAdapter, ValidationError
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     raise ImportError(
         "agent_ledger.adapters.openai_agents needs the OpenAI Agents SDK: "
@@ -92,6 +101,8 @@ from agent_ledger.adapters._schema import chosen_tools
 from agent_ledger.adapters._signature import arguments, description, refuse_names
 from agent_ledger.calls import check_scope
 from agent_ledger.context import current_turn, current_workflow
+from agent_ledger.effects import JSONValue
+from agent_ledger.effects import Usage as LedgerUsage
 from agent_ledger.errors import (
     ApprovalPendingError,
     BudgetExceededError,
@@ -107,7 +118,8 @@ from agent_ledger.errors import (
 from agent_ledger.keys import canonical_json
 from agent_ledger.options import RunOptions
 from agent_ledger.status import EffectStatus
-from agent_ledger.tools import EFFECT_PARAMETER, CallOutcome, Tool
+from agent_ledger.tools import EFFECT_PARAMETER, CallOutcome, LLMResult, Tool
+from agent_ledger.tools._llm import Pricing
 from agent_ledger.tools._workflow import WorkflowScope
 
 if TYPE_CHECKING:
@@ -120,6 +132,8 @@ __all__ = [
     "DecidedBy",
     "ErrorFunction",
     "LedgerFunctionTool",
+    "LedgerModel",
+    "LedgerModelProvider",
     "approve",
     "as_function_tool",
     "as_function_tools",
@@ -866,3 +880,185 @@ async def sync_decisions(state: RunState[Any, Any]) -> list[ToolApprovalItem]:
         elif found is None or not _mirror(state, item, await _effect(found, item.call_id)):
             waiting.append(item)
     return waiting
+
+
+# -- model calls -----------------------------------------------------------------------------
+
+
+class LedgerModel(Model):
+    """An Agents SDK ``Model`` whose every call is recorded through ``ledger.llm()``.
+
+    ``Agent(model=LedgerModel(model, ledger, name="gpt-4.1", pricing=...))``,
+    or every agent of a run at once with
+    ``RunConfig(model_provider=LedgerModelProvider(provider, ledger, ...))``.
+    Each ``get_response`` is one model-call effect of the current workflow,
+    keyed by what the model is sent (instructions, input, settings, tool
+    and handoff names and schemas, output schema), with its token usage and
+    price (``pricing(provider, model, usage)``):
+
+    * under ``ledger.workflow(id, budget=Budget(usd=...))`` the call reserves
+      ``estimate`` first and is refused (``BudgetExceededError``, out of
+      ``Runner.run``) before the wrapped model is called;
+    * the same request again (a resumed run, a replay with
+      ``ledger.replay(...)``) is answered from the receipt: the wrapped
+      model is not called.
+
+    Streaming (``Runner.run_streamed``) is not recorded: it raises, naming
+    ``Runner.run``.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        ledger: EffectLedger,
+        *,
+        name: str,
+        provider: str = "openai",
+        pricing: Pricing | None = None,
+        estimate: LedgerUsage | None = None,
+    ) -> None:
+        if not isinstance(model, Model):
+            raise EffectLedgerValidationError(
+                f"LedgerModel wraps an Agents SDK Model, got {model!r}", field="model"
+            )
+        self.model = model
+        self.ledger = ledger
+        self.name = name
+        self.provider = provider
+        self.pricing = pricing
+        self.estimate = estimate
+
+    async def get_response(
+        self,
+        system_instructions: str | None,
+        input: str | list[TResponseInputItem],
+        model_settings: ModelSettings,
+        tools: list[AgentTool],
+        output_schema: AgentOutputSchemaBase | None,
+        handoffs: list[Handoff[Any, Any]],
+        tracing: ModelTracing,
+        **kwargs: Any,
+    ) -> ModelResponse:
+        """The wrapped model's response, through the ledger (see the class doc)."""
+        request = _jsonable(
+            {
+                "instructions": system_instructions,
+                "input": input,
+                "settings": model_settings.to_json_dict(),
+                "tools": [[t.name, getattr(t, "params_json_schema", None)] for t in tools],
+                "handoffs": [[h.tool_name, h.input_json_schema] for h in handoffs],
+                "output": None
+                if output_schema is None or output_schema.is_plain_text()
+                else output_schema.json_schema(),
+                **{k: v for k, v in kwargs.items() if v is not None},
+            }
+        )
+
+        async def call(_: object) -> ModelResponse:
+            return await self.model.get_response(
+                system_instructions,
+                input,
+                model_settings,
+                tools,
+                output_schema,
+                handoffs,
+                tracing,
+                **kwargs,
+            )
+
+        reply = await self.ledger.llm(
+            call,
+            provider=self.provider,
+            model=self.name,
+            request=cast("JSONValue", request),
+            read=_model_result,
+            pricing=self.pricing,
+            estimate=self.estimate,
+        )
+        return _model_response(reply.response)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[TResponseStreamEvent]:
+        """Not recorded: raises. Use ``Runner.run``, whose calls are."""
+        raise EffectLedgerValidationError(
+            "LedgerModel records whole responses; a streamed run (Runner.run_streamed) is not "
+            "recorded. Use Runner.run, or stream with the unwrapped model (its calls then "
+            "have no receipt and no budget).",
+            field="model",
+        )
+
+
+class LedgerModelProvider(ModelProvider):
+    """A ``ModelProvider`` whose models are ``LedgerModel``s: every agent of the run
+    (``RunConfig(model_provider=...)``) has its model calls recorded."""
+
+    def __init__(
+        self,
+        provider: ModelProvider,
+        ledger: EffectLedger,
+        *,
+        provider_name: str = "openai",
+        pricing: Pricing | None = None,
+        estimate: LedgerUsage | None = None,
+    ) -> None:
+        self.provider = provider
+        self.ledger = ledger
+        self.provider_name = provider_name
+        self.pricing = pricing
+        self.estimate = estimate
+
+    def get_model(self, model_name: str | None) -> Model:
+        return LedgerModel(
+            self.provider.get_model(model_name),
+            self.ledger,
+            name=model_name or "default",
+            provider=self.provider_name,
+            pricing=self.pricing,
+            estimate=self.estimate,
+        )
+
+
+def _jsonable(value: object) -> object:
+    """``value`` as plain JSON values (pydantic models and TypedDicts alike)."""
+    from pydantic_core import to_jsonable_python
+
+    return to_jsonable_python(value)
+
+
+_OUTPUT: Final = TypeAdapter(list[TResponseOutputItem])
+
+
+def _model_result(response: ModelResponse) -> LLMResult:
+    """A ``ModelResponse`` as ``ledger.llm()`` records it: its JSON and its usage."""
+    usage = response.usage
+    return LLMResult(
+        response=cast(
+            "JSONValue",
+            {
+                "output": _jsonable(response.output),
+                "usage": {
+                    "requests": usage.requests,
+                    "input_tokens": usage.input_tokens,
+                    "output_tokens": usage.output_tokens,
+                    "total_tokens": usage.total_tokens,
+                },
+                "response_id": response.response_id,
+            },
+        ),
+        usage=LedgerUsage(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens),
+    )
+
+
+def _model_response(recorded: object) -> ModelResponse:
+    """The ``ModelResponse`` a recorded reply stands for (first call and replay alike)."""
+    data = cast("dict[str, Any]", recorded)
+    counts = data.get("usage") or {}
+    return ModelResponse(
+        output=_OUTPUT.validate_python(data.get("output") or []),
+        usage=SdkUsage(
+            requests=counts.get("requests", 0),
+            input_tokens=counts.get("input_tokens", 0),
+            output_tokens=counts.get("output_tokens", 0),
+            total_tokens=counts.get("total_tokens", 0),
+        ),
+        response_id=data.get("response_id"),
+    )

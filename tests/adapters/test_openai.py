@@ -440,14 +440,14 @@ async def test_a_denied_call_is_answered_as_its_result_and_never_runs(
                 10,
             )
             assert denied["tool_call_id"] == call_id
-            assert denied["content"].startswith("Error: A person denied this call (too much)")
+            assert str(denied["content"]).startswith("Error: A person denied this call (too much)")
             assert "did not run and will not run" in denied["content"]
-            assert ok["tool_call_id"] == "call_ok" and not ok["content"].startswith("Error")
+            assert ok["tool_call_id"] == "call_ok" and not str(ok["content"]).startswith("Error")
         (output,) = await run_function_calls(
             ledger, [function_call("call_4", "payments_charge", arguments)]
         )
         assert output["call_id"] == "call_4"
-        assert output["output"].startswith("Error: A person denied this call (too much)")
+        assert str(output["output"]).startswith("Error: A person denied this call (too much)")
         effect = await ledger.find_by_idem_key(pending.value.idem_key)
         assert effect is not None and effect.status is EffectStatus.DENIED
         assert effect.decided_by == "ops"
@@ -708,7 +708,7 @@ async def test_a_tool_calling_itself_reads_its_own_failure_not_the_nested_ones(
         denied_replay = await run_tool_calls(ledger, delete("c6", "/srv"))
         (denied,) = await run_tool_calls(ledger, delete("c7", "/srv/db"))
         # the denied call itself: answered as denied, as every denial is
-        assert denied["content"].startswith("Error: A person denied this call")
+        assert str(denied["content"]).startswith("Error: A person denied this call")
         data = await stored(ledger, delete_tree, "/data")
         srv = await stored(ledger, delete_tree, "/srv")
     assert deleted == []
@@ -797,7 +797,7 @@ async def test_a_denial_does_not_sink_the_calls_beside_it(harness: StoreHarness)
             await run_tool_calls(ledger, [no], wait_for_approval=False)
         assert await ledger.deny(pending.value.idem_key)
         denied, ran = await run_tool_calls(ledger, [no, yes])
-        assert denied["content"].startswith("Error: A person denied this call")
+        assert str(denied["content"]).startswith("Error: A person denied this call")
         assert ran["content"] == "yes"
         assert finished == ["yes"]
         effect = await stored(ledger, charge, "yes")
