@@ -21,9 +21,11 @@ SDK's human-in-the-loop flow is how a run pauses for it:
   without asking the adapter, for a tool with an approval policy) has no
   effect and never will: ``sync_decisions`` and ``reject`` reject it in the
   run state with what is wrong, which the model reads on resuming;
-* only the ledger's decision lets a call run: a call approved in the
-  ``RunState`` alone (``state.approve(item)``) raises when the run resumes,
-  and nothing runs. Client-held run state cannot approve a side effect.
+* the SDK's own ``state.approve(item)`` / ``state.reject(item)`` decide on
+  the ledger too, as ``decided_by`` (default ``RUN_STATE``): an approved
+  call's effect is approved when the run resumes and runs once; a rejected
+  one (the SDK answers it without invoking the tool) is denied before the
+  next model turn, when the SDK asks the tool whether it is enabled.
 
 What the model sees (the invocation's result, as the SDK sends it on):
 
@@ -34,12 +36,20 @@ What the model sees (the invocation's result, as the SDK sends it on):
   bits, a number beyond a float): what is wrong (``MalformedToolCall``),
   with or without an approval policy; nothing is stored, nothing pauses;
 * a denied or canceled effect: that a person denied it, and why; it never runs;
-* the tool's own failure (its exception, a replayed failure, a wait for
-  another worker that timed out): ``failure_error_function``, as the SDK's
-  ``function_tool`` does (by default the SDK's generic message; ``None``
-  raises instead);
+* the tool's own failure (its exception, a replayed failure):
+  ``failure_error_function`` if the application gave one (``None`` raises
+  instead); with the SDK's default, a retryable failure reads that it may
+  be retried, a final one that it failed and that sending it again gives
+  the same answer;
+* a budget refusal, a replay off its recording and a call canceled while
+  it ran raise out of ``Runner.run`` as the ledger's exceptions themselves
+  (``tell_model=True``: the model reads them instead);
 * everything that is the application's to fix (no workflow around the run,
   a store that is down, a result that is not JSON) raises: the run stops.
+
+Scope: ``"turn"`` by default, the turn being the run's input (a digest of
+``turn_input``), unless the application gives one with
+``ledger.workflow(id, turn=...)``. ``LedgerModel`` records the model's calls.
 
 The workflow a call belongs to is the ``ledger.workflow(...)`` around
 ``Runner.run`` (tasks the SDK starts inherit it) or the tool's own.
