@@ -9,10 +9,13 @@ the same arguments in a later turn (a new run input) run again, while a repeat w
 the turn is answered from the receipt. Plus: a retryable failure runs again, a budget
 refusal reaches the application as ``BudgetExceededError``, and model calls go through
 the ledger (``LedgerModel``): refused before the model is called, replayed without it.
+One slow test kills a real process after the side effect and resumes in another.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -280,3 +283,69 @@ async def test_model_calls_are_recorded_refused_by_the_budget_and_replayed(
     assert again.final_output == "reminded" and silent.calls == ()
     assert replayer.sent == [] and outputs(again) == {"c1": "sent to ada@example.com"}
     await shop.ledger.store.close()
+
+
+CHILD = """
+import asyncio, os, sys
+from agents import Agent, Runner, set_tracing_disabled
+from agents.testing import ScriptedModel, assistant_message, function_call
+from agent_ledger import EffectLedger, EffectLedgerOptions, SqliteStore
+from agent_ledger.adapters.openai_agents import as_function_tools
+
+set_tracing_disabled(True)
+db, outbox, die = sys.argv[1], sys.argv[2], sys.argv[3] == "die"
+ledger = EffectLedger(EffectLedgerOptions(store=SqliteStore(db)))
+
+
+@ledger.tool("mail.send", idempotency_keys=["to"])
+async def send(to: str, text: str) -> str:
+    with open(outbox, "a") as f:
+        f.write(to + "\\n")  # the side effect
+    return f"sent to {to}"
+
+
+def after_the_tool(call):
+    if die:
+        os.kill(os.getpid(), 9)  # the process dies once the email went out
+    return [assistant_message("reminded")]
+
+
+call = function_call("mail_send", {"to": "ada", "text": "hi"}, call_id="c1")
+model = ScriptedModel([[call], {"responder": after_the_tool}])
+agent = Agent(name="shop", model=model, tools=as_function_tools(ledger))
+
+
+async def main():
+    async with ledger.workflow("thread-1"):
+        result = await Runner.run(agent, "remind Ada")
+    print(result.final_output)
+
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_process_resumed_by_a_new_one_does_not_repeat(tmp_path: Path) -> None:
+    """(2) with a real kill: the process is SIGKILLed after the email went out; a new
+    process runs the same request and the email is not sent again."""
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    db, outbox = tmp_path / "ledger.db", tmp_path / "outbox.txt"
+    killed = subprocess.run(
+        [sys.executable, str(script), str(db), str(outbox), "die"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert killed.returncode == -9, killed.stderr
+    assert outbox.read_text() == "ada\n"
+    resumed = subprocess.run(
+        [sys.executable, str(script), str(db), str(outbox), "live"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.strip() == "reminded"
+    assert outbox.read_text() == "ada\n"  # not sent twice
