@@ -24,8 +24,11 @@ and how a result is wrapped; what happens in between is this module.
   words every replay's ``EffectFailedError`` gives: a retried tool reads
   ``retries_exhausted``, not its last try's exception; a ledger error
   about another effect, from a tool call inside the tool, counts as the
-  tool's own exception: see ``_outcome``), and a payload mismatch (nothing ran). Raised:
-  ``EffectDeniedError`` (a person said no, or the effect was canceled),
+  tool's own exception: see ``_outcome``), a payload mismatch (nothing ran),
+  and a denial (a person said no, or canceled the effect before it ran: the
+  model reads who decided nothing runs, and why; Anthropic's ``is_error``).
+  Raised: ``EffectDeniedError`` for an effect canceled after its handler
+  started (it may have taken effect: the application must find out),
   ``ApprovalPendingError`` (with ``wait_for_approval=False``),
   ``EffectTimeoutError``, store and validation errors of the application's
   own making (a call outside a workflow, a name two registered tools
@@ -43,9 +46,11 @@ from typing import TYPE_CHECKING, Any, Concatenate, Final, ParamSpec, TypeVar, c
 import orjson
 
 from agent_ledger.adapters._common import MalformedToolCall, parse_arguments
+from agent_ledger.adapters._messages import for_model, may_have_run
 from agent_ledger.adapters._outcome import call_key, is_tool_failure, recorded, recorded_failure
 from agent_ledger.adapters._schema import find_model_tool
 from agent_ledger.errors import (
+    EffectDeniedError,
     EffectFailedError,
     EffectLedgerValidationError,
     EffectPayloadMismatchError,
@@ -187,6 +192,10 @@ async def _run_one(ledger: EffectLedger, call: ModelCall, run_options: RunOption
             return _error(call, _failure(call.name, exc.message, exc.code))
         if isinstance(exc, EffectPayloadMismatchError):
             return _error(call, str(exc))
+        if isinstance(exc, EffectDeniedError) and not may_have_run(exc):
+            # A person said no (or canceled it before it ran): this call's
+            # answer, so one denial does not sink the turn's other calls.
+            return _error(call, for_model(exc) or str(exc))
         if isinstance(exc, EffectLedgerValidationError) and exc.field == "result":
             # A result that is not JSON: recorded as the effect's failure
             # (result_not_serializable), so read back from the record.

@@ -16,6 +16,7 @@ from agent_ledger.codes import ErrorCode
 from agent_ledger.effects import TryFailure
 from agent_ledger.errors import (
     ApprovalPendingError,
+    BudgetExceededError,
     EffectDeniedError,
     EffectFailedError,
     EffectPayloadMismatchError,
@@ -27,9 +28,12 @@ from agent_ledger.tools import CallOutcome
 
 __all__ = [
     "answer_failure",
+    "budget_text",
     "earlier_turn_text",
+    "failure_text",
     "first_raised",
     "for_model",
+    "may_have_run",
     "outcome_text",
     "raised_as",
     "retryable_text",
@@ -57,7 +61,7 @@ def for_model(error: BaseException) -> str | None:
     if isinstance(error, EffectDeniedError):
         because = f" ({error.reason})" if error.reason else ""
         ref = _ref(error.effect.idem_key)
-        if error.status is EffectStatus.CANCELED and _may_have_run(error):
+        if error.status is EffectStatus.CANCELED and may_have_run(error):
             # Cut off while a handler ran (ErrorCode.RUN_CANCELLED), or a
             # person's cancel() (ErrorCode.CANCELED) of an effect a handler
             # had started: nobody knows whether the side effect happened.
@@ -117,7 +121,7 @@ def _code(error: EffectDeniedError) -> str | None:
     return error.effect.error.code if error.effect.error is not None else None
 
 
-def _may_have_run(error: EffectDeniedError) -> bool:
+def may_have_run(error: EffectDeniedError) -> bool:
     """Whether a canceled effect's handler may have run: the engine recorded a
     cancellation mid-run, or a handler had been started before a person canceled it."""
     return _code(error) == ErrorCode.RUN_CANCELLED or error.effect.executions > 0
@@ -201,6 +205,37 @@ def _class_code(cls: type[BaseException]) -> str | None:
     except Exception:
         return None
     return code if isinstance(code, str) else None
+
+
+def budget_text(error: BudgetExceededError) -> str:
+    """What a model reads for a call its workflow's budget refused: nothing ran, and why.
+
+    For an adapter whose application chose to tell the model (the MCP
+    server's client is one: it has no other way to learn it).
+    """
+    which = ", ".join(error.units) if error.units else "its limits"
+    return (
+        f"This call was refused before it ran: workflow {error.workflow_id!r} has no budget "
+        f"left for it ({which}). Nothing ran, and calling again will be refused the same way "
+        "until a person raises the budget."
+    )
+
+
+def failure_text(error: EffectFailedError, *, show_message: bool = True) -> str:
+    """What a model reads for a call recorded as failed, on the first call and every replay.
+
+    Says that it failed, the error code, the receipt, and that calling
+    again with the same arguments gives the same answer (a recorded failure
+    is final). ``show_message=False`` leaves the exception's own text out
+    (an MCP server keeps a crash's text private).
+    """
+    code, message = first_raised(error)
+    detail = f": {message}" if show_message and message else ""
+    return (
+        f"This call failed ({code or 'error'}{detail}; effect {_ref(error.effect.idem_key)}). "
+        "The failure is recorded, and calling again with the same arguments gives this "
+        "answer without running it."
+    )
 
 
 # -- answered from an earlier turn, and failures the model may retry ----------------

@@ -14,10 +14,12 @@ result that is not a string is sent as JSON. Errors the model can fix
 cannot keep, such as integers beyond 64 bits or NaN, the tool's own
 exception or a result that is not JSON, a payload mismatch) come back as
 ``tool_result`` blocks with ``is_error: true``; a recorded failure reads
-the same on the first call and every replay. A denial
-(``EffectDeniedError``), a pending approval with ``wait_for_approval=False``
-(``ApprovalPendingError``) and the ledger's own errors are raised, after
-every block has settled.
+the same on the first call and every replay. A denial (a person said no,
+or canceled the call before it ran) is that block's ``tool_result``, with
+``is_error: true``, so the other blocks are answered. An effect canceled
+after it started (``EffectDeniedError``: it may have taken effect), a
+pending approval with ``wait_for_approval=False`` (``ApprovalPendingError``)
+and the ledger's own errors are raised, after every block has settled.
 
 ``run_tool_uses_sync`` does the same for synchronous agent loops, on the
 ledger's own event loop.

@@ -2,7 +2,11 @@
 
 ``add_tools(server, ledger)`` registers every tool of ``ledger.tools`` on an
 ``MCPServer`` (the ``mcp`` SDK's high-level server, called ``FastMCP`` before
-mcp 2); ``add_tool(server, tool)`` one tool, with its own name or title. The
+mcp 2); ``add_tool(server, tool)`` one tool, with its own name or title.
+Each is served under a name model APIs accept (``payments.charge`` as
+``payments_charge``, OpenAI's rule ``^[a-zA-Z0-9_-]{1,64}$``), so a client
+that forwards MCP tools to a model (an Agents SDK agent) can; the receipt
+keeps the ledger name. The
 input schema comes from the function's signature (``effect`` left out), and
 every call goes through ``Tool.invoke`` with the request's JSON-RPC id as
 the effect's ``call_id`` (never part of the key).
@@ -33,17 +37,23 @@ What the client reads (``isError`` results, text written for a model):
   after it started, that it may have taken effect), and sending it again
   runs nothing;
 * a payload mismatch, or a wait for another caller that timed out;
+* a call its workflow's budget refused: that nothing ran, and why;
 * the tool's own ``ToolError`` (``mcp.server.mcpserver.exceptions``), the
   SDK's "error for the model", on the first call and on every replay (the
-  last try's, when a retry policy's tries ran out).
+  last try's, when a retry policy's tries ran out);
+* any other exception from the tool: that the call failed, its error code
+  (the exception's ``code`` or class name) and receipt, and that sending it
+  again gives the same answer; the exception's text stays on the server,
+  which logs its traceback once, on the call that failed (a replay logs
+  one line at INFO, no traceback).
 
 The SDK validates arguments into Python objects (an enum member, a
 ``date``, a pydantic model); they are turned back into their JSON before
 the key is made, and the tool receives that JSON, as from every adapter.
 
-Any other exception from the tool is a crash, as the SDK treats one: the
-client reads only "Error executing tool NAME" (first call and replays alike)
-and the server logs it.
+What is the server's to fix (no workflow, a store that is down, a replay
+that went off its recording) is a crash, as the SDK treats one: the client
+reads only "Error executing tool NAME" and the server logs it.
 """
 
 from __future__ import annotations
@@ -67,8 +77,15 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
     ) from exc
 
 from agent_ledger.adapters._common import MalformedToolCall
-from agent_ledger.adapters._messages import answer_failure, for_model
+from agent_ledger.adapters._messages import (
+    budget_text,
+    failure_text,
+    first_raised,
+    for_model,
+    raised_as,
+)
 from agent_ledger.adapters._outcome import call_key, is_tool_failure, recorded_failure
+from agent_ledger.adapters._schema import model_name
 from agent_ledger.adapters._signature import (
     REQUIRED,
     JsonArguments,
@@ -78,7 +95,11 @@ from agent_ledger.adapters._signature import (
     refuse_names,
     return_annotation,
 )
-from agent_ledger.errors import EffectFailedError, EffectLedgerValidationError
+from agent_ledger.errors import (
+    BudgetExceededError,
+    EffectFailedError,
+    EffectLedgerValidationError,
+)
 from agent_ledger.ledger import EffectLedger
 from agent_ledger.options import RunOptions
 from agent_ledger.tools import Tool, workflow_scope
@@ -113,15 +134,23 @@ def add_tools(
     server already has a tool under.
     """
     found = list(tools.tools.values()) if isinstance(tools, EffectLedger) else list(tools)
-    names: set[str] = set()
+    names: dict[str, Tool[Any]] = {}
     for tool in found:
         _check_tool(tool)
-        _check_name(server, tool.name)
-        if tool.name in names:
+        mcp_name = model_name(tool)
+        _check_name(server, mcp_name)
+        other = names.setdefault(mcp_name, tool)
+        if other is tool and sum(t is tool for t in found) == 1:
+            continue
+        if other.name == tool.name:
             raise EffectLedgerValidationError(
                 f"tool {tool.name!r} is given twice; nothing was registered", field="tools"
             )
-        names.add(tool.name)
+        raise EffectLedgerValidationError(
+            f"tools {other.name!r} and {tool.name!r} would both be called {mcp_name!r}; "
+            "nothing was registered. Register them one by one with add_tool(name=...)",
+            field="tools",
+        )
     for tool in found:
         add_tool(
             server,
@@ -145,8 +174,12 @@ def add_tool(
 ) -> None:
     """Register one ledger tool on ``server``; its ``tools/call`` requests run through the ledger.
 
-    ``name`` defaults to the ledger tool's name (MCP allows dots),
-    ``description`` to the function's docstring. A name the server already
+    ``name`` defaults to the ledger tool's name as model APIs take it
+    (``payments.charge`` is served as ``payments_charge``: MCP allows dots,
+    but OpenAI's tool names, ``^[a-zA-Z0-9_-]{1,64}$``, do not, and an
+    Agents SDK agent forwards MCP tools under their MCP names); the receipt
+    keeps the ledger name. Pass ``name=tool.name`` to serve the dotted name.
+    ``description`` defaults to the function's docstring. A name the server already
     has a tool under is refused (``EffectLedgerValidationError``; nothing
     is registered): the SDK would keep the other tool, and calls would not
     go through the ledger. ``annotations`` are
@@ -180,7 +213,7 @@ def add_tool(
             field="workflow_id",
         )
     refuse_names(tool, "MCP")
-    mcp_name = tool.name if name is None else name
+    mcp_name = model_name(tool) if name is None else name
     fn = _function_for(tool, workflow_id, wait_for_approval)
     _check_name(server, mcp_name)
     server.add_tool(
@@ -321,9 +354,12 @@ async def _answer(
     The tool's own exception (a ledger error of a tool call inside it
     included, see ``_outcome``) is answered from the effect's recorded
     failure, as every replay is: its message when it was a ``ToolError``,
-    else a crash. This call's own ledger outcomes are told in a model's
-    terms (``for_model``); anything else (no workflow, a store that is
-    down) is the server's error.
+    else that the call failed, with the error code and the receipt but not
+    the exception's text (a crash's text stays on the server, which logs
+    its traceback once, on the call that crashed). This call's own ledger
+    outcomes are told in a model's terms (``for_model``, a budget refusal
+    too); anything else (no workflow, a store that is down, a replay that
+    went off its recording) is the server's error.
     """
     try:
         key: str | None = here.run(call_key, tool, values)
@@ -331,11 +367,30 @@ async def _answer(
         key = None
     if await is_tool_failure(tool.ledger, key, error):
         failure = None if key is None else await recorded_failure(tool.ledger, key)
-        return answer_failure(failure, error, ToolError, ToolError)
+        if failure is not None and not raised_as(failure, ToolError):
+            _log.error(
+                "tool %r failed; its failure is recorded (effect %s…)",
+                tool.name,
+                failure.effect.idem_key[:12],
+                exc_info=error,
+            )
+        return _failure_answer(failure, error)
     if isinstance(error, EffectFailedError):  # a replay of this call's failure
-        return answer_failure(error, error, ToolError, ToolError)
+        return _failure_answer(error, error)
+    if isinstance(error, BudgetExceededError):
+        return ToolError(budget_text(error))
     text = for_model(error)
     return error if text is None else ToolError(text)
+
+
+def _failure_answer(failure: EffectFailedError | None, error: Exception) -> Exception:
+    """A recorded failure as the client reads it: a ``ToolError``'s own message, or
+    ``failure_text`` without the exception's text. No record: ``error`` as it is."""
+    if failure is None:
+        return error
+    if raised_as(failure, ToolError):
+        return ToolError(first_raised(failure)[1])
+    return ToolError(failure_text(failure, show_message=False))
 
 
 async def _outlive_request(run: asyncio.Task[Any], name: str, call_id: str | None) -> Any:

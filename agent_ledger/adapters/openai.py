@@ -17,9 +17,11 @@ unknown tool, arguments that do not fit or that the ledger cannot keep,
 such as integers beyond 64 bits, the tool's own exception or a result that
 is not JSON, a payload mismatch) come back as results starting with
 ``Error:``; a recorded failure reads the same on the first call and every
-replay. A denial (``EffectDeniedError``), a pending approval with
-``wait_for_approval=False`` (``ApprovalPendingError``) and the ledger's own
-errors are raised, after every call of the turn has settled.
+replay. A denial (a person said no, or canceled the call before it ran) is
+that call's result too, so the turn's other calls are answered. An effect
+canceled after it started (``EffectDeniedError``: it may have taken effect),
+a pending approval with ``wait_for_approval=False`` (``ApprovalPendingError``)
+and the ledger's own errors are raised, after every call of the turn has settled.
 
 ``run_tool_calls_sync`` and ``run_function_calls_sync`` do the same for
 synchronous agent loops, on the ledger's own event loop.

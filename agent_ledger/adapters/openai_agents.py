@@ -21,9 +21,11 @@ SDK's human-in-the-loop flow is how a run pauses for it:
   without asking the adapter, for a tool with an approval policy) has no
   effect and never will: ``sync_decisions`` and ``reject`` reject it in the
   run state with what is wrong, which the model reads on resuming;
-* only the ledger's decision lets a call run: a call approved in the
-  ``RunState`` alone (``state.approve(item)``) raises when the run resumes,
-  and nothing runs. Client-held run state cannot approve a side effect.
+* the SDK's own ``state.approve(item)`` / ``state.reject(item)`` decide on
+  the ledger too, as ``decided_by`` (default ``RUN_STATE``): an approved
+  call's effect is approved when the run resumes and runs once; a rejected
+  one (the SDK answers it without invoking the tool) is denied before the
+  next model turn, when the SDK asks the tool whether it is enabled.
 
 What the model sees (the invocation's result, as the SDK sends it on):
 
@@ -34,12 +36,20 @@ What the model sees (the invocation's result, as the SDK sends it on):
   bits, a number beyond a float): what is wrong (``MalformedToolCall``),
   with or without an approval policy; nothing is stored, nothing pauses;
 * a denied or canceled effect: that a person denied it, and why; it never runs;
-* the tool's own failure (its exception, a replayed failure, a wait for
-  another worker that timed out): ``failure_error_function``, as the SDK's
-  ``function_tool`` does (by default the SDK's generic message; ``None``
-  raises instead);
+* the tool's own failure (its exception, a replayed failure):
+  ``failure_error_function`` if the application gave one (``None`` raises
+  instead); with the SDK's default, a retryable failure reads that it may
+  be retried, a final one that it failed and that sending it again gives
+  the same answer;
+* a budget refusal, a replay off its recording and a call canceled while
+  it ran raise out of ``Runner.run`` as the ledger's exceptions themselves
+  (``tell_model=True``: the model reads them instead);
 * everything that is the application's to fix (no workflow around the run,
   a store that is down, a result that is not JSON) raises: the run stops.
+
+Scope: ``"turn"`` by default, the turn being the run's input (a digest of
+``turn_input``), unless the application gives one with
+``ledger.workflow(id, turn=...)``. ``LedgerModel`` records the model's calls.
 
 The workflow a call belongs to is the ``ledger.workflow(...)`` around
 ``Runner.run`` (tasks the SDK starts inherit it) or the tool's own.
@@ -47,24 +57,38 @@ The workflow a call belongs to is the ``ledger.workflow(...)`` around
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
 
 try:
     from agents import (
+        AgentsException,
         FunctionTool,
+        ItemHelpers,
+        Model,
+        ModelProvider,
+        ModelResponse,
+        ModelSettings,
+        ModelTracing,
         RunContextWrapper,
         RunState,
         ToolApprovalItem,
         default_tool_error_function,
     )
+    from agents import Usage as SdkUsage
+    from agents.agent import AgentBase
+    from agents.agent_output import AgentOutputSchemaBase
     from agents.function_schema import function_schema
+    from agents.handoffs import Handoff
+    from agents.items import TResponseInputItem, TResponseOutputItem, TResponseStreamEvent
     from agents.tool import Tool as AgentTool
     from agents.tool_context import ToolContext
-    from pydantic import BaseModel, ValidationError
+    from pydantic import BaseModel, TypeAdapter, ValidationError
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     raise ImportError(
         "agent_ledger.adapters.openai_agents needs the OpenAI Agents SDK: "
@@ -74,41 +98,72 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess
 import orjson
 
 from agent_ledger.adapters._common import MalformedToolCall, parse_arguments
-from agent_ledger.adapters._outcome import is_tool_failure
+from agent_ledger.adapters._messages import (
+    budget_text,
+    failure_text,
+    for_model,
+    may_have_run,
+    outcome_text,
+    retryable_text,
+)
+from agent_ledger.adapters._outcome import recorded_failure
 from agent_ledger.adapters._schema import chosen_tools
 from agent_ledger.adapters._signature import arguments, description, refuse_names
+from agent_ledger.calls import check_scope
+from agent_ledger.context import current_turn, current_workflow
+from agent_ledger.effects import JSONValue
+from agent_ledger.effects import Usage as LedgerUsage
 from agent_ledger.errors import (
     ApprovalPendingError,
+    BudgetExceededError,
     EffectDeniedError,
+    EffectFailedError,
     EffectInFlightError,
     EffectLedgerInvariantError,
     EffectLedgerValidationError,
     EffectPayloadMismatchError,
     EffectStoreError,
+    UnrecordedEffectError,
 )
 from agent_ledger.keys import canonical_json
 from agent_ledger.options import RunOptions
 from agent_ledger.status import EffectStatus
-from agent_ledger.tools import EFFECT_PARAMETER, Tool
+from agent_ledger.tools import EFFECT_PARAMETER, CallOutcome, LLMResult, Tool
+from agent_ledger.tools._llm import Pricing
+from agent_ledger.tools._workflow import WorkflowScope
 
 if TYPE_CHECKING:
-    from agent_ledger.calls import ToolCall
+    from agent_ledger.calls import Scope, ToolCall
     from agent_ledger.effects import Effect
     from agent_ledger.ledger import EffectLedger
 
 __all__ = [
+    "RUN_STATE",
+    "DecidedBy",
     "ErrorFunction",
     "LedgerFunctionTool",
+    "LedgerModel",
+    "LedgerModelProvider",
     "approve",
     "as_function_tool",
     "as_function_tools",
     "reject",
+    "run_turn",
     "sync_decisions",
 ]
 
 #: What turns a tool's own failure into the text the model reads: the SDK's
 #: ``failure_error_function`` (sync or async).
 ErrorFunction: TypeAlias = Callable[[RunContextWrapper[Any], Exception], str | Awaitable[str]]
+
+#: Who decided, for a decision made in the SDK's run state (``state.approve(item)``,
+#: ``state.reject(item)``): a name, or a function of the run context (your
+#: context object may know the person).
+DecidedBy: TypeAlias = str | Callable[[RunContextWrapper[Any]], str]
+
+#: ``decided_by`` when the application names nobody: the SDK does not say who
+#: called ``state.approve``/``state.reject``, so the receipt says where it was decided.
+RUN_STATE: Final = "openai-agents run state"
 
 #: An invocation never blocks on a person: the SDK pauses the run instead.
 _NO_WAIT: Final = RunOptions(wait_for_approval=False)
@@ -140,6 +195,9 @@ def as_function_tool(
     description: str | None = None,
     strict_mode: bool = True,
     failure_error_function: ErrorFunction | None = default_tool_error_function,
+    decided_by: DecidedBy = RUN_STATE,
+    tell_model: bool = False,
+    default_scope: Scope = "turn",
 ) -> LedgerFunctionTool:
     """The Agents SDK ``FunctionTool`` for a ledger tool.
 
@@ -149,8 +207,17 @@ def as_function_tool(
     sections also describe the parameters. ``strict_mode`` is the SDK's
     (every parameter required, no others). ``failure_error_function`` turns
     the tool's own failures into the model's text, as in the SDK's
-    ``function_tool``; ``None`` lets them raise. See the module doc for the
-    rest of what the model sees and for approvals.
+    ``function_tool``; ``None`` lets them raise. With the SDK's default
+    function, a failure the tool declared retryable reads as the SDK's
+    "please try again", and a final one (sending it again replays it) as the
+    ledger's words: that it failed, with the error and the receipt.
+    ``decided_by`` names who decided on the ledger when a call is approved or
+    rejected in the SDK's run state (``state.approve(item)``,
+    ``state.reject(item)``): a name, or a function of the run context.
+    ``tell_model=True`` hands budget refusals, replay divergences and calls
+    canceled while they ran to the model as the call's result, instead of
+    raising them out of ``Runner.run``. See the module doc for the rest of
+    what the model sees and for approvals.
     """
     if not isinstance(tool, Tool):
         raise EffectLedgerValidationError(
@@ -165,6 +232,11 @@ def as_function_tool(
             f"tool {tool.name!r}: {sdk_name!r} is not a name the OpenAI API accepts "
             "(1 to 64 letters, digits, '_' or '-'); pass name=...",
             field="name",
+        )
+    if not isinstance(decided_by, str) and not callable(decided_by):
+        raise EffectLedgerValidationError(
+            f"decided_by must be a name or a function of the run context, got {decided_by!r}",
+            field="decided_by",
         )
     if failure_error_function is not None and not callable(failure_error_function):
         raise EffectLedgerValidationError(
@@ -183,7 +255,15 @@ def as_function_tool(
             "tool's parameters are the call's arguments (its key), so it cannot take one",
             field="fn",
         )
-    calls = _Calls(tool, sdk_name, schema.params_pydantic_model, failure_error_function)
+    calls = _Calls(
+        tool,
+        sdk_name,
+        schema.params_pydantic_model,
+        failure_error_function,
+        decided_by=decided_by,
+        tell_model=tell_model,
+        default_scope=check_scope(default_scope, "default_scope"),
+    )
     return LedgerFunctionTool(
         name=sdk_name,
         description=schema.description or "",
@@ -194,6 +274,9 @@ def as_function_tool(
         # closed (pauses) on arguments it cannot parse, which would stop runs
         # of tools that never need anyone.
         needs_approval=False if calls.policy is False else calls.needs_approval,
+        # Asked by the SDK before each model turn, with the run context: where a
+        # rejection made in the run state alone (state.reject) reaches the ledger.
+        is_enabled=True if calls.policy is False else calls.mirror_rejections,
         ledger_tool=tool,
         _calls=calls,
     )
@@ -205,6 +288,9 @@ def as_function_tools(
     *,
     strict_mode: bool = True,
     failure_error_function: ErrorFunction | None = default_tool_error_function,
+    decided_by: DecidedBy = RUN_STATE,
+    tell_model: bool = False,
+    default_scope: Scope = "turn",
 ) -> list[AgentTool]:
     """``as_function_tool`` for every tool of ``ledger`` (in registration order), or those named.
 
@@ -214,7 +300,14 @@ def as_function_tools(
     each item is a ``LedgerFunctionTool``.
     """
     converted = [
-        as_function_tool(t, strict_mode=strict_mode, failure_error_function=failure_error_function)
+        as_function_tool(
+            t,
+            strict_mode=strict_mode,
+            failure_error_function=failure_error_function,
+            decided_by=decided_by,
+            tell_model=tell_model,
+            default_scope=default_scope,
+        )
         for t in chosen_tools(ledger, tools)
     ]
     seen: dict[str, str] = {}
@@ -257,19 +350,21 @@ class _Calls:
         sdk_name: str,
         params_model: type[BaseModel],
         on_error: ErrorFunction | None,
+        *,
+        decided_by: DecidedBy = RUN_STATE,
+        tell_model: bool = False,
+        default_scope: Scope = "turn",
     ) -> None:
         self.tool = tool
+        self._decided_by = decided_by
+        self._tell_model = tell_model
         self.ledger = tool.ledger
         self.sdk_name = sdk_name
         self._params = params_model
         self._on_error = on_error
         # Fixed when the tool and its ledger were made, so asked once.
         self.policy = tool.approval_policy
-        self._positional_only = tuple(
-            p.name
-            for p in tool.signature.parameters.values()
-            if p.kind is inspect.Parameter.POSITIONAL_ONLY
-        )
+        self.default_scope: Scope = default_scope
 
     def arguments(self, raw: str | Mapping[str, Any] | None) -> dict[str, object]:
         """The call's arguments bound as the ledger keys them.
@@ -302,13 +397,22 @@ class _Calls:
         except EffectLedgerValidationError as exc:
             raise MalformedToolCall(str(exc), tool=self.sdk_name) from None
 
-    def tool_call(self, values: dict[str, object]) -> ToolCall:
-        """The ledger call, in the current workflow (raises outside one)."""
-        if not self._positional_only:
-            return self.tool.tool_call(**values)
-        leading = [values[n] for n in self._positional_only]
-        rest = {k: v for k, v in values.items() if k not in self._positional_only}
-        return self.tool.tool_call(*leading, **rest)
+    def tool_call(self, values: dict[str, object], call_id: str | None = None) -> ToolCall:
+        """The ledger call, in the current workflow and turn (raises outside a workflow)."""
+        return self.tool.call_for(values, call_id=call_id, default_scope=self.default_scope)
+
+    def turn(self, ctx: RunContextWrapper[Any] | None) -> AbstractContextManager[object]:
+        """The run's turn around a call: the run's input, unless the application gave
+        one (``ledger.workflow(id, turn=...)``) or there is no workflow (the call raises)."""
+        return self.turn_of(None if ctx is None else ctx.turn_input)
+
+    def turn_of(self, items: object) -> AbstractContextManager[object]:
+        """``turn`` for a run whose input is ``items``."""
+        workflow = self.tool.workflow_id or current_workflow()
+        if workflow is None or current_turn(workflow) is not None:
+            return nullcontext()
+        turn = run_turn(items)
+        return nullcontext() if turn is None else WorkflowScope(workflow, turn=turn)
 
     async def needs_approval(
         self, ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str
@@ -324,7 +428,8 @@ class _Calls:
         """
         try:
             values = self.arguments(params)
-            call = self.tool_call(values)
+            with self.turn(ctx):
+                call = self.tool_call(values, call_id)
             key = self.ledger.idem_key(call)
         except EffectLedgerValidationError:
             # Malformed, or no workflow: the invocation says so (or raises),
@@ -336,12 +441,17 @@ class _Calls:
         policy = self.policy
         if policy is False or (policy is not True and not policy(call)):
             return False
-        return await self.park(values, call_id)
+        return await self.park(ctx, values, call_id)
 
-    async def park(self, values: dict[str, object], call_id: str | None) -> bool:
+    async def park(
+        self, ctx: RunContextWrapper[Any] | None, values: dict[str, object], call_id: str | None
+    ) -> bool:
         """Create the effect waiting for a person; True if it waits (it normally does)."""
         try:
-            await self.tool.invoke(values, call_id=call_id, run_options=_PARK)
+            with self.turn(ctx):
+                await self.tool.invoke(
+                    values, call_id=call_id, run_options=_PARK, default_scope=self.default_scope
+                )
         except ApprovalPendingError:
             return True
         except Exception:
@@ -352,56 +462,147 @@ class _Calls:
         return False
 
     async def invoke(self, ctx: ToolContext[Any], raw: str) -> object:
-        """The SDK's ``on_invoke_tool``: one ``Tool.invoke``, answered in the model's terms."""
+        """The SDK's ``on_invoke_tool``: one ledger call, answered in the model's terms."""
         try:
             values = self.arguments(raw)
         except MalformedToolCall as exc:
             return str(exc)
+        with self.turn(ctx):
+            try:
+                outcome = await self._run(ctx, values)
+            except Exception as exc:
+                return await self._own_outcome(ctx, exc, values)
+        return await self._answer(ctx, outcome)
+
+    async def _run(self, ctx: ToolContext[Any], values: dict[str, object]) -> CallOutcome[Any]:
+        """The call's outcome; one the run state approved is approved on the ledger first.
+
+        ``state.approve(item)`` is the SDK's human-in-the-loop decision: the
+        effect waiting for it is approved on the ledger (``decided_by``), and
+        the call runs once. A decision already on the ledger stands.
+        """
         try:
-            result = await self.tool.invoke(values, call_id=ctx.tool_call_id, run_options=_NO_WAIT)
-        except Exception as exc:
-            if await is_tool_failure(self.ledger, self._key(values), exc):
-                # The tool's own exception (a ledger error of a tool call inside
-                # it included), recorded as this effect's failure.
-                return await self._failure(ctx, exc)
-            return await self._own_outcome(ctx, exc, values)
-        return (
-            result if isinstance(result, str) else canonical_json(result, field="result").decode()
+            return await self._outcome(ctx, values)
+        except ApprovalPendingError as pending:
+            if ctx.is_tool_approved(ctx.tool_name, ctx.tool_call_id) is not True:
+                raise
+            await self.ledger.approve(
+                pending.idem_key, by=self.decider(ctx), note="approved in the Agents SDK run state"
+            )
+        return await self._outcome(ctx, values)
+
+    async def _outcome(self, ctx: ToolContext[Any], values: dict[str, object]) -> CallOutcome[Any]:
+        return await self.tool.call_outcome(
+            values,
+            call_id=ctx.tool_call_id,
+            run_options=_NO_WAIT,
+            default_scope=self.default_scope,
         )
 
-    def _key(self, values: dict[str, object]) -> str | None:
-        """The call's key, None if it has none (no workflow: the run raised about that)."""
-        try:
-            return self.ledger.idem_key(self.tool_call(dict(values)))
-        except EffectLedgerValidationError:
-            return None
+    async def _answer(self, ctx: ToolContext[Any], outcome: CallOutcome[Any]) -> str:
+        """What the model reads for the call's outcome: its result (or that it was done
+        in an earlier turn), or its failure.
 
-    async def _failure(self, ctx: ToolContext[Any], exc: Exception) -> str:
-        """The tool's failure as ``failure_error_function`` words it (``None``: raised)."""
+        A failure goes to ``failure_error_function`` if the application gave
+        one (``None``: raised). With the SDK's default one, a retryable
+        failure reads that it may be retried, a final one that it failed,
+        with the error and the receipt, and that sending it again gives the
+        same answer: never "please try again" for a call that will not run.
+        """
+        error = outcome.error
+        if error is None:
+            result = outcome.result
+            text = (
+                result
+                if isinstance(result, str)
+                else canonical_json(result, field="result").decode()
+            )
+            return outcome_text(outcome, text) or text
         if self._on_error is None:
-            raise exc
-        message = self._on_error(ctx, exc)
+            raise error
+        if self._on_error is default_tool_error_function:
+            if outcome.retryable:
+                return retryable_text(error, outcome.idem_key)
+            failure = (
+                error
+                if isinstance(error, EffectFailedError)
+                else await recorded_failure(self.ledger, outcome.idem_key)
+            )
+            if failure is not None:
+                return failure_text(failure)
+            timed_out = for_model(error)  # a handler past its deadline
+            if timed_out is not None:
+                return timed_out
+        if not isinstance(error, Exception):
+            raise error
+        message = self._on_error(ctx, error)
         return await message if inspect.isawaitable(message) else message
+
+    def decider(self, ctx: RunContextWrapper[Any]) -> str:
+        """Who decided in the run state, as the receipt records it."""
+        if isinstance(self._decided_by, str):
+            return self._decided_by
+        who = self._decided_by(ctx)
+        if not isinstance(who, str) or not who:
+            raise EffectLedgerValidationError(
+                f"decided_by(context) must return a non-empty name, got {who!r}",
+                field="decided_by",
+            )
+        return who
+
+    async def mirror_rejections(self, ctx: RunContextWrapper[Any], agent: AgentBase) -> bool:
+        """The SDK's ``is_enabled``: always True, after denying on the ledger what the run
+        state rejected.
+
+        The SDK answers a call rejected with ``state.reject(item)`` itself,
+        without invoking the tool; before the next model turn it asks each
+        tool whether it is enabled, with the run context. Each effect of
+        this tool waiting for a person in the run's workflow whose call id
+        the run state rejected is denied here (``decided_by``, and the
+        rejection message as the reason), so none is left pending.
+        """
+        workflow = self.tool.workflow_id or current_workflow()
+        if workflow is None:
+            return True
+        waiting = await self.ledger.list_effects(
+            workflow_id=workflow, tool=self.tool.name, status=EffectStatus.REQUIRES_APPROVAL
+        )
+        for effect in waiting.effects:
+            call_id = effect.call_id
+            if call_id is None or ctx.is_tool_approved(self.sdk_name, call_id) is not False:
+                continue
+            reason = ctx.get_rejection_message(self.sdk_name, call_id)
+            await self.ledger.deny(
+                effect.idem_key,
+                reason=reason or "rejected in the Agents SDK run state",
+                by=self.decider(ctx),
+            )
+        return True
+
+    def _for_app(self, exc: Exception) -> str:
+        """A ledger outcome the application must see: raised out of ``Runner.run`` as
+        itself, or (``tell_model=True``) the model's text."""
+        if not self._tell_model:
+            raise _through_sdk(exc) from exc.__cause__
+        if isinstance(exc, BudgetExceededError):
+            return budget_text(exc)
+        if isinstance(exc, EffectDeniedError):
+            return _decision_text(exc.effect)
+        return str(exc)
 
     async def _own_outcome(
         self, ctx: ToolContext[Any], exc: Exception, values: dict[str, object]
     ) -> str:
         """What the model reads for this call's own ledger outcome; raises what is the app's."""
+        if isinstance(exc, (BudgetExceededError, UnrecordedEffectError)):
+            return self._for_app(exc)
         if isinstance(exc, EffectDeniedError):
+            if exc.status is EffectStatus.CANCELED and may_have_run(exc):
+                return self._for_app(exc)
             return _decision_text(exc.effect)
         if isinstance(exc, EffectPayloadMismatchError):
             return self._mismatch_text(exc, values)
         if isinstance(exc, ApprovalPendingError):
-            if ctx.is_tool_approved(ctx.tool_name, ctx.tool_call_id):
-                raise EffectLedgerValidationError(
-                    f"tool call {ctx.tool_call_id!r} ({self.sdk_name}) was approved in the "
-                    f"RunState only; on the ledger effect {exc.idem_key[:12]}… still waits for "
-                    "a person, so nothing ran. Approve with agent_ledger.adapters."
-                    "openai_agents.approve(state, item, by=...), which records the decision "
-                    "on the ledger, or approve the effect on the ledger and call "
-                    "sync_decisions(state) before resuming.",
-                    field="approval",
-                ) from exc
             # Put back to wait after the SDK asked (request_approval, a race):
             # the run goes on without it.
             return (
@@ -414,9 +615,11 @@ class _Calls:
             return str(exc)  # the arguments, e.g. too large: the model's to fix
         if isinstance(exc, (EffectStoreError, EffectInFlightError, EffectLedgerInvariantError)):
             raise exc
-        # A replayed failure (EffectFailedError), or the wait for another
-        # worker timing out: the tool's failure, as far as the model goes.
-        return await self._failure(ctx, exc)
+        # The wait for another worker timing out: the model may call again later.
+        text = for_model(exc)
+        if text is None:
+            raise exc
+        return text
 
     def _mismatch_text(self, exc: EffectPayloadMismatchError, values: dict[str, object]) -> str:
         keys = self.tool.idempotency_keys or ()
@@ -448,6 +651,63 @@ def _keyable_json(values: dict[str, object], tool: str) -> bytes:
         ) from None
 
 
+def _input_items(original: object) -> object:
+    """A run's input as the list of items ``turn_input`` holds (a string is one message)."""
+    if original is None:
+        return None
+    try:
+        return ItemHelpers.input_to_new_input_list(cast(Any, original))
+    except Exception:
+        return None
+
+
+def run_turn(items: object) -> str | None:
+    """The turn of a run whose input is ``items`` (``RunContextWrapper.turn_input``).
+
+    One run of the agent (and its resumptions after an interruption, which
+    keep its input) is one turn: a digest of its input, history included,
+    so the next user message starts another. None for an empty or
+    unreadable input (no turn: a ``scope="turn"`` call then raises).
+    """
+    if not items:
+        return None
+    try:
+        from pydantic_core import to_jsonable_python
+
+        text = orjson.dumps(to_jsonable_python(items), option=orjson.OPT_SORT_KEYS)
+    except Exception:
+        return None
+    return "agents-run-" + hashlib.sha256(text).hexdigest()[:32]
+
+
+#: Each ledger error class's twin that is also the SDK's ``AgentsException``.
+_THROUGH: dict[type[Exception], type[Exception]] = {}
+
+
+def _through_sdk(error: Exception) -> Exception:
+    """``error`` as an exception the SDK lets out of ``Runner.run`` as it is.
+
+    The SDK wraps whatever a tool raises in its ``UserError``, except its own
+    ``AgentsException``s. The copy's class is a subclass of both ``error``'s
+    and ``AgentsException``, with ``error``'s attributes, so
+    ``except BudgetExceededError`` around ``Runner.run`` catches it.
+    """
+    cls = type(error)
+    twin = _THROUGH.get(cls)
+    if twin is None:
+        twin = cast(
+            "type[Exception]",
+            type(cls.__name__, (cls, AgentsException), {"__module__": cls.__module__}),
+        )
+        twin.__qualname__ = cls.__qualname__
+        _THROUGH[cls] = twin
+    copy = twin.__new__(twin)
+    copy.__dict__.update(error.__dict__)
+    copy.args = error.args
+    cast(Any, copy).run_data = None
+    return copy
+
+
 def _show(values: Mapping[str, object], names: Iterable[str]) -> str:
     return ", ".join(f"{n}={orjson.dumps(values.get(n)).decode()}" for n in names)
 
@@ -467,22 +727,28 @@ def _decision_text(effect: Effect) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Found:
-    """An interruption's ledger call: its converted tool and effect key."""
+    """An interruption's ledger call: its converted tool, arguments, effect key, and the
+    run context it was made in (its turn)."""
 
     calls: _Calls
     values: dict[str, object]
     key: str
+    context: RunContextWrapper[Any] | None
+    items: object
 
 
-def _ledger_call(item: ToolApprovalItem) -> _Found | MalformedToolCall | None:
+async def _ledger_call(
+    state: RunState[Any, Any], item: ToolApprovalItem
+) -> _Found | MalformedToolCall | None:
     """The ledger call behind an interruption; None for another tool's.
 
     ``MalformedToolCall`` (returned, with the model's message) when its
     arguments make no ledger call: the SDK pauses on arguments it cannot
     parse without asking the adapter, so such an interruption has no effect
-    and never can. The key is made again from the tool, the arguments and
-    the workflow, as the call made it, so call the helpers inside the same
-    ``ledger.workflow()``.
+    and never can. The effect is the one recorded with the interruption's
+    call id in the current workflow; failing that, the key is made again
+    from the tool, the arguments, the workflow and the run's turn, as the
+    call made it. Call the helpers inside the same ``ledger.workflow()``.
     """
     agent = getattr(item, "agent", None)
     converted = next(
@@ -496,23 +762,37 @@ def _ledger_call(item: ToolApprovalItem) -> _Found | MalformedToolCall | None:
     if converted is None:
         return None
     calls = converted._calls
+    # The run's input (its turn) and context: the SDK keeps them on the state
+    # (its input survives to_string/from_string) with no public accessor.
+    context = getattr(state, "_context", None)
+    items = _input_items(getattr(state, "_original_input", None))
+    call_id = item.call_id
     try:
         values = calls.arguments(item.arguments)
-        key = calls.ledger.idem_key(calls.tool_call(values))
+        with calls.turn_of(items):
+            key = calls.ledger.idem_key(calls.tool_call(values, call_id))
     except MalformedToolCall as exc:
         return exc  # nothing stored, nothing to decide
     except EffectLedgerValidationError as exc:
         if exc.field != "args":  # no workflow: the application's
             raise
         return MalformedToolCall(str(exc), tool=calls.sdk_name)  # e.g. too large
-    return _Found(calls, values, key)
+    workflow = calls.tool.workflow_id or current_workflow()
+    if call_id is not None and workflow is not None:
+        page = await calls.ledger.list_effects(
+            workflow_id=workflow, tool=calls.tool.name, call_id=call_id, limit=1
+        )
+        if page.effects:
+            key = page.effects[0].idem_key
+    return _Found(calls, values, key, context, items)
 
 
 async def _effect(found: _Found, call_id: str | None) -> Effect | None:
     """The call's effect, created waiting for a person if the ledger has none yet."""
     effect = await found.calls.ledger.find_by_idem_key(found.key)
     if effect is None:
-        await found.calls.park(found.values, call_id)
+        with found.calls.turn_of(found.items):
+            await found.calls.park(found.context, found.values, call_id)
         effect = await found.calls.ledger.find_by_idem_key(found.key)
     return effect
 
@@ -539,7 +819,7 @@ async def approve(
     not make a call, it only approves in ``state`` and returns None (the
     invocation then tells the model what is wrong with the arguments).
     """
-    found = _ledger_call(item)
+    found = await _ledger_call(state, item)
     if not isinstance(found, _Found):
         state.approve(item)
         return None
@@ -559,7 +839,7 @@ async def reject(
     no ledger call: rejected in ``state`` with what is wrong with them (the
     model's to fix), and None.
     """
-    found = _ledger_call(item)
+    found = await _ledger_call(state, item)
     if found is None:
         state.reject(item)
         return None
@@ -604,9 +884,191 @@ async def sync_decisions(state: RunState[Any, Any]) -> list[ToolApprovalItem]:
     """
     waiting: list[ToolApprovalItem] = []
     for item in state.get_interruptions():
-        found = _ledger_call(item)
+        found = await _ledger_call(state, item)
         if isinstance(found, MalformedToolCall):
             state.reject(item, rejection_message=str(found))
         elif found is None or not _mirror(state, item, await _effect(found, item.call_id)):
             waiting.append(item)
     return waiting
+
+
+# -- model calls -----------------------------------------------------------------------------
+
+
+class LedgerModel(Model):
+    """An Agents SDK ``Model`` whose every call is recorded through ``ledger.llm()``.
+
+    ``Agent(model=LedgerModel(model, ledger, name="gpt-4.1", pricing=...))``,
+    or every agent of a run at once with
+    ``RunConfig(model_provider=LedgerModelProvider(provider, ledger, ...))``.
+    Each ``get_response`` is one model-call effect of the current workflow,
+    keyed by what the model is sent (instructions, input, settings, tool
+    and handoff names and schemas, output schema), with its token usage and
+    price (``pricing(provider, model, usage)``):
+
+    * under ``ledger.workflow(id, budget=Budget(usd=...))`` the call reserves
+      ``estimate`` first and is refused (``BudgetExceededError``, out of
+      ``Runner.run``) before the wrapped model is called;
+    * the same request again (a resumed run, a replay with
+      ``ledger.replay(...)``) is answered from the receipt: the wrapped
+      model is not called.
+
+    Streaming (``Runner.run_streamed``) is not recorded: it raises, naming
+    ``Runner.run``.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        ledger: EffectLedger,
+        *,
+        name: str,
+        provider: str = "openai",
+        pricing: Pricing | None = None,
+        estimate: LedgerUsage | None = None,
+    ) -> None:
+        if not isinstance(model, Model):
+            raise EffectLedgerValidationError(
+                f"LedgerModel wraps an Agents SDK Model, got {model!r}", field="model"
+            )
+        self.model = model
+        self.ledger = ledger
+        self.name = name
+        self.provider = provider
+        self.pricing = pricing
+        self.estimate = estimate
+
+    async def get_response(
+        self,
+        system_instructions: str | None,
+        input: str | list[TResponseInputItem],
+        model_settings: ModelSettings,
+        tools: list[AgentTool],
+        output_schema: AgentOutputSchemaBase | None,
+        handoffs: list[Handoff[Any, Any]],
+        tracing: ModelTracing,
+        **kwargs: Any,
+    ) -> ModelResponse:
+        """The wrapped model's response, through the ledger (see the class doc)."""
+        request = _jsonable(
+            {
+                "instructions": system_instructions,
+                "input": input,
+                "settings": model_settings.to_json_dict(),
+                "tools": [[t.name, getattr(t, "params_json_schema", None)] for t in tools],
+                "handoffs": [[h.tool_name, h.input_json_schema] for h in handoffs],
+                "output": None
+                if output_schema is None or output_schema.is_plain_text()
+                else output_schema.json_schema(),
+                **{k: v for k, v in kwargs.items() if v is not None},
+            }
+        )
+
+        async def call(_: object) -> ModelResponse:
+            return await self.model.get_response(
+                system_instructions,
+                input,
+                model_settings,
+                tools,
+                output_schema,
+                handoffs,
+                tracing,
+                **kwargs,
+            )
+
+        reply = await self.ledger.llm(
+            call,
+            provider=self.provider,
+            model=self.name,
+            request=cast("JSONValue", request),
+            read=_model_result,
+            pricing=self.pricing,
+            estimate=self.estimate,
+        )
+        return _model_response(reply.response)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[TResponseStreamEvent]:
+        """Not recorded: raises. Use ``Runner.run``, whose calls are."""
+        raise EffectLedgerValidationError(
+            "LedgerModel records whole responses; a streamed run (Runner.run_streamed) is not "
+            "recorded. Use Runner.run, or stream with the unwrapped model (its calls then "
+            "have no receipt and no budget).",
+            field="model",
+        )
+
+
+class LedgerModelProvider(ModelProvider):
+    """A ``ModelProvider`` whose models are ``LedgerModel``s: every agent of the run
+    (``RunConfig(model_provider=...)``) has its model calls recorded."""
+
+    def __init__(
+        self,
+        provider: ModelProvider,
+        ledger: EffectLedger,
+        *,
+        provider_name: str = "openai",
+        pricing: Pricing | None = None,
+        estimate: LedgerUsage | None = None,
+    ) -> None:
+        self.provider = provider
+        self.ledger = ledger
+        self.provider_name = provider_name
+        self.pricing = pricing
+        self.estimate = estimate
+
+    def get_model(self, model_name: str | None) -> Model:
+        return LedgerModel(
+            self.provider.get_model(model_name),
+            self.ledger,
+            name=model_name or "default",
+            provider=self.provider_name,
+            pricing=self.pricing,
+            estimate=self.estimate,
+        )
+
+
+def _jsonable(value: object) -> object:
+    """``value`` as plain JSON values (pydantic models and TypedDicts alike)."""
+    from pydantic_core import to_jsonable_python
+
+    return to_jsonable_python(value)
+
+
+_OUTPUT: Final = TypeAdapter(list[TResponseOutputItem])
+
+
+def _model_result(response: ModelResponse) -> LLMResult:
+    """A ``ModelResponse`` as ``ledger.llm()`` records it: its JSON and its usage."""
+    usage = response.usage
+    return LLMResult(
+        response=cast(
+            "JSONValue",
+            {
+                "output": _jsonable(response.output),
+                "usage": {
+                    "requests": usage.requests,
+                    "input_tokens": usage.input_tokens,
+                    "output_tokens": usage.output_tokens,
+                    "total_tokens": usage.total_tokens,
+                },
+                "response_id": response.response_id,
+            },
+        ),
+        usage=LedgerUsage(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens),
+    )
+
+
+def _model_response(recorded: object) -> ModelResponse:
+    """The ``ModelResponse`` a recorded reply stands for (first call and replay alike)."""
+    data = cast("dict[str, Any]", recorded)
+    counts = data.get("usage") or {}
+    return ModelResponse(
+        output=_OUTPUT.validate_python(data.get("output") or []),
+        usage=SdkUsage(
+            requests=counts.get("requests", 0),
+            input_tokens=counts.get("input_tokens", 0),
+            output_tokens=counts.get("output_tokens", 0),
+            total_tokens=counts.get("total_tokens", 0),
+        ),
+        response_id=data.get("response_id"),
+    )

@@ -26,7 +26,6 @@ from anthropic.types import (
 from agent_ledger import (
     ApprovalPendingError,
     Effect,
-    EffectDeniedError,
     EffectLedger,
     EffectLedgerValidationError,
     MemoryStore,
@@ -275,10 +274,13 @@ async def test_pending_approval_raises_then_runs_once_after_approve(harness: Sto
     assert runs == ["t1"] and first == again and first["tool_use_id"] == "toolu_1"
 
 
-async def test_denied_tool_use_sent_again_raises_and_never_runs(harness: StoreHarness) -> None:
+async def test_a_denied_tool_use_is_an_error_result_and_never_runs(
+    harness: StoreHarness,
+) -> None:
+    """Anthropic wants a tool_result for every tool_use: a denial is one, with is_error."""
     ledger = harness.ledger()
     runs: list[str] = []
-    book_tool(ledger, runs, requires_approval=True)
+    book_tool(ledger, runs, requires_approval=lambda call: call.args["trip"] == "t1")
     async with ledger.workflow("conv-1"):
         with pytest.raises(ApprovalPendingError) as pending:
             await run_tool_uses(
@@ -288,11 +290,20 @@ async def test_denied_tool_use_sent_again_raises_and_never_runs(harness: StoreHa
             )
         assert await ledger.deny(pending.value.idem_key, reason="over budget")
         for block_id in ("toolu_1", "toolu_2"):
-            with pytest.raises(EffectDeniedError, match="over budget"):
-                await asyncio.wait_for(
-                    run_tool_uses(ledger, [tool_use(block_id, "travel_book", {"trip": "t1"})]), 10
-                )
-    assert runs == []
+            denied, booked = await asyncio.wait_for(
+                run_tool_uses(
+                    ledger,
+                    [
+                        tool_use(block_id, "travel_book", {"trip": "t1"}),
+                        tool_use("toolu_ok", "travel_book", {"trip": "t2"}),
+                    ],
+                ),
+                10,
+            )
+            assert denied["tool_use_id"] == block_id and denied.get("is_error") is True
+            assert "A person denied this call (over budget)" in str(denied["content"])
+            assert booked["tool_use_id"] == "toolu_ok" and "is_error" not in booked
+    assert runs == ["t2"]
 
 
 class SoldOut(Exception):

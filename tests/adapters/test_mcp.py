@@ -11,12 +11,18 @@ from __future__ import annotations
 import asyncio
 import datetime
 import enum
+import logging
+import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from agents import Agent, Runner, set_tracing_disabled
+from agents.mcp.server import _MCPServerWithClientSession  # the SDK's client, in memory
+from agents.testing import ScriptedModel, assistant_message
+from agents.testing import function_call as agents_function_call
 from mcp import Client
 from mcp.client._memory import InMemoryTransport  # the SDK's in-memory transport for tests
 from mcp.server.mcpserver import Context, MCPServer
@@ -34,6 +40,7 @@ from pydantic import BaseModel
 
 from agent_ledger import (
     ApprovalPendingError,
+    Budget,
     Effect,
     EffectDeniedError,
     EffectLedger,
@@ -89,7 +96,7 @@ async def test_tools_list_shows_the_signature_and_idempotent_hint(harness: Store
     server = shop(ledger, [])
     async with Client(server) as client:
         (listed,) = (await client.list_tools()).tools
-    assert listed.name == "payments.charge"
+    assert listed.name == "payments_charge"  # a name model APIs take
     assert listed.description == "Charge an order once."
     assert set(listed.input_schema["properties"]) == {"order_id", "amount", "currency"}
     assert sorted(listed.input_schema["required"]) == ["amount", "order_id"]
@@ -123,7 +130,7 @@ async def test_add_tool_takes_a_name_title_and_annotations(harness: StoreHarness
     async with Client(server) as client:
         listed = {t.name: t for t in (await client.list_tools()).tools}
         assert text(await client.call_tool("add", {"text": "hello"})) == "hello"
-    add, cleared = listed["add"], listed["notes.clear"]
+    add, cleared = listed["add"], listed["notes_clear"]
     assert (add.title, add.description) == ("Add a note", "Adds one note.")
     assert add.annotations == ToolAnnotations(destructive_hint=False, idempotent_hint=True)
     assert cleared.annotations == ToolAnnotations(idempotent_hint=False)
@@ -140,7 +147,7 @@ async def test_five_duplicate_calls_run_once(harness: StoreHarness) -> None:
     server = shop(ledger, runs)
     async with Client(server) as client:
         results = [
-            await client.call_tool("payments.charge", {"order_id": "o42", "amount": 5})
+            await client.call_tool("payments_charge", {"order_id": "o42", "amount": 5})
             for _ in range(5)
         ]
     assert runs == ["o42"]
@@ -186,7 +193,7 @@ async def test_each_response_carries_its_own_request_id(harness: StoreHarness) -
                     jsonrpc="2.0",
                     id=f"call-{i}",
                     method="tools/call",
-                    params={"name": "payments.charge", "arguments": arguments},
+                    params={"name": "payments_charge", "arguments": arguments},
                 )
             )
         responses = [await receive() for _ in range(5)]
@@ -205,7 +212,7 @@ async def test_concurrent_calls_from_one_client_run_once(harness: StoreHarness) 
     async with Client(server) as client:
         results = await asyncio.gather(
             *(
-                client.call_tool("payments.charge", {"order_id": "o2", "amount": 7})
+                client.call_tool("payments_charge", {"order_id": "o2", "amount": 7})
                 for _ in range(5)
             )
         )
@@ -232,7 +239,7 @@ async def test_malformed_arguments_give_an_error_result_and_store_nothing(
     runs: list[str] = []
     server = shop(ledger, runs)
     async with Client(server) as client:
-        result = await client.call_tool("payments.charge", arguments)
+        result = await client.call_tool("payments_charge", arguments)
     assert result.is_error and says in text(result)
     assert runs == []
     assert await harness.raw_count() == 0
@@ -246,11 +253,11 @@ async def test_pending_then_denied_call_runs_nothing(harness: StoreHarness) -> N
     server = shop(ledger, runs)
     big = {"order_id": "o9", "amount": 500}
     async with Client(server) as client:
-        pending = await client.call_tool("payments.charge", big)
+        pending = await client.call_tool("payments_charge", big)
         assert pending.is_error and "waiting for it" in text(pending)
         (effect,) = await ledger.pending_approvals()
         assert await ledger.deny(effect.idem_key, reason="over budget", by="ops")
-        denied = [await client.call_tool("payments.charge", big) for _ in range(2)]
+        denied = [await client.call_tool("payments_charge", big) for _ in range(2)]
     assert all(r.is_error and "denied this call (over budget)" in text(r) for r in denied)
     assert runs == []
     (effect,) = await stored(ledger)
@@ -263,10 +270,10 @@ async def test_approved_call_runs_once_when_sent_again(harness: StoreHarness) ->
     server = shop(ledger, runs)
     big = {"order_id": "o8", "amount": 500}
     async with Client(server) as client:
-        assert (await client.call_tool("payments.charge", big)).is_error
+        assert (await client.call_tool("payments_charge", big)).is_error
         (effect,) = await ledger.pending_approvals()
         assert await ledger.approve(effect.idem_key, by="ops")
-        results = [await client.call_tool("payments.charge", big) for _ in range(2)]
+        results = [await client.call_tool("payments_charge", big) for _ in range(2)]
     assert not any(r.is_error for r in results)
     assert runs == ["o8"]
 
@@ -280,7 +287,7 @@ async def test_wait_for_approval_holds_the_request_until_a_decision(
     server = shop(ledger, runs, wait_for_approval=True)
     async with Client(server) as client:
         waiting = asyncio.create_task(
-            client.call_tool("payments.charge", {"order_id": "o7", "amount": 500})
+            client.call_tool("payments_charge", {"order_id": "o7", "amount": 500})
         )
         while not await ledger.pending_approvals():
             await asyncio.sleep(0.01)
@@ -301,16 +308,17 @@ async def test_payload_mismatch_is_an_error_result(harness: StoreHarness) -> Non
     server = MCPServer("shop")
     add_tool(server, refund, workflow_id="w")
     async with Client(server) as client:
-        assert text(await client.call_tool("payments.refund", {"order_id": "o", "amount": 1}))
-        other = await client.call_tool("payments.refund", {"order_id": "o", "amount": 2})
+        assert text(await client.call_tool("payments_refund", {"order_id": "o", "amount": 1}))
+        other = await client.call_tool("payments_refund", {"order_id": "o", "amount": 2})
     assert other.is_error and "different values of ['amount']" in text(other)
 
 
 async def test_tool_errors_read_the_same_on_replay_and_crashes_stay_private(
-    harness: StoreHarness,
+    harness: StoreHarness, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A ToolError's text reaches the client on the first call and on replays; any other
-    exception is a crash the client sees only as 'Error executing tool', both times."""
+    exception reads as a recorded failure (its code and receipt, not its text), both
+    times; the server logs its traceback once, on the call that failed, never on a replay."""
     ledger = harness.ledger()
     runs: list[str] = []
 
@@ -327,12 +335,21 @@ async def test_tool_errors_read_the_same_on_replay_and_crashes_stay_private(
     server = MCPServer("shop")
     add_tools(server, [reserve, sync_crm], workflow_id="w")
     async with Client(server) as client:
-        reserved = [await client.call_tool("stock.reserve", {"sku": "A1"}) for _ in range(2)]
-        synced = [await client.call_tool("crm.sync", {"account": "a"}) for _ in range(2)]
+        reserved = [await client.call_tool("stock_reserve", {"sku": "A1"}) for _ in range(2)]
+        synced = [await client.call_tool("crm_sync", {"account": "a"})]
+        with caplog.at_level(logging.DEBUG):
+            caplog.clear()
+            synced.append(await client.call_tool("crm_sync", {"account": "a"}))
+        replay_logs = list(caplog.records)
     assert [text(r) for r in reserved] == [
-        "Error executing tool stock.reserve: A1 is out of stock"
+        "Error executing tool stock_reserve: A1 is out of stock"
     ] * 2
-    assert [text(r) for r in synced] == ["Error executing tool crm.sync"] * 2
+    first, again = (text(r) for r in synced)
+    assert first == again
+    assert first.startswith("Error executing tool crm_sync: This call failed (RuntimeError; ")
+    assert "calling again with the same arguments gives this answer" in first
+    assert "hunter2" not in first
+    assert not [r for r in replay_logs if r.exc_info], "a replay logged a traceback"
     assert all(r.is_error for r in reserved + synced)
     assert runs == ["A1", "a"]
     assert {e.status for e in await stored(ledger)} == {EffectStatus.FAILED}
@@ -346,7 +363,8 @@ async def test_a_tool_error_with_a_code_reads_the_same_on_replay(harness: StoreH
     """Regression: a ToolError subclass with a class-level code was recorded under that
     code, which the replay did not recognise as a ToolError: the client read the message
     first and "Error executing tool" after. A code set on one instance only cannot be
-    recognised on a replay, so that call is a crash from the first answer on."""
+    recognised on a replay, so that call reads as a recorded failure (its code, not its
+    message) from the first answer on."""
     ledger = harness.ledger()
 
     @ledger.tool("pay.charge")
@@ -362,14 +380,15 @@ async def test_a_tool_error_with_a_code_reads_the_same_on_replay(harness: StoreH
     server = MCPServer("shop")
     add_tools(server, [charge, refund], workflow_id="w")
     async with Client(server) as client:
-        charged = [await client.call_tool("pay.charge", {"order": "o1"}) for _ in range(2)]
-        refunded = [await client.call_tool("pay.refund", {"order": "o1"}) for _ in range(2)]
+        charged = [await client.call_tool("pay_charge", {"order": "o1"}) for _ in range(2)]
+        refunded = [await client.call_tool("pay_refund", {"order": "o1"}) for _ in range(2)]
     assert [(r.is_error, text(r)) for r in charged] == [
-        (True, "Error executing tool pay.charge: the card was declined; ask for another card")
+        (True, "Error executing tool pay_charge: the card was declined; ask for another card")
     ] * 2
-    assert [(r.is_error, text(r)) for r in refunded] == [
-        (True, "Error executing tool pay.refund")
-    ] * 2
+    assert refunded[0].is_error and text(refunded[0]) == text(refunded[1])
+    assert text(refunded[0]).startswith(
+        "Error executing tool pay_refund: This call failed (refunds_closed; "
+    )
     assert sorted(str(e.error.code) for e in await stored(ledger) if e.error) == [
         "card_declined",
         "refunds_closed",
@@ -381,7 +400,7 @@ async def test_a_nested_ledger_error_is_the_tools_failure_first_and_on_replay(
 ) -> None:
     """Regression: a tool whose own tool call was denied told the client "A person denied
     this call... It did not run" (it ran, and failed), and a replay "Error executing
-    tool". A nested error is the tool's exception: a crash, both times. A nested
+    tool". A nested error is the tool's exception: its recorded failure, both times. A nested
     failure that was a ToolError reads as the tool's recorded failure, both times."""
     ledger = harness.ledger()
     side_effects: list[str] = []
@@ -412,17 +431,18 @@ async def test_a_nested_ledger_error_is_the_tools_failure_first_and_on_replay(
             await drop.invoke({"table": "s.tmp"}, run_options=RunOptions(wait_for_approval=False))
         assert await ledger.deny(pending.value.idem_key, reason="keep it", by="ada")
     async with Client(server) as client:
-        cleaned = [await client.call_tool("db.cleanup", {"name": "s"}) for _ in range(2)]
-        reserved = [await client.call_tool("stock.reserve", {"sku": "A1"}) for _ in range(2)]
-    assert [(r.is_error, text(r)) for r in cleaned] == [
-        (True, "Error executing tool db.cleanup")
-    ] * 2
+        cleaned = [await client.call_tool("db_cleanup", {"name": "s"}) for _ in range(2)]
+        reserved = [await client.call_tool("stock_reserve", {"sku": "A1"}) for _ in range(2)]
+    assert cleaned[0].is_error and text(cleaned[0]) == text(cleaned[1])
+    assert text(cleaned[0]).startswith(
+        "Error executing tool db_cleanup: This call failed (EffectDeniedError; "
+    )
     assert side_effects == ["truncated s.log"]
     async with ledger.workflow("w"):
         outer = await ledger.find_by_idem_key(ledger.idem_key(reserve.tool_call("A1")))
     assert outer is not None and outer.error is not None and outer.error.code == "ToolError"
     assert [(r.is_error, text(r)) for r in reserved] == [
-        (True, f"Error executing tool stock.reserve: {outer.error.message}")
+        (True, f"Error executing tool stock_reserve: {outer.error.message}")
     ] * 2
 
 
@@ -443,7 +463,7 @@ async def test_workflow_from_the_request_context(harness: StoreHarness) -> None:
     server = shop(ledger, runs, workflow_id=per_client)
     async with Client(server) as client:
         for _ in range(4):
-            await client.call_tool("payments.charge", {"order_id": "o1", "amount": 5})
+            await client.call_tool("payments_charge", {"order_id": "o1", "amount": 5})
     assert runs == ["o1", "o1"] and len(seen) == 4
     assert sorted(e.workflow_id for e in await stored(ledger)) == ["client-0", "client-1"]
 
@@ -457,11 +477,11 @@ async def test_the_server_scope_gives_the_workflow_and_none_is_a_server_error(
     runs: list[str] = []
     server = shop(ledger, runs, workflow_id=None)
     async with Client(server) as client:
-        lost = await client.call_tool("payments.charge", {"order_id": "o1", "amount": 5})
-    assert lost.is_error and text(lost) == "Error executing tool payments.charge"
+        lost = await client.call_tool("payments_charge", {"order_id": "o1", "amount": 5})
+    assert lost.is_error and text(lost) == "Error executing tool payments_charge"
     assert await harness.raw_count() == 0
     async with ledger.workflow("served"), Client(server) as client:
-        found = await client.call_tool("payments.charge", {"order_id": "o1", "amount": 5})
+        found = await client.call_tool("payments_charge", {"order_id": "o1", "amount": 5})
     assert not found.is_error and runs == ["o1"]
     (effect,) = await stored(ledger)
     assert effect.workflow_id == "served"
@@ -494,7 +514,7 @@ async def test_a_name_the_server_already_has_is_refused_before_anything_changes(
     runs: list[str] = []
     server = MCPServer("shop")
 
-    @server.tool(name="payments.charge")
+    @server.tool(name="payments_charge")
     async def old_charge(order_id: str) -> str:
         runs.append(f"old {order_id}")
         return "charged without a ledger"
@@ -508,13 +528,13 @@ async def test_a_name_the_server_already_has_is_refused_before_anything_changes(
     async def refund(order_id: str) -> str:
         return f"refunded {order_id}"
 
-    with pytest.raises(EffectLedgerValidationError, match=r"named 'payments\.charge'"):
+    with pytest.raises(EffectLedgerValidationError, match=r"named 'payments_charge'"):
         add_tool(server, charge, workflow_id="w")
-    with pytest.raises(EffectLedgerValidationError, match=r"named 'payments\.charge'"):
+    with pytest.raises(EffectLedgerValidationError, match=r"named 'payments_charge'"):
         add_tools(server, ledger, workflow_id="w")  # refund comes second: not added either
     with pytest.raises(EffectLedgerValidationError, match=r"'payments\.refund' is given twice"):
         add_tools(server, [refund, refund], workflow_id="w")
-    assert [t.name for t in await server.list_tools()] == ["payments.charge"]
+    assert [t.name for t in await server.list_tools()] == ["payments_charge"]
     add_tool(server, charge, name="payments.charge.v2", workflow_id="w")
     with pytest.raises(EffectLedgerValidationError, match=r"named 'payments\.charge\.v2'"):
         add_tool(server, refund, name="payments.charge.v2", workflow_id="w")
@@ -575,7 +595,7 @@ async def test_enum_date_and_model_arguments_run_with_their_json(harness: StoreH
     add_tool(server, order, workflow_id="w")
     sent = {"color": "red", "when": "2024-01-02", "item": {"sku": "x"}}
     async with Client(server) as client:
-        results = [await client.call_tool("shop.order", sent) for _ in range(2)]
+        results = [await client.call_tool("shop_order", sent) for _ in range(2)]
     assert [(r.is_error, text(r)) for r in results] == [(False, "ordered")] * 2
     assert got == [("red", "2024-01-02", {"sku": "x"})]
     (effect,) = await stored(ledger)
@@ -603,7 +623,7 @@ async def test_arguments_a_key_cannot_hold_say_what_was_wrong(
     server = MCPServer("notes")
     add_tool(server, note, workflow_id="w")
     async with Client(server) as client:
-        result = await client.call_tool("notes.add", {"data": data})
+        result = await client.call_tool("notes_add", {"data": data})
     assert result.is_error and says in text(result)
     assert "Nothing ran and nothing was stored" in text(result)
     assert runs == []
@@ -624,9 +644,9 @@ async def test_tool_error_after_retries_reads_the_same_on_replay(harness: StoreH
     server = MCPServer("seats")
     add_tool(server, reserve, workflow_id="w")
     async with Client(server) as client:
-        results = [await client.call_tool("seats.reserve", {"seat": "1A"}) for _ in range(2)]
+        results = [await client.call_tool("seats_reserve", {"seat": "1A"}) for _ in range(2)]
     assert [(r.is_error, text(r)) for r in results] == [
-        (True, "Error executing tool seats.reserve: seat 1A is taken")
+        (True, "Error executing tool seats_reserve: seat 1A is taken")
     ] * 2
     assert runs == ["1A", "1A"]
     (effect,) = await stored(ledger)
@@ -666,12 +686,12 @@ async def test_a_call_cancelled_while_it_ran_may_have_run(harness: StoreHarness)
         with pytest.raises(EffectDeniedError):
             await held
     async with Client(server) as client:
-        cut = await client.call_tool("mail.send", {"to": "ada"})
-        stopped = await client.call_tool("mail.send", {"to": "bob"})
-        pending = await client.call_tool("mail.draft", {"to": "cy"})
+        cut = await client.call_tool("mail_send", {"to": "ada"})
+        stopped = await client.call_tool("mail_send", {"to": "bob"})
+        pending = await client.call_tool("mail_draft", {"to": "cy"})
         (effect,) = await ledger.pending_approvals()
         assert await ledger.cancel(effect.idem_key, reason="not needed")
-        canceled = await client.call_tool("mail.draft", {"to": "cy"})
+        canceled = await client.call_tool("mail_draft", {"to": "cy"})
     assert pending.is_error
     assert cut.is_error and "stopped while it was running" in text(cut)
     assert stopped.is_error and "canceled this call after it had started (wrong list)" in text(
@@ -712,7 +732,7 @@ async def test_positional_only_parameters_and_a_parameter_named_ctx(harness: Sto
     add_tool(server, tag, workflow_id="w")
     async with Client(server) as client:
         (listed,) = (await client.list_tools()).tools
-        result = await client.call_tool("notes.tag", {"note": 3, "ctx": "work"})
+        result = await client.call_tool("notes_tag", {"note": 3, "ctx": "work"})
     assert set(listed.input_schema["properties"]) == {"note", "ctx"}
     assert text(result) == "3:work"
 
@@ -746,7 +766,7 @@ async def test_a_retry_after_a_client_timeout_gets_the_first_calls_result(
     add_tools(server, ledger, workflow_id="w")
     async with Client(server) as client:
         first = asyncio.create_task(
-            client.call_tool("reports.build", {"month": "2025-05"}, read_timeout_seconds=0.2)
+            client.call_tool("reports_build", {"month": "2025-05"}, read_timeout_seconds=0.2)
         )
         await started.wait()
         with pytest.raises(Exception, match="Timed out"):
@@ -758,11 +778,11 @@ async def test_a_retry_after_a_client_timeout_gets_the_first_calls_result(
         assert cut_off == []
         (effect,) = await stored(ledger)
         assert effect.status is EffectStatus.PROCESSING
-        retry = asyncio.create_task(client.call_tool("reports.build", {"month": "2025-05"}))
+        retry = asyncio.create_task(client.call_tool("reports_build", {"month": "2025-05"}))
         await asyncio.sleep(0.05)  # the retry is waiting for the first run's outcome
         release.set()
         result = await retry
-        again = await client.call_tool("reports.build", {"month": "2025-05"})
+        again = await client.call_tool("reports_build", {"month": "2025-05"})
     assert [(r.is_error, text(r)) for r in (result, again)] == [(False, "report 2025-05 built")] * 2
     assert runs == ["2025-05"]
     (effect,) = await stored(ledger)
@@ -796,7 +816,7 @@ async def main() -> None:
     add_tools(server, ledger, workflow_id="w")
     async with Client(server) as client:
         try:
-            await client.call_tool("reports.build", {{"month": "5"}}, read_timeout_seconds=0.2)
+            await client.call_tool("reports_build", {{"month": "5"}}, read_timeout_seconds=0.2)
         except Exception as exc:
             print("timed out:", type(exc).__name__)
         await client.list_tools()
@@ -819,3 +839,106 @@ asyncio.run(main())
     effect = asyncio.run(read())
     assert effect.status is EffectStatus.CANCELED
     assert effect.error is not None and effect.error.code == "cancelled"
+
+
+# -- names a model API takes; budget refusals -------------------------------------------------
+
+
+async def test_names_are_ones_model_apis_take_and_the_receipt_keeps_the_ledger_name(
+    harness: StoreHarness,
+) -> None:
+    """OpenAI's rule ^[a-zA-Z0-9_-]{1,64}$: every tool is listed under such a name by
+    default; the effect is recorded under the ledger's dotted name; two tools that would
+    share a served name are refused before anything is registered."""
+    ledger = harness.ledger()
+    runs: list[str] = []
+    server = shop(ledger, runs)
+    async with Client(server) as client:
+        names = [t.name for t in (await client.list_tools()).tools]
+        assert not (
+            await client.call_tool("payments_charge", {"order_id": "o1", "amount": 5})
+        ).is_error
+    assert names == ["payments_charge"]
+    assert all(re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", n) for n in names)
+    (effect,) = await stored(ledger)
+    assert effect.tool == "payments.charge" and runs == ["o1"]
+
+    @ledger.tool("payments_charge")
+    def twin(order_id: str) -> str:
+        return order_id
+
+    other = MCPServer("other")
+    with pytest.raises(EffectLedgerValidationError, match="would both be called 'payments_charge'"):
+        add_tools(other, ledger, workflow_id="w")
+    assert await other.list_tools() == []
+
+
+async def test_a_budget_refusal_reads_as_one_and_runs_nothing(harness: StoreHarness) -> None:
+    """Not "Error executing tool NAME": the client reads that the budget refused the call
+    and nothing ran, every time it sends it."""
+    ledger = harness.ledger()
+    runs: list[str] = []
+    server = shop(ledger, runs, workflow_id=None)
+    async with ledger.workflow("capped", budget=Budget(tool_calls=1)), Client(server) as client:
+        ok = await client.call_tool("payments_charge", {"order_id": "o1", "amount": 5})
+        refused = [
+            await client.call_tool("payments_charge", {"order_id": "o2", "amount": 5})
+            for _ in range(2)
+        ]
+    assert not ok.is_error and runs == ["o1"]
+    for result in refused:
+        assert result.is_error
+        assert "This call was refused before it ran: workflow 'capped' has no budget" in (
+            text(result)
+        )
+        assert "tool_calls" in text(result)
+    assert len(await stored(ledger)) == 1
+
+
+class _InMemoryAgentsServer(_MCPServerWithClientSession):
+    """The Agents SDK's MCP client, connected to an MCPServer in memory."""
+
+    def __init__(self, server: MCPServer) -> None:
+        super().__init__(cache_tools_list=True, client_session_timeout_seconds=None)
+        self._server = server
+
+    @property
+    def name(self) -> str:
+        return "in-memory"
+
+    def create_streams(self) -> Any:
+        return InMemoryTransport(self._server)
+
+
+async def test_an_agents_sdk_agent_forwards_the_tools_and_runs_them_once(
+    harness: StoreHarness,
+) -> None:
+    """An Agents SDK agent lists the MCP tools to its model under names OpenAI takes and
+    calls one twice in a turn: it runs once, and the receipt has the ledger name."""
+    ledger = harness.ledger()
+    runs: list[str] = []
+    server = shop(ledger, runs)
+    args = {"order_id": "o1", "amount": 5}
+    model = ScriptedModel(
+        [
+            [
+                agents_function_call("payments_charge", args, call_id="c1"),
+                agents_function_call("payments_charge", args, call_id="c2"),
+            ],
+            [assistant_message("done")],
+        ]
+    )
+    set_tracing_disabled(True)
+    async with _InMemoryAgentsServer(server) as forwarded:
+        agent = Agent(name="shop", model=model, mcp_servers=[forwarded])
+        result = await Runner.run(agent, "charge o1")
+    assert result.final_output == "done" and runs == ["o1"]
+    first = model.first_call
+    assert first is not None
+    offered = [t.name for t in first.tools]
+    assert offered == ["payments_charge"]
+    assert all(re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", n) for n in offered)
+    outputs = [i for i in result.new_items if i.type == "tool_call_output_item"]
+    assert len(outputs) == 2 and outputs[0].output == outputs[1].output
+    (effect,) = await stored(ledger)
+    assert effect.tool == "payments.charge" and effect.workflow_id == "order-42"

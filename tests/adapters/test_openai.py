@@ -414,12 +414,16 @@ async def test_pending_approval_raises_then_runs_once_after_approve(harness: Sto
     assert first == again and first["tool_call_id"] == "call_1"
 
 
-async def test_denied_call_sent_again_raises_and_never_runs(harness: StoreHarness) -> None:
-    """After deny(), dispatching it again (any id, waiting or not) raises EffectDeniedError."""
+async def test_a_denied_call_is_answered_as_its_result_and_never_runs(
+    harness: StoreHarness,
+) -> None:
+    """After deny(), the call (any id, waiting or not, both APIs) is answered with who said no
+    and why, as that call's result; nothing runs and the turn's other calls are answered."""
     ledger = harness.ledger()
     runs: list[str] = []
-    charge_tool(ledger, runs, requires_approval=True)
+    charge_tool(ledger, runs, requires_approval=lambda call: call.args["order_id"] == "o1")
     arguments = '{"order_id":"o1","amount":5}'
+    other = chat_call("call_ok", "payments_charge", '{"order_id":"o2","amount":5}')
     async with ledger.workflow("conv-1"):
         with pytest.raises(ApprovalPendingError) as pending:
             await run_tool_calls(
@@ -427,20 +431,27 @@ async def test_denied_call_sent_again_raises_and_never_runs(harness: StoreHarnes
             )
         assert await ledger.deny(pending.value.idem_key, reason="too much", by="ops")
         for call_id, wait in (("call_1", False), ("call_2", None), ("call_3", True)):
-            with pytest.raises(EffectDeniedError, match="too much"):
-                await asyncio.wait_for(
-                    run_tool_calls(
-                        ledger,
-                        [chat_call(call_id, "payments_charge", arguments)],
-                        wait_for_approval=wait,
-                    ),
-                    10,
-                )
-        with pytest.raises(EffectDeniedError):
-            await run_function_calls(
-                ledger, [function_call("call_4", "payments_charge", arguments)]
+            denied, ok = await asyncio.wait_for(
+                run_tool_calls(
+                    ledger,
+                    [chat_call(call_id, "payments_charge", arguments), other],
+                    wait_for_approval=wait,
+                ),
+                10,
             )
-    assert runs == []
+            assert denied["tool_call_id"] == call_id
+            assert str(denied["content"]).startswith("Error: A person denied this call (too much)")
+            assert "did not run and will not run" in denied["content"]
+            assert ok["tool_call_id"] == "call_ok" and not str(ok["content"]).startswith("Error")
+        (output,) = await run_function_calls(
+            ledger, [function_call("call_4", "payments_charge", arguments)]
+        )
+        assert output["call_id"] == "call_4"
+        assert str(output["output"]).startswith("Error: A person denied this call (too much)")
+        effect = await ledger.find_by_idem_key(pending.value.idem_key)
+        assert effect is not None and effect.status is EffectStatus.DENIED
+        assert effect.decided_by == "ops"
+    assert runs == ["o2"]
 
 
 async def test_a_pending_call_lets_the_rest_of_its_turn_run(harness: StoreHarness) -> None:
@@ -669,7 +680,7 @@ async def test_a_tool_calling_itself_reads_its_own_failure_not_the_nested_ones(
     """Regression: a ledger error about another effect of the same tool (a tree walk)
     was taken for this call's own outcome, because tool names were compared: the first
     answer quoted the nested failure, every replay the recorded one. Nested denials were
-    raised out of the adapter as if this call had been denied."""
+    answered as if this call had been denied."""
     ledger = harness.ledger()
     deleted: list[str] = []
     children = {"/data": ["/data/locked"], "/srv": ["/srv/db"]}
@@ -695,8 +706,9 @@ async def test_a_tool_calling_itself_reads_its_own_failure_not_the_nested_ones(
         assert await ledger.deny(pending.value.idem_key, reason="that is the database")
         denied_first = await run_tool_calls(ledger, delete("c5", "/srv"))
         denied_replay = await run_tool_calls(ledger, delete("c6", "/srv"))
-        with pytest.raises(EffectDeniedError):  # the denied call itself: raised, as ever
-            await run_tool_calls(ledger, delete("c7", "/srv/db"))
+        (denied,) = await run_tool_calls(ledger, delete("c7", "/srv/db"))
+        # the denied call itself: answered as denied, as every denial is
+        assert str(denied["content"]).startswith("Error: A person denied this call")
         data = await stored(ledger, delete_tree, "/data")
         srv = await stored(ledger, delete_tree, "/srv")
     assert deleted == []
@@ -708,9 +720,8 @@ async def test_a_tool_calling_itself_reads_its_own_failure_not_the_nested_ones(
         assert [a[0]["content"] for a in answers] == [
             f"Error: tool 'fs_delete_tree' failed ({outer.error.code}): {outer.error.message}"
         ] * 2
-    assert data.error is not None and data.error.message.endswith(
-        "failed [PermissionError]: /data/locked is locked"
-    )
+    assert data.error is not None
+    assert "failed [PermissionError]: /data/locked is locked" in data.error.message
     assert srv.error is not None and srv.error.code == "EffectDeniedError"
 
 
@@ -768,8 +779,8 @@ async def test_calls_of_one_turn_run_concurrently_and_answer_in_order(
     ]
 
 
-async def test_a_denial_is_raised_only_after_the_turn_settled(harness: StoreHarness) -> None:
-    """A sibling's denial does not cancel a call in flight: it finishes and is recorded."""
+async def test_a_denial_does_not_sink_the_calls_beside_it(harness: StoreHarness) -> None:
+    """A denied call beside one in flight: both answered, the other ran and is recorded."""
     ledger = harness.ledger()
     finished: list[str] = []
 
@@ -785,13 +796,38 @@ async def test_a_denial_is_raised_only_after_the_turn_settled(harness: StoreHarn
         with pytest.raises(ApprovalPendingError) as pending:
             await run_tool_calls(ledger, [no], wait_for_approval=False)
         assert await ledger.deny(pending.value.idem_key)
-        with pytest.raises(EffectDeniedError):
-            await run_tool_calls(ledger, [no, yes])
+        denied, ran = await run_tool_calls(ledger, [no, yes])
+        assert str(denied["content"]).startswith("Error: A person denied this call")
+        assert ran["content"] == "yes"
         assert finished == ["yes"]
         effect = await stored(ledger, charge, "yes")
         assert effect.status is EffectStatus.SUCCEEDED
         (message,) = await run_tool_calls(ledger, [yes])  # sent again: a replay
     assert finished == ["yes"] and message["content"] == "yes"
+
+
+async def test_a_call_canceled_while_it_ran_is_still_raised(harness: StoreHarness) -> None:
+    """A canceled effect whose handler had started may have taken effect: the application
+    must find out, so that one is raised (after the turn settled), not answered."""
+    ledger = harness.ledger()
+    started = asyncio.Event()
+
+    @ledger.tool("ops.restart")
+    async def restart(service: str) -> str:
+        started.set()
+        await asyncio.sleep(30)
+        return service
+
+    call = chat_call("c1", "ops_restart", '{"service": "db"}')
+    async with ledger.workflow("conv-1"):
+        first = asyncio.ensure_future(run_tool_calls(ledger, [call]))
+        await asyncio.wait_for(started.wait(), 10)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        with pytest.raises(EffectDeniedError) as raised:
+            await run_tool_calls(ledger, [call])
+    assert raised.value.status is EffectStatus.CANCELED
 
 
 # --- Responses API -------------------------------------------------------------------------

@@ -36,14 +36,18 @@ from openai.types.responses.response_prompt_param import ResponsePromptParam
 
 from agent_ledger import (
     ApprovalPendingError,
+    Budget,
+    BudgetExceededError,
     Effect,
     EffectLedger,
     EffectLedgerValidationError,
     EffectStatus,
+    MemoryStore,
     RunOptions,
     ToolCall,
 )
 from agent_ledger.adapters.openai_agents import (
+    RUN_STATE,
     LedgerFunctionTool,
     approve,
     as_function_tool,
@@ -51,6 +55,7 @@ from agent_ledger.adapters.openai_agents import (
     reject,
     sync_decisions,
 )
+from agent_ledger.errors import UnrecordedEffectError
 from agent_ledger.testing import build_ledger
 from tests.harness import StoreHarness
 
@@ -151,10 +156,9 @@ def charge_ledger(harness: StoreHarness, **options: Any) -> tuple[EffectLedger, 
 
 
 async def the_effect(ledger: EffectLedger, workflow: str, **args: object) -> Effect:
-    async with ledger.workflow(workflow):
-        key = ledger.idem_key(ledger.tools["payments.charge"].tool_call(**args))
-    effect = await ledger.find_by_idem_key(key)
-    assert effect is not None
+    """The workflow's one ``payments.charge`` effect with these args (any turn)."""
+    page = await ledger.list_effects(workflow_id=workflow, tool="payments.charge")
+    (effect,) = [e for e in page.effects if e.args == args]
     return effect
 
 
@@ -409,7 +413,9 @@ async def test_a_malformed_call_reads_the_same_with_or_without_an_approval_polic
 async def test_a_tool_failure_reaches_the_model_through_failure_error_function(
     harness: StoreHarness,
 ) -> None:
-    """The SDK's rule: a formatter's text (the SDK's default hides the error); a replay too."""
+    """The application's formatter words every failure, first call and replay; with the
+    SDK's default one, a final failure reads as the ledger's words (failed, recorded,
+    sending it again gives the same answer), never "please try again"."""
     ledger = harness.ledger()
     tries: list[str] = []
 
@@ -440,7 +446,10 @@ async def test_a_tool_failure_reaches_the_model_through_failure_error_function(
         result = await Runner.run(
             Agent(name="a", model=model, tools=[default]), "go", run_config=NO_TRACING
         )
-    assert outputs(result)["c"] == "An error occurred while running the tool. Please try again."
+    text = str(outputs(result)["c"])
+    assert text.startswith("This call failed (ValueError: bad x 2; effect ")
+    assert "calling again with the same arguments gives this answer" in text
+    assert "Please try again" not in text
 
     raising = as_function_tool(ledger.tools["flaky"], failure_error_function=None)
     model = ScriptedModel([call("flaky", {"x": 3}, "d")])
@@ -467,12 +476,12 @@ async def test_a_nested_ledger_error_is_the_tools_failure_first_and_on_replay(
     async def drop(table: str) -> str:
         return f"dropped {table}"
 
-    @ledger.tool("db.cleanup")
+    @ledger.tool("db.cleanup", scope="workflow")  # keyed as the direct calls below
     async def cleanup(name: str) -> str:
         cleaned.append(name)  # a side effect that did happen
         return await drop(f"{name}.tmp")
 
-    @ledger.tool("db.vacuum")
+    @ledger.tool("db.vacuum", scope="workflow")
     async def vacuum(name: str) -> str:
         cleaned.append(name)
         return await drop(tabel=name)  # a bug: the nested call's arguments are refused
@@ -494,8 +503,10 @@ async def test_a_nested_ledger_error_is_the_tools_failure_first_and_on_replay(
             await ledger.find_by_idem_key(ledger.idem_key(t.tool_call(n)))
             for t, n in ((cleanup, "s"), (vacuum, "v"))
         ]
-    failure = "An error occurred while running the tool. Please try again."
-    assert outputs(result) == {"a": failure, "b": failure, "c": failure, "d": failure}
+    got = outputs(result)
+    assert got["a"] == got["c"] and got["b"] == got["d"]
+    assert str(got["a"]).startswith("This call failed (EffectDeniedError: ")
+    assert str(got["b"]).startswith("This call failed (EffectLedgerValidationError: ")
     assert cleaned == ["s", "v"]
     assert [e.error.code if e is not None and e.error else None for e in outer] == [
         "EffectDeniedError",
@@ -635,22 +646,74 @@ async def test_a_rejected_call_sent_again_runs_nothing(harness: StoreHarness) ->
     assert denied.executions == 0
 
 
-async def test_an_approval_in_the_run_state_alone_runs_nothing(harness: StoreHarness) -> None:
-    """state.approve() without the ledger: resuming raises, the effect still waits."""
+async def test_state_approve_approves_the_ledger_effect_and_it_runs_once(
+    harness: StoreHarness,
+) -> None:
+    """state.approve(item), the SDK's own approval: on resuming, the waiting effect is
+    approved on the ledger (decided_by: the documented default, or the app's function of
+    the run context) and runs once; the run never raises, nothing is left pending."""
     ledger, charged = charge_ledger(harness, requires_approval=True)
     agent, _, result = await interrupted(
-        ledger, "w", [call("payments_charge", {"order_id": "o", "amount": 1}, "c")]
+        ledger,
+        "w",
+        [call("payments_charge", {"order_id": "o", "amount": 1}, "c")],
+        [say("charged")],
     )
     state = result.to_state()
     state.approve(result.interruptions[0])
     async with ledger.workflow("w"):
-        with pytest.raises(UserError) as caught:
-            await Runner.run(agent, state, run_config=NO_TRACING)
-    assert isinstance(caught.value.__cause__, EffectLedgerValidationError)
-    assert "approved in the RunState only" in str(caught.value.__cause__)
-    assert charged == []
+        resumed = await Runner.run(agent, state, run_config=NO_TRACING)
+    assert resumed.final_output == "charged" and charged == [1]
     effect = await the_effect(ledger, "w", order_id="o", amount=1)
-    assert effect.status is EffectStatus.REQUIRES_APPROVAL
+    assert effect.status is EffectStatus.SUCCEEDED and effect.executions == 1
+    assert effect.decided_by == RUN_STATE == "openai-agents run state"
+
+    # Who decided, from the application's own context object.
+    ledger2, charged2 = charge_ledger(harness, requires_approval=True)
+    named = as_function_tools(ledger2, decided_by=lambda ctx: ctx.context["user"])
+    model = ScriptedModel(
+        [call("payments_charge", {"order_id": "p", "amount": 2}, "d")], [say("ok")]
+    )
+    agent2 = Agent(name="a", model=model, tools=named)
+    async with ledger2.workflow("w2"):
+        first = await Runner.run(agent2, "go", context={"user": "ada"}, run_config=NO_TRACING)
+        state2 = first.to_state()
+        state2.approve(first.interruptions[0])
+        await Runner.run(agent2, state2, run_config=NO_TRACING)
+    assert charged2 == [2]
+    approved = await the_effect(ledger2, "w2", order_id="p", amount=2)
+    assert approved.decided_by == "ada"
+
+
+async def test_state_reject_denies_the_ledger_effect(harness: StoreHarness) -> None:
+    """state.reject(item), the SDK's own rejection (the SDK answers the model itself and
+    never invokes the tool): the ledger effect is denied, with the rejection message as
+    the reason and decided_by, not left pending for ever; sent again, it reads denied."""
+    ledger, charged = charge_ledger(harness, requires_approval=True)
+    agent, _, result = await interrupted(
+        ledger,
+        "w",
+        [
+            call("payments_charge", {"order_id": "o", "amount": 1}, "c"),
+            call("payments_charge", {"order_id": "q", "amount": 3}, "e"),
+        ],
+        [call("payments_charge", {"order_id": "o", "amount": 1}, "again")],
+        [say("not charged")],
+    )
+    state = result.to_state()
+    first, second = result.interruptions
+    state.reject(first)
+    state.reject(second, rejection_message="card flagged")
+    async with ledger.workflow("w"):
+        resumed = await Runner.run(agent, state, run_config=NO_TRACING)
+        assert await ledger.pending_approvals() == []
+    assert resumed.final_output == "not charged" and charged == []
+    denied = await the_effect(ledger, "w", order_id="o", amount=1)
+    assert denied.status is EffectStatus.DENIED and denied.decided_by == RUN_STATE
+    flagged = await the_effect(ledger, "w", order_id="q", amount=3)
+    assert flagged.status is EffectStatus.DENIED and flagged.error is not None
+    assert flagged.error.message == "card flagged"
+    assert "A person denied this call" in str(outputs(resumed)["again"])
 
 
 async def test_sync_decisions_brings_in_decisions_made_on_the_ledger(harness: StoreHarness) -> None:
@@ -799,9 +862,7 @@ async def test_a_positional_only_parameter_is_keyed_like_a_direct_call(
     state = result.to_state()
     async with ledger.workflow("w"):
         effect = await approve(state, result.interruptions[0], by="ada")
-        assert effect is not None and effect.idem_key == ledger.idem_key(
-            refund.tool_call("o3", "late")
-        )
+        assert effect is not None and effect.args == {"order_id": "o3", "reason": "late"}
         resumed = await Runner.run(agent, state, run_config=NO_TRACING)
     assert refunded == ["o3"] and outputs(resumed)["r"] == "refunded o3"
 
@@ -810,7 +871,7 @@ async def test_an_effect_put_back_to_wait_tells_the_model_it_has_not_run(
     harness: StoreHarness,
 ) -> None:
     """A tool without a policy whose effect waits anyway (created so elsewhere): not run."""
-    ledger, charged = charge_ledger(harness)
+    ledger, charged = charge_ledger(harness, scope="workflow")  # keyed as a direct call
     async with ledger.workflow("w"):
         tool_call = ledger.tools["payments.charge"].tool_call("o", 1)
     park = RunOptions(requires_approval=True, wait_for_approval=False)
@@ -843,3 +904,80 @@ def test_importing_agent_ledger_does_not_import_the_sdk() -> None:
     code = "import sys, agent_ledger, agent_ledger.adapters; print('agents' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# -- ledger outcomes the application must see --------------------------------------------
+
+
+async def test_a_budget_refusal_is_raised_out_of_runner_run_not_please_try_again(
+    harness: StoreHarness,
+) -> None:
+    """The SDK turns a tool's exception into "please try again" (or UserError): a budget
+    refusal reaches the application as BudgetExceededError itself, nothing ran; with
+    tell_model=True the model reads that the budget refused it, instead."""
+    ledger, charged = charge_ledger(harness)
+    model = ScriptedModel(
+        [call("payments_charge", {"order_id": "o1", "amount": 1}, "a")],
+        [call("payments_charge", {"order_id": "o2", "amount": 2}, "b")],
+        [say("unreachable")],
+    )
+    agent = Agent(name="a", model=model, tools=as_function_tools(ledger))
+    async with ledger.workflow("capped", budget=Budget(tool_calls=1)):
+        with pytest.raises(BudgetExceededError) as caught:
+            await Runner.run(agent, "go", run_config=NO_TRACING)
+    assert caught.value.workflow_id == "capped" and "tool_calls" in caught.value.units
+    assert charged == [1]
+
+    told = ScriptedModel(
+        [call("payments_charge", {"order_id": "o3", "amount": 3}, "c")], [say("out of budget")]
+    )
+    agent = Agent(name="a", model=told, tools=as_function_tools(ledger, tell_model=True))
+    async with ledger.workflow("capped"):
+        result = await Runner.run(agent, "go", run_config=NO_TRACING)
+    assert result.final_output == "out of budget" and charged == [1]
+    assert "refused before it ran: workflow 'capped' has no budget" in str(outputs(result)["c"])
+
+
+async def test_a_replay_that_diverges_is_raised_out_of_runner_run(
+    harness: StoreHarness,
+) -> None:
+    """Replaying a recorded run whose model now asks for a call the recording lacks:
+    UnrecordedEffectError out of Runner.run, not a "please try again" the run shrugs off."""
+    ledger, charged = charge_ledger(harness)
+    model = ScriptedModel(
+        [call("payments_charge", {"order_id": "o1", "amount": 1}, "a")], [say("done")]
+    )
+    agent = Agent(name="a", model=model, tools=as_function_tools(ledger))
+    async with ledger.workflow("recorded"):
+        await Runner.run(agent, "go", run_config=NO_TRACING)
+    assert charged == [1]
+
+    replayer = build_ledger(MemoryStore())  # a replay reads one store, keeps to another
+    replayed: list[str] = []
+
+    @replayer.tool("payments.charge", idempotency_keys=["order_id"])
+    async def charge(order_id: str, amount: int) -> dict[str, object]:
+        """Charge an order."""
+        replayed.append(order_id)
+        return {}
+
+    same = ScriptedModel(
+        [call("payments_charge", {"order_id": "o1", "amount": 1}, "a")], [say("done")]
+    )
+    other = ScriptedModel(
+        [call("payments_charge", {"order_id": "o2", "amount": 1}, "a")], [say("done")]
+    )
+    async with replayer.replay("recorded", source=ledger.store):
+        again = await Runner.run(
+            Agent(name="a", model=same, tools=as_function_tools(replayer)),
+            "go",
+            run_config=NO_TRACING,
+        )
+        assert outputs(again) == {"a": outputs(again)["a"]} and "o1" in str(outputs(again)["a"])
+        with pytest.raises(UnrecordedEffectError):
+            await Runner.run(
+                Agent(name="a", model=other, tools=as_function_tools(replayer)),
+                "go",
+                run_config=NO_TRACING,
+            )
+    assert replayed == []

@@ -15,7 +15,6 @@ from openai.types.responses import ResponseFunctionToolCall
 
 from agent_ledger import (
     ApprovalPendingError,
-    EffectDeniedError,
     EffectLedger,
     EffectLedgerValidationError,
     EffectStatus,
@@ -100,7 +99,7 @@ def test_five_duplicates_run_once_from_sync_code(ledger: EffectLedger) -> None:
 
 
 def test_approve_then_deny_from_sync_code(ledger: EffectLedger) -> None:
-    """Pending raises at once; approved runs once; denied raises and never runs."""
+    """Pending raises at once; approved runs once; denied is answered and never runs."""
     runs: list[str] = []
     register_restart(ledger, runs, approval=True)
     workflow = unique("incident")
@@ -127,18 +126,18 @@ def test_approve_then_deny_from_sync_code(ledger: EffectLedger) -> None:
                 ledger, [chat_call("c_api_again", '{"service": "api"}')], wait_for_approval=False
             )
             assert message["content"] == "restarted api"
-            with pytest.raises(EffectDeniedError, match="not now"):
-                run_tool_uses_sync(
-                    ledger,
-                    [
-                        {
-                            "type": "tool_use",
-                            "id": "toolu_db",
-                            "name": "ops_restart",
-                            "input": {"service": "db"},
-                        }
-                    ],
-                )
+            (denied,) = run_tool_uses_sync(
+                ledger,
+                [
+                    {
+                        "type": "tool_use",
+                        "id": "toolu_db",
+                        "name": "ops_restart",
+                        "input": {"service": "db"},
+                    }
+                ],
+            )
+            assert denied.get("is_error") is True and "(not now)" in str(denied["content"])
     assert runs == ["api"]
 
 

@@ -161,6 +161,6 @@ async def test_names_only_langchain_reserves_work_elsewhere() -> None:
     server = MCPServer("s")
     add_tool(server, tool, workflow_id="w")
     async with Client(server) as client:
-        result = await client.call_tool("odd.config", {"config": "v"})
+        result = await client.call_tool("odd_config", {"config": "v"})
     assert not result.is_error
     assert [e.args for e in (await ledger.list_effects()).effects] == [{"config": "v"}]
