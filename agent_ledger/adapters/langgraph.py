@@ -54,7 +54,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
     ) from exc
 from pydantic import BaseModel, ConfigDict, StrictBool
 
-from agent_ledger.adapters._messages import for_model
+from agent_ledger.adapters._messages import failure_text, for_model, retryable_text
 from agent_ledger.context import (
     approved_by_framework,
     current_turn,
@@ -435,8 +435,11 @@ def handle_tool_errors(error: Exception) -> str:
     never reach a handler inside a graph: they are interrupts.
     """
     if isinstance(error, EffectFailedError):
-        # A replay of the tool's own failure: the model's to read, with the remedy.
-        return f"Error: {error}"
+        # The tool's own failure, recorded: the model's to read, with what calling
+        # again does (the shared wording every adapter uses).
+        if error.retryable:
+            return f"Error: {retryable_text(error, error.effect.idem_key)}"
+        return f"Error: {failure_text(error)}"
     if isinstance(error, (EffectLedgerError, BudgetExceededError)):
         raise error
     return f"Error: {error!r}\n Please fix your mistakes."
