@@ -44,8 +44,19 @@ def ledger(url: str) -> Iterator[EffectLedger]:
         ledger.close_sync()
 
 
+#: Sync loops already running when a test began: another test in this worker
+#: may leave one behind (a ledger it never closed); these tests count only theirs.
+_EARLIER: set[threading.Thread] = set()
+
+
+@pytest.fixture(autouse=True)
+def _count_only_this_tests_sync_loops() -> None:
+    _EARLIER.clear()
+    _EARLIER.update(t for t in threading.enumerate() if t.name == "agent-ledger-sync")
+
+
 def _sync_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "agent-ledger-sync"]
+    return [t for t in threading.enumerate() if t.name == "agent-ledger-sync" and t not in _EARLIER]
 
 
 def test_sync_and_async_tools_run_once_from_sync_code(ledger: EffectLedger) -> None:
