@@ -473,7 +473,7 @@ async def _wal_rows(
             explain = psycopg.sql.SQL("EXPLAIN (ANALYZE, WAL, FORMAT JSON) ") + store._begin
             for call in sample:
                 new = NewEffect(ledger.idem_key(call), "bench", None, "bench.tool", "{}", None)
-                params = {**begin_params(new), "finished": _FINISHED}
+                params = {**begin_params(new), "finished": _FINISHED, "lock_timeout": None}
                 cursor = await conn.execute(explain, params)
                 wal_bytes += int(_one(await cursor.fetchone())[0]["Plan"].get("WAL Bytes", 0))
             cursor = await conn.execute("SELECT pg_current_xact_id_if_assigned() IS NOT NULL")
