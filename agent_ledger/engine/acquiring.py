@@ -13,29 +13,24 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable, Coroutine
-from typing import Any, Final, TypeVar
-
-import orjson
+from typing import Any, TypeVar
 
 from agent_ledger.backoff import LOCK_WAIT_SLICE_MS
 from agent_ledger.codes import ErrorCode
 from agent_ledger.decisions import notify_approval_required
-from agent_ledger.effects import Effect, EffectError, Parked, Reopening, RetryableFailure
+from agent_ledger.effects import Effect, EffectError
+from agent_ledger.engine.outcomes import TOO_MANY_TAKEOVERS, takeovers
 from agent_ledger.engine.ownership import own
 from agent_ledger.engine.preparing import Prepared
 from agent_ledger.engine.recording import Outcome, Recorder, lease_end
 from agent_ledger.engine.waiting import Acquired, Waiter
 from agent_ledger.errors import (
     ApprovalPendingError,
-    EffectDeniedError,
-    EffectFailedError,
     EffectInFlightError,
     EffectLedgerInvariantError,
     EffectLedgerValidationError,
     EffectPayloadMismatchError,
     EffectTimeoutError,
-    HandlerTimeoutError,
-    is_handler_timeout,
 )
 from agent_ledger.keys import mismatched_args
 from agent_ledger.legacy.keys import legacy_mismatched_args
@@ -43,16 +38,9 @@ from agent_ledger.observability import log_effect
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores.base import BeginOutcome, ClaimOutcome, NewEffect, SchemaCheck, Store
 
-__all__ = ["TOO_MANY_TAKEOVERS", "Acquirer", "recorded_outcome", "takeovers"]
+__all__ = ["Acquirer"]
 
 T = TypeVar("T")
-
-#: Reason recorded when an effect was taken over more than ``max_takeovers`` times.
-TOO_MANY_TAKEOVERS: Final = (
-    "taken over {n} times (max_takeovers={limit}): each holder stopped heartbeating "
-    "before it finished, so the handler may be blocking its event loop or outliving its "
-    "lease; not run again automatically. Check whether the side effect happened."
-)
 
 
 class Acquirer:
@@ -377,54 +365,6 @@ class Acquirer:
         if effect.status is EffectStatus.REQUIRES_APPROVAL and not prepared.opts.wait_for_approval:
             raise ApprovalPendingError(effect)
         raise EffectInFlightError(key, effect.status)
-
-
-def recorded_outcome(acquired: Acquired) -> object:
-    """The outcome a caller gets for an effect someone else finished.
-
-    A result that other waiters received too (a shared poll) is copied, so
-    no caller can mutate another's.
-    """
-    effect = acquired.effect
-    status = effect.status
-    if status is EffectStatus.SUCCEEDED:
-        result = effect.result
-        if acquired.shared and isinstance(result, dict | list):
-            return orjson.loads(orjson.dumps(result))
-        return result
-    if is_handler_timeout(effect):
-        raise HandlerTimeoutError(effect)  # failed or canceled: the same error as the first call
-    if status is EffectStatus.FAILED:
-        raise EffectFailedError(effect)
-    if status is EffectStatus.DENIED or status is EffectStatus.CANCELED:
-        raise EffectDeniedError(effect)
-    raise EffectLedgerInvariantError(f"no recorded outcome for a {status.value} effect")
-
-
-def takeovers(effect: Effect) -> int:
-    """How often ``effect`` was taken over from a holder that stopped heartbeating.
-
-    Every execution but the first began with a takeover, with a person's
-    approval of a parked run or a person's reopen, or with a later call's
-    retry after a retryable failure: the only ways into ``processing`` are
-    the insert, the claim of an approved effect (before any run, or after a
-    park or a reopen: the history counts those), a takeover, the retry of a
-    failed attempt (its ``RetryableFailure`` is in the history, at an
-    earlier attempt), and the claim of a released effect (a release takes
-    back the execution its own claim added, so the counts still hold).
-    """
-    # A park and a reopen each send the effect back to a person's ``ready``,
-    # and the claim after it adds an execution that took nothing over. (A
-    # reopen of an effect that had never started, canceled while it waited
-    # for approval, is subtracted as well: one later takeover may then go
-    # uncounted. The history does not say whether that run had started.)
-    others = sum(
-        1
-        for event in effect.history
-        if isinstance(event, Parked | Reopening)
-        or (isinstance(event, RetryableFailure) and event.attempt < effect.attempt)
-    )
-    return max(effect.executions - 1 - others, 0)
 
 
 def _created_to_run(begun: BeginOutcome) -> Effect | None:

@@ -32,9 +32,10 @@ from agent_ledger.effects import (
     Usage,
     usage_to_json,
 )
-from agent_ledger.engine.acquiring import TOO_MANY_TAKEOVERS, Acquirer, recorded_outcome, takeovers
+from agent_ledger.engine.acquiring import Acquirer
 from agent_ledger.engine.handlers import HANDLER_THREADS, call_handler
 from agent_ledger.engine.heartbeats import Heartbeats
+from agent_ledger.engine.outcomes import TOO_MANY_TAKEOVERS, recorded_outcome, takeovers
 from agent_ledger.engine.parking import mark_started
 from agent_ledger.engine.preparing import Prepared, Preparer
 from agent_ledger.engine.recording import (
