@@ -510,7 +510,7 @@ class Saga:
         if self._closed or not self._entered:
             raise SagaError(f"saga {self.saga_id!r}: start() is for use inside the saga's block")
         # Bad arguments raise now; the same ToolCall invoke() makes.
-        call = tool._tool_call(tool.bind_arguments(arguments))
+        call = tool.call_for(arguments)
         return self._start(tool, call, tool.invoke(arguments))
 
     def _start(
