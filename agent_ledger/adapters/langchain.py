@@ -461,7 +461,7 @@ class _Call:
 
     def ledger_call(self) -> LedgerCall:
         """The ledger's ``ToolCall`` this call runs as, here (in the current workflow)."""
-        return self.tool._tool_call(self.values, self.call_id, None, self.default_scope())
+        return self.tool.call_of(self.values, self.call_id, None, self.default_scope())
 
     def key(self) -> str | None:
         """The idempotency key this call runs under here; None if no key can be made."""

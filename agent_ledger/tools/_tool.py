@@ -320,7 +320,7 @@ class Tool(Generic[R_co]):
 
         Binds the arguments and reads the current workflow; raises like a call.
         """
-        return self._tool_call(self._bind(args, kwargs))
+        return self.call_of(self._bind(args, kwargs))
 
     def scope_for(self, scope: Scope | None = None, default_scope: Scope | None = None) -> Scope:
         """The scope a call of this tool is keyed by: the call's own ``scope``, else
@@ -334,13 +334,20 @@ class Tool(Generic[R_co]):
             return check_scope(default_scope, "default_scope")
         return "workflow"
 
-    def _tool_call(
+    def call_of(
         self,
         values: dict[str, object],
         call_id: str | None = None,
         scope: Scope | None = None,
         default_scope: Scope | None = None,
     ) -> ToolCall:
+        """The ``ToolCall`` for ``values`` already bound (by :meth:`bind` or
+        :meth:`bind_arguments`), here and now: its workflow, turn and scope.
+
+        For an adapter that binds a call once, then keys and runs it: binding
+        again would drop what the framework injected beside the model's
+        arguments. Raises ``EffectLedgerValidationError`` outside a workflow.
+        """
         workflow_id = self.workflow_id or current_workflow()
         if workflow_id is None:
             raise EffectLedgerValidationError(
@@ -368,7 +375,7 @@ class Tool(Generic[R_co]):
         else:
             values = self._bind(args, kwargs)
             handler = self._make_handler(values)
-        call = self._tool_call(values)
+        call = self.call_of(values)
         # The function's R on a fresh run; on a replay its JSON (a tuple as a list).
         return cast(R_co, await self._run(call, handler, self._run_options))
 
@@ -565,7 +572,7 @@ class Tool(Generic[R_co]):
         """
         options = self._options_over(run_options)
         values = self.bind_arguments(arguments)
-        call = self._tool_call(values, call_id, scope, default_scope)
+        call = self.call_of(values, call_id, scope, default_scope)
         return cast(R_co, await self._run(call, self._handler_of(values, context), options))
 
     def _handler_of(self, values: dict[str, object], context: object) -> Callable[[Effect], object]:
@@ -583,7 +590,7 @@ class Tool(Generic[R_co]):
     ) -> ToolCall:
         """The ``ToolCall`` that ``invoke(arguments, ...)`` with these would run, here and
         now (its workflow, turn and scope); raises as the call would."""
-        return self._tool_call(self.bind_arguments(arguments), call_id, scope, default_scope)
+        return self.call_of(self.bind_arguments(arguments), call_id, scope, default_scope)
 
     async def call_outcome(
         self,
@@ -605,7 +612,7 @@ class Tool(Generic[R_co]):
         """
         options = self._options_over(run_options)
         values = self.bind_arguments(arguments)
-        call = self._tool_call(values, call_id, scope, default_scope)
+        call = self.call_of(values, call_id, scope, default_scope)
         slot = OutcomeSlot(self.ledger.idem_key(call))
         token = enter_outcome_slot(slot)
         try:

@@ -168,3 +168,17 @@ async def test_invoke_refuses_options_that_are_not_run_options() -> None:
 
     with pytest.raises(EffectLedgerValidationError, match="run_options"):
         await t.invoke({}, run_options={"wait_for_approval": False})  # type: ignore[arg-type]
+
+
+async def test_a_call_of_bound_values_is_the_call_its_arguments_make() -> None:
+    """``call_of(bind_arguments(args))`` keys as ``call_for(args)``, so an adapter binds once."""
+    ledger = build_ledger(MemoryStore())
+    add = _counting(ledger, [])
+    async with ledger.workflow("w"):
+        values = add.bind_arguments({"a": 1, "b": 2})
+        assert values == {"a": 1, "b": 2, "c": 10}
+        bound = add.call_of(values, call_id="call-1")
+        assert bound.call_id == "call-1"
+        assert ledger.idem_key(bound) == ledger.idem_key(add.call_for({"b": 2, "a": 1}))
+    with pytest.raises(EffectLedgerValidationError, match="outside a workflow"):
+        add.call_of(values)
