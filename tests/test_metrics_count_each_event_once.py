@@ -9,6 +9,7 @@ import asyncio
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -380,3 +381,24 @@ def test_each_process_counts_the_transitions_it_made(tmp_path: Path) -> None:
     reviewer = run("reviewer")
     assert reviewer == {"pending": -3, "waiting": 0}
     assert agent["pending"] + reviewer["pending"] == reviewer["waiting"]
+
+
+def test_counts_from_many_threads_add_up(readings: Readings) -> None:
+    """Sync callers run ledgers' loops on threads of their own: counts made on eight
+    threads at once, switching as often as the interpreter allows, all land."""
+
+    def count() -> None:
+        for _ in range(5_000):
+            metrics.executed("t")
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=count) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert readings.values("agent_ledger.executions") == {series(tool="t"): 40_000}
