@@ -259,6 +259,9 @@ class _Bound(NamedTuple):
 _bound: _Bound | None = None
 #: A provider given to :func:`set_meter_provider`; None: the API's global one.
 _chosen: object | None = None
+#: Every binding made, by provider (a handful at most: the global one, and those
+#: given to :func:`set_meter_provider`).
+_earlier: list[_Bound] = []
 _lock = threading.Lock()
 
 
@@ -288,6 +291,12 @@ def _bind(provider: Any) -> _Bound:
     with _lock:
         if _bound is not None and _bound.provider is provider:
             return _bound
+        for earlier in _earlier:
+            if earlier.provider is provider:
+                # Back to a provider used before: its instruments exist (creating
+                # them again would report each series twice); its totals go on.
+                _bound = earlier
+                return earlier
         meter = provider.get_meter("agent_ledger", __version__)
         totals: dict[str, _Totals] = {}
         wait = None
@@ -314,6 +323,7 @@ def _bind(provider: Any) -> _Bound:
             pending=totals[_PENDING.name],
             wait=wait,
         )
+        _earlier.append(_bound)
         return _bound
 
 

@@ -44,8 +44,10 @@ class Histogram:
 class Readings:
     """What the reader collected, by instrument name and series."""
 
-    def __init__(self, reader: InMemoryMetricReader) -> None:
+    def __init__(self, reader: InMemoryMetricReader, provider: MeterProvider) -> None:
         self._reader = reader
+        #: The provider the ledger records on.
+        self.provider = provider
 
     def collect(self) -> dict[str, dict[Series, Any]]:
         data = self._reader.get_metrics_data()
@@ -88,7 +90,7 @@ def readings() -> Iterator[Readings]:
     provider = MeterProvider(metric_readers=[reader])
     metrics.set_meter_provider(provider)
     try:
-        yield Readings(reader)
+        yield Readings(reader, provider)
     finally:
         metrics.set_meter_provider(None)
         provider.shutdown()

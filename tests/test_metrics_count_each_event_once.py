@@ -15,6 +15,8 @@ from pathlib import Path
 
 import orjson
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from agent_ledger import (
     ApprovalPendingError,
@@ -402,3 +404,17 @@ def test_counts_from_many_threads_add_up(readings: Readings) -> None:
     finally:
         sys.setswitchinterval(switch)
     assert readings.values("agent_ledger.executions") == {series(tool="t"): 40_000}
+
+
+def test_a_provider_given_again_goes_on_with_its_own_instruments(readings: Readings) -> None:
+    """Recording on another provider, then on the first again: the first's counts go
+    on from where they were, each series reported once; the other saw only its own."""
+    other = Readings(reader := InMemoryMetricReader(), MeterProvider(metric_readers=[reader]))
+    metrics.executed("t")
+    metrics.set_meter_provider(other.provider)
+    metrics.executed("t")
+    metrics.set_meter_provider(readings.provider)
+    metrics.executed("t")
+    assert readings.values("agent_ledger.executions") == {series(tool="t"): 2}
+    assert other.values("agent_ledger.executions") == {series(tool="t"): 1}
+    other.provider.shutdown()
