@@ -32,6 +32,7 @@ from agent_ledger.decisions import NO_RESULT
 from agent_ledger.effects import Effect, EffectError, JSONValue, storable_text
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.keys import canonical_json
+from agent_ledger.metrics import EXPIRED, OUTCOMES, approval_left, decided, recording, refused
 from agent_ledger.observability import log_effect
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores.approval_base import ApprovalStore, DecideRequest
@@ -110,6 +111,7 @@ async def refuse(
     await approval_store(store).record_attempt(
         attempt, outcome=DecisionOutcome.REFUSED, reason=reason
     )
+    refused(attempt.channel, attempt.action, reason)
     return DecisionResult(False, reason, message, effect)
 
 
@@ -216,6 +218,8 @@ async def decide(
         return await refuse(
             store, attempt, DecisionCode.ALREADY_DECIDED, already_decided(now_effect), now_effect
         )
+    approval_left(effect, outcome.effect, OUTCOMES[target])
+    decided(outcome.effect, channel, action)
     log_effect(logging.INFO, f"effect decided by {principal} via {channel.value}", outcome.effect)
     return DecisionResult(True, DecisionCode.DECIDED, f"{action.value}d", outcome.effect)
 
@@ -265,6 +269,8 @@ async def expire_overdue(store: Store, *, only: str | None = None) -> list[Effec
     for request in await approvals.overdue_approvals():
         if only is not None and request.idem_key != only:
             continue
+        # Read only to time the wait (see metrics.approval_left), and only when counted.
+        waiting = await store.find(request.idem_key) if recording() else None
         moved = await store.settle(
             request.idem_key,
             target=EffectStatus.DENIED,
@@ -274,6 +280,7 @@ async def expire_overdue(store: Store, *, only: str | None = None) -> list[Effec
             ),
         )
         if moved is not None:
+            approval_left(waiting, moved, EXPIRED)
             log_effect(logging.INFO, "approval expired: effect denied", moved)
             denied.append(moved)
     return denied

@@ -26,6 +26,14 @@ from agent_ledger.codes import ErrorCode
 from agent_ledger.effects import Effect, EffectError, JSONValue, storable_text
 from agent_ledger.errors import EffectLedgerValidationError, require_str
 from agent_ledger.keys import canonical_json
+from agent_ledger.metrics import (
+    OUTCOMES,
+    approval_entered,
+    approval_left,
+    decided,
+    recording,
+    taken_over,
+)
 from agent_ledger.names import check_name_length
 from agent_ledger.observability import effect_fields, log_effect, logger
 from agent_ledger.options import LedgerHooks
@@ -38,6 +46,7 @@ from agent_ledger.stores.base import (
     NewEffect,
     SchemaCheck,
     Store,
+    transition_sources,
 )
 
 __all__ = [
@@ -47,6 +56,7 @@ __all__ = [
     "BegunAttempts",
     "Decisions",
     "ambiguous_error",
+    "cancel_counted",
     "cancel_if_waiting",
     "close_unbegun",
     "notify_approval_required",
@@ -138,6 +148,7 @@ class Decisions:
         # running effect, and we say so instead of returning False.
         moved = await self._move(idem_key, EffectStatus.REQUIRES_APPROVAL, None, None)
         if moved is not None:
+            approval_entered(moved)
             await notify_approval_required(moved, hooks)
             return True
         found = await self._store.find(idem_key)
@@ -169,6 +180,7 @@ class Decisions:
                 self.begun.forget(found.id)
                 held = await self._store.find(idem_key)
                 if held is not None:
+                    approval_entered(held)
                     log_effect(logging.INFO, "effect sent for approval by its holder", held)
                     await notify_approval_required(held, hooks)
                 return True
@@ -311,6 +323,8 @@ class Decisions:
     ) -> Effect | None:
         require_str(idem_key, "idem_key")
         await self._schema.ensure()
+        # Read only to time the wait (see metrics.approval_left), and only when counted.
+        waiting = await self._store.find(idem_key) if recording() else None
         moved = await self._store.settle(
             idem_key,
             target=target,
@@ -321,13 +335,20 @@ class Decisions:
             error=error,
         )
         if moved is not None:
+            approval_left(waiting, moved, OUTCOMES[target])
+            decided(moved, "code", _ACTIONS[target])
             log_effect(logging.INFO, f"effect settled: {target.value}", moved)
         return moved
 
     async def cancel(self, idem_key: str, *, reason: str | None, by: str | None) -> bool:
         error = EffectError(message=_reason(reason, "canceled"), code=ErrorCode.CANCELED)
         decision = _decision(by, None)
-        return await self._move(idem_key, EffectStatus.CANCELED, error, decision) is not None
+        require_str(idem_key, "idem_key")
+        await self._schema.ensure()
+        moved = await cancel_counted(self._store, idem_key, error, decision, None)
+        if moved is not None:
+            log_effect(logging.INFO, "effect moved to canceled", moved)
+        return moved is not None
 
     async def reopen(self, idem_key: str, *, by: str, reason: str) -> bool:
         require_str(idem_key, "idem_key")
@@ -460,14 +481,68 @@ async def cancel_if_waiting(store: Store, idem_key: str, error: EffectError, *, 
     compare-and-set: a read then an unconditional cancel would cancel an
     effect a worker claimed in between, under its running handler, whose
     side effect then stands with nothing to undo it."""
-    moved = await store.transition(
-        idem_key,
-        target=EffectStatus.CANCELED,
-        error=error,
-        decision=Decision(by=by),
-        sources=WAITING_FOR_A_PERSON,
-    )
+    moved = await cancel_counted(store, idem_key, error, Decision(by=by), WAITING_FOR_A_PERSON)
     return moved is not None
+
+
+async def cancel_counted(
+    store: Store,
+    idem_key: str,
+    error: EffectError,
+    decision: Decision,
+    sources: frozenset[EffectStatus] | None,
+) -> Effect | None:
+    """``Store.transition`` to ``canceled`` (from ``sources``, default every status a
+    decision may cancel), knowing whether it left ``requires_approval``.
+
+    When metrics are counted, the cancel from ``requires_approval`` is tried
+    first on its own, then from the other statuses: each is one
+    compare-and-set, so the step that moved the effect says where from, and
+    the pending-approval count goes down exactly when it should. Uncounted,
+    it is the one compare-and-set it always was.
+    """
+    target = EffectStatus.CANCELED
+    if not recording():
+        return await store.transition(
+            idem_key, target=target, error=error, decision=decision, sources=sources
+        )
+    allowed = transition_sources(target, sources)
+    asked = frozenset({EffectStatus.REQUIRES_APPROVAL}) & allowed
+    rest = allowed - asked
+    for _ in range(_CANCEL_TRIES):
+        waiting = await store.find(idem_key)  # to time the wait only
+        if asked:
+            moved = await store.transition(
+                idem_key, target=target, error=error, decision=decision, sources=asked
+            )
+            if moved is not None:
+                approval_left(waiting, moved, OUTCOMES[target])
+                return moved
+        if rest:
+            moved = await store.transition(
+                idem_key, target=target, error=error, decision=decision, sources=rest
+            )
+            if moved is not None:
+                return moved
+        now = await store.find(idem_key)
+        if now is None or now.status not in allowed:
+            return None  # nothing to cancel from: the answer stands
+        # Moved between the two steps to a status it may be canceled from: again.
+    # Raced that often: cancel as before, uncounted (the count may drift by one).
+    return await store.transition(
+        idem_key, target=target, error=error, decision=decision, sources=sources
+    )
+
+
+#: How often ``cancel_counted`` tries the split compare-and-set before giving up on counting.
+_CANCEL_TRIES: Final = 3
+#: The decision action of each status ``Decisions._settle`` moves an effect to.
+_ACTIONS: Final = {
+    EffectStatus.READY: "approve",
+    EffectStatus.DENIED: "deny",
+    EffectStatus.SUCCEEDED: "resolve",
+    EffectStatus.FAILED: "resolve",
+}
 
 
 async def close_unbegun(
@@ -497,7 +572,10 @@ async def park_if_silent(store: Store, idem_key: str) -> ClaimOutcome:
     """Park the effect for a person if its holder went silent for a whole lease
     after its handler started under ``on_stale="park"`` (judged by the store's
     clock). A window of 1 ms: the holder's own lease (the longer) decides."""
-    return await store.park(idem_key, stale_after_ms=1, error=ambiguous_error())
+    outcome = await store.park(idem_key, stale_after_ms=1, error=ambiguous_error())
+    if outcome.claimed and outcome.effect is not None:
+        approval_entered(outcome.effect)
+    return outcome
 
 
 async def take_over_and_cancel(
@@ -516,6 +594,7 @@ async def take_over_and_cancel(
     """
     outcome = await store.claim(idem_key, stale_after_ms=1, lease_ms=lease_ms)
     if outcome.claimed and outcome.effect is not None:
+        taken_over(outcome.effect.tool)
         await store.commit(
             outcome.effect.id,
             attempt=outcome.effect.attempt,

@@ -11,8 +11,12 @@ The API alone is often installed without anyone tracing (the Anthropic and
 MCP SDKs depend on it). Its default provider hands out spans that record
 nothing and carry the parent's context unchanged, so starting one would cost
 several microseconds per ``run()`` and change nothing anyone can observe:
-``span()`` asks which provider is current on every call (a provider set after
-import counts from then on) and skips the span while none is set.
+``span()`` checks whether a provider is set on every call (a provider set
+after import counts from then on) and skips the span while none is set. The
+check reads the API's provider global, as the API's own proxy tracer does:
+``get_tracer_provider()`` would also look up an environment variable on
+every call. A provider, once set, stays (the API sets it once), so a yes is
+kept. Metrics are in ``agent_ledger.metrics``.
 """
 
 from __future__ import annotations
@@ -75,9 +79,25 @@ _SILENT_PROVIDERS: tuple[type, ...] = (
 )
 
 
+#: Where the API keeps the global provider (None until one is set); another
+#: API layout falls back to ``get_tracer_provider()``.
+_PEEK: Final = _trace is not None and hasattr(_trace, "_TRACER_PROVIDER")
+#: A recording provider was seen: it cannot be replaced, so spans record from now on.
+_traced = False
+
+
 def _tracing() -> bool:
     """Whether a span would record anything: the API is there and a provider is set."""
-    return _tracer is not None and not isinstance(_trace.get_tracer_provider(), _SILENT_PROVIDERS)
+    global _traced
+    if _traced:
+        return _tracer is not None
+    if _tracer is None:
+        return False
+    provider = _trace._TRACER_PROVIDER if _PEEK else _trace.get_tracer_provider()
+    if provider is None or isinstance(provider, _SILENT_PROVIDERS):
+        return False
+    _traced = True
+    return True
 
 
 _NO_SPAN: Final = nullcontext()

@@ -34,6 +34,7 @@ from agent_ledger.errors import (
 )
 from agent_ledger.keys import mismatched_args
 from agent_ledger.legacy.keys import legacy_mismatched_args
+from agent_ledger.metrics import approval_entered, replayed
 from agent_ledger.observability import log_effect
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores.base import BeginOutcome, ClaimOutcome, NewEffect, SchemaCheck, Store
@@ -109,14 +110,21 @@ class Acquirer:
                 log_effect(logging.DEBUG, "effect created", effect)
                 return Acquired(effect, owned=True, fresh=True)
             # Inserted waiting for a person, in the same atomic step.
+            approval_entered(effect)
             log_effect(logging.INFO, "effect requires approval", effect)
             await notify_approval_required(effect, prepared.hooks)
-        elif effect.status.is_terminal:
+            return await self.wait(prepared, effect, tx, since=since)
+        if effect.status.is_terminal:
             if effect.retryable and tx is None:
-                return await self.retry(prepared, effect)
-            log_effect(logging.DEBUG, "effect replayed", effect)
-            return Acquired(effect, owned=False)
-        return await self.wait(prepared, effect, tx, since=since)
+                acquired = await self.retry(prepared, effect)
+            else:
+                log_effect(logging.DEBUG, "effect replayed", effect)
+                acquired = Acquired(effect, owned=False)
+        else:
+            acquired = await self.wait(prepared, effect, tx, since=since)
+        if not acquired.owned:
+            replayed(effect.tool)  # the key was stored: another call's outcome answers
+        return acquired
 
     @staticmethod
     async def _before_begin(
@@ -277,8 +285,10 @@ class Acquirer:
         try:
             needs = policy()
         except BaseException:
-            if tx is None:
-                await self._store.release(effect.id, attempt=effect.attempt, for_approval=True)
+            if tx is None and await self._store.release(
+                effect.id, attempt=effect.attempt, for_approval=True
+            ):
+                approval_entered(effect)
             raise
         if not needs:
             return effect

@@ -59,6 +59,7 @@ from agent_ledger.engine.retrying import (
 from agent_ledger.engine.waiting import Acquired
 from agent_ledger.errors import EffectLedgerValidationError, require_str
 from agent_ledger.keys import canonical_json
+from agent_ledger.metrics import commit_fenced, executed, recording
 from agent_ledger.options import EffectLedgerOptions, LedgerHooks, ResolvedRunOptions
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores.base import SchemaCheck, Store
@@ -164,6 +165,7 @@ class Engine:
                 break
             acquired = await acquirer.wait(prepared, acquired.effect, tx)
         if acquired.owned:
+            executed(acquired.effect.tool)  # the caller runs the tool now
             return BeginResult(
                 acquired.effect,
                 cached=False,
@@ -216,6 +218,7 @@ class Engine:
         try:
             try:
                 while True:
+                    executed(effect.tool)
                     try:
                         value = await call_handler(handler, effect, opts)
                     except Exception as exc:
@@ -287,7 +290,7 @@ class Engine:
                 f"CommitFailed(error=EffectError(...)), got {outcome!r}",
                 field="outcome",
             )
-        return await self._store.commit(
+        committed = await self._store.commit(
             effect_id,
             attempt=attempt,
             status=status,
@@ -297,3 +300,12 @@ class Engine:
             usage_json=usage_json,
             retryable=isinstance(outcome, CommitFailed) and outcome.retryable,
         )
+        if not committed and recording():
+            # Refused because another attempt or a decision holds it, not a
+            # repeat of this attempt's own commit: read only to count it.
+            stored = await self._store.get(effect_id, tx=tx)
+            if stored is not None and (
+                (attempt is not None and stored.attempt != attempt) or stored.status is not status
+            ):
+                commit_fenced(stored.tool)
+        return committed

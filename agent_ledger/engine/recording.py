@@ -27,6 +27,7 @@ from agent_ledger.engine.handlers import failure_of, usage_json
 from agent_ledger.engine.heartbeats import Beat
 from agent_ledger.errors import EffectLedgerValidationError, EffectStoreError, HandlerTimeoutError
 from agent_ledger.keys import canonical_json
+from agent_ledger.metrics import commit_fenced
 from agent_ledger.observability import effect_fields, log_effect, logger
 from agent_ledger.options import DEFAULT_STALE_AFTER_MS, ResolvedRunOptions
 from agent_ledger.retries import failure_is_retryable
@@ -333,6 +334,7 @@ class Recorder:
                     and not was_parked(stored, effect.attempt)
                 )
             if not won:
+                commit_fenced(effect.tool)
                 log_effect(
                     logging.WARNING,
                     "commit rejected: another attempt or a decision got there first",

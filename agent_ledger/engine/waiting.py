@@ -32,6 +32,7 @@ from agent_ledger.errors import (
     EffectStoreError,
     EffectTimeoutError,
 )
+from agent_ledger.metrics import approval_entered, taken_over
 from agent_ledger.observability import log_effect, logger
 from agent_ledger.options import ResolvedConcurrency, ResolvedRunOptions
 from agent_ledger.status import CLAIMABLE, EffectStatus
@@ -188,6 +189,8 @@ class Waiter:
                             self._page_if_parked(idem_key, effect.attempt, on_parked)
                         )
                     raise
+                if poll.parked:
+                    approval_entered(poll.effect)  # our park won: counted once, here
                 if poll.parked or (unsure_park == poll.effect.attempt and poll.effect.parked):
                     # Paged at least once: after a lost reply, a page may be
                     # sent twice (if another caller parked it meanwhile).
@@ -196,8 +199,11 @@ class Waiter:
                     unsure_park = None
                 elif park:
                     unsure_park = effect.attempt
+                claimed_from = effect.status
                 effect = poll.effect
                 if poll.claimed:
+                    if claimed_from is _PROCESSING:
+                        taken_over(effect.tool)
                     # attempt 2+ from ready is an approval; from processing, a takeover.
                     log_effect(logging.INFO, f"claimed effect (attempt {effect.attempt})", effect)
                     return Acquired(effect, owned=True)

@@ -86,3 +86,19 @@ async def test_log_records_carry_the_effect_fields(caplog: pytest.LogCaptureFixt
     assert record.idem_key == ledger.idem_key(call)  # type: ignore[attr-defined]
     assert record.workflow_id == "wf-9" and record.tool == "email.send"  # type: ignore[attr-defined]
     assert record.effect_id  # type: ignore[attr-defined]
+
+
+def test_span_does_not_look_the_tracer_provider_up_per_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the API and no provider set, span() reads the API's provider variable,
+    as its proxy tracer does, and never calls get_tracer_provider(), which reads an
+    environment variable on every call."""
+    from opentelemetry import trace
+
+    calls: list[None] = []
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: calls.append(None))
+    assert observability._PEEK
+    for _ in range(100):
+        assert observability.span("x", "tool", "key") is observability._NO_SPAN
+    assert calls == []
