@@ -26,7 +26,7 @@ from agent_ledger import (
     RunOptions,
     ToolCall,
 )
-from agent_ledger.approvals import Channel, DecisionAction
+from agent_ledger.approvals import Channel, DecisionAction, DecisionOutcome
 from agent_ledger.codes import DecisionCode
 from agent_ledger.deciding import decide, effect_intent, expire_overdue
 from agent_ledger.effects import CommitSucceeded, Effect
@@ -289,6 +289,22 @@ async def test_separation_of_duty_refuses_the_requesters_own_decision() -> None:
         with pytest.raises(EffectLedgerPermissionError) as refused:
             await both.approve(effect.idem_key, by="someone-else")
         _refused(refused.value, DecisionCode.SELF_DECISION)
+        # Through decide() (the console's path) the refusal is in the audit trail.
+        with pytest.raises(EffectLedgerPermissionError):
+            await decide(
+                store,
+                effect.idem_key,
+                action=DecisionAction.APPROVE,
+                principal="bob",
+                channel=Channel.CONSOLE,
+                shown_intent=effect_intent(effect, await store.approval_request(effect.idem_key)),
+            )
+        (attempt,) = await world.admin.decision_attempts(effect.idem_key)
+        assert (attempt.principal, attempt.outcome, attempt.reason_code) == (
+            "bob",
+            DecisionOutcome.REFUSED,
+            DecisionCode.SELF_DECISION,
+        )
         assert await world.admin.find(effect.idem_key) == effect
         approver, _ = await _ledger(world, "approver")
         assert await approver.approve(effect.idem_key, by="x")
