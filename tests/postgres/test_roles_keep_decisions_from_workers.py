@@ -185,6 +185,8 @@ async def test_an_approver_decides_as_its_session_whatever_by_says(world: RoleWo
     assert isinstance(stored, dict) and stored["claimed_by"] == "mallory"
     # The worker's next run claims the approved effect and runs it.
     assert await worker.run(PAY, lambda e: {"paid": e.args["cents"]}, GATED) == {"paid": 9_900}
+    ran = await world.admin.find(effect.idem_key)  # the worker's claim keeps the decider
+    assert ran is not None and ran.decided_by == world.logins["approver"]
     # A denial, through decide(): the audit trail keeps the person the
     # application authenticated; the effect, the database's identity.
     other = await _waiting(
