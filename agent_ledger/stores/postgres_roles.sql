@@ -77,6 +77,9 @@ CREATE TABLE IF NOT EXISTS {settings} (
     updated_at     timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 
+-- The functions below run as the caller (so current_user is the caller) with
+-- a fixed search_path: a caller's own function named like a built-in one
+-- (pg_has_role) in a schema it put first must not answer for it.
 -- ---------------------------------------------------------------------------
 -- Who the session is: the current role, or, when that is one of the three
 -- group roles (a session that ran SET ROLE to one), the role it logged in as.
@@ -84,7 +87,7 @@ CREATE TABLE IF NOT EXISTS {settings} (
 -- one service connection decides as several people, verified by PostgreSQL.
 -- ---------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION {identity}() RETURNS text
-LANGUAGE sql STABLE AS $identity$
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $identity$
     SELECT CASE WHEN current_user IN ({owner_name}, {worker_name}, {approver_name})
                 THEN session_user ELSE current_user END::text
 $identity$;
@@ -93,7 +96,7 @@ $identity$;
 -- The decision guard, BEFORE UPDATE of an effect's status or decision.
 -- ---------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION {guard}() RETURNS trigger
-LANGUAGE plpgsql AS $guard$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $guard$
 DECLARE
     settings record;
     who text := {identity}();
@@ -188,7 +191,7 @@ CREATE OR REPLACE TRIGGER agent_ledger_effects_decision_guard
 -- the owner's.
 -- ---------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION {insert_guard}() RETURNS trigger
-LANGUAGE plpgsql AS $insert_guard$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $insert_guard$
 DECLARE
     settings record;
 BEGIN
@@ -214,7 +217,7 @@ CREATE OR REPLACE TRIGGER agent_ledger_effects_insert_guard
 -- Who asked: always the identity of the session that writes the request.
 -- ---------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION {stamp}() RETURNS trigger
-LANGUAGE plpgsql AS $stamp$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $stamp$
 BEGIN
     NEW.requested_by := {identity}();
     RETURN NEW;
@@ -255,8 +258,10 @@ BEGIN
     -- A begin that finds no partition for now makes it (the partitioned
     -- variant): as the owner, who alone may attach partitions.
     IF to_regprocedure({add_partitions_name}) IS NOT NULL THEN
-        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER',
-                       to_regprocedure({add_partitions_name}));
+        -- A definer's search_path names the schema and puts pg_temp last, so
+        -- no caller's temporary table stands in for the ledger's.
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp',
+                       to_regprocedure({add_partitions_name}), {schema_name});
     END IF;
 END
 $owner$;

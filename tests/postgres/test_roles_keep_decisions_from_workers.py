@@ -331,3 +331,31 @@ async def test_without_separation_of_duty_a_requester_who_approves_may_decide() 
         with pytest.raises(EffectLedgerPermissionError) as refused:
             await both.approve(other.idem_key)
         _refused(refused.value, DecisionCode.SELF_DECISION)
+
+
+async def test_a_worker_cannot_stand_in_its_own_pg_has_role(world: RoleWorld) -> None:
+    """The guard runs as the caller; a caller's function named like the built-in,
+    in a schema it puts first, must not answer for it (the functions fix search_path)."""
+    worker, _ = await _ledger(world, "worker")
+    effect = await _waiting(worker)
+    login = world.logins["worker"]
+    evil = sql.Identifier(f"{login}_evil")
+    await world.sql(
+        sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(evil, sql.Identifier(login))
+    )
+    table = sql.Identifier(world.schema, "agent_ledger_effects")
+    async with await psycopg.AsyncConnection.connect(world.dsn("worker"), autocommit=True) as conn:
+        for signature in ("name, text, text", "text, text, text"):
+            await conn.execute(
+                sql.SQL(
+                    "CREATE FUNCTION {}.pg_has_role(" + signature + ") RETURNS boolean"
+                    " LANGUAGE sql AS 'SELECT true'"
+                ).format(evil)
+            )
+        await conn.execute(sql.SQL("SET search_path = {}, pg_catalog").format(evil))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            await conn.execute(
+                sql.SQL("UPDATE {} SET status = 'ready' WHERE id = %s").format(table),
+                (effect.id,),
+            )
+    assert await world.admin.find(effect.idem_key) == effect
