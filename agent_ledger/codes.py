@@ -143,6 +143,11 @@ class DecisionCode(enum.StrEnum):
         "on (in `decide()`, or, with PostgreSQL's role set, refused by the database: 42501)",
     )
     EXPIRED = "expired", "the approval's deadline had passed: the effect was denied as expired"
+    UNKNOWN_REQUESTER = (
+        "unknown_requester",
+        "PostgreSQL's role set with separation of duty refused a decision on an effect "
+        "whose request records nobody as its asker (a parked attempt excepted)",
+    )
     NOT_AN_APPROVER = (
         "not_an_approver",
         "PostgreSQL with the role set installed refused the decision: the session's role is "

@@ -47,7 +47,9 @@ LINKS_TABLE: Final = "agent_ledger_used_links"
 
 
 #: The role set's refusals of a decision, as recorded in the audit trail.
-_DATABASE_REFUSALS: Final = frozenset({DecisionCode.NOT_AN_APPROVER, DecisionCode.SELF_DECISION})
+_DATABASE_REFUSALS: Final = frozenset(
+    {DecisionCode.NOT_AN_APPROVER, DecisionCode.SELF_DECISION, DecisionCode.UNKNOWN_REQUESTER}
+)
 
 
 class _NotSettled(Exception):

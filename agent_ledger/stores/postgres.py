@@ -293,6 +293,7 @@ _APPROVER_STEPS: Final = frozenset({"decide", "settle", "reopen", "record_attemp
 _REFUSALS: Final = {
     DecisionCode.NOT_AN_APPROVER.value: DecisionCode.NOT_AN_APPROVER,
     DecisionCode.SELF_DECISION.value: DecisionCode.SELF_DECISION,
+    DecisionCode.UNKNOWN_REQUESTER.value: DecisionCode.UNKNOWN_REQUESTER,
 }
 
 

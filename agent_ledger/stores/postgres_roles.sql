@@ -101,6 +101,7 @@ DECLARE
     settings record;
     who text := {identity}();
     expired_denial boolean;
+    asker text;
     last jsonb;
 BEGIN
     IF NEW.status IS NOT DISTINCT FROM OLD.status
@@ -142,13 +143,22 @@ BEGIN
                       HINT = format('GRANT %I TO %I; (as a role that may grant it)',
                                     coalesce(settings.approver_role, {approver_name}), who);
         END IF;
-        IF settings.separate_duty AND EXISTS (
-            SELECT 1 FROM {approvals} AS a
-            WHERE a.idem_key = OLD.idem_key AND a.requested_by = who) THEN
-            RAISE EXCEPTION 'agent-ledger: % asked for the approval of effect % (%) and may not decide it (separation of duty)',
-                    who, OLD.idem_key, OLD.tool
-                USING ERRCODE = '42501', CONSTRAINT = 'self_decision',
-                      HINT = 'another member of the approver role must decide it';
+        IF settings.separate_duty THEN
+            SELECT a.requested_by INTO asker FROM {approvals} AS a WHERE a.idem_key = OLD.idem_key;
+            IF asker = who THEN
+                RAISE EXCEPTION 'agent-ledger: % asked for the approval of effect % (%) and may not decide it (separation of duty)',
+                        who, OLD.idem_key, OLD.tool
+                    USING ERRCODE = '42501', CONSTRAINT = 'self_decision',
+                          HINT = 'another member of the approver role must decide it';
+            END IF;
+            -- Nobody recorded as the asker could be the decider: refused, but
+            -- for a parked attempt (the system asked, when a worker went silent).
+            IF asker IS NULL AND OLD.error ->> 'code' IS DISTINCT FROM 'ambiguous_attempt' THEN
+                RAISE EXCEPTION 'agent-ledger: nobody is recorded as having asked for the approval of effect % (%): with separation of duty, a decision needs a recorded requester other than the decider',
+                        OLD.idem_key, OLD.tool
+                    USING ERRCODE = '42501', CONSTRAINT = 'unknown_requester',
+                          HINT = 'the worker records the request (agent_ledger_approvals) when it asks for the approval';
+            END IF;
         END IF;
     END IF;
     -- The decider is the session's identity, whatever the client wrote; the
@@ -305,10 +315,15 @@ $grants$;
 GRANT INSERT, UPDATE ON {effects} TO {worker};
 GRANT INSERT, UPDATE, DELETE ON {budgets}, {holds}, {charges} TO {worker};
 GRANT INSERT, UPDATE ON {sagas}, {steps} TO {worker};
-GRANT INSERT, UPDATE ON {approvals} TO {worker};
+-- Requests: never their key (a request moved to another effect would leave
+-- its own with no requester), only what a renewed request rewrites.
+REVOKE UPDATE ON {approvals} FROM {worker}, {approver};
+GRANT INSERT ON {approvals} TO {worker};
+GRANT UPDATE (requested_by, policy_version, deadline_at, escalated_at, created_at)
+    ON {approvals} TO {worker};
 
 -- The approver: decisions, their audit trail, signed links; and marks on
 -- requests (escalation).
 GRANT UPDATE ON {effects} TO {approver};
 GRANT INSERT ON {attempts}, {links} TO {approver};
-GRANT UPDATE ON {approvals} TO {approver};
+GRANT UPDATE (escalated_at) ON {approvals} TO {approver};

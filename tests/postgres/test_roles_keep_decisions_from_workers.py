@@ -237,8 +237,21 @@ async def test_requested_by_is_the_session_whatever_the_client_writes(world: Rol
             sql.SQL("UPDATE {} SET requested_by = 'the-ceo' WHERE idem_key = %s").format(table),
             (effect.idem_key,),
         )
+        # A renewed request (insert-or-update of every field but the key) works,
+        # and stays the worker's own.
+        await conn.execute(
+            sql.SQL(
+                "INSERT INTO {} AS a (idem_key, requested_by, policy_version, deadline_at)"
+                " VALUES (%s, 'the-ceo', 'p2', NULL) ON CONFLICT (idem_key) DO UPDATE SET"
+                " requested_by = EXCLUDED.requested_by, policy_version = EXCLUDED.policy_version,"
+                " deadline_at = EXCLUDED.deadline_at, escalated_at = NULL,"
+                " created_at = clock_timestamp()"
+            ).format(table),
+            (effect.idem_key,),
+        )
     again = await store.approval_request(effect.idem_key)
     assert again is not None and again.requested_by == world.logins["worker"]
+    assert again.policy_version == "p2"
 
 
 async def test_reopen_is_a_decision(world: RoleWorld) -> None:
@@ -359,3 +372,39 @@ async def test_a_worker_cannot_stand_in_its_own_pg_has_role(world: RoleWorld) ->
                 (effect.id,),
             )
     assert await world.admin.find(effect.idem_key) == effect
+
+
+async def test_with_separation_of_duty_a_decision_needs_a_recorded_requester() -> None:
+    async with role_world(separate_duty=True) as world:
+        worker, store = await _ledger(world, "worker")
+        approver, _ = await _ledger(world, "approver")
+        unasked = await _waiting(worker)
+        with pytest.raises(EffectLedgerPermissionError) as refused:
+            await approver.approve(unasked.idem_key)
+        _refused(refused.value, DecisionCode.UNKNOWN_REQUESTER)
+        assert await world.admin.find(unasked.idem_key) == unasked
+        # The worker cannot move its request to another effect either.
+        await _ask(store, unasked.idem_key, None, None)
+        table = sql.Identifier(world.schema, "agent_ledger_approvals")
+        async with await psycopg.AsyncConnection.connect(
+            world.dsn("worker"), autocommit=True
+        ) as conn:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                await conn.execute(
+                    sql.SQL("UPDATE {} SET idem_key = 'elsewhere' WHERE idem_key = %s").format(
+                        table
+                    ),
+                    (unasked.idem_key,),
+                )
+        assert await approver.approve(unasked.idem_key)
+        # A parked attempt (the system asked) needs no recorded requester.
+        parked = await _waiting(worker, ToolCall(workflow_id="wf", tool="payments.send", args={}))
+        effects = sql.Identifier(world.schema, "agent_ledger_effects")
+        await world.sql(
+            sql.SQL(
+                'UPDATE {} SET error = \'{{"message": "silent", "code": "ambiguous_attempt"}}\''
+                " WHERE id = %s"
+            ).format(effects),
+            parked.id,
+        )
+        assert await approver.approve(parked.idem_key)
