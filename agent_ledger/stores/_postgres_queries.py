@@ -818,6 +818,8 @@ ATTEMPTS_ALL: Final[LiteralString] = (
 )
 
 # -- roles (postgres_roles.sql; opt-in, not a schema version) --
+# Installing takes turns with migrate() and other installers, as migrate does.
+ROLES_LOCK: Final[LiteralString] = "SELECT pg_advisory_xact_lock(hashtext('agent_ledger_schema'))"
 # {settings}: the one-row agent_ledger_roles table. Saving keeps the stored
 # separate_duty when the caller passes NULL (init --roles without the flag).
 ROLES_SAVE: Final[LiteralString] = (

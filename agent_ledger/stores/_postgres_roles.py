@@ -157,7 +157,7 @@ class PostgresRoles(PostgresTables):
         }
         with self._errors("install_roles"):
             async with self._pool.connection() as conn, conn.transaction():
-                await conn.execute("SELECT pg_advisory_xact_lock(hashtext('agent_ledger_schema'))")
+                await conn.execute(q.ROLES_LOCK)
                 cursor = await conn.execute(
                     q.HAS_VERSIONS_TABLE,
                     {"name": sql.Identifier(self.schema, _APPROVALS_TABLE).as_string(conn)},

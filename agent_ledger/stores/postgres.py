@@ -315,6 +315,11 @@ def _permission_error(
     if code is DecisionCode.NOT_AN_APPROVER:
         advice = grant or "GRANT the role set's approver role to this login role"
         message += f". To let this login decide: {advice} (docs/postgres.md, Roles)"
+    elif operation == "install_roles":
+        message += (
+            ". Installing the role set needs a role that may create roles and owns the "
+            "ledger's tables: a superuser, or the tables' owner with CREATEROLE"
+        )
     elif code is None:
         message += (
             ". The role set (agent-ledger init --roles; docs/postgres.md, Roles) gives the "

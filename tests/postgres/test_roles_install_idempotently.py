@@ -15,8 +15,13 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
-from agent_ledger.errors import EffectLedgerValidationError, EffectStoreError
+from agent_ledger.errors import (
+    EffectLedgerPermissionError,
+    EffectLedgerValidationError,
+    EffectStoreError,
+)
 from agent_ledger.stores._postgres_roles import role_names
 from agent_ledger.stores.postgres import PostgresStore
 from tests.harness import DSN, require_postgres
@@ -149,3 +154,32 @@ async def test_roles_installed_after_partitioning_guard_every_partition(
         assert partitions and partitions >= 2 and unguarded == 0
     finally:
         await store.close()
+
+
+async def test_installing_without_the_right_to_create_roles_says_what_it_needs(
+    fresh: tuple[str, str],
+) -> None:
+    schema, prefix = fresh
+    login = prefix + "installer"
+    async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+        await conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(login)))
+    try:
+        admin = await PostgresStore.connect(DSN, schema=schema, min_size=1, max_size=1)
+        try:
+            await admin.create_schema()
+        finally:
+            await admin.close()
+        weak = await PostgresStore.connect(
+            make_conninfo(DSN, user=login), schema=schema, min_size=1, max_size=1
+        )
+        try:
+            with pytest.raises(EffectLedgerPermissionError, match="CREATEROLE") as refused:
+                await weak.install_roles(prefix=prefix)
+            assert refused.value.operation == "install_roles"
+        finally:
+            await weak.close()
+        assert await _roles_like(prefix) == [(login, True)]
+    finally:
+        async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+            await conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(login)))
+            await conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(login)))
