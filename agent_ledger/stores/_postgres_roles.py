@@ -110,6 +110,7 @@ class PostgresRoles(PostgresTables):
             "sagas": table(SAGAS_TABLE),
             "steps": table(STEPS_TABLE),
             "keys_name": qualified(KEYS_TABLE),
+            "effects_name": qualified(_EFFECTS_TABLE),
             "add_partitions_name": qualified(
                 "agent_ledger_add_partitions(timestamptz, timestamptz)"
             ),

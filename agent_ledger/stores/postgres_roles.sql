@@ -197,14 +197,22 @@ CREATE OR REPLACE TRIGGER agent_ledger_effects_decision_guard
 
 -- ---------------------------------------------------------------------------
 -- New effects enter undecided: processing or requires_approval, with no
--- decider. Anything else (an import of decided rows) is an approver's or
--- the owner's.
+-- decider. The worker may not write an effect's decision columns at all
+-- (its INSERT grant leaves them out, below), and this trigger refuses any
+-- other first status to anyone but an approver or the owner (an import of
+-- decided rows). Its WHEN is as short as it can be: a begin (processing)
+-- never calls the function, and the clause itself costs each insert a few
+-- microseconds where the full condition cost some 11.
 -- ---------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION {insert_guard}() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $insert_guard$
 DECLARE
     settings record;
 BEGIN
+    IF NEW.status IN ('processing', 'requires_approval')
+       AND NEW.decided_by IS NULL AND NEW.decided_at IS NULL THEN
+        RETURN NEW;
+    END IF;
     SELECT * INTO settings FROM {settings};
     IF settings IS NULL
        OR NOT (coalesce(pg_has_role(current_user, settings.approver_role, 'MEMBER'), false)
@@ -220,7 +228,7 @@ $insert_guard$;
 CREATE OR REPLACE TRIGGER agent_ledger_effects_insert_guard
     BEFORE INSERT ON {effects}
     FOR EACH ROW
-    WHEN (NEW.status NOT IN ('processing', 'requires_approval') OR NEW.decided_by IS NOT NULL)
+    WHEN (NEW.status <> 'processing')
     EXECUTE FUNCTION {insert_guard}();
 
 -- ---------------------------------------------------------------------------
@@ -289,6 +297,7 @@ GRANT USAGE ON SCHEMA {schema} TO {worker}, {approver};
 DO $grants$
 DECLARE
     r record;
+    columns text;
 BEGIN
     -- Everyone reads the ledger (partitions are read through their parent).
     FOR r IN SELECT c.oid::regclass AS name, c.relkind FROM pg_class AS c
@@ -302,6 +311,14 @@ BEGIN
             EXECUTE format('GRANT SELECT ON %s TO %I, %I', r.name, {worker_name}, {approver_name});
         END IF;
     END LOOP;
+    -- The worker inserts effects, every column but the decision's.
+    EXECUTE format('REVOKE INSERT ON %s FROM %I', {effects_name}::regclass, {worker_name});
+    SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) INTO columns
+    FROM pg_attribute AS a
+    WHERE a.attrelid = {effects_name}::regclass AND a.attnum > 0 AND NOT a.attisdropped
+      AND a.attname NOT IN ('decided_by', 'decided_at', 'decision_note');
+    EXECUTE format('GRANT INSERT (%s) ON %s TO %I', columns, {effects_name}::regclass,
+                   {worker_name});
     -- The partitioned variant's key table: begin inserts a key, and removes
     -- one whose effect is gone.
     IF to_regclass({keys_name}) IS NOT NULL THEN
@@ -312,7 +329,7 @@ $grants$;
 
 -- The worker: effects (never a delete: purge is the owner's), the engine's
 -- own tables, approval requests.
-GRANT INSERT, UPDATE ON {effects} TO {worker};
+GRANT UPDATE ON {effects} TO {worker};
 GRANT INSERT, UPDATE, DELETE ON {budgets}, {holds}, {charges} TO {worker};
 GRANT INSERT, UPDATE ON {sagas}, {steps} TO {worker};
 -- Requests: never their key (a request moved to another effect would leave

@@ -125,6 +125,13 @@ async def test_raw_sql_from_the_worker_cannot_decide_either(world: RoleWorld) ->
                     " VALUES ('k-forged', 'wf', 'payments.send', '{{}}', 'ready')"
                 ).format(table)
             )
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # its decision columns
+            await conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (idem_key, workflow_id, tool, args_canonical, status,"
+                    " decided_by) VALUES ('k-forged-2', 'wf', 't', '{{}}', 'processing', 'alice')"
+                ).format(table)
+            )
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             await conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(table), (effect.id,))
     assert await world.admin.find(effect.idem_key) == effect
