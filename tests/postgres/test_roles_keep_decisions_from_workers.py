@@ -415,3 +415,38 @@ async def test_with_separation_of_duty_a_decision_needs_a_recorded_requester() -
             parked.id,
         )
         assert await approver.approve(parked.idem_key)
+
+
+async def test_only_an_approver_resolves_a_parked_attempt(world: RoleWorld) -> None:
+    worker, _ = await _ledger(world, "worker")
+    approver, _ = await _ledger(world, "approver")
+    effect = await _waiting(worker)
+    effects = sql.Identifier(world.schema, "agent_ledger_effects")
+    await world.sql(  # as a waiter's park leaves it: the holder went silent mid-run
+        sql.SQL(
+            'UPDATE {} SET error = \'{{"message": "silent", "code": "ambiguous_attempt"}}\''
+            " WHERE id = %s"
+        ).format(effects),
+        effect.id,
+    )
+    parked = await world.admin.find(effect.idem_key)
+    assert parked is not None and parked.parked
+    with pytest.raises(EffectLedgerPermissionError) as refused:
+        await worker.resolve(effect.idem_key, result={"paid": True}, by="ops")
+    _refused(refused.value, DecisionCode.NOT_AN_APPROVER)
+    assert await world.admin.find(effect.idem_key) == parked
+    assert await approver.resolve(effect.idem_key, result={"paid": True}, by="ops")
+    resolved = await world.admin.find(effect.idem_key)
+    assert resolved is not None and resolved.status is EffectStatus.SUCCEEDED
+    assert resolved.decided_by == world.logins["approver"]
+
+
+async def test_purge_is_the_owners_not_the_workers(world: RoleWorld) -> None:
+    worker, store = await _ledger(world, "worker")
+    assert await worker.run(ToolCall(workflow_id="wf", tool="t", args={}), lambda e: "ok") == "ok"
+    done = frozenset({EffectStatus.SUCCEEDED})
+    with pytest.raises(EffectLedgerPermissionError) as refused:
+        await store.purge(older_than=timedelta(0), statuses=done)
+    assert refused.value.code is None and "owner role" in str(refused.value)
+    owner = await world.store("owner")
+    assert await owner.purge(older_than=timedelta(0), statuses=done) == 1
