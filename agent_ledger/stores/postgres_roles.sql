@@ -319,6 +319,17 @@ BEGIN
       AND a.attname NOT IN ('decided_by', 'decided_at', 'decision_note');
     EXECUTE format('GRANT INSERT (%s) ON %s TO %I', columns, {effects_name}::regclass,
                    {worker_name});
+    -- Both update effects, but never what identifies one and what runs (its
+    -- key, workflow, tool, arguments): an approved effect runs as shown.
+    EXECUTE format('REVOKE UPDATE ON %s FROM %I, %I', {effects_name}::regclass, {worker_name},
+                   {approver_name});
+    SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) INTO columns
+    FROM pg_attribute AS a
+    WHERE a.attrelid = {effects_name}::regclass AND a.attnum > 0 AND NOT a.attisdropped
+      AND a.attname NOT IN ('id', 'idem_key', 'workflow_id', 'call_id', 'tool',
+                            'args_canonical', 'resource_id_canonical', 'created_at');
+    EXECUTE format('GRANT UPDATE (%s) ON %s TO %I, %I', columns, {effects_name}::regclass,
+                   {worker_name}, {approver_name});
     -- The partitioned variant's key table: begin inserts a key, and removes
     -- one whose effect is gone.
     IF to_regclass({keys_name}) IS NOT NULL THEN
@@ -329,7 +340,6 @@ $grants$;
 
 -- The worker: effects (never a delete: purge is the owner's), the engine's
 -- own tables, approval requests.
-GRANT UPDATE ON {effects} TO {worker};
 GRANT INSERT, UPDATE, DELETE ON {budgets}, {holds}, {charges} TO {worker};
 GRANT INSERT, UPDATE ON {sagas}, {steps} TO {worker};
 -- Requests: never their key (a request moved to another effect would leave
@@ -341,6 +351,5 @@ GRANT UPDATE (requested_by, policy_version, deadline_at, escalated_at, created_a
 
 -- The approver: decisions, their audit trail, signed links; and marks on
 -- requests (escalation).
-GRANT UPDATE ON {effects} TO {approver};
 GRANT INSERT ON {attempts}, {links} TO {approver};
 GRANT UPDATE (escalated_at) ON {approvals} TO {approver};

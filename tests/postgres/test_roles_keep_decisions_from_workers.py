@@ -134,6 +134,16 @@ async def test_raw_sql_from_the_worker_cannot_decide_either(world: RoleWorld) ->
             )
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             await conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(table), (effect.id,))
+    # Neither the worker nor an approver may change what an effect runs.
+    for who in ("worker", "approver"):
+        async with await psycopg.AsyncConnection.connect(world.dsn(who), autocommit=True) as conn:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                await conn.execute(
+                    sql.SQL(
+                        "UPDATE {} SET args_canonical = '{{\"cents\": 1}}' WHERE id = %s"
+                    ).format(table),
+                    (effect.id,),
+                )
     assert await world.admin.find(effect.idem_key) == effect
 
 
