@@ -40,7 +40,10 @@ PAY = ToolCall(workflow_id="wf-roles", tool="payments.send", args={"to": "acme",
 GATED = RunOptions(requires_approval=True, wait_for_approval=False)
 
 
-@pytest.fixture(params=[False, True], ids=["plain", "partitioned"])
+# The partitioned table in the slow tier, as the contract suite runs it.
+@pytest.fixture(
+    params=[False, pytest.param(True, marks=pytest.mark.slow)], ids=["plain", "partitioned"]
+)
 async def world(request: pytest.FixtureRequest) -> AsyncIterator[RoleWorld]:
     async with role_world(partitioned=request.param) as made:
         yield made
