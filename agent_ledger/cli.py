@@ -219,8 +219,35 @@ async def cmd_init(ctx: Context) -> int:
         done = await partition(period=ctx.args.period)
         by = f" by {ctx.args.period}" if done == "partitioned" else " (its period unchanged)"
         ctx.out.line(f"effects table {done}{by}")
+    if ctx.args.roles:
+        await _install_roles(ctx)
+    elif ctx.args.role_prefix is not None or ctx.args.separate_duty is not None:
+        raise UsageError("--role-prefix and --separate-duty go with --roles")
     ctx.out.line(f"ledger ready at {ctx.args.url}")
     return EXIT_OK
+
+
+async def _install_roles(ctx: Context) -> None:
+    """``init --roles``: PostgreSQL's role set (docs/postgres.md, "Roles")."""
+    install = getattr(ctx.store, "install_roles", None)
+    if install is None:
+        raise UsageError(
+            "--roles is for PostgreSQL URLs (postgresql://...): SQLite and memory stores "
+            "trust the process that opens them"
+        )
+    prefix = ctx.args.role_prefix
+    roles = await install(
+        **({} if prefix is None else {"prefix": prefix}), separate_duty=ctx.args.separate_duty
+    )
+    duty = "on" if roles.separate_duty else "off"
+    ctx.out.line(
+        f"roles ready: owner {roles.owner}, worker {roles.worker}, approver {roles.approver} "
+        f"(separation of duty {duty})"
+    )
+    ctx.out.line(
+        f"grant them to login roles, e.g. GRANT {roles.worker} TO my_agent; "
+        f"GRANT {roles.approver} TO my_console;"
+    )
 
 
 async def cmd_migrate(ctx: Context) -> int:
@@ -965,6 +992,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument(
         "--period", choices=["day", "week", "month"], default="month",
         help="with --partitioned: how long one partition spans (default: month)",
+    )  # fmt: skip
+    sub.add_argument(
+        "--roles", action="store_true",
+        help="PostgreSQL: create or update the owner/worker/approver roles and the triggers "
+        "that let only approvers decide (re-run after upgrades; see docs/postgres.md)",
+    )  # fmt: skip
+    sub.add_argument(
+        "--role-prefix", metavar="PREFIX",
+        help="with --roles: the roles are PREFIXowner, PREFIXworker, PREFIXapprover "
+        "(default: agent_ledger_)",
+    )  # fmt: skip
+    sub.add_argument(
+        "--separate-duty", action=argparse.BooleanOptionalAction, default=None,
+        help="with --roles: the database refuses a decision by the role that asked for it "
+        "(default: keep the schema's setting; off at first)",
     )  # fmt: skip
     command(
         "migrate",

@@ -139,9 +139,20 @@ class DecisionCode(enum.StrEnum):
     )
     SELF_DECISION = (
         "self_decision",
-        "the principal who asked for the approval tried to decide it, and separation of duty is on",
+        "the principal who asked for the approval tried to decide it, and separation of duty is "
+        "on (in `decide()`, or, with PostgreSQL's role set, refused by the database: 42501)",
     )
     EXPIRED = "expired", "the approval's deadline had passed: the effect was denied as expired"
+    UNKNOWN_REQUESTER = (
+        "unknown_requester",
+        "PostgreSQL's role set with separation of duty refused a decision on an effect "
+        "whose request records nobody as its asker (a parked attempt excepted)",
+    )
+    NOT_AN_APPROVER = (
+        "not_an_approver",
+        "PostgreSQL with the role set installed refused the decision: the session's role is "
+        "not a member of the approver role (SQLSTATE 42501); nothing changed",
+    )
     LINK_INVALID = (
         "link_invalid",
         "a signed link that does not verify (forged, tampered, or for another effect)",

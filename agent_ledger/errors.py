@@ -41,6 +41,7 @@ __all__ = [
     "EffectInFlightError",
     "EffectLedgerError",
     "EffectLedgerInvariantError",
+    "EffectLedgerPermissionError",
     "EffectLedgerValidationError",
     "EffectPayloadMismatchError",
     "EffectStoreError",
@@ -431,6 +432,34 @@ class EffectStoreError(EffectLedgerError):
         about = idem_key or effect_id
         where = f" (effect {about})" if about else ""
         super().__init__(f"store {operation} failed{where}: {message}")
+
+
+class EffectLedgerPermissionError(EffectStoreError):
+    """The database refused a step to the role the store connects as (SQLSTATE 42501).
+
+    With the PostgreSQL role set installed (``agent-ledger init --roles``,
+    docs/postgres.md "Roles"), ``code`` says which refusal: ``not_an_approver``
+    (a decision by a role that is not a member of the approver role; grant
+    it, as ``grant`` spells out), ``self_decision`` (separation of duty: the
+    identity that asked for the approval tried to decide it), or None for
+    any other missing privilege (``grant`` then names the role the step
+    needs, when known). Nothing changed: the statement was rolled back.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        operation: str,
+        code: str | None,
+        grant: str | None = None,
+        idem_key: str | None = None,
+        effect_id: str | None = None,
+    ) -> None:
+        self.code = code
+        self.grant = grant
+        self.sqlstate = "42501"
+        super().__init__(message, operation=operation, idem_key=idem_key, effect_id=effect_id)
 
 
 class EffectLedgerInvariantError(EffectLedgerError):

@@ -317,8 +317,11 @@ def test_postgres_page_sets_up_audits_and_cleans_one_schema(tmp_path: Path) -> N
     setups = [
         b
         for b in _blocks(page, "bash")
-        if ("agent-ledger init" in b or "psql " in b) and "--partitioned" not in b
-    ]  # the partitioned init has its own test (tests/postgres/test_partitioned_effects.py)
+        if ("agent-ledger init" in b or "psql " in b)
+        and "--partitioned" not in b
+        and "--roles" not in b
+        and "GRANT " not in b
+    ]  # the partitioned init and the roles have their own tests (tests/postgres/)
     assert [("agent-ledger init" in b) for b in setups] == [True, False], "init first, then psql"
     # The first example and the first SQL block; later sections have their own tests.
     example = _blocks(page, "python")[0]

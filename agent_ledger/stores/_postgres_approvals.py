@@ -10,6 +10,7 @@ back, so a link is consumed only by the decision it made. Statements are in
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -23,6 +24,7 @@ from agent_ledger.approvals import (
 )
 from agent_ledger.codes import DecisionCode
 from agent_ledger.effects import Effect
+from agent_ledger.errors import EffectLedgerPermissionError
 from agent_ledger.stores import _postgres_queries as q
 from agent_ledger.stores._params import Dialect, settle_params
 from agent_ledger.stores._postgres_tables import Connection, PostgresTables, utc
@@ -42,6 +44,12 @@ if TYPE_CHECKING:
 APPROVALS_TABLE: Final = "agent_ledger_approvals"
 ATTEMPTS_TABLE: Final = "agent_ledger_decision_attempts"
 LINKS_TABLE: Final = "agent_ledger_used_links"
+
+
+#: The role set's refusals of a decision, as recorded in the audit trail.
+_DATABASE_REFUSALS: Final = frozenset(
+    {DecisionCode.NOT_AN_APPROVER, DecisionCode.SELF_DECISION, DecisionCode.UNKNOWN_REQUESTER}
+)
 
 
 class _NotSettled(Exception):
@@ -144,9 +152,27 @@ class PostgresApprovals(PostgresTables):
                 row = await self._statement("decide", work, tx, idem_key=key)
         except _NotSettled:
             return DecideOutcome(None)
+        except EffectLedgerPermissionError as refused:
+            # The role set's trigger refused it (postgres_roles.sql): the
+            # refusal goes to the audit trail too, when this role may write it
+            # (an approver refused by separation of duty; a worker may not).
+            await self._record_refusal(request, refused)
+            raise
         if row is None:
             return DecideOutcome(None, link_used=True)
         return DecideOutcome(await self._one_counted(row, started, None))
+
+    async def _record_refusal(
+        self, request: DecideRequest, refused: EffectLedgerPermissionError
+    ) -> None:
+        if refused.code not in _DATABASE_REFUSALS:
+            return
+        with contextlib.suppress(EffectLedgerPermissionError):
+            await self.record_attempt(
+                request.attempt,
+                outcome=DecisionOutcome.REFUSED,
+                reason=DecisionCode(refused.code),
+            )
 
     async def record_attempt(
         self, attempt: NewDecisionAttempt, *, outcome: DecisionOutcome, reason: DecisionCode

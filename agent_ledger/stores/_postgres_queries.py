@@ -816,3 +816,21 @@ ATTEMPTS_OF: Final[LiteralString] = (
 ATTEMPTS_ALL: Final[LiteralString] = (
     "SELECT " + _ATTEMPT_COLUMNS + " FROM {attempts} ORDER BY id LIMIT %(limit)s"
 )
+
+# -- roles (postgres_roles.sql; opt-in, not a schema version) --
+# Installing takes turns with migrate() and other installers, as migrate does.
+ROLES_LOCK: Final[LiteralString] = "SELECT pg_advisory_xact_lock(hashtext('agent_ledger_schema'))"
+# {settings}: the one-row agent_ledger_roles table. Saving keeps the stored
+# separate_duty when the caller passes NULL (init --roles without the flag).
+ROLES_SAVE: Final[LiteralString] = (
+    "INSERT INTO {settings} AS s (owner_role, worker_role, approver_role, separate_duty)"
+    " VALUES (%(owner)s, %(worker)s, %(approver)s, coalesce(%(separate_duty)s::boolean, false))"
+    " ON CONFLICT (one) DO UPDATE SET owner_role = EXCLUDED.owner_role,"
+    " worker_role = EXCLUDED.worker_role, approver_role = EXCLUDED.approver_role,"
+    " separate_duty = coalesce(%(separate_duty)s::boolean, s.separate_duty),"
+    " updated_at = clock_timestamp()"
+    " RETURNING owner_role, worker_role, approver_role, separate_duty"
+)
+ROLES_READ: Final[LiteralString] = (
+    "SELECT owner_role, worker_role, approver_role, separate_duty FROM {settings}"
+)

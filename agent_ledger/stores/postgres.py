@@ -40,11 +40,13 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 from agent_ledger.backoff import LISTENER_RECONNECT
+from agent_ledger.codes import DecisionCode
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.errors import (
     EffectInFlightError,
     EffectLedgerError,
     EffectLedgerInvariantError,
+    EffectLedgerPermissionError,
     EffectLedgerValidationError,
     EffectStoreError,
 )
@@ -81,6 +83,7 @@ from agent_ledger.stores._params import (
 )
 from agent_ledger.stores._postgres_approvals import PostgresApprovals
 from agent_ledger.stores._postgres_budgets import PostgresBudgets
+from agent_ledger.stores._postgres_roles import PostgresRoles
 from agent_ledger.stores._postgres_sagas import STEPS_TABLE, PostgresSagas
 from agent_ledger.stores._postgres_tables import utc
 from agent_ledger.stores._rows import (
@@ -283,6 +286,56 @@ def schema_sql(*, partitioned: bool) -> LiteralString:
     return SCHEMA_SQL.replace(part.PLAIN_ONLY_INDEX, "")
 
 
+#: Steps only the approver role may take (its privileges, not the worker's):
+#: a refusal of one of them is a refusal to decide.
+_APPROVER_STEPS: Final = frozenset({"decide", "settle", "reopen", "record_attempt"})
+#: What the role set's triggers put in a refusal's constraint name.
+_REFUSALS: Final = {
+    DecisionCode.NOT_AN_APPROVER.value: DecisionCode.NOT_AN_APPROVER,
+    DecisionCode.SELF_DECISION.value: DecisionCode.SELF_DECISION,
+    DecisionCode.UNKNOWN_REQUESTER.value: DecisionCode.UNKNOWN_REQUESTER,
+}
+
+
+def _permission_error(
+    exc: psycopg.errors.InsufficientPrivilege,
+    operation: str,
+    idem_key: str | None,
+    effect_id: str | None,
+) -> EffectLedgerPermissionError:
+    """SQLSTATE 42501 as ``EffectLedgerPermissionError``: the role set's trigger's
+    refusal (its constraint name is the code, its hint the GRANT), or a missing
+    privilege, with the role the step needs."""
+    diag = exc.diag
+    code = _REFUSALS.get(diag.constraint_name or "")
+    message = (diag.message_primary or str(exc)).strip()
+    grant = diag.message_hint
+    if code is None and operation in _APPROVER_STEPS:
+        code = DecisionCode.NOT_AN_APPROVER
+    if code is DecisionCode.NOT_AN_APPROVER:
+        advice = grant or "GRANT the role set's approver role to this login role"
+        message += f". To let this login decide: {advice} (docs/postgres.md, Roles)"
+    elif operation == "install_roles":
+        message += (
+            ". Installing the role set needs a role that may create roles and owns the "
+            "ledger's tables: a superuser, or the tables' owner with CREATEROLE"
+        )
+    elif code is None:
+        message += (
+            ". The role set (agent-ledger init --roles; docs/postgres.md, Roles) gives the "
+            "engine's steps to its worker role, decisions to its approver role, and schema "
+            "changes and purge to its owner role: GRANT the one this step needs"
+        )
+    return EffectLedgerPermissionError(
+        message,
+        operation=operation,
+        code=None if code is None else code.value,
+        grant=grant,
+        idem_key=idem_key,
+        effect_id=effect_id,
+    )
+
+
 def _no_partition(exc: EffectStoreError) -> bool:
     """Did an insert find no partition for its row (a partitioned table's CheckViolation)?"""
     cause = exc.__cause__
@@ -291,7 +344,9 @@ def _no_partition(exc: EffectStoreError) -> bool:
     )
 
 
-class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets, PostgresApprovals):
+class PostgresStore(
+    LegacyStoreMethods, PostgresSagas, PostgresBudgets, PostgresApprovals, PostgresRoles
+):
     """Effects in PostgreSQL, shared by every worker that uses the same database.
 
     ``pool`` is the caller's ``psycopg_pool.AsyncConnectionPool`` (opened by
@@ -1303,6 +1358,8 @@ class PostgresStore(LegacyStoreMethods, PostgresSagas, PostgresBudgets, Postgres
                 idem_key=idem_key,
                 effect_id=effect_id,
             ) from exc
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise _permission_error(exc, operation, idem_key, effect_id) from exc
         except psycopg.errors.UndefinedTable as exc:
             raise EffectStoreError(
                 f"the agent-ledger tables are missing from schema {self.schema!r}: create "
