@@ -432,12 +432,20 @@ class LedgerApprovals(AgentMiddleware):
         self.by = by
 
     def _approver(self, request: ToolCallRequest) -> str | None:
-        """Who approved ``request`` through the middleware, or None if it did not gate it."""
-        config = self.hitl.interrupt_on.get(request.tool_call["name"])
+        """Who approved ``request`` through the middleware, or None if it did not gate it.
+
+        The middleware decided on the call as the model made it (its ``when``
+        was asked about that one), which a person's edit may have changed
+        since: the gate is judged on the model's call, read from the
+        ``AIMessage`` in the graph's state, so an edited call the person
+        already decided on is not asked about again.
+        """
+        asked = _as_the_model_made_it(request)
+        config = self.hitl.interrupt_on.get(asked.tool_call["name"])
         if config is None:
             return None
         when = config.get("when")
-        if when is not None and not when(request):
+        if when is not None and not when(asked):
             return None
         by = self.by(request) if callable(self.by) else self.by
         if not isinstance(by, str) or not by:
@@ -469,6 +477,27 @@ class LedgerApprovals(AgentMiddleware):
             return await handler(request)
         with approved_by_framework(by):
             return await handler(request)
+
+
+def _as_the_model_made_it(request: ToolCallRequest) -> ToolCallRequest:
+    """``request`` with the tool call as the model made it (the ``AIMessage`` in the
+    graph's state that has its id), before a reviewer's edit; ``request`` itself
+    when that call is not found or is the same."""
+    call_id = request.tool_call.get("id")
+    messages = _messages_of(request.state)
+    if not call_id or messages is None:
+        return request
+    for message in reversed(messages):
+        if not isinstance(message, AIMessage):
+            continue
+        for made in message.tool_calls:
+            if made.get("id") != call_id:
+                continue
+            current = request.tool_call
+            if made["name"] == current["name"] and made["args"] == current["args"]:
+                return request
+            return request.override(tool_call=made)
+    return request
 
 
 def handle_tool_errors(error: Exception) -> str:
