@@ -54,6 +54,7 @@ from agent_ledger.adapters._signature import (
     description,
     refuse_names,
 )
+from agent_ledger.context import current_turn, current_workflow
 from agent_ledger.errors import (
     ApprovalPendingError,
     EffectDeniedError,
@@ -61,7 +62,6 @@ from agent_ledger.errors import (
     EffectPayloadMismatchError,
     EffectTimeoutError,
 )
-from agent_ledger.context import current_turn, current_workflow
 from agent_ledger.keys import canonical_json
 from agent_ledger.options import RunOptions
 from agent_ledger.tools import CallOutcome, Tool
@@ -145,7 +145,9 @@ def _answer(outcome: CallOutcome[Any]) -> Any:
         raise error
     if outcome.from_earlier_turn:
         result = outcome.result
-        text = result if isinstance(result, str) else canonical_json(result, field="result").decode()
+        text = (
+            result if isinstance(result, str) else canonical_json(result, field="result").decode()
+        )
         return earlier_turn_text(outcome, text)
     return outcome.result
 

@@ -721,6 +721,11 @@ def _finished(segment: list[object]) -> bool:
     )
 
 
+def _content(item: object) -> object:
+    """A message item's content (None for anything else)."""
+    return item.get("content") if isinstance(item, dict) else None
+
+
 def _turn_start(items: list[object]) -> int:
     """The index of the user message that started the last turn in ``items``: the
     last user message, or the one it retries (see ``run_turn``)."""
@@ -728,9 +733,7 @@ def _turn_start(items: list[object]) -> int:
     k = len(users) - 1
     while k > 0:
         before, now = users[k - 1], users[k]
-        earlier, latest = items[before], items[now]
-        assert isinstance(earlier, dict) and isinstance(latest, dict)
-        if _finished(items[before + 1 : now]) or earlier.get("content") != latest.get("content"):
+        if _finished(items[before + 1 : now]) or _content(items[before]) != _content(items[now]):
             break
         k -= 1
     return users[k]

@@ -19,12 +19,11 @@ from typing import TYPE_CHECKING, Final
 import orjson
 
 from agent_ledger.context import check_recording_exit, enter_recording, exit_recording
-from agent_ledger.effects import Effect, JSONValue
+from agent_ledger.effects import Effect, JSONValue, NewEffect
 from agent_ledger.errors import EffectLedgerValidationError, UnrecordedEffectError
 from agent_ledger.observability import logger
 from agent_ledger.replay._sources import read_export, read_store
 from agent_ledger.stores._memory_budgets import InMemoryBudgets
-from agent_ledger.effects import NewEffect
 from agent_ledger.stores.base import Store
 from agent_ledger.tools import WorkflowScope
 

@@ -47,10 +47,7 @@ class Scripted(BaseLLM):  # type: ignore[misc]  # CrewAI is untyped where mypy r
             o for o in re.findall(r"Observation:\s*(.+)", text) if "result of the action" not in o
         ]
         if not observed:
-            return (
-                "Thought: remind her\nAction: mail_remind\n"
-                'Action Input: {"person": "ada"}'
-            )
+            return 'Thought: remind her\nAction: mail_remind\nAction Input: {"person": "ada"}'
         return f"Thought: done\nFinal Answer: {observed[-1]}"
 
     def supports_function_calling(self) -> bool:

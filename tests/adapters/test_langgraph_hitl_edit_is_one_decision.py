@@ -20,10 +20,16 @@ from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 
-from agent_ledger import EffectLedger, EffectLedgerOptions, EffectStatus, MemoryStore
+from agent_ledger import EffectLedger, EffectLedgerOptions, EffectStatus, MemoryStore, ToolCall
 from agent_ledger.adapters.langchain import as_langchain_tool
 from agent_ledger.adapters.langgraph import LedgerApprovals
 from tests.adapters.scripted_chat import ScriptedChat, calls_tools
+
+
+def _over_100(call: ToolCall) -> bool:
+    """The ledger's policy: a person approves refunds over 100."""
+    amount = call.args["amount"]
+    return isinstance(amount, int) and amount > 100
 
 
 @pytest.mark.parametrize("mode", ["batched", "per_call"])
@@ -32,7 +38,7 @@ async def test_an_edited_call_is_decided_once(mode: str, decision: str) -> None:
     ledger = EffectLedger(EffectLedgerOptions(store=MemoryStore()))
     ran: list[tuple[str, int]] = []
 
-    @ledger.tool("pay.refund", requires_approval=lambda c: c.args["amount"] > 100)
+    @ledger.tool("pay.refund", requires_approval=_over_100)
     def refund(order: str, amount: int) -> str:
         """Refund an order."""
         ran.append((order, amount))
@@ -81,7 +87,7 @@ async def test_a_call_the_gate_let_through_is_still_the_ledgers_to_ask_about() -
     the ledger's policy asks through its own interrupt: the middleware never decided."""
     ledger = EffectLedger(EffectLedgerOptions(store=MemoryStore()))
 
-    @ledger.tool("pay.refund", requires_approval=lambda c: c.args["amount"] > 100)
+    @ledger.tool("pay.refund", requires_approval=_over_100)
     def refund(order: str, amount: int) -> str:
         """Refund an order."""
         return f"refunded {amount} on {order}"

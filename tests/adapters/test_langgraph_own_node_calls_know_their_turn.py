@@ -48,9 +48,7 @@ def _graph(tool: Any, *, asynchronous: bool) -> Any:
     async def arun_tools(state: MessagesState) -> dict[str, list[Any]]:
         ai = state["messages"][-1]
         assert isinstance(ai, AIMessage)
-        return {
-            "messages": [await tool.ainvoke({"type": "tool_call", **c}) for c in ai.tool_calls]
-        }
+        return {"messages": [await tool.ainvoke({"type": "tool_call", **c}) for c in ai.tool_calls]}
 
     graph = StateGraph(MessagesState)
     graph.add_node("model", call_model)

@@ -46,9 +46,11 @@ async def test_pydantic_ai_ledger_model_answers_a_new_turn_afresh() -> None:
     # A replay of Tuesday's turn is served from its recording: no model call.
     replayer = EffectLedger(EffectLedgerOptions(store=MemoryStore()))
     silent = Agent(LedgerModel(FunctionModel(answer), replayer))
-    async with replayer.replay("daily-report", source=store):
-        async with replayer.workflow("daily-report", turn="tue"):
-            assert (await silent.run("what's new today?")).output == "answer #2"
+    async with (
+        replayer.replay("daily-report", source=store),
+        replayer.workflow("daily-report", turn="tue"),
+    ):
+        assert (await silent.run("what's new today?")).output == "answer #2"
     assert len(calls) == 2
 
 

@@ -31,11 +31,11 @@ class ProcessDied(Exception):
 class DiesAfterTheTool(ScriptedModel):
     """The SDK's scripted model, raising on its second call."""
 
-    calls = 0
+    asked = 0
 
     async def get_response(self, *args: Any, **kwargs: Any) -> Any:
-        self.calls += 1
-        if self.calls == 2:
+        self.asked += 1
+        if self.asked == 2:
             raise ProcessDied("the process died")
         return await super().get_response(*args, **kwargs)
 
@@ -112,7 +112,9 @@ async def test_a_different_request_after_a_crash_is_a_new_turn(tmp_path: Path) -
     model = ScriptedModel([[send("c9")], [assistant_message("done")]], default_usage=USAGE)
     async with restarted.ledger.workflow("thread-1"):
         await Runner.run(
-            restarted.agent(model), "remind ada once more", session=SQLiteSession("s1", session_path)
+            restarted.agent(model),
+            "remind ada once more",
+            session=SQLiteSession("s1", session_path),
         )
     assert sent == ["ada", "ada"]
     await restarted.ledger.store.close()

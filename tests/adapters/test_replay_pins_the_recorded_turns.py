@@ -65,7 +65,7 @@ async def _two_turns(ledger: EffectLedger, send: Any, *, model_calls: bool) -> l
 
 @pytest.mark.parametrize("model_calls", [False, True], ids=["tools", "tools-and-model"])
 async def test_a_pydantic_ai_replay_needs_no_run_ids(model_calls: bool) -> None:
-    store, sent = MemoryStore(), []
+    store, sent = MemoryStore(), list[str]()
     ledger, send = _mailer(store, sent)
     async with ledger.workflow("w"):
         recorded = await _two_turns(ledger, send, model_calls=model_calls)
@@ -89,12 +89,14 @@ async def test_a_pydantic_ai_replay_needs_no_run_ids(model_calls: bool) -> None:
 
 
 async def test_a_langgraph_replay_of_human_messages_without_ids() -> None:
-    store, sent = MemoryStore(), []
+    store, sent = MemoryStore(), list[str]()
     ledger, send = _mailer(store, sent)
 
     def agent(tool_ledger: EffectLedger, tool: Any) -> Any:
         model = ScriptedChat(reply=calls_tools(("send", {"person": "ada"})))
-        return create_agent(model, [as_langchain_tool(tool, name="send")], checkpointer=InMemorySaver())
+        return create_agent(
+            model, [as_langchain_tool(tool, name="send")], checkpointer=InMemorySaver()
+        )
 
     config: Any = {"configurable": {"thread_id": "t"}}
     app = agent(ledger, send)
