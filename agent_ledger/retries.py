@@ -253,15 +253,19 @@ def check_retryable(value: object, field: str = "retryable") -> None:
 def failure_is_retryable(exc: BaseException, retryable: Retryable | None) -> bool:
     """Whether a handler's ``exc`` is recorded as a retryable failure.
 
-    ``RetryableToolError`` always is; anything else when ``retryable`` (the
-    tool's or the call's) names its type or says so. Never a cancellation or
+    ``RetryableToolError`` always is, and so is pydantic-ai's ``ModelRetry``
+    (the framework's own "the model should call again", recognised by its
+    class's name and package, so this layer imports no framework: a ledger
+    tool given to ``Agent(tools=[...])`` without the adapter retries as
+    with it); anything else when ``retryable`` (the tool's or the call's)
+    names its type or says so. Never a cancellation or
     interrupt (not an ``Exception``), a ``NonRetryableError`` (nor anything
     with a true ``non_retryable``), or the ledger's own validation errors.
     A predicate that raises says no (the failure stays final, as by default).
     """
     if not isinstance(exc, Exception) or getattr(exc, "non_retryable", False) is True:
         return False
-    if isinstance(exc, RetryableToolError):
+    if isinstance(exc, RetryableToolError) or _is_model_retry(exc):
         return True
     if retryable is None or isinstance(exc, EffectLedgerValidationError):
         return False
@@ -271,3 +275,11 @@ def failure_is_retryable(exc: BaseException, retryable: Retryable | None) -> boo
         return retryable(exc) is True
     except Exception:
         return False
+
+
+def _is_model_retry(exc: BaseException) -> bool:
+    """Whether ``exc`` is pydantic-ai's ``ModelRetry`` (or a subclass of it)."""
+    return any(
+        cls.__name__ == "ModelRetry" and cls.__module__.split(".")[0] == "pydantic_ai"
+        for cls in type(exc).__mro__
+    )

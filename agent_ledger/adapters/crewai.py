@@ -45,7 +45,7 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
     ) from exc
 from pydantic import BaseModel, ConfigDict, PrivateAttr, create_model
 
-from agent_ledger.adapters._messages import for_model
+from agent_ledger.adapters._messages import earlier_turn_text, for_model
 from agent_ledger.adapters._signature import (
     REQUIRED,
     JsonArguments,
@@ -54,6 +54,7 @@ from agent_ledger.adapters._signature import (
     description,
     refuse_names,
 )
+from agent_ledger.context import current_turn, current_workflow
 from agent_ledger.errors import (
     ApprovalPendingError,
     EffectDeniedError,
@@ -61,11 +62,12 @@ from agent_ledger.errors import (
     EffectPayloadMismatchError,
     EffectTimeoutError,
 )
+from agent_ledger.keys import canonical_json
 from agent_ledger.options import RunOptions
-from agent_ledger.tools import Tool
+from agent_ledger.tools import CallOutcome, Tool
 
 if TYPE_CHECKING:
-    from agent_ledger.calls import ToolCall
+    from agent_ledger.calls import Scope, ToolCall
     from agent_ledger.ledger import EffectLedger
 
 __all__ = ["LedgerCrewTool", "as_crewai_tool", "wrap_crewai_tool"]
@@ -104,19 +106,50 @@ class LedgerCrewTool(BaseTool):  # type: ignore[misc]  # CrewAI is untyped where
         check_storable(tool, values)
         return values
 
+    def _default_scope(self) -> Scope | None:
+        """``"turn"`` where the call has a turn (``ledger.workflow(id, turn=...)``
+        around the kickoff), as the other adapters key by it; else the tool's own
+        scope or ``"workflow"``. A tool's ``scope=`` always wins."""
+        tool = self._ledger_tool
+        return "turn" if current_turn(tool.workflow_id or current_workflow()) else None
+
     def _run(self, **kwargs: Any) -> Any:
         values = self._values(kwargs)
         try:
-            return self._ledger_tool.invoke_sync(values, run_options=self._options)
+            outcome = self._ledger_tool.call_outcome_sync(
+                values, run_options=self._options, default_scope=self._default_scope()
+            )
         except _TOLD as exc:
             return for_model(exc) or str(exc)
+        return _answer(outcome)
 
     async def _arun(self, **kwargs: Any) -> Any:
         values = self._values(kwargs)
         try:
-            return await self._ledger_tool.invoke(values, run_options=self._options)
+            outcome = await self._ledger_tool.call_outcome(
+                values, run_options=self._options, default_scope=self._default_scope()
+            )
         except _TOLD as exc:
             return for_model(exc) or str(exc)
+        return _answer(outcome)
+
+
+def _answer(outcome: CallOutcome[Any]) -> Any:
+    """What the agent reads for a call's outcome: its result, or, answered from an
+    earlier turn's receipt, that it was already done (``earlier_turn_text``); the
+    tool's own failure is raised, as CrewAI expects of a tool."""
+    error = outcome.error
+    if isinstance(error, _TOLD):  # a handler past its deadline
+        return for_model(error) or str(error)
+    if error is not None:
+        raise error
+    if outcome.from_earlier_turn:
+        result = outcome.result
+        text = (
+            result if isinstance(result, str) else canonical_json(result, field="result").decode()
+        )
+        return earlier_turn_text(outcome, text)
+    return outcome.result
 
 
 def as_crewai_tool(
@@ -134,8 +167,10 @@ def as_crewai_tool(
     agent that it waits (``wait_for_approval=False``, the default: a crew
     cannot wait hours); ``True`` makes the run wait for the decision. The
     workflow is the tool's own or the ``ledger.workflow(...)`` around the crew's
-    run (``scope`` as the tool declares it: a crew has no turn of its own).
-    """
+    run. Calls are keyed by ``scope="turn"`` inside ``ledger.workflow(id,
+    turn=...)`` (a crew has no turn of its own), else by the tool's scope;
+    a tool's declared ``scope`` always wins. A call answered from an earlier
+    turn's receipt says so (``earlier_turn_text``)."""
     if not isinstance(tool, Tool):
         raise EffectLedgerValidationError(
             f"as_crewai_tool takes a ledger tool (from @ledger.tool), got {tool!r}", field="tool"

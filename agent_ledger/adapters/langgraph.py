@@ -97,6 +97,8 @@ RUNTIME_ANNOTATION: Final = Annotated[ToolRuntime | None, InjectedToolArg]
 #: LangGraph's key for the running task's scratchpad: present in a config
 #: only inside a graph's task, where ``interrupt()`` can pause it.
 _SCRATCHPAD: Final = "__pregel_scratchpad"
+#: LangGraph's key for the running task's channel reader (``read(channel, fresh)``).
+_READ: Final = "__pregel_read"
 
 #: Inside a graph nothing waits for a person: the interrupt is the wait.
 _NO_WAIT: Final = RunOptions(wait_for_approval=False)
@@ -198,6 +200,8 @@ class GraphCall:
             yield
             return
         turn = current_turn(workflow) or self.turn()
+        if turn is None and tool.scope is None:
+            raise self._no_turn()
         if workflow == current_workflow() and turn == current_turn(workflow):
             yield
             return
@@ -207,12 +211,13 @@ class GraphCall:
     def turn(self) -> str | None:
         """The id of the human message that started this call's turn: the last
         ``HumanMessage`` before the ``AIMessage`` that made the call, in the
-        graph's state (read from the ``ToolRuntime``); None where there is none."""
-        state = getattr(self.call.runtime, "state", None)
-        messages = state.get("messages") if isinstance(state, dict) else None
+        graph's state (read from the ``ToolRuntime``, or, for a call a node of
+        your own makes with ``tool.invoke``, from the running task's view of
+        the graph's ``messages``); None where there is none."""
+        messages = _messages_of(getattr(self.call.runtime, "state", None))
+        if messages is None and self.call.runtime is None:
+            messages = _task_messages()
         if messages is None:
-            messages = getattr(state, "messages", None)
-        if not isinstance(messages, list):
             return None
         end = len(messages)
         call_id = self.call.call_id
@@ -228,6 +233,23 @@ class GraphCall:
             if isinstance(message, HumanMessage):
                 return message.id
         return None
+
+    def _no_turn(self) -> EffectLedgerValidationError:
+        """The error for a call in a graph whose turn nobody can tell: keyed once
+        per workflow instead, a later request would silently get an earlier result."""
+        tool = self.call.tool
+        return EffectLedgerValidationError(
+            f"tool {tool.name!r} was called inside a LangGraph run, but the ledger cannot "
+            "tell which turn (user request) the call belongs to: the graph's state has no "
+            "'messages' list with a HumanMessage before the call. Keyed once per workflow "
+            "instead, a later request with the same arguments would silently get the "
+            "earlier result. Run the tool through a ToolNode (create_agent, "
+            "create_react_agent), give the turn with `with ledger.workflow(thread_id, "
+            "turn=request_id):` around the call, or declare the tool's scope "
+            '(@ledger.tool(scope="workflow") for once per workflow ever, "call" for once '
+            "per tool-call id). Nothing was stored.",
+            field="turn",
+        )
 
     async def arun(self, run: Callable[[RunOptions | None], Awaitable[object]]) -> object:
         """Run the call (``run(options)``, one ledger call) the way a graph needs it."""
@@ -310,6 +332,33 @@ class GraphCall:
         )
 
 
+def _messages_of(state: object) -> list[Any] | None:
+    """The ``messages`` list of a graph state (a dict or an object), or None."""
+    messages = state.get("messages") if isinstance(state, dict) else None
+    if messages is None:
+        messages = getattr(state, "messages", None)
+    return messages if isinstance(messages, list) else None
+
+
+def _task_messages() -> list[Any] | None:
+    """The graph's ``messages`` as the running task saw them when it started (what a
+    ``ToolNode``'s ``ToolRuntime.state`` holds), for a call made without a runtime.
+
+    Read through the task's own channel reader in its config (LangGraph's
+    ``__pregel_read``, as ``_SCRATCHPAD`` is read); None outside a graph task,
+    in a graph without a ``messages`` channel, or if LangGraph reads otherwise.
+    """
+    configurable = _configurable()
+    read = None if configurable is None else configurable.get(_READ)
+    if not callable(read):
+        return None
+    try:
+        messages = read("messages", False)
+    except Exception:  # no such channel, or another LangGraph: no turn, said loudly
+        return None
+    return messages if isinstance(messages, list) else None
+
+
 def _options(approver: str | None) -> RunOptions:
     """The run's options: never wait; a call the framework's human-in-the-loop
     approved waits for that decision, so the ledger records it."""
@@ -383,12 +432,20 @@ class LedgerApprovals(AgentMiddleware):
         self.by = by
 
     def _approver(self, request: ToolCallRequest) -> str | None:
-        """Who approved ``request`` through the middleware, or None if it did not gate it."""
-        config = self.hitl.interrupt_on.get(request.tool_call["name"])
+        """Who approved ``request`` through the middleware, or None if it did not gate it.
+
+        The middleware decided on the call as the model made it (its ``when``
+        was asked about that one), which a person's edit may have changed
+        since: the gate is judged on the model's call, read from the
+        ``AIMessage`` in the graph's state, so an edited call the person
+        already decided on is not asked about again.
+        """
+        asked = _as_the_model_made_it(request)
+        config = self.hitl.interrupt_on.get(asked.tool_call["name"])
         if config is None:
             return None
         when = config.get("when")
-        if when is not None and not when(request):
+        if when is not None and not when(asked):
             return None
         by = self.by(request) if callable(self.by) else self.by
         if not isinstance(by, str) or not by:
@@ -420,6 +477,27 @@ class LedgerApprovals(AgentMiddleware):
             return await handler(request)
         with approved_by_framework(by):
             return await handler(request)
+
+
+def _as_the_model_made_it(request: ToolCallRequest) -> ToolCallRequest:
+    """``request`` with the tool call as the model made it (the ``AIMessage`` in the
+    graph's state that has its id), before a reviewer's edit; ``request`` itself
+    when that call is not found or is the same."""
+    call_id = request.tool_call.get("id")
+    messages = _messages_of(request.state)
+    if not call_id or messages is None:
+        return request
+    for message in reversed(messages):
+        if not isinstance(message, AIMessage):
+            continue
+        for made in message.tool_calls:
+            if made.get("id") != call_id:
+                continue
+            current = request.tool_call
+            if made["name"] == current["name"] and made["args"] == current["args"]:
+                return request
+            return request.override(tool_call=made)
+    return request
 
 
 def handle_tool_errors(error: Exception) -> str:

@@ -47,8 +47,10 @@ What the model sees (the invocation's result, as the SDK sends it on):
 * everything that is the application's to fix (no workflow around the run,
   a store that is down, a result that is not JSON) raises: the run stops.
 
-Scope: ``"turn"`` by default, the turn being the run's input (a digest of
-``turn_input``), unless the application gives one with
+Scope: ``"turn"`` by default, the turn being the user request the run
+answers (a digest of ``turn_input`` up to the user message that started it;
+the same request sent again after a run that died unfinished continues its
+turn: see ``run_turn``), unless the application gives one with
 ``ledger.workflow(id, turn=...)``. ``LedgerModel`` records the model's calls.
 
 The workflow a call belongs to is the ``ledger.workflow(...)`` around
@@ -664,20 +666,77 @@ def _input_items(original: object) -> object:
 def run_turn(items: object) -> str | None:
     """The turn of a run whose input is ``items`` (``RunContextWrapper.turn_input``).
 
-    One run of the agent (and its resumptions after an interruption, which
-    keep its input) is one turn: a digest of its input, history included,
-    so the next user message starts another. None for an empty or
-    unreadable input (no turn: a ``scope="turn"`` call then raises).
+    A turn is one user request: a digest of the conversation up to and
+    including the user message that started it (what follows that message in
+    the input, the turn's own tool calls and outputs, is not part of it). The
+    next user message starts another turn, even with the same text, once the
+    turn before it finished (ended in an assistant message). A run that died
+    before it finished (the model's next call raised, the process was killed)
+    leaves its user message and tool items in a session's history; the same
+    request sent again right after it (the same user message content,
+    following a turn that has no final assistant message) is a retry, so it
+    continues that turn: its calls are answered from their receipts.
+    Resumptions after an interruption keep the run's input, so they are the
+    same turn too. With no user message in the input, the whole input is the
+    turn. None for an empty or unreadable input (no turn: a ``scope="turn"``
+    call then raises).
     """
     if not items:
         return None
     try:
         from pydantic_core import to_jsonable_python
 
-        text = orjson.dumps(to_jsonable_python(items), option=orjson.OPT_SORT_KEYS)
+        listed = to_jsonable_python(items)
+        if isinstance(listed, list):
+            listed = listed[: _turn_start(listed) + 1] if _is_user_list(listed) else listed
+        text = orjson.dumps(listed, option=orjson.OPT_SORT_KEYS)
     except Exception:
         return None
     return "agents-run-" + hashlib.sha256(text).hexdigest()[:32]
+
+
+def _is_user(item: object) -> bool:
+    """Whether an input item is a user message (easy-input or typed ``message``)."""
+    return (
+        isinstance(item, dict)
+        and item.get("role") == "user"
+        and item.get("type", "message") == "message"
+    )
+
+
+def _is_user_list(items: list[object]) -> bool:
+    return any(_is_user(item) for item in items)
+
+
+def _finished(segment: list[object]) -> bool:
+    """Whether a turn's items (after its user message) end in the assistant's message:
+    the run that made them finished rather than dying between a tool and the model."""
+    if not segment:
+        return False
+    last = segment[-1]
+    return (
+        isinstance(last, dict)
+        and last.get("role") == "assistant"
+        and last.get("type", "message") == "message"
+    )
+
+
+def _content(item: object) -> object:
+    """A message item's content (None for anything else)."""
+    return item.get("content") if isinstance(item, dict) else None
+
+
+def _turn_start(items: list[object]) -> int:
+    """The index of the user message that started the last turn in ``items``: the
+    last user message, or the one it retries (see ``run_turn``)."""
+    users = [i for i, item in enumerate(items) if _is_user(item)]
+    k = len(users) - 1
+    while k > 0:
+        before, now = users[k - 1], users[k]
+        if _finished(items[before + 1 : now]) or _content(items[before]) != _content(items[now]):
+            break
+        k -= 1
+    return users[k]
 
 
 #: Each ledger error class's twin that is also the SDK's ``AgentsException``.

@@ -192,11 +192,17 @@ async def call_llm(
             '`async with ledger.workflow("<id>"):`, or pass workflow_id=. Nothing was stored.',
             field="workflow_id",
         )
+    # In a known turn (ledger.workflow(id, turn=...), or one an adapter derived)
+    # a model call is keyed by it: the same prompt in a later turn is a new
+    # question and calls the model again; retries, resumes and replays of the
+    # turn are answered from the receipt. Without a turn: once per workflow.
+    turn = current_turn(workflow)
     call = ToolCall(
         workflow_id=workflow,
         tool=TOOL_PREFIX + provider,
         args={"provider": provider, "model": model, "request": request},
-        turn=current_turn(workflow),  # recorded on the receipt; not part of its key
+        scope="workflow" if turn is None else "turn",
+        turn=turn,
     )
     idem_key = ledger.idem_key(call)  # checks the request is JSON, before anything runs
     scopes = await open_budgets(ledger)

@@ -228,8 +228,8 @@ async def test_call_outcome_raises_what_is_not_the_tools_failure() -> None:
 
 
 async def test_model_calls_record_the_turn_and_refuse_retryable() -> None:
-    """ledger.llm() records the turn on its receipt (not in its key), and refuses
-    retryable=: each attempt is paid, and a receipt keeps one usage."""
+    """ledger.llm() in a turn is keyed by it (scope "turn", the turn on its receipt),
+    and refuses retryable=: each attempt is paid, and a receipt keeps one usage."""
     from agent_ledger import LLMResult, RunOptions, Usage
 
     ledger = build_ledger(MemoryStore())
@@ -249,7 +249,7 @@ async def test_model_calls_record_the_turn_and_refuse_retryable() -> None:
             )
     assert info.value.field == "retryable"
     (effect,) = (await ledger.list_effects()).effects
-    assert effect.turn == "t1" and effect.scope == "workflow"
+    assert effect.turn == "t1" and effect.scope == "turn"
     assert reply.response == {"text": "hi"}
 
 
