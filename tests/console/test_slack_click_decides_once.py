@@ -8,6 +8,7 @@ Served by uvicorn on local ports against tests/console/fake_slack.py: never the 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -241,3 +242,42 @@ async def test_a_deny_click_denies_and_the_waiting_run_is_told(here: World) -> N
     assert reply["text"].startswith("Denied by bob at ")
     done = await here.ledger.store.find(effect.idem_key)
     assert done is not None and done.status is EffectStatus.DENIED and done.decided_by == "bob"
+
+
+async def test_arguments_too_long_for_a_message_are_not_shown_and_get_no_buttons(
+    here: World,
+) -> None:
+    big = ToolCall(tool="pay", args={"memo": "x" * 30_000, "cents": 1}, workflow_id="wf-1")
+    with pytest.raises(ApprovalPendingError):
+        await here.ledger.run(big, lambda e: {"paid": True}, PARK)
+    effect = await here.ledger.store.find(here.ledger.idem_key(big))
+    assert effect is not None
+    message = await _post(here, effect)
+    ids = [
+        element.get("action_id")
+        for block in message["blocks"]
+        if block["type"] == "actions"
+        for element in block["elements"]
+    ]
+    assert ids == ["agent_ledger_open"]
+    assert not any(block["type"] == "rich_text" for block in message["blocks"])
+    assert "too long to show here" in orjson.dumps(message["blocks"]).decode()
+
+
+async def test_the_outcome_is_posted_only_to_an_allowed_response_url_origin(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ledger = EffectLedger(EffectLedgerOptions(store=SqliteStore(tmp_path / "ledger.db")))
+    caplog.set_level(logging.WARNING, logger="agent_ledger")
+    async with world(ledger, response_url_origins=["https://hooks.slack.com"]) as here:
+        effect = await _park(here)
+        message = await _post(here, effect)
+        assert (await here.click(_approve(here, message, ALICE))).status_code == 200
+        async with asyncio.timeout(10):
+            while not any("not an allowed origin" in r.getMessage() for r in caplog.records):
+                await asyncio.sleep(0.02)
+        assert here.slack.hooks == []
+        # The decision stands (the click was Slack's); only the post was withheld.
+        done = await ledger.store.find(effect.idem_key)
+        assert done is not None and done.decided_by == "alice"
+    await ledger.store.close()
