@@ -175,7 +175,9 @@ class World:
 
 
 @asynccontextmanager
-async def world(ledger: EffectLedger, **settings: Any) -> AsyncIterator[World]:
+async def world(
+    ledger: EffectLedger, *, separation_of_duty: bool = False, **settings: Any
+) -> AsyncIterator[World]:
     import httpx
 
     from agent_ledger.console import SlackSettings, ToolPatterns, create_app
@@ -194,6 +196,7 @@ async def world(ledger: EffectLedger, **settings: Any) -> AsyncIterator[World]:
             authenticate=lambda request: None,
             authorize=ToolPatterns({"alice": ["pay*"], "bob": ["pay*"], "carol": ["email"]}),
             secret=b"k" * 32,
+            separation_of_duty=separation_of_duty,
             slack=SlackSettings(**options),
         )
         async with serve(app) as console_url, httpx.AsyncClient(timeout=10) as client:

@@ -44,6 +44,7 @@ from tests.console.fake_slack import (
     sign,
     world,
 )
+from tests.harness import open_harness
 
 PAY = ToolCall(tool="pay", args={"to": "<!channel> acme", "cents": 12_500}, workflow_id="wf-1")
 PARK = RunOptions(requires_approval=True, wait_for_approval=False)
@@ -201,9 +202,17 @@ async def test_a_person_not_allowed_for_the_tool_is_refused_and_audited(here: Wo
     assert row.principal == "carol" and row.reason_code is DecisionCode.NOT_ALLOWED
 
 
+@pytest.fixture(params=["memory", "sqlite", "postgres", "mysql"])
+async def anywhere(request: pytest.FixtureRequest) -> AsyncIterator[World]:
+    """The console and the fake Slack over each store (PostgreSQL, MariaDB: the real servers)."""
+    async with open_harness(request.param) as harness, world(harness.ledger()) as w:
+        yield w
+
+
 async def test_two_clicks_at_once_one_decides_and_the_other_is_told_who_did(
-    here: World,
+    anywhere: World,
 ) -> None:
+    here = anywhere
     effect = await _park(here)
     message = await _post(here, effect)
     acks = await asyncio.gather(
@@ -280,4 +289,24 @@ async def test_the_outcome_is_posted_only_to_an_allowed_response_url_origin(
         # The decision stands (the click was Slack's); only the post was withheld.
         done = await ledger.store.find(effect.idem_key)
         assert done is not None and done.decided_by == "alice"
+    await ledger.store.close()
+
+
+async def test_with_separation_of_duty_the_asker_cannot_approve_from_slack(
+    tmp_path: Path,
+) -> None:
+    ledger = EffectLedger(EffectLedgerOptions(store=SqliteStore(tmp_path / "ledger.db")))
+    async with world(ledger, separation_of_duty=True) as here:
+        effect = await _park(here)
+        await approval_store(ledger.store).note_request(
+            effect.idem_key, requested_by="alice", policy_version=None, deadline_ms=None
+        )
+        message = await _post(here, effect)
+        assert (await here.click(_approve(here, message, ALICE))).status_code == 200
+        [reply] = await here.slack.wait_for_hooks(1)
+        assert reply["response_type"] == "ephemeral" and "separation of duty" in reply["text"]
+        still = await ledger.store.find(effect.idem_key)
+        assert still is not None and still.status is EffectStatus.REQUIRES_APPROVAL
+        [row] = await approval_store(ledger.store).decision_attempts(effect.idem_key)
+        assert row.principal == "alice" and row.reason_code is DecisionCode.SELF_DECISION
     await ledger.store.close()
