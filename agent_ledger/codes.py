@@ -159,3 +159,8 @@ class DecisionCode(enum.StrEnum):
     )
     LINK_EXPIRED = "link_expired", "a signed link past its expiry"
     LINK_USED = "link_used", "a single-use link that had already decided"
+    UNMAPPED_USER = (
+        "unmapped_user",
+        "a Slack user (vouched for by Slack's request signature) whom the Slack settings' "
+        "user mapping names no principal; the attempt's principal is slack:<team>:<user>",
+    )

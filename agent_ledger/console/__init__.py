@@ -15,15 +15,29 @@ from agent_ledger.console._identity import (
     hash_password,
 )
 from agent_ledger.console._links import BadLink, Link, sign_link, verify_link
+from agent_ledger.console._slack import BadSlackRequest, SlackSettings, verify_slack_request
+from agent_ledger.console._slack_messages import (
+    SlackError,
+    SlackMessage,
+    approval_blocks,
+    post_approval_request,
+)
 
 __all__ = [
     "BadLink",
+    "BadSlackRequest",
     "Link",
     "ProxyHeaderAuth",
+    "SlackError",
+    "SlackMessage",
+    "SlackSettings",
     "StaticUsers",
     "ToolPatterns",
+    "approval_blocks",
     "create_app",
     "hash_password",
+    "post_approval_request",
     "sign_link",
     "verify_link",
+    "verify_slack_request",
 ]

@@ -21,6 +21,7 @@ from agent_ledger.approvals import ApprovalRequest, Channel, DecisionAction, New
 from agent_ledger.codes import DecisionCode
 from agent_ledger.console._identity import Authenticate, Authorize
 from agent_ledger.console._links import BadLink, verify_link
+from agent_ledger.console._slack import SlackInteractivity, SlackSettings
 from agent_ledger.console._templates import TEMPLATES
 from agent_ledger.deciding import (
     approval_store,
@@ -59,6 +60,7 @@ def create_app(
     separation_of_duty: bool = False,
     allowed_origins: Iterable[str] = (),
     root_path: str = "",
+    slack: SlackSettings | None = None,
 ) -> Starlette:
     """The console as an ASGI app: mount it (``app.mount("/approvals", console)``,
     passing ``root_path="/approvals"``) or serve it alone (``agent-ledger console``).
@@ -68,7 +70,8 @@ def create_app(
     (principal, tool) -> may decide (``ToolPatterns`` or yours). ``secret``
     (32 bytes or more) signs CSRF tokens and links. ``allowed_origins``: other
     origins whose POSTs are accepted (the console's own always are), e.g. the
-    public origin in front of a proxy that rewrites the Host.
+    public origin in front of a proxy that rewrites the Host. ``slack``: take
+    Slack's button clicks at ``POST /slack/interactivity`` (docs/console.md, Slack).
     """
     if len(secret) < 32:
         raise ValueError("secret must be at least 32 bytes (secrets.token_bytes(32))")
@@ -81,15 +84,18 @@ def create_app(
         frozenset(allowed_origins),
         root_path.rstrip("/"),
     )
-    return Starlette(
-        routes=[
-            Route("/", console.pending, methods=["GET", "HEAD"]),
-            Route("/effects/{key}", console.receipt, methods=["GET", "HEAD"]),
-            Route("/effects/{key}/decide", console.decide, methods=["POST"]),
-            Route("/workflows/{workflow_id:path}", console.workflow, methods=["GET", "HEAD"]),
-            Route("/links/{token}", console.link, methods=["GET", "HEAD", "POST"]),
-        ]
-    )
+    routes = [
+        Route("/", console.pending, methods=["GET", "HEAD"]),
+        Route("/effects/{key}", console.receipt, methods=["GET", "HEAD"]),
+        Route("/effects/{key}/decide", console.decide, methods=["POST"]),
+        Route("/workflows/{workflow_id:path}", console.workflow, methods=["GET", "HEAD"]),
+        Route("/links/{token}", console.link, methods=["GET", "HEAD", "POST"]),
+    ]
+    if slack is not None:
+        # Slack's signature authenticates these requests, not `authenticate`.
+        clicks = SlackInteractivity(console.store, authorize, slack, separation_of_duty)
+        routes.append(Route("/slack/interactivity", clicks.handle, methods=["POST"]))
+    return Starlette(routes=routes)
 
 
 class _Console:
