@@ -148,3 +148,13 @@ class DecisionCode(enum.StrEnum):
     )
     LINK_EXPIRED = "link_expired", "a signed link past its expiry"
     LINK_USED = "link_used", "a single-use link that had already decided"
+    NOTE_TOO_LONG = (
+        "note_too_long",
+        "the decision's note was longer than agent_ledger.deciding.MAX_NOTE_CHARS: nothing "
+        "changed, and the note is not kept",
+    )
+    EARLIER_ATTEMPT = (
+        "earlier_attempt",
+        "the person decided what they were shown for an earlier attempt (approval round) of "
+        "the effect, which has since run and waits again: nothing changed",
+    )

@@ -31,8 +31,9 @@ __all__ = [
 
 #: ``request -> principal`` (None: not authenticated); may be async.
 Authenticate = Callable[[Request], "str | Awaitable[str | None] | None"]
-#: ``(principal, tool) -> may decide``.
-Authorize = Callable[[str, str], bool]
+#: ``(principal, tool) -> may decide``; may be async. Anything but ``True`` or
+#: ``False`` (awaited) is a refusal, logged as the rule's error.
+Authorize = Callable[[str, str], "bool | Awaitable[bool]"]
 
 # scrypt's cost: n=2**14, r=8, p=1 (about 16 MiB, tens of ms): RFC 7914's
 # interactive-login figure.
@@ -73,6 +74,9 @@ class StaticUsers:
 
     def __init__(self, users: Mapping[str, str]) -> None:
         self._users = dict(users)
+        # An unknown name is checked against this, so it costs what a known one
+        # does: the time of a refusal does not tell which names exist.
+        self._dummy = hash_password(secrets.token_urlsafe(16))
 
     def __call__(self, request: Request) -> str | None:
         header = request.headers.get("authorization", "")
@@ -84,9 +88,8 @@ class StaticUsers:
         except (ValueError, binascii.Error, UnicodeDecodeError):
             return None
         stored = self._users.get(user)
-        if not sep or stored is None:
-            return None
-        return user if _verify(password, stored) else None
+        matches = _verify(password, self._dummy if stored is None else stored)
+        return user if sep and stored is not None and matches else None
 
 
 class ProxyHeaderAuth:
