@@ -194,17 +194,20 @@ async def decide(
             store, attempt, DecisionCode.ALREADY_DECIDED, already_decided(effect), effect
         )
     current = effect_intent(effect, request)
-    if shown_intent is not None and shown_intent != current:
-        if earlier_round(effect, request, shown_intent):
-            return await refuse(
-                store,
-                attempt,
-                DecisionCode.EARLIER_ATTEMPT,
-                f"this approval was for an earlier attempt: the effect has run since and "
-                f"waits again (attempt {effect.attempt}): nothing changed. Read its receipt "
-                "and decide again.",
-                effect,
-            )
+    if (
+        shown_intent is not None
+        and shown_intent != current
+        and earlier_round(effect, request, shown_intent)
+    ):
+        return await refuse(
+            store,
+            attempt,
+            DecisionCode.EARLIER_ATTEMPT,
+            f"this approval was for an earlier attempt: the effect has run since and "
+            f"waits again (attempt {effect.attempt}): nothing changed. Read its receipt "
+            "and decide again.",
+            effect,
+        )
     if (shown_intent is None and channel in _BOUND_CHANNELS) or (
         shown_intent is not None and shown_intent != current
     ):

@@ -38,6 +38,7 @@ from agent_ledger.cli import CONSOLE_SECRET_ENV
 PAY = ToolCall(tool="pay", args={"to": "acme", "cents": 12_500}, workflow_id="wf-proxy")
 BOSS = {"X-Forwarded-Email": "boss@corp.example"}
 PUBLIC = "https://approvals.corp.example"
+CLI = (sys.executable, "-m", "agent_ledger", "--url")
 
 
 def _free_port() -> int:
@@ -79,9 +80,13 @@ def _serve(db: Path, *options: str) -> Iterator[_Console]:
     port = _free_port()
     env = {**os.environ, CONSOLE_SECRET_ENV: "s" * 40}
     process = subprocess.Popen(
-        [sys.executable, "-m", "agent_ledger", "--url", f"sqlite:///{db}", "console"]
-        + ["--proxy-header", "X-Forwarded-Email", "--allow", "boss@corp.example:pay*"]
-        + ["--host", "127.0.0.1", "--port", str(port), *options],
+        [
+            *CLI,
+            f"sqlite:///{db}",
+            "console",
+            *("--proxy-header", "X-Forwarded-Email", "--allow", "boss@corp.example:pay*"),
+            *("--host", "127.0.0.1", "--port", str(port), *options),
+        ],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -146,14 +151,16 @@ def test_a_proxy_on_the_same_host_decides_with_its_public_origin(db: Path) -> No
 @pytest.mark.parametrize(
     "origin", ["approvals.corp.example", "https://approvals.corp.example/path", "ftp://x"]
 )
-def test_an_allowed_origin_that_is_not_an_origin_is_a_usage_error(
-    db: Path, origin: str
-) -> None:
+def test_an_allowed_origin_that_is_not_an_origin_is_a_usage_error(db: Path, origin: str) -> None:
     asyncio.run(_parked(db))
     done = subprocess.run(
-        [sys.executable, "-m", "agent_ledger", "--url", f"sqlite:///{db}", "console"]
-        + ["--proxy-header", "X-Forwarded-Email", "--trusted-proxy", "127.0.0.1"]
-        + ["--allow", "boss@corp.example:pay*", "--allowed-origin", origin],
+        [
+            *CLI,
+            f"sqlite:///{db}",
+            "console",
+            *("--proxy-header", "X-Forwarded-Email", "--trusted-proxy", "127.0.0.1"),
+            *("--allow", "boss@corp.example:pay*", "--allowed-origin", origin),
+        ],
         env={**os.environ, CONSOLE_SECRET_ENV: "s" * 40},
         capture_output=True,
         text=True,

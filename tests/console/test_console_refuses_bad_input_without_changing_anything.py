@@ -33,12 +33,13 @@ from agent_ledger.codes import DecisionCode
 from agent_ledger.console import (
     StaticUsers,
     ToolPatterns,
+    _identity,
+    _links,
     create_app,
     hash_password,
     sign_link,
     verify_link,
 )
-from agent_ledger.console import _identity, _links
 from agent_ledger.console._app import MAX_BODY_BYTES
 from agent_ledger.console._identity import Authorize
 from agent_ledger.deciding import MAX_NOTE_CHARS, approval_store, decide, effect_intent
@@ -298,3 +299,9 @@ async def test_an_unknown_user_name_costs_one_password_check_like_a_known_one(
     assert users(asking(_basic("alice", "guess"))) is None
     assert users(asking(_basic("alice", "alice-pw"))) == "alice"
     assert checks == ["guess", "guess", "alice-pw"]
+
+
+def test_the_documented_limits_are_the_enforced_ones() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "console.md").read_text()
+    assert f"at most {MAX_NOTE_CHARS:,} characters" in docs
+    assert f"over {MAX_BODY_BYTES // 1024} KiB gets 413" in docs
