@@ -684,7 +684,9 @@ def _origin(url: str) -> str:
         )
     if parts.query or parts.fragment or "@" in parts.netloc:
         raise UsageError(f"--allowed-origin takes just scheme://host[:port], got {url!r}")
-    return f"{parts.scheme}://{parts.netloc.lower()}"
+    host = parts.netloc.lower()
+    default = {"http": ":80", "https": ":443"}[parts.scheme]
+    return f"{parts.scheme}://{host.removesuffix(default)}"  # browsers omit a default port
 
 
 #: Where ``agent-ledger console`` reads its signing secret (CSRF tokens, links).

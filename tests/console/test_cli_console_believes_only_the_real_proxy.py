@@ -38,6 +38,8 @@ from agent_ledger.cli import CONSOLE_SECRET_ENV
 PAY = ToolCall(tool="pay", args={"to": "acme", "cents": 12_500}, workflow_id="wf-proxy")
 BOSS = {"X-Forwarded-Email": "boss@corp.example"}
 PUBLIC = "https://approvals.corp.example"
+#: ``--allowed-origin`` as a person might type it: case, the default port, a slash.
+TYPED = "https://Approvals.Corp.Example:443/"
 CLI = (sys.executable, "-m", "agent_ledger", "--url")
 
 
@@ -129,7 +131,7 @@ def test_a_local_process_cannot_pose_as_the_proxy_with_x_forwarded_for(db: Path)
 def test_a_proxy_on_the_same_host_decides_with_its_public_origin(db: Path) -> None:
     key = asyncio.run(_parked(db))
     proxied = {**BOSS, "X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "https"}
-    with _serve(db, "--trusted-proxy", "127.0.0.1", "--allowed-origin", PUBLIC + "/") as console:
+    with _serve(db, "--trusted-proxy", "127.0.0.1", "--allowed-origin", TYPED) as console:
         page = httpx.get(f"{console.base}/effects/{key}", headers=proxied)
         assert page.status_code == 200, page.text
         fields = dict(re.findall(r'name="(csrf|intent)" value="([0-9a-f]+)"', page.text))
