@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import inspect
-import logging
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -20,7 +19,7 @@ from starlette.routing import Route
 
 from agent_ledger.approvals import ApprovalRequest, Channel, DecisionAction, NewDecisionAttempt
 from agent_ledger.codes import DecisionCode
-from agent_ledger.console._identity import Authenticate, Authorize
+from agent_ledger.console._identity import Authenticate, Authorize, may_decide
 from agent_ledger.console._links import BadLink, verify_link
 from agent_ledger.console._templates import TEMPLATES
 from agent_ledger.deciding import (
@@ -44,7 +43,6 @@ _ACTIONS: Final = {a.value: a for a in DecisionAction}
 _PAGE: Final = 200
 #: The largest form body a POST may carry (bytes); a larger one gets 413.
 MAX_BODY_BYTES: Final = 64 * 1024
-_log = logging.getLogger("agent_ledger.console")
 
 
 class _TooLarge(Exception):
@@ -161,20 +159,7 @@ class _Console:
         )
 
     async def _allowed(self, principal: str, tool: str) -> bool:
-        """The authorization rule's answer, awaited when it is async; anything but a
-        bool is a refusal (fail closed), logged as the rule's error."""
-        answer: object = self._authorize(principal, tool)
-        if inspect.isawaitable(answer):
-            answer = await answer
-        if isinstance(answer, bool):
-            return answer
-        _log.error(
-            "the console's authorize rule returned %s, not a bool: %s is refused %s",
-            type(answer).__name__,
-            principal,
-            tool,
-        )
-        return False
+        return await may_decide(self._authorize, principal, tool)
 
     def _same_origin(self, request: Request) -> bool:
         """A POST from another site is refused: Sec-Fetch-Site where the browser sends

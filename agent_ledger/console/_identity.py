@@ -13,7 +13,9 @@ import binascii
 import fnmatch
 import hashlib
 import hmac
+import inspect
 import ipaddress
+import logging
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Final
@@ -27,13 +29,35 @@ __all__ = [
     "StaticUsers",
     "ToolPatterns",
     "hash_password",
+    "may_decide",
 ]
+
+_log = logging.getLogger("agent_ledger.console")
 
 #: ``request -> principal`` (None: not authenticated); may be async.
 Authenticate = Callable[[Request], "str | Awaitable[str | None] | None"]
 #: ``(principal, tool) -> may decide``; may be async. Anything but ``True`` or
 #: ``False`` (awaited) is a refusal, logged as the rule's error.
 Authorize = Callable[[str, str], "bool | Awaitable[bool]"]
+
+
+async def may_decide(authorize: Authorize, principal: str, tool: str) -> bool:
+    """``authorize``'s answer, awaited when it is async. Anything but ``True`` or
+    ``False`` is a refusal (fail closed), logged as the rule's error: a coroutine
+    or a non-empty string is truthy, and must not let anyone decide."""
+    answer: object = authorize(principal, tool)
+    if inspect.isawaitable(answer):
+        answer = await answer
+    if isinstance(answer, bool):
+        return answer
+    _log.error(
+        "the authorize rule returned %s, not a bool: %s is refused %s",
+        type(answer).__name__,
+        principal,
+        tool,
+    )
+    return False
+
 
 # scrypt's cost: n=2**14, r=8, p=1 (about 16 MiB, tens of ms): RFC 7914's
 # interactive-login figure.
