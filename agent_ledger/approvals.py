@@ -3,7 +3,9 @@ audit trail keeps of every attempt to make one.
 
 A person approving a payment approves *what they were shown*. The intent hash
 (:func:`intent_hash`) is the SHA-256 of the canonical (tool, workflow, args,
-policy version) of the effect as it will run; the console, a signed link or
+policy version, attempt) of the effect as it will run: the attempt names the
+approval round, so an approval given for one round (say, before the handler
+ran and its worker died) never approves the next; the console, a signed link or
 Slack carries the hash the person saw, and a decision whose hash differs from
 the stored effect's changes nothing. Every attempt, accepted or refused, is a
 :class:`DecisionAttempt` in the store (schema version 4).
@@ -66,16 +68,23 @@ class DecisionOutcome(enum.StrEnum):
 
 
 def intent_hash(
-    *, tool: str, workflow_id: str, args_canonical: str, policy_version: str | None
+    *,
+    tool: str,
+    workflow_id: str,
+    args_canonical: str,
+    policy_version: str | None,
+    attempt: int,
 ) -> str:
     """The SHA-256 (lowercase hex) of what a decision is about.
 
     ``args_canonical`` is the effect's canonical JSON text, byte for byte as
-    it is stored and as the handler will get it; the four parts are encoded
-    as one JSON array, so no choice of values can make two different intents
-    hash alike by moving a separator.
+    it is stored and as the handler will get it; ``attempt`` is the effect's
+    attempt counter while it waits (every claim raises it, so each approval
+    round has its own). The five parts are encoded as one JSON array, so no
+    choice of values can make two different intents hash alike by moving a
+    separator.
     """
-    payload = orjson.dumps([tool, workflow_id, args_canonical, policy_version])
+    payload = orjson.dumps([tool, workflow_id, args_canonical, policy_version, attempt])
     return hashlib.sha256(payload).hexdigest()
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any, Final, NoReturn, TypeVar
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -685,13 +686,34 @@ async def cmd_console(ctx: Context) -> int:
         authorize=ToolPatterns(rules),
         secret=secret,
         separation_of_duty=args.separation_of_duty,
+        allowed_origins=[_origin(url) for url in args.allowed_origin or []],
     )
     print(f"approval console on http://{args.host}:{args.port}/", file=sys.stderr)
+    # proxy_headers=False: uvicorn would otherwise take the client's address from
+    # X-Forwarded-For when the peer is 127.0.0.1, letting any local process pose as
+    # the trusted proxy; ProxyHeaderAuth must see the real peer.
     server = uvicorn.Server(
-        uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
+        uvicorn.Config(
+            app, host=args.host, port=args.port, log_level="warning", proxy_headers=False
+        )
     )
     await server.serve()
     return EXIT_OK
+
+
+def _origin(url: str) -> str:
+    """``--allowed-origin``'s value as a browser's Origin header spells it."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/"):
+        raise UsageError(
+            f"--allowed-origin takes an origin such as https://approvals.example.com "
+            f"(scheme and host, optionally a port; no path), got {url!r}"
+        )
+    if parts.query or parts.fragment or "@" in parts.netloc:
+        raise UsageError(f"--allowed-origin takes just scheme://host[:port], got {url!r}")
+    host = parts.netloc.lower()
+    default = {"http": ":80", "https": ":443"}[parts.scheme]
+    return f"{parts.scheme}://{host.removesuffix(default)}"  # browsers omit a default port
 
 
 #: Where ``agent-ledger console`` reads its signing secret (CSRF tokens, links).
@@ -1113,6 +1135,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--separation-of-duty",
         action="store_true",
         help="refuse a decision by the principal who asked for the approval",
+    )
+    sub.add_argument(
+        "--allowed-origin",
+        action="append",
+        metavar="URL",
+        help="another origin whose POSTs are accepted, e.g. the public https://host of a proxy",
     )
     command("stats", cmd_stats, "counts by status and tool, and spend by workflow")
     sub = command("budget", cmd_budget, "a workflow's budget: limits, spent, reserved, remaining")

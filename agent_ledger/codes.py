@@ -164,3 +164,13 @@ class DecisionCode(enum.StrEnum):
         "a Slack user (vouched for by Slack's request signature) whom the Slack settings' "
         "user mapping names no principal; the attempt's principal is slack:<team>:<user>",
     )
+    NOTE_TOO_LONG = (
+        "note_too_long",
+        "the decision's note was longer than agent_ledger.deciding.MAX_NOTE_CHARS: nothing "
+        "changed, and the note is not kept",
+    )
+    EARLIER_ATTEMPT = (
+        "earlier_attempt",
+        "the person decided what they were shown for an earlier attempt (approval round) of "
+        "the effect, which has since run and waits again: nothing changed",
+    )

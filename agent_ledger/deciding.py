@@ -40,14 +40,18 @@ from agent_ledger.stores.base import Decision, Store
 
 __all__ = [
     "EXPIRY_DECIDER",
+    "MAX_NOTE_CHARS",
     "DecisionResult",
     "approval_store",
     "decide",
+    "earlier_round",
     "effect_intent",
     "expire_overdue",
     "refuse",
 ]
 
+#: The longest note a decision may carry, in characters; a longer one is refused.
+MAX_NOTE_CHARS: Final = 2000
 #: An expired approval's denial reason.
 _EXPIRED_MESSAGE: Final = "expired: nobody decided before the approval's deadline"
 #: Who the receipt says decided an expired approval.
@@ -82,13 +86,26 @@ def approval_store(store: Store) -> ApprovalStore:
     return store
 
 
-def effect_intent(effect: Effect, request: ApprovalRequest | None) -> str:
-    """The intent hash of ``effect`` as it would run, under its request's policy version."""
+def effect_intent(
+    effect: Effect, request: ApprovalRequest | None, *, attempt: int | None = None
+) -> str:
+    """The intent hash of ``effect`` as it would run, under its request's policy
+    version, for its current approval round (``attempt``: another round's)."""
     return intent_hash(
         tool=effect.tool,
         workflow_id=effect.workflow_id,
         args_canonical=effect.args_canonical,
         policy_version=None if request is None else request.policy_version,
+        attempt=effect.attempt if attempt is None else attempt,
+    )
+
+
+def earlier_round(effect: Effect, request: ApprovalRequest | None, shown: str) -> bool:
+    """True when ``shown`` is ``effect``'s intent for one of its earlier attempts:
+    a stale link or form from a round that has since run."""
+    return any(
+        effect_intent(effect, request, attempt=earlier) == shown
+        for earlier in range(effect.attempt - 1, max(effect.attempt - 1000, 0) - 1, -1)
     )
 
 
@@ -146,6 +163,15 @@ async def decide(
             field="principal",
         )
     note = storable_text(note) if note else None
+    if note is not None and len(note) > MAX_NOTE_CHARS:
+        # Audited without the note: an oversized text is not kept anywhere.
+        return await refuse(
+            store,
+            NewDecisionAttempt(idem_key, principal, channel, action, shown_intent, None),
+            DecisionCode.NOTE_TOO_LONG,
+            f"a note may have at most {MAX_NOTE_CHARS:,} characters (this one has "
+            f"{len(note):,}): nothing changed",
+        )
     attempt = NewDecisionAttempt(idem_key, principal, channel, action, shown_intent, note)
     effect = await store.find(idem_key)
     if effect is None:
@@ -168,6 +194,20 @@ async def decide(
             store, attempt, DecisionCode.ALREADY_DECIDED, already_decided(effect), effect
         )
     current = effect_intent(effect, request)
+    if (
+        shown_intent is not None
+        and shown_intent != current
+        and earlier_round(effect, request, shown_intent)
+    ):
+        return await refuse(
+            store,
+            attempt,
+            DecisionCode.EARLIER_ATTEMPT,
+            f"this approval was for an earlier attempt: the effect has run since and "
+            f"waits again (attempt {effect.attempt}): nothing changed. Read its receipt "
+            "and decide again.",
+            effect,
+        )
     if (shown_intent is None and channel in _BOUND_CHANNELS) or (
         shown_intent is not None and shown_intent != current
     ):
@@ -179,7 +219,7 @@ async def decide(
             "or policy version): nothing changed. Reload the receipt and decide again.",
             effect,
         )
-    if separation_of_duty and request is not None and request.requested_by == principal:
+    if separation_of_duty and request is not None and _same_person(request.requested_by, principal):
         return await refuse(
             store,
             attempt,
@@ -226,6 +266,14 @@ async def decide(
 
 #: Channels that show a person an effect: their decisions must say what they saw.
 _BOUND_CHANNELS: Final = frozenset({Channel.CONSOLE, Channel.LINK, Channel.SLACK})
+
+
+def _same_person(requested_by: str | None, principal: str) -> bool:
+    """Separation of duty's test: names compared without case (``Alice@Example.com``
+    is ``alice@example.com``) and surrounding spaces."""
+    return requested_by is not None and (
+        requested_by.strip().casefold() == principal.strip().casefold()
+    )
 
 
 def _overdue(request: ApprovalRequest | None, now: datetime | None) -> bool:

@@ -19,13 +19,14 @@ from starlette.routing import Route
 
 from agent_ledger.approvals import ApprovalRequest, Channel, DecisionAction, NewDecisionAttempt
 from agent_ledger.codes import DecisionCode
-from agent_ledger.console._identity import Authenticate, Authorize
+from agent_ledger.console._identity import Authenticate, Authorize, may_decide
 from agent_ledger.console._links import BadLink, verify_link
 from agent_ledger.console._slack import SlackInteractivity, SlackSettings
 from agent_ledger.console._templates import TEMPLATES
 from agent_ledger.deciding import (
     approval_store,
     decide,
+    earlier_round,
     effect_intent,
     expire_overdue,
     refuse,
@@ -41,6 +42,12 @@ _SAFE_SITES: Final = frozenset({"same-origin", "none"})
 _ACTIONS: Final = {a.value: a for a in DecisionAction}
 #: At most this many pending effects on the list page.
 _PAGE: Final = 200
+#: The largest form body a POST may carry (bytes); a larger one gets 413.
+MAX_BODY_BYTES: Final = 64 * 1024
+
+
+class _TooLarge(Exception):
+    """A request body over MAX_BODY_BYTES."""
 
 
 def _store_of(source: object) -> Store:
@@ -150,6 +157,16 @@ class _Console:
     def _csrf(self, scope: str) -> str:
         return hmac.new(self._secret, b"csrf\n" + scope.encode(), hashlib.sha256).hexdigest()
 
+    def _csrf_ok(self, given: str, scope: str) -> bool:
+        """The form's token against the expected one, as bytes: any text (non-ASCII
+        included) is simply a wrong token, never an error."""
+        return hmac.compare_digest(
+            given.encode("utf-8", "replace"), self._csrf(scope).encode("ascii")
+        )
+
+    async def _allowed(self, principal: str, tool: str) -> bool:
+        return await may_decide(self._authorize, principal, tool)
+
     def _same_origin(self, request: Request) -> bool:
         """A POST from another site is refused: Sec-Fetch-Site where the browser sends
         it, and the Origin header (checked against this console's own origin)."""
@@ -163,7 +180,18 @@ class _Console:
         return origin == own or origin in self._origins
 
     async def _form(self, request: Request) -> dict[str, str]:
-        body = (await request.body()).decode("utf-8", errors="replace")
+        """The urlencoded form; ``_TooLarge`` past MAX_BODY_BYTES (read no further)."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            raise _TooLarge
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise _TooLarge
+            chunks.append(chunk)
+        body = b"".join(chunks).decode("utf-8", errors="replace")
         return {k: v[0] for k, v in parse_qs(body, keep_blank_values=True).items()}
 
     async def _effect(self, key: str) -> tuple[Effect | None, ApprovalRequest | None]:
@@ -230,7 +258,7 @@ class _Console:
             history=_history(effect),
             attempts=attempts,
             can_decide=effect.status is EffectStatus.REQUIRES_APPROVAL
-            and self._authorize(principal, effect.tool),
+            and await self._allowed(principal, effect.tool),
             csrf=self._csrf(principal),
             message=message,
             accepted=accepted,
@@ -243,8 +271,11 @@ class _Console:
         principal = await self._principal(request)
         if principal is None:
             return self._unauthenticated()
-        form = await self._form(request)
-        if not hmac.compare_digest(form.get("csrf", ""), self._csrf(principal)):
+        try:
+            form = await self._form(request)
+        except _TooLarge:
+            return self._too_large(principal)
+        if not self._csrf_ok(form.get("csrf", ""), principal):
             return self._message("Refused", "This form has expired: reload the page.", 403)
         key = request.path_params["key"]
         action = _ACTIONS.get(form.get("action", ""))
@@ -255,7 +286,7 @@ class _Console:
             return self._message("Not found", "No effect has this key.", 404, principal)
         note = form.get("note", "").strip() or None
         shown = form.get("intent") or None
-        if not self._authorize(principal, effect.tool):
+        if not await self._allowed(principal, effect.tool):
             attempt = NewDecisionAttempt(key, principal, Channel.CONSOLE, action, shown, note)
             await refuse(self.store, attempt, DecisionCode.NOT_ALLOWED, "not allowed")
             return self._message(
@@ -281,7 +312,8 @@ class _Console:
         if outcome.accepted:
             # Post/redirect/get: a reload never posts again.
             return RedirectResponse(f"{self._root}/effects/{key}", status_code=303)
-        return await self.receipt(request, message=outcome.message, status=409)
+        status = 400 if outcome.reason is DecisionCode.NOTE_TOO_LONG else 409
+        return await self.receipt(request, message=outcome.message, status=status)
 
     async def workflow(self, request: Request) -> Response:
         principal = await self._principal(request)
@@ -298,12 +330,14 @@ class _Console:
             link = verify_link(self._secret, token)
         except BadLink as bad:
             return self._message("Refused", str(bad), bad.status)
-        effect, _asked = await self._effect(link.idem_key)
+        effect, asked = await self._effect(link.idem_key)
         if effect is None:
             return self._message("Refused", "this link is not valid", 403)
         if request.method != "POST":
             if effect.status is not EffectStatus.REQUIRES_APPROVAL:
                 return self._message("Already decided", _decided(effect), 410)
+            if earlier_round(effect, asked, link.intent_hash):
+                return self._message("Refused", _EARLIER, 410)
             return self._page(
                 "link",
                 link=link,
@@ -313,11 +347,14 @@ class _Console:
             )
         if not self._same_origin(request):
             return self._message("Refused", "A form from another site may not decide.", 403)
-        form = await self._form(request)
-        if not hmac.compare_digest(form.get("csrf", ""), self._csrf("link\n" + link.nonce)):
+        try:
+            form = await self._form(request)
+        except _TooLarge:
+            return self._too_large(None)
+        if not self._csrf_ok(form.get("csrf", ""), "link\n" + link.nonce):
             return self._message("Refused", "This form has expired: open the link again.", 403)
         note = form.get("note", "").strip() or None
-        if not self._authorize(link.principal, effect.tool):
+        if not await self._allowed(link.principal, effect.tool):
             attempt = NewDecisionAttempt(
                 link.idem_key, link.principal, Channel.LINK, link.action, link.intent_hash, note
             )
@@ -337,11 +374,30 @@ class _Console:
         if outcome.accepted:
             return self._message("Done", f"{link.action.value}d by {link.principal}", 200)
         status = 410 if outcome.reason in _GONE else 403
+        if outcome.reason is DecisionCode.NOTE_TOO_LONG:
+            status = 400
         return self._message("Refused", outcome.message, status)
+
+    def _too_large(self, principal: str | None) -> Response:
+        return self._message(
+            "Too large",
+            f"A form may carry at most {MAX_BODY_BYTES // 1024} KiB: nothing changed.",
+            413,
+            principal,
+        )
 
 
 _GONE: Final = frozenset(
-    {DecisionCode.LINK_USED, DecisionCode.ALREADY_DECIDED, DecisionCode.EXPIRED}
+    {
+        DecisionCode.LINK_USED,
+        DecisionCode.ALREADY_DECIDED,
+        DecisionCode.EXPIRED,
+        DecisionCode.EARLIER_ATTEMPT,
+    }
+)
+_EARLIER: Final = (
+    "this approval was for an earlier attempt: the effect has run since and waits for "
+    "a person again. Open the console to read its receipt."
 )
 _NO_STORE: Final = {"Cache-Control": "no-store", "X-Frame-Options": "DENY"}
 

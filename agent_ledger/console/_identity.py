@@ -13,7 +13,9 @@ import binascii
 import fnmatch
 import hashlib
 import hmac
+import inspect
 import ipaddress
+import logging
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Final
@@ -27,12 +29,35 @@ __all__ = [
     "StaticUsers",
     "ToolPatterns",
     "hash_password",
+    "may_decide",
 ]
+
+_log = logging.getLogger("agent_ledger.console")
 
 #: ``request -> principal`` (None: not authenticated); may be async.
 Authenticate = Callable[[Request], "str | Awaitable[str | None] | None"]
-#: ``(principal, tool) -> may decide``.
-Authorize = Callable[[str, str], bool]
+#: ``(principal, tool) -> may decide``; may be async. Anything but ``True`` or
+#: ``False`` (awaited) is a refusal, logged as the rule's error.
+Authorize = Callable[[str, str], "bool | Awaitable[bool]"]
+
+
+async def may_decide(authorize: Authorize, principal: str, tool: str) -> bool:
+    """``authorize``'s answer, awaited when it is async. Anything but ``True`` or
+    ``False`` is a refusal (fail closed), logged as the rule's error: a coroutine
+    or a non-empty string is truthy, and must not let anyone decide."""
+    answer: object = authorize(principal, tool)
+    if inspect.isawaitable(answer):
+        answer = await answer
+    if isinstance(answer, bool):
+        return answer
+    _log.error(
+        "the authorize rule returned %s, not a bool: %s is refused %s",
+        type(answer).__name__,
+        principal,
+        tool,
+    )
+    return False
+
 
 # scrypt's cost: n=2**14, r=8, p=1 (about 16 MiB, tens of ms): RFC 7914's
 # interactive-login figure.
@@ -73,6 +98,9 @@ class StaticUsers:
 
     def __init__(self, users: Mapping[str, str]) -> None:
         self._users = dict(users)
+        # An unknown name is checked against this, so it costs what a known one
+        # does: the time of a refusal does not tell which names exist.
+        self._dummy = hash_password(secrets.token_urlsafe(16))
 
     def __call__(self, request: Request) -> str | None:
         header = request.headers.get("authorization", "")
@@ -84,9 +112,8 @@ class StaticUsers:
         except (ValueError, binascii.Error, UnicodeDecodeError):
             return None
         stored = self._users.get(user)
-        if not sep or stored is None:
-            return None
-        return user if _verify(password, stored) else None
+        matches = _verify(password, self._dummy if stored is None else stored)
+        return user if sep and stored is not None and matches else None
 
 
 class ProxyHeaderAuth:

@@ -1,7 +1,8 @@
 """Signed, expiring, single-use approve/deny links (for email and chat).
 
 A link's token is ``base64url(payload).base64url(HMAC-SHA256(secret, payload))``;
-the payload binds the effect key, the intent hash the recipient will be shown,
+the payload binds the effect key, the intent hash the recipient will be shown
+(which names the approval round, so a link outlives no round it was sent for),
 the action, the recipient (the principal the decision is recorded for), the
 expiry and a random nonce. The standard library's ``hmac`` does it: no new
 dependency, and nothing in the token is trusted before the MAC verifies
@@ -18,12 +19,16 @@ import hmac
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Final
 
 import orjson
 
 from agent_ledger.approvals import DecisionAction, UsedLink, is_intent_hash
 
-__all__ = ["BadLink", "Link", "sign_link", "verify_link"]
+__all__ = ["LINK_ACTIONS", "BadLink", "Link", "sign_link", "verify_link"]
+
+#: What a link may do; resolve needs an outcome, which a link cannot carry.
+LINK_ACTIONS: Final = frozenset({DecisionAction.APPROVE, DecisionAction.DENY})
 
 
 class BadLink(Exception):
@@ -77,6 +82,11 @@ def sign_link(
         raise ValueError("the link secret must be at least 32 bytes")
     if not is_intent_hash(intent_hash):
         raise ValueError("intent_hash must be 64 lowercase hex digits")
+    if DecisionAction(action) not in LINK_ACTIONS:
+        raise ValueError(
+            f"a link may approve or deny, not {DecisionAction(action).value}: resolving an "
+            "ambiguous attempt needs its outcome, so it is done in the console"
+        )
     expires = (now or datetime.now(UTC)) + ttl
     payload = orjson.dumps(
         {
@@ -113,6 +123,8 @@ def verify_link(secret: bytes, token: str, *, now: datetime | None = None) -> Li
         )
     except (ValueError, KeyError, TypeError):
         raise BadLink("this link is not valid", 403) from None
+    if link.action not in LINK_ACTIONS:
+        raise BadLink("a link may only approve or deny", 403)
     if link.expires_at <= (now or datetime.now(UTC)):
         raise BadLink("this link has expired", 410)
     return link

@@ -37,7 +37,7 @@ from starlette.responses import PlainTextResponse, Response
 
 from agent_ledger.approvals import Channel, DecisionAction, NewDecisionAttempt
 from agent_ledger.codes import DecisionCode
-from agent_ledger.console._identity import Authorize
+from agent_ledger.console._identity import Authorize, may_decide
 from agent_ledger.console._slack_messages import (
     ACTION_APPROVE,
     ACTION_DENY,
@@ -278,7 +278,7 @@ class SlackInteractivity:
                 "nothing changed. Ask an administrator to add you."
             )
         effect = await self.store.find(click.idem_key)
-        if effect is not None and not self._authorize(principal, effect.tool):
+        if effect is not None and not await may_decide(self._authorize, principal, effect.tool):
             attempt = NewDecisionAttempt(
                 click.idem_key, principal, Channel.SLACK, click.action, click.intent
             )

@@ -65,7 +65,7 @@ RECEIPT: Final = """{% extends "base" %}{% block title %}{{ effect.tool }}{% end
 <form class="decide" method="post" action="{{ root }}/effects/{{ effect.idem_key }}/decide">
 <input type="hidden" name="csrf" value="{{ csrf }}">
 <input type="hidden" name="intent" value="{{ intent }}">
-<label>Note <textarea name="note" rows="2"></textarea></label>
+<label>Note <textarea name="note" rows="2" maxlength="2000"></textarea></label>
 <button name="action" value="approve">Approve</button>
 <button name="action" value="deny">Deny</button>
 {% if effect.parked %}<label>Outcome seen downstream (JSON)
@@ -97,7 +97,7 @@ LINK: Final = """{% extends "base" %}{% block title %}Confirm{% endblock %}
 <pre id="args">{{ args }}</pre>
 <form class="decide" method="post">
 <input type="hidden" name="csrf" value="{{ csrf }}">
-<label>Note <textarea name="note" rows="2"></textarea></label>
+<label>Note <textarea name="note" rows="2" maxlength="2000"></textarea></label>
 <button>Confirm: {{ link.action.value }}</button></form>{% endblock %}
 """
 

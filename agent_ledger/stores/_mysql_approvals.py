@@ -99,12 +99,9 @@ class MySQLApprovals(MySQLTables):
         started = self._counts.epoch
 
         async def work(cur: Cursor) -> tuple[Any, ...] | str | None:
-            if link is not None:
-                await cur.execute(q.LINK_USED, {"nonce": link.nonce})
-                if await cur.fetchone() is not None:
-                    return _LINK_USED
-            if await cur.execute(q.SETTLE, params) != 1:
-                return None
+            # The link's nonce first, as PostgreSQL does: a concurrent use of the same
+            # link waits on its unique key and then finds it used (link_used on every
+            # store), rather than waiting on the effect's row (already_decided).
             if link is not None:
                 fresh = await insert_new(
                     cur,
@@ -118,8 +115,11 @@ class MySQLApprovals(MySQLTables):
                     },
                 )
                 if not fresh:
-                    await cur.execute(q.ROLLBACK)  # the settle too: the link decided elsewhere
                     return _LINK_USED
+            if await cur.execute(q.SETTLE, params) != 1:
+                if link is not None:
+                    await cur.execute(q.ROLLBACK)  # the nonce too: this use decided nothing
+                return None
             await cur.execute(q.ATTEMPT_INSERT, audit)
             await cur.execute(q.FIND, {"idem_key": key})
             row: tuple[Any, ...] | None = await cur.fetchone()

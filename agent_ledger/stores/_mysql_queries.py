@@ -653,10 +653,9 @@ APPROVALS_OVERDUE: Final = (
     " WHERE deadline_at IS NOT NULL AND deadline_at <= UTC_TIMESTAMP(6)"
     " ORDER BY deadline_at, idem_key LIMIT %(limit)s"
 )
-# decide: has this link already decided? Then the nonce's insert, after the
-# settle applied; a concurrent decide that inserted it first makes this one
-# roll back (the primary key says so).
-LINK_USED: Final = "SELECT 1 FROM agent_ledger_used_links WHERE nonce = %(nonce)s"
+# decide: the nonce's insert comes first; the primary key says whether this
+# link already decided (or a concurrent use of it holds the key: this one waits,
+# then finds it used). A settle that then applies to nothing rolls it back.
 LINK_INSERT: Final = (
     "INSERT INTO agent_ledger_used_links (nonce, idem_key, action, used_by, used_at, expires_at)"
     " VALUES (%(nonce)s, %(idem_key)s, %(action)s, %(used_by)s, UTC_TIMESTAMP(6), %(expires)s)"

@@ -176,7 +176,11 @@ class World:
 
 @asynccontextmanager
 async def world(
-    ledger: EffectLedger, *, separation_of_duty: bool = False, **settings: Any
+    ledger: EffectLedger,
+    *,
+    separation_of_duty: bool = False,
+    authorize: Any = None,
+    **settings: Any,
 ) -> AsyncIterator[World]:
     import httpx
 
@@ -194,7 +198,8 @@ async def world(
         app = create_app(
             ledger,
             authenticate=lambda request: None,
-            authorize=ToolPatterns({"alice": ["pay*"], "bob": ["pay*"], "carol": ["email"]}),
+            authorize=authorize
+            or ToolPatterns({"alice": ["pay*"], "bob": ["pay*"], "carol": ["email"]}),
             secret=b"k" * 32,
             separation_of_duty=separation_of_duty,
             slack=SlackSettings(**options),

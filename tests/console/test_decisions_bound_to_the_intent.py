@@ -47,7 +47,11 @@ async def test_an_approval_with_the_intent_shown_decides_and_is_audited(
     store, effect = await _pending(harness)
     shown = effect_intent(effect, None)
     assert shown == intent_hash(
-        tool="pay", workflow_id="wf-pay", args_canonical=effect.args_canonical, policy_version=None
+        tool="pay",
+        workflow_id="wf-pay",
+        args_canonical=effect.args_canonical,
+        policy_version=None,
+        attempt=effect.attempt,
     )
     done = await decide(
         store,
@@ -80,13 +84,18 @@ async def test_another_intent_or_policy_version_decides_nothing(harness: StoreHa
     )
     # What a stale screen showed: the same call under policy v1.
     stale = intent_hash(
-        tool="pay", workflow_id="wf-pay", args_canonical=effect.args_canonical, policy_version="v1"
+        tool="pay",
+        workflow_id="wf-pay",
+        args_canonical=effect.args_canonical,
+        policy_version="v1",
+        attempt=effect.attempt,
     )
     other_args = intent_hash(
         tool="pay",
         workflow_id="wf-pay",
         args_canonical='{"cents":1,"to":"acme"}',
         policy_version="v2",
+        attempt=effect.attempt,
     )
     for shown in (stale, other_args, None):
         refused = await decide(

@@ -173,6 +173,7 @@ async def test_a_click_for_a_stale_intent_is_refused(here: World) -> None:
         workflow_id="wf-1",
         args_canonical='{"cents":1,"to":"acme"}',
         policy_version=None,
+        attempt=effect.attempt,
     )
     value = orjson.dumps({"k": effect.idem_key, "a": "approve", "i": shown}).decode()
     body = click_body(
@@ -200,6 +201,26 @@ async def test_a_person_not_allowed_for_the_tool_is_refused_and_audited(here: Wo
     assert still is not None and still.status is EffectStatus.REQUIRES_APPROVAL
     [row] = await approval_store(here.ledger.store).decision_attempts(effect.idem_key)
     assert row.principal == "carol" and row.reason_code is DecisionCode.NOT_ALLOWED
+
+
+async def test_an_async_rule_that_says_no_refuses_a_click(tmp_path: Path) -> None:
+    """An ``async def`` authorize rule is awaited: its False refuses (a coroutine is not a yes)."""
+
+    async def nobody(principal: str, tool: str) -> bool:
+        return False
+
+    ledger = EffectLedger(EffectLedgerOptions(store=SqliteStore(tmp_path / "ledger.db")))
+    try:
+        async with world(ledger, authorize=nobody) as there:
+            effect = await _park(there)
+            message = await _post(there, effect)
+            assert (await there.click(_approve(there, message, ALICE))).status_code == 200
+            [reply] = await there.slack.wait_for_hooks(1)
+            assert "alice may not decide pay" in reply["text"]
+            still = await there.ledger.store.find(effect.idem_key)
+            assert still is not None and still.status is EffectStatus.REQUIRES_APPROVAL
+    finally:
+        await ledger.store.close()
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres", "mysql"])
