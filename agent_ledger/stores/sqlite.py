@@ -572,12 +572,14 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets, SqliteApproval
         return ClaimOutcome(await self._one_counted(row, started, stx), claimed=claimed)
 
     async def heartbeat(self, held: Sequence[Held]) -> HeartbeatOutcome:
-        await self._enter(None)
         batch = [one for one in held if is_effect_id(one.effect_id)]
+        # Before any wait: neither the write lock nor this store's gate (a
+        # transaction of this process waiting for another process's lock holds
+        # it) may keep this sign of life back; it needs neither.
+        self._holders.alive((one.effect_id, one.attempt) for one in batch)
+        await self._enter(None)
         if not batch:
             return HeartbeatOutcome(frozenset())
-        # Before waiting for the write lock: this sign of life needs none.
-        self._holders.alive((one.effect_id, one.attempt) for one in batch)
 
         def work(conn: sqlite3.Connection, now: int) -> HeartbeatOutcome:
             # One job and one write transaction for the whole batch; a
