@@ -57,7 +57,7 @@ _ISO: Final = "DATE_FORMAT({col}, '%%Y-%%m-%%dT%%H:%%i:%%s.%%f+00:00')"
 
 # -- connecting --
 # The server's kind and version: "10.11.6-MariaDB-..." or "8.0.36".
-SERVER_VERSION: Final = "SELECT VERSION()"
+SERVER_VERSION: Final = "SELECT VERSION(), @@max_allowed_packet"
 # Every connection the store opens reads committed rows afresh per statement
 # and takes no gap locks on misses (REPEATABLE READ's next-key locks make
 # concurrent inserts of new keys deadlock): the same model as PostgreSQL's

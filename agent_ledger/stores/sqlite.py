@@ -434,7 +434,12 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets, SqliteApproval
             if "no such table" in str(exc):
                 message = f"{self.path} has no agent-ledger tables: run `agent-ledger init` first"
             raise EffectStoreError(
-                message, operation=operation, idem_key=idem_key, effect_id=effect_id
+                message,
+                operation=operation,
+                idem_key=idem_key,
+                effect_id=effect_id,
+                # SQLITE_TOOBIG: a value over the connection's length limit.
+                too_long=isinstance(exc, sqlite3.DataError) or "too big" in str(exc),
             ) from exc
 
     async def _enter(
