@@ -474,6 +474,10 @@ SAGA_HEARTBEAT: Final = (
     "UPDATE agent_ledger_sagas FORCE INDEX (PRIMARY) SET heartbeat_at = " + NOW + ""
     " WHERE saga_id = %(saga_id)s AND attempt = %(attempt)s AND status IN %(open)s"
 )
+SAGA_RELEASE: Final = (
+    "UPDATE agent_ledger_sagas FORCE INDEX (PRIMARY) SET heartbeat_at = '1970-01-01'"
+    " WHERE saga_id = %(saga_id)s AND attempt = %(attempt)s AND status = %(compensating)s"
+)
 # The owner's own move, fenced by its attempt; an error given replaces the stored one.
 SAGA_FINISH: Final = (
     "UPDATE agent_ledger_sagas FORCE INDEX (PRIMARY) SET status = %(then)s, heartbeat_at = "
