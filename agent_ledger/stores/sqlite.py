@@ -333,6 +333,7 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets, SqliteApproval
         except BaseException:
             self._executor.shutdown(wait=False)
             raise
+        self._holders.open()
 
     def _open(self, create: bool, synchronous: str, busy_timeout_ms: int) -> sqlite3.Connection:
         with self._errors("open"):
