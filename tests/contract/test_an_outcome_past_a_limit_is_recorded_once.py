@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from agent_ledger import EffectFailedError, EffectStatus, ToolCall
+from agent_ledger.engine.deadline import Late, late_outcome
 from agent_ledger.engine.limits import MAX_ERROR_CODE_CHARS, MAX_ERROR_MESSAGE_CHARS
 from tests.harness import StoreHarness
 
@@ -64,3 +65,11 @@ async def test_a_long_error_message_is_cut_with_a_note_and_the_handler_runs_once
         stored.error.message
         == f"{kept}… [{200_000 - MAX_ERROR_MESSAGE_CHARS} more characters not stored]"
     )
+
+
+@pytest.mark.parametrize("cancelled", [True, False])
+def test_a_late_handlers_long_error_is_cut_too(cancelled: bool) -> None:
+    late = Late(ran_ms=2_000.0, cancelled=cancelled, exc=RuntimeError("m" * 200_000))
+    _, _, error = late_outcome(late, 1_000)
+    assert len(error.message) < MAX_ERROR_MESSAGE_CHARS + 100
+    assert error.message.endswith("more characters not stored]")
