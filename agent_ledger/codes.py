@@ -83,6 +83,16 @@ class ErrorCode(enum.StrEnum):
         "result_not_serializable",
         "the handler returned a value that is not JSON",
     )
+    RESULT_TOO_LARGE = (
+        "result_too_large",
+        "the handler's result (with its usage) is bigger than the store can hold "
+        "(MariaDB/MySQL: `max_allowed_packet`); the side effect happened",
+    )
+    OUTCOME_NOT_STORED = (
+        "outcome_not_stored",
+        "the store refused the handler's outcome as it was (data too long); the side "
+        "effect happened, and the message says what the store said",
+    )
     USAGE_NOT_SERIALIZABLE = (
         "usage_not_serializable",
         "the handler's returned `usage` could not be recorded",

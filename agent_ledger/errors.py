@@ -415,7 +415,9 @@ class EffectStoreError(EffectLedgerError):
 
     ``operation`` names the ledger step (``begin``, ``commit``, ...) and
     ``idem_key``/``effect_id`` the effect it was about, so a log line is enough
-    to find the receipt.
+    to find the receipt. ``too_long`` is True when the store refused a value
+    as longer than it holds (MySQL's "data too long", SQLite's "string or blob
+    too big"): trying the same statement again is certain to fail the same way.
     """
 
     def __init__(
@@ -425,10 +427,12 @@ class EffectStoreError(EffectLedgerError):
         operation: str,
         idem_key: str | None = None,
         effect_id: str | None = None,
+        too_long: bool = False,
     ) -> None:
         self.operation = operation
         self.idem_key = idem_key
         self.effect_id = effect_id
+        self.too_long = too_long
         about = idem_key or effect_id
         where = f" (effect {about})" if about else ""
         super().__init__(f"store {operation} failed{where}: {message}")

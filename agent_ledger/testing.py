@@ -423,6 +423,11 @@ class FaultyStore(Generic[StoreT]):
             ),
         )
 
+    async def release_saga(self, saga_id: str, *, attempt: int) -> bool:
+        return await self._step(
+            "release_saga", lambda: self._sagas().release_saga(saga_id, attempt=attempt)
+        )
+
     async def heartbeat_saga(self, saga_id: str, *, attempt: int) -> bool:
         return await self._step(
             "heartbeat_saga", lambda: self._sagas().heartbeat_saga(saga_id, attempt=attempt)

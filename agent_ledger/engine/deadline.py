@@ -37,6 +37,7 @@ from typing import Final, NamedTuple
 
 from agent_ledger.codes import ErrorCode
 from agent_ledger.effects import EffectError
+from agent_ledger.engine.limits import cap_message
 from agent_ledger.errors import HANDLER_TIMEOUT, EffectLedgerValidationError
 from agent_ledger.keys import canonical_json
 from agent_ledger.status import EffectStatus
@@ -132,13 +133,21 @@ def late_outcome(late: Late, limit_ms: int) -> tuple[EffectStatus, str | None, E
     if late.cancelled:
         how = "" if late.exc is None else f", raising {_describe(late.exc)}"
         message = CANCELLED_AT_DEADLINE.format(limit=limit_ms, ran=late.ran_ms, how=how)
-        return EffectStatus.CANCELED, None, EffectError(message, ErrorCode.HANDLER_TIMEOUT)
+        return (
+            EffectStatus.CANCELED,
+            None,
+            EffectError(cap_message(message), ErrorCode.HANDLER_TIMEOUT),
+        )
     why = IGNORED_CANCEL if late.ignored_cancel else NOT_INTERRUPTIBLE
     if late.exc is not None:
         message = RAISED_LATE.format(
             limit=limit_ms, ran=late.ran_ms, why=why, error=_describe(late.exc)
         )
-        return EffectStatus.FAILED, None, EffectError(message, ErrorCode.HANDLER_TIMEOUT)
+        return (
+            EffectStatus.FAILED,
+            None,
+            EffectError(cap_message(message), ErrorCode.HANDLER_TIMEOUT),
+        )
     message = RETURNED_LATE.format(limit=limit_ms, ran=late.ran_ms, why=why)
     try:
         result_json: str | None = canonical_json(

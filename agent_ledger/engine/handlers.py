@@ -21,6 +21,7 @@ from typing import Final
 
 from agent_ledger.effects import Effect, EffectError, FailedWithUsage, Usage, usage_to_json
 from agent_ledger.engine.deadline import within
+from agent_ledger.engine.limits import cap_code, cap_message
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.options import ResolvedRunOptions
 
@@ -143,7 +144,9 @@ def error_of(exc: BaseException) -> EffectError:
         code = _error_code(exc)
     except Exception:
         code = type(exc).__name__
-    return EffectError(message=message, code=code)
+    # Cut to the limits every store holds (engine.limits): an outcome the store
+    # refused would leave the effect processing, to be run again.
+    return EffectError(message=cap_message(message), code=cap_code(code))
 
 
 def type_name(exc: BaseException) -> str:

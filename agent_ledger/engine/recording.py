@@ -25,6 +25,7 @@ from agent_ledger.engine.cancellation import carry_through
 from agent_ledger.engine.deadline import Late, late_outcome
 from agent_ledger.engine.handlers import failure_of, usage_json
 from agent_ledger.engine.heartbeats import Beat
+from agent_ledger.engine.limits import cap_message
 from agent_ledger.errors import EffectLedgerValidationError, EffectStoreError, HandlerTimeoutError
 from agent_ledger.keys import canonical_json
 from agent_ledger.metrics import commit_fenced
@@ -134,12 +135,17 @@ class Recorder:
                 usage = usage_json(value.usage)
                 value = value.result
             result_json = canonical_json(value, field="result", sort_keys=False).decode()
+            self._check_size(result_json, usage)
         except EffectLedgerValidationError as exc:
             code = (
-                ErrorCode.RESULT_NOT_SERIALIZABLE
-                if exc.field == "result"
-                else ErrorCode.USAGE_NOT_SERIALIZABLE
+                ErrorCode.USAGE_NOT_SERIALIZABLE
+                if exc.field == "usage"
+                else ErrorCode.RESULT_TOO_LARGE
+                if exc.field == "result_size"
+                else ErrorCode.RESULT_NOT_SERIALIZABLE
             )
+            if exc.field == "result_size":
+                usage = None  # counted in the size: recorded with the result or not at all
             error = EffectError(message=str(exc), code=code)
             failed = Outcome(EffectStatus.FAILED, error=error, usage_json=usage)
             if await self.landed(effect, failed, tx, until):
@@ -150,6 +156,21 @@ class Recorder:
             log_effect(logging.DEBUG, "effect succeeded", effect)
             return Recorded(won=True, value=value)
         return LOST
+
+    def _check_size(self, result_json: str, usage: str | None) -> None:
+        """Refuse a result (with its usage) bigger than the store holds
+        (``max_result_bytes``, a store's optional attribute; engine.limits)."""
+        limit = getattr(self._store, "max_result_bytes", None)
+        if limit is None:
+            return
+        size = len(result_json.encode()) + (len(usage.encode()) if usage else 0)
+        if size > limit:
+            raise EffectLedgerValidationError(
+                f"the handler's result is {size} bytes of JSON, more than this store holds "
+                f"({limit}); recorded as failed (code result_too_large): the side effect "
+                "happened, so return less (an id to fetch the rest by)",
+                field="result_size",
+            )
 
     async def failure(
         self,
@@ -300,6 +321,7 @@ class Recorder:
         failed statement aborts the transaction, so there is nothing to retry.
         """
         step = 0
+        substituted, refused = False, None
         while True:
             try:
                 won = await self._store.commit(
@@ -314,7 +336,14 @@ class Recorder:
                     started=outcome.started,
                     retryable=outcome.retryable,
                 )
-            except EffectStoreError:
+            except EffectStoreError as exc:
+                if exc.too_long and not substituted and tx is None:
+                    # The store refused this outcome as too long: it would fail
+                    # every retry, and the effect would be run again after the
+                    # lease. Record a small failure that says so instead.
+                    substituted, refused = True, exc
+                    outcome = not_stored(outcome, exc)
+                    continue
                 # Inside a caller's transaction the failed statement aborted it.
                 if tx is not None or not await pause(
                     step, retry_until, effect, "recording the outcome"
@@ -340,7 +369,26 @@ class Recorder:
                     "commit rejected: another attempt or a decision got there first",
                     effect,
                 )
+            elif refused is not None:
+                assert outcome.error is not None
+                raise EffectLedgerValidationError(
+                    outcome.error.message, field="outcome"
+                ) from refused
             return won
+
+
+def not_stored(outcome: Outcome, refused: EffectStoreError) -> Outcome:
+    """What to record instead of an outcome the store refused as too long."""
+    error = EffectError(
+        message=cap_message(
+            f"the handler's outcome ({outcome.status.value}) could not be stored: {refused}; "
+            "the side effect happened"
+        ),
+        code=ErrorCode.OUTCOME_NOT_STORED,
+    )
+    return outcome._replace(
+        status=EffectStatus.FAILED, result_json=None, error=error, usage_json=None, retryable=False
+    )
 
 
 async def pause(step: int, until: float, effect: Effect, what: str) -> bool:

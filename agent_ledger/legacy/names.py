@@ -9,6 +9,7 @@ without an equivalent raises :class:`RemovedNameError` saying what to use instea
 from __future__ import annotations
 
 import importlib
+import sys
 import warnings
 from typing import TypeAlias
 
@@ -216,10 +217,13 @@ def resolve_in(module: str, name: str, *, stacklevel: int = 3) -> object:
     if module != "agent_ledger":
         if name in SAME:
             where, attribute = SAME[name]
+            # The top-level name if the package exports it, else its module
+            # (a name moved off the top level warns there too).
+            exported = attribute in getattr(sys.modules.get("agent_ledger"), "__all__", ())
             spelling = (
-                f"agent_ledger.keys.{attribute}"
-                if where == "agent_ledger.keys"
-                else (f"agent_ledger.{attribute}")
+                f"agent_ledger.{attribute}"
+                if exported and where != "agent_ledger.keys"
+                else f"{where}.{attribute}"
             )
             warnings.warn(
                 f"{module} is 0.2.x's module; import {name} as {spelling}",

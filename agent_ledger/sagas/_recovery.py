@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Final
 from agent_ledger.codes import ErrorCode
 from agent_ledger.context import not_waiting_for_parked
 from agent_ledger.effects import EffectError
-from agent_ledger.errors import EffectLedgerError
+from agent_ledger.errors import EffectLedgerError, EffectTimeoutError
 from agent_ledger.observability import logger
 from agent_ledger.sagas._compensation import check_compensation_tool
 from agent_ledger.sagas._outcome import SagaOutcome
@@ -126,7 +126,14 @@ async def _recover_one(
                 report.abandoned.append(saga.saga_id)
         if claimed is None:
             return False  # taken by another recoverer, or its owner came back
-        report.finished.append(await _finish(ledger, store, claimed))
+        try:
+            report.finished.append(await _finish(ledger, store, claimed))
+        except EffectTimeoutError:
+            # The wait for an undo another worker holds ran out: nothing was
+            # decided, and the next pass must not wait out this one's lease
+            # to try again (issue 26 follow-up, finding 4).
+            await store.release_saga(saga.saga_id, attempt=claimed.attempt)
+            raise
         return True
     except Exception as exc:
         why = f"{type(exc).__name__}: {exc}"

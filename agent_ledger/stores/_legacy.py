@@ -96,6 +96,19 @@ class LegacyStoreMethods:
         if own is not None:
             cls.transition = _refuse_0_2_transition(own)  # type: ignore[attr-defined]
 
+    @property
+    def size(self) -> int:
+        """0.2.x's ``MemoryStore.size``: only a ``MemoryStore`` still has it (see the error)."""
+        # An AttributeError, not RemovedNameError (an ImportError): hasattr()
+        # and other probes of an attribute must still answer False.
+        raise AttributeError(
+            f"{type(self).__name__}.size: 0.2.x's MemoryStore.size counted the effects in "
+            "memory; here use (await store.stats()).total (or len(store) on a MemoryStore); "
+            "see docs/migrating-from-0.2.md",
+            name="size",
+            obj=self,
+        )
+
     async def find_by_idem_key(
         self: Store, idem_key: str, tx: object | None = None
     ) -> Effect | None:

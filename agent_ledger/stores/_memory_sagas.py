@@ -10,7 +10,7 @@ rather than waiting for that block to end.
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from agent_ledger.effects import EffectError
@@ -106,6 +106,16 @@ class MemorySagas:
         if saga is None or saga.attempt != attempt or saga.status not in SAGA_OPEN:
             return False
         self._saga_rows[saga_id] = dataclasses.replace(saga, heartbeat_at=self._clock())
+        return True
+
+    async def release_saga(self, saga_id: str, *, attempt: int) -> bool:
+        await self._saga_turn()
+        saga = self._saga_rows.get(saga_id)
+        if saga is None or saga.attempt != attempt or saga.status is not SagaStatus.COMPENSATING:
+            return False
+        self._saga_rows[saga_id] = dataclasses.replace(
+            saga, heartbeat_at=datetime(1970, 1, 1, tzinfo=UTC)
+        )
         return True
 
     async def finish_saga(

@@ -57,7 +57,7 @@ _ISO: Final = "DATE_FORMAT({col}, '%%Y-%%m-%%dT%%H:%%i:%%s.%%f+00:00')"
 
 # -- connecting --
 # The server's kind and version: "10.11.6-MariaDB-..." or "8.0.36".
-SERVER_VERSION: Final = "SELECT VERSION()"
+SERVER_VERSION: Final = "SELECT VERSION(), @@max_allowed_packet"
 # Every connection the store opens reads committed rows afresh per statement
 # and takes no gap locks on misses (REPEATABLE READ's next-key locks make
 # concurrent inserts of new keys deadlock): the same model as PostgreSQL's
@@ -473,6 +473,10 @@ SAGA_CLAIM: Final = (
 SAGA_HEARTBEAT: Final = (
     "UPDATE agent_ledger_sagas FORCE INDEX (PRIMARY) SET heartbeat_at = " + NOW + ""
     " WHERE saga_id = %(saga_id)s AND attempt = %(attempt)s AND status IN %(open)s"
+)
+SAGA_RELEASE: Final = (
+    "UPDATE agent_ledger_sagas FORCE INDEX (PRIMARY) SET heartbeat_at = '1970-01-01'"
+    " WHERE saga_id = %(saga_id)s AND attempt = %(attempt)s AND status = %(compensating)s"
 )
 # The owner's own move, fenced by its attempt; an error given replaces the stored one.
 SAGA_FINISH: Final = (

@@ -87,6 +87,18 @@ class MySQLSagas(MySQLTables):
 
         return await self._run("heartbeat_saga", work, None, atomic=False)
 
+    async def release_saga(self, saga_id: str, *, attempt: int) -> bool:
+        params: dict[str, object] = {
+            "saga_id": saga_id,
+            "attempt": attempt,
+            "compensating": SagaStatus.COMPENSATING.value,
+        }
+
+        async def work(cur: Cursor) -> bool:
+            return bool(await cur.execute(q.SAGA_RELEASE, params) == 1)
+
+        return await self._run("release_saga", work, None, atomic=False)
+
     async def finish_saga(
         self,
         saga_id: str,

@@ -509,6 +509,10 @@ SAGA_HEARTBEAT: Final[LiteralString] = (
     "UPDATE {sagas} SET heartbeat_at = clock_timestamp()"
     " WHERE saga_id = %(saga_id)s AND attempt = %(attempt)s AND status = ANY(%(open)s)"
 )
+SAGA_RELEASE: Final[LiteralString] = (
+    "UPDATE {sagas} SET heartbeat_at = 'epoch'"
+    " WHERE saga_id = %(saga_id)s AND attempt = %(attempt)s AND status = %(compensating)s"
+)
 SAGA_FINISH: Final[LiteralString] = (
     "UPDATE {sagas} SET status = %(then)s, heartbeat_at = clock_timestamp(),"
     " updated_at = clock_timestamp(), error = coalesce(%(error)s::jsonb, error),"

@@ -59,6 +59,7 @@ class PostgresSagas(PostgresTables):
             "get": q.SAGA_GET,
             "claim": q.SAGA_CLAIM,
             "heartbeat": q.SAGA_HEARTBEAT,
+            "release": q.SAGA_RELEASE,
             "finish": q.SAGA_FINISH,
             "record": q.STEP_RECORD,
             "steps": q.SAGA_STEPS,
@@ -116,6 +117,14 @@ class PostgresSagas(PostgresTables):
     async def heartbeat_saga(self, saga_id: str, *, attempt: int) -> bool:
         params = {"saga_id": saga_id, "attempt": attempt, "open": _OPEN}
         return await self._saga_count("heartbeat_saga", "heartbeat", params) == 1
+
+    async def release_saga(self, saga_id: str, *, attempt: int) -> bool:
+        params = {
+            "saga_id": saga_id,
+            "attempt": attempt,
+            "compensating": SagaStatus.COMPENSATING.value,
+        }
+        return await self._saga_count("release_saga", "release", params) == 1
 
     async def finish_saga(
         self,

@@ -35,6 +35,13 @@ Who writes the file's time, and when:
   takeover removes the previous holder's, and ``purge()`` removes any left
   by processes that died.
 
+A missing file is evidence of death only in a folder that was there when
+the holding began: the folder's ``.born`` marker (written by the first store
+to open the database, and again by whoever finds it deleted) is read as a
+sign of life for every holding in it, so a folder deleted by another process
+protects its holdings for a lease, time for a live holder's thread to write
+its file again. A folder that cannot be read protects them all.
+
 What it relies on: every process that uses the file runs on the same machine
 and reads the same clock (the file is stamped with the store's clock at the
 sign of life, plus the real time since), and the filesystem keeps
@@ -72,6 +79,8 @@ _MAX_PERIOD_S: Final = 0.25
 _MIN_PERIOD_S: Final = 0.01
 
 Holding = tuple[str, int]
+#: The file whose time is the folder's birth (see ``Holders.born_us``).
+_MARKER: Final = ".born"
 
 
 class Holders:
@@ -108,6 +117,14 @@ class Holders:
         self._sleeps_until = float("inf")
         self._thread: threading.Thread | None = None
         self._closed = False
+        #: Set once the store has opened: a marker written later is a rebirth.
+        self._opened = False
+        self._warned = False
+
+    def open(self) -> None:
+        """The store opened the database: note the folder's birth if it has none yet."""
+        self.born_us()
+        self._opened = True
 
     # -- files (the store's own thread, under the write lock) --------------------
 
@@ -120,11 +137,58 @@ class Holders:
             self._leases[holding] = lease_ms
 
     def seen_us(self, holding: Holding) -> int:
-        """The holding's file time in µs; 0 when it has none."""
+        """The latest evidence that ``holding``'s holder is alive, in µs: its
+        file's time, or the folder's birth if that is later (0: none).
+
+        A missing file is evidence of death only in a folder that has been
+        there all along: a folder deleted (and so born again) less than a
+        lease ago may have taken a live holder's file with it, before the
+        holder's thread could write it again. A folder that cannot be read
+        is no evidence of death either (now: no takeover until it can be).
+        """
         try:
-            return os.stat(self._path(holding)).st_mtime_ns // 1000
+            file_us = os.stat(self._path(holding)).st_mtime_ns // 1000
         except FileNotFoundError:
-            return 0
+            file_us = 0
+        except OSError:
+            return self._clock_us()
+        return max(file_us, self.born_us())
+
+    def born_us(self) -> int:
+        """When the folder was (last) created, by the store's clock, in µs.
+
+        Kept as the time of its marker file ``.born``, written by whoever
+        finds it missing: the first store to open the database (so a folder
+        that was never deleted is older than every holding in it), or a
+        claim that finds the folder, or just the marker, deleted.
+        """
+        marker = os.path.join(self.folder, _MARKER)
+        try:
+            return os.stat(marker).st_mtime_ns // 1000
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return self._clock_us()
+        now_us = self._clock_us()
+        try:
+            self.folder.mkdir(exist_ok=True)
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return self.born_us()  # another process's, just now
+        except OSError:
+            return now_us
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.utime(marker, ns=(now_us * 1000, now_us * 1000))
+        if self._opened and not self._warned:
+            self._warned = True  # once per store: a deleting loop would flood the log
+            logger.warning(
+                "the holders folder %s (or its marker) was missing: it was recreated, and "
+                "no holder in it is taken over for a lease (deleting it while workers run "
+                "hides their liveness)",
+                self.folder,
+            )
+        return now_us
 
     def remove(self, holding: Holding, *, ours: bool = True) -> None:
         """The holding is over: its file goes (``ours``: only if this store wrote one)."""

@@ -393,6 +393,10 @@ SAGA_HEARTBEAT: Final = (
     " WHERE saga_id = :saga_id AND attempt = :attempt"
     " AND status IN (SELECT value FROM json_each(:open))"
 )
+SAGA_RELEASE: Final = (
+    "UPDATE agent_ledger_sagas SET heartbeat_us = 0"
+    " WHERE saga_id = :saga_id AND attempt = :attempt AND status = :compensating"
+)
 # The owner's own move, fenced by its attempt; an error given replaces the stored one.
 SAGA_FINISH: Final = (
     "UPDATE agent_ledger_sagas SET status = :then, heartbeat_us = :now, updated_us = :now,"

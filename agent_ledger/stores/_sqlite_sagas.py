@@ -91,6 +91,19 @@ class SqliteSagas(SqliteTables):
 
         return await self._run("heartbeat_saga", work, None, write=True)
 
+    async def release_saga(self, saga_id: str, *, attempt: int) -> bool:
+        await self._enter(None)
+        params = {
+            "saga_id": saga_id,
+            "attempt": attempt,
+            "compensating": SagaStatus.COMPENSATING.value,
+        }
+
+        def work(conn: sqlite3.Connection, now: int) -> bool:
+            return conn.execute(q.SAGA_RELEASE, params).rowcount == 1
+
+        return await self._run("release_saga", work, None, write=True)
+
     async def finish_saga(
         self,
         saga_id: str,

@@ -155,6 +155,13 @@ _LOCK_WAIT_TIMEOUT: Final = 1205
 _DEADLOCK: Final = 1213
 _NO_SUCH_TABLE: Final = 1146
 _UNKNOWN_DATABASE: Final = 1049
+#: The server refused a value as longer than it holds: data too long for its
+#: column (1406), a packet over max_allowed_packet (1153), a string function's
+#: result over it (1301), a row too large (1118). The same statement fails again.
+_TOO_LONG: Final = frozenset({1406, 1153, 1301, 1118})
+#: What a commit statement carries besides the result and usage (two copies of a
+#: capped error message, the code, the ids): kept out of ``max_result_bytes``.
+_STATEMENT_ROOM: Final = 256 * 1024
 #: The connection is gone: the client lost it (2006, 2013, 2055), the server
 #: killed it (1927 on MariaDB, 1053 during shutdown, 4031 MySQL's idle timeout).
 _LOST: Final = frozenset({2006, 2013, 2055, 1927, 1053, 4031})
@@ -210,6 +217,8 @@ class _Server:
 
     mariadb: bool
     version: str
+    #: The server's ``max_allowed_packet`` (bytes) at connect time.
+    max_allowed_packet: int = 16 * 1024 * 1024
 
     @property
     def collation(self) -> str:
@@ -401,6 +410,10 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
         self._beats = beats
         self.server = server
         self.database = database
+        #: The biggest result (with its usage, in bytes of UTF-8) a commit can
+        #: carry: the server's ``max_allowed_packet`` less room for the rest of
+        #: the statement. The engine records a bigger one as ``result_too_large``.
+        self.max_result_bytes = max(server.max_allowed_packet - _STATEMENT_ROOM, 0)
         self._begin_statement = q.BEGIN_MARIADB if server.mariadb else q.BEGIN_MYSQL
         self._insert_only = q.INSERT_ONLY_MARIADB if server.mariadb else q.INSERT_ONLY_MYSQL
         self._counts = PendingCounts(
@@ -457,12 +470,16 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
         try:
             async with conn.cursor() as cur:
                 await cur.execute(q.SERVER_VERSION)
-                (version,) = await cur.fetchone()
+                version, packet = await cur.fetchone()
         except BaseException:
             conn.close()
             raise
         pool._keep(conn)
-        server = _Server(mariadb="mariadb" in str(version).lower(), version=str(version))
+        server = _Server(
+            mariadb="mariadb" in str(version).lower(),
+            version=str(version),
+            max_allowed_packet=int(packet),
+        )
         return cls(
             pool,
             _Pool(settings, 1),
@@ -1279,7 +1296,11 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
         else:
             message = f"{type(exc).__name__}: {exc}".strip()
         return EffectStoreError(
-            message, operation=operation, idem_key=idem_key, effect_id=effect_id
+            message,
+            operation=operation,
+            idem_key=idem_key,
+            effect_id=effect_id,
+            too_long=error_number(exc) in _TOO_LONG,
         )
 
     async def _fetch_one(

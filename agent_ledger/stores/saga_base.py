@@ -175,6 +175,12 @@ class SagaStore(Protocol):
         """``heartbeat_at=now`` if the saga is open and still at ``attempt``."""
         ...
 
+    async def release_saga(self, saga_id: str, *, attempt: int) -> bool:
+        """Give the saga up at once: if it is ``compensating`` at ``attempt``, set
+        its heartbeat so far back that the next claim may take it (a recovery
+        pass that ran out of wait, so the next pass need not wait out its lease)."""
+        ...
+
     async def finish_saga(
         self,
         saga_id: str,

@@ -333,6 +333,7 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets, SqliteApproval
         except BaseException:
             self._executor.shutdown(wait=False)
             raise
+        self._holders.open()
 
     def _open(self, create: bool, synchronous: str, busy_timeout_ms: int) -> sqlite3.Connection:
         with self._errors("open"):
@@ -434,7 +435,12 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets, SqliteApproval
             if "no such table" in str(exc):
                 message = f"{self.path} has no agent-ledger tables: run `agent-ledger init` first"
             raise EffectStoreError(
-                message, operation=operation, idem_key=idem_key, effect_id=effect_id
+                message,
+                operation=operation,
+                idem_key=idem_key,
+                effect_id=effect_id,
+                # SQLITE_TOOBIG: a value over the connection's length limit.
+                too_long=isinstance(exc, sqlite3.DataError) or "too big" in str(exc),
             ) from exc
 
     async def _enter(
@@ -572,12 +578,14 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets, SqliteApproval
         return ClaimOutcome(await self._one_counted(row, started, stx), claimed=claimed)
 
     async def heartbeat(self, held: Sequence[Held]) -> HeartbeatOutcome:
-        await self._enter(None)
         batch = [one for one in held if is_effect_id(one.effect_id)]
+        # Before any wait: neither the write lock nor this store's gate (a
+        # transaction of this process waiting for another process's lock holds
+        # it) may keep this sign of life back; it needs neither.
+        self._holders.alive((one.effect_id, one.attempt) for one in batch)
+        await self._enter(None)
         if not batch:
             return HeartbeatOutcome(frozenset())
-        # Before waiting for the write lock: this sign of life needs none.
-        self._holders.alive((one.effect_id, one.attempt) for one in batch)
 
         def work(conn: sqlite3.Connection, now: int) -> HeartbeatOutcome:
             # One job and one write transaction for the whole batch; a

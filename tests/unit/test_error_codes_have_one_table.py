@@ -121,6 +121,8 @@ def test_stored_spellings_never_change() -> None:
         "RETRIES_EXHAUSTED": "retries_exhausted",
         "TOO_MANY_TAKEOVERS": "too_many_takeovers",
         "RESULT_NOT_SERIALIZABLE": "result_not_serializable",
+        "RESULT_TOO_LARGE": "result_too_large",
+        "OUTCOME_NOT_STORED": "outcome_not_stored",
         "USAGE_NOT_SERIALIZABLE": "usage_not_serializable",
         "SAGA_ROLLED_BACK": "saga_rolled_back",
         "SAGA_ABANDONED": "abandoned",
