@@ -130,8 +130,11 @@ def test_a_read_only_folder_says_why_the_database_cannot_be_opened(
     folder = tmp_path / "ro"
     folder.mkdir()
     assert run("demo", "--url", "sqlite:///ro/ledger.db", cwd=tmp_path).returncode == 0
-    for leftover in folder.glob("ledger.db-*"):  # the WAL files a closed store left
-        leftover.unlink()
+    for leftover in folder.glob("ledger.db-*"):  # the WAL files and holders folder it left
+        if leftover.is_dir():
+            shutil.rmtree(leftover)
+        else:
+            leftover.unlink()
     prefix = _without_root_powers()
     folder.chmod(0o555)
     try:
