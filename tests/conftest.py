@@ -26,6 +26,7 @@ from tests.harness import (
     StoreHarness,
     drop_test_database,
     drop_test_schema,
+    empty_tables,
     ensure_test_schema,
     open_harness,
     psycopg_installed,
@@ -169,9 +170,14 @@ async def pg() -> AsyncIterator[PostgresHarness]:
 
 @pytest.fixture
 async def schema() -> str:
-    """The name of this session's (created) test schema."""
+    """The name of this session's (created) test schema, emptied: what an earlier
+    test on this worker stored there is gone, whichever test that was."""
     require_postgres()
     await ensure_test_schema()
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+        await conn.execute(empty_tables(TEST_SCHEMA))
     return TEST_SCHEMA
 
 
