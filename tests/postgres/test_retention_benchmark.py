@@ -14,7 +14,6 @@ import pytest
 
 from benchmarks.retention import markdown, measure
 
-
 # Benchmark smoke runs, like every benchmark run (tests/test_benchmarks.py): the
 # slow tier. The partitioned one keeps the server busy 5 to 15 s making a
 # hundred daily partitions; the purges they measure are pinned in the fast tier
