@@ -26,6 +26,7 @@ from tests.harness import (
     StoreHarness,
     drop_test_database,
     drop_test_schema,
+    empty_tables,
     ensure_test_schema,
     open_harness,
     psycopg_installed,
@@ -56,6 +57,21 @@ sys.dont_write_bytecode = False
 os.environ.setdefault("PGAPPNAME", f"agent_ledger_tests_{os.getpid()}")
 if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ["PGAPPNAME"] += f"_{os.environ['PYTEST_XDIST_WORKER']}"
+
+
+#: xdist workers per core for `-n auto` (addopts): plain pytest spends about half
+#: of each worker's time waiting (on PostgreSQL and MariaDB, on subprocesses, on
+#: leases and deadlines that must pass in real time), so one worker a core
+#: leaves the cores idle that long; two a core fill it, for the CPU-seconds of
+#: one more collection a worker. PYTEST_XDIST_AUTO_NUM_WORKERS still overrides.
+WORKERS_PER_CORE = 2
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own hook reads it
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return WORKERS_PER_CORE * (cores or 1)
 
 
 @pytest.fixture(params=STORE_KINDS)
@@ -169,9 +185,14 @@ async def pg() -> AsyncIterator[PostgresHarness]:
 
 @pytest.fixture
 async def schema() -> str:
-    """The name of this session's (created) test schema."""
+    """The name of this session's (created) test schema, emptied: what an earlier
+    test on this worker stored there is gone, whichever test that was."""
     require_postgres()
     await ensure_test_schema()
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+        await conn.execute(empty_tables(TEST_SCHEMA))
     return TEST_SCHEMA
 
 

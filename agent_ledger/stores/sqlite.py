@@ -617,36 +617,27 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets, SqliteApproval
         retryable: bool = False,
     ) -> bool:
         check_commit_status(status)
+        write = functools.partial(
+            self._commit,
+            effect_id,
+            attempt,
+            status,
+            result_json,
+            error,
+            tx,
+            ends_try,
+            usage_json,
+            started,
+            retryable,
+        )
         if attempt is None:
-            return await self._commit(
-                effect_id,
-                attempt,
-                status,
-                result_json,
-                error,
-                tx,
-                ends_try,
-                usage_json,
-                started,
-                retryable,
-            )
+            return await write()
         # The holder is alive until its outcome is stored, however long the
         # commit waits for the write lock; then the holding is over.
         holding = (effect_id, attempt)
         done = self._holders.under_way(holding)
         try:
-            won = await self._commit(
-                effect_id,
-                attempt,
-                status,
-                result_json,
-                error,
-                tx,
-                ends_try,
-                usage_json,
-                started,
-                retryable,
-            )
+            won = await write()
         finally:
             done()
         self._holders.remove(holding)

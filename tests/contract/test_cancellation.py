@@ -35,14 +35,20 @@ async def test_cancelled_handler_is_recorded_canceled(harness: StoreHarness) -> 
 
 
 async def test_timeout_around_run_records_the_cancellation(harness: StoreHarness) -> None:
-    """asyncio.timeout() around run() is a cancellation like any other."""
+    """asyncio.timeout() around run() is a cancellation like any other.
+
+    The deadline is set to expire once the handler runs (a fixed delay could
+    expire before, on a busy host: that is a cancel before the handler, which
+    releases the claim instead, pinned in test_cancel_before_handler.py)."""
     ledger = harness.ledger()
 
-    async def slow(effect: Effect) -> None:
-        await asyncio.sleep(60)
-
     with pytest.raises(TimeoutError):
-        async with asyncio.timeout(0.05):
+        async with asyncio.timeout(None) as deadline:
+
+            async def slow(effect: Effect) -> None:
+                deadline.reschedule(asyncio.get_running_loop().time())
+                await asyncio.sleep(60)
+
             await ledger.run(CALL, slow)
     effect = await ledger.find_by_idem_key(ledger.idem_key(CALL))
     assert effect is not None and effect.status is EffectStatus.CANCELED

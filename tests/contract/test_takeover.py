@@ -64,12 +64,16 @@ async def test_duplicates_do_not_refresh_liveness(harness: StoreHarness) -> None
     """A duplicate begin on a dying effect must not keep it looking alive."""
     ledger = harness.ledger(OPTIONS)
     await ledger.begin(CALL)
-    await harness.age(STALE_MS - 100)
+    # A second of real time to spare: the stores with a real clock (PostgreSQL,
+    # MySQL) age on their own while the duplicates run, seconds on a busy host.
+    await harness.age(STALE_MS - 1_000)
     quick = RunOptions(concurrency=ConcurrencyOptions(wait_timeout_ms=0))
     for _ in range(3):
         with pytest.raises(EffectTimeoutError):
             await ledger.begin(CALL, run_options=quick)
-    await harness.age(200)  # stale counted from the owner's last sign of life
+    # Stale counted from the owner's last sign of life; a duplicate that had
+    # refreshed it would leave the effect 1.1 s old, far from stale.
+    await harness.age(1_100)
     assert await ledger.run(CALL, lambda e: e.attempt) == 2
 
 

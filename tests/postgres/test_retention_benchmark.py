@@ -14,6 +14,12 @@ import pytest
 
 from benchmarks.retention import markdown, measure
 
+# Benchmark smoke runs, like every benchmark run (tests/test_benchmarks.py): the
+# slow tier. The partitioned one keeps the server busy 5 to 15 s making a
+# hundred daily partitions; the purges they measure are pinned in the fast tier
+# by tests/contract/ and tests/postgres/test_partitioned_effects.py.
+pytestmark = pytest.mark.slow
+
 
 async def test_the_retention_benchmark_fills_measures_and_purges_a_tenth(dsn: str) -> None:
     schema = f"agent_ledger_bench_test_{uuid.uuid4().hex[:8]}"
@@ -36,7 +42,6 @@ async def test_the_benchmark_on_the_partitioned_table_drops_partitions(dsn: str)
     assert "| partitioned by day (" in markdown(rows)
 
 
-@pytest.mark.slow
 async def test_the_side_by_side_benchmark_times_both_tables_on_the_same_effects(dsn: str) -> None:
     """benchmarks/partitions.py: both tables answer every step (a generated key is
     found by a replay), and both purges remove the same tenth."""
