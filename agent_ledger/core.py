@@ -522,7 +522,7 @@ class LedgerCore(Generic[ToolT_co]):
         )
 
     async def sweep_approvals(self) -> ApprovalSweep:
-        """Deny, with the code ``approval_expired``, every effect still waiting for an
+        """Deny, with the code ``expired``, every effect still waiting for an
         approval past its deadline (``RunOptions.approval_deadline_ms``, by the
         store's clock), then fire ``LedgerHooks.on_approval_escalation`` once per
         request that has used ``LedgerHooks.escalate_after`` of its time to its

@@ -269,7 +269,7 @@ class RunOptions:
 
     ``approval_deadline_ms`` (default None: none) is how long a person has to
     decide the call's approval, from the request, by the store's clock: past
-    it the effect is denied with the code ``approval_expired`` by the next
+    it the effect is denied with the code ``expired`` by the next
     sweep (``ledger.sweep_approvals()``, ``agent-ledger sweep``) or the
     console reading it, and an approval attempted after it is refused.
     Silence is never consent. It is not ``approval_timeout_ms``, which is

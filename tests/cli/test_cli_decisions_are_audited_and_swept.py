@@ -81,4 +81,4 @@ async def test_sweep_denies_approvals_past_their_deadline(tmp_path: Path) -> Non
     swept = cli("sweep")
     assert swept.returncode == 0 and f"expired pay ({second[:12]})" in swept.stdout
     record = json.loads(cli("show", second[:12], "--json").stdout)
-    assert record["status"] == "denied" and record["error_code"] == "approval_expired"
+    assert record["status"] == "denied" and record["error_code"] == "expired"
