@@ -4,9 +4,9 @@ their deadline (SQLite file, real script)."""
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -69,7 +69,7 @@ async def test_sweep_denies_approvals_past_their_deadline(tmp_path: Path) -> Non
     db = tmp_path / "ledger.db"
     key = await _pending(db, PAY, deadline_ms=1)
     cli = Cli(f"sqlite:///{db}", tmp_path)
-    time.sleep(0.01)
+    await asyncio.sleep(0.01)
     late = cli("approve", key[:12], "--by", "carol")
     assert late.returncode != 0 and "deadline has passed" in late.stderr
     # The refused approval denied it as expired; the sweep finds nothing more.
@@ -77,7 +77,7 @@ async def test_sweep_denies_approvals_past_their_deadline(tmp_path: Path) -> Non
     assert "no approval is past its deadline" in cli("sweep").stdout
     assert _trail(cli) == [("carol", "cli", "approve", "refused", "expired")]
     second = await _pending(db, ToolCall(tool="pay", args={"n": 2}, workflow_id="w"), 1)
-    time.sleep(0.01)
+    await asyncio.sleep(0.01)
     swept = cli("sweep")
     assert swept.returncode == 0 and f"expired pay ({second[:12]})" in swept.stdout
     record = json.loads(cli("show", second[:12], "--json").stdout)

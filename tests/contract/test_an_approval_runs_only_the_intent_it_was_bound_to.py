@@ -7,10 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 
-from agent_ledger import ApprovalPendingError, EffectStatus, LedgerHooks, RunOptions, ToolCall
+from agent_ledger import (
+    ApprovalPendingError,
+    Effect,
+    EffectStatus,
+    LedgerHooks,
+    RunOptions,
+    ToolCall,
+)
 from agent_ledger.approvals import DecisionOutcome
 from agent_ledger.codes import DecisionCode
 from agent_ledger.deciding import RUN_PRINCIPAL, approval_store
@@ -24,6 +32,16 @@ PAY = ToolCall(workflow_id="wf-intent", tool="pay", args={"to": "acme", "cents":
 NO_WAIT = RunOptions(wait_for_approval=False)
 
 
+def paying(ran: list[str]) -> Callable[[Effect], str]:
+    """A handler that notes each run (of the args it got) and pays."""
+
+    def pay(effect: Effect) -> str:
+        ran.append(effect.args_canonical)
+        return "paid"
+
+    return pay
+
+
 async def test_a_policy_version_changed_since_the_approval_sends_it_back_to_a_person(
     harness: StoreHarness,
 ) -> None:
@@ -33,7 +51,7 @@ async def test_a_policy_version_changed_since_the_approval_sends_it_back_to_a_pe
     new = build_ledger(harness.store, hooks=LedgerHooks(approval_policy_version="v2"))
     ran: list[str] = []
     with pytest.raises(ApprovalPendingError):
-        await new.run(PAY, lambda e: ran.append("paid") or "paid", NO_WAIT)
+        await new.run(PAY, paying(ran), NO_WAIT)
     assert ran == []
     back = await harness.store.find(effect.idem_key)
     assert back is not None and back.status is EffectStatus.REQUIRES_APPROVAL
@@ -49,8 +67,8 @@ async def test_a_policy_version_changed_since_the_approval_sends_it_back_to_a_pe
     )
     # Approved again, under v2 this time: it runs, once.
     assert await new.approve(effect.idem_key, by="ops")
-    assert await new.run(PAY, lambda e: ran.append("paid") or "paid") == "paid"
-    assert ran == ["paid"]
+    assert await new.run(PAY, paying(ran)) == "paid"
+    assert ran == [effect.args_canonical]
 
 
 async def test_the_same_policy_runs_what_was_approved(harness: StoreHarness) -> None:
@@ -71,14 +89,14 @@ async def test_args_changed_under_an_approval_never_run() -> None:
     row = store._rows[effect.idem_key]  # the back door: what a direct UPDATE would do
     row.args_canonical = row.args_canonical.replace("acme", "mallory")
     ran: list[str] = []
-    waiting = asyncio.create_task(ledger.run(PAY, lambda e: ran.append(e.args_canonical) or "x"))
+    waiting = asyncio.create_task(ledger.run(PAY, paying(ran)))
     for _ in range(200):
         found = await store.find(effect.idem_key)
         assert found is not None
         if found.status is EffectStatus.REQUIRES_APPROVAL:
             break
         await asyncio.sleep(0.005)
-    assert ran == [] and found.status is EffectStatus.REQUIRES_APPROVAL
+    assert ran == [] and found is not None and found.status is EffectStatus.REQUIRES_APPROVAL
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting

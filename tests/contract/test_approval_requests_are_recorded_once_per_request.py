@@ -8,7 +8,13 @@ from datetime import timedelta
 
 import pytest
 
-from agent_ledger import EffectLedgerValidationError, EffectStatus, LedgerHooks, RunOptions, ToolCall
+from agent_ledger import (
+    EffectLedgerValidationError,
+    EffectStatus,
+    LedgerHooks,
+    RunOptions,
+    ToolCall,
+)
 from agent_ledger.deciding import approval_store
 from agent_ledger.options import ConcurrencyOptions
 from agent_ledger.testing import build_ledger
