@@ -114,7 +114,11 @@ class Acquirer:
             # (who asked, policy version, deadline) is recorded by us, its creator,
             # once; a renewal, since a purge leaves an older effect's request.
             log_effect(logging.INFO, "effect requires approval", effect)
-            await note_approval(self._store, effect.idem_key, _ask(prepared), renew=True)
+            # Shielded: a caller cancelled here still leaves the request (and its
+            # deadline) recorded; only a process dying in between leaves none.
+            await asyncio.shield(
+                note_approval(self._store, effect.idem_key, _ask(prepared), renew=True)
+            )
             await notify_approval_required(effect, prepared.hooks)
         elif effect.status.is_terminal:
             if effect.retryable and tx is None:

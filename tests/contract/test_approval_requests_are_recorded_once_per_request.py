@@ -4,6 +4,7 @@ no person records nothing."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import pytest
@@ -15,8 +16,10 @@ from agent_ledger import (
     RunOptions,
     ToolCall,
 )
+from agent_ledger.approvals import ApprovalRequest
 from agent_ledger.deciding import approval_store
 from agent_ledger.options import ConcurrencyOptions
+from agent_ledger.stores.memory import MemoryStore
 from agent_ledger.testing import build_ledger
 from tests.approvals import make_pending
 from tests.harness import StoreHarness
@@ -97,3 +100,47 @@ def test_bad_request_options_are_refused_by_name() -> None:
         with pytest.raises(EffectLedgerValidationError) as caught:
             bad()
         assert caught.value.field == field
+
+
+class _SlowRequests(MemoryStore):
+    """Holds each request's note until told to go on (a slow statement)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.noting = asyncio.Event()
+        self.go_on = asyncio.Event()
+
+    async def renew_request(
+        self,
+        idem_key: str,
+        *,
+        requested_by: str | None,
+        policy_version: str | None,
+        deadline_ms: int | None,
+    ) -> ApprovalRequest:
+        self.noting.set()
+        await self.go_on.wait()
+        return await super().renew_request(
+            idem_key,
+            requested_by=requested_by,
+            policy_version=policy_version,
+            deadline_ms=deadline_ms,
+        )
+
+
+async def test_a_caller_cancelled_while_noting_its_request_still_records_it() -> None:
+    store = _SlowRequests()
+    ledger = build_ledger(store, defaults=ASKED)
+    run = asyncio.create_task(ledger.run(PAY, lambda e: "paid", RunOptions(requires_approval=True)))
+    await store.noting.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    store.go_on.set()
+    for _ in range(100):
+        request = await store.approval_request(ledger.idem_key(PAY))
+        if request is not None:
+            break
+        await asyncio.sleep(0)
+    assert request is not None and request.requested_by == "agent-7"
+    assert request.deadline_at is not None
