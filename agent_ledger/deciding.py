@@ -400,6 +400,8 @@ async def _settle_unaudited(
     return moved is not None
 
 
+#: More attempts than one effect ever gets (refused ones included).
+_ALL_ATTEMPTS: Final = 1_000_000
 #: Who the audit trail names for the run's own refusal of a changed intent.
 RUN_PRINCIPAL: Final = "agent-ledger (run)"
 
@@ -415,7 +417,8 @@ async def approved_intent_differs(
     reopened or approved by a store of your own)."""
     if not isinstance(store, ApprovalStore):
         return None
-    attempts = await store.decision_attempts(effect.idem_key, tx=tx)
+    # Every row (oldest first): a page could end before the last approval.
+    attempts = await store.decision_attempts(effect.idem_key, limit=_ALL_ATTEMPTS, tx=tx)
     approved = [
         a
         for a in attempts
