@@ -20,6 +20,7 @@ from agent_ledger.codes import ErrorCode
 from agent_ledger.deciding import approved_intent_differs, refuse_changed_intent
 from agent_ledger.decisions import ApprovalAsk, note_approval, notify_approval_required
 from agent_ledger.effects import Effect, EffectError
+from agent_ledger.engine.cancellation import carry_through
 from agent_ledger.engine.outcomes import TOO_MANY_TAKEOVERS, takeovers
 from agent_ledger.engine.ownership import own
 from agent_ledger.engine.preparing import Prepared
@@ -114,9 +115,9 @@ class Acquirer:
             # (who asked, policy version, deadline) is recorded by us, its creator,
             # once; a renewal, since a purge leaves an older effect's request.
             log_effect(logging.INFO, "effect requires approval", effect)
-            # Shielded: a caller cancelled here still leaves the request (and its
-            # deadline) recorded; only a process dying in between leaves none.
-            await asyncio.shield(
+            # Carried through: a caller cancelled here still leaves the request
+            # (and its deadline) recorded; only a process dying in between leaves none.
+            await carry_through(
                 note_approval(self._store, effect.idem_key, _ask(prepared), renew=True)
             )
             await notify_approval_required(effect, prepared.hooks)
@@ -329,7 +330,14 @@ class Acquirer:
             since=since,
         )
         if acquired.owned and acquired.effect.decided_at is not None:
-            recheck = await self._approval_still_holds(prepared, acquired.effect)
+            claimed = acquired.effect
+            try:
+                recheck = await carry_through(self._approval_still_holds(prepared, claimed))
+            except BaseException:
+                # Cancelled (or failed) holding a claim no handler will use: give
+                # it back (fenced: a no-op once it went back to a person).
+                await carry_through(self._store.release(claimed.id, attempt=claimed.attempt))
+                raise
             if recheck is not None:
                 return await self.wait(prepared, recheck, tx)
         limit = prepared.opts.max_takeovers
