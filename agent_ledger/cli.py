@@ -28,10 +28,17 @@ from urllib.parse import urlsplit
 import orjson
 
 from agent_ledger._version import __version__
+from agent_ledger.approvals import DecisionAction
 from agent_ledger.audit import MAX_SPAN
 from agent_ledger.budgets import BudgetState
+from agent_ledger.deciding import decide_from_cli
 from agent_ledger.effects import Effect, EffectError
-from agent_ledger.errors import EffectLedgerError, EffectLedgerValidationError, EffectStoreError
+from agent_ledger.errors import (
+    DecisionRefusedError,
+    EffectLedgerError,
+    EffectLedgerValidationError,
+    EffectStoreError,
+)
 from agent_ledger.ledger import EffectLedger
 from agent_ledger.options import EffectLedgerOptions
 from agent_ledger.receipt import RECORD_FIELDS, effect_to_record, render_receipt, visible
@@ -429,6 +436,22 @@ async def cmd_park_stale(ctx: Context) -> int:
     return EXIT_OK
 
 
+async def cmd_sweep(ctx: Context) -> int:
+    """``sweep``: deny every approval past its deadline (reason ``expired``)."""
+    swept = await ctx.ledger.sweep_approvals()
+    if ctx.args.json:
+        ctx.out.json([effect_to_record(e) for e in swept.expired])
+    else:
+        for effect in swept.expired:
+            ctx.out.line(
+                f"expired {visible(effect.tool)} ({effect.idem_key[:12]}): nobody decided "
+                "before its deadline, so it is denied"
+            )
+        if not swept.expired:
+            ctx.out.line("no approval is past its deadline")
+    return EXIT_OK
+
+
 async def cmd_resolve(ctx: Context) -> int:
     args = ctx.args
     if (args.result is None) == (args.error is None):
@@ -441,16 +464,20 @@ async def cmd_resolve(ctx: Context) -> int:
             result = orjson.loads(args.result)
         except orjson.JSONDecodeError as exc:
             raise UsageError(f"--result is not JSON ({exc}): {args.result!r}") from None
-        settle = ctx.ledger.resolve(
+        settle = decide_from_cli(
+            ctx.store,
             effect.idem_key,
+            DecisionAction.RESOLVE,
             result=result,
             by=args.by,
             note=args.note,
             expected_attempt=args.expected_attempt,
         )
     else:
-        settle = ctx.ledger.resolve(
+        settle = decide_from_cli(
+            ctx.store,
             effect.idem_key,
+            DecisionAction.RESOLVE,
             error=EffectError(args.error, args.code),
             by=args.by,
             note=args.note,
@@ -458,6 +485,9 @@ async def cmd_resolve(ctx: Context) -> int:
         )
     try:
         moved = await settle
+    except DecisionRefusedError as exc:
+        print(f"agent-ledger: {exc}", file=sys.stderr)
+        return EXIT_NOT_DONE
     except EffectLedgerValidationError as exc:
         if exc.field != "idem_key":
             raise  # bad input: a usage error
@@ -499,7 +529,11 @@ async def _decide(ctx: Context, verb: str, act: Callable[[str], Any]) -> int:
     effect = await _resolve(ctx)
     if effect is None:
         return EXIT_NOT_DONE
-    moved = await act(effect.idem_key)
+    try:
+        moved = await act(effect.idem_key)
+    except DecisionRefusedError as exc:  # the deadline passed: it is denied as expired
+        print(f"agent-ledger: {exc}", file=sys.stderr)
+        return EXIT_NOT_DONE
     return _settled(ctx, effect, verb, moved, await ctx.ledger.get_effect(effect.id))
 
 
@@ -524,11 +558,16 @@ async def cmd_decide(ctx: Context) -> int:
 
     async def act(key: str) -> bool:
         if args.command == "approve":
-            return await ctx.ledger.approve(
-                key, by=args.by, note=args.note, expected_attempt=args.expected_attempt
-            )
-        return await ctx.ledger.deny(
-            key, reason=args.reason, by=args.by, expected_attempt=args.expected_attempt
+            action, note = DecisionAction.APPROVE, args.note
+        else:
+            action, note = DecisionAction.DENY, args.reason
+        return await decide_from_cli(
+            ctx.store,
+            key,
+            action,
+            by=args.by or _os_user(),
+            note=note,
+            expected_attempt=args.expected_attempt,
         )
 
     return await _decide(ctx, args.command, act)
@@ -777,6 +816,13 @@ def _check_before_opening(args: argparse.Namespace) -> None:
             except OSError as exc:
                 raise UsageError(f"cannot create {folder}: {exc.strerror or exc}") from None
             print(f"agent-ledger: created the folder {folder}", file=sys.stderr)
+
+
+#: ``--by`` of the deciding commands: who the audit trail names.
+BY_HELP: Final = (
+    "(kept on the receipt, and the principal of the decision audit trail; default: your "
+    "OS user name. The CLI trusts the process that runs it, as its database credentials do)"
+)
 
 
 def _os_user() -> str:
@@ -1069,13 +1115,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--by", help="who decides (kept on each receipt; default: your OS user name)")
     sub = command("approve", cmd_decide, "approve a pending effect")
     sub.add_argument("ref", metavar="KEY", help=ref_help)
-    sub.add_argument("--by", help="who approves (kept on the receipt)")
+    sub.add_argument("--by", help="who approves " + BY_HELP)
     sub.add_argument("--note", help="why (kept on the receipt)")
     sub.add_argument("--expected-attempt", type=int, metavar="N", help=expected_help)
     sub = command("deny", cmd_decide, "deny a pending effect")
     sub.add_argument("ref", metavar="KEY", help=ref_help)
     sub.add_argument("--reason", help="why not (kept on the receipt; callers see it)")
-    sub.add_argument("--by", help="who denies (kept on the receipt)")
+    sub.add_argument("--by", help="who denies " + BY_HELP)
     sub.add_argument("--expected-attempt", type=int, metavar="N", help=expected_help)
     sub = command(
         "resolve",
@@ -1089,6 +1135,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--by", required=True, help="who resolves it (kept on the receipt)")
     sub.add_argument("--note", help="what you checked (kept on the receipt)")
     sub.add_argument("--expected-attempt", type=int, metavar="N", help=expected_help)
+    command(
+        "sweep",
+        cmd_sweep,
+        "deny every approval past its deadline (expired); escalation hooks run in your "
+        "process's ledger.sweep_approvals()",
+    )
     command(
         "park-stale",
         cmd_park_stale,

@@ -28,11 +28,14 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Generic, ParamSpec, TypeVar, overload
 
+from agent_ledger.approvals import Channel, DecisionAction
 from agent_ledger.audit import Audit, EffectPage
 from agent_ledger.background import BackgroundLoop, HomeLoop
 from agent_ledger.calls import Scope, ToolCall, check_scope
 from agent_ledger.context import Recording, current_outcome_slot, recording
-from agent_ledger.decisions import NO_RESULT, Decisions
+from agent_ledger.deciding import ApprovalSweep, decide_in_code, sweep_approvals
+from agent_ledger.decisions import NO_RESULT, ApprovalAsk, Decisions, check_decision
+from agent_ledger.decisions import expected_attempt as checked_attempt
 from agent_ledger.effects import BeginResult, CommitOutcome, Effect, EffectError, JSONValue
 from agent_ledger.engine import Acquired, Engine, Prepared
 from agent_ledger.engine.lifecycle import recorded_outcome
@@ -41,14 +44,17 @@ from agent_ledger.errors import (
     EffectPayloadMismatchError,
     require_str,
 )
-from agent_ledger.keys import mismatched_args
+from agent_ledger.keys import canonical_json, mismatched_args
 from agent_ledger.legacy.keys import legacy_mismatched_args
 from agent_ledger.observability import span
 from agent_ledger.options import EffectLedgerOptions, LedgerHooks, RunOptions
 from agent_ledger.status import TERMINAL, EffectStatus
 from agent_ledger.stores.base import Held, LedgerStats, Store
 
-__all__ = ["LedgerCore"]
+__all__ = ["UNNAMED", "LedgerCore"]
+
+#: The principal the audit trail names for a decision made in code without ``by``.
+UNNAMED = "unnamed"
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -366,7 +372,9 @@ class LedgerCore(Generic[ToolT_co]):
         (already waiting, finished, an unknown key) return False. The
         ``on_approval_required`` hook is called when it moved.
         """
-        return await self._decisions.request_approval(idem_key, self._engine.hooks, attempt=attempt)
+        hooks = self._engine.hooks
+        ask = ApprovalAsk.of(self._engine.run_options(None), hooks)
+        return await self._decisions.request_approval(idem_key, hooks, attempt=attempt, ask=ask)
 
     async def approve(
         self,
@@ -384,9 +392,22 @@ class LedgerCore(Generic[ToolT_co]):
         not happen, run it again". ``expected_attempt`` (the ``attempt`` you
         saw) makes it a compare-and-set on that attempt too: False, changing
         nothing, if the effect has moved on since.
+
+        It goes through the one audited decision path (``deciding.decide``):
+        every attempt, accepted or refused, is a row of the decision audit
+        trail with ``by`` as its principal (``"unnamed"`` when None; this
+        process is trusted to say who it is) and the channel ``code``, bound
+        to the intent of the effect it read. False:
+        nothing to decide (no such key, not waiting, another attempt, someone
+        decided first). An approval whose deadline passed raises
+        ``DecisionRefusedError`` (reason ``expired``): the effect is denied.
         """
-        return await self._decisions.approve(
-            idem_key, by=by, note=note, expected_attempt=expected_attempt
+        return await self._decide(
+            DecisionAction.APPROVE,
+            idem_key,
+            by=by,
+            note=note,
+            expected_attempt=expected_attempt,
         )
 
     async def deny(
@@ -400,10 +421,19 @@ class LedgerCore(Generic[ToolT_co]):
         """Deny a pending effect (-> ``denied``, terminal); True if it moved.
 
         Callers get ``EffectDeniedError`` with the reason. ``expected_attempt``
-        as for :meth:`approve`. ``reason`` may be passed by position, as 0.2.x did.
+        and the audit trail as for :meth:`approve`. ``reason`` may
+        be passed by position, as 0.2.x did.
         """
-        return await self._decisions.deny(
-            idem_key, reason=reason, by=by, expected_attempt=expected_attempt
+        if reason is not None and not isinstance(reason, str):
+            raise EffectLedgerValidationError(
+                f"reason must be a string or None, got {type(reason).__name__}", field="reason"
+            )
+        return await self._decide(
+            DecisionAction.DENY,
+            idem_key,
+            by=by,
+            note=reason or None,
+            expected_attempt=expected_attempt,
         )
 
     async def resolve(
@@ -426,20 +456,83 @@ class LedgerCore(Generic[ToolT_co]):
         records ``failed``. Exactly one of the two; ``result`` must be JSON,
         like a handler's (bad input raises ``EffectLedgerValidationError``
         and changes nothing). ``by`` (required) and ``note`` go on the
-        receipt and into its history. ``expected_attempt`` as for
-        :meth:`approve`. An effect waiting for an ordinary approval (its
-        handler never ran) raises ``EffectLedgerValidationError``: approve
-        or deny it. False means nothing changed: no such key, not waiting,
-        another attempt, or someone settled it first.
+        receipt and into its history. ``expected_attempt`` and the audit
+        trail as for :meth:`approve`. An effect waiting for an
+        ordinary approval (its handler never ran) raises
+        ``EffectLedgerValidationError``: approve or deny it. False means
+        nothing changed: no such key, not waiting, another attempt, or
+        someone settled it first.
         """
-        return await self._decisions.resolve(
+        require_str(idem_key, "idem_key")
+        if (result is NO_RESULT) == (error is None):
+            raise EffectLedgerValidationError(
+                "resolve() takes exactly one of result= (the side effect happened: what the "
+                "provider reports) or error=EffectError(...) (it failed). Nothing changed.",
+                field="result",
+            )
+        if error is not None and not isinstance(error, EffectError):
+            raise EffectLedgerValidationError(
+                f"error must be an EffectError(message, code), got {type(error).__name__}",
+                field="error",
+            )
+        if result is not NO_RESULT:
+            # Checked like a handler's return value: bad input changes nothing.
+            canonical_json(result, field="result", sort_keys=False)
+        if not isinstance(by, str) or not by.strip():
+            raise EffectLedgerValidationError(
+                f"by is required: a non-empty string saying who resolves the effect, got {by!r}",
+                field="by",
+            )
+        return await self._decide(
+            DecisionAction.RESOLVE,
             idem_key,
-            result=result,
-            error=error,
             by=by,
             note=note,
             expected_attempt=expected_attempt,
+            result=result,
+            error=error,
         )
+
+    async def _decide(
+        self,
+        action: DecisionAction,
+        idem_key: str,
+        *,
+        by: str | None,
+        note: str | None,
+        expected_attempt: int | None,
+        result: JSONValue = NO_RESULT,
+        error: EffectError | None = None,
+    ) -> bool:
+        require_str(idem_key, "idem_key")
+        checked = check_decision(by, note)
+        attempt = checked_attempt(expected_attempt)
+        await self._engine.schema.ensure()
+        return await decide_in_code(
+            self._store,
+            idem_key,
+            action=action,
+            principal=checked.by or UNNAMED,
+            channel=Channel.CODE,
+            decided_by=checked.by,
+            note=checked.note,
+            expected_attempt=attempt,
+            result=result,
+            error=error,
+        )
+
+    async def sweep_approvals(self) -> ApprovalSweep:
+        """Deny, with the code ``expired``, every effect still waiting for an
+        approval past its deadline (``RunOptions.approval_deadline_ms``, by the
+        store's clock), then fire ``LedgerHooks.on_approval_escalation`` once per
+        request that has used ``LedgerHooks.escalate_after`` of its time to its
+        deadline. Safe to run from any number of processes at once: each effect is
+        denied once, each escalation fires once. Returns what this call did. From
+        a shell: ``agent-ledger sweep``; run it every minute or so (cron, a loop).
+        A parked effect (an ambiguous attempt) never expires.
+        """
+        await self._engine.schema.ensure()
+        return await sweep_approvals(self._store, self._engine.hooks)
 
     async def park_stale(self) -> list[Effect]:
         """Park every ambiguous attempt now, without waiting for its next caller.

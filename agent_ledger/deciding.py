@@ -13,6 +13,8 @@ code. Who may decide which tool is the caller's rule (the console's
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,12 +30,13 @@ from agent_ledger.approvals import (
     intent_hash,
 )
 from agent_ledger.codes import DecisionCode, ErrorCode
-from agent_ledger.decisions import NO_RESULT
-from agent_ledger.effects import Effect, EffectError, JSONValue, storable_text
-from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.decisions import NO_RESULT, check_decision
+from agent_ledger.effects import Effect, EffectError, JSONValue, Settlement, storable_text
+from agent_ledger.errors import DecisionRefusedError, EffectLedgerValidationError
 from agent_ledger.keys import canonical_json
-from agent_ledger.metrics import EXPIRED, OUTCOMES, approval_left, decided, recording, refused
-from agent_ledger.observability import log_effect
+from agent_ledger.metrics import EXPIRED, OUTCOMES, approval_left, decided, refused
+from agent_ledger.observability import effect_fields, log_effect, logger
+from agent_ledger.options import LedgerHooks
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores.approval_base import ApprovalStore, DecideRequest
 from agent_ledger.stores.base import Decision, Store
@@ -41,13 +44,20 @@ from agent_ledger.stores.base import Decision, Store
 __all__ = [
     "EXPIRY_DECIDER",
     "MAX_NOTE_CHARS",
+    "RUN_PRINCIPAL",
+    "ApprovalSweep",
     "DecisionResult",
     "approval_store",
+    "approved_intent_differs",
     "decide",
+    "decide_from_cli",
+    "decide_in_code",
     "earlier_round",
     "effect_intent",
     "expire_overdue",
     "refuse",
+    "refuse_changed_intent",
+    "sweep_approvals",
 ]
 
 #: The longest note a decision may carry, in characters; a longer one is refused.
@@ -132,6 +142,13 @@ async def refuse(
     return DecisionResult(False, reason, message, effect)
 
 
+class _Principal:
+    """``decide(decided_by=...)``'s default: the principal's name."""
+
+
+_PRINCIPAL: Final = _Principal()
+
+
 async def decide(
     store: Store,
     idem_key: str,
@@ -146,6 +163,8 @@ async def decide(
     link: UsedLink | None = None,
     separation_of_duty: bool = False,
     now: datetime | None = None,
+    expected_attempt: int | None = None,
+    decided_by: str | _Principal | None = _PRINCIPAL,
 ) -> DecisionResult:
     """Approve, deny or resolve ``idem_key`` as ``principal`` through ``channel``.
 
@@ -154,7 +173,11 @@ async def decide(
     from those channels (code and the CLI may omit it: they read the effect
     they decide). ``now`` (default: this process's UTC clock) judges the
     request's deadline; the sweep, :func:`expire_overdue`, judges it by the
-    store's clock.
+    store's clock. ``expected_attempt``: refused as ``already_decided`` if the
+    effect has moved on to another attempt. ``decided_by``: the name the
+    receipt keeps (default: ``principal``; code may leave it unnamed).
+    A channel that shows nothing (code, the CLI) records the intent hash of
+    the effect it decided, so the run can check it (:func:`approved_intent_differs`).
     """
     approvals = approval_store(store)
     if not isinstance(principal, str) or not principal.strip():
@@ -193,6 +216,15 @@ async def decide(
         return await refuse(
             store, attempt, DecisionCode.ALREADY_DECIDED, already_decided(effect), effect
         )
+    if expected_attempt is not None and effect.attempt != expected_attempt:
+        return await refuse(
+            store,
+            attempt,
+            DecisionCode.ALREADY_DECIDED,
+            f"the effect moved on to attempt {effect.attempt}, not {expected_attempt}: "
+            "nothing changed",
+            effect,
+        )
     current = effect_intent(effect, request)
     if (
         shown_intent is not None
@@ -208,6 +240,8 @@ async def decide(
             "and decide again.",
             effect,
         )
+    if shown_intent is None and channel not in _BOUND_CHANNELS:
+        attempt = dataclasses.replace(attempt, intent_hash=current)
     if (shown_intent is None and channel in _BOUND_CHANNELS) or (
         shown_intent is not None and shown_intent != current
     ):
@@ -240,7 +274,12 @@ async def decide(
         DecideRequest(
             idem_key=idem_key,
             target=target,
-            decision=Decision(by=principal, note=note),
+            # A denial's reason is its error (callers see it) and the audit
+            # row's note; the settlement keeps who, as ``deny()`` always did.
+            decision=Decision(
+                by=principal if isinstance(decided_by, _Principal) else decided_by,
+                note=None if action is DecisionAction.DENY else note,
+            ),
             attempt=attempt,
             expected_attempt=effect.attempt,
             only_parked=action is DecisionAction.RESOLVE,
@@ -262,6 +301,220 @@ async def decide(
     decided(outcome.effect, channel, action)
     log_effect(logging.INFO, f"effect decided by {principal} via {channel.value}", outcome.effect)
     return DecisionResult(True, DecisionCode.DECIDED, f"{action.value}d", outcome.effect)
+
+
+async def decide_in_code(
+    store: Store,
+    idem_key: str,
+    *,
+    action: DecisionAction,
+    principal: str,
+    channel: Channel,
+    decided_by: str | None,
+    note: str | None,
+    expected_attempt: int | None,
+    result: JSONValue = NO_RESULT,
+    error: EffectError | None = None,
+) -> bool:
+    """``ledger.approve/deny/resolve`` and the CLI's: :func:`decide`, answered as
+    0.2.x's API answers. True: this call decided. False: nothing to decide (no
+    such key, no longer waiting, another attempt, someone decided first).
+    Raised: resolve of an effect that waits for an approval
+    (``EffectLedgerValidationError``, ``field="idem_key"``, as before), and any
+    other refusal (``DecisionRefusedError``: a passed deadline). Every attempt is
+    in the audit trail either way, on every store agent-ledger ships; a store of
+    your own that keeps no approvals (no ``ApprovalStore``) gets the bare
+    compare-and-set, unaudited, as before schema version 4."""
+    if not isinstance(store, ApprovalStore):
+        return await _settle_unaudited(
+            store,
+            idem_key,
+            action=action,
+            decided_by=decided_by,
+            note=note,
+            expected_attempt=expected_attempt,
+            result=result,
+            error=error,
+        )
+    outcome = await decide(
+        store,
+        idem_key,
+        action=action,
+        principal=principal,
+        channel=channel,
+        shown_intent=None,
+        note=note,
+        result=result,
+        error=error,
+        expected_attempt=expected_attempt,
+        decided_by=decided_by,
+    )
+    if outcome.accepted:
+        return True
+    if outcome.reason in (DecisionCode.ALREADY_DECIDED, DecisionCode.UNKNOWN_EFFECT):
+        return False
+    if outcome.reason is DecisionCode.NOT_PARKED:
+        tool = outcome.effect.tool if outcome.effect is not None else "?"
+        raise EffectLedgerValidationError(
+            f"effect {idem_key[:12]}… ({tool}) waits for an approval, not because an "
+            "attempt's outcome is unknown: its handler never ran, so there is no outcome "
+            "to resolve. approve() or deny() it. Nothing changed.",
+            field="idem_key",
+        )
+    raise DecisionRefusedError(
+        f"cannot {action.value} effect {idem_key[:12]}…: {outcome.message} "
+        f"(reason code {outcome.reason.value})",
+        reason=outcome.reason.value,
+        effect=outcome.effect,
+    )
+
+
+async def decide_from_cli(
+    store: Store,
+    idem_key: str,
+    action: DecisionAction,
+    *,
+    by: str,
+    note: str | None,
+    expected_attempt: int | None,
+    result: JSONValue = NO_RESULT,
+    error: EffectError | None = None,
+) -> bool:
+    """``agent-ledger approve/deny/resolve/review``: :func:`decide_in_code` through the
+    channel ``cli``, as ``by`` (the ``--by`` name, or the OS user: the CLI trusts
+    the process that runs it to say who it is, as the database credentials it
+    holds already do)."""
+    checked = check_decision(by, note)
+    if not checked.by:
+        raise EffectLedgerValidationError("--by must name who decides", field="by")
+    return await decide_in_code(
+        store,
+        idem_key,
+        action=action,
+        principal=checked.by,
+        channel=Channel.CLI,
+        decided_by=checked.by,
+        note=checked.note,
+        expected_attempt=expected_attempt,
+        result=result,
+        error=error,
+    )
+
+
+async def _settle_unaudited(
+    store: Store,
+    idem_key: str,
+    *,
+    action: DecisionAction,
+    decided_by: str | None,
+    note: str | None,
+    expected_attempt: int | None,
+    result: JSONValue,
+    error: EffectError | None,
+) -> bool:
+    """``decide_in_code`` on a store that keeps no audit trail: ``Store.settle`` alone."""
+    effect = await store.find(idem_key)
+    if effect is None:
+        return False
+    target, result_json, error = _outcome(action, effect, result, error, note)
+    if (
+        action is DecisionAction.RESOLVE
+        and effect.status is EffectStatus.REQUIRES_APPROVAL
+        and not effect.parked
+    ):
+        raise EffectLedgerValidationError(
+            f"effect {idem_key[:12]}… ({effect.tool}) waits for an approval, not because an "
+            "attempt's outcome is unknown: its handler never ran, so there is no outcome "
+            "to resolve. approve() or deny() it. Nothing changed.",
+            field="idem_key",
+        )
+    # A denial's reason is its error (callers see it); the settlement keeps who.
+    kept = None if action is DecisionAction.DENY else note
+    moved = await store.settle(
+        idem_key,
+        target=target,
+        decision=Decision(by=decided_by, note=kept),
+        expected_attempt=expected_attempt,
+        only_parked=action is DecisionAction.RESOLVE,
+        result_json=result_json,
+        error=error,
+    )
+    if moved is not None:
+        approval_left(effect, moved, OUTCOMES[target])
+        decided(moved, Channel.CODE, action)
+        log_effect(logging.INFO, f"effect settled: {target.value}", moved)
+    return moved is not None
+
+
+#: More attempts than one effect ever gets (refused ones included).
+_ALL_ATTEMPTS: Final = 1_000_000
+#: Who the audit trail names for the run's own refusal of a changed intent.
+RUN_PRINCIPAL: Final = "agent-ledger (run)"
+
+
+async def approved_intent_differs(
+    store: Store, effect: Effect, policy_version: str | None, tx: object | None = None
+) -> str | None:
+    """Why the approved ``effect``, just claimed to run, must not run: the intent hash
+    its last accepted approval was bound to differs from the intent of the effect as
+    it would run now (its stored tool, workflow and args; the running ledger's
+    ``policy_version``, or the request's when the ledger names none). None: it may run
+    (it matches, or no approval through :func:`decide` is recorded: an effect
+    reopened or approved by a store of your own)."""
+    if not isinstance(store, ApprovalStore):
+        return None
+    # Every row (oldest first): a page could end before the last approval.
+    attempts = await store.decision_attempts(effect.idem_key, limit=_ALL_ATTEMPTS, tx=tx)
+    approved = [
+        a
+        for a in attempts
+        if a.outcome is DecisionOutcome.ACCEPTED and a.action is DecisionAction.APPROVE
+    ]
+    if not approved or approved[-1].intent_hash is None:
+        return None
+    request = await store.approval_request(effect.idem_key, tx=tx)
+    version = policy_version
+    if version is None and request is not None:
+        version = request.policy_version
+    # The round the person approved: the attempt of the last approval in the
+    # history (a claim has moved effect.attempt on since).
+    rounds = [
+        event.attempt
+        for event in effect.history
+        if isinstance(event, Settlement) and event.status is EffectStatus.READY
+    ]
+    now = intent_hash(
+        tool=effect.tool,
+        workflow_id=effect.workflow_id,
+        args_canonical=effect.args_canonical,
+        policy_version=version,
+        attempt=rounds[-1] if rounds else effect.attempt,
+    )
+    if now == approved[-1].intent_hash:
+        return None
+    return (
+        f"approved by {approved[-1].principal} for intent {approved[-1].intent_hash[:12]}…, "
+        f"but it would run as {now[:12]}… (tool, workflow, arguments or policy version "
+        "changed): not run, sent back to a person"
+    )
+
+
+async def refuse_changed_intent(store: Store, effect: Effect, run_intent_note: str) -> None:
+    """Record, in the audit trail, that the run refused an approval whose intent changed."""
+    refused(Channel.CODE, DecisionAction.APPROVE, DecisionCode.INTENT_MISMATCH)
+    if not isinstance(store, ApprovalStore):
+        return
+    attempt = NewDecisionAttempt(
+        effect.idem_key,
+        RUN_PRINCIPAL,
+        Channel.CODE,
+        DecisionAction.APPROVE,
+        None,
+        storable_text(run_intent_note),
+    )
+    await store.record_attempt(
+        attempt, outcome=DecisionOutcome.REFUSED, reason=DecisionCode.INTENT_MISMATCH
+    )
 
 
 #: Channels that show a person an effect: their decisions must say what they saw.
@@ -317,8 +570,13 @@ async def expire_overdue(store: Store, *, only: str | None = None) -> list[Effec
     for request in await approvals.overdue_approvals():
         if only is not None and request.idem_key != only:
             continue
-        # Read only to time the wait (see metrics.approval_left), and only when counted.
-        waiting = await store.find(request.idem_key) if recording() else None
+        waiting = await store.find(request.idem_key)
+        if waiting is None or waiting.status is not EffectStatus.REQUIRES_APPROVAL:
+            continue
+        if waiting.parked:
+            continue  # an ambiguous attempt is never denied by a clock
+        # At the attempt read: an effect approved, run and parked meanwhile
+        # (a later attempt) is not denied by this request's deadline.
         moved = await store.settle(
             request.idem_key,
             target=EffectStatus.DENIED,
@@ -326,9 +584,58 @@ async def expire_overdue(store: Store, *, only: str | None = None) -> list[Effec
             error=EffectError(
                 "expired: nobody decided before the deadline", ErrorCode.APPROVAL_EXPIRED
             ),
+            expected_attempt=waiting.attempt,
         )
         if moved is not None:
             approval_left(waiting, moved, EXPIRED)
             log_effect(logging.INFO, "approval expired: effect denied", moved)
             denied.append(moved)
     return denied
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalSweep:
+    """What one :func:`sweep_approvals` did."""
+
+    #: Denied as expired (past their deadline, undecided).
+    expired: list[Effect]
+    #: Whose escalation hook this sweep fired (once per request, across sweepers).
+    escalated: list[Effect]
+
+
+async def sweep_approvals(store: Store, hooks: LedgerHooks) -> ApprovalSweep:
+    """Deny every undecided approval past its deadline (reason ``expired``), then
+    fire ``hooks.on_approval_escalation`` for every request that has used
+    ``hooks.escalate_after`` of its time to its deadline and was not escalated yet.
+
+    Each escalation is stamped (``escalated_at``, one compare-and-set on the
+    request) before its hook is called, so of any number of concurrent sweepers
+    exactly one calls it, once per request: at most once (a sweeper that dies
+    between the stamp and the call, or a hook that raises, is not retried; the
+    failure is logged). A request renewed later (the effect sent back to a
+    person) is a new request and escalates again.
+    """
+    approvals = approval_store(store)
+    expired = await expire_overdue(store)
+    escalated: list[Effect] = []
+    hook = hooks.on_approval_escalation
+    if hook is None:
+        return ApprovalSweep(expired, escalated)
+    for request in await approvals.escalations_due(fraction=float(hooks.escalate_after)):
+        if not await approvals.mark_escalated(request.idem_key, created_at=request.created_at):
+            continue  # another sweeper fired it
+        effect = await store.find(request.idem_key)
+        if effect is None:
+            continue
+        log_effect(logging.INFO, "approval escalated", effect)
+        escalated.append(effect)
+        try:
+            pending = hook(effect)
+            if inspect.isawaitable(pending):
+                await pending
+        except Exception:
+            logger.exception(
+                "on_approval_escalation hook raised; the effect still waits for approval",
+                extra=effect_fields(effect),
+            )
+    return ApprovalSweep(expired, escalated)

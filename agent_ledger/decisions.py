@@ -19,25 +19,25 @@ import inspect
 import logging
 import weakref
 from collections import OrderedDict
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
 from agent_ledger.codes import ErrorCode
 from agent_ledger.effects import Effect, EffectError, JSONValue, storable_text
 from agent_ledger.errors import EffectLedgerValidationError, require_str
-from agent_ledger.keys import canonical_json
 from agent_ledger.metrics import (
     OUTCOMES,
     approval_entered,
     approval_left,
-    decided,
     recording,
     taken_over,
 )
 from agent_ledger.names import check_name_length
 from agent_ledger.observability import effect_fields, log_effect, logger
-from agent_ledger.options import LedgerHooks
+from agent_ledger.options import LedgerHooks, ResolvedRunOptions
 from agent_ledger.status import REOPENABLE, EffectStatus
+from agent_ledger.stores.approval_base import ApprovalStore
 from agent_ledger.stores.base import (
     ClaimOutcome,
     Decision,
@@ -53,12 +53,16 @@ __all__ = [
     "AMBIGUOUS_REASON",
     "NO_RESULT",
     "WAITING_FOR_A_PERSON",
+    "ApprovalAsk",
     "BegunAttempts",
     "Decisions",
     "ambiguous_error",
     "cancel_counted",
     "cancel_if_waiting",
+    "check_decision",
     "close_unbegun",
+    "expected_attempt",
+    "note_approval",
     "notify_approval_required",
     "park_if_silent",
     "take_over_and_cancel",
@@ -128,7 +132,12 @@ class Decisions:
         self.begun = BegunAttempts()
 
     async def request_approval(
-        self, idem_key: str, hooks: LedgerHooks, *, attempt: int | None = None
+        self,
+        idem_key: str,
+        hooks: LedgerHooks,
+        *,
+        attempt: int | None = None,
+        ask: ApprovalAsk | None = None,
     ) -> bool:
         require_str(idem_key, "idem_key")
         if attempt is not None and (type(attempt) is not int or not 1 <= attempt <= MAX_ATTEMPT):
@@ -140,12 +149,19 @@ class Decisions:
         named = attempt is not None
         if attempt is None:
             attempt = self.begun.attempt(idem_key)
+        ask = ask or ApprovalAsk()
         if attempt is not None:
-            return await self._hold(idem_key, attempt, hooks, named=named)
+            return await self._hold(idem_key, attempt, hooks, named=named, ask=ask)
         # Anyone but the holder: ready -> requires_approval only. The
         # decision table has no processing -> requires_approval (see
         # agent_ledger.status), so the store's compare-and-set refuses a
         # running effect, and we say so instead of returning False.
+        await self._schema.ensure()
+        before = await self._store.find(idem_key)
+        if before is not None and before.status is EffectStatus.READY:
+            # A new request, recorded before the move: no decision can see
+            # the effect waiting under the old request's (maybe past) deadline.
+            await note_approval(self._store, idem_key, ask, renew=True)
         moved = await self._move(idem_key, EffectStatus.REQUIRES_APPROVAL, None, None)
         if moved is not None:
             approval_entered(moved)
@@ -165,7 +181,9 @@ class Decisions:
             )
         return False
 
-    async def _hold(self, idem_key: str, attempt: int, hooks: LedgerHooks, *, named: bool) -> bool:
+    async def _hold(
+        self, idem_key: str, attempt: int, hooks: LedgerHooks, *, named: bool, ask: ApprovalAsk
+    ) -> bool:
         """The holder's own step: its ``processing`` effect, at its attempt, goes to a
         person before the tool runs (``status.HOLD``). Fenced: a holder that was
         taken over (or, having ``named`` its attempt, finished) is told so, and
@@ -176,6 +194,8 @@ class Decisions:
         if found is None:
             return False
         if found.status is EffectStatus.PROCESSING and found.attempt == attempt:
+            # Recorded while we hold it: nobody can decide a processing effect.
+            await note_approval(self._store, idem_key, ask, renew=True)
             if await self._store.release(found.id, attempt=attempt, for_approval=True):
                 self.begun.forget(found.id)
                 held = await self._store.find(idem_key)
@@ -196,94 +216,6 @@ class Decisions:
             "decided meanwhile). Do not run the tool for this attempt. Nothing changed.",
             field="attempt",
         )
-
-    async def approve(
-        self,
-        idem_key: str,
-        *,
-        by: str | None,
-        note: str | None,
-        expected_attempt: int | None = None,
-    ) -> bool:
-        decision = _decision(by, note)
-        attempt = _expected_attempt(expected_attempt)
-        moved = await self._settle(idem_key, EffectStatus.READY, decision, attempt)
-        return moved is not None
-
-    async def deny(
-        self,
-        idem_key: str,
-        *,
-        reason: str | None,
-        by: str | None,
-        expected_attempt: int | None = None,
-    ) -> bool:
-        error = EffectError(message=_reason(reason, "denied"), code=ErrorCode.DENIED)
-        # The reason is the denial's error (callers see it), as before settle
-        # existed; the history's settlement keeps who and when.
-        decision = _decision(by, None)
-        attempt = _expected_attempt(expected_attempt)
-        moved = await self._settle(idem_key, EffectStatus.DENIED, decision, attempt, error=error)
-        return moved is not None
-
-    async def resolve(
-        self,
-        idem_key: str,
-        *,
-        result: object,
-        error: EffectError | None,
-        by: str,
-        note: str | None,
-        expected_attempt: int | None,
-    ) -> bool:
-        """Record a parked effect's outcome as a person read it downstream."""
-        require_str(idem_key, "idem_key")
-        has_result = result is not _NO_RESULT
-        if has_result == (error is not None):
-            raise EffectLedgerValidationError(
-                "resolve() takes exactly one of result= (the side effect happened: what the "
-                "provider reports) or error=EffectError(...) (it failed). Nothing changed.",
-                field="result",
-            )
-        if error is not None and not isinstance(error, EffectError):
-            raise EffectLedgerValidationError(
-                f"error must be an EffectError(message, code), got {type(error).__name__}",
-                field="error",
-            )
-        # Checked like a handler's return value: bad input changes nothing.
-        result_json = (
-            canonical_json(result, field="result", sort_keys=False).decode() if has_result else None
-        )
-        decision = Decision(
-            by=_required_text(by, "by", "who resolves the effect"),
-            note=_decision(None, note).note,
-        )
-        attempt = _expected_attempt(expected_attempt)
-        target = EffectStatus.SUCCEEDED if has_result else EffectStatus.FAILED
-        moved = await self._settle(
-            idem_key,
-            target,
-            decision,
-            attempt,
-            only_parked=True,
-            result_json=result_json,
-            error=error,
-        )
-        if moved is not None:
-            return True
-        found = await self._store.find(idem_key)
-        if (
-            found is not None
-            and found.status is EffectStatus.REQUIRES_APPROVAL
-            and not found.parked
-        ):
-            raise EffectLedgerValidationError(
-                f"effect {idem_key[:12]}… ({found.tool}) waits for an approval, not because an "
-                "attempt's outcome is unknown: its handler never ran, so there is no outcome "
-                "to resolve. approve() or deny() it. Nothing changed.",
-                field="idem_key",
-            )
-        return False
 
     async def park_stale(self, hooks: LedgerHooks) -> list[Effect]:
         """Park every effect whose holder went silent for its own lease after its
@@ -309,36 +241,6 @@ class Decisions:
             if len(page) < _SWEEP_PAGE:
                 return parked
             before = (page[-1].created_at, page[-1].id)
-
-    async def _settle(
-        self,
-        idem_key: str,
-        target: EffectStatus,
-        decision: Decision,
-        expected_attempt: int | None,
-        *,
-        only_parked: bool = False,
-        result_json: str | None = None,
-        error: EffectError | None = None,
-    ) -> Effect | None:
-        require_str(idem_key, "idem_key")
-        await self._schema.ensure()
-        # Read only to time the wait (see metrics.approval_left), and only when counted.
-        waiting = await self._store.find(idem_key) if recording() else None
-        moved = await self._store.settle(
-            idem_key,
-            target=target,
-            decision=decision,
-            expected_attempt=expected_attempt,
-            only_parked=only_parked,
-            result_json=result_json,
-            error=error,
-        )
-        if moved is not None:
-            approval_left(waiting, moved, OUTCOMES[target])
-            decided(moved, "code", _ACTIONS[target])
-            log_effect(logging.INFO, f"effect settled: {target.value}", moved)
-        return moved
 
     async def cancel(self, idem_key: str, *, reason: str | None, by: str | None) -> bool:
         error = EffectError(message=_reason(reason, "canceled"), code=ErrorCode.CANCELED)
@@ -382,6 +284,38 @@ class Decisions:
         if moved is not None:
             log_effect(logging.INFO, f"effect moved to {target.value}", moved)
         return moved
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalAsk:
+    """What an approval request records beside its effect: who asked, under which
+    policy version, and how long a person has to decide (ms; None: no deadline)."""
+
+    requested_by: str | None = None
+    policy_version: str | None = None
+    deadline_ms: int | None = None
+
+    @classmethod
+    def of(cls, opts: ResolvedRunOptions, hooks: LedgerHooks) -> ApprovalAsk:
+        """The request a call with these options and hooks makes."""
+        return cls(opts.principal, hooks.approval_policy_version, opts.approval_deadline_ms)
+
+
+async def note_approval(store: Store, idem_key: str, ask: ApprovalAsk, *, renew: bool) -> None:
+    """Record the approval request of ``idem_key`` (schema version 4): the first one
+    (``renew=False``: insert-or-get, a repeated note changes nothing) or a new one
+    replacing the last (``renew=True``). Called only by the caller whose step sent
+    the effect to a person, so once per request; nothing on a run that needs no
+    person. A store that keeps no approvals (one of your own) records nothing."""
+    if not isinstance(store, ApprovalStore):
+        return
+    step = store.renew_request if renew else store.note_request
+    await step(
+        idem_key,
+        requested_by=ask.requested_by,
+        policy_version=ask.policy_version,
+        deadline_ms=ask.deadline_ms,
+    )
 
 
 async def notify_approval_required(effect: Effect, hooks: LedgerHooks) -> None:
@@ -448,6 +382,16 @@ def _required_text(value: object, name: str, saying: str | None = None) -> str:
 #: The largest attempt a store keeps (PostgreSQL's ``integer`` column): a larger
 #: ``expected_attempt`` can match no effect, and is refused as bad input.
 MAX_ATTEMPT: Final = 2**31 - 1
+
+
+def expected_attempt(value: object) -> int | None:
+    """``expected_attempt`` checked: None, or a positive int in a store's range."""
+    return _expected_attempt(value)
+
+
+def check_decision(by: str | None, note: str | None) -> Decision:
+    """``by`` and ``note`` of a decision checked (strings or None; ``by`` a name)."""
+    return _decision(by, note)
 
 
 def _expected_attempt(value: object) -> int | None:

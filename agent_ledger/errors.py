@@ -33,9 +33,11 @@ if TYPE_CHECKING:
     from agent_ledger.status import EffectStatus
 
 __all__ = [
+    "ApprovalIntentChangedError",
     "ApprovalPendingError",
     "BudgetExceededError",
     "BudgetMismatchError",
+    "DecisionRefusedError",
     "EffectDeniedError",
     "EffectFailedError",
     "EffectInFlightError",
@@ -291,6 +293,35 @@ class ApprovalPendingError(EffectLedgerError):
             "ran. Call again after approve() to run it; after deny() the call raises "
             "EffectDeniedError."
         )
+
+
+class DecisionRefusedError(EffectLedgerError):
+    """A decision made in code or from the CLI was refused for a reason other than
+    "someone decided first" (those return False): the approval's deadline had
+    passed (``reason`` ``expired``: the effect is now denied as expired), or
+    the intent changed. ``reason`` is the ``DecisionCode`` recorded in the
+    decision audit trail; ``effect`` is the effect as found. Nothing was
+    decided.
+    """
+
+    def __init__(self, message: str, *, reason: str, effect: Effect | None) -> None:
+        self.reason = reason
+        self.effect = effect
+        super().__init__(message)
+
+
+class ApprovalIntentChangedError(EffectLedgerError):
+    """An approved effect was claimed inside a caller's transaction (``tx=``), and
+    what would run differs from what its approval was bound to (tool, workflow,
+    arguments or the ledger's ``approval_policy_version``). Nothing ran; the
+    transaction's rollback undoes the claim. Run the call outside a
+    transaction: it sends the effect back to a person (the refusal is in the
+    decision audit trail, reason ``intent_mismatch``)."""
+
+    def __init__(self, effect: Effect, why: str) -> None:
+        self.effect = effect
+        self.idem_key = effect.idem_key
+        super().__init__(f"effect {effect.idem_key[:12]}… ({effect.tool}): {why}")
 
 
 class EffectPayloadMismatchError(EffectLedgerError):

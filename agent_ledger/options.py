@@ -259,6 +259,21 @@ class RunOptions:
     next call with the key runs the handler again as a new attempt, exactly
     once however many callers ask (``Store.retry``). ``None`` set explicitly
     turns off what a lower level gave.
+
+    ``principal`` (default None: not said) names who the call runs for: the
+    worker, agent or user on whose behalf it asks. When the call's effect is
+    sent to a person it is recorded as the approval request's
+    ``requested_by`` (shown to approvers; with separation of duty, that
+    principal may not decide it). A ledger-wide one goes in
+    ``LedgerDefaults(run=RunOptions(principal=...))``.
+
+    ``approval_deadline_ms`` (default None: none) is how long a person has to
+    decide the call's approval, from the request, by the store's clock: past
+    it the effect is denied with the code ``expired`` by the next
+    sweep (``ledger.sweep_approvals()``, ``agent-ledger sweep``) or the
+    console reading it, and an approval attempted after it is refused.
+    Silence is never consent. It is not ``approval_timeout_ms``, which is
+    only how long this caller waits (its effect keeps waiting after it).
     """
 
     requires_approval: bool | Unset = UNSET
@@ -270,9 +285,16 @@ class RunOptions:
     timeout_ms: int | Unset | None = UNSET
     on_stale: OnStale | Unset = UNSET
     retryable: Retryable | Unset | None = UNSET
+    principal: str | Unset | None = UNSET
+    approval_deadline_ms: int | Unset | None = UNSET
 
     def __post_init__(self) -> None:
         _check_int(self.timeout_ms, "timeout_ms", allow_none=True, positive=True)
+        _check_int(
+            self.approval_deadline_ms, "approval_deadline_ms", allow_none=True, positive=True
+        )
+        if self.principal is not UNSET and self.principal is not None:
+            _check_principal(self.principal)
         if self.retryable is not UNSET:
             check_retryable(self.retryable)
         if self.on_stale is not UNSET and self.on_stale not in ON_STALE_POLICIES:
@@ -326,9 +348,32 @@ class LedgerHooks:
     requires_approval: Callable[[ToolCall], bool] | None = None
     #: Sync or async: an awaitable it returns is awaited.
     on_approval_required: Callable[[Effect], Awaitable[None] | None] | None = None
+    #: The approval policy's version (say, a git tag or a date): recorded on each
+    #: request and part of the intent hash a decision is bound to; an approved
+    #: effect claimed under another version goes back to a person. None: unversioned.
+    approval_policy_version: str | None = None
+    #: Called once per approval request, by the sweep (``ledger.sweep_approvals()``),
+    #: when ``escalate_after`` of the time to its deadline has passed and nobody has
+    #: decided: page someone else. Sync or async; its failure is logged, never raised.
+    on_approval_escalation: Callable[[Effect], Awaitable[None] | None] | None = None
+    #: The fraction (0 < f < 1) of a request's time to its deadline after which
+    #: ``on_approval_escalation`` fires.
+    escalate_after: float = 0.5
 
     def __post_init__(self) -> None:
-        for name in ("requires_approval", "on_approval_required"):
+        version = self.approval_policy_version
+        if version is not None and (not isinstance(version, str) or not version.strip()):
+            raise EffectLedgerValidationError(
+                f"approval_policy_version must be a non-empty string or None, got {version!r}",
+                field="approval_policy_version",
+            )
+        fraction = self.escalate_after
+        if type(fraction) not in (int, float) or not 0 < fraction < 1:
+            raise EffectLedgerValidationError(
+                f"escalate_after must be a number between 0 and 1 (exclusive), got {fraction!r}",
+                field="escalate_after",
+            )
+        for name in ("requires_approval", "on_approval_required", "on_approval_escalation"):
             hook = getattr(self, name)
             if hook is not None and not callable(hook):
                 raise EffectLedgerValidationError(
@@ -434,6 +479,10 @@ class ResolvedRunOptions:
     on_stale: OnStale = "take_over"
     #: Which handler failures a later call runs again; None: all are final.
     retryable: Retryable | None = None
+    #: Who the call runs for: an approval request's ``requested_by``; None: not said.
+    principal: str | None = None
+    #: How long a person has to decide, in ms from the request; None: no deadline.
+    approval_deadline_ms: int | None = None
 
 
 def _overlay(base: _Opt, top: _Opt) -> _Opt:
@@ -471,6 +520,12 @@ def merge_run_options(base: RunOptions, top: RunOptions | None) -> RunOptions:
         timeout_ms=base.timeout_ms if top.timeout_ms is UNSET else top.timeout_ms,
         on_stale=base.on_stale if top.on_stale is UNSET else top.on_stale,
         retryable=base.retryable if top.retryable is UNSET else top.retryable,
+        principal=base.principal if top.principal is UNSET else top.principal,
+        approval_deadline_ms=(
+            base.approval_deadline_ms
+            if top.approval_deadline_ms is UNSET
+            else top.approval_deadline_ms
+        ),
     )
 
 
@@ -527,4 +582,21 @@ def resolve(options: RunOptions) -> ResolvedRunOptions:
         timeout_ms=None if options.timeout_ms is UNSET else options.timeout_ms,
         on_stale="take_over" if options.on_stale is UNSET else options.on_stale,
         retryable=None if options.retryable is UNSET else options.retryable,
+        principal=None if options.principal is UNSET else options.principal,
+        approval_deadline_ms=(
+            None if options.approval_deadline_ms is UNSET else options.approval_deadline_ms
+        ),
     )
+
+
+def _check_principal(value: object) -> None:
+    if not isinstance(value, str) or not value.strip() or len(value) > _MAX_PRINCIPAL:
+        raise EffectLedgerValidationError(
+            f"principal must be a non-empty string of at most {_MAX_PRINCIPAL} characters "
+            f"(who the call runs for), got {value!r}",
+            field="principal",
+        )
+
+
+#: The longest principal a request records.
+_MAX_PRINCIPAL: Final = 255

@@ -32,6 +32,8 @@ from typing import Final
 
 import orjson
 
+from agent_ledger.approvals import DecisionAction
+from agent_ledger.deciding import decide_from_cli
 from agent_ledger.effects import Effect, JSONValue
 from agent_ledger.ledger import EffectLedger
 from agent_ledger.receipt import visible
@@ -187,16 +189,28 @@ async def _decide(
     attempt = effect.attempt
     if action == "approve":
         note = (await ask("note (optional, Enter for none): ")).strip() or None
-        moved = await ledger.approve(key, by=by, note=note, expected_attempt=attempt)
+        moved = await decide_from_cli(
+            ledger.store, key, DecisionAction.APPROVE, by=by, note=note, expected_attempt=attempt
+        )
     elif action == "resolve":
         result = await _ask_result(ask, say)
         note = (await ask("note (optional, Enter for none): ")).strip() or None
-        moved = await ledger.resolve(key, result=result, by=by, note=note, expected_attempt=attempt)
+        moved = await decide_from_cli(
+            ledger.store,
+            key,
+            DecisionAction.RESOLVE,
+            by=by,
+            note=note,
+            expected_attempt=attempt,
+            result=result,
+        )
     else:
         reason = ""
         while not reason:
             reason = (await ask("reason (required; the caller sees it): ")).strip()
-        moved = await ledger.deny(key, reason=reason, by=by, expected_attempt=attempt)
+        moved = await decide_from_cli(
+            ledger.store, key, DecisionAction.DENY, by=by, note=reason, expected_attempt=attempt
+        )
     if moved:
         if action == "approve":
             tally.approved += 1

@@ -141,7 +141,7 @@ async def test_a_scripted_scenario_is_counted_exactly(readings: Readings, worker
     assert refused.reason == "intent_mismatch"
 
     # Past its deadline: a decision is refused and the effect denied as expired.
-    await approval_store(store).note_request(
+    await approval_store(store).renew_request(
         wired.idem_key, requested_by="agent", policy_version=None, deadline_ms=60_000
     )
     clock.advance(ms=120_000)
@@ -290,7 +290,7 @@ async def test_pending_approvals_follow_the_store_on_every_path_in_and_out(
     assert await cancel_if_waiting(store, held.effect.idem_key, withdrawn, by="saga")
     await check()
     e = await _ask(ledger, ToolCall(workflow_id="w", tool="e"))
-    await approval_store(store).note_request(
+    await approval_store(store).renew_request(
         e.idem_key, requested_by=None, policy_version=None, deadline_ms=1
     )
     clock.advance(ms=1_000)

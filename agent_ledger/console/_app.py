@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import inspect
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 from urllib.parse import parse_qs
@@ -35,6 +36,7 @@ from agent_ledger.decisions import NO_RESULT
 from agent_ledger.effects import Effect, JSONValue
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores.base import EffectQuery, Store
+from agent_ledger.stores.saga_base import SagaRecord, SagaStep, SagaStore
 
 __all__ = ["create_app"]
 
@@ -321,8 +323,16 @@ class _Console:
             return self._unauthenticated()
         workflow_id = request.path_params["workflow_id"]
         effects = await self.store.list_effects(EffectQuery(workflow_id=workflow_id, limit=1000))
-        effects.sort(key=lambda e: (e.created_at, e.id))
-        return self._page("workflow", principal=principal, workflow_id=workflow_id, effects=effects)
+        saga, steps = None, []
+        if isinstance(self.store, SagaStore):
+            # A saga's id is its block's workflow id (ledger.saga).
+            saga = await self.store.get_saga(workflow_id)
+            if saga is not None:
+                steps = await self.store.saga_steps(workflow_id)
+        entries = timeline(effects, saga, steps)
+        return self._page(
+            "workflow", principal=principal, workflow_id=workflow_id, entries=entries, saga=saga
+        )
 
     async def link(self, request: Request) -> Response:
         token = request.path_params["token"]
@@ -449,3 +459,46 @@ def _history(effect: Effect) -> str:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEntry:
+    """One line of a workflow's timeline: an effect, a model call or a saga step."""
+
+    at: datetime
+    #: "effect", "model call" or "saga step".
+    kind: str
+    effect: Effect | None
+    step: SagaStep | None = None
+    #: A saga step's compensation effect, once it was recorded.
+    undo: Effect | None = None
+
+
+def timeline(
+    effects: Iterable[Effect], saga: SagaRecord | None, steps: Iterable[SagaStep]
+) -> list[TimelineEntry]:
+    """A workflow's effects (model calls: those with usage) and its saga's steps, in the
+    order they were recorded; a step's line shows its effect and its compensation's."""
+    by_key = {e.idem_key: e for e in effects}
+    steps = list(steps) if saga is not None else []
+    # A step's effect and its compensation's are shown on the step's line.
+    on_steps = {s.idem_key for s in steps} | {s.compensation_key for s in steps}
+    entries = [
+        TimelineEntry(e.created_at, "effect" if e.usage is None else "model call", e)
+        for e in by_key.values()
+        if e.idem_key not in on_steps
+    ]
+    if saga is not None:
+        entries.extend(
+            TimelineEntry(
+                step.created_at,
+                "saga step",
+                by_key.get(step.idem_key),
+                step,
+                None if step.compensation_key is None else by_key.get(step.compensation_key),
+            )
+            for step in steps
+        )
+    # A step is recorded before its effect: at equal times it comes first.
+    entries.sort(key=lambda e: (e.at, e.kind != "saga step", e.step.position if e.step else 0))
+    return entries

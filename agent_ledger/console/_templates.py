@@ -83,11 +83,16 @@ RECEIPT: Final = """{% extends "base" %}{% block title %}{{ effect.tool }}{% end
 
 WORKFLOW: Final = """{% extends "base" %}{% block title %}{{ workflow_id }}{% endblock %}
 {% block body %}<h1>Workflow {{ workflow_id }}</h1>
-{% if not effects %}<p>No effects recorded for this workflow.</p>{% else %}
-<table><thead><tr><th>When</th><th>Tool</th><th>Status</th><th>Usage</th></tr></thead><tbody>
-{% for e in effects %}<tr><td>{{ e.created_at.strftime('%H:%M:%S') }}</td>
+{% if saga %}<p>Saga: {{ saga.status.value }}{% if saga.error %} ({{ saga.error.message }}){% endif %}.</p>{% endif %}
+{% if not entries %}<p>No effects recorded for this workflow.</p>{% else %}
+<table><thead><tr><th>When</th><th>What</th><th>Tool</th><th>Status</th><th>Usage</th></tr></thead><tbody>
+{% for row in entries %}{% set e = row.effect %}<tr><td>{{ row.at.strftime('%H:%M:%S') }}</td>
+{% if row.step %}<td>saga step {{ row.step.position + 1 }}</td>
+<td>{% if e %}<a href="{{ root }}/effects/{{ e.idem_key }}">{{ row.step.tool }}</a>{% else %}{{ row.step.tool }}{% endif %}{% if row.step.compensation %}<br>undo: {% if row.undo %}<a href="{{ root }}/effects/{{ row.undo.idem_key }}">{{ row.step.compensation }}</a> ({{ row.undo.status.value }}){% else %}{{ row.step.compensation }} (not run){% endif %}{% endif %}</td>
+<td>{% if e %}{{ e.status.value }}{% else %}not recorded{% endif %}</td><td></td>
+{% else %}<td>{{ row.kind }}</td>
 <td><a href="{{ root }}/effects/{{ e.idem_key }}">{{ e.tool }}</a></td><td>{{ e.status.value }}</td>
-<td>{% if e.usage %}{{ e.usage.input_tokens }} in / {{ e.usage.output_tokens }} out{% if e.usage.cost_usd is not none %}, ${{ '%.4f' % e.usage.cost_usd }}{% endif %}{% endif %}</td></tr>
+<td>{% if e.usage %}{{ e.usage.input_tokens }} in / {{ e.usage.output_tokens }} out{% if e.usage.cost_usd is not none %}, ${{ '%.4f' % e.usage.cost_usd }}{% endif %}{% endif %}</td>{% endif %}</tr>
 {% endfor %}</tbody></table>{% endif %}{% endblock %}
 """
 

@@ -17,14 +17,17 @@ from typing import Any, TypeVar
 
 from agent_ledger.backoff import LOCK_WAIT_SLICE_MS
 from agent_ledger.codes import ErrorCode
-from agent_ledger.decisions import notify_approval_required
+from agent_ledger.deciding import approved_intent_differs, refuse_changed_intent
+from agent_ledger.decisions import ApprovalAsk, note_approval, notify_approval_required
 from agent_ledger.effects import Effect, EffectError
+from agent_ledger.engine.cancellation import carry_through
 from agent_ledger.engine.outcomes import TOO_MANY_TAKEOVERS, takeovers
 from agent_ledger.engine.ownership import own
 from agent_ledger.engine.preparing import Prepared
 from agent_ledger.engine.recording import Outcome, Recorder, lease_end
 from agent_ledger.engine.waiting import Acquired, Waiter
 from agent_ledger.errors import (
+    ApprovalIntentChangedError,
     ApprovalPendingError,
     EffectInFlightError,
     EffectLedgerInvariantError,
@@ -109,9 +112,16 @@ class Acquirer:
             if effect.status is not EffectStatus.REQUIRES_APPROVAL:
                 log_effect(logging.DEBUG, "effect created", effect)
                 return Acquired(effect, owned=True, fresh=True)
-            # Inserted waiting for a person, in the same atomic step.
+            # Inserted waiting for a person, in the same atomic step. Its request
+            # (who asked, policy version, deadline) is recorded by us, its creator,
+            # once; a renewal, since a purge leaves an older effect's request.
             approval_entered(effect)
             log_effect(logging.INFO, "effect requires approval", effect)
+            # Carried through: a caller cancelled here still leaves the request
+            # (and its deadline) recorded; only a process dying in between leaves none.
+            await carry_through(
+                note_approval(self._store, effect.idem_key, _ask(prepared), renew=True)
+            )
             await notify_approval_required(effect, prepared.hooks)
             return await self.wait(prepared, effect, tx, since=since)
         if effect.status.is_terminal:
@@ -329,6 +339,17 @@ class Acquirer:
             on_parked=functools.partial(notify_approval_required, hooks=prepared.hooks),
             since=since,
         )
+        if acquired.owned and acquired.effect.decided_at is not None:
+            claimed = acquired.effect
+            try:
+                recheck = await carry_through(self._approval_still_holds(prepared, claimed))
+            except BaseException:
+                # Cancelled (or failed) holding a claim no handler will use: give
+                # it back (fenced: a no-op once it went back to a person).
+                await carry_through(self._store.release(claimed.id, attempt=claimed.attempt))
+                raise
+            if recheck is not None:
+                return await self.wait(prepared, recheck, tx)
         limit = prepared.opts.max_takeovers
         claimed = acquired.effect
         if not acquired.owned or limit is None or takeovers(claimed) <= limit:
@@ -348,6 +369,35 @@ class Acquirer:
             # Someone decided meanwhile (a cancel): wait for where it ends.
             return await self.wait(prepared, stored or claimed, tx)
         return Acquired(stored, owned=False)
+
+    async def _approval_still_holds(self, prepared: Prepared, claimed: Effect) -> Effect | None:
+        """The approval of an effect we just claimed still binds what would run: None.
+
+        Otherwise (the intent its approval was bound to differs from the effect as
+        it would run: tool, workflow, args or the ledger's policy version) nothing
+        runs: the refusal goes into the decision audit trail (reason
+        ``intent_mismatch``), a new request is recorded under the running
+        ledger's policy, and the effect goes back to a person with the holder's
+        fenced release (``status.HOLD``); returns it as it now waits. Read only
+        for an effect someone decided (``decided_at``): a run nobody had to
+        approve pays nothing.
+        """
+        why = await approved_intent_differs(
+            self._store, claimed, prepared.hooks.approval_policy_version
+        )
+        if why is None:
+            return None
+        log_effect(logging.WARNING, f"approval refused at run: {why}", claimed)
+        await refuse_changed_intent(self._store, claimed, why)
+        await note_approval(self._store, claimed.idem_key, _ask(prepared), renew=True)
+        if not await self._store.release(claimed.id, attempt=claimed.attempt, for_approval=True):
+            raise EffectLedgerInvariantError(
+                f"effect {claimed.idem_key} was taken from its holder between its claim and "
+                "its release"
+            )
+        held = await self._store.get(claimed.id) or claimed
+        await notify_approval_required(held, prepared.hooks)
+        return held
 
     async def _claim_in_transaction(
         self, prepared: Prepared, effect: Effect, tx: object
@@ -369,6 +419,13 @@ class Acquirer:
             effect = outcome.effect
             if outcome.claimed:
                 log_effect(logging.INFO, f"claimed effect (attempt {effect.attempt})", effect)
+                why = await approved_intent_differs(
+                    self._store, effect, prepared.hooks.approval_policy_version, tx
+                )
+                if why is not None:
+                    # Nothing can be given back inside the caller's transaction: its
+                    # rollback undoes the claim; a call outside one re-requests.
+                    raise ApprovalIntentChangedError(effect, why)
                 return Acquired(effect, owned=True)
         if effect.status.is_terminal:
             return Acquired(effect, owned=False)
@@ -395,3 +452,9 @@ def _approval_in_transaction(new: NewEffect) -> EffectLedgerValidationError:
         "commits). Call run() without tx=, or request the approval in its own step.",
         field="tx",
     )
+
+
+def _ask(prepared: Prepared) -> ApprovalAsk:
+    """The approval request a prepared call makes (``RunOptions.principal``,
+    ``approval_deadline_ms``; ``LedgerHooks.approval_policy_version``)."""
+    return ApprovalAsk.of(prepared.opts, prepared.hooks)

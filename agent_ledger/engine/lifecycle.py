@@ -100,6 +100,7 @@ class Engine:
         # tests can run them on a ManualClock without sleeping.
         self._retrier = Retrier(self._store, self._recorder, options.clock, options.sleep)
         self.prepare = self._preparer.prepare
+        self.run_options = self._preparer.run_options
         self.approval_policy = self._preparer.approval_policy
         self.idem_key = self._preparer.idem_key
 

@@ -8,7 +8,8 @@ settles and records in one turn of the event loop.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from dataclasses import replace
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from agent_ledger.approvals import (
@@ -18,7 +19,7 @@ from agent_ledger.approvals import (
     NewDecisionAttempt,
     UsedLink,
 )
-from agent_ledger.codes import DecisionCode
+from agent_ledger.codes import DecisionCode, ErrorCode
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores.approval_base import DecideOutcome, DecideRequest
@@ -35,6 +36,7 @@ class MemoryApprovals:
     if TYPE_CHECKING:
         _clock: Clock
         _gate: TransactionGate[Any]
+        _rows: dict[str, Any]
 
         async def settle(
             self,
@@ -75,7 +77,24 @@ class MemoryApprovals:
         self._requests[idem_key] = request
         return request
 
-    async def approval_request(self, idem_key: str) -> ApprovalRequest | None:
+    async def renew_request(
+        self,
+        idem_key: str,
+        *,
+        requested_by: str | None,
+        policy_version: str | None,
+        deadline_ms: int | None,
+    ) -> ApprovalRequest:
+        await self._approval_turn()
+        now = self._clock()
+        deadline = None if deadline_ms is None else now + timedelta(milliseconds=deadline_ms)
+        request = ApprovalRequest(idem_key, requested_by, policy_version, deadline, None, now)
+        self._requests[idem_key] = request
+        return request
+
+    async def approval_request(
+        self, idem_key: str, *, tx: object | None = None
+    ) -> ApprovalRequest | None:
         return self._requests.get(idem_key)
 
     async def decide(self, request: DecideRequest) -> DecideOutcome:
@@ -126,7 +145,7 @@ class MemoryApprovals:
         self._append(attempt, outcome, reason)
 
     async def decision_attempts(
-        self, idem_key: str | None = None, *, limit: int = 1000
+        self, idem_key: str | None = None, *, limit: int = 1000, tx: object | None = None
     ) -> list[DecisionAttempt]:
         rows = [a for a in self._attempts if idem_key is None or a.idem_key == idem_key]
         return rows[:limit]
@@ -134,7 +153,40 @@ class MemoryApprovals:
     async def overdue_approvals(self, *, limit: int = 500) -> list[ApprovalRequest]:
         now = self._clock()
         due = [
-            r for r in self._requests.values() if r.deadline_at is not None and r.deadline_at <= now
+            r
+            for r in self._requests.values()
+            if r.deadline_at is not None and r.deadline_at <= now and self._awaits_approval(r)
         ]
         due.sort(key=lambda r: (r.deadline_at, r.idem_key))
         return due[:limit]
+
+    async def escalations_due(self, *, fraction: float, limit: int = 500) -> list[ApprovalRequest]:
+        now = self._clock()
+        due = [
+            r
+            for r in self._requests.values()
+            if r.deadline_at is not None
+            and r.escalated_at is None
+            and now < r.deadline_at
+            and r.created_at + (r.deadline_at - r.created_at) * fraction <= now
+            and self._awaits_approval(r)
+        ]
+        due.sort(key=lambda r: (r.deadline_at, r.idem_key))
+        return due[:limit]
+
+    async def mark_escalated(self, idem_key: str, *, created_at: datetime) -> bool:
+        await self._approval_turn()
+        found = self._requests.get(idem_key)
+        if found is None or found.escalated_at is not None or found.created_at != created_at:
+            return False
+        self._requests[idem_key] = replace(found, escalated_at=self._clock())
+        return True
+
+    def _awaits_approval(self, request: ApprovalRequest) -> bool:
+        """Its effect waits for an approval (``requires_approval``, not parked)."""
+        row = self._rows.get(request.idem_key)
+        return (
+            row is not None
+            and row.status is EffectStatus.REQUIRES_APPROVAL
+            and (row.error is None or row.error.code != ErrorCode.AMBIGUOUS_ATTEMPT)
+        )

@@ -9,6 +9,7 @@ Statements are in ``_mysql_queries``.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from agent_ledger.approvals import (
@@ -17,8 +18,9 @@ from agent_ledger.approvals import (
     DecisionOutcome,
     NewDecisionAttempt,
 )
-from agent_ledger.codes import DecisionCode
+from agent_ledger.codes import DecisionCode, ErrorCode
 from agent_ledger.effects import Effect
+from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _mysql_queries as q
 from agent_ledger.stores._mysql_tables import Cursor, MySQLTables, insert_new, stored, utc
 from agent_ledger.stores._params import Dialect, settle_params
@@ -35,6 +37,13 @@ if TYPE_CHECKING:
 
 #: ``decide``'s answer when the link had already decided.
 _LINK_USED: Final = "link used"
+
+
+#: The parameters naming an effect that waits for an approval (not parked).
+_WAITING: Final = {
+    "waiting": EffectStatus.REQUIRES_APPROVAL.value,
+    "ambiguous": ErrorCode.AMBIGUOUS_ATTEMPT.value,
+}
 
 
 class MySQLApprovals(MySQLTables):
@@ -74,13 +83,37 @@ class MySQLApprovals(MySQLTables):
 
         return await self._run("note_request", work, None, atomic=True, idem_key=idem_key)
 
-    async def approval_request(self, idem_key: str) -> ApprovalRequest | None:
+    async def renew_request(
+        self,
+        idem_key: str,
+        *,
+        requested_by: str | None,
+        policy_version: str | None,
+        deadline_ms: int | None,
+    ) -> ApprovalRequest:
+        params: dict[str, object] = {
+            "idem_key": idem_key,
+            "requested_by": requested_by,
+            "policy_version": policy_version,
+            "deadline_ms": deadline_ms,
+        }
+
+        async def work(cur: Cursor) -> ApprovalRequest:
+            await cur.execute(q.APPROVAL_RENEW, params)
+            await cur.execute(q.APPROVAL_GET, params)
+            return request_from_row(await cur.fetchone(), utc)
+
+        return await self._run("renew_request", work, None, atomic=True, idem_key=idem_key)
+
+    async def approval_request(
+        self, idem_key: str, *, tx: object | None = None
+    ) -> ApprovalRequest | None:
         async def work(cur: Cursor) -> ApprovalRequest | None:
             await cur.execute(q.APPROVAL_GET, {"idem_key": idem_key})
             row = await cur.fetchone()
             return None if row is None else request_from_row(row, utc)
 
-        return await self._run("approval_request", work, None, atomic=False)
+        return await self._run("approval_request", work, tx, atomic=False)
 
     async def decide(self, request: DecideRequest) -> DecideOutcome:
         key = request.idem_key
@@ -145,7 +178,7 @@ class MySQLApprovals(MySQLTables):
         await self._run("record_attempt", work, None, atomic=False, idem_key=attempt.idem_key)
 
     async def decision_attempts(
-        self, idem_key: str | None = None, *, limit: int = 1000
+        self, idem_key: str | None = None, *, limit: int = 1000, tx: object | None = None
     ) -> list[DecisionAttempt]:
         async def work(cur: Cursor) -> list[DecisionAttempt]:
             if idem_key is None:
@@ -154,11 +187,27 @@ class MySQLApprovals(MySQLTables):
                 await cur.execute(q.ATTEMPTS_OF, {"idem_key": idem_key, "limit": limit})
             return [attempt_from_row(row, utc) for row in await cur.fetchall()]
 
-        return await self._run("decision_attempts", work, None, atomic=False)
+        return await self._run("decision_attempts", work, tx, atomic=False)
 
     async def overdue_approvals(self, *, limit: int = 500) -> list[ApprovalRequest]:
         async def work(cur: Cursor) -> list[ApprovalRequest]:
-            await cur.execute(q.APPROVALS_OVERDUE, {"limit": limit})
+            await cur.execute(q.APPROVALS_OVERDUE, {"limit": limit} | _WAITING)
             return [request_from_row(row, utc) for row in await cur.fetchall()]
 
         return await self._run("overdue_approvals", work, None, atomic=False)
+
+    async def escalations_due(self, *, fraction: float, limit: int = 500) -> list[ApprovalRequest]:
+        async def work(cur: Cursor) -> list[ApprovalRequest]:
+            params = {"fraction": fraction, "limit": limit} | _WAITING
+            await cur.execute(q.ESCALATIONS_DUE, params)
+            return [request_from_row(row, utc) for row in await cur.fetchall()]
+
+        return await self._run("escalations_due", work, None, atomic=False)
+
+    async def mark_escalated(self, idem_key: str, *, created_at: datetime) -> bool:
+        params = {"idem_key": idem_key, "created_at": stored(created_at)}
+
+        async def work(cur: Cursor) -> bool:
+            return bool(await cur.execute(q.ESCALATION_MARK, params) == 1)
+
+        return await self._run("mark_escalated", work, None, atomic=False, idem_key=idem_key)

@@ -652,10 +652,44 @@ APPROVAL_INSERT: Final = (
 APPROVAL_GET: Final = (
     "SELECT " + _REQUEST_COLUMNS + " FROM agent_ledger_approvals WHERE idem_key = %(idem_key)s"
 )
+# renew_request: a new request replaces the old (asker, policy, deadline from
+# now; not escalated yet).
+APPROVAL_RENEW: Final = (
+    "INSERT INTO agent_ledger_approvals"
+    " (idem_key, requested_by, policy_version, deadline_at, created_at)"
+    " VALUES (%(idem_key)s, %(requested_by)s, %(policy_version)s,"
+    " IF(%(deadline_ms)s IS NULL, NULL,"
+    " UTC_TIMESTAMP(6) + INTERVAL %(deadline_ms)s * 1000 MICROSECOND), UTC_TIMESTAMP(6))"
+    " ON DUPLICATE KEY UPDATE requested_by = VALUES(requested_by),"
+    " policy_version = VALUES(policy_version), deadline_at = VALUES(deadline_at),"
+    " escalated_at = NULL, created_at = VALUES(created_at)"
+)
+_A_REQUEST_COLUMNS: Final = (
+    "a.idem_key, a.requested_by, a.policy_version, a.deadline_at, a.escalated_at, a.created_at"
+)
+# The requests whose effect still waits for an approval (not parked: an
+# ambiguous attempt is never denied by a clock).
+_WAITING_REQUESTS: Final = (
+    " FROM agent_ledger_approvals AS a JOIN agent_ledger_effects AS e"
+    " ON e.idem_key = a.idem_key WHERE e.status = %(waiting)s"
+    " AND NOT (e.error_code <=> %(ambiguous)s) AND a.deadline_at IS NOT NULL"
+)
 APPROVALS_OVERDUE: Final = (
-    "SELECT " + _REQUEST_COLUMNS + " FROM agent_ledger_approvals"
-    " WHERE deadline_at IS NOT NULL AND deadline_at <= UTC_TIMESTAMP(6)"
-    " ORDER BY deadline_at, idem_key LIMIT %(limit)s"
+    "SELECT " + _A_REQUEST_COLUMNS + _WAITING_REQUESTS + " AND a.deadline_at <= UTC_TIMESTAMP(6)"
+    " ORDER BY a.deadline_at, a.idem_key LIMIT %(limit)s"
+)
+# escalations_due: not escalated, deadline ahead, ``fraction`` of the wait used.
+ESCALATIONS_DUE: Final = (
+    "SELECT " + _A_REQUEST_COLUMNS + _WAITING_REQUESTS + " AND a.escalated_at IS NULL"
+    " AND a.deadline_at > UTC_TIMESTAMP(6)"
+    " AND a.created_at + INTERVAL FLOOR(TIMESTAMPDIFF(MICROSECOND, a.created_at,"
+    " a.deadline_at) * %(fraction)s) MICROSECOND <= UTC_TIMESTAMP(6)"
+    " ORDER BY a.deadline_at, a.idem_key LIMIT %(limit)s"
+)
+# mark_escalated: once per request (its created_at names it).
+ESCALATION_MARK: Final = (
+    "UPDATE agent_ledger_approvals SET escalated_at = UTC_TIMESTAMP(6)"
+    " WHERE idem_key = %(idem_key)s AND escalated_at IS NULL AND created_at = %(created_at)s"
 )
 # decide: the nonce's insert comes first; the primary key says whether this
 # link already decided (or a concurrent use of it holds the key: this one waits,

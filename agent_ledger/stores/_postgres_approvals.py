@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from psycopg import sql
@@ -22,9 +23,10 @@ from agent_ledger.approvals import (
     DecisionOutcome,
     NewDecisionAttempt,
 )
-from agent_ledger.codes import DecisionCode
+from agent_ledger.codes import DecisionCode, ErrorCode
 from agent_ledger.effects import Effect
 from agent_ledger.errors import EffectLedgerPermissionError
+from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _postgres_queries as q
 from agent_ledger.stores._params import Dialect, settle_params
 from agent_ledger.stores._postgres_tables import Connection, PostgresTables, utc
@@ -44,6 +46,14 @@ if TYPE_CHECKING:
 APPROVALS_TABLE: Final = "agent_ledger_approvals"
 ATTEMPTS_TABLE: Final = "agent_ledger_decision_attempts"
 LINKS_TABLE: Final = "agent_ledger_used_links"
+_EFFECTS_TABLE: Final = "agent_ledger_effects"
+
+
+#: The parameters naming an effect that waits for an approval (not parked).
+_WAITING: Final = {
+    "waiting": EffectStatus.REQUIRES_APPROVAL.value,
+    "ambiguous": ErrorCode.AMBIGUOUS_ATTEMPT.value,
+}
 
 
 #: The role set's refusals of a decision, as recorded in the audit trail.
@@ -73,6 +83,7 @@ class PostgresApprovals(PostgresTables):
             approvals=sql.Identifier(self.schema, APPROVALS_TABLE),
             attempts=sql.Identifier(self.schema, ATTEMPTS_TABLE),
             links=sql.Identifier(self.schema, LINKS_TABLE),
+            effects=sql.Identifier(self.schema, _EFFECTS_TABLE),
         )
 
     async def _rows(
@@ -103,8 +114,27 @@ class PostgresApprovals(PostgresTables):
         (row,) = await self._rows("note_request", q.APPROVAL_NOTE, params)
         return request_from_row(row, utc)
 
-    async def approval_request(self, idem_key: str) -> ApprovalRequest | None:
-        rows = await self._rows("approval_request", q.APPROVAL_GET, {"idem_key": idem_key})
+    async def renew_request(
+        self,
+        idem_key: str,
+        *,
+        requested_by: str | None,
+        policy_version: str | None,
+        deadline_ms: int | None,
+    ) -> ApprovalRequest:
+        params = {
+            "idem_key": idem_key,
+            "requested_by": requested_by,
+            "policy_version": policy_version,
+            "deadline_ms": deadline_ms,
+        }
+        (row,) = await self._rows("renew_request", q.APPROVAL_RENEW, params)
+        return request_from_row(row, utc)
+
+    async def approval_request(
+        self, idem_key: str, *, tx: object | None = None
+    ) -> ApprovalRequest | None:
+        rows = await self._rows("approval_request", q.APPROVAL_GET, {"idem_key": idem_key}, tx)
         return request_from_row(rows[0], utc) if rows else None
 
     async def decide(self, request: DecideRequest) -> DecideOutcome:
@@ -182,15 +212,31 @@ class PostgresApprovals(PostgresTables):
         )
 
     async def decision_attempts(
-        self, idem_key: str | None = None, *, limit: int = 1000
+        self, idem_key: str | None = None, *, limit: int = 1000, tx: object | None = None
     ) -> list[DecisionAttempt]:
         if idem_key is None:
-            rows = await self._rows("decision_attempts", q.ATTEMPTS_ALL, {"limit": limit})
+            rows = await self._rows("decision_attempts", q.ATTEMPTS_ALL, {"limit": limit}, tx)
         else:
             params = {"idem_key": idem_key, "limit": limit}
-            rows = await self._rows("decision_attempts", q.ATTEMPTS_OF, params)
+            rows = await self._rows("decision_attempts", q.ATTEMPTS_OF, params, tx)
         return [attempt_from_row(row, utc) for row in rows]
 
     async def overdue_approvals(self, *, limit: int = 500) -> list[ApprovalRequest]:
-        rows = await self._rows("overdue_approvals", q.APPROVALS_OVERDUE, {"limit": limit})
+        params = {"limit": limit} | _WAITING
+        rows = await self._rows("overdue_approvals", q.APPROVALS_OVERDUE, params)
         return [request_from_row(row, utc) for row in rows]
+
+    async def escalations_due(self, *, fraction: float, limit: int = 500) -> list[ApprovalRequest]:
+        params = {"fraction": fraction, "limit": limit} | _WAITING
+        rows = await self._rows("escalations_due", q.ESCALATIONS_DUE, params)
+        return [request_from_row(row, utc) for row in rows]
+
+    async def mark_escalated(self, idem_key: str, *, created_at: datetime) -> bool:
+        query = self._approval_sql(q.ESCALATION_MARK)
+        params = {"idem_key": idem_key, "created_at": created_at}
+
+        async def work(conn: Connection) -> bool:
+            cursor = await conn.execute(query, params)
+            return cursor.rowcount == 1
+
+        return await self._statement("mark_escalated", work, None)

@@ -791,10 +791,43 @@ APPROVAL_NOTE: Final[LiteralString] = (
 APPROVAL_GET: Final[LiteralString] = (
     "SELECT " + _REQUEST_COLUMNS + " FROM {approvals} WHERE idem_key = %(idem_key)s"
 )
+# renew_request: a new request replaces the old (asker, policy, deadline from
+# now; not escalated yet).
+APPROVAL_RENEW: Final[LiteralString] = (
+    "INSERT INTO {approvals} (idem_key, requested_by, policy_version, deadline_at)"
+    " VALUES (%(idem_key)s, %(requested_by)s, %(policy_version)s,"
+    " clock_timestamp() + %(deadline_ms)s::bigint * interval '1 millisecond')"
+    " ON CONFLICT (idem_key) DO UPDATE SET requested_by = EXCLUDED.requested_by,"
+    " policy_version = EXCLUDED.policy_version, deadline_at = EXCLUDED.deadline_at,"
+    " escalated_at = NULL, created_at = clock_timestamp()"
+    " RETURNING " + _REQUEST_COLUMNS
+)
+_A_REQUEST_COLUMNS: Final[LiteralString] = (
+    "a.idem_key, a.requested_by, a.policy_version, a.deadline_at, a.escalated_at, a.created_at"
+)
+# The requests whose effect still waits for an approval (not parked: an
+# ambiguous attempt is never denied by a clock).
+_WAITING_REQUESTS: Final[LiteralString] = (
+    " FROM {approvals} AS a JOIN {effects} AS e ON e.idem_key = a.idem_key"
+    " WHERE e.status = %(waiting)s"
+    " AND (e.error->>'code') IS DISTINCT FROM %(ambiguous)s AND a.deadline_at IS NOT NULL"
+)
 APPROVALS_OVERDUE: Final[LiteralString] = (
-    "SELECT " + _REQUEST_COLUMNS + " FROM {approvals}"
-    " WHERE deadline_at IS NOT NULL AND deadline_at <= clock_timestamp()"
-    " ORDER BY deadline_at, idem_key LIMIT %(limit)s"
+    "SELECT " + _A_REQUEST_COLUMNS + _WAITING_REQUESTS + " AND a.deadline_at <= clock_timestamp()"
+    " ORDER BY a.deadline_at, a.idem_key LIMIT %(limit)s"
+)
+# escalations_due: not escalated, deadline ahead, ``fraction`` of the wait used.
+ESCALATIONS_DUE: Final[LiteralString] = (
+    "SELECT " + _A_REQUEST_COLUMNS + _WAITING_REQUESTS + " AND a.escalated_at IS NULL"
+    " AND a.deadline_at > clock_timestamp()"
+    " AND a.created_at + (a.deadline_at - a.created_at) * %(fraction)s::float8"
+    " <= clock_timestamp()"
+    " ORDER BY a.deadline_at, a.idem_key LIMIT %(limit)s"
+)
+# mark_escalated: once per request (its created_at names it).
+ESCALATION_MARK: Final[LiteralString] = (
+    "UPDATE {approvals} SET escalated_at = clock_timestamp()"
+    " WHERE idem_key = %(idem_key)s AND escalated_at IS NULL AND created_at = %(created_at)s"
 )
 # decide, first statement: consume the link's nonce. A concurrent decide with
 # the same nonce waits on the primary key until this transaction ends, then

@@ -9,6 +9,7 @@ Statements are in ``_sqlite_queries``.
 from __future__ import annotations
 
 import sqlite3
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from agent_ledger.approvals import (
@@ -17,8 +18,9 @@ from agent_ledger.approvals import (
     DecisionOutcome,
     NewDecisionAttempt,
 )
-from agent_ledger.codes import DecisionCode
+from agent_ledger.codes import DecisionCode, ErrorCode
 from agent_ledger.effects import Effect
+from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _sqlite_queries as q
 from agent_ledger.stores._params import Dialect, settle_params
 from agent_ledger.stores._sqlite_tables import SqliteTables, from_us, to_us
@@ -36,6 +38,13 @@ if TYPE_CHECKING:
 
 #: ``decide``'s answer when the link had already decided.
 _LINK_USED: Final = "link used"
+
+
+#: The parameters naming an effect that waits for an approval (not parked).
+_WAITING: Final = {
+    "waiting": EffectStatus.REQUIRES_APPROVAL.value,
+    "ambiguous": ErrorCode.AMBIGUOUS_ATTEMPT.value,
+}
 
 
 class SqliteApprovals(SqliteTables):
@@ -71,14 +80,38 @@ class SqliteApprovals(SqliteTables):
 
         return await self._run("note_request", work, None, write=True, idem_key=idem_key)
 
-    async def approval_request(self, idem_key: str) -> ApprovalRequest | None:
+    async def renew_request(
+        self,
+        idem_key: str,
+        *,
+        requested_by: str | None,
+        policy_version: str | None,
+        deadline_ms: int | None,
+    ) -> ApprovalRequest:
         await self._enter(None)
+        params = {
+            "idem_key": idem_key,
+            "requested_by": requested_by,
+            "policy_version": policy_version,
+            "deadline_ms": deadline_ms,
+        }
+
+        def work(conn: sqlite3.Connection, now: int) -> ApprovalRequest:
+            conn.execute(q.APPROVAL_RENEW, params | {"now": now})
+            return request_from_row(conn.execute(q.APPROVAL_GET, (idem_key,)).fetchone(), from_us)
+
+        return await self._run("renew_request", work, None, write=True, idem_key=idem_key)
+
+    async def approval_request(
+        self, idem_key: str, *, tx: object | None = None
+    ) -> ApprovalRequest | None:
+        await self._enter(tx)
 
         def work(conn: sqlite3.Connection, now: int) -> ApprovalRequest | None:
             row = conn.execute(q.APPROVAL_GET, (idem_key,)).fetchone()
             return None if row is None else request_from_row(row, from_us)
 
-        return await self._run("approval_request", work, None, write=False, idem_key=idem_key)
+        return await self._run("approval_request", work, tx, write=False, idem_key=idem_key)
 
     async def decide(self, request: DecideRequest) -> DecideOutcome:
         await self._enter(None)
@@ -139,9 +172,9 @@ class SqliteApprovals(SqliteTables):
         await self._run("record_attempt", work, None, write=True, idem_key=attempt.idem_key)
 
     async def decision_attempts(
-        self, idem_key: str | None = None, *, limit: int = 1000
+        self, idem_key: str | None = None, *, limit: int = 1000, tx: object | None = None
     ) -> list[DecisionAttempt]:
-        await self._enter(None)
+        await self._enter(tx)
 
         def work(conn: sqlite3.Connection, now: int) -> list[DecisionAttempt]:
             if idem_key is None:
@@ -151,13 +184,33 @@ class SqliteApprovals(SqliteTables):
                 rows = conn.execute(q.ATTEMPTS_OF, params).fetchall()
             return [attempt_from_row(row, from_us) for row in rows]
 
-        return await self._run("decision_attempts", work, None, write=False)
+        return await self._run("decision_attempts", work, tx, write=False)
 
     async def overdue_approvals(self, *, limit: int = 500) -> list[ApprovalRequest]:
         await self._enter(None)
 
         def work(conn: sqlite3.Connection, now: int) -> list[ApprovalRequest]:
-            rows = conn.execute(q.APPROVALS_OVERDUE, {"now": now, "limit": limit}).fetchall()
+            params = {"now": now, "limit": limit} | _WAITING
+            rows = conn.execute(q.APPROVALS_OVERDUE, params).fetchall()
             return [request_from_row(row, from_us) for row in rows]
 
         return await self._run("overdue_approvals", work, None, write=False)
+
+    async def escalations_due(self, *, fraction: float, limit: int = 500) -> list[ApprovalRequest]:
+        await self._enter(None)
+
+        def work(conn: sqlite3.Connection, now: int) -> list[ApprovalRequest]:
+            params = {"now": now, "fraction": fraction, "limit": limit} | _WAITING
+            rows = conn.execute(q.ESCALATIONS_DUE, params).fetchall()
+            return [request_from_row(row, from_us) for row in rows]
+
+        return await self._run("escalations_due", work, None, write=False)
+
+    async def mark_escalated(self, idem_key: str, *, created_at: datetime) -> bool:
+        await self._enter(None)
+        params = {"idem_key": idem_key, "created": to_us(created_at)}
+
+        def work(conn: sqlite3.Connection, now: int) -> bool:
+            return conn.execute(q.ESCALATION_MARK, params | {"now": now}).rowcount == 1
+
+        return await self._run("mark_escalated", work, None, write=True, idem_key=idem_key)

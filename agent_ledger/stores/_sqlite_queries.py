@@ -548,10 +548,43 @@ APPROVAL_GET: Final = (
     "SELECT " + _REQUEST_COLUMNS + " FROM agent_ledger_approvals WHERE idem_key = ?"
 )
 # overdue_approvals: deadlines passed by the store's clock, the oldest first.
+# renew_request: a new request replaces the old (asker, policy, deadline from
+# now; not escalated yet).
+APPROVAL_RENEW: Final = (
+    "INSERT INTO agent_ledger_approvals"
+    " (idem_key, requested_by, policy_version, deadline_us, created_us)"
+    " VALUES (:idem_key, :requested_by, :policy_version,"
+    " CASE WHEN :deadline_ms IS NULL THEN NULL ELSE :now + :deadline_ms * 1000 END, :now)"
+    " ON CONFLICT (idem_key) DO UPDATE SET requested_by = excluded.requested_by,"
+    " policy_version = excluded.policy_version, deadline_us = excluded.deadline_us,"
+    " escalated_us = NULL, created_us = excluded.created_us"
+)
+_A_REQUEST_COLUMNS: Final = (
+    "a.idem_key, a.requested_by, a.policy_version, a.deadline_us, a.escalated_us, a.created_us"
+)
+# The requests whose effect still waits for an approval (not parked: an
+# ambiguous attempt is never denied by a clock).
+_WAITING_REQUESTS: Final = (
+    " FROM agent_ledger_approvals AS a JOIN agent_ledger_effects AS e"
+    " ON e.idem_key = a.idem_key WHERE e.status = :waiting"
+    " AND e.error_code IS NOT :ambiguous AND a.deadline_us IS NOT NULL"
+)
+# overdue_approvals: deadlines passed by the store's clock, the oldest first.
 APPROVALS_OVERDUE: Final = (
-    "SELECT " + _REQUEST_COLUMNS + " FROM agent_ledger_approvals"
-    " WHERE deadline_us IS NOT NULL AND deadline_us <= :now"
-    " ORDER BY deadline_us, idem_key LIMIT :limit"
+    "SELECT " + _A_REQUEST_COLUMNS + _WAITING_REQUESTS + " AND a.deadline_us <= :now"
+    " ORDER BY a.deadline_us, a.idem_key LIMIT :limit"
+)
+# escalations_due: not escalated, deadline ahead, ``fraction`` of the wait used.
+ESCALATIONS_DUE: Final = (
+    "SELECT " + _A_REQUEST_COLUMNS + _WAITING_REQUESTS + " AND a.escalated_us IS NULL"
+    " AND a.deadline_us > :now"
+    " AND a.created_us + CAST((a.deadline_us - a.created_us) * :fraction AS INTEGER) <= :now"
+    " ORDER BY a.deadline_us, a.idem_key LIMIT :limit"
+)
+# mark_escalated: once per request (its created_us names it).
+ESCALATION_MARK: Final = (
+    "UPDATE agent_ledger_approvals SET escalated_us = :now"
+    " WHERE idem_key = :idem_key AND escalated_us IS NULL AND created_us = :created"
 )
 # decide: has this link already decided? (Read under the write lock, so the
 # check and the insert below see no other writer in between.)

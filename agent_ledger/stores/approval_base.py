@@ -20,6 +20,7 @@ the reads.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from agent_ledger.approvals import (
@@ -95,8 +96,29 @@ class ApprovalStore(Protocol):
         """
         ...
 
-    async def approval_request(self, idem_key: str) -> ApprovalRequest | None:
-        """The request recorded for ``idem_key``, or None."""
+    async def renew_request(
+        self,
+        idem_key: str,
+        *,
+        requested_by: str | None,
+        policy_version: str | None,
+        deadline_ms: int | None,
+    ) -> ApprovalRequest:
+        """Record a new request for ``idem_key``, replacing any earlier one.
+
+        For an effect that goes back to a person after it left
+        ``requires_approval`` (an approval taken back, a holder's own step,
+        an approval refused at run time because the intent changed): the
+        new asker, policy version and deadline (from now, by the store's
+        clock) replace the old, ``escalated_at`` is cleared and
+        ``created_at`` is now. One statement (upsert). Returns the row.
+        """
+        ...
+
+    async def approval_request(
+        self, idem_key: str, *, tx: object | None = None
+    ) -> ApprovalRequest | None:
+        """The request recorded for ``idem_key``, or None (inside ``tx`` when given)."""
         ...
 
     async def decide(self, request: DecideRequest) -> DecideOutcome:
@@ -122,14 +144,31 @@ class ApprovalStore(Protocol):
         ...
 
     async def decision_attempts(
-        self, idem_key: str | None = None, *, limit: int = 1000
+        self, idem_key: str | None = None, *, limit: int = 1000, tx: object | None = None
     ) -> list[DecisionAttempt]:
-        """The audit trail, oldest first: ``idem_key``'s attempts, or every effect's."""
+        """The audit trail, oldest first: ``idem_key``'s attempts, or every effect's
+        (inside ``tx`` when given: a run claiming an approved effect in a caller's
+        transaction reads it there)."""
         ...
 
     async def overdue_approvals(self, *, limit: int = 500) -> list[ApprovalRequest]:
-        """Requests whose deadline has passed by the store's clock, oldest deadline first
-        (the effect may have been decided meanwhile: the caller checks)."""
+        """Requests whose deadline has passed by the store's clock and whose effect
+        still waits for an approval (``requires_approval``, not parked), oldest
+        deadline first. Read, then acted on: the effect may be decided
+        meanwhile, so the caller's settle is a compare-and-set."""
+        ...
+
+    async def escalations_due(self, *, fraction: float, limit: int = 500) -> list[ApprovalRequest]:
+        """Requests not yet escalated, whose effect still waits for an approval,
+        and which have used ``fraction`` (0 < fraction < 1) of the time from
+        ``created_at`` to ``deadline_at`` by the store's clock (deadline not
+        yet passed), oldest deadline first."""
+        ...
+
+    async def mark_escalated(self, idem_key: str, *, created_at: datetime) -> bool:
+        """Stamp ``escalated_at`` on the request made at ``created_at``, unless it is
+        stamped already (or was renewed since); True if this call stamped it.
+        One compare-and-set: of any number of sweepers exactly one gets True."""
         ...
 
 

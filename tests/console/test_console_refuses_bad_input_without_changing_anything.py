@@ -217,7 +217,9 @@ async def test_a_note_over_the_limit_is_400_and_audited_without_it(ledger: Effec
         note="n" * MAX_NOTE_CHARS,
     )
     assert done.accepted and done.effect is not None
-    assert done.effect.decision_note == "n" * MAX_NOTE_CHARS
+    # A denial's note is its reason: the error every caller is told.
+    assert done.effect.error is not None
+    assert done.effect.error.message == "n" * MAX_NOTE_CHARS
 
 
 async def test_a_link_may_not_resolve(ledger: EffectLedger) -> None:
@@ -260,7 +262,7 @@ async def test_separation_of_duty_ignores_the_case_of_a_name(
     ledger: EffectLedger, asker: str
 ) -> None:
     effect = await _park(ledger)
-    await approval_store(ledger.store).note_request(
+    await approval_store(ledger.store).renew_request(
         effect.idem_key, requested_by=asker, policy_version=None, deadline_ms=None
     )
     refused = await decide(

@@ -211,7 +211,7 @@ async def test_a_decision_that_does_not_apply_consumes_no_link(harness: StoreHar
 
 async def test_separation_of_duty_refuses_the_requester(harness: StoreHarness) -> None:
     store, effect = await _pending(harness)
-    await approval_store(store).note_request(
+    await approval_store(store).renew_request(
         effect.idem_key, requested_by="agent-7", policy_version=None, deadline_ms=None
     )
     shown = effect_intent(effect, None)
@@ -240,7 +240,8 @@ async def test_separation_of_duty_refuses_the_requester(harness: StoreHarness) -
 async def test_past_its_deadline_an_approval_is_denied_as_expired(harness: StoreHarness) -> None:
     store, effect = await _pending(harness)
     approvals = approval_store(store)
-    first = await approvals.note_request(
+    # run() recorded the request (no deadline); a new one replaces it.
+    first = await approvals.renew_request(
         effect.idem_key, requested_by="w", policy_version=None, deadline_ms=0
     )
     again = await approvals.note_request(

@@ -319,7 +319,7 @@ async def test_with_separation_of_duty_the_asker_cannot_approve_from_slack(
     ledger = EffectLedger(EffectLedgerOptions(store=SqliteStore(tmp_path / "ledger.db")))
     async with world(ledger, separation_of_duty=True) as here:
         effect = await _park(here)
-        await approval_store(ledger.store).note_request(
+        await approval_store(ledger.store).renew_request(
             effect.idem_key, requested_by="alice", policy_version=None, deadline_ms=None
         )
         message = await _post(here, effect)

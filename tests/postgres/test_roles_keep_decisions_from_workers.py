@@ -34,7 +34,7 @@ from agent_ledger.errors import EffectLedgerPermissionError
 from agent_ledger.stores.base import Held
 from agent_ledger.stores.postgres import PostgresStore
 from agent_ledger.testing import build_ledger
-from tests.postgres.roles_world import RoleWorld, role_world
+from tests.postgres.roles_world import DSN, RoleWorld, role_world
 
 PAY = ToolCall(workflow_id="wf-roles", tool="payments.send", args={"to": "acme", "cents": 9_900})
 GATED = RunOptions(requires_approval=True, wait_for_approval=False)
@@ -334,7 +334,10 @@ async def test_separation_of_duty_refuses_the_requesters_own_decision() -> None:
                 channel=Channel.CONSOLE,
                 shown_intent=effect_intent(effect, await store.approval_request(effect.idem_key)),
             )
-        (attempt,) = await world.admin.decision_attempts(effect.idem_key)
+        # The first refusal (channel code) is audited too; bob's is the console's.
+        (attempt,) = [
+            a for a in await world.admin.decision_attempts(effect.idem_key) if a.principal == "bob"
+        ]
         assert (attempt.principal, attempt.outcome, attempt.reason_code) == (
             "bob",
             DecisionOutcome.REFUSED,
@@ -399,6 +402,15 @@ async def test_with_separation_of_duty_a_decision_needs_a_recorded_requester() -
         worker, store = await _ledger(world, "worker")
         approver, _ = await _ledger(world, "approver")
         unasked = await _waiting(worker)
+        # run() recorded the request (stamped with the worker's login); a request
+        # lost (a process dying between its two statements) leaves none:
+        async with await psycopg.AsyncConnection.connect(DSN, autocommit=True) as conn:
+            await conn.execute(
+                sql.SQL("DELETE FROM {} WHERE idem_key = %s").format(
+                    sql.Identifier(world.schema, "agent_ledger_approvals")
+                ),
+                (unasked.idem_key,),
+            )
         with pytest.raises(EffectLedgerPermissionError) as refused:
             await approver.approve(unasked.idem_key)
         _refused(refused.value, DecisionCode.UNKNOWN_REQUESTER)

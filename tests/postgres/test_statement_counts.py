@@ -97,7 +97,7 @@ async def test_fresh_run_is_two_statements_and_replay_one(
 async def test_each_manual_and_admin_step_is_one_statement(
     traced: tuple[EffectLedger, StatementCounter, PostgresStore],
 ) -> None:
-    """begin, commit, heartbeat, request_approval, approve, deny, cancel, get, find: one each."""
+    """begin, commit, heartbeat, cancel, get, find: one each; audited decisions: see below."""
     ledger, wire, _ = traced
     await ledger.stats()  # the first call reads the schema version; counted in the test above
     begun = None
@@ -117,9 +117,18 @@ async def test_each_manual_and_admin_step_is_one_statement(
     step = lambda: ledger.commit(second.effect.id, CommitSucceeded(result=1), attempt=1)  # noqa: E731
     assert len(await count(wire, step)) == 1
     pending = await make_pending(ledger, ToolCall(workflow_id="wf", tool="third"))
-    assert len(await count(wire, lambda: ledger.approve(pending.idem_key))) == 1
-    assert len(await count(wire, lambda: ledger.request_approval(pending.idem_key))) == 1
-    assert len(await count(wire, lambda: ledger.deny(pending.idem_key))) == 1
+    # A decision is audited (issue 28): two reads (the effect, its request: what
+    # the decision is bound to), then one transaction holding the settle and its
+    # audit row, so neither lands without the other.
+    for decide in (ledger.approve, ledger.deny):
+        if decide == ledger.deny:
+            # Taking an approval back is a new request: read, record it, then move.
+            taken_back = await count(wire, lambda: ledger.request_approval(pending.idem_key))
+            assert len(taken_back) == 3, taken_back
+        decided = await count(wire, lambda: decide(pending.idem_key))  # noqa: B023
+        assert len(decided) == 6, decided
+        assert ["BEGIN" in line for line in decided] == [False, False, True, False, False, False]
+        assert "COMMIT" in decided[-1]
 
 
 async def test_one_heartbeat_statement_per_tick_for_every_running_handler(
