@@ -34,7 +34,8 @@ from agent_ledger.errors import EffectLedgerPermissionError
 from agent_ledger.stores.base import Held
 from agent_ledger.stores.postgres import PostgresStore
 from agent_ledger.testing import build_ledger
-from tests.postgres.roles_world import DSN, RoleWorld, role_world
+from tests.harness import DSN
+from tests.postgres.roles_world import RoleWorld, role_world
 
 PAY = ToolCall(workflow_id="wf-roles", tool="payments.send", args={"to": "acme", "cents": 9_900})
 GATED = RunOptions(requires_approval=True, wait_for_approval=False)
