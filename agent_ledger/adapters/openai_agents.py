@@ -59,6 +59,7 @@ The workflow a call belongs to is the ``ledger.workflow(...)`` around
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import re
@@ -405,16 +406,24 @@ class _Calls:
 
     def turn(self, ctx: RunContextWrapper[Any] | None) -> AbstractContextManager[object]:
         """The run's turn around a call: the run's input, unless the application gave
-        one (``ledger.workflow(id, turn=...)``) or there is no workflow (the call raises)."""
-        return self.turn_of(None if ctx is None else ctx.turn_input)
+        one (``ledger.workflow(id, turn=...)``) or there is no workflow (the call raises).
+
+        Read once per ``Runner.run``, at its first ledger call, and kept for the
+        run on its context (``run_turn_of``): a handoff that rewrites the next
+        agent's input (``nest_handoff_history``, an ``input_filter``) changes
+        ``turn_input`` mid-run but not the user request the run answers.
+        """
+        return self._scope(None if ctx is None else run_turn_of(ctx))
 
     def turn_of(self, items: object) -> AbstractContextManager[object]:
         """``turn`` for a run whose input is ``items``."""
+        return self._scope(run_turn(items))
+
+    def _scope(self, turn: str | None) -> AbstractContextManager[object]:
         workflow = self.tool.workflow_id or current_workflow()
-        if workflow is None or current_turn(workflow) is not None:
+        if workflow is None or current_turn(workflow) is not None or turn is None:
             return nullcontext()
-        turn = run_turn(items)
-        return nullcontext() if turn is None else WorkflowScope(workflow, turn=turn)
+        return WorkflowScope(workflow, turn=turn)
 
     async def needs_approval(
         self, ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str
@@ -661,6 +670,32 @@ def _input_items(original: object) -> object:
         return ItemHelpers.input_to_new_input_list(cast(Any, original))
     except Exception:
         return None
+
+
+#: The attribute a run's ``Usage`` keeps its turn in (``run_turn_of``).
+_RUN_TURN: Final = "_agent_ledger_turn"
+
+
+def run_turn_of(ctx: RunContextWrapper[Any]) -> str | None:
+    """The turn of the run ``ctx`` belongs to: ``run_turn`` of its input as the run's
+    first ledger call saw it, kept for the rest of the run.
+
+    The SDK makes a new ``ToolContext`` for every call, but every context of one
+    ``Runner.run`` (its tools', its handoffs', its resumption's until it is
+    serialised) shares the run's ``Usage`` object, which accrues in place: the
+    turn is kept on it, so a handoff that rewrites ``turn_input`` (nested history,
+    an input filter removing tool items) does not start another turn mid-run.
+    """
+    usage = ctx.usage
+    kept = getattr(usage, _RUN_TURN, None)
+    if isinstance(kept, str):
+        return kept
+    turn = run_turn(ctx.turn_input)
+    if turn is not None:
+        # A Usage that takes no attribute: the turn is read at each call, as before.
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(usage, _RUN_TURN, turn)
+    return turn
 
 
 def run_turn(items: object) -> str | None:
