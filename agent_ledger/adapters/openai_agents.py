@@ -103,6 +103,7 @@ import orjson
 from agent_ledger.adapters._common import MalformedToolCall, parse_arguments
 from agent_ledger.adapters._messages import (
     budget_text,
+    earlier_run_text,
     failure_text,
     for_model,
     may_have_run,
@@ -479,11 +480,15 @@ class _Calls:
         except MalformedToolCall as exc:
             return str(exc)
         with self.turn(ctx):
+            calls = _calls_in_run(ctx)
+            if calls is not None:
+                calls.add(ctx.tool_call_id)  # before the call: parallel repeats see it
             try:
                 outcome = await self._run(ctx, values)
             except Exception as exc:
                 return await self._own_outcome(ctx, exc, values)
-        return await self._answer(ctx, outcome)
+        earlier_run = calls is not None and _from_an_earlier_run(outcome, calls)
+        return await self._answer(ctx, outcome, earlier_run=earlier_run)
 
     async def _run(self, ctx: ToolContext[Any], values: dict[str, object]) -> CallOutcome[Any]:
         """The call's outcome; one the run state approved is approved on the ledger first.
@@ -510,9 +515,11 @@ class _Calls:
             default_scope=self.default_scope,
         )
 
-    async def _answer(self, ctx: ToolContext[Any], outcome: CallOutcome[Any]) -> str:
+    async def _answer(
+        self, ctx: ToolContext[Any], outcome: CallOutcome[Any], *, earlier_run: bool = False
+    ) -> str:
         """What the model reads for the call's outcome: its result (or that it was done
-        in an earlier turn), or its failure.
+        in an earlier turn, or in an earlier run: ``earlier_run_text``), or its failure.
 
         A failure goes to ``failure_error_function`` if the application gave
         one (``None``: raised). With the SDK's default one, a retryable
@@ -528,6 +535,8 @@ class _Calls:
                 if isinstance(result, str)
                 else canonical_json(result, field="result").decode()
             )
+            if earlier_run and not outcome.from_earlier_turn:
+                return earlier_run_text(outcome, text)
             return outcome_text(outcome, text) or text
         if self._on_error is None:
             raise error
@@ -696,6 +705,43 @@ def run_turn_of(ctx: RunContextWrapper[Any]) -> str | None:
         with contextlib.suppress(AttributeError, TypeError):
             setattr(usage, _RUN_TURN, turn)
     return turn
+
+
+#: The attribute a run's ``Usage`` keeps its ledger calls' tool-call ids in (``_calls_in_run``).
+_RUN_CALLS: Final = "_agent_ledger_calls"
+
+
+def _calls_in_run(ctx: RunContextWrapper[Any]) -> set[str] | None:
+    """The tool-call ids of the ledger calls the run ``ctx`` belongs to has made (kept
+    on its ``Usage``, as its turn is: ``run_turn_of``); None where it cannot be kept."""
+    usage = ctx.usage
+    calls = getattr(usage, _RUN_CALLS, None)
+    if isinstance(calls, set):
+        return calls
+    calls = set()
+    try:
+        setattr(usage, _RUN_CALLS, calls)
+    except (AttributeError, TypeError):
+        return None
+    return calls
+
+
+def _from_an_earlier_run(outcome: CallOutcome[Any], calls: set[str]) -> bool:
+    """Whether ``outcome`` is the receipt of a call an earlier run made: answered
+    from a receipt that none of this run's tool calls (``calls``) created.
+
+    Judged on what the receipt records (the tool-call id that created it) and
+    on the run's own call ids, so a replay of the run reads what the recorded
+    run read.
+    """
+    effect = outcome.effect
+    return (
+        outcome.replayed
+        and outcome.error is None
+        and effect is not None
+        and effect.call_id is not None
+        and effect.call_id not in calls
+    )
 
 
 def run_turn(items: object) -> str | None:
