@@ -134,15 +134,14 @@ def current_turn(workflow_id: str | None = None) -> str | None:
 
     With ``workflow_id``: that turn only if it was given for that workflow
     (a tool registered with its own ``workflow_id`` is not in the block's turn).
-    Inside ``ledger.replay(...)`` a turn the recording does not have is the
-    recorded turn it is pinned to (``Recording.pin_turn``).
+    Inside ``ledger.replay(...)`` too it is the turn given, never another: a
+    turn the recording lacks makes its calls unrecorded (the error says the
+    turn differs and what to pass), so no call is answered by another turn's
+    recorded result.
     """
     entry = _TURN.get()
     if entry is None or (workflow_id is not None and entry[0] != workflow_id):
         return None
-    replaying = RECORDING.get()
-    if replaying is not None:
-        return replaying.pin_turn(entry[0], entry[1])
     return entry[1]
 
 
@@ -334,12 +333,6 @@ class Recording(Protocol):
     async def recorded(self, idem_key: str) -> Effect | None:
         """The finished effect recorded under ``idem_key``, or None: for layers that read
         an effect's receipt rather than call it (a saga settling a step to undo)."""
-        ...
-
-    def pin_turn(self, workflow_id: str, turn: str) -> str:
-        """The turn a call in ``turn`` is keyed by while replaying: ``turn`` itself if
-        the recording has it, else the recorded turn it is pinned to (the
-        recorded turns in the order they first appear), else ``turn``."""
         ...
 
 

@@ -29,6 +29,7 @@ from agent_ledger.tools import CallOutcome
 __all__ = [
     "answer_failure",
     "budget_text",
+    "earlier_run_text",
     "earlier_turn_text",
     "failure_text",
     "first_raised",
@@ -254,6 +255,26 @@ def earlier_turn_text(outcome: CallOutcome[object], result_text: str) -> str:
     return (
         f"Already done{when}, in an earlier turn (receipt {_ref(outcome.idem_key)}); it was "
         f"not done again. Its result then: {result_text}"
+    )
+
+
+def earlier_run_text(outcome: CallOutcome[object], result_text: str) -> str:
+    """What a model reads for a call answered from the receipt of a call an earlier
+    run made (an earlier ``Runner.run``, say), in what the ledger takes for the
+    same turn: that it already happened, when, under which receipt, and its result.
+
+    For a framework whose run input may lack the conversation (a server-kept
+    history, a crashed run retried): a new request that repeats an old one
+    cannot always be told from a retry, so the model is told the truth, never
+    that it has just happened.
+    """
+    when = (
+        f" at {outcome.completed_at:%Y-%m-%d %H:%M} UTC" if outcome.completed_at is not None else ""
+    )
+    return (
+        f"Already done{when}, in an earlier run (receipt {_ref(outcome.idem_key)}); it was "
+        "not done again now. If the user is asking for it again, tell them it was already "
+        f"done then. Its result then: {result_text}"
     )
 
 

@@ -441,6 +441,8 @@ class LedgerApprovals(AgentMiddleware):
         already decided on is not asked about again.
         """
         asked = _as_the_model_made_it(request)
+        if asked is None:
+            return None  # which call the person saw cannot be told: the ledger asks itself
         config = self.hitl.interrupt_on.get(asked.tool_call["name"])
         if config is None:
             return None
@@ -479,24 +481,33 @@ class LedgerApprovals(AgentMiddleware):
             return await handler(request)
 
 
-def _as_the_model_made_it(request: ToolCallRequest) -> ToolCallRequest:
+def _as_the_model_made_it(request: ToolCallRequest) -> ToolCallRequest | None:
     """``request`` with the tool call as the model made it (the ``AIMessage`` in the
     graph's state that has its id), before a reviewer's edit; ``request`` itself
-    when that call is not found or is the same."""
+    when that call is not found or is the same.
+
+    None when that cannot be told: the model's message has several calls with
+    this id (a model that numbers ids per message, or repeats one) and none is
+    this call as it stands (same name and arguments), so it is an edit of one
+    of them, and of which one is a guess. Guessing could approve a call the
+    person never saw, so the middleware's decision is not inferred for it.
+    """
     call_id = request.tool_call.get("id")
     messages = _messages_of(request.state)
     if not call_id or messages is None:
         return request
+    current = request.tool_call
     for message in reversed(messages):
         if not isinstance(message, AIMessage):
             continue
-        for made in message.tool_calls:
-            if made.get("id") != call_id:
-                continue
-            current = request.tool_call
-            if made["name"] == current["name"] and made["args"] == current["args"]:
-                return request
-            return request.override(tool_call=made)
+        made = [call for call in message.tool_calls if call.get("id") == call_id]
+        if not made:
+            continue
+        if any(m["name"] == current["name"] and m["args"] == current["args"] for m in made):
+            return request
+        if len(made) > 1:
+            return None
+        return request.override(tool_call=made[0])
     return request
 
 

@@ -59,6 +59,7 @@ The workflow a call belongs to is the ``ledger.workflow(...)`` around
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import re
@@ -102,6 +103,7 @@ import orjson
 from agent_ledger.adapters._common import MalformedToolCall, parse_arguments
 from agent_ledger.adapters._messages import (
     budget_text,
+    earlier_run_text,
     failure_text,
     for_model,
     may_have_run,
@@ -405,16 +407,24 @@ class _Calls:
 
     def turn(self, ctx: RunContextWrapper[Any] | None) -> AbstractContextManager[object]:
         """The run's turn around a call: the run's input, unless the application gave
-        one (``ledger.workflow(id, turn=...)``) or there is no workflow (the call raises)."""
-        return self.turn_of(None if ctx is None else ctx.turn_input)
+        one (``ledger.workflow(id, turn=...)``) or there is no workflow (the call raises).
+
+        Read once per ``Runner.run``, at its first ledger call, and kept for the
+        run on its context (``run_turn_of``): a handoff that rewrites the next
+        agent's input (``nest_handoff_history``, an ``input_filter``) changes
+        ``turn_input`` mid-run but not the user request the run answers.
+        """
+        return self._scope(None if ctx is None else run_turn_of(ctx))
 
     def turn_of(self, items: object) -> AbstractContextManager[object]:
         """``turn`` for a run whose input is ``items``."""
+        return self._scope(run_turn(items))
+
+    def _scope(self, turn: str | None) -> AbstractContextManager[object]:
         workflow = self.tool.workflow_id or current_workflow()
-        if workflow is None or current_turn(workflow) is not None:
+        if workflow is None or current_turn(workflow) is not None or turn is None:
             return nullcontext()
-        turn = run_turn(items)
-        return nullcontext() if turn is None else WorkflowScope(workflow, turn=turn)
+        return WorkflowScope(workflow, turn=turn)
 
     async def needs_approval(
         self, ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str
@@ -470,11 +480,15 @@ class _Calls:
         except MalformedToolCall as exc:
             return str(exc)
         with self.turn(ctx):
+            calls = _calls_in_run(ctx)
+            if calls is not None:
+                calls.add(ctx.tool_call_id)  # before the call: parallel repeats see it
             try:
                 outcome = await self._run(ctx, values)
             except Exception as exc:
                 return await self._own_outcome(ctx, exc, values)
-        return await self._answer(ctx, outcome)
+        earlier_run = calls is not None and _from_an_earlier_run(outcome, calls)
+        return await self._answer(ctx, outcome, earlier_run=earlier_run)
 
     async def _run(self, ctx: ToolContext[Any], values: dict[str, object]) -> CallOutcome[Any]:
         """The call's outcome; one the run state approved is approved on the ledger first.
@@ -501,9 +515,11 @@ class _Calls:
             default_scope=self.default_scope,
         )
 
-    async def _answer(self, ctx: ToolContext[Any], outcome: CallOutcome[Any]) -> str:
+    async def _answer(
+        self, ctx: ToolContext[Any], outcome: CallOutcome[Any], *, earlier_run: bool = False
+    ) -> str:
         """What the model reads for the call's outcome: its result (or that it was done
-        in an earlier turn), or its failure.
+        in an earlier turn, or in an earlier run: ``earlier_run_text``), or its failure.
 
         A failure goes to ``failure_error_function`` if the application gave
         one (``None``: raised). With the SDK's default one, a retryable
@@ -519,6 +535,8 @@ class _Calls:
                 if isinstance(result, str)
                 else canonical_json(result, field="result").decode()
             )
+            if earlier_run and not outcome.from_earlier_turn:
+                return earlier_run_text(outcome, text)
             return outcome_text(outcome, text) or text
         if self._on_error is None:
             raise error
@@ -661,6 +679,69 @@ def _input_items(original: object) -> object:
         return ItemHelpers.input_to_new_input_list(cast(Any, original))
     except Exception:
         return None
+
+
+#: The attribute a run's ``Usage`` keeps its turn in (``run_turn_of``).
+_RUN_TURN: Final = "_agent_ledger_turn"
+
+
+def run_turn_of(ctx: RunContextWrapper[Any]) -> str | None:
+    """The turn of the run ``ctx`` belongs to: ``run_turn`` of its input as the run's
+    first ledger call saw it, kept for the rest of the run.
+
+    The SDK makes a new ``ToolContext`` for every call, but every context of one
+    ``Runner.run`` (its tools', its handoffs', its resumption's until it is
+    serialised) shares the run's ``Usage`` object, which accrues in place: the
+    turn is kept on it, so a handoff that rewrites ``turn_input`` (nested history,
+    an input filter removing tool items) does not start another turn mid-run.
+    """
+    usage = ctx.usage
+    kept = getattr(usage, _RUN_TURN, None)
+    if isinstance(kept, str):
+        return kept
+    turn = run_turn(ctx.turn_input)
+    if turn is not None:
+        # A Usage that takes no attribute: the turn is read at each call, as before.
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(usage, _RUN_TURN, turn)
+    return turn
+
+
+#: The attribute a run's ``Usage`` keeps its ledger calls' tool-call ids in (``_calls_in_run``).
+_RUN_CALLS: Final = "_agent_ledger_calls"
+
+
+def _calls_in_run(ctx: RunContextWrapper[Any]) -> set[str] | None:
+    """The tool-call ids of the ledger calls the run ``ctx`` belongs to has made (kept
+    on its ``Usage``, as its turn is: ``run_turn_of``); None where it cannot be kept."""
+    usage = ctx.usage
+    calls = getattr(usage, _RUN_CALLS, None)
+    if isinstance(calls, set):
+        return calls
+    calls = set()
+    try:
+        setattr(usage, _RUN_CALLS, calls)
+    except (AttributeError, TypeError):
+        return None
+    return calls
+
+
+def _from_an_earlier_run(outcome: CallOutcome[Any], calls: set[str]) -> bool:
+    """Whether ``outcome`` is the receipt of a call an earlier run made: answered
+    from a receipt that none of this run's tool calls (``calls``) created.
+
+    Judged on what the receipt records (the tool-call id that created it) and
+    on the run's own call ids, so a replay of the run reads what the recorded
+    run read.
+    """
+    effect = outcome.effect
+    return (
+        outcome.replayed
+        and outcome.error is None
+        and effect is not None
+        and effect.call_id is not None
+        and effect.call_id not in calls
+    )
 
 
 def run_turn(items: object) -> str | None:

@@ -11,8 +11,7 @@ for (workflow, tool, key args), never by when it is made: nested calls,
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Final
 
@@ -70,12 +69,6 @@ class Replay:
         self.budgets = InMemoryBudgets()
         self._store: Store | None = None
         self._effects: Mapping[str, Effect] | None = None
-        #: The turns of this run pinned to the recording's (``pin_turn``), and
-        #: the recorded turns taken; guarded for graphs that run tools in threads.
-        self._pins: dict[str, str] = {}
-        self._taken: set[str] = set()
-        self._recorded_turns: tuple[str, ...] | None = None
-        self._pin_lock = threading.Lock()
         if isinstance(source, (str, os.PathLike)):
             self._effects = read_export(source, workflow_id)
         elif isinstance(source, type):
@@ -201,44 +194,6 @@ class Replay:
             return None
         return effects.get(found.idem_key)
 
-    def pin_turn(self, workflow_id: str, turn: str) -> str:
-        """The turn this run's ``turn`` is keyed by in the replay.
-
-        A turn the recording has is itself. Another (a turn id the framework
-        made up anew: pydantic-ai's run id, a LangGraph human message without
-        an id) is pinned, the first time a call reads it, to the first
-        recorded turn no turn of this run has taken yet, in the order the
-        recorded turns first appear; so a run that makes its turns in the
-        recorded order replays without naming them. With no recorded turn
-        left (or the recording not read yet: a ``with`` block over a store),
-        ``turn`` itself, and its calls are unrecorded (the error says the
-        turn differs).
-        """
-        effects = self._effects
-        if workflow_id != self.workflow_id or effects is None:
-            return turn
-        with self._pin_lock:
-            pinned = self._pins.get(turn)
-            if pinned is not None:
-                return pinned
-            recorded = self._recorded_turns
-            if recorded is None:
-                recorded = self._recorded_turns = _turns_in_order(effects.values())
-            if turn in recorded:
-                pinned = turn
-            else:
-                pinned = next((t for t in recorded if t not in self._taken), turn)
-                if pinned != turn:
-                    logger.info(
-                        "replay of workflow %r: turn %r is pinned to recorded turn %r",
-                        self.workflow_id,
-                        turn,
-                        pinned,
-                    )
-            self._pins[turn] = pinned
-            self._taken.add(pinned)
-            return pinned
-
     async def recorded(self, idem_key: str) -> Effect | None:
         """The finished effect recorded under ``idem_key``, or None."""
         effects = self._effects if self._effects is not None else await self._recording()
@@ -297,10 +252,11 @@ class Replay:
                 f"{about} has no recording in its turn: its args equal those of the call "
                 f"recorded in turn {shown_turns} (effect {closest.idem_key[:12]}…), but this "
                 f"call is in turn {turn!r}, and scope 'turn' keys a call by its turn. The "
-                "replayed run has more turns than the recording, or names them otherwise: "
-                "give each call the recorded turn (`ledger.workflow(id, turn=...)` around "
-                "it; pydantic-ai: `agent.run(..., run_id=...)`; LangGraph: the "
-                "HumanMessage's id)",
+                "replayed run has more turns than the recording, or names them otherwise "
+                "(a framework's made-up turn ids differ on every run, and a replay never "
+                "guesses which recorded turn one stands for): give each call the recorded "
+                "turn (`ledger.workflow(id, turn=...)` around it; pydantic-ai: "
+                "`agent.run(..., run_id=...)`; LangGraph: the HumanMessage's id)",
                 (),
             )
         if not differing:
@@ -321,12 +277,6 @@ class Replay:
             f"of that tool ({closest.idem_key[:12]}…) in {list(differing)} ({shown}{more})",
             differing,
         )
-
-
-def _turns_in_order(effects: Iterable[Effect]) -> tuple[str, ...]:
-    """The recorded turns, each once, in the order their first effect was created."""
-    ordered = sorted(effects, key=lambda e: e.created_at)
-    return tuple(dict.fromkeys(e.turn for e in ordered if e.turn is not None))
 
 
 def _turn_of(new: NewEffect) -> str | None:

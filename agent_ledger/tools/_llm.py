@@ -274,10 +274,29 @@ async def call_llm(
                 raise FailedWithUsage(exc, _plus(before, usage)) from exc
         return WithUsage(result.response, _plus(before, usage))
 
+    #: The provider errors of this call's runs that consumed nothing: recorded
+    #: retryable (``provider_error``), so the turn's next call asks the model again.
+    provider_errors: list[Exception] = []
+
     def unanswered(before: Usage | None, exc: Exception) -> Exception:
         """What a run whose provider call raised fails with: ``exc`` as it is
         (nothing consumed), or, after a reopen, with what earlier runs consumed."""
-        return exc if before is None else FailedWithUsage(exc, before)
+        if before is None:
+            provider_errors.append(exc)
+            return exc
+        return FailedWithUsage(exc, before)
+
+    def provider_error(exc: BaseException) -> bool:
+        """Whether ``exc`` is the provider's failure to answer, with nothing consumed.
+
+        Such a failure is no answer to the question: it is recorded retryable,
+        so a retry or resume of the turn calls the model again (the failure
+        stays in the receipt's history). A call that was answered and paid
+        for but cannot end well (``FailedWithUsage``: its usage unreadable,
+        its pricing failed, or earlier paid runs after a reopen) stays final:
+        a retry would clear the receipt's usage and pay again.
+        """
+        return any(exc is seen for seen in provider_errors)
 
     async def awaited(before: Usage | None, pending: Awaitable[object]) -> WithUsage:
         try:
@@ -342,12 +361,14 @@ async def call_llm(
         finally:
             threads.end(None if used is None else _spend(used))
 
+    # A provider error is no answer: the turn's next call asks the model again.
+    options = replace(run_options or RunOptions(), retryable=provider_error)
+
     async def run() -> object:
         if not sync_call:
-            return await ledger.run(call, handler, run_options)
+            return await ledger.run(call, handler, options)
         # A plain call_fn always runs in a worker thread, whatever the defaults say.
-        in_thread = replace(run_options or RunOptions(), sync_handlers="thread")
-        return await ledger.run(call, sync_handler, in_thread)
+        return await ledger.run(call, sync_handler, replace(options, sync_handlers="thread"))
 
     if scopes:
         estimate_spend = Spend(

@@ -288,7 +288,11 @@ async def test_a_later_run_replays_the_stored_result(harness: StoreHarness) -> N
             )
         texts.append(outputs(result)[f"run{run}"])
     assert charged == [100]
-    assert texts[0] == texts[1]
+    # The later run reads the stored result, said to be from an earlier run (no history in
+    # the input, so the ledger cannot tell a repeat from a retry: it says what it did).
+    later = str(texts[1])
+    assert later.startswith("Already done at ") and ", in an earlier run (receipt " in later
+    assert later.endswith(f"Its result then: {texts[0]}")
 
 
 async def test_malformed_arguments_store_nothing_and_tell_the_model(harness: StoreHarness) -> None:
