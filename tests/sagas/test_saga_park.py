@@ -230,6 +230,9 @@ async def _rollback_stalled_in_refund(
             await asyncio.sleep(0.01)
         assert saga._heartbeat is not None
         saga._heartbeat.stop()  # the owner dies while waiting for a person
+        # A renewal already in flight when it stopped lands first (on a real
+        # server it takes a round trip); only then does its lease age out.
+        await asyncio.sleep(0.2)
         await harness.age(5_000)
     return ledger, stuck, refunds
 
