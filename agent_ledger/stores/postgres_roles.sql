@@ -145,7 +145,12 @@ BEGIN
         END IF;
         IF settings.separate_duty THEN
             SELECT a.requested_by INTO asker FROM {approvals} AS a WHERE a.idem_key = OLD.idem_key;
-            IF asker = who THEN
+            -- The asker is compared with every name this session acts under,
+            -- as the application compares principals (case-insensitively): the
+            -- identity above, the role it logged in as, and the current role
+            -- (a member that ran SET ROLE to a group role of its own, granted
+            -- the approver role, is still the person who asked).
+            IF lower(asker) IN (lower(who), lower(session_user::text), lower(current_user::text)) THEN
                 RAISE EXCEPTION 'agent-ledger: % asked for the approval of effect % (%) and may not decide it (separation of duty)',
                         who, OLD.idem_key, OLD.tool
                     USING ERRCODE = '42501', CONSTRAINT = 'self_decision',
