@@ -285,6 +285,14 @@ BEGIN
         -- no caller's temporary table stands in for the ledger's.
         EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp',
                        to_regprocedure({add_partitions_name}), {schema_name});
+        -- Only the worker (a begin) calls it, besides its owner; and for a
+        -- caller that is not a member of the owner it makes partitions only
+        -- from the previous period to `ahead` periods on
+        -- (postgres_partitioned.sql).
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC',
+                       to_regprocedure({add_partitions_name}));
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I',
+                       to_regprocedure({add_partitions_name}), {worker_name});
     END IF;
 END
 $owner$;
