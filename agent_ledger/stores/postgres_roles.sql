@@ -298,6 +298,43 @@ END
 $owner$;
 
 -- ---------------------------------------------------------------------------
+-- The partitioned variant's key table: a key row names its effect, and a
+-- begin's insert of the same key meets it. Deleting the row of an effect
+-- that exists would let a begin insert a second effect beside it (one that
+-- never waited for the first one's approval), so only the owner (a purge)
+-- may; anyone who may delete keys may delete a row whose effect is gone (a
+-- begin reclaiming a key whose partition a purge detached).
+-- ---------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION {guard_key_delete}() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $guard_key_delete$
+DECLARE
+    settings record;
+BEGIN
+    IF EXISTS (SELECT 1 FROM {effects} AS e WHERE e.id = OLD.id AND e.created_at = OLD.created_at) THEN
+        SELECT * INTO settings FROM {settings};
+        IF settings IS NULL
+           OR NOT coalesce(pg_has_role(current_user, settings.owner_role, 'MEMBER'), false) THEN
+            RAISE EXCEPTION 'agent-ledger: % may not delete the key row of effect % while the effect exists (only the owner purges)',
+                    {identity}(), OLD.idem_key
+                USING ERRCODE = '42501', CONSTRAINT = 'not_the_owner';
+        END IF;
+    END IF;
+    RETURN OLD;
+END
+$guard_key_delete$;
+
+DO $keys$
+BEGIN
+    IF to_regclass({keys_name}) IS NOT NULL THEN
+        CREATE OR REPLACE TRIGGER agent_ledger_effect_keys_delete_guard
+            BEFORE DELETE ON {keys}
+            FOR EACH ROW
+            EXECUTE FUNCTION {guard_key_delete}();
+    END IF;
+END
+$keys$;
+
+-- ---------------------------------------------------------------------------
 -- Grants. Re-running grants again (GRANT is idempotent). Only the ledger's
 -- own objects (agent_ledger_*): the schema may hold the application's
 -- tables too. Column lists are not used: the triggers guard what a column
