@@ -176,10 +176,20 @@ BEGIN
        OR (OLD.status = 'requires_approval' AND NEW.status = 'canceled')
        OR (OLD.status = 'failed' AND NEW.status = 'processing') THEN
         -- One of the worker's own edges: a claim of an approved effect keeps
-        -- its decider; one that records a decider (a cancel with by=) gets
-        -- the session's identity.
-        IF NEW.decided_by IS DISTINCT FROM OLD.decided_by AND NEW.decided_by IS NOT NULL THEN
-            NEW.decided_by := who;
+        -- its decider; only a cancel records a decision (its decider is the
+        -- session's identity). Any other edge that writes or erases a
+        -- decision would make an unapproved effect look approved (an honest
+        -- gated run runs only an effect that carries a decision).
+        IF NEW.decided_by IS DISTINCT FROM OLD.decided_by
+           OR NEW.decided_at IS DISTINCT FROM OLD.decided_at THEN
+            IF NEW.status <> 'canceled' THEN
+                RAISE EXCEPTION 'agent-ledger: % may not record or erase a decision of effect % (%) while moving it from % to %',
+                        who, OLD.idem_key, OLD.tool, OLD.status, NEW.status
+                    USING ERRCODE = '42501', CONSTRAINT = 'not_an_approver';
+            END IF;
+            IF NEW.decided_by IS NOT NULL THEN
+                NEW.decided_by := who;
+            END IF;
         END IF;
         RETURN NEW;
     END IF;
