@@ -32,7 +32,9 @@ async def test_a_worker_cannot_delete_the_key_of_a_waiting_effect() -> None:
             world.dsn("worker"), autocommit=True
         ) as conn:
             with pytest.raises(psycopg.errors.InsufficientPrivilege) as refused:
-                await conn.execute(sql.SQL("DELETE FROM {} WHERE idem_key = %s").format(keys), (key,))
+                await conn.execute(
+                    sql.SQL("DELETE FROM {} WHERE idem_key = %s").format(keys), (key,)
+                )
             assert refused.value.diag.constraint_name == "not_the_owner"
         assert await world.sql(sql.SQL("SELECT count(*) FROM {}").format(keys)) == [(1,)]
         ran: list[int] = []

@@ -23,9 +23,9 @@ from tests.postgres.roles_world import RoleWorld, role_world
 PARK = '{"message": "worker went silent", "code": "ambiguous_attempt"}'
 
 
-async def _as(world: RoleWorld, who: str, query: sql.Composable, *params: object) -> None:
+async def _as(world: RoleWorld, who: str, query: sql.Composed, *params: object) -> None:
     async with await psycopg.AsyncConnection.connect(world.dsn(who), autocommit=True) as conn:
-        await conn.execute(query, params)
+        await conn.execute(query, list(params))
 
 
 async def test_a_login_cannot_approve_the_effect_it_parked_itself() -> None:
@@ -35,7 +35,10 @@ async def test_a_login_cannot_approve_the_effect_it_parked_itself() -> None:
         parked_by_update = ToolCall(workflow_id="wf-park", tool="payments.send", args={"n": 1})
         inserted_parked = ToolCall(workflow_id="wf-park", tool="payments.send", args={"n": 2})
         columns = "(idem_key, workflow_id, tool, args_canonical, status, error)"
-        for call, status in ((parked_by_update, "processing"), (inserted_parked, "requires_approval")):
+        for call, status in (
+            (parked_by_update, "processing"),
+            (inserted_parked, "requires_approval"),
+        ):
             await _as(
                 world,
                 "both",
@@ -52,9 +55,9 @@ async def test_a_login_cannot_approve_the_effect_it_parked_itself() -> None:
         await _as(
             world,
             "both",
-            sql.SQL("UPDATE {} SET status = 'requires_approval', error = %s WHERE idem_key = %s").format(
-                effects
-            ),
+            sql.SQL(
+                "UPDATE {} SET status = 'requires_approval', error = %s WHERE idem_key = %s"
+            ).format(effects),
             PARK,
             both.idem_key(parked_by_update),
         )
@@ -91,7 +94,11 @@ async def test_taking_an_approval_back_starts_a_new_round_asked_by_the_session()
         request = await world.admin.approval_request(key)
         assert request is not None
         assert request.requested_by == world.logins["approver"]
-        assert (request.deadline_at, request.policy_version, request.escalated_at) == (None, None, None)
+        assert (request.deadline_at, request.policy_version, request.escalated_at) == (
+            None,
+            None,
+            None,
+        )
         # So the approver may not approve its own new request; the worker still may not deny it.
         with pytest.raises(EffectLedgerPermissionError) as refused:
             await approver.approve(key)

@@ -30,7 +30,7 @@ async def _partitions(world: RoleWorld) -> int:
 async def _call(world: RoleWorld, who: str, query: str) -> object:
     async with await psycopg.AsyncConnection.connect(world.dsn(who), autocommit=True) as conn:
         await conn.execute(sql.SQL("SET search_path = {}").format(sql.Identifier(world.schema)))
-        cursor = await conn.execute(query)  # type: ignore[arg-type]
+        cursor = await conn.execute(query.encode())
         return (await cursor.fetchone() or (None,))[0]
 
 
@@ -45,14 +45,19 @@ async def test_a_worker_cannot_make_partitions_far_ahead_or_in_the_past() -> Non
                 await _call(world, "worker", f"SELECT agent_ledger_add_partitions({bounds})")
         assert await _partitions(world) == before
         # What a begin asks for (the current period) and the default (`ahead` on) work.
-        assert await _call(world, "worker", "SELECT agent_ledger_add_partitions(clock_timestamp())") == 0
+        assert (
+            await _call(world, "worker", "SELECT agent_ledger_add_partitions(clock_timestamp())")
+            == 0
+        )
         assert await _call(world, "worker", "SELECT agent_ledger_add_partitions()") == 0
         # A worker's run still works end to end.
         worker = build_ledger(await world.store("worker"))
         assert await worker.run(ToolCall(workflow_id="wf", tool="t", args={}), lambda e: 1) == 1
         # The owner still may make what it likes.
         made = await _call(
-            world, "owner", "SELECT agent_ledger_add_partitions(clock_timestamp() + interval '1 year')"
+            world,
+            "owner",
+            "SELECT agent_ledger_add_partitions(clock_timestamp() + interval '1 year')",
         )
         assert isinstance(made, int) and made > 0
         assert await _partitions(world) == before + made

@@ -47,7 +47,7 @@ async def test_the_worker_cannot_rewrite_a_decided_receipt(world: RoleWorld) -> 
         (ok, "history = jsonb_set(history, '{0,by}', '\"dave\"')"),
         (ok, "history = '[]'"),
         (no, "decision_note = 'typo, retry'"),
-        (no, "error = '{\"message\": \"by accident\", \"code\": \"denied\"}'"),
+        (no, 'error = \'{"message": "by accident", "code": "denied"}\''),
     ]
     async with await psycopg.AsyncConnection.connect(world.dsn("worker"), autocommit=True) as conn:
         for key, assignment in forgeries:
