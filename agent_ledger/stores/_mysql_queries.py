@@ -342,7 +342,7 @@ SETTLE: Final = (
     " AND (%(expected_attempt)s IS NULL OR attempt = %(expected_attempt)s)"
     " AND (NOT %(only_parked)s OR error_code <=> %(ambiguous)s)"
     # Past the request's deadline, by this database's clock, only a denial.
-    " AND (%(target)s = 'denied' OR NOT EXISTS (SELECT 1 FROM agent_ledger_approvals AS a"
+    " AND (%(ignores_deadline)s OR NOT EXISTS (SELECT 1 FROM agent_ledger_approvals AS a"
     " WHERE a.idem_key = agent_ledger_effects.idem_key AND a.deadline_at <= " + NOW + "))"
 )
 

@@ -391,7 +391,7 @@ SETTLE: Final[LiteralString] = (
     " AND (%(expected_attempt)s::integer IS NULL OR e.attempt = %(expected_attempt)s::integer)"
     " AND (NOT %(only_parked)s OR e.error->>'code' = %(ambiguous)s)"
     # Past the request's deadline, by this database's clock, only a denial.
-    " AND (%(target)s::text = 'denied' OR NOT EXISTS (SELECT 1 FROM {approvals} AS a"
+    " AND (%(ignores_deadline)s OR NOT EXISTS (SELECT 1 FROM {approvals} AS a"
     " WHERE a.idem_key = e.idem_key AND a.deadline_at <= n.now)) "
     "RETURNING " + EFFECT_COLUMNS
 )
