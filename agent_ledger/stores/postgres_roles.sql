@@ -263,7 +263,8 @@ CREATE OR REPLACE TRIGGER agent_ledger_effects_decision_guard
     BEFORE UPDATE OF status, decided_by, decided_at, decision_note, error, history ON {effects}
     FOR EACH ROW
     WHEN (OLD.status <> 'processing' OR NEW.status = 'requires_approval'
-          OR OLD.decided_by IS DISTINCT FROM NEW.decided_by)
+          OR OLD.decided_by IS DISTINCT FROM NEW.decided_by
+          OR OLD.decided_at IS DISTINCT FROM NEW.decided_at)
     EXECUTE FUNCTION {guard}();
 
 -- ---------------------------------------------------------------------------
