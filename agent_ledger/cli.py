@@ -704,7 +704,20 @@ async def cmd_console(ctx: Context) -> int:
     else:
         if not args.trusted_proxy:
             raise UsageError("--proxy-header needs --trusted-proxy ADDRESS (repeatable)")
-        authenticate = ProxyHeaderAuth(header=args.proxy_header, trusted_proxies=args.trusted_proxy)
+        proxy_secret = os.environ.get(PROXY_SECRET_ENV) if args.proxy_secret_header else None
+        if args.proxy_secret_header and not proxy_secret:
+            raise UsageError(
+                f"--proxy-secret-header needs the proxy's secret in ${PROXY_SECRET_ENV}"
+            )
+        try:
+            authenticate = ProxyHeaderAuth(
+                header=args.proxy_header,
+                trusted_proxies=args.trusted_proxy,
+                secret_header=args.proxy_secret_header,
+                secret=proxy_secret,
+            )
+        except ValueError as bad:
+            raise UsageError(str(bad)) from None
     rules: dict[str, list[str]] = {}
     for rule in args.allow or []:
         who, sep, pattern = rule.partition(":")
@@ -757,6 +770,7 @@ def _origin(url: str) -> str:
 
 #: Where ``agent-ledger console`` reads its signing secret (CSRF tokens, links).
 CONSOLE_SECRET_ENV: Final = "AGENT_LEDGER_CONSOLE_SECRET"
+PROXY_SECRET_ENV: Final = "AGENT_LEDGER_CONSOLE_PROXY_SECRET"
 
 
 def _given(args: argparse.Namespace) -> dict[str, str]:
@@ -1179,6 +1193,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--proxy-header", metavar="NAME", help="the trusted proxy's user header")
     sub.add_argument(
         "--trusted-proxy", action="append", metavar="ADDRESS", help="proxy address or network"
+    )
+    sub.add_argument(
+        "--proxy-secret-header",
+        metavar="HEADER",
+        help="header carrying the proxy's secret ($AGENT_LEDGER_CONSOLE_PROXY_SECRET)",
     )
     sub.add_argument(
         "--allow", action="append", metavar="PRINCIPAL:PATTERN", help="who may decide which tools"

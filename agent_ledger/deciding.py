@@ -203,15 +203,12 @@ async def decide(
         )
     request = await approvals.approval_request(idem_key)
     if effect.status is EffectStatus.REQUIRES_APPROVAL and _overdue(request, now):
-        await expire_overdue(store, only=idem_key)
+        # This process's clock says so; the store's (the database's) decides:
+        # the sweep denies only what is overdue by it.
+        expired = await _expired(store, idem_key, effect)
+        if expired is not None:
+            return await refuse(store, attempt, DecisionCode.EXPIRED, _EXPIRED_REFUSAL, expired)
         effect = await store.find(idem_key) or effect
-        return await refuse(
-            store,
-            attempt,
-            DecisionCode.EXPIRED,
-            "the approval's deadline has passed: the effect was denied as expired",
-            effect,
-        )
     if effect.status is not EffectStatus.REQUIRES_APPROVAL:
         return await refuse(
             store, attempt, DecisionCode.ALREADY_DECIDED, already_decided(effect), effect
@@ -292,6 +289,12 @@ async def decide(
         return await refuse(
             store, attempt, DecisionCode.LINK_USED, "this link has already been used", effect
         )
+    if outcome.effect is None and request is not None and request.deadline_at is not None:
+        # The store's settle refuses an approval past the deadline by its own
+        # clock, which this process's may lag: deny it as expired, and say so.
+        expired = await _expired(store, idem_key, effect)
+        if expired is not None:
+            return await refuse(store, attempt, DecisionCode.EXPIRED, _EXPIRED_REFUSAL, expired)
     if outcome.effect is None:
         now_effect = await store.find(idem_key) or effect
         return await refuse(
@@ -527,6 +530,22 @@ def _same_person(requested_by: str | None, principal: str) -> bool:
     return requested_by is not None and (
         requested_by.strip().casefold() == principal.strip().casefold()
     )
+
+
+_EXPIRED_REFUSAL: Final = "the approval's deadline has passed: the effect was denied as expired"
+
+
+async def _expired(store: Store, idem_key: str, effect: Effect) -> Effect | None:
+    """Deny ``idem_key`` as expired if the store's clock says its deadline passed;
+    the effect denied as expired (now or by another), or None if it is not."""
+    await expire_overdue(store, only=idem_key)
+    now = await store.find(idem_key) or effect
+    expired = (
+        now.status is EffectStatus.DENIED
+        and now.error is not None
+        and now.error.code == ErrorCode.APPROVAL_EXPIRED
+    )
+    return now if expired else None
 
 
 def _overdue(request: ApprovalRequest | None, now: datetime | None) -> bool:

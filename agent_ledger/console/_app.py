@@ -34,6 +34,7 @@ from agent_ledger.deciding import (
 )
 from agent_ledger.decisions import NO_RESULT
 from agent_ledger.effects import Effect, JSONValue
+from agent_ledger.errors import EffectLedgerPermissionError
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores.base import EffectQuery, Store
 from agent_ledger.stores.saga_base import SagaRecord, SagaStep, SagaStore
@@ -300,17 +301,20 @@ class _Console:
                 result = orjson.loads(form.get("result", ""))
             except orjson.JSONDecodeError:
                 return self._message("Refused", "The outcome must be JSON.", 400, principal)
-        outcome = await decide(
-            self.store,
-            key,
-            action=action,
-            principal=principal,
-            channel=Channel.CONSOLE,
-            shown_intent=shown,
-            note=note,
-            result=result,
-            separation_of_duty=self._separation,
-        )
+        try:
+            outcome = await decide(
+                self.store,
+                key,
+                action=action,
+                principal=principal,
+                channel=Channel.CONSOLE,
+                shown_intent=shown,
+                note=note,
+                result=result,
+                separation_of_duty=self._separation,
+            )
+        except EffectLedgerPermissionError as refused:
+            return self._message("Refused", _database_refused(refused), 403, principal)
         if outcome.accepted:
             # Post/redirect/get: a reload never posts again.
             return RedirectResponse(f"{self._root}/effects/{key}", status_code=303)
@@ -370,17 +374,20 @@ class _Console:
             )
             await refuse(self.store, attempt, DecisionCode.NOT_ALLOWED, "not allowed")
             return self._message("Not allowed", "You may not decide this tool.", 403)
-        outcome = await decide(
-            self.store,
-            link.idem_key,
-            action=link.action,
-            principal=link.principal,
-            channel=Channel.LINK,
-            shown_intent=link.intent_hash,
-            note=note,
-            link=link.used(),
-            separation_of_duty=self._separation,
-        )
+        try:
+            outcome = await decide(
+                self.store,
+                link.idem_key,
+                action=link.action,
+                principal=link.principal,
+                channel=Channel.LINK,
+                shown_intent=link.intent_hash,
+                note=note,
+                link=link.used(),
+                separation_of_duty=self._separation,
+            )
+        except EffectLedgerPermissionError as refused:
+            return self._message("Refused", _database_refused(refused), 403)
         if outcome.accepted:
             return self._message("Done", f"{link.action.value}d by {link.principal}", 200)
         status = 410 if outcome.reason in _GONE else 403
@@ -395,6 +402,20 @@ class _Console:
             413,
             principal,
         )
+
+
+_DATABASE_REFUSALS: Final = {
+    "not_an_approver": "the console's database login is not an approver",
+    "self_decision": "the database recorded you as the one who asked for this approval",
+    "unknown_requester": "nobody is recorded as having asked for this approval, "
+    "and separation of duty needs an asker other than the decider",
+}
+
+
+def _database_refused(refused: EffectLedgerPermissionError) -> str:
+    """A page's words for a decision the database refused (the PostgreSQL role set)."""
+    why = _DATABASE_REFUSALS.get(refused.code or "", "the console's database login may not do this")
+    return f"The database refused this decision ({why}): nothing changed."
 
 
 _GONE: Final = frozenset(

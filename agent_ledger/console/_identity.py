@@ -120,15 +120,32 @@ class ProxyHeaderAuth:
     """The principal a trusted reverse proxy (oauth2-proxy, an identity-aware proxy)
     puts in ``header``, believed only when the connection comes from one of
     ``trusted_proxies`` (addresses or networks). From anywhere else the header
-    is ignored: anyone could send it."""
+    is ignored: anyone could send it.
+
+    ``secret_header`` and ``secret``: the proxy also sends this header with
+    this shared secret (nginx: ``proxy_set_header X-Proxy-Secret ...``), and
+    a request without it (compared in constant time) is nobody's. Use it when
+    other processes share the proxy's address (a proxy on the same host: any
+    local process connects from 127.0.0.1 too)."""
 
     def __init__(
-        self, *, header: str = "X-Forwarded-Email", trusted_proxies: Iterable[str]
+        self,
+        *,
+        header: str = "X-Forwarded-Email",
+        trusted_proxies: Iterable[str],
+        secret_header: str | None = None,
+        secret: str | None = None,
     ) -> None:
         self.header = header
         self._networks = [ipaddress.ip_network(p, strict=False) for p in trusted_proxies]
         if not self._networks:
             raise ValueError("trusted_proxies must name at least one proxy address")
+        if (secret_header is None) != (secret is None):
+            raise ValueError("secret_header and secret go together: give both or neither")
+        if secret is not None and len(secret) < 16:
+            raise ValueError("secret must have at least 16 characters")
+        self._secret_header = secret_header
+        self._secret = secret.encode() if secret is not None else None
 
     def __call__(self, request: Request) -> str | None:
         client = request.client
@@ -140,6 +157,10 @@ class ProxyHeaderAuth:
             return None
         if not any(address in network for network in self._networks):
             return None
+        if self._secret_header is not None and self._secret is not None:
+            sent = request.headers.get(self._secret_header, "").encode()
+            if not hmac.compare_digest(sent, self._secret):
+                return None
         value = request.headers.get(self.header, "").strip()
         return value or None
 

@@ -213,6 +213,8 @@ class Acquirer:
             name="retry_failed",
         )
         if outcome.claimed and outcome.effect is not None:
+            if await self._park_if_unapproved(prepared, outcome.effect):
+                return await self._wait_again(prepared, outcome.effect)
             log_effect(
                 logging.INFO,
                 f"retrying after a retryable failure (attempt {outcome.effect.attempt})",
@@ -339,6 +341,8 @@ class Acquirer:
             on_parked=functools.partial(notify_approval_required, hooks=prepared.hooks),
             since=since,
         )
+        if acquired.owned and await self._park_if_unapproved(prepared, acquired.effect):
+            return await self._wait_again(prepared, acquired.effect)
         if acquired.owned and acquired.effect.decided_at is not None:
             claimed = acquired.effect
             try:
@@ -398,6 +402,45 @@ class Acquirer:
         held = await self._store.get(claimed.id) or claimed
         await notify_approval_required(held, prepared.hooks)
         return held
+
+    async def _park_if_unapproved(self, prepared: Prepared, claimed: Effect) -> bool:
+        """A call that needs approval runs only an effect a person decided.
+
+        ``claimed`` is ours (a claim or a takeover of an effect this call did
+        not create). When the call needs approval (``requires_approval=True``,
+        or its policy says so: asked here, since the key was stored) and the
+        effect carries no decision (``decided_at``: only a decision writes it,
+        and under PostgreSQL's role set only an approver or a cancel), it is
+        sent to a person (the holder's fenced ``release(for_approval=True)``)
+        instead of run: a row someone wrote as processing, or as ready,
+        without anyone approving it, never runs a gated call. True if parked
+        (or the fenced release found it moved on: wait for it either way).
+        """
+        if claimed.decided_at is not None:
+            return False
+        needs = prepared.needs_approval
+        if not needs and prepared.policy is not None:
+            try:
+                needs = prepared.policy()
+            except BaseException:
+                await self._store.release(claimed.id, attempt=claimed.attempt, for_approval=True)
+                raise
+        if not needs:
+            return False
+        # Carried through a cancellation: a claim no handler will use goes back.
+        if await carry_through(
+            self._store.release(claimed.id, attempt=claimed.attempt, for_approval=True)
+        ):
+            approval_entered(claimed)
+            log_effect(logging.WARNING, "undecided effect sent for approval, not run", claimed)
+        return True
+
+    async def _wait_again(self, prepared: Prepared, parked: Effect) -> Acquired:
+        """Wait for an effect this call just sent for approval, as it stands now."""
+        current = await self._store.get(parked.id)
+        if current is None or current.status.is_terminal:
+            return Acquired(current or parked, owned=False)
+        return await self.wait(prepared, current, None)
 
     async def _claim_in_transaction(
         self, prepared: Prepared, effect: Effect, tx: object

@@ -341,6 +341,9 @@ SETTLE: Final = (
     " WHERE idem_key = %(idem_key)s AND status = %(requires_approval)s"
     " AND (%(expected_attempt)s IS NULL OR attempt = %(expected_attempt)s)"
     " AND (NOT %(only_parked)s OR error_code <=> %(ambiguous)s)"
+    # Past the request's deadline, by this database's clock, only a denial.
+    " AND (%(ignores_deadline)s OR NOT EXISTS (SELECT 1 FROM agent_ledger_approvals AS a"
+    " WHERE a.idem_key = agent_ledger_effects.idem_key AND a.deadline_at <= " + NOW + "))"
 )
 
 # -- get / find --

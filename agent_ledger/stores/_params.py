@@ -259,6 +259,8 @@ def settle_params(
         # Approving a parked effect runs it again with a fresh set of tries (as
         # a reopen does): the tries the dead attempt used up are not this run's.
         "fresh_tries": target is EffectStatus.READY,
+        # Past the request's deadline (by the store's clock) only a denial settles.
+        "ignores_deadline": target is EffectStatus.DENIED,
         "kind": SETTLED,
         **dialect.error(error),
         "decided_by": decision.by,

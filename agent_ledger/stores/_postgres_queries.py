@@ -389,7 +389,10 @@ SETTLE: Final[LiteralString] = (
     "FROM (SELECT clock_timestamp() AS now) AS n "
     "WHERE e.idem_key = %(idem_key)s AND e.status = %(requires_approval)s"
     " AND (%(expected_attempt)s::integer IS NULL OR e.attempt = %(expected_attempt)s::integer)"
-    " AND (NOT %(only_parked)s OR e.error->>'code' = %(ambiguous)s) "
+    " AND (NOT %(only_parked)s OR e.error->>'code' = %(ambiguous)s)"
+    # Past the request's deadline, by this database's clock, only a denial.
+    " AND (%(ignores_deadline)s OR NOT EXISTS (SELECT 1 FROM {approvals} AS a"
+    " WHERE a.idem_key = e.idem_key AND a.deadline_at <= n.now)) "
     "RETURNING " + EFFECT_COLUMNS
 )
 

@@ -118,6 +118,10 @@ class PostgresRoles(PostgresTables):
             "guard": table("agent_ledger_guard_decision"),
             "insert_guard": table("agent_ledger_guard_new_effect"),
             "stamp": table("agent_ledger_stamp_requester"),
+            "record_request": table("agent_ledger_record_request"),
+            "appended": table("agent_ledger_history_appended"),
+            "guard_key_delete": table("agent_ledger_guard_key_delete"),
+            "keys": table(KEYS_TABLE),
         }
 
     async def install_roles(

@@ -289,6 +289,9 @@ SETTLE: Final = (
     " WHERE idem_key = :idem_key AND status = :requires_approval"
     " AND (:expected_attempt IS NULL OR attempt = :expected_attempt)"
     " AND (NOT :only_parked OR error_code IS :ambiguous)"
+    # Past the request's deadline only a denial.
+    " AND (:ignores_deadline OR NOT EXISTS (SELECT 1 FROM agent_ledger_approvals AS a"
+    " WHERE a.idem_key = agent_ledger_effects.idem_key AND a.deadline_us <= :now))"
 )
 
 # -- get / find --

@@ -538,6 +538,14 @@ class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets, MemoryApproval
         if only_parked and not parked:
             return None
         now = self._clock()
+        request = self._requests.get(idem_key)
+        if (
+            target is not EffectStatus.DENIED
+            and request is not None
+            and request.deadline_at is not None
+            and request.deadline_at <= now
+        ):
+            return None  # past its deadline nobody approves (or resolves) it; a denial may
         if target is _READY and parked:
             row.tries = 0  # a fresh set of tries, as a reopen gives (see settle_params)
         settled = Settlement(target, row.attempt, decision.by, decision.note, now)

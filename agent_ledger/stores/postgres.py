@@ -81,7 +81,7 @@ from agent_ledger.stores._params import (
     settle_params,
     transition_params,
 )
-from agent_ledger.stores._postgres_approvals import PostgresApprovals
+from agent_ledger.stores._postgres_approvals import APPROVALS_TABLE, PostgresApprovals
 from agent_ledger.stores._postgres_budgets import PostgresBudgets
 from agent_ledger.stores._postgres_roles import PostgresRoles
 from agent_ledger.stores._postgres_sagas import STEPS_TABLE, PostgresSagas
@@ -407,9 +407,12 @@ class PostgresStore(
         effects = sql.Identifier(schema, EFFECTS_TABLE)
         versions = sql.Identifier(schema, VERSIONS_TABLE)
         legacy_keys = sql.Identifier(schema, LEGACY_KEYS_TABLE)
+        approvals = sql.Identifier(schema, APPROVALS_TABLE)
 
         def compose(text: LiteralString) -> sql.Composed:
-            return sql.SQL(text).format(effects=effects, versions=versions, legacy_keys=legacy_keys)
+            return sql.SQL(text).format(
+                effects=effects, versions=versions, legacy_keys=legacy_keys, approvals=approvals
+            )
 
         self._begin = compose(q.BEGIN)
         self._begin_in_transaction = compose(q.BEGIN_IN_TRANSACTION)

@@ -113,6 +113,18 @@ BEGIN
     IF unit IS NULL THEN
         RAISE EXCEPTION 'agent_ledger_effects is not partitioned here (no agent_ledger_effect_partitioning row)';
     END IF;
+    -- Under the role set this runs as its owner (SECURITY DEFINER) for a
+    -- worker's begin, which needs only the current period: a caller that is
+    -- not a member of the owner gets partitions from the previous period to
+    -- `ahead` periods on, never an unbounded number of tables.
+    IF NOT pg_has_role(session_user, current_user, 'MEMBER')
+       AND (upto > clock_timestamp() + (SELECT p.ahead FROM agent_ledger_effect_partitioning AS p) * step
+            OR since < clock_timestamp() - step) THEN
+        RAISE EXCEPTION 'agent_ledger_add_partitions: % may make partitions only from % to % (the previous period to `ahead` periods on); the owner makes others',
+                session_user, clock_timestamp() - step,
+                clock_timestamp() + (SELECT p.ahead FROM agent_ledger_effect_partitioning AS p) * step
+            USING ERRCODE = '42501';
+    END IF;
     -- One maker at a time (two would race to attach the same range).
     PERFORM pg_advisory_xact_lock(hashtext('agent_ledger_add_partitions'));
     lo_at := date_trunc(unit, coalesce(since, clock_timestamp()), 'UTC');

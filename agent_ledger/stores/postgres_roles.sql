@@ -93,7 +93,41 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $identity$
 $identity$;
 
 -- ---------------------------------------------------------------------------
--- The decision guard, BEFORE UPDATE of an effect's status or decision.
+-- A new round of asking: an effect that enters requires_approval by an
+-- update (a park of a silent attempt, an approval taken back) or is inserted
+-- as a park has its request recorded here, with the session as the asker
+-- (the requester trigger below stamps it whatever this writes), so
+-- separation of duty applies to parks as to any other request. The round's
+-- deadline, policy version and escalation start empty: the engine records
+-- the new round's own after this (an earlier round's past deadline must not
+-- let anyone deny the new one).
+-- ---------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION {record_request}(key text) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $record_request$
+    INSERT INTO {approvals} AS a (idem_key, requested_by)
+    VALUES (key, {identity}())
+    ON CONFLICT (idem_key) DO UPDATE
+        SET requested_by = excluded.requested_by, policy_version = NULL, deadline_at = NULL,
+            escalated_at = NULL, created_at = clock_timestamp()
+$record_request$;
+
+-- ---------------------------------------------------------------------------
+-- Is NEW.history OLD.history with entries appended (nothing rewritten,
+-- removed or reordered)?
+-- ---------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION {appended}(old_history jsonb, new_history jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $appended$
+    SELECT old_history IS NOT DISTINCT FROM new_history
+        OR (jsonb_typeof(old_history) = 'array' AND jsonb_typeof(new_history) = 'array'
+            AND jsonb_array_length(new_history) >= jsonb_array_length(old_history)
+            AND old_history = (SELECT coalesce(jsonb_agg(h.value ORDER BY h.n), '[]'::jsonb)
+                               FROM jsonb_array_elements(new_history) WITH ORDINALITY AS h(value, n)
+                               WHERE h.n <= jsonb_array_length(old_history)))
+$appended$;
+
+-- ---------------------------------------------------------------------------
+-- The decision guard, BEFORE UPDATE of an effect's status, decision or
+-- receipt (note, error, history).
 -- ---------------------------------------------------------------------------
 CREATE OR REPLACE FUNCTION {guard}() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $guard$
@@ -104,6 +138,27 @@ DECLARE
     asker text;
     last jsonb;
 BEGIN
+    IF NEW.status = 'requires_approval' AND OLD.status IS DISTINCT FROM 'requires_approval' THEN
+        PERFORM {record_request}(OLD.idem_key);
+    END IF;
+    IF OLD.status <> 'processing'
+       AND ((NEW.decision_note IS DISTINCT FROM OLD.decision_note
+             AND NEW.decided_at IS NOT DISTINCT FROM OLD.decided_at)
+            OR (OLD.status = 'denied' AND NEW.error IS DISTINCT FROM OLD.error)
+            OR NOT {appended}(OLD.history, NEW.history)) THEN
+        -- A receipt is written once: why it was decided (the note, written
+        -- only with a decision's decided_at), why it was denied (the error),
+        -- what happened (the history, only ever appended to). Only an
+        -- approver (or the owner) changes them otherwise.
+        SELECT * INTO settings FROM {settings};
+        IF settings IS NULL
+           OR NOT (coalesce(pg_has_role(current_user, settings.approver_role, 'MEMBER'), false)
+                   OR coalesce(pg_has_role(current_user, settings.owner_role, 'MEMBER'), false)) THEN
+            RAISE EXCEPTION 'agent-ledger: % may not rewrite the receipt of effect % (%): its decision note, a denial''s error and its history (other than appending to it) are an approver''s',
+                    who, OLD.idem_key, OLD.tool
+                USING ERRCODE = '42501', CONSTRAINT = 'not_an_approver';
+        END IF;
+    END IF;
     IF NEW.status IS NOT DISTINCT FROM OLD.status
        AND NEW.decided_by IS NOT DISTINCT FROM OLD.decided_by
        AND NEW.decided_at IS NOT DISTINCT FROM OLD.decided_at THEN
@@ -121,10 +176,20 @@ BEGIN
        OR (OLD.status = 'requires_approval' AND NEW.status = 'canceled')
        OR (OLD.status = 'failed' AND NEW.status = 'processing') THEN
         -- One of the worker's own edges: a claim of an approved effect keeps
-        -- its decider; one that records a decider (a cancel with by=) gets
-        -- the session's identity.
-        IF NEW.decided_by IS DISTINCT FROM OLD.decided_by AND NEW.decided_by IS NOT NULL THEN
-            NEW.decided_by := who;
+        -- its decider; only a cancel records a decision (its decider is the
+        -- session's identity). Any other edge that writes or erases a
+        -- decision would make an unapproved effect look approved (an honest
+        -- gated run runs only an effect that carries a decision).
+        IF NEW.decided_by IS DISTINCT FROM OLD.decided_by
+           OR NEW.decided_at IS DISTINCT FROM OLD.decided_at THEN
+            IF NEW.status <> 'canceled' THEN
+                RAISE EXCEPTION 'agent-ledger: % may not record or erase a decision of effect % (%) while moving it from % to %',
+                        who, OLD.idem_key, OLD.tool, OLD.status, NEW.status
+                    USING ERRCODE = '42501', CONSTRAINT = 'not_an_approver';
+            END IF;
+            IF NEW.decided_by IS NOT NULL THEN
+                NEW.decided_by := who;
+            END IF;
         END IF;
         RETURN NEW;
     END IF;
@@ -145,7 +210,12 @@ BEGIN
         END IF;
         IF settings.separate_duty THEN
             SELECT a.requested_by INTO asker FROM {approvals} AS a WHERE a.idem_key = OLD.idem_key;
-            IF asker = who THEN
+            -- The asker is compared with every name this session acts under,
+            -- as the application compares principals (case-insensitively): the
+            -- identity above, the role it logged in as, and the current role
+            -- (a member that ran SET ROLE to a group role of its own, granted
+            -- the approver role, is still the person who asked).
+            IF lower(asker) IN (lower(who), lower(session_user::text), lower(current_user::text)) THEN
                 RAISE EXCEPTION 'agent-ledger: % asked for the approval of effect % (%) and may not decide it (separation of duty)',
                         who, OLD.idem_key, OLD.tool
                     USING ERRCODE = '42501', CONSTRAINT = 'self_decision',
@@ -190,9 +260,11 @@ $guard$;
 -- claim of a ready effect does, and the function lets the worker's edges
 -- through at once.
 CREATE OR REPLACE TRIGGER agent_ledger_effects_decision_guard
-    BEFORE UPDATE OF status, decided_by, decided_at ON {effects}
+    BEFORE UPDATE OF status, decided_by, decided_at, decision_note, error, history ON {effects}
     FOR EACH ROW
-    WHEN (OLD.status <> 'processing' OR OLD.decided_by IS DISTINCT FROM NEW.decided_by)
+    WHEN (OLD.status <> 'processing' OR NEW.status = 'requires_approval'
+          OR OLD.decided_by IS DISTINCT FROM NEW.decided_by
+          OR OLD.decided_at IS DISTINCT FROM NEW.decided_at)
     EXECUTE FUNCTION {guard}();
 
 -- ---------------------------------------------------------------------------
@@ -211,6 +283,12 @@ DECLARE
 BEGIN
     IF NEW.status IN ('processing', 'requires_approval')
        AND NEW.decided_by IS NULL AND NEW.decided_at IS NULL THEN
+        -- An effect inserted as a parked attempt (the engine never makes
+        -- one so: it parks a running one) has its asker recorded, as a park
+        -- by update does: separation of duty exempts no unrecorded park.
+        IF NEW.status = 'requires_approval' AND NEW.error ->> 'code' = 'ambiguous_attempt' THEN
+            PERFORM {record_request}(NEW.idem_key);
+        END IF;
         RETURN NEW;
     END IF;
     SELECT * INTO settings FROM {settings};
@@ -254,6 +332,43 @@ CREATE OR REPLACE TRIGGER agent_ledger_approvals_requester_changed
     EXECUTE FUNCTION {stamp}();
 
 -- ---------------------------------------------------------------------------
+-- The partitioned variant's key table: a key row names its effect, and a
+-- begin's insert of the same key meets it. Deleting the row of an effect
+-- that exists would let a begin insert a second effect beside it (one that
+-- never waited for the first one's approval), so only the owner (a purge)
+-- may; anyone who may delete keys may delete a row whose effect is gone (a
+-- begin reclaiming a key whose partition a purge detached).
+-- ---------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION {guard_key_delete}() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $guard_key_delete$
+DECLARE
+    settings record;
+BEGIN
+    IF EXISTS (SELECT 1 FROM {effects} AS e WHERE e.id = OLD.id AND e.created_at = OLD.created_at) THEN
+        SELECT * INTO settings FROM {settings};
+        IF settings IS NULL
+           OR NOT coalesce(pg_has_role(current_user, settings.owner_role, 'MEMBER'), false) THEN
+            RAISE EXCEPTION 'agent-ledger: % may not delete the key row of effect % while the effect exists (only the owner purges)',
+                    {identity}(), OLD.idem_key
+                USING ERRCODE = '42501', CONSTRAINT = 'not_the_owner';
+        END IF;
+    END IF;
+    RETURN OLD;
+END
+$guard_key_delete$;
+
+DO $keys$
+BEGIN
+    IF to_regclass({keys_name}) IS NOT NULL THEN
+        CREATE OR REPLACE TRIGGER agent_ledger_effect_keys_delete_guard
+            BEFORE DELETE ON {keys}
+            FOR EACH ROW
+            EXECUTE FUNCTION {guard_key_delete}();
+    END IF;
+END
+$keys$;
+
+-- ---------------------------------------------------------------------------
 -- Ownership: every table, sequence and function of the ledger in this
 -- schema belongs to the owner role (partitions included).
 -- ---------------------------------------------------------------------------
@@ -280,6 +395,14 @@ BEGIN
         -- no caller's temporary table stands in for the ledger's.
         EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %I, pg_temp',
                        to_regprocedure({add_partitions_name}), {schema_name});
+        -- Only the worker (a begin) calls it, besides its owner; and for a
+        -- caller that is not a member of the owner it makes partitions only
+        -- from the previous period to `ahead` periods on
+        -- (postgres_partitioned.sql).
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC',
+                       to_regprocedure({add_partitions_name}));
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I',
+                       to_regprocedure({add_partitions_name}), {worker_name});
     END IF;
 END
 $owner$;
@@ -353,3 +476,8 @@ GRANT UPDATE (requested_by, policy_version, deadline_at, escalated_at, created_a
 -- requests (escalation).
 GRANT INSERT ON {attempts}, {links} TO {approver};
 GRANT UPDATE (escalated_at) ON {approvals} TO {approver};
+-- An approver that takes an approval back (ready -> requires_approval) asks
+-- anew: the decision guard records the new round's request as its own.
+GRANT INSERT ON {approvals} TO {approver};
+GRANT UPDATE (requested_by, policy_version, deadline_at, escalated_at, created_at)
+    ON {approvals} TO {approver};
