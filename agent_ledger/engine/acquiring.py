@@ -17,10 +17,12 @@ from typing import Any, TypeVar
 
 from agent_ledger.backoff import LOCK_WAIT_SLICE_MS
 from agent_ledger.codes import ErrorCode
-from agent_ledger.deciding import approved_intent_differs, refuse_changed_intent
-from agent_ledger.decisions import ApprovalAsk, note_approval, notify_approval_required
+from agent_ledger.deciding import approved_intent_differs
+from agent_ledger.decisions import note_approval, notify_approval_required
 from agent_ledger.effects import Effect, EffectError
+from agent_ledger.engine.approving import approval_ask, approval_still_holds, park_if_unapproved
 from agent_ledger.engine.cancellation import carry_through
+from agent_ledger.engine.legacy_keys import follow_legacy_key
 from agent_ledger.engine.outcomes import TOO_MANY_TAKEOVERS, takeovers
 from agent_ledger.engine.ownership import own
 from agent_ledger.engine.preparing import Prepared
@@ -36,7 +38,6 @@ from agent_ledger.errors import (
     EffectTimeoutError,
 )
 from agent_ledger.keys import mismatched_args
-from agent_ledger.legacy.keys import legacy_mismatched_args
 from agent_ledger.metrics import approval_entered, replayed
 from agent_ledger.observability import log_effect
 from agent_ledger.status import EffectStatus
@@ -120,7 +121,7 @@ class Acquirer:
             # Carried through: a caller cancelled here still leaves the request
             # (and its deadline) recorded; only a process dying in between leaves none.
             await carry_through(
-                note_approval(self._store, effect.idem_key, _ask(prepared), renew=True)
+                note_approval(self._store, effect.idem_key, approval_ask(prepared), renew=True)
             )
             await notify_approval_required(effect, prepared.hooks)
             return await self.wait(prepared, effect, tx, since=since)
@@ -213,7 +214,7 @@ class Acquirer:
             name="retry_failed",
         )
         if outcome.claimed and outcome.effect is not None:
-            if await self._park_if_unapproved(prepared, outcome.effect):
+            if await park_if_unapproved(self._store, prepared, outcome.effect):
                 return await self._wait_again(prepared, outcome.effect)
             log_effect(
                 logging.INFO,
@@ -231,38 +232,8 @@ class Acquirer:
         return await self.wait(prepared, current, None)
 
     async def follow_legacy_key(self, prepared: Prepared, tx: object | None) -> Prepared:
-        """``legacy_keys=True``: the call goes on under the key of the effect its
-        0.2.x key was imported as, so it is answered (replayed, waited for,
-        claimed) exactly as that effect's own calls are. Before ``acquire``,
-        so that every later step of the run (waiting again after a lost
-        commit included) uses that key.
-
-        Not when nothing was imported under that key, or the effect found is
-        another workflow's or tool's: 0.2.x's ``"|"`` join gave both the same
-        key, and that receipt is not this call's.
-        """
-        new, legacy_key = prepared.new, prepared.legacy_key
-        if legacy_key is None:
-            return prepared
-        if not self._schema.ok:
-            await self._schema.ensure(tx)
-        effect = await self._store.find_legacy(legacy_key, tx=tx)
-        if (
-            effect is None
-            or effect.idem_key == new.idem_key
-            or (effect.workflow_id, effect.tool) != (new.workflow_id, new.tool)
-        ):
-            return prepared
-        if prepared.validate_keys is not None:
-            # Compared as 0.2.x compared them: its records cannot tell 1 from 1.0.
-            differ = legacy_mismatched_args(
-                effect.args_canonical, new.args_canonical, prepared.validate_keys
-            )
-            if differ:
-                log_effect(logging.INFO, f"payload mismatch on {list(differ)}", effect)
-                raise EffectPayloadMismatchError(effect, differ)
-        log_effect(logging.DEBUG, "answered by the effect imported under its 0.2.x key", effect)
-        return prepared._replace(new=new._replace(idem_key=effect.idem_key), validate_keys=None)
+        """See :func:`agent_ledger.engine.legacy_keys.follow_legacy_key`."""
+        return await follow_legacy_key(self._store, self._schema, prepared, tx)
 
     async def _ask_policy_if_fresh(
         self, prepared: Prepared, policy: Callable[[], bool], tx: object | None
@@ -341,12 +312,12 @@ class Acquirer:
             on_parked=functools.partial(notify_approval_required, hooks=prepared.hooks),
             since=since,
         )
-        if acquired.owned and await self._park_if_unapproved(prepared, acquired.effect):
+        if acquired.owned and await park_if_unapproved(self._store, prepared, acquired.effect):
             return await self._wait_again(prepared, acquired.effect)
         if acquired.owned and acquired.effect.decided_at is not None:
             claimed = acquired.effect
             try:
-                recheck = await carry_through(self._approval_still_holds(prepared, claimed))
+                recheck = await carry_through(approval_still_holds(self._store, prepared, claimed))
             except BaseException:
                 # Cancelled (or failed) holding a claim no handler will use: give
                 # it back (fenced: a no-op once it went back to a person).
@@ -373,67 +344,6 @@ class Acquirer:
             # Someone decided meanwhile (a cancel): wait for where it ends.
             return await self.wait(prepared, stored or claimed, tx)
         return Acquired(stored, owned=False)
-
-    async def _approval_still_holds(self, prepared: Prepared, claimed: Effect) -> Effect | None:
-        """The approval of an effect we just claimed still binds what would run: None.
-
-        Otherwise (the intent its approval was bound to differs from the effect as
-        it would run: tool, workflow, args or the ledger's policy version) nothing
-        runs: the refusal goes into the decision audit trail (reason
-        ``intent_mismatch``), a new request is recorded under the running
-        ledger's policy, and the effect goes back to a person with the holder's
-        fenced release (``status.HOLD``); returns it as it now waits. Read only
-        for an effect someone decided (``decided_at``): a run nobody had to
-        approve pays nothing.
-        """
-        why = await approved_intent_differs(
-            self._store, claimed, prepared.hooks.approval_policy_version
-        )
-        if why is None:
-            return None
-        log_effect(logging.WARNING, f"approval refused at run: {why}", claimed)
-        await refuse_changed_intent(self._store, claimed, why)
-        await note_approval(self._store, claimed.idem_key, _ask(prepared), renew=True)
-        if not await self._store.release(claimed.id, attempt=claimed.attempt, for_approval=True):
-            raise EffectLedgerInvariantError(
-                f"effect {claimed.idem_key} was taken from its holder between its claim and "
-                "its release"
-            )
-        held = await self._store.get(claimed.id) or claimed
-        await notify_approval_required(held, prepared.hooks)
-        return held
-
-    async def _park_if_unapproved(self, prepared: Prepared, claimed: Effect) -> bool:
-        """A call that needs approval runs only an effect a person decided.
-
-        ``claimed`` is ours (a claim or a takeover of an effect this call did
-        not create). When the call needs approval (``requires_approval=True``,
-        or its policy says so: asked here, since the key was stored) and the
-        effect carries no decision (``decided_at``: only a decision writes it,
-        and under PostgreSQL's role set only an approver or a cancel), it is
-        sent to a person (the holder's fenced ``release(for_approval=True)``)
-        instead of run: a row someone wrote as processing, or as ready,
-        without anyone approving it, never runs a gated call. True if parked
-        (or the fenced release found it moved on: wait for it either way).
-        """
-        if claimed.decided_at is not None:
-            return False
-        needs = prepared.needs_approval
-        if not needs and prepared.policy is not None:
-            try:
-                needs = prepared.policy()
-            except BaseException:
-                await self._store.release(claimed.id, attempt=claimed.attempt, for_approval=True)
-                raise
-        if not needs:
-            return False
-        # Carried through a cancellation: a claim no handler will use goes back.
-        if await carry_through(
-            self._store.release(claimed.id, attempt=claimed.attempt, for_approval=True)
-        ):
-            approval_entered(claimed)
-            log_effect(logging.WARNING, "undecided effect sent for approval, not run", claimed)
-        return True
 
     async def _wait_again(self, prepared: Prepared, parked: Effect) -> Acquired:
         """Wait for an effect this call just sent for approval, as it stands now."""
@@ -495,9 +405,3 @@ def _approval_in_transaction(new: NewEffect) -> EffectLedgerValidationError:
         "commits). Call run() without tx=, or request the approval in its own step.",
         field="tx",
     )
-
-
-def _ask(prepared: Prepared) -> ApprovalAsk:
-    """The approval request a prepared call makes (``RunOptions.principal``,
-    ``approval_deadline_ms``; ``LedgerHooks.approval_policy_version``)."""
-    return ApprovalAsk.of(prepared.opts, prepared.hooks)
