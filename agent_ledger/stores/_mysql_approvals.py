@@ -30,6 +30,7 @@ from agent_ledger.stores.approval_base import (
     attempt_from_row,
     attempt_params,
     request_from_row,
+    request_params,
 )
 
 if TYPE_CHECKING:
@@ -69,12 +70,7 @@ class MySQLApprovals(MySQLTables):
         policy_version: str | None,
         deadline_ms: int | None,
     ) -> ApprovalRequest:
-        params: dict[str, object] = {
-            "idem_key": idem_key,
-            "requested_by": requested_by,
-            "policy_version": policy_version,
-            "deadline_ms": deadline_ms,
-        }
+        params = request_params(idem_key, requested_by, policy_version, deadline_ms)
 
         async def work(cur: Cursor) -> ApprovalRequest:
             await insert_new(cur, q.APPROVAL_INSERT, params)
@@ -91,12 +87,7 @@ class MySQLApprovals(MySQLTables):
         policy_version: str | None,
         deadline_ms: int | None,
     ) -> ApprovalRequest:
-        params: dict[str, object] = {
-            "idem_key": idem_key,
-            "requested_by": requested_by,
-            "policy_version": policy_version,
-            "deadline_ms": deadline_ms,
-        }
+        params = request_params(idem_key, requested_by, policy_version, deadline_ms)
 
         async def work(cur: Cursor) -> ApprovalRequest:
             await cur.execute(q.APPROVAL_RENEW, params)

@@ -36,6 +36,7 @@ from agent_ledger.stores.approval_base import (
     attempt_from_row,
     attempt_params,
     request_from_row,
+    request_params,
 )
 
 if TYPE_CHECKING:
@@ -105,12 +106,7 @@ class PostgresApprovals(PostgresTables):
         policy_version: str | None,
         deadline_ms: int | None,
     ) -> ApprovalRequest:
-        params = {
-            "idem_key": idem_key,
-            "requested_by": requested_by,
-            "policy_version": policy_version,
-            "deadline_ms": deadline_ms,
-        }
+        params = request_params(idem_key, requested_by, policy_version, deadline_ms)
         (row,) = await self._rows("note_request", q.APPROVAL_NOTE, params)
         return request_from_row(row, utc)
 
@@ -122,12 +118,7 @@ class PostgresApprovals(PostgresTables):
         policy_version: str | None,
         deadline_ms: int | None,
     ) -> ApprovalRequest:
-        params = {
-            "idem_key": idem_key,
-            "requested_by": requested_by,
-            "policy_version": policy_version,
-            "deadline_ms": deadline_ms,
-        }
+        params = request_params(idem_key, requested_by, policy_version, deadline_ms)
         (row,) = await self._rows("renew_request", q.APPROVAL_RENEW, params)
         return request_from_row(row, utc)
 

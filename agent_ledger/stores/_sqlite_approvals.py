@@ -30,6 +30,7 @@ from agent_ledger.stores.approval_base import (
     attempt_from_row,
     attempt_params,
     request_from_row,
+    request_params,
 )
 
 if TYPE_CHECKING:
@@ -67,12 +68,7 @@ class SqliteApprovals(SqliteTables):
         deadline_ms: int | None,
     ) -> ApprovalRequest:
         await self._enter(None)
-        params = {
-            "idem_key": idem_key,
-            "requested_by": requested_by,
-            "policy_version": policy_version,
-            "deadline_ms": deadline_ms,
-        }
+        params = request_params(idem_key, requested_by, policy_version, deadline_ms)
 
         def work(conn: sqlite3.Connection, now: int) -> ApprovalRequest:
             conn.execute(q.APPROVAL_INSERT, params | {"now": now})
@@ -89,12 +85,7 @@ class SqliteApprovals(SqliteTables):
         deadline_ms: int | None,
     ) -> ApprovalRequest:
         await self._enter(None)
-        params = {
-            "idem_key": idem_key,
-            "requested_by": requested_by,
-            "policy_version": policy_version,
-            "deadline_ms": deadline_ms,
-        }
+        params = request_params(idem_key, requested_by, policy_version, deadline_ms)
 
         def work(conn: sqlite3.Connection, now: int) -> ApprovalRequest:
             conn.execute(q.APPROVAL_RENEW, params | {"now": now})

@@ -44,6 +44,7 @@ __all__ = [
     "attempt_from_row",
     "attempt_params",
     "request_from_row",
+    "request_params",
 ]
 
 
@@ -170,6 +171,18 @@ class ApprovalStore(Protocol):
         stamped already (or was renewed since); True if this call stamped it.
         One compare-and-set: of any number of sweepers exactly one gets True."""
         ...
+
+
+def request_params(
+    idem_key: str, requested_by: str | None, policy_version: str | None, deadline_ms: int | None
+) -> dict[str, object]:
+    """The parameters of ``note_request`` and ``renew_request``'s statements, every dialect."""
+    return {
+        "idem_key": idem_key,
+        "requested_by": requested_by,
+        "policy_version": policy_version,
+        "deadline_ms": deadline_ms,
+    }
 
 
 def request_from_row(row: tuple[Any, ...], to_time: Any) -> ApprovalRequest:
