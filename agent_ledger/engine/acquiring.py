@@ -20,20 +20,19 @@ from agent_ledger.codes import ErrorCode
 from agent_ledger.deciding import approved_intent_differs
 from agent_ledger.decisions import note_approval, notify_approval_required
 from agent_ledger.effects import Effect, EffectError
-from agent_ledger.engine.approving import approval_ask, approval_still_holds, park_if_unapproved
+from agent_ledger.engine import approving
 from agent_ledger.engine.cancellation import carry_through
-from agent_ledger.engine.legacy_keys import follow_legacy_key
+from agent_ledger.engine.leases import lease_end
 from agent_ledger.engine.outcomes import TOO_MANY_TAKEOVERS, takeovers
 from agent_ledger.engine.ownership import own
 from agent_ledger.engine.preparing import Prepared
-from agent_ledger.engine.recording import Outcome, Recorder, lease_end
+from agent_ledger.engine.recording import Outcome, Recorder
 from agent_ledger.engine.waiting import Acquired, Waiter
 from agent_ledger.errors import (
     ApprovalIntentChangedError,
     ApprovalPendingError,
     EffectInFlightError,
     EffectLedgerInvariantError,
-    EffectLedgerValidationError,
     EffectPayloadMismatchError,
     EffectTimeoutError,
 )
@@ -121,7 +120,9 @@ class Acquirer:
             # Carried through: a caller cancelled here still leaves the request
             # (and its deadline) recorded; only a process dying in between leaves none.
             await carry_through(
-                note_approval(self._store, effect.idem_key, approval_ask(prepared), renew=True)
+                note_approval(
+                    self._store, effect.idem_key, approving.approval_ask(prepared), renew=True
+                )
             )
             await notify_approval_required(effect, prepared.hooks)
             return await self.wait(prepared, effect, tx, since=since)
@@ -214,7 +215,7 @@ class Acquirer:
             name="retry_failed",
         )
         if outcome.claimed and outcome.effect is not None:
-            if await park_if_unapproved(self._store, prepared, outcome.effect):
+            if await approving.park_if_unapproved(self._store, prepared, outcome.effect):
                 return await self._wait_again(prepared, outcome.effect)
             log_effect(
                 logging.INFO,
@@ -230,10 +231,6 @@ class Acquirer:
         if current.status.is_terminal:
             return Acquired(current, owned=False)
         return await self.wait(prepared, current, None)
-
-    async def follow_legacy_key(self, prepared: Prepared, tx: object | None) -> Prepared:
-        """See :func:`agent_ledger.engine.legacy_keys.follow_legacy_key`."""
-        return await follow_legacy_key(self._store, self._schema, prepared, tx)
 
     async def _ask_policy_if_fresh(
         self, prepared: Prepared, policy: Callable[[], bool], tx: object | None
@@ -276,7 +273,7 @@ class Acquirer:
         if not needs:
             return effect
         if tx is not None:
-            raise _approval_in_transaction(prepared.new)
+            raise approving.approval_in_transaction(prepared.new)
         await self._store.release(effect.id, attempt=effect.attempt, for_approval=True)
         held = await self._store.get(effect.id)
         return held if held is not None else effect
@@ -289,7 +286,7 @@ class Acquirer:
         for ever. An existing effect (a replay) is fine.
         """
         if await self._store.find(new.idem_key, tx=tx) is None:
-            raise _approval_in_transaction(new)
+            raise approving.approval_in_transaction(new)
 
     async def wait(
         self, prepared: Prepared, effect: Effect, tx: object | None, *, since: float | None = None
@@ -312,12 +309,16 @@ class Acquirer:
             on_parked=functools.partial(notify_approval_required, hooks=prepared.hooks),
             since=since,
         )
-        if acquired.owned and await park_if_unapproved(self._store, prepared, acquired.effect):
+        if acquired.owned and await approving.park_if_unapproved(
+            self._store, prepared, acquired.effect
+        ):
             return await self._wait_again(prepared, acquired.effect)
         if acquired.owned and acquired.effect.decided_at is not None:
             claimed = acquired.effect
             try:
-                recheck = await carry_through(approval_still_holds(self._store, prepared, claimed))
+                recheck = await carry_through(
+                    approving.approval_still_holds(self._store, prepared, claimed)
+                )
             except BaseException:
                 # Cancelled (or failed) holding a claim no handler will use: give
                 # it back (fenced: a no-op once it went back to a person).
@@ -396,12 +397,3 @@ def _created_to_run(begun: BeginOutcome) -> Effect | None:
 def _retried_to_run(outcome: ClaimOutcome) -> Effect | None:
     """The effect a retry made ours: the new attempt it claimed."""
     return outcome.effect if outcome.claimed else None
-
-
-def _approval_in_transaction(new: NewEffect) -> EffectLedgerValidationError:
-    return EffectLedgerValidationError(
-        f"{new.tool} needs approval, and an effect that needs approval cannot be "
-        "created inside a transaction (nobody can approve it before the transaction "
-        "commits). Call run() without tx=, or request the approval in its own step.",
-        field="tx",
-    )

@@ -18,12 +18,17 @@ from agent_ledger.decisions import ApprovalAsk, note_approval, notify_approval_r
 from agent_ledger.effects import Effect
 from agent_ledger.engine.cancellation import carry_through
 from agent_ledger.engine.preparing import Prepared
-from agent_ledger.errors import EffectLedgerInvariantError
+from agent_ledger.errors import EffectLedgerInvariantError, EffectLedgerValidationError
 from agent_ledger.metrics import approval_entered
 from agent_ledger.observability import log_effect
-from agent_ledger.stores.base import Store
+from agent_ledger.stores.base import NewEffect, Store
 
-__all__ = ["approval_ask", "approval_still_holds", "park_if_unapproved"]
+__all__ = [
+    "approval_ask",
+    "approval_in_transaction",
+    "approval_still_holds",
+    "park_if_unapproved",
+]
 
 
 async def approval_still_holds(store: Store, prepared: Prepared, claimed: Effect) -> Effect | None:
@@ -88,3 +93,13 @@ def approval_ask(prepared: Prepared) -> ApprovalAsk:
     """The approval request a prepared call makes (``RunOptions.principal``,
     ``approval_deadline_ms``; ``LedgerHooks.approval_policy_version``)."""
     return ApprovalAsk.of(prepared.opts, prepared.hooks)
+
+
+def approval_in_transaction(new: NewEffect) -> EffectLedgerValidationError:
+    """Why a call that needs approval cannot create its effect inside a transaction."""
+    return EffectLedgerValidationError(
+        f"{new.tool} needs approval, and an effect that needs approval cannot be "
+        "created inside a transaction (nobody can approve it before the transaction "
+        "commits). Call run() without tx=, or request the approval in its own step.",
+        field="tx",
+    )

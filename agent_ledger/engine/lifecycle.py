@@ -35,6 +35,8 @@ from agent_ledger.effects import (
 from agent_ledger.engine.acquiring import Acquirer
 from agent_ledger.engine.handlers import HANDLER_THREADS, call_handler
 from agent_ledger.engine.heartbeats import Heartbeats
+from agent_ledger.engine.leases import lease_end
+from agent_ledger.engine.legacy_keys import follow_legacy_key
 from agent_ledger.engine.outcomes import TOO_MANY_TAKEOVERS, recorded_outcome, takeovers
 from agent_ledger.engine.parking import mark_started
 from agent_ledger.engine.preparing import Prepared, Preparer
@@ -46,7 +48,6 @@ from agent_ledger.engine.recording import (
     USAGE_NOT_SERIALIZABLE,
     Recorded,
     Recorder,
-    lease_end,
     was_parked,
 )
 from agent_ledger.engine.retrying import (
@@ -139,7 +140,7 @@ class Engine:
         acquirer = self._acquirer
         # Tool.call_outcome's slot for this call, if it asked (one context read).
         slot = current_outcome_slot(prepared.new.idem_key)
-        prepared = await acquirer.follow_legacy_key(prepared, tx)
+        prepared = await follow_legacy_key(self._store, self.schema, prepared, tx)
         acquired = await acquirer.acquire(prepared, tx)
         while acquired.owned:
             if slot is not None:
@@ -156,7 +157,7 @@ class Engine:
     async def begin(self, prepared: Prepared, tx: object | None) -> BeginResult[object]:
         """Acquire without a handler: the caller executes and commits."""
         acquirer = self._acquirer
-        prepared = await acquirer.follow_legacy_key(prepared, tx)
+        prepared = await follow_legacy_key(self._store, self.schema, prepared, tx)
         acquired = await acquirer.acquire(prepared, tx)
         while acquired.owned and prepared.opts.on_stale == "park":
             # The caller runs the tool as soon as this returns: its start is now.

@@ -17,7 +17,6 @@ import dataclasses
 import logging
 from typing import Final, NamedTuple
 
-from agent_ledger.backoff import COMMIT_RETRY
 from agent_ledger.codes import ErrorCode
 from agent_ledger.context import current_outcome_slot
 from agent_ledger.effects import Effect, EffectError, FailedWithUsage, Parked, WithUsage
@@ -25,12 +24,13 @@ from agent_ledger.engine.cancellation import carry_through
 from agent_ledger.engine.deadline import Late, late_outcome
 from agent_ledger.engine.handlers import failure_of, usage_json
 from agent_ledger.engine.heartbeats import Beat
+from agent_ledger.engine.leases import lease_end, lease_until, pause, stop_beat
 from agent_ledger.engine.limits import cap_message
 from agent_ledger.errors import EffectLedgerValidationError, EffectStoreError, HandlerTimeoutError
 from agent_ledger.keys import canonical_json
 from agent_ledger.metrics import commit_fenced
 from agent_ledger.observability import effect_fields, log_effect, logger
-from agent_ledger.options import DEFAULT_STALE_AFTER_MS, ResolvedRunOptions
+from agent_ledger.options import ResolvedRunOptions
 from agent_ledger.retries import failure_is_retryable
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores.base import Store
@@ -389,47 +389,6 @@ def not_stored(outcome: Outcome, refused: EffectStoreError) -> Outcome:
     return outcome._replace(
         status=EffectStatus.FAILED, result_json=None, error=error, usage_json=None, retryable=False
     )
-
-
-async def pause(step: int, until: float, effect: Effect, what: str) -> bool:
-    """After store error number ``step`` (from 0): wait before trying again, on the
-    ``COMMIT_RETRY`` schedule, if the lease surely lasts until then (``until``,
-    loop time); False, at once, when it does not (the caller gives up)."""
-    remaining_s = until - asyncio.get_running_loop().time()
-    if remaining_s <= 0:
-        return False
-    delay = COMMIT_RETRY.delay(step, remaining_s=remaining_s)
-    log_effect(logging.WARNING, f"{what} failed; retrying in {delay:.2f} s", effect)
-    await asyncio.sleep(delay)
-    return True
-
-
-def lease_end(alive_at: float, lease_ms: int) -> float:
-    """The loop time until which a lease renewed at ``alive_at`` surely holds.
-
-    ``alive_at`` is when the last heartbeat the store confirmed was sent (or
-    the claim was made): the store's ``heartbeat_at`` is no earlier, so others
-    may take over only ``lease_ms`` after it. A tenth of the lease, at most a
-    second, is kept in hand for clocks and round trips.
-    """
-    lease_s = lease_ms / 1000.0
-    return alive_at + lease_s - min(lease_s / 10.0, 1.0)
-
-
-def lease_until(beat: Beat | None, opts: ResolvedRunOptions) -> float:
-    """Until when (loop time) the lease surely keeps others off the effect."""
-    if beat is None:
-        # No takeover possible (after_ms=0), or inside a transaction (no
-        # retries there): retry as long as a default lease would last.
-        return lease_end(asyncio.get_running_loop().time(), DEFAULT_STALE_AFTER_MS)
-    return lease_end(beat.confirmed_at, opts.stale_after_ms)
-
-
-def stop_beat(beat: Beat | None, opts: ResolvedRunOptions) -> float:
-    """Stop heartbeating; return until when the lease keeps others off the effect."""
-    if beat is not None:
-        beat.stop()
-    return lease_until(beat, opts)
 
 
 def was_parked(effect: Effect, attempt: int) -> bool:

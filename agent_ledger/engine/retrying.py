@@ -23,15 +23,12 @@ from agent_ledger.codes import ErrorCode
 from agent_ledger.effects import Effect, EffectError, FailedWithUsage, TryFailure
 from agent_ledger.engine.handlers import error_of, type_name
 from agent_ledger.engine.heartbeats import Beat
+from agent_ledger.engine.leases import lease_end, lease_until, pause, stop_beat
 from agent_ledger.engine.recording import (
     LOST,
     Outcome,
     Recorded,
     Recorder,
-    lease_end,
-    lease_until,
-    pause,
-    stop_beat,
 )
 from agent_ledger.errors import EffectFailedError, EffectStoreError
 from agent_ledger.observability import log_effect

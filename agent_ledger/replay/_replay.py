@@ -181,7 +181,7 @@ class Replay:
         self, new: NewEffect, legacy_key: str, effects: Mapping[str, Effect]
     ) -> Effect | None:
         """The recorded effect imported under ``legacy_key``, if it is this call's
-        (same workflow and tool: the engine's rule, ``Acquirer.follow_legacy_key``).
+        (same workflow and tool: the engine's rule, ``engine.legacy_keys.follow_legacy_key``).
 
         Only a store knows what was imported under which 0.2.x key (a read:
         ``find_legacy``); an export does not carry that map, so there such a

@@ -16,7 +16,7 @@ from agent_ledger import (
     ToolCall,
 )
 from agent_ledger.backoff import COMMIT_RETRY, Backoff
-from agent_ledger.engine import recording
+from agent_ledger.engine import leases
 from agent_ledger.options import StaleOptions
 from agent_ledger.testing import FaultyStore
 from tests.approvals import make_pending
@@ -43,7 +43,7 @@ def flaky_commit(failures: int, *, applied_then_fail: bool) -> FaultyStore[Memor
 
 @pytest.fixture(autouse=True)
 def fast_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(recording, "COMMIT_RETRY", Backoff(initial_s=0.001, max_s=0.001))
+    monkeypatch.setattr(leases, "COMMIT_RETRY", Backoff(initial_s=0.001, max_s=0.001))
 
 
 @pytest.mark.parametrize("applied_then_fail", [False, True])
@@ -113,7 +113,7 @@ async def test_an_outage_shorter_than_the_lease_costs_no_second_execution() -> N
         return "ch_1"
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(recording, "COMMIT_RETRY", COMMIT_RETRY)  # the real schedule
+        patch.setattr(leases, "COMMIT_RETRY", COMMIT_RETRY)  # the real schedule
         result = await ledger.run(CALL, charge, RunOptions(stale=StaleOptions(after_ms=3_000)))
     assert (result, executions) == ("ch_1", 1)
     assert loop.time() >= until
