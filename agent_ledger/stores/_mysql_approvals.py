@@ -71,13 +71,7 @@ class MySQLApprovals(MySQLTables):
         deadline_ms: int | None,
     ) -> ApprovalRequest:
         params = request_params(idem_key, requested_by, policy_version, deadline_ms)
-
-        async def work(cur: Cursor) -> ApprovalRequest:
-            await insert_new(cur, q.APPROVAL_INSERT, params)
-            await cur.execute(q.APPROVAL_GET, params)
-            return request_from_row(await cur.fetchone(), utc)
-
-        return await self._run("note_request", work, None, atomic=True, idem_key=idem_key)
+        return await self._write_request("note_request", idem_key, params, renew=False)
 
     async def renew_request(
         self,
@@ -88,13 +82,22 @@ class MySQLApprovals(MySQLTables):
         deadline_ms: int | None,
     ) -> ApprovalRequest:
         params = request_params(idem_key, requested_by, policy_version, deadline_ms)
+        return await self._write_request("renew_request", idem_key, params, renew=True)
+
+    async def _write_request(
+        self, operation: str, idem_key: str, params: dict[str, object], *, renew: bool
+    ) -> ApprovalRequest:
+        """Insert the request row (kept if there is one) or renew it, and read the row it left."""
 
         async def work(cur: Cursor) -> ApprovalRequest:
-            await cur.execute(q.APPROVAL_RENEW, params)
+            if renew:
+                await cur.execute(q.APPROVAL_RENEW, params)
+            else:
+                await insert_new(cur, q.APPROVAL_INSERT, params)
             await cur.execute(q.APPROVAL_GET, params)
             return request_from_row(await cur.fetchone(), utc)
 
-        return await self._run("renew_request", work, None, atomic=True, idem_key=idem_key)
+        return await self._run(operation, work, None, atomic=True, idem_key=idem_key)
 
     async def approval_request(
         self, idem_key: str, *, tx: object | None = None

@@ -67,14 +67,8 @@ class SqliteApprovals(SqliteTables):
         policy_version: str | None,
         deadline_ms: int | None,
     ) -> ApprovalRequest:
-        await self._enter(None)
         params = request_params(idem_key, requested_by, policy_version, deadline_ms)
-
-        def work(conn: sqlite3.Connection, now: int) -> ApprovalRequest:
-            conn.execute(q.APPROVAL_INSERT, params | {"now": now})
-            return request_from_row(conn.execute(q.APPROVAL_GET, (idem_key,)).fetchone(), from_us)
-
-        return await self._run("note_request", work, None, write=True, idem_key=idem_key)
+        return await self._write_request("note_request", q.APPROVAL_INSERT, idem_key, params)
 
     async def renew_request(
         self,
@@ -84,14 +78,20 @@ class SqliteApprovals(SqliteTables):
         policy_version: str | None,
         deadline_ms: int | None,
     ) -> ApprovalRequest:
-        await self._enter(None)
         params = request_params(idem_key, requested_by, policy_version, deadline_ms)
+        return await self._write_request("renew_request", q.APPROVAL_RENEW, idem_key, params)
+
+    async def _write_request(
+        self, operation: str, statement: str, idem_key: str, params: dict[str, object]
+    ) -> ApprovalRequest:
+        """``statement`` (insert or renew) on the request row, and the row it left."""
+        await self._enter(None)
 
         def work(conn: sqlite3.Connection, now: int) -> ApprovalRequest:
-            conn.execute(q.APPROVAL_RENEW, params | {"now": now})
+            conn.execute(statement, params | {"now": now})
             return request_from_row(conn.execute(q.APPROVAL_GET, (idem_key,)).fetchone(), from_us)
 
-        return await self._run("renew_request", work, None, write=True, idem_key=idem_key)
+        return await self._run(operation, work, None, write=True, idem_key=idem_key)
 
     async def approval_request(
         self, idem_key: str, *, tx: object | None = None
