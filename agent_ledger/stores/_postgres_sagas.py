@@ -27,6 +27,9 @@ from agent_ledger.stores.saga_base import (
     SagaStep,
     check_saga_limit,
     check_saga_move,
+    claim_saga_params,
+    finish_saga_params,
+    release_saga_params,
     saga_error_json,
     saga_from_row,
     step_from_row,
@@ -103,14 +106,7 @@ class PostgresSagas(PostgresTables):
         idle_ms: int,
         owner: str | None,
     ) -> SagaRecord | None:
-        params = {
-            "saga_id": saga_id,
-            "expect": expect.value,
-            "then": then.value,
-            "lease_ms": lease_ms,
-            "idle_ms": idle_ms,
-            "owner": owner,
-        }
+        params = claim_saga_params(saga_id, expect, then, lease_ms, idle_ms, owner)
         rows = await self._saga_rows("claim_saga", "claim", params)
         return _saga(rows[0]) if rows else None
 
@@ -119,11 +115,7 @@ class PostgresSagas(PostgresTables):
         return await self._saga_count("heartbeat_saga", "heartbeat", params) == 1
 
     async def release_saga(self, saga_id: str, *, attempt: int) -> bool:
-        params = {
-            "saga_id": saga_id,
-            "attempt": attempt,
-            "compensating": SagaStatus.COMPENSATING.value,
-        }
+        params = release_saga_params(saga_id, attempt)
         return await self._saga_count("release_saga", "release", params) == 1
 
     async def finish_saga(
@@ -136,14 +128,8 @@ class PostgresSagas(PostgresTables):
         error: EffectError | None,
     ) -> bool:
         check_saga_move(expect, then)
-        params = {
-            "saga_id": saga_id,
-            "attempt": attempt,
-            "expect": expect.value,
-            "then": then.value,
-            "error": saga_error_json(error),
-            "terminal": then.is_terminal,
-        }
+        params = finish_saga_params(saga_id, attempt, expect, then)
+        params["error"] = saga_error_json(error)
         return await self._saga_count("finish_saga", "finish", params) == 1
 
     async def record_step(
