@@ -22,13 +22,14 @@ from agent_ledger.codes import DecisionCode, ErrorCode
 from agent_ledger.effects import Effect
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _sqlite_queries as q
-from agent_ledger.stores._params import Dialect, settle_params
+from agent_ledger.stores._params import Dialect
 from agent_ledger.stores._sqlite_tables import SqliteTables, from_us, to_us
 from agent_ledger.stores.approval_base import (
     DecideOutcome,
     DecideRequest,
     attempt_from_row,
     attempt_params,
+    decide_params,
     request_from_row,
     request_params,
 )
@@ -107,16 +108,7 @@ class SqliteApprovals(SqliteTables):
     async def decide(self, request: DecideRequest) -> DecideOutcome:
         await self._enter(None)
         key = request.idem_key
-        params = settle_params(
-            self._dialect,
-            key,
-            target=request.target,
-            expected_attempt=request.expected_attempt,
-            only_parked=request.only_parked,
-            result_json=request.result_json,
-            error=request.error,
-            decision=request.decision,
-        )
+        params = decide_params(self._dialect, request)
         audit = attempt_params(request.attempt, DecisionOutcome.ACCEPTED, DecisionCode.DECIDED)
         link = request.link
         started = self._counts.epoch

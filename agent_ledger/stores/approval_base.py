@@ -35,6 +35,7 @@ from agent_ledger.approvals import (
 from agent_ledger.codes import DecisionCode
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.status import EffectStatus
+from agent_ledger.stores._params import Dialect, settle_params
 from agent_ledger.stores.base import Decision, check_settle_target
 
 __all__ = [
@@ -171,6 +172,20 @@ class ApprovalStore(Protocol):
         stamped already (or was renewed since); True if this call stamped it.
         One compare-and-set: of any number of sweepers exactly one gets True."""
         ...
+
+
+def decide_params(dialect: Dialect, request: DecideRequest) -> dict[str, object]:
+    """The parameters of the settle a ``decide`` makes, every SQL dialect."""
+    return settle_params(
+        dialect,
+        request.idem_key,
+        target=request.target,
+        expected_attempt=request.expected_attempt,
+        only_parked=request.only_parked,
+        result_json=request.result_json,
+        error=request.error,
+        decision=request.decision,
+    )
 
 
 def request_params(
