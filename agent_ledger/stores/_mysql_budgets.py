@@ -18,15 +18,14 @@ from agent_ledger.stores import _mysql_queries as q
 from agent_ledger.stores._mysql_tables import Cursor, MySQLTables, insert_new, stored, utc
 from agent_ledger.stores.budget_base import (
     DETACHED,
-    UNITS,
     NewHold,
     amount_params,
     budget_from_row,
     check_budget_limit,
     check_hold,
     detached_key,
-    fits,
     hold_amount,
+    joined_room,
     largest_spend,
     limit_params,
     limit_values,
@@ -109,17 +108,8 @@ class MySQLBudgets(MySQLTables):
             dead = [g[0] for g in group if g[6] <= now]
             old = largest_spend(hold_amount(g) for g in group)
             live = [hold_amount(g) for g in group if g[0] not in dead]
-            new = largest_spend([*live, hold.estimate])
-            counted = [unit in hold.units for unit in UNITS]
-            grows = any(c and n > o for c, n, o in zip(counted, new, old, strict=True))
-            # Joining a live hold at no more than it holds always fits: the
-            # call was admitted when that hold was made.
-            if (grows or not live) and not fits(
-                limit_values(state),
-                state.spent,
-                spend_minus(state.reserved, old),
-                [n if c else None for c, n in zip(counted, new, strict=True)],
-            ):
+            new = joined_room(limit_values(state), state.spent, state.reserved, old, live, hold)
+            if new is None:
                 return False
             for hold_id in dead:
                 await cur.execute(q.DELETE_HOLD_ONE, at | {"hold_id": hold_id})

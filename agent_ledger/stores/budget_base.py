@@ -227,6 +227,35 @@ def fits(
     return True
 
 
+def joined_room(
+    limits: Sequence[int | None],
+    spent: Spend,
+    reserved: Spend,
+    old: Spend,
+    live: Sequence[Spend],
+    hold: NewHold,
+) -> Spend | None:
+    """The effect's room once ``hold`` joins its ``live`` holds' estimates, or
+    None if it does not fit (the stores that reserve in Python: memory, SQLite,
+    MySQL). ``old`` is the room the effect's holds take now, expired ones
+    included; the budget's ``reserved`` loses ``old`` and gains the answer.
+
+    Only the units ``hold`` counts are checked. Joining a live hold at no more
+    than it holds always fits: the call was admitted when that hold was made.
+    """
+    new = largest_spend([*live, hold.estimate])
+    counted = [unit in hold.units for unit in UNITS]
+    grows = any(c and n > o for c, n, o in zip(counted, new, old, strict=True))
+    if (grows or not live) and not fits(
+        limits,
+        spent,
+        spend_minus(reserved, old),
+        [n if c else None for c, n in zip(counted, new, strict=True)],
+    ):
+        return None
+    return new
+
+
 #: The budget columns every SQL store selects, in the order ``budget_from_row`` reads them.
 BUDGET_ROW: Final = (
     "workflow_id",
