@@ -29,6 +29,7 @@ from agent_ledger.stores.budget_base import (
     largest_spend,
     limit_params,
     limit_values,
+    room_freed,
     spend_minus,
 )
 
@@ -60,9 +61,7 @@ async def _give_back(cur: Cursor, which: str, params: dict[str, object], spent: 
     freed = Spend()
     for key in set(gone.values()):
         group = await _rows(cur, q.HOLD_ROWS + q.OF_KEY, params | {"idem_key": key})
-        old = largest_spend(hold_amount(row) for row in group)
-        left = largest_spend(hold_amount(row) for row in group if row[0] not in gone)
-        freed = Spend(*(f + d for f, d in zip(freed, spend_minus(old, left), strict=True)))
+        freed = Spend(*(f + d for f, d in zip(freed, room_freed(group, gone), strict=True)))
     for hold_id in gone:
         await cur.execute(q.DELETE_HOLD_ONE, params | {"hold_id": hold_id})
     await cur.execute(
@@ -178,14 +177,14 @@ class MySQLBudgets(MySQLTables):
             # Out of the effect's room (it shrinks to the largest estimate left),
             # into its own: reserved grows by the hold's estimate.
             group = await _rows(cur, q.HOLD_ROWS + q.OF_KEY, at | {"idem_key": row[1]})
-            old = largest_spend(hold_amount(g) for g in group)
-            left = largest_spend(hold_amount(g) for g in group if g[0] != hold_id)
             await cur.execute(q.HOLD_REKEY, at | {"new_key": detached_key(row[1], hold_id)})
             await cur.execute(
                 q.BUDGET_APPLY,
                 at
                 | amount_params("spent", Spend())
-                | amount_params("freed", spend_minus(spend_minus(old, left), hold_amount(row))),
+                | amount_params(
+                    "freed", spend_minus(room_freed(group, {hold_id}), hold_amount(row))
+                ),
             )
             return True
 

@@ -27,6 +27,7 @@ from agent_ledger.stores.budget_base import (
     largest_spend,
     limit_params,
     limit_values,
+    room_freed,
     spend_minus,
 )
 
@@ -47,9 +48,7 @@ def _give_back(
     freed = Spend()
     for key in set(gone.values()):
         group = conn.execute(q.HOLD_ROWS + q.OF_KEY, params | {"idem_key": key}).fetchall()
-        old = largest_spend(hold_amount(row) for row in group)
-        left = largest_spend(hold_amount(row) for row in group if row[0] not in gone)
-        freed = Spend(*(f + d for f, d in zip(freed, spend_minus(old, left), strict=True)))
+        freed = Spend(*(f + d for f, d in zip(freed, room_freed(group, gone), strict=True)))
     for hold_id in gone:
         conn.execute(q.DELETE_HOLD_ONE, params | {"hold_id": hold_id})
     conn.execute(
@@ -159,14 +158,14 @@ class SqliteBudgets(SqliteTables):
             # Out of the effect's room (it shrinks to the largest estimate left),
             # into its own: reserved grows by the hold's estimate.
             group = conn.execute(q.HOLD_ROWS + q.OF_KEY, at | {"idem_key": row[1]}).fetchall()
-            old = largest_spend(hold_amount(g) for g in group)
-            left = largest_spend(hold_amount(g) for g in group if g[0] != hold_id)
             conn.execute(q.HOLD_REKEY, at | {"new_key": detached_key(row[1], hold_id)})
             conn.execute(
                 q.BUDGET_APPLY,
                 at
                 | amount_params("spent", Spend())
-                | amount_params("freed", spend_minus(spend_minus(old, left), hold_amount(row))),
+                | amount_params(
+                    "freed", spend_minus(room_freed(group, {hold_id}), hold_amount(row))
+                ),
             )
             return True
 

@@ -62,7 +62,7 @@ one atomic step; times use the store's clock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from datetime import datetime
 from typing import Any, Final, NamedTuple, Protocol, runtime_checkable
 
@@ -312,3 +312,12 @@ def largest_spend(amounts: Iterable[Spend]) -> Spend:
 def spend_minus(a: Spend, b: Spend) -> Spend:
     """``a - b``, unit by unit (may go negative: the caller decides what that means)."""
     return Spend(*(x - y for x, y in zip(a, b, strict=True)))
+
+
+def room_freed(group: Sequence[Sequence[Any]], leaving: Container[str]) -> Spend:
+    """How much an effect's room shrinks when the holds ``leaving`` (hold ids)
+    leave its ``group`` (``HOLD_ROWS`` rows, the SQL dialects' hold reads): the
+    largest estimate of them all, less the largest of those left."""
+    old = largest_spend(hold_amount(row) for row in group)
+    left = largest_spend(hold_amount(row) for row in group if row[0] not in leaving)
+    return spend_minus(old, left)
