@@ -10,7 +10,7 @@ Statements are in ``_mysql_queries``.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from agent_ledger.approvals import (
     ApprovalRequest,
@@ -18,13 +18,14 @@ from agent_ledger.approvals import (
     DecisionOutcome,
     NewDecisionAttempt,
 )
-from agent_ledger.codes import DecisionCode, ErrorCode
+from agent_ledger.codes import DecisionCode
 from agent_ledger.effects import Effect
-from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _mysql_queries as q
 from agent_ledger.stores._mysql_tables import Cursor, MySQLTables, insert_new, stored, utc
 from agent_ledger.stores._params import Dialect
 from agent_ledger.stores.approval_base import (
+    LINK_ALREADY_USED,
+    WAITING_PARAMS,
     DecideOutcome,
     DecideRequest,
     attempt_from_row,
@@ -36,16 +37,6 @@ from agent_ledger.stores.approval_base import (
 
 if TYPE_CHECKING:
     from agent_ledger.stores._dedup import PendingCounts
-
-#: ``decide``'s answer when the link had already decided.
-_LINK_USED: Final = "link used"
-
-
-#: The parameters naming an effect that waits for an approval (not parked).
-_WAITING: Final = {
-    "waiting": EffectStatus.REQUIRES_APPROVAL.value,
-    "ambiguous": ErrorCode.AMBIGUOUS_ATTEMPT.value,
-}
 
 
 class MySQLApprovals(MySQLTables):
@@ -134,7 +125,7 @@ class MySQLApprovals(MySQLTables):
                     },
                 )
                 if not fresh:
-                    return _LINK_USED
+                    return LINK_ALREADY_USED
             if await cur.execute(q.SETTLE, params) != 1:
                 if link is not None:
                     await cur.execute(q.ROLLBACK)  # the nonce too: this use decided nothing
@@ -177,14 +168,14 @@ class MySQLApprovals(MySQLTables):
 
     async def overdue_approvals(self, *, limit: int = 500) -> list[ApprovalRequest]:
         async def work(cur: Cursor) -> list[ApprovalRequest]:
-            await cur.execute(q.APPROVALS_OVERDUE, {"limit": limit} | _WAITING)
+            await cur.execute(q.APPROVALS_OVERDUE, {"limit": limit} | WAITING_PARAMS)
             return [request_from_row(row, utc) for row in await cur.fetchall()]
 
         return await self._run("overdue_approvals", work, None, atomic=False)
 
     async def escalations_due(self, *, fraction: float, limit: int = 500) -> list[ApprovalRequest]:
         async def work(cur: Cursor) -> list[ApprovalRequest]:
-            params = {"fraction": fraction, "limit": limit} | _WAITING
+            params = {"fraction": fraction, "limit": limit} | WAITING_PARAMS
             await cur.execute(q.ESCALATIONS_DUE, params)
             return [request_from_row(row, utc) for row in await cur.fetchall()]
 

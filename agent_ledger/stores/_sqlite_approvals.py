@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from agent_ledger.approvals import (
     ApprovalRequest,
@@ -18,13 +18,14 @@ from agent_ledger.approvals import (
     DecisionOutcome,
     NewDecisionAttempt,
 )
-from agent_ledger.codes import DecisionCode, ErrorCode
+from agent_ledger.codes import DecisionCode
 from agent_ledger.effects import Effect
-from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _sqlite_queries as q
 from agent_ledger.stores._params import Dialect
 from agent_ledger.stores._sqlite_tables import SqliteTables, from_us, to_us
 from agent_ledger.stores.approval_base import (
+    LINK_ALREADY_USED,
+    WAITING_PARAMS,
     DecideOutcome,
     DecideRequest,
     attempt_from_row,
@@ -37,16 +38,6 @@ from agent_ledger.stores.approval_base import (
 if TYPE_CHECKING:
     from agent_ledger.stores._dedup import PendingCounts
     from agent_ledger.stores._transactions import TransactionGate
-
-#: ``decide``'s answer when the link had already decided.
-_LINK_USED: Final = "link used"
-
-
-#: The parameters naming an effect that waits for an approval (not parked).
-_WAITING: Final = {
-    "waiting": EffectStatus.REQUIRES_APPROVAL.value,
-    "ambiguous": ErrorCode.AMBIGUOUS_ATTEMPT.value,
-}
 
 
 class SqliteApprovals(SqliteTables):
@@ -115,7 +106,7 @@ class SqliteApprovals(SqliteTables):
 
         def work(conn: sqlite3.Connection, now: int) -> tuple[Any, ...] | str | None:
             if link is not None and conn.execute(q.LINK_USED, (link.nonce,)).fetchone():
-                return _LINK_USED
+                return LINK_ALREADY_USED
             params["now"], params["at"] = now, from_us(now).isoformat()
             if conn.execute(q.SETTLE, params).rowcount != 1:
                 return None
@@ -173,7 +164,7 @@ class SqliteApprovals(SqliteTables):
         await self._enter(None)
 
         def work(conn: sqlite3.Connection, now: int) -> list[ApprovalRequest]:
-            params = {"now": now, "limit": limit} | _WAITING
+            params = {"now": now, "limit": limit} | WAITING_PARAMS
             rows = conn.execute(q.APPROVALS_OVERDUE, params).fetchall()
             return [request_from_row(row, from_us) for row in rows]
 
@@ -183,7 +174,7 @@ class SqliteApprovals(SqliteTables):
         await self._enter(None)
 
         def work(conn: sqlite3.Connection, now: int) -> list[ApprovalRequest]:
-            params = {"now": now, "fraction": fraction, "limit": limit} | _WAITING
+            params = {"now": now, "fraction": fraction, "limit": limit} | WAITING_PARAMS
             rows = conn.execute(q.ESCALATIONS_DUE, params).fetchall()
             return [request_from_row(row, from_us) for row in rows]
 
