@@ -53,10 +53,7 @@ class PostgresSagas(PostgresTables):
 
     @functools.cached_property
     def _saga_sql(self) -> dict[str, sql.Composed]:
-        tables = {
-            "sagas": sql.Identifier(self.schema, SAGAS_TABLE),
-            "steps": sql.Identifier(self.schema, STEPS_TABLE),
-        }
+        tables = {"sagas": SAGAS_TABLE, "steps": STEPS_TABLE}
         texts: dict[str, LiteralString] = {
             "begin": q.SAGA_BEGIN,
             "get": q.SAGA_GET,
@@ -69,7 +66,7 @@ class PostgresSagas(PostgresTables):
             "list": q.SAGA_LIST,
             "claimable": q.SAGA_CLAIMABLE,
         }
-        return {name: sql.SQL(text).format(**tables) for name, text in texts.items()}
+        return self._composed(tables, texts)
 
     async def _saga_rows(
         self, operation: str, name: str, params: Mapping[str, object] | tuple[object, ...]
