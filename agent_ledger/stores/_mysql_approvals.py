@@ -39,6 +39,10 @@ if TYPE_CHECKING:
     from agent_ledger.stores._dedup import PendingCounts
 
 
+def _request(row: tuple[Any, ...]) -> ApprovalRequest:
+    return request_from_row(row, utc)
+
+
 class MySQLApprovals(MySQLTables):
     """Mixed into ``MySQLStore``: the approval tables of schema version 4."""
 
@@ -94,12 +98,8 @@ class MySQLApprovals(MySQLTables):
     async def approval_request(
         self, idem_key: str, *, tx: object | None = None
     ) -> ApprovalRequest | None:
-        async def work(cur: Cursor) -> ApprovalRequest | None:
-            await cur.execute(q.APPROVAL_GET, {"idem_key": idem_key})
-            row = await cur.fetchone()
-            return None if row is None else request_from_row(row, utc)
-
-        return await self._run("approval_request", work, tx, atomic=False)
+        params: dict[str, object] = {"idem_key": idem_key}
+        return await self._read_one("approval_request", q.APPROVAL_GET, params, _request, tx)
 
     async def decide(self, request: DecideRequest) -> DecideOutcome:
         key = request.idem_key

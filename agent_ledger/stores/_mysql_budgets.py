@@ -213,12 +213,8 @@ class MySQLBudgets(MySQLTables):
         return await self._run("reclaim_holds", work, None, atomic=True)
 
     async def get_budget(self, workflow_id: str) -> BudgetState | None:
-        async def work(cur: Cursor) -> BudgetState | None:
-            await cur.execute(q.BUDGET_GET, {"workflow_id": workflow_id})
-            row = await cur.fetchone()
-            return None if row is None else _budget(row)
-
-        return await self._run("get_budget", work, None, atomic=False)
+        params: dict[str, object] = {"workflow_id": workflow_id}
+        return await self._read_one("get_budget", q.BUDGET_GET, params, _budget)
 
     async def list_budgets(self, *, limit: int = 100) -> list[BudgetState]:
         check_budget_limit(limit)

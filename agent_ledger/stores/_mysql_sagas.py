@@ -126,12 +126,7 @@ class MySQLSagas(MySQLTables):
         return await self._run("record_step", work, None, atomic=True)
 
     async def get_saga(self, saga_id: str) -> SagaRecord | None:
-        async def work(cur: Cursor) -> SagaRecord | None:
-            await cur.execute(q.SAGA_GET, {"saga_id": saga_id})
-            row = await cur.fetchone()
-            return None if row is None else _saga(row)
-
-        return await self._run("get_saga", work, None, atomic=False)
+        return await self._read_one("get_saga", q.SAGA_GET, {"saga_id": saga_id}, _saga)
 
     async def saga_steps(self, saga_id: str) -> list[SagaStep]:
         async def work(cur: Cursor) -> list[SagaStep]:

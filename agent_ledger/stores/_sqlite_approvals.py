@@ -40,6 +40,10 @@ if TYPE_CHECKING:
     from agent_ledger.stores._transactions import TransactionGate
 
 
+def _request(row: tuple[Any, ...]) -> ApprovalRequest:
+    return request_from_row(row, from_us)
+
+
 class SqliteApprovals(SqliteTables):
     """Mixed into ``SqliteStore``: the approval tables of schema version 4."""
 
@@ -88,13 +92,9 @@ class SqliteApprovals(SqliteTables):
     async def approval_request(
         self, idem_key: str, *, tx: object | None = None
     ) -> ApprovalRequest | None:
-        await self._enter(tx)
-
-        def work(conn: sqlite3.Connection, now: int) -> ApprovalRequest | None:
-            row = conn.execute(q.APPROVAL_GET, (idem_key,)).fetchone()
-            return None if row is None else request_from_row(row, from_us)
-
-        return await self._run("approval_request", work, tx, write=False, idem_key=idem_key)
+        return await self._read_one(
+            "approval_request", q.APPROVAL_GET, (idem_key,), _request, tx, idem_key=idem_key
+        )
 
     async def decide(self, request: DecideRequest) -> DecideOutcome:
         await self._enter(None)

@@ -192,13 +192,7 @@ class SqliteBudgets(SqliteTables):
         return await self._run("reclaim_holds", work, None, write=True)
 
     async def get_budget(self, workflow_id: str) -> BudgetState | None:
-        await self._enter(None)
-
-        def work(conn: sqlite3.Connection, now: int) -> BudgetState | None:
-            row = conn.execute(q.BUDGET_GET, (workflow_id,)).fetchone()
-            return None if row is None else _budget(row)
-
-        return await self._run("get_budget", work, None, write=False)
+        return await self._read_one("get_budget", q.BUDGET_GET, (workflow_id,), _budget)
 
     async def list_budgets(self, *, limit: int = 100) -> list[BudgetState]:
         check_budget_limit(limit)

@@ -132,13 +132,7 @@ class SqliteSagas(SqliteTables):
         return await self._run("record_step", work, None, write=True)
 
     async def get_saga(self, saga_id: str) -> SagaRecord | None:
-        await self._enter(None)
-
-        def work(conn: sqlite3.Connection, now: int) -> SagaRecord | None:
-            row = conn.execute(q.SAGA_GET, (saga_id,)).fetchone()
-            return None if row is None else _saga(row)
-
-        return await self._run("get_saga", work, None, write=False)
+        return await self._read_one("get_saga", q.SAGA_GET, (saga_id,), _saga)
 
     async def saga_steps(self, saga_id: str) -> list[SagaStep]:
         await self._enter(None)
