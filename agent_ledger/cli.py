@@ -635,12 +635,7 @@ async def cmd_export(ctx: Context) -> int:
         text = render_report(effects, generated_at=datetime.now(UTC), filters=_given(args))
     else:
         text = _format_export([effect_to_record(e) for e in effects], args.format)
-    if args.output in (None, "-"):
-        ctx.out.stream.write(text)
-    else:
-        await asyncio.to_thread(_write_file, args.output, text)
-        print(f"exported {_count(len(effects), 'effect')} to {args.output}", file=sys.stderr)
-    return EXIT_OK
+    return await _write_export(ctx, text, _count(len(effects), "effect"))
 
 
 async def _export_attempts(ctx: Context) -> int:
@@ -664,11 +659,18 @@ async def _export_attempts(ctx: Context) -> int:
         for row in rows:
             writer.writerow(["" if row[c] is None else row[c] for c in columns])
         text = buffer.getvalue()
-    if args.output in (None, "-"):
+    return await _write_export(ctx, text, _count(len(rows), "decision attempt"))
+
+
+async def _write_export(ctx: Context, text: str, what: str) -> int:
+    """An export's ``text`` to standard output, or to ``--output`` (then saying
+    on standard error how much, ``what``, went where)."""
+    output = ctx.args.output
+    if output in (None, "-"):
         ctx.out.stream.write(text)
     else:
-        await asyncio.to_thread(_write_file, args.output, text)
-        print(f"exported {_count(len(rows), 'decision attempt')} to {args.output}", file=sys.stderr)
+        await asyncio.to_thread(_write_file, output, text)
+        print(f"exported {what} to {output}", file=sys.stderr)
     return EXIT_OK
 
 

@@ -25,23 +25,28 @@ tell a model different things for each, so they are not merged.
 from __future__ import annotations
 
 import enum
+from typing import Self
 
 __all__ = ["DecisionCode", "ErrorCode"]
 
 
-class ErrorCode(enum.StrEnum):
-    """The error codes agent-ledger records, each with when it is recorded (``.when``)."""
+class _Described(enum.StrEnum):
+    """A string code that says when it is recorded (``.when``); no members of its own."""
 
     when: str
 
     # ``when`` has a default only so that a look-up, ``ErrorCode("denied")``,
     # type-checks: the enum machinery routes that call elsewhere, and every
-    # member below gives its text (a test checks none is empty).
-    def __new__(cls, value: str, when: str = "") -> ErrorCode:
+    # member gives its text (a test checks none is empty).
+    def __new__(cls, value: str, when: str = "") -> Self:
         member = str.__new__(cls, value)
         member._value_ = value
         member.when = when
         return member
+
+
+class ErrorCode(_Described):
+    """The error codes agent-ledger records, each with when it is recorded (``.when``)."""
 
     # -- a person's decision ------------------------------------------------
     DENIED = "denied", "a person denied the effect (`deny()`); the message is their reason"
@@ -113,19 +118,11 @@ class ErrorCode(enum.StrEnum):
     )
 
 
-class DecisionCode(enum.StrEnum):
+class DecisionCode(_Described):
     """Why a person's decision attempt was accepted or refused: the ``reason_code``
     of each row of the decision audit trail (``agent_ledger_decision_attempts``),
     each with when it is recorded (``.when``). Stored: a member's spelling is part
     of the data format."""
-
-    when: str
-
-    def __new__(cls, value: str, when: str = "") -> DecisionCode:
-        member = str.__new__(cls, value)
-        member._value_ = value
-        member.when = when
-        return member
 
     DECIDED = "decided", "the decision was accepted: this attempt made the transition"
     ALREADY_DECIDED = (

@@ -14,7 +14,6 @@ code. Who may decide which tool is the caller's rule (the console's
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,12 +29,12 @@ from agent_ledger.approvals import (
     intent_hash,
 )
 from agent_ledger.codes import DecisionCode, ErrorCode
-from agent_ledger.decisions import NO_RESULT, check_decision
+from agent_ledger.decisions import NO_RESULT, call_approval_hook, check_decision
 from agent_ledger.effects import Effect, EffectError, JSONValue, Settlement, storable_text
 from agent_ledger.errors import DecisionRefusedError, EffectLedgerValidationError
 from agent_ledger.keys import canonical_json
 from agent_ledger.metrics import EXPIRED, OUTCOMES, approval_left, decided, refused
-from agent_ledger.observability import effect_fields, log_effect, logger
+from agent_ledger.observability import log_effect
 from agent_ledger.options import LedgerHooks
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores.approval_base import ApprovalStore, DecideRequest
@@ -648,13 +647,5 @@ async def sweep_approvals(store: Store, hooks: LedgerHooks) -> ApprovalSweep:
             continue
         log_effect(logging.INFO, "approval escalated", effect)
         escalated.append(effect)
-        try:
-            pending = hook(effect)
-            if inspect.isawaitable(pending):
-                await pending
-        except Exception:
-            logger.exception(
-                "on_approval_escalation hook raised; the effect still waits for approval",
-                extra=effect_fields(effect),
-            )
+        await call_approval_hook(hook, effect, "on_approval_escalation")
     return ApprovalSweep(expired, escalated)

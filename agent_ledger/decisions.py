@@ -19,6 +19,7 @@ import inspect
 import logging
 import weakref
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -327,15 +328,22 @@ async def notify_approval_required(effect: Effect, hooks: LedgerHooks) -> None:
     the same pending effect and never hear back.
     """
     hook = hooks.on_approval_required
-    if hook is None:
-        return
+    if hook is not None:
+        await call_approval_hook(hook, effect, "on_approval_required")
+
+
+async def call_approval_hook(
+    hook: Callable[[Effect], Awaitable[None] | None], effect: Effect, name: str
+) -> None:
+    """Call an approval hook named ``name`` on ``effect`` (sync or async); its
+    failure is logged, never raised: the effect still waits for approval."""
     try:
         pending = hook(effect)
         if inspect.isawaitable(pending):
             await pending
     except Exception:
         logger.exception(
-            "on_approval_required hook raised; the effect still waits for approval",
+            f"{name} hook raised; the effect still waits for approval",
             extra=effect_fields(effect),
         )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Generic, Literal, NamedTuple, TypeAlias, TypeVar
+from typing import Any, Final, Generic, Literal, NamedTuple, TypeAlias, TypeGuard, TypeVar, cast
 
 import orjson
 
@@ -64,6 +64,15 @@ MAX_USAGE_TOKENS: Final = 10**15
 MAX_USAGE_COST_USD: Final = 1e9
 
 
+def is_usd_amount(value: object) -> TypeGuard[float]:
+    """``value`` is a dollar amount a ``Usage`` may hold: an int or float (not a
+    bool), finite, from 0 to ``MAX_USAGE_COST_USD``."""
+    if type(value) not in (int, float):
+        return False
+    amount = cast(float, value)
+    return math.isfinite(amount) and 0 <= amount <= MAX_USAGE_COST_USD
+
+
 @dataclass(frozen=True, slots=True)
 class Usage:
     """What one model call consumed, as recorded on its effect (``Effect.usage``).
@@ -90,11 +99,7 @@ class Usage:
                 )
         cost = self.cost_usd
         if cost is not None:
-            if (
-                type(cost) not in (int, float)
-                or not math.isfinite(cost)
-                or not 0 <= cost <= MAX_USAGE_COST_USD
-            ):
+            if not is_usd_amount(cost):
                 raise EffectLedgerValidationError(
                     f"Usage.cost_usd must be a finite number of US dollars from 0 to "
                     f"{MAX_USAGE_COST_USD:_} or None, got {cost!r}",

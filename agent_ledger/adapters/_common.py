@@ -19,7 +19,14 @@ if TYPE_CHECKING:
     from agent_ledger.options import RunOptions
     from agent_ledger.tools import Tool, ToolLedger
 
-__all__ = ["MalformedToolCall", "call_tool", "find_tool", "parse_arguments"]
+__all__ = ["MalformedToolCall", "call_tool", "find_tool", "missing_extra", "parse_arguments"]
+
+
+def missing_extra(module: str, needs: str, extra: str, note: str = "") -> ImportError:
+    """The ImportError an adapter raises when its framework is not installed:
+    what ``module`` needs and the extra that installs it (``note`` after it)."""
+    hint = f'pip install "agent-ledger[{extra}]"'
+    return ImportError(f"{module} needs {needs}: {hint}" + (f" {note}" if note else ""))
 
 
 class MalformedToolCall(EffectLedgerValidationError):

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from agent_ledger.adapters._common import missing_extra
 from agent_ledger.adapters._dispatch import Reply, blocking, call_of, dispatch, field
 from agent_ledger.adapters._schema import described_tools
 from agent_ledger.adapters._tokens import no_usage, token_count
@@ -44,10 +45,7 @@ from agent_ledger.adapters._tokens import no_usage, token_count
 try:
     from anthropic.types import Message, ToolParam, ToolResultBlockParam
 except ImportError as exc:
-    raise ImportError(
-        "agent_ledger.adapters.anthropic needs the Anthropic SDK: "
-        'pip install "agent-ledger[anthropic]"'
-    ) from exc
+    raise missing_extra(__name__, "the Anthropic SDK", "anthropic") from exc
 
 from agent_ledger.effects import Usage
 from agent_ledger.tools import LLMResult

@@ -36,12 +36,13 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from agent_ledger.adapters._common import missing_extra
+
 try:
     from crewai.tools import BaseTool
 except ImportError as exc:  # pragma: no cover - exercised without the extra
-    raise ImportError(
-        'agent_ledger.adapters.crewai needs CrewAI: pip install "agent-ledger[crewai]" '
-        "(in an environment of its own: see docs/adapters/crewai.md)"
+    raise missing_extra(
+        __name__, "CrewAI", "crewai", "(in an environment of its own: see docs/adapters/crewai.md)"
     ) from exc
 from pydantic import BaseModel, ConfigDict, PrivateAttr, create_model
 

@@ -60,6 +60,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, get_args, get_
 
 import orjson
 
+from agent_ledger.adapters._common import MalformedToolCall, missing_extra
+
 try:
     from langchain_core.language_models import BaseChatModel, LanguageModelInput
     from langchain_core.messages import (
@@ -80,14 +82,10 @@ try:
     from langchain_core.tools import base as _lc_tools_base
     from langchain_core.utils.function_calling import convert_to_openai_tool
 except ImportError as exc:  # pragma: no cover - exercised without the extra
-    raise ImportError(
-        "agent_ledger.adapters.langchain needs LangChain: "
-        'pip install "agent-ledger[langchain]" (langchain-core)'
-    ) from exc
+    raise missing_extra(__name__, "LangChain", "langchain", "(langchain-core)") from exc
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
 from pydantic_core import to_jsonable_python
 
-from agent_ledger.adapters._common import MalformedToolCall
 from agent_ledger.adapters._messages import answer_failure, earlier_turn_text, retryable_text
 from agent_ledger.adapters._outcome import is_tool_failure, recorded_failure
 from agent_ledger.adapters._signature import (

@@ -40,6 +40,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Final
 
+from agent_ledger.adapters._common import missing_extra
+
 try:
     from langchain.agents.middleware import AgentMiddleware, HumanInTheLoopMiddleware
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
@@ -48,10 +50,7 @@ try:
     from langgraph.prebuilt import ToolRuntime
     from langgraph.types import interrupt
 except ImportError as exc:  # pragma: no cover - exercised without the extra
-    raise ImportError(
-        "agent_ledger.adapters.langgraph needs LangGraph and LangChain 1.x: "
-        'pip install "agent-ledger[langgraph]"'
-    ) from exc
+    raise missing_extra(__name__, "LangGraph and LangChain 1.x", "langgraph") from exc
 from pydantic import BaseModel, ConfigDict, StrictBool
 
 from agent_ledger.adapters._messages import failure_text, for_model, retryable_text

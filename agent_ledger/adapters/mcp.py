@@ -66,17 +66,15 @@ from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
+from agent_ledger.adapters._common import MalformedToolCall, missing_extra
+
 try:
     from mcp.server.mcpserver import Context, MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
     from mcp.types import ToolAnnotations
 except ImportError as exc:  # pragma: no cover - exercised without the extra
-    raise ImportError(
-        "agent_ledger.adapters.mcp needs the MCP Python SDK (mcp 2): "
-        'pip install "agent-ledger[mcp]"'
-    ) from exc
+    raise missing_extra(__name__, "the MCP Python SDK (mcp 2)", "mcp") from exc
 
-from agent_ledger.adapters._common import MalformedToolCall
 from agent_ledger.adapters._messages import (
     budget_text,
     failure_text,

@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from agent_ledger.adapters._common import missing_extra
 from agent_ledger.adapters._dispatch import ModelCall, Reply, blocking, call_of, dispatch, field
 from agent_ledger.adapters._schema import described_tools
 from agent_ledger.adapters._tokens import no_usage, token_count
@@ -53,9 +54,7 @@ try:
     from openai.types.responses.response_input_item_param import FunctionCallOutput
     from openai.types.shared_params import FunctionDefinition
 except ImportError as exc:
-    raise ImportError(
-        'agent_ledger.adapters.openai needs the OpenAI SDK: pip install "agent-ledger[openai]"'
-    ) from exc
+    raise missing_extra(__name__, "the OpenAI SDK", "openai") from exc
 
 from agent_ledger.effects import Usage
 from agent_ledger.tools import LLMResult

@@ -68,6 +68,8 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, cast
 
+from agent_ledger.adapters._common import MalformedToolCall, missing_extra, parse_arguments
+
 try:
     from agents import (
         AgentsException,
@@ -93,14 +95,10 @@ try:
     from agents.tool_context import ToolContext
     from pydantic import BaseModel, TypeAdapter, ValidationError
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess
-    raise ImportError(
-        "agent_ledger.adapters.openai_agents needs the OpenAI Agents SDK: "
-        'pip install "agent-ledger[agents]"'
-    ) from exc
+    raise missing_extra(__name__, "the OpenAI Agents SDK", "agents") from exc
 
 import orjson
 
-from agent_ledger.adapters._common import MalformedToolCall, parse_arguments
 from agent_ledger.adapters._messages import (
     budget_text,
     earlier_run_text,

@@ -57,6 +57,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from agent_ledger.adapters._common import missing_extra
+
 try:
     from pydantic_ai import ModelRetry, RunContext
     from pydantic_ai.exceptions import ApprovalRequired, ToolFailed
@@ -74,10 +76,7 @@ try:
         Tool as PydanticAITool,
     )
 except ImportError as exc:  # pragma: no cover - exercised without the extra
-    raise ImportError(
-        "agent_ledger.adapters.pydantic_ai needs pydantic-ai: "
-        'pip install "agent-ledger[pydantic-ai]" (pydantic-ai-slim)'
-    ) from exc
+    raise missing_extra(__name__, "pydantic-ai", "pydantic-ai", "(pydantic-ai-slim)") from exc
 import orjson
 from pydantic import TypeAdapter
 

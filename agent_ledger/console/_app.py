@@ -23,6 +23,7 @@ from agent_ledger.codes import DecisionCode
 from agent_ledger.console._identity import Authenticate, Authorize, may_decide
 from agent_ledger.console._links import BadLink, verify_link
 from agent_ledger.console._slack import SlackInteractivity, SlackSettings
+from agent_ledger.console._slack_messages import pretty_json
 from agent_ledger.console._templates import TEMPLATES
 from agent_ledger.deciding import (
     approval_store,
@@ -257,7 +258,7 @@ class _Console:
             reason=_reason(effect),
             asked_by=_asked_by(effect, asked),
             intent=effect_intent(effect, asked),
-            args=_pretty(effect.args_canonical),
+            args=pretty_json(effect.args_canonical),
             history=_history(effect),
             attempts=attempts,
             can_decide=effect.status is EffectStatus.REQUIRES_APPROVAL
@@ -356,7 +357,7 @@ class _Console:
                 "link",
                 link=link,
                 effect=effect,
-                args=_pretty(effect.args_canonical),
+                args=pretty_json(effect.args_canonical),
                 csrf=self._csrf("link\n" + link.nonce),
             )
         if not self._same_origin(request):
@@ -466,13 +467,6 @@ def _duration(span: timedelta) -> str:
     if seconds < 172800:
         return f"{seconds // 3600} h"
     return f"{seconds // 86400} d"
-
-
-def _pretty(canonical: str) -> str:
-    try:
-        return orjson.dumps(orjson.loads(canonical), option=orjson.OPT_INDENT_2).decode()
-    except orjson.JSONDecodeError:
-        return canonical
 
 
 def _history(effect: Effect) -> str:

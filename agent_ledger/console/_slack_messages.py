@@ -99,7 +99,8 @@ def receipt_url(console_url: str, idem_key: str) -> str:
     return f"{console_url.rstrip('/')}/effects/{quote(idem_key, safe='')}"
 
 
-def _pretty(canonical: str) -> str:
+def pretty_json(canonical: str) -> str:
+    """Stored canonical JSON indented for a person (the text itself if it is not JSON)."""
     try:
         return orjson.dumps(orjson.loads(canonical), option=orjson.OPT_INDENT_2).decode()
     except orjson.JSONDecodeError:
@@ -149,7 +150,7 @@ def approval_blocks(
             ],
         },
     ]
-    pretty = _pretty(effect.args_canonical)
+    pretty = pretty_json(effect.args_canonical)
     chunks = [pretty[i : i + _CHUNK] for i in range(0, len(pretty), _CHUNK)] or [""]
     shown = len(chunks) <= _MAX_ARG_BLOCKS
     if shown:

@@ -71,11 +71,7 @@ class MemoryApprovals:
         found = self._requests.get(idem_key)
         if found is not None:
             return found
-        now = self._clock()
-        deadline = None if deadline_ms is None else now + timedelta(milliseconds=deadline_ms)
-        request = ApprovalRequest(idem_key, requested_by, policy_version, deadline, None, now)
-        self._requests[idem_key] = request
-        return request
+        return self._new_request(idem_key, (requested_by, policy_version), deadline_ms)
 
     async def renew_request(
         self,
@@ -86,9 +82,16 @@ class MemoryApprovals:
         deadline_ms: int | None,
     ) -> ApprovalRequest:
         await self._approval_turn()
+        return self._new_request(idem_key, (requested_by, policy_version), deadline_ms)
+
+    def _new_request(
+        self, idem_key: str, who: tuple[str | None, str | None], deadline_ms: int | None
+    ) -> ApprovalRequest:
+        """Store a new request for ``idem_key`` (replacing any): ``who`` is who
+        asked and under which policy version."""
         now = self._clock()
         deadline = None if deadline_ms is None else now + timedelta(milliseconds=deadline_ms)
-        request = ApprovalRequest(idem_key, requested_by, policy_version, deadline, None, now)
+        request = ApprovalRequest(idem_key, *who, deadline, None, now)
         self._requests[idem_key] = request
         return request
 

@@ -19,7 +19,9 @@ from agent_ledger.stores.budget_base import (
     check_budget_limit,
     check_hold,
     detached_key,
-    fits,
+    joined_room,
+    largest_spend,
+    spend_minus,
 )
 
 if TYPE_CHECKING:
@@ -53,20 +55,9 @@ def _plus(a: Spend, b: Spend) -> Spend:
     return Spend(*(x + y for x, y in zip(a, b, strict=True)))
 
 
-def _minus(a: Spend, b: Spend) -> Spend:
-    return Spend(*(x - y for x, y in zip(a, b, strict=True)))
-
-
-def _most(a: Spend, b: Spend) -> Spend:
-    return Spend(*(max(x, y) for x, y in zip(a, b, strict=True)))
-
-
 def _largest(holds: Iterable[_Hold]) -> Spend:
-    """The room a group of holds of one effect takes: their largest estimate, unit by unit."""
-    room = Spend()
-    for held in holds:
-        room = _most(room, held.estimate)
-    return room
+    """The room a group of holds of one effect takes (``largest_spend`` of their estimates)."""
+    return largest_spend(held.estimate for held in holds)
 
 
 class MemoryBudgets:
@@ -118,22 +109,13 @@ class MemoryBudgets:
         group = {h: held for h, held in budget.holds.items() if held.idem_key == hold.idem_key}
         dead = [h for h, held in group.items() if held.expires_at <= now]
         old = _largest(group.values())
-        live = [held for h, held in group.items() if h not in dead]
-        new = _most(_largest(live), hold.estimate)
-        counted = [unit in hold.units for unit in Spend._fields]
-        grows = any(c and n > o for c, n, o in zip(counted, new, old, strict=True))
-        # Joining a live hold at no more than it holds always fits: the call
-        # was admitted when that hold was made.
-        if (grows or not live) and not fits(
-            limit_values,
-            budget.spent,
-            _minus(budget.reserved, old),
-            [n if c else None for c, n in zip(counted, new, strict=True)],
-        ):
+        live = [held.estimate for h, held in group.items() if h not in dead]
+        new = joined_room(limit_values, budget.spent, budget.reserved, old, live, hold)
+        if new is None:
             return False
         for hold_id in dead:
             del budget.holds[hold_id]
-        budget.reserved = _plus(_minus(budget.reserved, old), new)
+        budget.reserved = _plus(spend_minus(budget.reserved, old), new)
         budget.holds[hold.hold_id] = _Hold(hold.idem_key, hold.estimate, expires_at, now)
         budget.updated_at = now
         return True
@@ -147,7 +129,7 @@ class MemoryBudgets:
             del budget.holds[hold_id]
         for key, old in before.items():
             left = _largest(v for v in budget.holds.values() if v.idem_key == key)
-            budget.reserved = _minus(budget.reserved, _minus(old, left))
+            budget.reserved = spend_minus(budget.reserved, spend_minus(old, left))
 
     async def book_charge(
         self,
@@ -178,8 +160,8 @@ class MemoryBudgets:
             ],
         )
         before = budget.charged.get(idem_key)
-        after = charge if before is None else _most(before, charge)
-        added = after if before is None else _minus(after, before)
+        after = charge if before is None else largest_spend([before, charge])
+        added = after if before is None else spend_minus(after, before)
         budget.charged[idem_key] = after
         budget.spent = _plus(budget.spent, added)
         budget.updated_at = self._clock()

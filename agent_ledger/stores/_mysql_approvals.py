@@ -10,7 +10,7 @@ Statements are in ``_mysql_queries``.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from agent_ledger.approvals import (
     ApprovalRequest,
@@ -18,17 +18,19 @@ from agent_ledger.approvals import (
     DecisionOutcome,
     NewDecisionAttempt,
 )
-from agent_ledger.codes import DecisionCode, ErrorCode
+from agent_ledger.codes import DecisionCode
 from agent_ledger.effects import Effect
-from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _mysql_queries as q
 from agent_ledger.stores._mysql_tables import Cursor, MySQLTables, insert_new, stored, utc
-from agent_ledger.stores._params import Dialect, settle_params
+from agent_ledger.stores._params import Dialect
 from agent_ledger.stores.approval_base import (
+    LINK_ALREADY_USED,
+    WAITING_PARAMS,
     DecideOutcome,
     DecideRequest,
     attempt_from_row,
     attempt_params,
+    decide_params,
     request_from_row,
     request_params,
 )
@@ -36,15 +38,9 @@ from agent_ledger.stores.approval_base import (
 if TYPE_CHECKING:
     from agent_ledger.stores._dedup import PendingCounts
 
-#: ``decide``'s answer when the link had already decided.
-_LINK_USED: Final = "link used"
 
-
-#: The parameters naming an effect that waits for an approval (not parked).
-_WAITING: Final = {
-    "waiting": EffectStatus.REQUIRES_APPROVAL.value,
-    "ambiguous": ErrorCode.AMBIGUOUS_ATTEMPT.value,
-}
+def _request(row: tuple[Any, ...]) -> ApprovalRequest:
+    return request_from_row(row, utc)
 
 
 class MySQLApprovals(MySQLTables):
@@ -71,13 +67,7 @@ class MySQLApprovals(MySQLTables):
         deadline_ms: int | None,
     ) -> ApprovalRequest:
         params = request_params(idem_key, requested_by, policy_version, deadline_ms)
-
-        async def work(cur: Cursor) -> ApprovalRequest:
-            await insert_new(cur, q.APPROVAL_INSERT, params)
-            await cur.execute(q.APPROVAL_GET, params)
-            return request_from_row(await cur.fetchone(), utc)
-
-        return await self._run("note_request", work, None, atomic=True, idem_key=idem_key)
+        return await self._write_request("note_request", idem_key, params, renew=False)
 
     async def renew_request(
         self,
@@ -88,36 +78,32 @@ class MySQLApprovals(MySQLTables):
         deadline_ms: int | None,
     ) -> ApprovalRequest:
         params = request_params(idem_key, requested_by, policy_version, deadline_ms)
+        return await self._write_request("renew_request", idem_key, params, renew=True)
+
+    async def _write_request(
+        self, operation: str, idem_key: str, params: dict[str, object], *, renew: bool
+    ) -> ApprovalRequest:
+        """Insert the request row (kept if there is one) or renew it, and read the row it left."""
 
         async def work(cur: Cursor) -> ApprovalRequest:
-            await cur.execute(q.APPROVAL_RENEW, params)
+            if renew:
+                await cur.execute(q.APPROVAL_RENEW, params)
+            else:
+                await insert_new(cur, q.APPROVAL_INSERT, params)
             await cur.execute(q.APPROVAL_GET, params)
             return request_from_row(await cur.fetchone(), utc)
 
-        return await self._run("renew_request", work, None, atomic=True, idem_key=idem_key)
+        return await self._run(operation, work, None, atomic=True, idem_key=idem_key)
 
     async def approval_request(
         self, idem_key: str, *, tx: object | None = None
     ) -> ApprovalRequest | None:
-        async def work(cur: Cursor) -> ApprovalRequest | None:
-            await cur.execute(q.APPROVAL_GET, {"idem_key": idem_key})
-            row = await cur.fetchone()
-            return None if row is None else request_from_row(row, utc)
-
-        return await self._run("approval_request", work, tx, atomic=False)
+        params: dict[str, object] = {"idem_key": idem_key}
+        return await self._read_one("approval_request", q.APPROVAL_GET, params, _request, tx)
 
     async def decide(self, request: DecideRequest) -> DecideOutcome:
         key = request.idem_key
-        params = settle_params(
-            self._dialect,
-            key,
-            target=request.target,
-            expected_attempt=request.expected_attempt,
-            only_parked=request.only_parked,
-            result_json=request.result_json,
-            error=request.error,
-            decision=request.decision,
-        )
+        params = decide_params(self._dialect, request)
         audit = attempt_params(request.attempt, DecisionOutcome.ACCEPTED, DecisionCode.DECIDED)
         link = request.link
         started = self._counts.epoch
@@ -139,7 +125,7 @@ class MySQLApprovals(MySQLTables):
                     },
                 )
                 if not fresh:
-                    return _LINK_USED
+                    return LINK_ALREADY_USED
             if await cur.execute(q.SETTLE, params) != 1:
                 if link is not None:
                     await cur.execute(q.ROLLBACK)  # the nonce too: this use decided nothing
@@ -182,14 +168,14 @@ class MySQLApprovals(MySQLTables):
 
     async def overdue_approvals(self, *, limit: int = 500) -> list[ApprovalRequest]:
         async def work(cur: Cursor) -> list[ApprovalRequest]:
-            await cur.execute(q.APPROVALS_OVERDUE, {"limit": limit} | _WAITING)
+            await cur.execute(q.APPROVALS_OVERDUE, {"limit": limit} | WAITING_PARAMS)
             return [request_from_row(row, utc) for row in await cur.fetchall()]
 
         return await self._run("overdue_approvals", work, None, atomic=False)
 
     async def escalations_due(self, *, fraction: float, limit: int = 500) -> list[ApprovalRequest]:
         async def work(cur: Cursor) -> list[ApprovalRequest]:
-            params = {"fraction": fraction, "limit": limit} | _WAITING
+            params = {"fraction": fraction, "limit": limit} | WAITING_PARAMS
             await cur.execute(q.ESCALATIONS_DUE, params)
             return [request_from_row(row, utc) for row in await cur.fetchall()]
 

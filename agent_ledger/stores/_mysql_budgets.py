@@ -18,18 +18,18 @@ from agent_ledger.stores import _mysql_queries as q
 from agent_ledger.stores._mysql_tables import Cursor, MySQLTables, insert_new, stored, utc
 from agent_ledger.stores.budget_base import (
     DETACHED,
-    UNITS,
     NewHold,
     amount_params,
     budget_from_row,
     check_budget_limit,
     check_hold,
     detached_key,
-    fits,
     hold_amount,
+    joined_room,
     largest_spend,
     limit_params,
     limit_values,
+    room_freed,
     spend_minus,
 )
 
@@ -61,9 +61,7 @@ async def _give_back(cur: Cursor, which: str, params: dict[str, object], spent: 
     freed = Spend()
     for key in set(gone.values()):
         group = await _rows(cur, q.HOLD_ROWS + q.OF_KEY, params | {"idem_key": key})
-        old = largest_spend(hold_amount(row) for row in group)
-        left = largest_spend(hold_amount(row) for row in group if row[0] not in gone)
-        freed = Spend(*(f + d for f, d in zip(freed, spend_minus(old, left), strict=True)))
+        freed = Spend(*(f + d for f, d in zip(freed, room_freed(group, gone), strict=True)))
     for hold_id in gone:
         await cur.execute(q.DELETE_HOLD_ONE, params | {"hold_id": hold_id})
     await cur.execute(
@@ -109,17 +107,8 @@ class MySQLBudgets(MySQLTables):
             dead = [g[0] for g in group if g[6] <= now]
             old = largest_spend(hold_amount(g) for g in group)
             live = [hold_amount(g) for g in group if g[0] not in dead]
-            new = largest_spend([*live, hold.estimate])
-            counted = [unit in hold.units for unit in UNITS]
-            grows = any(c and n > o for c, n, o in zip(counted, new, old, strict=True))
-            # Joining a live hold at no more than it holds always fits: the
-            # call was admitted when that hold was made.
-            if (grows or not live) and not fits(
-                limit_values(state),
-                state.spent,
-                spend_minus(state.reserved, old),
-                [n if c else None for c, n in zip(counted, new, strict=True)],
-            ):
+            new = joined_room(limit_values(state), state.spent, state.reserved, old, live, hold)
+            if new is None:
                 return False
             for hold_id in dead:
                 await cur.execute(q.DELETE_HOLD_ONE, at | {"hold_id": hold_id})
@@ -188,14 +177,14 @@ class MySQLBudgets(MySQLTables):
             # Out of the effect's room (it shrinks to the largest estimate left),
             # into its own: reserved grows by the hold's estimate.
             group = await _rows(cur, q.HOLD_ROWS + q.OF_KEY, at | {"idem_key": row[1]})
-            old = largest_spend(hold_amount(g) for g in group)
-            left = largest_spend(hold_amount(g) for g in group if g[0] != hold_id)
             await cur.execute(q.HOLD_REKEY, at | {"new_key": detached_key(row[1], hold_id)})
             await cur.execute(
                 q.BUDGET_APPLY,
                 at
                 | amount_params("spent", Spend())
-                | amount_params("freed", spend_minus(spend_minus(old, left), hold_amount(row))),
+                | amount_params(
+                    "freed", spend_minus(room_freed(group, {hold_id}), hold_amount(row))
+                ),
             )
             return True
 
@@ -224,12 +213,8 @@ class MySQLBudgets(MySQLTables):
         return await self._run("reclaim_holds", work, None, atomic=True)
 
     async def get_budget(self, workflow_id: str) -> BudgetState | None:
-        async def work(cur: Cursor) -> BudgetState | None:
-            await cur.execute(q.BUDGET_GET, {"workflow_id": workflow_id})
-            row = await cur.fetchone()
-            return None if row is None else _budget(row)
-
-        return await self._run("get_budget", work, None, atomic=False)
+        params: dict[str, object] = {"workflow_id": workflow_id}
+        return await self._read_one("get_budget", q.BUDGET_GET, params, _budget)
 
     async def list_budgets(self, *, limit: int = 100) -> list[BudgetState]:
         check_budget_limit(limit)

@@ -24,6 +24,10 @@ from agent_ledger.stores.saga_base import (
     SagaStep,
     check_saga_limit,
     check_saga_move,
+    claim_saga_params,
+    finish_saga_params,
+    release_saga_params,
+    saga_error_columns,
     saga_from_row,
     step_from_row,
 )
@@ -62,14 +66,7 @@ class MySQLSagas(MySQLTables):
         idle_ms: int,
         owner: str | None,
     ) -> SagaRecord | None:
-        params: dict[str, object] = {
-            "saga_id": saga_id,
-            "expect": expect.value,
-            "then": then.value,
-            "lease_ms": lease_ms,
-            "idle_ms": idle_ms,
-            "owner": owner,
-        }
+        params = claim_saga_params(saga_id, expect, then, lease_ms, idle_ms, owner)
 
         async def work(cur: Cursor) -> SagaRecord | None:
             if await cur.execute(q.SAGA_CLAIM, params) != 1:
@@ -88,11 +85,7 @@ class MySQLSagas(MySQLTables):
         return await self._run("heartbeat_saga", work, None, atomic=False)
 
     async def release_saga(self, saga_id: str, *, attempt: int) -> bool:
-        params: dict[str, object] = {
-            "saga_id": saga_id,
-            "attempt": attempt,
-            "compensating": SagaStatus.COMPENSATING.value,
-        }
+        params = release_saga_params(saga_id, attempt)
 
         async def work(cur: Cursor) -> bool:
             return bool(await cur.execute(q.SAGA_RELEASE, params) == 1)
@@ -109,16 +102,7 @@ class MySQLSagas(MySQLTables):
         error: EffectError | None,
     ) -> bool:
         check_saga_move(expect, then)
-        params: dict[str, object] = {
-            "saga_id": saga_id,
-            "attempt": attempt,
-            "expect": expect.value,
-            "then": then.value,
-            "has_error": error is not None,
-            "error_message": None if error is None else error.message,
-            "error_code": None if error is None else error.code,
-            "terminal": then.is_terminal,
-        }
+        params = finish_saga_params(saga_id, attempt, expect, then) | saga_error_columns(error)
 
         async def work(cur: Cursor) -> bool:
             return bool(await cur.execute(q.SAGA_FINISH, params) == 1)
@@ -142,12 +126,7 @@ class MySQLSagas(MySQLTables):
         return await self._run("record_step", work, None, atomic=True)
 
     async def get_saga(self, saga_id: str) -> SagaRecord | None:
-        async def work(cur: Cursor) -> SagaRecord | None:
-            await cur.execute(q.SAGA_GET, {"saga_id": saga_id})
-            row = await cur.fetchone()
-            return None if row is None else _saga(row)
-
-        return await self._run("get_saga", work, None, atomic=False)
+        return await self._read_one("get_saga", q.SAGA_GET, {"saga_id": saga_id}, _saga)
 
     async def saga_steps(self, saga_id: str) -> list[SagaStep]:
         async def work(cur: Cursor) -> list[SagaStep]:

@@ -66,3 +66,20 @@ class MySQLTables:
             idem_key: str | None = None,
             effect_id: str | None = None,
         ) -> _T: ...
+
+    async def _read_one(
+        self,
+        operation: str,
+        statement: str,
+        params: dict[str, object],
+        convert: Callable[[tuple[Any, ...]], _T],
+        tx: object | None = None,
+    ) -> _T | None:
+        """The row ``statement`` selects, through ``convert``; None when there is none."""
+
+        async def work(cur: Cursor) -> _T | None:
+            await cur.execute(statement, params)
+            row = await cur.fetchone()
+            return None if row is None else convert(row)
+
+        return await self._run(operation, work, tx, atomic=False)

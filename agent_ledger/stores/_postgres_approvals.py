@@ -23,18 +23,19 @@ from agent_ledger.approvals import (
     DecisionOutcome,
     NewDecisionAttempt,
 )
-from agent_ledger.codes import DecisionCode, ErrorCode
+from agent_ledger.codes import DecisionCode
 from agent_ledger.effects import Effect
 from agent_ledger.errors import EffectLedgerPermissionError
-from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _postgres_queries as q
-from agent_ledger.stores._params import Dialect, settle_params
+from agent_ledger.stores._params import Dialect
 from agent_ledger.stores._postgres_tables import Connection, PostgresTables, utc
 from agent_ledger.stores.approval_base import (
+    WAITING_PARAMS,
     DecideOutcome,
     DecideRequest,
     attempt_from_row,
     attempt_params,
+    decide_params,
     request_from_row,
     request_params,
 )
@@ -48,13 +49,6 @@ APPROVALS_TABLE: Final = "agent_ledger_approvals"
 ATTEMPTS_TABLE: Final = "agent_ledger_decision_attempts"
 LINKS_TABLE: Final = "agent_ledger_used_links"
 _EFFECTS_TABLE: Final = "agent_ledger_effects"
-
-
-#: The parameters naming an effect that waits for an approval (not parked).
-_WAITING: Final = {
-    "waiting": EffectStatus.REQUIRES_APPROVAL.value,
-    "ambiguous": ErrorCode.AMBIGUOUS_ATTEMPT.value,
-}
 
 
 #: The role set's refusals of a decision, as recorded in the audit trail.
@@ -130,16 +124,7 @@ class PostgresApprovals(PostgresTables):
 
     async def decide(self, request: DecideRequest) -> DecideOutcome:
         key = request.idem_key
-        params = settle_params(
-            self._dialect,
-            key,
-            target=request.target,
-            expected_attempt=request.expected_attempt,
-            only_parked=request.only_parked,
-            result_json=request.result_json,
-            error=request.error,
-            decision=request.decision,
-        )
+        params = decide_params(self._dialect, request)
         audit = attempt_params(request.attempt, DecisionOutcome.ACCEPTED, DecisionCode.DECIDED)
         link = request.link
         consume = self._approval_sql(q.LINK_CONSUME)
@@ -213,12 +198,12 @@ class PostgresApprovals(PostgresTables):
         return [attempt_from_row(row, utc) for row in rows]
 
     async def overdue_approvals(self, *, limit: int = 500) -> list[ApprovalRequest]:
-        params = {"limit": limit} | _WAITING
+        params = {"limit": limit} | WAITING_PARAMS
         rows = await self._rows("overdue_approvals", q.APPROVALS_OVERDUE, params)
         return [request_from_row(row, utc) for row in rows]
 
     async def escalations_due(self, *, fraction: float, limit: int = 500) -> list[ApprovalRequest]:
-        params = {"fraction": fraction, "limit": limit} | _WAITING
+        params = {"fraction": fraction, "limit": limit} | WAITING_PARAMS
         rows = await self._rows("escalations_due", q.ESCALATIONS_DUE, params)
         return [request_from_row(row, utc) for row in rows]
 

@@ -45,11 +45,7 @@ class PostgresBudgets(PostgresTables):
 
     @functools.cached_property
     def _budget_sql(self) -> dict[str, sql.Composed]:
-        tables = {
-            "budgets": sql.Identifier(self.schema, BUDGETS_TABLE),
-            "holds": sql.Identifier(self.schema, HOLDS_TABLE),
-            "charges": sql.Identifier(self.schema, CHARGES_TABLE),
-        }
+        tables = {"budgets": BUDGETS_TABLE, "holds": HOLDS_TABLE, "charges": CHARGES_TABLE}
         texts: dict[str, LiteralString] = {
             "open": q.BUDGET_OPEN,
             "get": q.BUDGET_GET,
@@ -62,7 +58,7 @@ class PostgresBudgets(PostgresTables):
             "reclaim": q.BUDGET_RECLAIM,
             "lock": q.BUDGET_LOCK,
         }
-        return {name: sql.SQL(text).format(**tables) for name, text in texts.items()}
+        return self._composed(tables, texts)
 
     async def _budget_rows(
         self,

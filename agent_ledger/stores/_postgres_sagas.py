@@ -27,6 +27,9 @@ from agent_ledger.stores.saga_base import (
     SagaStep,
     check_saga_limit,
     check_saga_move,
+    claim_saga_params,
+    finish_saga_params,
+    release_saga_params,
     saga_error_json,
     saga_from_row,
     step_from_row,
@@ -50,10 +53,7 @@ class PostgresSagas(PostgresTables):
 
     @functools.cached_property
     def _saga_sql(self) -> dict[str, sql.Composed]:
-        tables = {
-            "sagas": sql.Identifier(self.schema, SAGAS_TABLE),
-            "steps": sql.Identifier(self.schema, STEPS_TABLE),
-        }
+        tables = {"sagas": SAGAS_TABLE, "steps": STEPS_TABLE}
         texts: dict[str, LiteralString] = {
             "begin": q.SAGA_BEGIN,
             "get": q.SAGA_GET,
@@ -66,7 +66,7 @@ class PostgresSagas(PostgresTables):
             "list": q.SAGA_LIST,
             "claimable": q.SAGA_CLAIMABLE,
         }
-        return {name: sql.SQL(text).format(**tables) for name, text in texts.items()}
+        return self._composed(tables, texts)
 
     async def _saga_rows(
         self, operation: str, name: str, params: Mapping[str, object] | tuple[object, ...]
@@ -103,14 +103,7 @@ class PostgresSagas(PostgresTables):
         idle_ms: int,
         owner: str | None,
     ) -> SagaRecord | None:
-        params = {
-            "saga_id": saga_id,
-            "expect": expect.value,
-            "then": then.value,
-            "lease_ms": lease_ms,
-            "idle_ms": idle_ms,
-            "owner": owner,
-        }
+        params = claim_saga_params(saga_id, expect, then, lease_ms, idle_ms, owner)
         rows = await self._saga_rows("claim_saga", "claim", params)
         return _saga(rows[0]) if rows else None
 
@@ -119,11 +112,7 @@ class PostgresSagas(PostgresTables):
         return await self._saga_count("heartbeat_saga", "heartbeat", params) == 1
 
     async def release_saga(self, saga_id: str, *, attempt: int) -> bool:
-        params = {
-            "saga_id": saga_id,
-            "attempt": attempt,
-            "compensating": SagaStatus.COMPENSATING.value,
-        }
+        params = release_saga_params(saga_id, attempt)
         return await self._saga_count("release_saga", "release", params) == 1
 
     async def finish_saga(
@@ -136,14 +125,8 @@ class PostgresSagas(PostgresTables):
         error: EffectError | None,
     ) -> bool:
         check_saga_move(expect, then)
-        params = {
-            "saga_id": saga_id,
-            "attempt": attempt,
-            "expect": expect.value,
-            "then": then.value,
-            "error": saga_error_json(error),
-            "terminal": then.is_terminal,
-        }
+        params = finish_saga_params(saga_id, attempt, expect, then)
+        params["error"] = saga_error_json(error)
         return await self._saga_count("finish_saga", "finish", params) == 1
 
     async def record_step(

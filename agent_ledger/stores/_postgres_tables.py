@@ -7,11 +7,11 @@ once for the type checker, and how a ``timestamptz`` becomes a receipt's time.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, LiteralString, TypeVar
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, sql
 
 _T = TypeVar("_T")
 Connection = AsyncConnection[Any]
@@ -37,3 +37,11 @@ class PostgresTables:
             idem_key: str | None = None,
             effect_id: str | None = None,
         ) -> _T: ...
+
+    def _composed(
+        self, tables: Mapping[str, str], texts: Mapping[str, LiteralString]
+    ) -> dict[str, sql.Composed]:
+        """Each statement of ``texts`` by its name, its ``{table}`` placeholders naming
+        ``tables`` (placeholder -> table name) in the store's schema."""
+        names = {key: sql.Identifier(self.schema, table) for key, table in tables.items()}
+        return {name: sql.SQL(text).format(**names) for name, text in texts.items()}

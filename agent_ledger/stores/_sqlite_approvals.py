@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from agent_ledger.approvals import (
     ApprovalRequest,
@@ -18,17 +18,19 @@ from agent_ledger.approvals import (
     DecisionOutcome,
     NewDecisionAttempt,
 )
-from agent_ledger.codes import DecisionCode, ErrorCode
+from agent_ledger.codes import DecisionCode
 from agent_ledger.effects import Effect
-from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _sqlite_queries as q
-from agent_ledger.stores._params import Dialect, settle_params
+from agent_ledger.stores._params import Dialect
 from agent_ledger.stores._sqlite_tables import SqliteTables, from_us, to_us
 from agent_ledger.stores.approval_base import (
+    LINK_ALREADY_USED,
+    WAITING_PARAMS,
     DecideOutcome,
     DecideRequest,
     attempt_from_row,
     attempt_params,
+    decide_params,
     request_from_row,
     request_params,
 )
@@ -37,15 +39,9 @@ if TYPE_CHECKING:
     from agent_ledger.stores._dedup import PendingCounts
     from agent_ledger.stores._transactions import TransactionGate
 
-#: ``decide``'s answer when the link had already decided.
-_LINK_USED: Final = "link used"
 
-
-#: The parameters naming an effect that waits for an approval (not parked).
-_WAITING: Final = {
-    "waiting": EffectStatus.REQUIRES_APPROVAL.value,
-    "ambiguous": ErrorCode.AMBIGUOUS_ATTEMPT.value,
-}
+def _request(row: tuple[Any, ...]) -> ApprovalRequest:
+    return request_from_row(row, from_us)
 
 
 class SqliteApprovals(SqliteTables):
@@ -67,14 +63,8 @@ class SqliteApprovals(SqliteTables):
         policy_version: str | None,
         deadline_ms: int | None,
     ) -> ApprovalRequest:
-        await self._enter(None)
         params = request_params(idem_key, requested_by, policy_version, deadline_ms)
-
-        def work(conn: sqlite3.Connection, now: int) -> ApprovalRequest:
-            conn.execute(q.APPROVAL_INSERT, params | {"now": now})
-            return request_from_row(conn.execute(q.APPROVAL_GET, (idem_key,)).fetchone(), from_us)
-
-        return await self._run("note_request", work, None, write=True, idem_key=idem_key)
+        return await self._write_request("note_request", q.APPROVAL_INSERT, idem_key, params)
 
     async def renew_request(
         self,
@@ -84,46 +74,39 @@ class SqliteApprovals(SqliteTables):
         policy_version: str | None,
         deadline_ms: int | None,
     ) -> ApprovalRequest:
-        await self._enter(None)
         params = request_params(idem_key, requested_by, policy_version, deadline_ms)
+        return await self._write_request("renew_request", q.APPROVAL_RENEW, idem_key, params)
+
+    async def _write_request(
+        self, operation: str, statement: str, idem_key: str, params: dict[str, object]
+    ) -> ApprovalRequest:
+        """``statement`` (insert or renew) on the request row, and the row it left."""
+        await self._enter(None)
 
         def work(conn: sqlite3.Connection, now: int) -> ApprovalRequest:
-            conn.execute(q.APPROVAL_RENEW, params | {"now": now})
+            conn.execute(statement, params | {"now": now})
             return request_from_row(conn.execute(q.APPROVAL_GET, (idem_key,)).fetchone(), from_us)
 
-        return await self._run("renew_request", work, None, write=True, idem_key=idem_key)
+        return await self._run(operation, work, None, write=True, idem_key=idem_key)
 
     async def approval_request(
         self, idem_key: str, *, tx: object | None = None
     ) -> ApprovalRequest | None:
-        await self._enter(tx)
-
-        def work(conn: sqlite3.Connection, now: int) -> ApprovalRequest | None:
-            row = conn.execute(q.APPROVAL_GET, (idem_key,)).fetchone()
-            return None if row is None else request_from_row(row, from_us)
-
-        return await self._run("approval_request", work, tx, write=False, idem_key=idem_key)
+        return await self._read_one(
+            "approval_request", q.APPROVAL_GET, (idem_key,), _request, tx, idem_key=idem_key
+        )
 
     async def decide(self, request: DecideRequest) -> DecideOutcome:
         await self._enter(None)
         key = request.idem_key
-        params = settle_params(
-            self._dialect,
-            key,
-            target=request.target,
-            expected_attempt=request.expected_attempt,
-            only_parked=request.only_parked,
-            result_json=request.result_json,
-            error=request.error,
-            decision=request.decision,
-        )
+        params = decide_params(self._dialect, request)
         audit = attempt_params(request.attempt, DecisionOutcome.ACCEPTED, DecisionCode.DECIDED)
         link = request.link
         started = self._counts.epoch
 
         def work(conn: sqlite3.Connection, now: int) -> tuple[Any, ...] | str | None:
             if link is not None and conn.execute(q.LINK_USED, (link.nonce,)).fetchone():
-                return _LINK_USED
+                return LINK_ALREADY_USED
             params["now"], params["at"] = now, from_us(now).isoformat()
             if conn.execute(q.SETTLE, params).rowcount != 1:
                 return None
@@ -181,7 +164,7 @@ class SqliteApprovals(SqliteTables):
         await self._enter(None)
 
         def work(conn: sqlite3.Connection, now: int) -> list[ApprovalRequest]:
-            params = {"now": now, "limit": limit} | _WAITING
+            params = {"now": now, "limit": limit} | WAITING_PARAMS
             rows = conn.execute(q.APPROVALS_OVERDUE, params).fetchall()
             return [request_from_row(row, from_us) for row in rows]
 
@@ -191,7 +174,7 @@ class SqliteApprovals(SqliteTables):
         await self._enter(None)
 
         def work(conn: sqlite3.Connection, now: int) -> list[ApprovalRequest]:
-            params = {"now": now, "fraction": fraction, "limit": limit} | _WAITING
+            params = {"now": now, "fraction": fraction, "limit": limit} | WAITING_PARAMS
             rows = conn.execute(q.ESCALATIONS_DUE, params).fetchall()
             return [request_from_row(row, from_us) for row in rows]
 

@@ -16,18 +16,18 @@ from agent_ledger.stores import _sqlite_queries as q
 from agent_ledger.stores._sqlite_tables import SqliteTables, from_us, to_us
 from agent_ledger.stores.budget_base import (
     DETACHED,
-    UNITS,
     NewHold,
     amount_params,
     budget_from_row,
     check_budget_limit,
     check_hold,
     detached_key,
-    fits,
     hold_amount,
+    joined_room,
     largest_spend,
     limit_params,
     limit_values,
+    room_freed,
     spend_minus,
 )
 
@@ -48,9 +48,7 @@ def _give_back(
     freed = Spend()
     for key in set(gone.values()):
         group = conn.execute(q.HOLD_ROWS + q.OF_KEY, params | {"idem_key": key}).fetchall()
-        old = largest_spend(hold_amount(row) for row in group)
-        left = largest_spend(hold_amount(row) for row in group if row[0] not in gone)
-        freed = Spend(*(f + d for f, d in zip(freed, spend_minus(old, left), strict=True)))
+        freed = Spend(*(f + d for f, d in zip(freed, room_freed(group, gone), strict=True)))
     for hold_id in gone:
         conn.execute(q.DELETE_HOLD_ONE, params | {"hold_id": hold_id})
     conn.execute(
@@ -96,17 +94,8 @@ class SqliteBudgets(SqliteTables):
             dead = [g[0] for g in group if int(g[6]) <= now]
             old = largest_spend(hold_amount(g) for g in group)
             live = [hold_amount(g) for g in group if g[0] not in dead]
-            new = largest_spend([*live, hold.estimate])
-            counted = [unit in hold.units for unit in UNITS]
-            grows = any(c and n > o for c, n, o in zip(counted, new, old, strict=True))
-            # Joining a live hold at no more than it holds always fits: the
-            # call was admitted when that hold was made.
-            if (grows or not live) and not fits(
-                limit_values(state),
-                state.spent,
-                spend_minus(state.reserved, old),
-                [n if c else None for c, n in zip(counted, new, strict=True)],
-            ):
+            new = joined_room(limit_values(state), state.spent, state.reserved, old, live, hold)
+            if new is None:
                 return False
             for hold_id in dead:
                 conn.execute(q.DELETE_HOLD_ONE, at | {"hold_id": hold_id})
@@ -169,14 +158,14 @@ class SqliteBudgets(SqliteTables):
             # Out of the effect's room (it shrinks to the largest estimate left),
             # into its own: reserved grows by the hold's estimate.
             group = conn.execute(q.HOLD_ROWS + q.OF_KEY, at | {"idem_key": row[1]}).fetchall()
-            old = largest_spend(hold_amount(g) for g in group)
-            left = largest_spend(hold_amount(g) for g in group if g[0] != hold_id)
             conn.execute(q.HOLD_REKEY, at | {"new_key": detached_key(row[1], hold_id)})
             conn.execute(
                 q.BUDGET_APPLY,
                 at
                 | amount_params("spent", Spend())
-                | amount_params("freed", spend_minus(spend_minus(old, left), hold_amount(row))),
+                | amount_params(
+                    "freed", spend_minus(room_freed(group, {hold_id}), hold_amount(row))
+                ),
             )
             return True
 
@@ -203,13 +192,7 @@ class SqliteBudgets(SqliteTables):
         return await self._run("reclaim_holds", work, None, write=True)
 
     async def get_budget(self, workflow_id: str) -> BudgetState | None:
-        await self._enter(None)
-
-        def work(conn: sqlite3.Connection, now: int) -> BudgetState | None:
-            row = conn.execute(q.BUDGET_GET, (workflow_id,)).fetchone()
-            return None if row is None else _budget(row)
-
-        return await self._run("get_budget", work, None, write=False)
+        return await self._read_one("get_budget", q.BUDGET_GET, (workflow_id,), _budget)
 
     async def list_budgets(self, *, limit: int = 100) -> list[BudgetState]:
         check_budget_limit(limit)

@@ -26,6 +26,10 @@ from agent_ledger.stores.saga_base import (
     SagaStep,
     check_saga_limit,
     check_saga_move,
+    claim_saga_params,
+    finish_saga_params,
+    release_saga_params,
+    saga_error_columns,
     saga_from_row,
     step_from_row,
 )
@@ -66,14 +70,7 @@ class SqliteSagas(SqliteTables):
         owner: str | None,
     ) -> SagaRecord | None:
         await self._enter(None)
-        params = {
-            "saga_id": saga_id,
-            "expect": expect.value,
-            "then": then.value,
-            "lease_ms": lease_ms,
-            "idle_ms": idle_ms,
-            "owner": owner,
-        }
+        params = claim_saga_params(saga_id, expect, then, lease_ms, idle_ms, owner)
 
         def work(conn: sqlite3.Connection, now: int) -> SagaRecord | None:
             if conn.execute(q.SAGA_CLAIM, params | {"now": now}).rowcount != 1:
@@ -93,11 +90,7 @@ class SqliteSagas(SqliteTables):
 
     async def release_saga(self, saga_id: str, *, attempt: int) -> bool:
         await self._enter(None)
-        params = {
-            "saga_id": saga_id,
-            "attempt": attempt,
-            "compensating": SagaStatus.COMPENSATING.value,
-        }
+        params = release_saga_params(saga_id, attempt)
 
         def work(conn: sqlite3.Connection, now: int) -> bool:
             return conn.execute(q.SAGA_RELEASE, params).rowcount == 1
@@ -115,16 +108,7 @@ class SqliteSagas(SqliteTables):
     ) -> bool:
         check_saga_move(expect, then)
         await self._enter(None)
-        params = {
-            "saga_id": saga_id,
-            "attempt": attempt,
-            "expect": expect.value,
-            "then": then.value,
-            "has_error": error is not None,
-            "error_message": None if error is None else error.message,
-            "error_code": None if error is None else error.code,
-            "terminal": then.is_terminal,
-        }
+        params = finish_saga_params(saga_id, attempt, expect, then) | saga_error_columns(error)
 
         def work(conn: sqlite3.Connection, now: int) -> bool:
             return conn.execute(q.SAGA_FINISH, params | {"now": now}).rowcount == 1
@@ -148,13 +132,7 @@ class SqliteSagas(SqliteTables):
         return await self._run("record_step", work, None, write=True)
 
     async def get_saga(self, saga_id: str) -> SagaRecord | None:
-        await self._enter(None)
-
-        def work(conn: sqlite3.Connection, now: int) -> SagaRecord | None:
-            row = conn.execute(q.SAGA_GET, (saga_id,)).fetchone()
-            return None if row is None else _saga(row)
-
-        return await self._run("get_saga", work, None, write=False)
+        return await self._read_one("get_saga", q.SAGA_GET, (saga_id,), _saga)
 
     async def saga_steps(self, saga_id: str) -> list[SagaStep]:
         await self._enter(None)

@@ -44,3 +44,22 @@ class SqliteTables:
             idem_key: str | None = None,
             effect_id: str | None = None,
         ) -> _T: ...
+
+    async def _read_one(
+        self,
+        operation: str,
+        statement: str,
+        params: tuple[object, ...],
+        convert: Callable[[tuple[Any, ...]], _T],
+        tx: object | None = None,
+        *,
+        idem_key: str | None = None,
+    ) -> _T | None:
+        """The row ``statement`` selects, through ``convert``; None when there is none."""
+        await self._enter(tx)
+
+        def work(conn: sqlite3.Connection, now: int) -> _T | None:
+            row = conn.execute(statement, params).fetchone()
+            return None if row is None else convert(row)
+
+        return await self._run(operation, work, tx, write=False, idem_key=idem_key)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Final, NamedTuple, Protocol, runtime_checkable
 
 from agent_ledger.approvals import (
     ApprovalRequest,
@@ -32,9 +32,10 @@ from agent_ledger.approvals import (
     NewDecisionAttempt,
     UsedLink,
 )
-from agent_ledger.codes import DecisionCode
+from agent_ledger.codes import DecisionCode, ErrorCode
 from agent_ledger.effects import Effect, EffectError
 from agent_ledger.status import EffectStatus
+from agent_ledger.stores._params import Dialect, settle_params
 from agent_ledger.stores.base import Decision, check_settle_target
 
 __all__ = [
@@ -171,6 +172,29 @@ class ApprovalStore(Protocol):
         stamped already (or was renewed since); True if this call stamped it.
         One compare-and-set: of any number of sweepers exactly one gets True."""
         ...
+
+
+#: What a SQL store's ``decide`` transaction answers when the link had already decided.
+LINK_ALREADY_USED: Final = "link used"
+#: The parameters naming an effect that waits for an approval (not parked), every SQL dialect.
+WAITING_PARAMS: Final = {
+    "waiting": EffectStatus.REQUIRES_APPROVAL.value,
+    "ambiguous": ErrorCode.AMBIGUOUS_ATTEMPT.value,
+}
+
+
+def decide_params(dialect: Dialect, request: DecideRequest) -> dict[str, object]:
+    """The parameters of the settle a ``decide`` makes, every SQL dialect."""
+    return settle_params(
+        dialect,
+        request.idem_key,
+        target=request.target,
+        expected_attempt=request.expected_attempt,
+        only_parked=request.only_parked,
+        result_json=request.result_json,
+        error=request.error,
+        decision=request.decision,
+    )
 
 
 def request_params(

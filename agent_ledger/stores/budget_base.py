@@ -62,7 +62,7 @@ one atomic step; times use the store's clock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from datetime import datetime
 from typing import Any, Final, NamedTuple, Protocol, runtime_checkable
 
@@ -227,6 +227,35 @@ def fits(
     return True
 
 
+def joined_room(
+    limits: Sequence[int | None],
+    spent: Spend,
+    reserved: Spend,
+    old: Spend,
+    live: Sequence[Spend],
+    hold: NewHold,
+) -> Spend | None:
+    """The effect's room once ``hold`` joins its ``live`` holds' estimates, or
+    None if it does not fit (the stores that reserve in Python: memory, SQLite,
+    MySQL). ``old`` is the room the effect's holds take now, expired ones
+    included; the budget's ``reserved`` loses ``old`` and gains the answer.
+
+    Only the units ``hold`` counts are checked. Joining a live hold at no more
+    than it holds always fits: the call was admitted when that hold was made.
+    """
+    new = largest_spend([*live, hold.estimate])
+    counted = [unit in hold.units for unit in UNITS]
+    grows = any(c and n > o for c, n, o in zip(counted, new, old, strict=True))
+    if (grows or not live) and not fits(
+        limits,
+        spent,
+        spend_minus(reserved, old),
+        [n if c else None for c, n in zip(counted, new, strict=True)],
+    ):
+        return None
+    return new
+
+
 #: The budget columns every SQL store selects, in the order ``budget_from_row`` reads them.
 BUDGET_ROW: Final = (
     "workflow_id",
@@ -283,3 +312,12 @@ def largest_spend(amounts: Iterable[Spend]) -> Spend:
 def spend_minus(a: Spend, b: Spend) -> Spend:
     """``a - b``, unit by unit (may go negative: the caller decides what that means)."""
     return Spend(*(x - y for x, y in zip(a, b, strict=True)))
+
+
+def room_freed(group: Sequence[Sequence[Any]], leaving: Container[str]) -> Spend:
+    """How much an effect's room shrinks when the holds ``leaving`` (hold ids)
+    leave its ``group`` (``HOLD_ROWS`` rows, the SQL dialects' hold reads): the
+    largest estimate of them all, less the largest of those left."""
+    old = largest_spend(hold_amount(row) for row in group)
+    left = largest_spend(hold_amount(row) for row in group if row[0] not in leaving)
+    return spend_minus(old, left)

@@ -721,22 +721,9 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
 
     async def retry_failed(self, idem_key: str, *, attempt: int, lease_ms: int) -> ClaimOutcome:
         params = retry_failed_params(_DIALECT, idem_key, attempt=attempt, lease_ms=lease_ms)
-        started = self._counts.epoch
-
-        async def work(cur: Cursor) -> tuple[tuple[Any, ...] | None, bool]:
-            claimed = await cur.execute(q.RETRY_FAILED, params) == 1
-            await cur.execute(q.FIND, params)
-            row: tuple[Any, ...] | None = await cur.fetchone()
-            return row, claimed
-
-        row, claimed = await self._run("retry_failed", work, None, atomic=True, idem_key=idem_key)
-        if row is None:
-            return ClaimOutcome(None, claimed=False)
-        if claimed:
-            self._remember(row)
-            self._changed(idem_key, None)
-        (row,) = await self._counted([row], started, None)
-        return ClaimOutcome(_effect_from_row(row), claimed=claimed)
+        return await self._claim_by_key(
+            "retry_failed", q.RETRY_FAILED, params, idem_key, will_commit=True
+        )
 
     async def heartbeat(self, held: Sequence[Held]) -> HeartbeatOutcome:
         batch = {one for one in held if is_effect_id(one.effect_id)}
@@ -856,21 +843,37 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
 
     async def park(self, idem_key: str, *, stale_after_ms: int, error: EffectError) -> ClaimOutcome:
         params = park_params(_DIALECT, idem_key, stale_after_ms=stale_after_ms, error=error)
+        return await self._claim_by_key("park", q.PARK, params, idem_key, will_commit=False)
+
+    async def _claim_by_key(
+        self,
+        operation: str,
+        statement: str,
+        params: dict[str, object],
+        idem_key: str,
+        *,
+        will_commit: bool,
+    ) -> ClaimOutcome:
+        """A compare-and-set by key (``retry_failed``'s claim, ``park``) and the row it
+        left, in one transaction; ``claimed``: this call moved it. ``will_commit``:
+        a moved row is one this process commits later (``_remember`` its key)."""
         started = self._counts.epoch
 
         async def work(cur: Cursor) -> tuple[tuple[Any, ...] | None, bool]:
-            parked = await cur.execute(q.PARK, params) == 1
+            moved = await cur.execute(statement, params) == 1
             await cur.execute(q.FIND, params)
             row: tuple[Any, ...] | None = await cur.fetchone()
-            return row, parked
+            return row, moved
 
-        row, parked = await self._run("park", work, None, atomic=True, idem_key=idem_key)
+        row, moved = await self._run(operation, work, None, atomic=True, idem_key=idem_key)
         if row is None:
             return ClaimOutcome(None, claimed=False)
-        if parked:
+        if moved:
+            if will_commit:
+                self._remember(row)
             self._changed(idem_key, None)
         (row,) = await self._counted([row], started, None)
-        return ClaimOutcome(_effect_from_row(row), claimed=parked)
+        return ClaimOutcome(_effect_from_row(row), claimed=moved)
 
     async def settle(
         self,

@@ -256,6 +256,54 @@ def check_saga_move(expect: SagaStatus, then: SagaStatus) -> None:
         )
 
 
+def claim_saga_params(
+    saga_id: str,
+    expect: SagaStatus,
+    then: SagaStatus,
+    lease_ms: int,
+    idle_ms: int,
+    owner: str | None,
+) -> dict[str, object]:
+    """The parameters of ``claim_saga``'s statement, every SQL dialect."""
+    return {
+        "saga_id": saga_id,
+        "expect": expect.value,
+        "then": then.value,
+        "lease_ms": lease_ms,
+        "idle_ms": idle_ms,
+        "owner": owner,
+    }
+
+
+def release_saga_params(saga_id: str, attempt: int) -> dict[str, object]:
+    """The parameters of ``release_saga``'s statement, every SQL dialect."""
+    return {"saga_id": saga_id, "attempt": attempt, "compensating": SagaStatus.COMPENSATING.value}
+
+
+def finish_saga_params(
+    saga_id: str, attempt: int, expect: SagaStatus, then: SagaStatus
+) -> dict[str, object]:
+    """The parameters of ``finish_saga``'s statement but its error, every SQL dialect
+    (PostgreSQL adds ``saga_error_json``, the others ``saga_error_columns``)."""
+    return {
+        "saga_id": saga_id,
+        "attempt": attempt,
+        "expect": expect.value,
+        "then": then.value,
+        "terminal": then.is_terminal,
+    }
+
+
+def saga_error_columns(error: EffectError | None) -> dict[str, object]:
+    """A saga's error as the columns SQLite and MySQL keep it in; ``has_error``
+    False keeps the stored one."""
+    return {
+        "has_error": error is not None,
+        "error_message": None if error is None else error.message,
+        "error_code": None if error is None else error.code,
+    }
+
+
 def saga_error_json(error: EffectError | None) -> str | None:
     """The stored form of a saga's error (JSON text), as effects keep theirs."""
     if error is None:

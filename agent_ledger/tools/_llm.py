@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
@@ -29,6 +28,7 @@ from agent_ledger.effects import (
     JSONValue,
     Usage,
     WithUsage,
+    is_usd_amount,
 )
 from agent_ledger.errors import EffectLedgerInvariantError, EffectLedgerValidationError
 from agent_ledger.options import UNSET, RunOptions
@@ -96,11 +96,7 @@ def _price(pricing: Pricing, provider: str, model: str, usage: Usage) -> float:
             "must take (provider, model, usage) and return a number of US dollars",
             field="pricing",
         ) from exc
-    if (
-        type(cost) not in (int, float)
-        or not math.isfinite(cost)
-        or not 0 <= cost <= MAX_USAGE_COST_USD
-    ):
+    if not is_usd_amount(cost):
         raise EffectLedgerValidationError(
             f"pricing({provider!r}, {model!r}, ...) must return a finite number of US "
             f"dollars from 0 to {MAX_USAGE_COST_USD:_}, got {cost!r}",

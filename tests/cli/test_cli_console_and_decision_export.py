@@ -70,6 +70,15 @@ async def test_export_writes_every_decision_attempt(tmp_path: Path) -> None:
     csv_out = cli("export", "--decision-attempts", "--format", "csv")
     assert csv_out.stdout.splitlines()[0].startswith("id,idem_key,principal,channel")
     assert cli("export", "--decision-attempts", "--format", "md").returncode != 0
+    # To a file, as the effects' export writes one: the count said on stderr.
+    target = tmp_path / "attempts.jsonl"
+    written = cli("export", "--decision-attempts", "--format", "jsonl", "-o", str(target))
+    assert written.returncode == 0 and written.stdout == ""
+    assert written.stderr == f"exported 2 decision attempts to {target}\n"
+    assert [json.loads(line)["principal"] for line in target.read_text().splitlines()] == [
+        "ops-bot",
+        "carol",
+    ]
 
 
 def test_the_console_command_refuses_without_identity_or_rules(tmp_path: Path) -> None:
