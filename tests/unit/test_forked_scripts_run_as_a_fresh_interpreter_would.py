@@ -14,12 +14,13 @@ import pytest
 from tests import forkserver
 
 PROBE = """\
-import atexit, json, os, sys, threading, time
+import atexit, json, os, sys, threading
 import agent_ledger
 
 atexit.register(lambda: print("atexit ran", flush=True))
 # Not a daemon: the interpreter waits for it on the way out, before atexit.
-threading.Thread(target=lambda: (time.sleep(0.2), print("thread ran", flush=True))).start()
+printed = threading.Event()
+threading.Thread(target=lambda: (printed.wait(), print("thread ran", flush=True))).start()
 print(json.dumps({
     "name": __name__,
     "file": __file__,
@@ -30,6 +31,7 @@ print(json.dumps({
     "stdin": sys.stdin.read(),
     "main": sys.modules["__main__"].__dict__ is globals(),
 }), flush=True)
+printed.set()
 if sys.argv[1:] == ["raise"]:
     raise ValueError("boom")
 if sys.argv[1:] == ["exit"]:
