@@ -167,8 +167,10 @@ def pytest_pycollect_makemodule(
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from tests import forkserver
     from tests.pgbouncer import stop_pgbouncer
 
+    forkserver.close_all()
     stop_pgbouncer()
     drop_test_schema()
     drop_test_database()

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import DSN, require_postgres
-from tests.test_docs import SAVED_AS, _docs_schema, _mask, _text
+from tests.test_docs import SAVED_AS, _docs_schema, _mask, _text, run_command
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "getting-started.md"
@@ -48,10 +48,7 @@ def _replay(session: str, folder: Path, env: dict[str, str]) -> None:
     commands, expected = steps[0::2], steps[1::2]
     assert commands, "a console block without `$ ` commands"
     for command, output in zip(commands, expected, strict=True):
-        done = subprocess.run(
-            ["bash", "-c", command], cwd=folder, env=env, capture_output=True, text=True,
-            timeout=120,
-        )  # fmt: skip
+        done = run_command(command, folder, env, timeout=120)
         assert done.returncode == 0, f"{command}: {done.stderr}"
         assert _mask(done.stdout) == _mask(output.removeprefix("\n")), command
 

@@ -20,10 +20,13 @@ from typing import Any
 
 import pytest
 
+from tests import forkserver
 from tests.harness import DSN, require_postgres
 
 VERSION: str = "0.2.1"
 WORKER = Path(__file__).with_name("v021_worker.py")
+#: What v021_worker.py imports besides the standard library.
+PRELOADED = ("agent_ledger", "agent_ledger.stores.postgres", "psycopg", "psycopg_pool")
 
 
 def _venv_python() -> Path:
@@ -70,12 +73,16 @@ class V021:
         self.url = f"{DSN}?schema={schema}" if "?" not in DSN else f"{DSN}&schema={schema}"
 
     def call(self, command: str, stdin: object = None) -> Any:
-        done = subprocess.run(
-            [str(self.python), str(WORKER), DSN, self.schema, command],
+        # Forked from a 0.2.1 interpreter that has imported what the worker
+        # imports (tests/forkserver.py): a test makes several calls, and each
+        # fresh interpreter would spend most of its time importing them again.
+        done = forkserver.run(
+            [WORKER, DSN, self.schema, command],
+            cwd=WORKER.parent,
             input=json.dumps(stdin),
-            capture_output=True,
-            text=True,
             timeout=120,
+            python=str(self.python),
+            preload=PRELOADED,
         )
         if done.returncode != 0:
             raise AssertionError(f"0.2.1 worker failed: {done.stderr}")

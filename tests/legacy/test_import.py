@@ -45,6 +45,20 @@ def cli(*argv: str) -> tuple[int, str]:
     return code, out.getvalue()
 
 
+def age_sqlite_holders_folder(target: str, seconds: int) -> None:
+    """Age the SQLite target's holders folder (its ``.born`` marker) by ``seconds``.
+
+    A SqliteStore treats a holders folder born less than a lease ago as a sign of
+    life for every holder in it (agent_ledger/stores/_sqlite_holders.py), and
+    ``init`` has just made this one; like the aged heartbeat, this back door
+    says the database was set up long before the 0.2.1 worker fell silent.
+    """
+    marker = Path(os.path.realpath(target[len("sqlite:///") :]) + "-holders") / ".born"
+    assert marker.exists(), marker
+    born = marker.stat().st_mtime_ns - seconds * 1_000_000_000
+    os.utime(marker, ns=(born, born))
+
+
 def import_json(source: str, target: str, *extra: str) -> dict[str, Any]:
     code, text = cli("--url", target, "import-0.2", "--from", source, "--json", *extra)
     assert code == 0, text
@@ -182,6 +196,7 @@ def test_processing_is_claimable_once_its_lease_has_passed(
     if target.startswith("sqlite:///"):
         with sqlite3.connect(target[len("sqlite:///") :]) as conn:
             conn.execute("UPDATE agent_ledger_effects SET heartbeat_us = heartbeat_us - 60000000")
+        age_sqlite_holders_folder(target, 60)
     else:
         schema = target.rsplit("schema=", 1)[1]
         with psycopg.connect(DSN) as pg:
@@ -487,6 +502,7 @@ def test_a_re_import_never_overwrites_what_this_ledger_changed(v021: V021, targe
                 "WHERE id IN (?, ?)",
                 stale,
             )
+        age_sqlite_holders_folder(target, 60)
     else:
         schema = target.rsplit("schema=", 1)[1]
         with psycopg.connect(DSN) as pg:

@@ -27,6 +27,8 @@ PACKAGE = ROOT / "agent_ledger"
 TABLE = PACKAGE / "codes.py"
 #: Status values are also spelled ``denied`` / ``canceled``; those literals are statuses.
 STATUSES = {s.value for s in EffectStatus} | {s.value for s in SagaStatus}
+#: Every code's stored spelling (computed once: the scan checks every literal).
+CODES = frozenset(c.value for c in ErrorCode)
 #: Names whose value is an error code, when compared with a literal.
 CODE_NAMES = {"code", "error_code"}
 
@@ -58,8 +60,9 @@ def _typed_codes(path: Path, tree: ast.Module) -> list[str]:
     """Places that write a code as a string literal instead of naming an ``ErrorCode``."""
     found: list[str] = []
     # A dict's key is a field name (``{"abandoned": [...]}`` in a JSON report), not a code.
-    keys = {id(k) for d in ast.walk(tree) if isinstance(d, ast.Dict) for k in d.keys}
-    for node in ast.walk(tree):
+    nodes = list(ast.walk(tree))
+    keys = {id(k) for d in nodes if isinstance(d, ast.Dict) for k in d.keys}
+    for node in nodes:
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "EffectError":
             code = node.args[1] if len(node.args) > 1 else None
             code = next((k.value for k in node.keywords if k.arg == "code"), code)
@@ -81,7 +84,7 @@ def _typed_codes(path: Path, tree: ast.Module) -> list[str]:
         elif (
             isinstance(node, ast.Constant)
             and id(node) not in keys
-            and node.value in {c.value for c in ErrorCode}
+            and node.value in CODES
             and node.value not in STATUSES
         ):
             found.append(f"{_where(path, node)}: {node.value!r} typed again")
