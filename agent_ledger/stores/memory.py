@@ -30,6 +30,7 @@ from agent_ledger.effects import (
     Settlement,
     TryFailure,
     Usage,
+    effect_from_values,
     handler_time,
     history_from_json,
     storable_text,
@@ -125,7 +126,7 @@ class _Row:
         # a database would: nobody can mutate another caller's receipt.
         # Positional: the slots are Effect's fields in its order (a test holds them equal).
         result = None if self.result_json is None else orjson.loads(self.result_json)
-        return Effect(*(*_before_result(self), result, *_after_result(self)))
+        return effect_from_values((*_before_result(self), result, *_after_result(self)))
 
 
 def _matches(row: _Row, query: EffectQuery, now: datetime) -> bool:
