@@ -140,8 +140,9 @@ class Engine:
         acquirer = self._acquirer
         # Tool.call_outcome's slot for this call, if it asked (one context read).
         slot = current_outcome_slot(prepared.new.idem_key)
-        prepared = await follow_legacy_key(self._store, self.schema, prepared, tx)
-        acquired = await acquirer.acquire(prepared, tx)
+        if prepared.legacy_key is not None:
+            prepared = await follow_legacy_key(self._store, self.schema, prepared, tx)
+        acquired = await acquirer.acquire(prepared, tx, loop)
         while acquired.owned:
             if slot is not None:
                 slot.fill(acquired.effect, replayed=False)
@@ -157,7 +158,8 @@ class Engine:
     async def begin(self, prepared: Prepared, tx: object | None) -> BeginResult[object]:
         """Acquire without a handler: the caller executes and commits."""
         acquirer = self._acquirer
-        prepared = await follow_legacy_key(self._store, self.schema, prepared, tx)
+        if prepared.legacy_key is not None:
+            prepared = await follow_legacy_key(self._store, self.schema, prepared, tx)
         acquired = await acquirer.acquire(prepared, tx)
         while acquired.owned and prepared.opts.on_stale == "park":
             # The caller runs the tool as soon as this returns: its start is now.
