@@ -39,7 +39,7 @@ from agent_ledger.errors import (
 from agent_ledger.keys import mismatched_args
 from agent_ledger.metrics import approval_entered, replayed
 from agent_ledger.observability import log_effect
-from agent_ledger.status import EffectStatus
+from agent_ledger.status import TERMINAL, EffectStatus
 from agent_ledger.stores.base import BeginOutcome, ClaimOutcome, NewEffect, SchemaCheck, Store
 
 __all__ = ["Acquirer"]
@@ -111,7 +111,7 @@ class Acquirer:
         if begun.created:
             if effect.status is not EffectStatus.REQUIRES_APPROVAL:
                 log_effect(logging.DEBUG, "effect created", effect)
-                return Acquired(effect, owned=True, fresh=True)
+                return Acquired(effect, True, True)  # owned, fresh
             # Inserted waiting for a person, in the same atomic step. Its request
             # (who asked, policy version, deadline) is recorded by us, its creator,
             # once; a renewal, since a purge leaves an older effect's request.
@@ -126,12 +126,12 @@ class Acquirer:
             )
             await notify_approval_required(effect, prepared.hooks)
             return await self.wait(prepared, effect, tx, since=since)
-        if effect.status.is_terminal:
+        if effect.status in TERMINAL:
             if effect.retryable and tx is None:
                 acquired = await self.retry(prepared, effect)
             else:
                 log_effect(logging.DEBUG, "effect replayed", effect)
-                acquired = Acquired(effect, owned=False)
+                acquired = Acquired(effect, False)
         else:
             acquired = await self.wait(prepared, effect, tx, since=since)
         if not acquired.owned:

@@ -278,10 +278,10 @@ class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets, MemoryApproval
             row = _Row(new, self._clock())
             self._rows[new.idem_key] = row
             self._ids[row.id] = new.idem_key
-            return BeginOutcome(row.snapshot(), created=True)
+            return BeginOutcome(row.snapshot(), True)  # created
         if tx is None:  # inside a transaction an existing effect is only read (Store.begin)
             row.dedup_count += 1
-        return BeginOutcome(row.snapshot(), created=False)
+        return BeginOutcome(row.snapshot(), False)
 
     async def claim(
         self,
