@@ -579,6 +579,29 @@ def effect_from_values(values: Sequence[Any]) -> Effect:
     return built
 
 
+def effect_from_fields(source: Any, result: JSONValue) -> Effect:
+    """An ``Effect`` of ``result`` and every other field read from ``source``'s
+    attribute of the same name (MemoryStore's row): :func:`effect_from_values`
+    without the tuple of values in between, for a store whose row object has
+    the fields as attributes."""
+    e: Any = _Unfrozen()
+    s = source
+    (e.id, e.idem_key, e.workflow_id, e.call_id, e.tool, e.status, e.args_canonical,
+     e.resource_id_canonical, e.result, e.error, e.dedup_count, e.attempt, e.created_at,
+     e.updated_at, e.completed_at, e.heartbeat_at, e.decided_by, e.decision_note, e.decided_at,
+     e.started_at, e.executions, e.lease_ms, e.tries, e.history, e.usage, e.park_attempt,
+     e.worker) = (
+        s.id, s.idem_key, s.workflow_id, s.call_id, s.tool, s.status, s.args_canonical,
+        s.resource_id_canonical, result, s.error, s.dedup_count, s.attempt, s.created_at,
+        s.updated_at, s.completed_at, s.heartbeat_at, s.decided_by, s.decision_note, s.decided_at,
+        s.started_at, s.executions, s.lease_ms, s.tries, s.history, s.usage, s.park_attempt,
+        s.worker,
+    )  # fmt: skip
+    e.__class__ = Effect
+    built: Effect = e
+    return built
+
+
 #: The statuses a run ends in (from ``processing``, the terminal ones): their
 #: ``completed_at`` is when the run's outcome (or a cancel during it) was recorded.
 RUN_ENDS: Final = frozenset(s for s in TRANSITIONS[EffectStatus.PROCESSING] if s.is_terminal)

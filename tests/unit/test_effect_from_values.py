@@ -1,14 +1,16 @@
-"""``effect_from_values`` builds the same frozen ``Effect`` as its constructor, only cheaper."""
+"""``effect_from_values`` and ``effect_from_fields`` build the same frozen ``Effect`` as its
+constructor, only cheaper."""
 
 from __future__ import annotations
 
 import dataclasses
 import pickle
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from agent_ledger.effects import Effect, effect_from_values
+from agent_ledger.effects import Effect, effect_from_fields, effect_from_values
 from agent_ledger.fields import EFFECT_FIELDS
 
 
@@ -46,3 +48,15 @@ def test_the_effect_it_builds_copies_replaces_and_pickles_like_any_other() -> No
 def test_a_wrong_number_of_values_is_refused() -> None:
     with pytest.raises(ValueError, match="not enough values to unpack"):
         effect_from_values(_distinct_values()[:-1])
+
+
+def test_effect_from_fields_reads_each_field_by_its_name_and_takes_the_result_given() -> None:
+    values = _distinct_values()
+    row = SimpleNamespace(**dict(zip(EFFECT_FIELDS, values, strict=True)))
+    row.result = "the stored text, not the decoded result"
+    built = effect_from_fields(row, {"decoded": True})
+    assert type(built) is Effect
+    expected = dict(zip(EFFECT_FIELDS, values, strict=True)) | {"result": {"decoded": True}}
+    assert {name: getattr(built, name) for name in EFFECT_FIELDS} == expected
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.result = None  # type: ignore[misc]
