@@ -13,7 +13,10 @@ warm-up and then:
 so ``(B - A) / N`` is the cost of a fresh ``run()`` and ``(C - B) / N`` that
 of a replay, with the interpreter's start-up, the imports and the warm-up
 subtracted away; ``(A - O) / N`` is what building a ``ToolCall`` costs the
-caller (counted in the fresh figure until issue 32 split it out).
+caller (counted in the fresh figure until issue 32 split it out). Objects
+allocated before the measured calls are frozen out of the garbage
+collector's sight (``gc.freeze()``), so a full collection of the
+interpreter's own start-up objects does not land in one phase's count.
 ``PYTHONHASHSEED`` is fixed, so two runs of one build give the same count
 (to well under 0.1 %); one repetition is enough, which is why this mode has
 none.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import re
@@ -90,6 +94,12 @@ async def _drive(store_kind: str, phase: str, calls: int, folder: str) -> None:
                 for i in range(calls)
             ]
         )
+        # Out of the collector's sight from here: what was allocated before the
+        # measured calls (the imports, the warm-up, the calls' list). A full
+        # collection of those costs tens of millions of instructions and falls
+        # in one phase or another depending on allocation counts, a jump of
+        # thousands per call between two builds that differ by a few objects.
+        gc.freeze()
         if phase in ("B", "C"):
             for call in measured:
                 await ledger.run(call, handler)
