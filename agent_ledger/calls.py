@@ -106,11 +106,11 @@ class ToolCall:
     def __post_init__(self) -> None:
         _require_text(self.workflow_id, "workflow_id")
         _require_text(self.tool, "tool")
-        if not isinstance(self.args, Mapping):
-            raise EffectLedgerValidationError(
-                f"args must be a dict, got {type(self.args).__name__}", field="args"
-            )
-        if type(self.args) is not dict:
+        if type(self.args) is not dict:  # a plain dict skips the ABC check
+            if not isinstance(self.args, Mapping):
+                raise EffectLedgerValidationError(
+                    f"args must be a dict, got {type(self.args).__name__}", field="args"
+                )
             # Any mapping (an OrderedDict, a MappingProxy) is taken as a plain dict.
             object.__setattr__(self, "args", dict(self.args))
         if self.call_id is not None:

@@ -46,7 +46,7 @@ from agent_ledger.errors import (
 )
 from agent_ledger.keys import canonical_json, mismatched_args
 from agent_ledger.legacy.keys import legacy_mismatched_args
-from agent_ledger.observability import span
+from agent_ledger.observability import span, tracing
 from agent_ledger.options import EffectLedgerOptions, LedgerHooks, RunOptions
 from agent_ledger.status import TERMINAL, EffectStatus
 from agent_ledger.stores.base import Held, LedgerStats, Store
@@ -216,6 +216,8 @@ class LedgerCore(Generic[ToolT_co]):
                     slot.fill(recorded, replayed=True)
                 # Shared: one recorded result answers every call with its key.
                 return recorded_outcome(Acquired(recorded, owned=False, shared=True))
+        if not tracing():
+            return await self._engine.run(prepared, handler, tx, loop)
         with span("agent_ledger.run", call.tool, prepared.new.idem_key):
             return await self._engine.run(prepared, handler, tx, loop)
 

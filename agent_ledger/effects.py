@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Generic, Literal, NamedTuple, TypeAlias, TypeGuard, TypeVar, cast
@@ -11,6 +12,7 @@ import orjson
 
 from agent_ledger.codes import ErrorCode
 from agent_ledger.errors import EffectLedgerValidationError
+from agent_ledger.fields import EFFECT_FIELDS
 from agent_ledger.status import TRANSITIONS, EffectStatus
 
 #: Any value JSON can represent. Args and results must be of this shape.
@@ -552,6 +554,57 @@ class Effect:
             return False
         last = self.history[-1]
         return isinstance(last, RetryableFailure) and last.attempt == self.attempt
+
+
+class _Unfrozen:
+    """``Effect``'s slots, settable: what :func:`effect_from_values` fills in.
+
+    A frozen dataclass sets each field in ``__init__`` through
+    ``object.__setattr__``, a call per field (27 of them, on every read of an
+    effect). This class has the same slot layout without the freezing: its
+    slots are filled by plain stores, then the instance becomes an ``Effect``
+    (``__class__`` assignment, which Python allows between classes of the
+    same layout). The result is an ordinary ``Effect``, equal to
+    ``Effect(*values)``; a test holds the two equal field by field.
+    """
+
+    __slots__ = EFFECT_FIELDS
+
+
+def effect_from_values(values: Sequence[Any]) -> Effect:
+    """``Effect(*values)``, values in ``EFFECT_FIELDS`` order, at about a quarter of its cost."""
+    e: Any = _Unfrozen()
+    (e.id, e.idem_key, e.workflow_id, e.call_id, e.tool, e.status, e.args_canonical,
+     e.resource_id_canonical, e.result, e.error, e.dedup_count, e.attempt, e.created_at,
+     e.updated_at, e.completed_at, e.heartbeat_at, e.decided_by, e.decision_note, e.decided_at,
+     e.started_at, e.executions, e.lease_ms, e.tries, e.history, e.usage, e.park_attempt,
+     e.worker) = values  # fmt: skip
+    e.__class__ = Effect
+    built: Effect = e
+    return built
+
+
+def effect_from_fields(source: Any, result: JSONValue) -> Effect:
+    """An ``Effect`` of ``result`` and every other field read from ``source``'s
+    attribute of the same name (MemoryStore's row): :func:`effect_from_values`
+    without the tuple of values in between, for a store whose row object has
+    the fields as attributes."""
+    e: Any = _Unfrozen()
+    s = source
+    (e.id, e.idem_key, e.workflow_id, e.call_id, e.tool, e.status, e.args_canonical,
+     e.resource_id_canonical, e.result, e.error, e.dedup_count, e.attempt, e.created_at,
+     e.updated_at, e.completed_at, e.heartbeat_at, e.decided_by, e.decision_note, e.decided_at,
+     e.started_at, e.executions, e.lease_ms, e.tries, e.history, e.usage, e.park_attempt,
+     e.worker) = (
+        s.id, s.idem_key, s.workflow_id, s.call_id, s.tool, s.status, s.args_canonical,
+        s.resource_id_canonical, result, s.error, s.dedup_count, s.attempt, s.created_at,
+        s.updated_at, s.completed_at, s.heartbeat_at, s.decided_by, s.decision_note, s.decided_at,
+        s.started_at, s.executions, s.lease_ms, s.tries, s.history, s.usage, s.park_attempt,
+        s.worker,
+    )  # fmt: skip
+    e.__class__ = Effect
+    built: Effect = e
+    return built
 
 
 #: The statuses a run ends in (from ``processing``, the terminal ones): their

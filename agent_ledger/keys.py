@@ -96,7 +96,14 @@ def _check(value: object, depth: int) -> None:
         for key, item in value.items():  # type: ignore[attr-defined]
             if type(key) is not str:
                 raise _NotJSON(f"object key {key!r} is a {type(key).__name__}, keys must be str")
-            if _plain_scalar(item):
+            # _plain_scalar, inline: the args of almost every call are flat.
+            item_kind = type(item)
+            if (
+                item_kind is str
+                or item is None
+                or item_kind is bool
+                or (item_kind is int and _INT_MIN <= item <= _INT_MAX)
+            ):
                 continue
             try:
                 _check(item, depth + 1)
@@ -195,19 +202,20 @@ def canonicalize(
     else:
         mode = b"args"
         identity = args
-    material = b'["%s",%s,%s,"%s",%s%s]' % (
-        KEY_VERSION.encode(),
-        _encode_text(call.workflow_id, "workflow_id"),
-        _encode_text(call.tool, "tool"),
+    try:
+        # The array's first three elements in one encoding, its "]" cut off.
+        head = orjson.dumps((KEY_VERSION, call.workflow_id, call.tool))[:-1]
+    except orjson.JSONEncodeError:
+        _encode_text(call.workflow_id, "workflow_id")
+        _encode_text(call.tool, "tool")
+        raise  # not reached: one of the two raised, naming its field
+    material = b'%s,"%s",%s%s]' % (
+        head,
         mode,
         identity,
         b"" if call.scope == "workflow" else _scope_part(call),
     )
-    return CanonicalCall(
-        idem_key=hashlib.sha256(material).hexdigest(),
-        args_canonical=args.decode(),
-        resource_id_canonical=resource_canonical,
-    )
+    return CanonicalCall(hashlib.sha256(material).hexdigest(), args.decode(), resource_canonical)
 
 
 def _scope_part(call: ToolCall) -> bytes:

@@ -86,8 +86,10 @@ _PEEK: Final = _trace is not None and hasattr(_trace, "_TRACER_PROVIDER")
 _traced = False
 
 
-def _tracing() -> bool:
-    """Whether a span would record anything: the API is there and a provider is set."""
+def tracing() -> bool:
+    """Whether a span would record anything: the API is there and a provider is set.
+
+    ``run()`` asks this first and, while it is False, enters no context at all."""
     global _traced
     if _traced:
         return _tracer is not None
@@ -106,7 +108,7 @@ _NO_SPAN: Final = nullcontext()
 def span(name: str, tool: str, idem_key: str) -> AbstractContextManager[object]:
     """An OpenTelemetry span when a tracer provider is set, else a shared no-op
     context (``run()`` calls this every time: without tracing it allocates nothing)."""
-    if not _tracing():
+    if not tracing():
         return _NO_SPAN
     return _otel_span(name, {"agent_ledger.tool": tool, "agent_ledger.idem_key": idem_key})
 

@@ -5,15 +5,21 @@ an instruction count does not. Each scenario runs in a fresh interpreter
 under ``valgrind --tool=callgrind`` three times, with the same set-up and
 warm-up and then:
 
-- A: nothing more;
-- B: N fresh ``run()`` calls;
+- O: nothing more;
+- A: the N ``ToolCall`` objects the next phases run built, nothing more;
+- B: those N calls run fresh (``run()``);
 - C: the same N fresh calls, then the N calls again (replays).
 
-so ``(B - A) / N`` is the cost of a fresh call and ``(C - B) / N`` that of a
-replay, with the interpreter's start-up, the imports and the warm-up
-subtracted away. ``PYTHONHASHSEED`` is fixed, so two runs of one build give
-the same count (to well under 0.1 %); one repetition is enough, which is why
-this mode has none.
+so ``(B - A) / N`` is the cost of a fresh ``run()`` and ``(C - B) / N`` that
+of a replay, with the interpreter's start-up, the imports and the warm-up
+subtracted away; ``(A - O) / N`` is what building a ``ToolCall`` costs the
+caller (counted in the fresh figure until issue 32 split it out). Objects
+allocated before the measured calls are frozen out of the garbage
+collector's sight (``gc.freeze()``), so a full collection of the
+interpreter's own start-up objects does not land in one phase's count.
+``PYTHONHASHSEED`` is fixed, so two runs of one build give the same count
+(to well under 0.1 %); one repetition is enough, which is why this mode has
+none.
 
 The figures include the handler (``return {"ok": True}``) and, on SQLite,
 the SQLite library's own work and the thread hand-off: what a caller pays.
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import re
@@ -49,6 +56,8 @@ class Counts:
     calls: int
     fresh: float
     replay: float
+    #: Building one ``ToolCall`` (the caller's, before ``run()``).
+    tool_call: float
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -56,6 +65,7 @@ class Counts:
             "calls": self.calls,
             "fresh": self.fresh,
             "replay": self.replay,
+            "tool_call": self.tool_call,
         }
 
 
@@ -76,10 +86,20 @@ async def _drive(store_kind: str, phase: str, calls: int, folder: str) -> None:
             call = ToolCall(workflow_id="bench", tool="warm", args={"i": i})
             await ledger.run(call, handler)
             await ledger.run(call, handler)
-        measured = [
-            ToolCall(workflow_id="bench", tool="bench.tool", args={"i": i, "to": "a@b.c"})
-            for i in range(calls)
-        ]
+        measured = (
+            []
+            if phase == "O"
+            else [
+                ToolCall(workflow_id="bench", tool="bench.tool", args={"i": i, "to": "a@b.c"})
+                for i in range(calls)
+            ]
+        )
+        # Out of the collector's sight from here: what was allocated before the
+        # measured calls (the imports, the warm-up, the calls' list). A full
+        # collection of those costs tens of millions of instructions and falls
+        # in one phase or another depending on allocation counts, a jump of
+        # thousands per call between two builds that differ by a few objects.
+        gc.freeze()
         if phase in ("B", "C"):
             for call in measured:
                 await ledger.run(call, handler)
@@ -121,8 +141,14 @@ def _total(profile: str) -> int:
 
 
 def measure(store_kind: str, calls: int) -> Counts:
-    a, b, c = (_count(store_kind, phase, calls) for phase in "ABC")
-    return Counts(store_kind, calls, fresh=(b - a) / calls, replay=(c - b) / calls)
+    o, a, b, c = (_count(store_kind, phase, calls) for phase in "OABC")
+    return Counts(
+        store_kind,
+        calls,
+        fresh=(b - a) / calls,
+        replay=(c - b) / calls,
+        tool_call=(a - o) / calls,
+    )
 
 
 #: The issue's targets, in instructions per call (MemoryStore).
@@ -149,7 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     kinds = ["memory", "sqlite"] if args.store == "all" else [args.store]
     results = []
-    print(f"{'store':8} {'calls':>6} {'fresh (instr/call)':>20} {'replay (instr/call)':>20}")
+    print(
+        f"{'store':8} {'calls':>6} {'fresh (instr/call)':>20} {'replay (instr/call)':>20}"
+        f" {'ToolCall (instr)':>17}"
+    )
     for kind in kinds:
         counts = measure(kind, args.calls or CALLS[kind])
         results.append(counts)
@@ -161,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{value:>14,.0f}"
                 + ("" if target is None else f" {'ok' if value <= target else 'MISSED'}")
             )
-        print(f"{kind:8} {counts.calls:>6} {marks[0]:>20} {marks[1]:>20}")
+        print(
+            f"{kind:8} {counts.calls:>6} {marks[0]:>20} {marks[1]:>20} {counts.tool_call:>17,.0f}"
+        )
     if args.output is not None:
         args.output.write_text(json.dumps([c.as_dict() for c in results], indent=2) + "\n")
     return 0

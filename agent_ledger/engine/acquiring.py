@@ -24,7 +24,7 @@ from agent_ledger.engine import approving
 from agent_ledger.engine.cancellation import carry_through
 from agent_ledger.engine.leases import lease_end
 from agent_ledger.engine.outcomes import TOO_MANY_TAKEOVERS, takeovers
-from agent_ledger.engine.ownership import own
+from agent_ledger.engine.ownership import Pending, finish, own, start
 from agent_ledger.engine.preparing import Prepared
 from agent_ledger.engine.recording import Outcome, Recorder
 from agent_ledger.engine.waiting import Acquired, Waiter
@@ -39,7 +39,7 @@ from agent_ledger.errors import (
 from agent_ledger.keys import mismatched_args
 from agent_ledger.metrics import approval_entered, replayed
 from agent_ledger.observability import log_effect
-from agent_ledger.status import EffectStatus
+from agent_ledger.status import TERMINAL, EffectStatus
 from agent_ledger.stores.base import BeginOutcome, ClaimOutcome, NewEffect, SchemaCheck, Store
 
 __all__ = ["Acquirer"]
@@ -56,13 +56,15 @@ class Acquirer:
         self._recorder = recorder
         self._waiter = Waiter(store)
 
-    async def acquire(self, prepared: Prepared, tx: object | None) -> Acquired:
+    async def acquire(
+        self, prepared: Prepared, tx: object | None, loop: asyncio.AbstractEventLoop | None = None
+    ) -> Acquired:
         """Own a ``processing`` effect, or reach a terminal one, waiting as needed.
 
         Outside a transaction, ``wait_timeout_ms`` counts from here: time spent
         waiting for another transaction before the effect was found counts too.
-        """
-        called = asyncio.get_running_loop().time()
+        ``loop``: the running loop, when the caller has it at hand."""
+        called = (loop or asyncio.get_running_loop()).time()
         if not self._schema.ok:
             await self._before_begin(self._schema.ensure(tx), prepared, tx, called)
         unasked = prepared.policy
@@ -79,12 +81,10 @@ class Acquirer:
             # back an effect it created for us to run (see ownership).
             store = self._store
             try:
-                begun = await own(
-                    store,
-                    store.begin(new, lock_timeout_ms=LOCK_WAIT_SLICE_MS),
-                    _created_to_run,
-                    name="begin",
-                )
+                # own(), in two halves: a begin that ends without waiting costs no frame.
+                begun = start(store.begin(new, lock_timeout_ms=LOCK_WAIT_SLICE_MS))
+                if isinstance(begun, Pending):
+                    begun = await finish(store, begun, _created_to_run, name="begin")
             except EffectInFlightError as exc:
                 if exc.status is not None:
                     raise
@@ -111,7 +111,7 @@ class Acquirer:
         if begun.created:
             if effect.status is not EffectStatus.REQUIRES_APPROVAL:
                 log_effect(logging.DEBUG, "effect created", effect)
-                return Acquired(effect, owned=True, fresh=True)
+                return Acquired(effect, True, True)  # owned, fresh
             # Inserted waiting for a person, in the same atomic step. Its request
             # (who asked, policy version, deadline) is recorded by us, its creator,
             # once; a renewal, since a purge leaves an older effect's request.
@@ -126,12 +126,12 @@ class Acquirer:
             )
             await notify_approval_required(effect, prepared.hooks)
             return await self.wait(prepared, effect, tx, since=since)
-        if effect.status.is_terminal:
+        if effect.status in TERMINAL:
             if effect.retryable and tx is None:
                 acquired = await self.retry(prepared, effect)
             else:
                 log_effect(logging.DEBUG, "effect replayed", effect)
-                acquired = Acquired(effect, owned=False)
+                acquired = Acquired(effect, False)
         else:
             acquired = await self.wait(prepared, effect, tx, since=since)
         if not acquired.owned:

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 from collections.abc import Callable
+from types import CoroutineType
 
 from agent_ledger.context import current_outcome_slot
 from agent_ledger.effects import (
@@ -33,7 +35,7 @@ from agent_ledger.effects import (
     usage_to_json,
 )
 from agent_ledger.engine.acquiring import Acquirer
-from agent_ledger.engine.handlers import HANDLER_THREADS, call_handler
+from agent_ledger.engine.handlers import HANDLER_THREADS, call_handler, called_inline
 from agent_ledger.engine.heartbeats import Heartbeats
 from agent_ledger.engine.leases import lease_end
 from agent_ledger.engine.legacy_keys import follow_legacy_key
@@ -140,8 +142,9 @@ class Engine:
         acquirer = self._acquirer
         # Tool.call_outcome's slot for this call, if it asked (one context read).
         slot = current_outcome_slot(prepared.new.idem_key)
-        prepared = await follow_legacy_key(self._store, self.schema, prepared, tx)
-        acquired = await acquirer.acquire(prepared, tx)
+        if prepared.legacy_key is not None:
+            prepared = await follow_legacy_key(self._store, self.schema, prepared, tx)
+        acquired = await acquirer.acquire(prepared, tx, loop)
         while acquired.owned:
             if slot is not None:
                 slot.fill(acquired.effect, replayed=False)
@@ -157,7 +160,8 @@ class Engine:
     async def begin(self, prepared: Prepared, tx: object | None) -> BeginResult[object]:
         """Acquire without a handler: the caller executes and commits."""
         acquirer = self._acquirer
-        prepared = await follow_legacy_key(self._store, self.schema, prepared, tx)
+        if prepared.legacy_key is not None:
+            prepared = await follow_legacy_key(self._store, self.schema, prepared, tx)
         acquired = await acquirer.acquire(prepared, tx)
         while acquired.owned and prepared.opts.on_stale == "park":
             # The caller runs the tool as soon as this returns: its start is now.
@@ -214,6 +218,7 @@ class Engine:
             else None
         )
         recorder, retrier = self._recorder, self._retrier
+        inline = called_inline(handler, opts)
         first_try_at = retrier.started() if policy is not None else None
         # While waiting to retry: the number of the try that failed.
         after_try: int | None = None
@@ -222,7 +227,12 @@ class Engine:
                 while True:
                     executed(effect.tool)
                     try:
-                        value = await call_handler(handler, effect, opts)
+                        if inline:
+                            value = handler(effect)
+                            if type(value) is CoroutineType or inspect.isawaitable(value):
+                                value = await value
+                        else:
+                            value = await call_handler(handler, effect, opts)
                     except Exception as exc:
                         if first_try_at is None or not retries(policy, exc):
                             ended = functools.partial(recorder.failure, effect, exc)

@@ -38,7 +38,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from agent_ledger.context import StepProgress, reset_step_progress, track_step_progress
 from agent_ledger.effects import Effect
@@ -47,7 +47,7 @@ from agent_ledger.errors import EffectInFlightError
 from agent_ledger.observability import effect_fields, log_effect, logger
 from agent_ledger.stores.base import Store
 
-__all__ = ["own"]
+__all__ = ["Pending", "finish", "own", "start"]
 
 T = TypeVar("T")
 
@@ -99,6 +99,37 @@ async def _resume(step: Coroutine[Any, Any, T], waiting_on: object) -> T:
     return result
 
 
+class Pending(Generic[T]):
+    """A step :func:`start` began that now waits: :func:`finish` carries it on."""
+
+    __slots__ = ("progress", "step", "waiting_on")
+
+    def __init__(
+        self, step: Coroutine[Any, Any, T], waiting_on: object, progress: StepProgress
+    ) -> None:
+        self.step = step
+        self.waiting_on = waiting_on
+        self.progress = progress
+
+
+def start(step: Coroutine[Any, Any, T]) -> T | Pending[T]:
+    """Run ``step`` (a begin, claim, park or mark_started outside any caller's
+    transaction) in the caller's task up to its first wait: its outcome if it
+    ended without waiting (MemoryStore's do: no task, no coroutine frame of
+    ours), else a :class:`Pending` for :func:`finish`. :func:`own` is the two."""
+    progress = StepProgress()
+    started = track_step_progress(progress)
+    try:
+        waiting_on = step.send(None)
+    except StopIteration as done:
+        # Ended without waiting: no cancellation could land meanwhile.
+        result: T = done.value
+        return result
+    finally:
+        reset_step_progress(started)
+    return Pending(step, waiting_on, progress)
+
+
 async def own(
     store: Store,
     step: Coroutine[Any, Any, T],
@@ -117,17 +148,23 @@ async def own(
     ours (made so by the step, else ``held``), and raise the cancellation.
     ``name`` is the step's name, for the log.
     """
-    progress = StepProgress()
-    started = track_step_progress(progress)
-    try:
-        waiting_on = step.send(None)
-    except StopIteration as done:
-        # Ended without waiting: no cancellation could land meanwhile.
-        result: T = done.value
-        return result
-    finally:
-        reset_step_progress(started)
-    task = asyncio.get_running_loop().create_task(_resume(step, waiting_on))
+    started = start(step)
+    if isinstance(started, Pending):
+        return await finish(store, started, owned, name=name, held=held)
+    return started
+
+
+async def finish(
+    store: Store,
+    pending: Pending[T],
+    owned: Callable[[T], Effect | None],
+    *,
+    name: str,
+    held: Effect | None = None,
+) -> T:
+    """:func:`own` for a step :func:`start` left waiting: carried on in a task."""
+    progress = pending.progress
+    task = asyncio.get_running_loop().create_task(_resume(pending.step, pending.waiting_on))
     if not task.done():
         # Not `await task` (our cancellation would cancel the step too) and
         # not asyncio.shield (one more future and loop turn): a future of our

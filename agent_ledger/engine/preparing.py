@@ -64,8 +64,9 @@ class Preparer:
         self, call: ToolCall, run_options: RunOptions | None, hooks: LedgerHooks | None
     ) -> Prepared:
         """Check everything about a call before anything is stored."""
-        opts = self.run_options(run_options)
-        hooks = self._hooks(hooks)
+        # No options, no hooks (the common call) inline: prepare runs on every call.
+        opts = self._resolved_defaults if run_options is None else self.run_options(run_options)
+        hooks = self.hooks if hooks is None else self._hooks(hooks)
         call = with_turn(call)
         canon = self._canonical(call)
         # The policy hook is asked later, in acquire(), and only when the key
@@ -77,6 +78,7 @@ class Preparer:
             if hook is None or needs_approval
             else functools.partial(_policy_says_yes, hook, call)
         )
+        scope = call.scope
         # The creator's lease is recorded with the effect: others judge its
         # heartbeat by it, never by their own (maybe shorter) window.
         new = NewEffect(
@@ -88,12 +90,10 @@ class Preparer:
             canon.resource_id_canonical,
             needs_approval,
             opts.stale_after_ms,
-            scoped_history(call.scope, call.turn, call.call_id),
+            scoped_history(scope, call.turn, call.call_id),
         )
         # 0.2.x keyed by workflow and args alone: only a "workflow" call is one of its.
-        legacy = (
-            legacy_key_or_none(call) if self._legacy_keys and call.scope == "workflow" else None
-        )
+        legacy = legacy_key_or_none(call) if self._legacy_keys and scope == "workflow" else None
         return Prepared(new, opts, hooks, needs_approval, call.validate_keys, legacy, policy)
 
     def approval_policy(

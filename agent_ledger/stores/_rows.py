@@ -8,7 +8,13 @@ from typing import Any, Final
 
 import orjson
 
-from agent_ledger.effects import Effect, EffectError, history_from_json, usage_from_json
+from agent_ledger.effects import (
+    Effect,
+    EffectError,
+    effect_from_values,
+    history_from_json,
+    usage_from_json,
+)
 from agent_ledger.fields import ERROR_PARTS, TIME_FIELDS
 from agent_ledger.status import EffectStatus
 from agent_ledger.stores._columns import ROW_COLUMNS
@@ -47,7 +53,7 @@ def effect_from_row(row: tuple[Any, ...], to_time: Callable[[Any], datetime]) ->
     values[_USAGE] = usage_from_json(values[_USAGE])
     message, code = values[_ERROR], values[_ERROR + 1]
     values[_ERROR : _ERROR + 2] = [None if message is None else EffectError(message, code)]
-    return Effect(*values)
+    return effect_from_values(values)
 
 
 def stats_from_groups(groups: Iterable[tuple[EffectStatus, str, int, int]]) -> LedgerStats:

@@ -9,7 +9,6 @@ atomic without a lock; only transactions (which span awaits) need one.
 from __future__ import annotations
 
 import copy
-import operator
 import warnings
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -30,6 +29,7 @@ from agent_ledger.effects import (
     Settlement,
     TryFailure,
     Usage,
+    effect_from_fields,
     handler_time,
     history_from_json,
     storable_text,
@@ -88,8 +88,6 @@ _FAILED = EffectStatus.FAILED
 # result, kept as JSON text like in a database (see _columns).
 _RESULT_AT: Final = EFFECT_FIELDS.index("result")
 _ROW_SLOTS: Final = (*EFFECT_FIELDS[:_RESULT_AT], "result_json", *EFFECT_FIELDS[_RESULT_AT + 1 :])
-_before_result = operator.attrgetter(*EFFECT_FIELDS[:_RESULT_AT])
-_after_result = operator.attrgetter(*EFFECT_FIELDS[_RESULT_AT + 1 :])
 
 
 class _Row:
@@ -123,9 +121,9 @@ class _Row:
     def snapshot(self) -> Effect:
         # Decoding on every read hands each caller its own result object, as
         # a database would: nobody can mutate another caller's receipt.
-        # Positional: the slots are Effect's fields in its order (a test holds them equal).
+        # Field by field, by name: the slots are Effect's fields (a test holds them equal).
         result = None if self.result_json is None else orjson.loads(self.result_json)
-        return Effect(*(*_before_result(self), result, *_after_result(self)))
+        return effect_from_fields(self, result)
 
 
 def _matches(row: _Row, query: EffectQuery, now: datetime) -> bool:
@@ -277,10 +275,10 @@ class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets, MemoryApproval
             row = _Row(new, self._clock())
             self._rows[new.idem_key] = row
             self._ids[row.id] = new.idem_key
-            return BeginOutcome(row.snapshot(), created=True)
+            return BeginOutcome(row.snapshot(), True)  # created
         if tx is None:  # inside a transaction an existing effect is only read (Store.begin)
             row.dedup_count += 1
-        return BeginOutcome(row.snapshot(), created=False)
+        return BeginOutcome(row.snapshot(), False)
 
     async def claim(
         self,

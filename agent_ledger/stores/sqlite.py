@@ -498,12 +498,14 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets, SqliteApproval
         counts = self._counts
         busy_ms = self._busy_timeout_ms
         started = counts.epoch
-        params = {**begin_params(new), "id": new_effect_id()}
         clock = self._clock
         holders = self._holders
 
         def insert_or_get(conn: sqlite3.Connection, now: int) -> tuple[tuple[Any, ...], bool]:
-            created = conn.execute(q.INSERT, {**params, "now": now}).rowcount == 1
+            # Built here, on the store's thread, and only when the key may be new:
+            # a replay of a finished effect never gets this far.
+            params = {**begin_params(new), "id": new_effect_id(), "now": now}
+            created = conn.execute(q.INSERT, params).rowcount == 1
             if created and params["executions"]:
                 # Processing: its holder's file, before the insert commits.
                 holders.hold((str(params["id"]), 1), new.lease_ms)
@@ -533,13 +535,16 @@ class SqliteStore(LegacyStoreMethods, SqliteSagas, SqliteBudgets, SqliteApproval
         # write=False: the job takes the write lock itself, only when it must.
         row, created, replayed = await self._run("begin", work, stx, write=False, idem_key=key)
         if created:
-            return BeginOutcome(_effect_from_row(row), created=True)
-        (row,) = await self._counted([row], started, stx)
+            return BeginOutcome(_effect_from_row(row), True)  # created
+        if stx is None and not counts.ambiguous((row,), started):
+            row = counts.overlay(row)  # _counted's answer, without its two frames
+        else:
+            (row,) = await self._counted([row], started, stx)
         if replayed:
             # Counted once the answer is certain: a replay that raises counts nothing.
             counts.add(row_id(row))
             row = plus_one(row)
-        return BeginOutcome(_effect_from_row(row), created=False)
+        return BeginOutcome(_effect_from_row(row), False)
 
     async def claim(
         self,
