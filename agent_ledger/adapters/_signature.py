@@ -46,6 +46,7 @@ __all__ = [
     "arguments",
     "check_storable",
     "description",
+    "refuse_factories",
     "refuse_names",
     "return_annotation",
     "wrapped_function",
@@ -109,6 +110,25 @@ def refuse_names(tool: Tool[Any], framework: str, reserved: Mapping[str, str] = 
                 f"({why}), so no call could pass it; rename the parameter",
                 field="fn",
             )
+
+
+def refuse_factories(schema: type[BaseModel], what: str, framework: str, field: str) -> None:
+    """Raise ``EffectLedgerValidationError`` for a field of ``schema`` with a ``default_factory``.
+
+    ``framework`` validates a call's arguments against ``schema`` before the
+    ledger makes the key, filling such a field with a fresh value on every
+    run: no two calls would share a key, and every repeat would run again.
+    ``what`` names the tool in the message, ``field`` is the error's field.
+    """
+    made = sorted(n for n, f in schema.model_fields.items() if f.default_factory is not None)
+    if made:
+        raise EffectLedgerValidationError(
+            f"{what} has arguments with a default_factory ({made}): {framework} fills them "
+            "with a new value on every run, before the ledger makes the key, so a repeated "
+            "call would get a new key and run again. Give them a plain default (or none), "
+            "or make the value inside the tool.",
+            field=field,
+        )
 
 
 def return_annotation(tool: Tool[Any]) -> Any:

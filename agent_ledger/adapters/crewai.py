@@ -53,6 +53,7 @@ from agent_ledger.adapters._signature import (
     arguments,
     check_storable,
     description,
+    refuse_factories,
     refuse_names,
 )
 from agent_ledger.context import current_turn, current_workflow
@@ -225,14 +226,7 @@ def wrap_crewai_tool(
             f"CrewAI tool {base_tool.name!r} has no pydantic args_schema to build a key from",
             field="base_tool",
         )
-    made = sorted(n for n, f in schema.model_fields.items() if f.default_factory is not None)
-    if made:
-        raise EffectLedgerValidationError(
-            f"CrewAI tool {base_tool.name!r} has arguments with a default_factory ({made}): "
-            "each run would fill them with a new value, so a repeated call would get a new "
-            "key and run again. Give them a plain default (or none).",
-            field="base_tool",
-        )
+    refuse_factories(schema, f"CrewAI tool {base_tool.name!r}", "CrewAI", "base_tool")
     parameters = [
         inspect.Parameter(
             field_name,

@@ -95,6 +95,7 @@ from agent_ledger.adapters._signature import (
     arguments,
     check_storable,
     description,
+    refuse_factories,
     refuse_names,
 )
 from agent_ledger.context import adapter_run, current_turn, enter_adapter_run, exit_adapter_run
@@ -261,7 +262,7 @@ def as_langchain_tool(
     injected = frozenset(arg.name for arg in args if _is_injected(arg.annotation))
     _refuse_injected_keys(tool, injected)
     schema = _arguments_model(tool, lc_name, args)
-    _refuse_factories(schema, f"tool {tool.name!r}", "fn")
+    refuse_factories(schema, f"tool {tool.name!r}", "LangChain", "fn")
     to_json = JsonArguments(
         tool.name, {arg.name: arg.annotation for arg in args if arg.name not in injected}
     )
@@ -324,7 +325,7 @@ def wrap_langchain_tool(
         # LangChain does not validate against a JSON schema: the values are the model's JSON.
         to_json = _as_sent
     else:
-        _refuse_factories(schema, f"LangChain tool {base_tool.name!r}", "base_tool")
+        refuse_factories(schema, f"LangChain tool {base_tool.name!r}", "LangChain", "base_tool")
         to_json = JsonArguments(
             base_tool.name,
             {
@@ -683,21 +684,6 @@ def _runtime_annotation() -> Any:
     except ImportError:  # langgraph without its prebuilt ToolNode
         return None
     return RUNTIME_ANNOTATION
-
-
-def _refuse_factories(schema: type[BaseModel], what: str, field: str) -> None:
-    """Refuse a schema with a ``default_factory`` field: LangChain fills it with a
-    fresh value on every run, before the ledger makes the key, so no two calls
-    would share a key and every repeat would run again."""
-    made = sorted(n for n, f in schema.model_fields.items() if f.default_factory is not None)
-    if made:
-        raise EffectLedgerValidationError(
-            f"{what} has arguments with a default_factory ({made}): LangChain fills them "
-            "with a new value on every run, before the ledger makes the key, so a repeated "
-            "call would get a new key and run again. Give them a plain default (or none), "
-            "or make the value inside the tool.",
-            field=field,
-        )
 
 
 def _as_sent(values: Mapping[str, Any], tool_name: str) -> dict[str, Any]:
