@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -46,6 +46,8 @@ __all__ = [
     "arguments",
     "check_storable",
     "description",
+    "dressed",
+    "name_for",
     "refuse_factories",
     "refuse_names",
     "return_annotation",
@@ -56,6 +58,8 @@ __all__ = [
 REQUIRED: Final = inspect.Parameter.empty
 
 _NOT_A_NAME: Final = re.compile(r"[^A-Za-z0-9_]")
+#: What a framework's (or a model API's) tool name may not hold.
+_NOT_IN_A_TOOL_NAME: Final = re.compile(r"[^A-Za-z0-9_-]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +114,24 @@ def refuse_names(tool: Tool[Any], framework: str, reserved: Mapping[str, str] = 
                 f"({why}), so no call could pass it; rename the parameter",
                 field="fn",
             )
+
+
+def name_for(tool_name: str) -> str:
+    """``tool_name`` as frameworks and model APIs take a tool's name: each character
+    other than letters, digits, ``_`` and ``-`` as ``_``."""
+    return _NOT_IN_A_TOOL_NAME.sub("_", tool_name)
+
+
+def dressed(
+    fn: Callable[..., Any], name: str, doc: str | None, signature: inspect.Signature
+) -> Callable[..., Any]:
+    """``fn``, named ``name``, documented by ``doc`` and showing ``signature``: a
+    framework builds a tool's name, description and schema from its function."""
+    shown: Any = fn
+    shown.__signature__ = signature
+    shown.__name__ = shown.__qualname__ = name
+    shown.__doc__ = doc
+    return fn
 
 
 def refuse_factories(schema: type[BaseModel], what: str, framework: str, field: str) -> None:

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -95,6 +94,8 @@ from agent_ledger.adapters._signature import (
     arguments,
     check_storable,
     description,
+    dressed,
+    name_for,
     refuse_factories,
     refuse_names,
 )
@@ -131,7 +132,6 @@ _LANGCHAIN_NAMES: Final = dict.fromkeys(
 RUNTIME_FIELD: Final = "agent_ledger_runtime"
 
 #: What model providers accept in a function name (OpenAI's rule; Anthropic's is the same set).
-_NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 
 @dataclass(slots=True)
@@ -599,7 +599,7 @@ async def _answer(call: _Call, error: Exception) -> Exception:
 
 
 def _langchain_name(ledger_name: str) -> str:
-    return _NOT_IN_A_NAME.sub("_", ledger_name)
+    return name_for(ledger_name)
 
 
 def _description(tool: Tool[Any]) -> str:
@@ -753,10 +753,9 @@ def _function_running(
         sent = {k: v for k, v in arguments.items() if not (v is None and k in unset)}
         return await base_tool.ainvoke(sent)
 
-    run_langchain_tool.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
-    run_langchain_tool.__name__ = run_langchain_tool.__qualname__ = base_tool.name
-    run_langchain_tool.__doc__ = base_tool.description
-    return run_langchain_tool
+    return dressed(
+        run_langchain_tool, base_tool.name, base_tool.description, inspect.Signature(parameters)
+    )
 
 
 def _describe(tool_name: str, error: ValidationError) -> str:
