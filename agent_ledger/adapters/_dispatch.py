@@ -63,6 +63,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ModelCall", "Reply", "blocking", "call_of", "dispatch", "field"]
 
+#: What an SDK reads back for one call (``dispatch``'s ``answer``).
+_A = TypeVar("_A")
+
 #: How an error result starts, so a model reading plain text (OpenAI has no
 #: error flag) tells it from a tool's output.
 ERROR_PREFIX: Final = "Error: "
@@ -139,12 +142,14 @@ def _options_for(
 async def dispatch(
     ledger: EffectLedger,
     calls: Iterable[ModelCall | None],
+    answer: Callable[[Reply], _A],
     *,
     run_options: RunOptions | None,
     wait_for_approval: bool | None,
-) -> list[Reply]:
+) -> list[_A]:
     """Run ``calls`` (None: not the ledger's, skipped) concurrently; their replies in
-    order, or the first exception to raise, after every call settled.
+    order, each as ``answer`` spells it for the SDK, or the first exception to
+    raise, after every call settled.
 
     The options every adapter's ``run_*`` function takes: ``wait_for_approval=False``
     raises ``ApprovalPendingError`` for a call that needs a person instead of waiting
@@ -158,7 +163,7 @@ async def dispatch(
         return []
     if len(ours) == 1:
         # No task for the common case: one call, awaited right here.
-        return [await _run_one(ledger, ours[0], options)]
+        return [answer(await _run_one(ledger, ours[0], options))]
     outcomes = await asyncio.gather(
         *(_run_one(ledger, call, options) for call in ours), return_exceptions=True
     )
@@ -167,7 +172,7 @@ async def dispatch(
         if isinstance(outcome, BaseException):
             raise outcome
         replies.append(outcome)
-    return replies
+    return [answer(reply) for reply in replies]
 
 
 async def _run_one(ledger: EffectLedger, call: ModelCall, run_options: RunOptions | None) -> Reply:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple, NotRequired, cast
 import orjson
 
 from agent_ledger.adapters._common import MalformedToolCall
-from agent_ledger.adapters._signature import REQUIRED, arguments, description
+from agent_ledger.adapters._signature import REQUIRED, arguments, description, name_for
 from agent_ledger.errors import EffectLedgerValidationError
 from agent_ledger.tools import Tool
 
@@ -64,7 +64,6 @@ __all__ = [
 
 #: What OpenAI and Anthropic accept as a function or tool name.
 MODEL_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
-_NOT_ALLOWED: Final = re.compile(r"[^A-Za-z0-9_-]")
 
 #: Each tool's schema, built once, kept as JSON so every caller gets its own copy.
 _SCHEMAS: weakref.WeakKeyDictionary[Tool[Any], bytes] = weakref.WeakKeyDictionary()
@@ -78,7 +77,7 @@ def model_name(tool: Tool[Any]) -> str:
     Raises ``EffectLedgerValidationError`` for a name longer than 64
     characters: cutting it could make two tools one.
     """
-    name = _NOT_ALLOWED.sub("_", tool.name)
+    name = name_for(tool.name)
     if not MODEL_NAME.fullmatch(name):
         raise EffectLedgerValidationError(
             f"tool {tool.name!r}: model APIs take tool names of at most 64 characters "

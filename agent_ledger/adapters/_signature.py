@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -46,6 +46,9 @@ __all__ = [
     "arguments",
     "check_storable",
     "description",
+    "dressed",
+    "name_for",
+    "refuse_factories",
     "refuse_names",
     "return_annotation",
     "wrapped_function",
@@ -55,6 +58,8 @@ __all__ = [
 REQUIRED: Final = inspect.Parameter.empty
 
 _NOT_A_NAME: Final = re.compile(r"[^A-Za-z0-9_]")
+#: What a framework's (or a model API's) tool name may not hold.
+_NOT_IN_A_TOOL_NAME: Final = re.compile(r"[^A-Za-z0-9_-]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +114,43 @@ def refuse_names(tool: Tool[Any], framework: str, reserved: Mapping[str, str] = 
                 f"({why}), so no call could pass it; rename the parameter",
                 field="fn",
             )
+
+
+def name_for(tool_name: str) -> str:
+    """``tool_name`` as frameworks and model APIs take a tool's name: each character
+    other than letters, digits, ``_`` and ``-`` as ``_``."""
+    return _NOT_IN_A_TOOL_NAME.sub("_", tool_name)
+
+
+def dressed(
+    fn: Callable[..., Any], name: str, doc: str | None, signature: inspect.Signature
+) -> Callable[..., Any]:
+    """``fn``, named ``name``, documented by ``doc`` and showing ``signature``: a
+    framework builds a tool's name, description and schema from its function."""
+    shown: Any = fn
+    shown.__signature__ = signature
+    shown.__name__ = shown.__qualname__ = name
+    shown.__doc__ = doc
+    return fn
+
+
+def refuse_factories(schema: type[BaseModel], what: str, framework: str, field: str) -> None:
+    """Raise ``EffectLedgerValidationError`` for a field of ``schema`` with a ``default_factory``.
+
+    ``framework`` validates a call's arguments against ``schema`` before the
+    ledger makes the key, filling such a field with a fresh value on every
+    run: no two calls would share a key, and every repeat would run again.
+    ``what`` names the tool in the message, ``field`` is the error's field.
+    """
+    made = sorted(n for n, f in schema.model_fields.items() if f.default_factory is not None)
+    if made:
+        raise EffectLedgerValidationError(
+            f"{what} has arguments with a default_factory ({made}): {framework} fills them "
+            "with a new value on every run, before the ledger makes the key, so a repeated "
+            "call would get a new key and run again. Give them a plain default (or none), "
+            "or make the value inside the tool.",
+            field=field,
+        )
 
 
 def return_annotation(tool: Tool[Any]) -> Any:

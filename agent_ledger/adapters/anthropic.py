@@ -87,10 +87,9 @@ async def run_tool_uses(
         for block in content or ()
         if field(block, "type") == "tool_use"
     ]
-    replies = await dispatch(
-        ledger, calls, run_options=run_options, wait_for_approval=wait_for_approval
+    return await dispatch(
+        ledger, calls, _tool_result, run_options=run_options, wait_for_approval=wait_for_approval
     )
-    return [_tool_result(reply) for reply in replies]
 
 
 #: ``run_tool_uses`` for a synchronous agent loop: blocks until every call settled.

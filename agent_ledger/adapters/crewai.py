@@ -32,7 +32,6 @@ docs/adapters/crewai.md says which versions are tested together.
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -53,6 +52,9 @@ from agent_ledger.adapters._signature import (
     arguments,
     check_storable,
     description,
+    dressed,
+    name_for,
+    refuse_factories,
     refuse_names,
 )
 from agent_ledger.context import current_turn, current_workflow
@@ -80,7 +82,6 @@ _TOLD: Final = (
     EffectPayloadMismatchError,
     EffectTimeoutError,
 )
-_NOT_IN_A_NAME: Final = re.compile(r"[^A-Za-z0-9_-]")
 
 
 class LedgerCrewTool(BaseTool):  # type: ignore[misc]  # CrewAI is untyped where mypy runs
@@ -186,7 +187,7 @@ def as_crewai_tool(
     config = ConfigDict(
         extra="forbid", allow_inf_nan=False, arbitrary_types_allowed=True, validate_default=True
     )
-    crew_name = _NOT_IN_A_NAME.sub("_", tool.name) if name is None else name
+    crew_name = name_for(tool.name) if name is None else name
     schema: type[BaseModel] = create_model(f"{crew_name}_args", __config__=config, **fields)
     to_json = JsonArguments(tool.name, {arg.name: arg.annotation for arg in args})
     text = _describe(tool) if description is None else description
@@ -225,14 +226,7 @@ def wrap_crewai_tool(
             f"CrewAI tool {base_tool.name!r} has no pydantic args_schema to build a key from",
             field="base_tool",
         )
-    made = sorted(n for n, f in schema.model_fields.items() if f.default_factory is not None)
-    if made:
-        raise EffectLedgerValidationError(
-            f"CrewAI tool {base_tool.name!r} has arguments with a default_factory ({made}): "
-            "each run would fill them with a new value, so a repeated call would get a new "
-            "key and run again. Give them a plain default (or none).",
-            field="base_tool",
-        )
+    refuse_factories(schema, f"CrewAI tool {base_tool.name!r}", "CrewAI", "base_tool")
     parameters = [
         inspect.Parameter(
             field_name,
@@ -247,11 +241,12 @@ def wrap_crewai_tool(
         # CrewAI tool's own run() (which may start an event loop) is safe.
         return base_tool.run(**arguments)
 
-    run_crewai_tool.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
-    run_crewai_tool.__name__ = run_crewai_tool.__qualname__ = _NOT_IN_A_NAME.sub(
-        "_", base_tool.name
+    dressed(
+        run_crewai_tool,
+        name_for(base_tool.name),
+        base_tool.description,
+        inspect.Signature(parameters),
     )
-    run_crewai_tool.__doc__ = base_tool.description
     tool: Tool[Any] = ledger.tool(
         base_tool.name if name is None else name,
         idempotency_keys=idempotency_keys,

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -95,6 +94,9 @@ from agent_ledger.adapters._signature import (
     arguments,
     check_storable,
     description,
+    dressed,
+    name_for,
+    refuse_factories,
     refuse_names,
 )
 from agent_ledger.context import adapter_run, current_turn, enter_adapter_run, exit_adapter_run
@@ -130,7 +132,6 @@ _LANGCHAIN_NAMES: Final = dict.fromkeys(
 RUNTIME_FIELD: Final = "agent_ledger_runtime"
 
 #: What model providers accept in a function name (OpenAI's rule; Anthropic's is the same set).
-_NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 
 @dataclass(slots=True)
@@ -261,7 +262,7 @@ def as_langchain_tool(
     injected = frozenset(arg.name for arg in args if _is_injected(arg.annotation))
     _refuse_injected_keys(tool, injected)
     schema = _arguments_model(tool, lc_name, args)
-    _refuse_factories(schema, f"tool {tool.name!r}", "fn")
+    refuse_factories(schema, f"tool {tool.name!r}", "LangChain", "fn")
     to_json = JsonArguments(
         tool.name, {arg.name: arg.annotation for arg in args if arg.name not in injected}
     )
@@ -324,7 +325,7 @@ def wrap_langchain_tool(
         # LangChain does not validate against a JSON schema: the values are the model's JSON.
         to_json = _as_sent
     else:
-        _refuse_factories(schema, f"LangChain tool {base_tool.name!r}", "base_tool")
+        refuse_factories(schema, f"LangChain tool {base_tool.name!r}", "LangChain", "base_tool")
         to_json = JsonArguments(
             base_tool.name,
             {
@@ -598,7 +599,7 @@ async def _answer(call: _Call, error: Exception) -> Exception:
 
 
 def _langchain_name(ledger_name: str) -> str:
-    return _NOT_IN_A_NAME.sub("_", ledger_name)
+    return name_for(ledger_name)
 
 
 def _description(tool: Tool[Any]) -> str:
@@ -685,21 +686,6 @@ def _runtime_annotation() -> Any:
     return RUNTIME_ANNOTATION
 
 
-def _refuse_factories(schema: type[BaseModel], what: str, field: str) -> None:
-    """Refuse a schema with a ``default_factory`` field: LangChain fills it with a
-    fresh value on every run, before the ledger makes the key, so no two calls
-    would share a key and every repeat would run again."""
-    made = sorted(n for n, f in schema.model_fields.items() if f.default_factory is not None)
-    if made:
-        raise EffectLedgerValidationError(
-            f"{what} has arguments with a default_factory ({made}): LangChain fills them "
-            "with a new value on every run, before the ledger makes the key, so a repeated "
-            "call would get a new key and run again. Give them a plain default (or none), "
-            "or make the value inside the tool.",
-            field=field,
-        )
-
-
 def _as_sent(values: Mapping[str, Any], tool_name: str) -> dict[str, Any]:
     return dict(values)
 
@@ -767,10 +753,9 @@ def _function_running(
         sent = {k: v for k, v in arguments.items() if not (v is None and k in unset)}
         return await base_tool.ainvoke(sent)
 
-    run_langchain_tool.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
-    run_langchain_tool.__name__ = run_langchain_tool.__qualname__ = base_tool.name
-    run_langchain_tool.__doc__ = base_tool.description
-    return run_langchain_tool
+    return dressed(
+        run_langchain_tool, base_tool.name, base_tool.description, inspect.Signature(parameters)
+    )
 
 
 def _describe(tool_name: str, error: ValidationError) -> str:

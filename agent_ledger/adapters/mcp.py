@@ -90,6 +90,7 @@ from agent_ledger.adapters._signature import (
     arguments,
     check_storable,
     description,
+    dressed,
     refuse_names,
     return_annotation,
 )
@@ -331,17 +332,19 @@ def _function_for(
         inspect.Parameter(context_name, inspect.Parameter.KEYWORD_ONLY, annotation=Context)
     )
     returns = return_annotation(tool)
-    fn: Any = call_ledger_tool
-    fn.__signature__ = inspect.Signature(
-        parameters, return_annotation=inspect.Signature.empty if returns is REQUIRED else returns
-    )
     # The SDK reads both the signature and the type hints (to find the Context).
-    fn.__annotations__ = {p.name: p.annotation for p in parameters}
+    call_ledger_tool.__annotations__ = {p.name: p.annotation for p in parameters}
     if returns is not REQUIRED:
-        fn.__annotations__["return"] = returns
-    fn.__name__ = fn.__qualname__ = tool.name
-    fn.__doc__ = description(tool) or None
-    return call_ledger_tool
+        call_ledger_tool.__annotations__["return"] = returns
+    return dressed(
+        call_ledger_tool,
+        tool.name,
+        description(tool) or None,
+        inspect.Signature(
+            parameters,
+            return_annotation=inspect.Signature.empty if returns is REQUIRED else returns,
+        ),
+    )
 
 
 async def _answer(

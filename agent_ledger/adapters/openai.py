@@ -95,10 +95,9 @@ async def run_tool_calls(
     takes, and its errors theirs too (see ``docs/adapters/openai.md``).
     """
     calls = [_chat_call(item) for item in tool_calls or ()]
-    replies = await dispatch(
-        ledger, calls, run_options=run_options, wait_for_approval=wait_for_approval
+    return await dispatch(
+        ledger, calls, _tool_message, run_options=run_options, wait_for_approval=wait_for_approval
     )
-    return [_tool_message(reply) for reply in replies]
 
 
 async def run_function_calls(
@@ -117,10 +116,13 @@ async def run_function_calls(
     errors are ``run_tool_calls``'s.
     """
     calls = [_responses_call(item) for item in items or ()]
-    replies = await dispatch(
-        ledger, calls, run_options=run_options, wait_for_approval=wait_for_approval
+    return await dispatch(
+        ledger,
+        calls,
+        _function_call_output,
+        run_options=run_options,
+        wait_for_approval=wait_for_approval,
     )
-    return [_function_call_output(reply) for reply in replies]
 
 
 #: ``run_tool_calls`` for a synchronous agent loop: blocks until every call settled.

@@ -53,7 +53,6 @@ through (``Tool.context_parameter``). The adapter adds the rest above.
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -92,6 +91,8 @@ from agent_ledger.adapters._signature import (
     arguments,
     check_storable,
     description,
+    dressed,
+    name_for,
     refuse_names,
 )
 from agent_ledger.calls import Scope, check_scope
@@ -119,7 +120,6 @@ __all__ = [
 METADATA_KEY: Final = "agent_ledger"
 
 #: What model providers accept in a tool name (OpenAI's rule; pydantic-ai's models follow it).
-_NOT_IN_A_NAME: Final = re.compile(r"[^A-Za-z0-9_-]")
 
 _MESSAGES: Final = TypeAdapter(list[ModelMessage])
 _RESPONSE: Final = TypeAdapter(ModelResponse)
@@ -170,7 +170,7 @@ def as_pydantic_ai_tool(
     async def run_ledger_tool(ctx: RunContext[Any], **kwargs: Any) -> Any:
         return await _call(tool, ctx, to_json(kwargs, tool.name), options, default_scope, by)
 
-    tool_name = _NOT_IN_A_NAME.sub("_", tool.name) if name is None else name
+    tool_name = name_for(tool.name) if name is None else name
     parameters = [
         inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=RunContext)
     ]
@@ -184,15 +184,13 @@ def as_pydantic_ai_tool(
         for arg in args
     ]
     # pydantic-ai builds the schema from the signature and the type hints.
-    run_ledger_tool.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
     run_ledger_tool.__annotations__ = {
         "ctx": RunContext,
         **{arg.name: arg.annotation for arg in args},
         "return": Any,
     }
     text = _description(tool) if description is None else description
-    run_ledger_tool.__name__ = run_ledger_tool.__qualname__ = tool_name
-    run_ledger_tool.__doc__ = text
+    dressed(run_ledger_tool, tool_name, text, inspect.Signature(parameters))
     return PydanticAITool(
         run_ledger_tool,
         takes_ctx=True,

@@ -10,8 +10,9 @@ SqliteStore does under its write lock. Statements are in ``_mysql_queries``.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from agent_ledger.budgets import Budget, BudgetState, Spend
 from agent_ledger.stores import _mysql_queries as q
@@ -32,6 +33,8 @@ from agent_ledger.stores.budget_base import (
     room_freed,
     spend_minus,
 )
+
+_T = TypeVar("_T")
 
 
 def _budget(row: tuple[Any, ...]) -> BudgetState:
@@ -73,6 +76,27 @@ async def _give_back(cur: Cursor, which: str, params: dict[str, object], spent: 
 class MySQLBudgets(MySQLTables):
     """Mixed into ``MySQLStore``: the budget tables."""
 
+    async def _on_budget(
+        self,
+        operation: str,
+        params: dict[str, object],
+        step: Callable[[Cursor, dict[str, object]], Awaitable[_T]],
+        missing: _T,
+        *,
+        idem_key: str | None = None,
+    ) -> _T:
+        """One transaction: lock the budget row of ``params["workflow_id"]``
+        (``_lock``), then ``step`` with ``params`` and the database's time now
+        (``"now"``); ``missing`` when there is no such budget."""
+
+        async def work(cur: Cursor) -> _T:
+            now = await _lock(cur, str(params["workflow_id"]))
+            if now is None:
+                return missing
+            return await step(cur, params | {"now": now})
+
+        return await self._run(operation, work, None, atomic=True, idem_key=idem_key)
+
     async def open_budget(self, workflow_id: str, limits: Budget) -> BudgetState:
         params: dict[str, object] = {"workflow_id": workflow_id, **limit_params(limits)}
 
@@ -93,18 +117,14 @@ class MySQLBudgets(MySQLTables):
             **amount_params("add", hold.estimate),
         }
 
-        async def work(cur: Cursor) -> bool:
-            now = await _lock(cur, hold.workflow_id)
-            if now is None:
-                return False
-            at = params | {"now": now}
+        async def step(cur: Cursor, at: dict[str, object]) -> bool:
             await cur.execute(q.BUDGET_GET, at)
             state = _budget(await cur.fetchone())
             # The effect's room is the largest estimate among its live holds
             # (its callers share it); its expired ones (a dead worker's) are
             # dropped. With the budget row locked nobody else changes them.
             group = await _rows(cur, q.HOLD_ROWS + q.OF_KEY, at)
-            dead = [g[0] for g in group if g[6] <= now]
+            dead = [g[0] for g in group if g[6] <= at["now"]]
             old = largest_spend(hold_amount(g) for g in group)
             live = [hold_amount(g) for g in group if g[0] not in dead]
             new = joined_room(limit_values(state), state.spent, state.reserved, old, live, hold)
@@ -121,7 +141,7 @@ class MySQLBudgets(MySQLTables):
             await cur.execute(q.HOLD_INSERT, at)
             return True
 
-        return await self._run("reserve_budget", work, None, atomic=True, idem_key=hold.idem_key)
+        return await self._on_budget("reserve_budget", params, step, False, idem_key=hold.idem_key)
 
     async def book_charge(
         self,
@@ -140,11 +160,7 @@ class MySQLBudgets(MySQLTables):
             **amount_params("add", charge),
         }
 
-        async def work(cur: Cursor) -> bool:
-            now = await _lock(cur, workflow_id)
-            if now is None:
-                return False
-            at = params | {"now": now}
+        async def step(cur: Cursor, at: dict[str, object]) -> bool:
             await cur.execute(q.CHARGE_GET, at)
             row = await cur.fetchone()
             if row is None:
@@ -160,16 +176,12 @@ class MySQLBudgets(MySQLTables):
             await _give_back(cur, q.OF_EFFECT, at, added)
             return booked
 
-        return await self._run("book_charge", work, None, atomic=True, idem_key=idem_key)
+        return await self._on_budget("book_charge", params, step, False, idem_key=idem_key)
 
     async def detach_hold(self, workflow_id: str, hold_id: str) -> bool:
         params: dict[str, object] = {"workflow_id": workflow_id, "hold_id": hold_id}
 
-        async def work(cur: Cursor) -> bool:
-            now = await _lock(cur, workflow_id)
-            if now is None:
-                return False
-            at = params | {"now": now}
+        async def step(cur: Cursor, at: dict[str, object]) -> bool:
             await cur.execute(q.HOLD_ROWS + q.ONE_HOLD, at)
             row = await cur.fetchone()
             if row is None or DETACHED in row[1]:
@@ -188,29 +200,23 @@ class MySQLBudgets(MySQLTables):
             )
             return True
 
-        return await self._run("detach_hold", work, None, atomic=True)
+        return await self._on_budget("detach_hold", params, step, False)
 
     async def release_hold(self, workflow_id: str, hold_id: str) -> bool:
         params: dict[str, object] = {"workflow_id": workflow_id, "hold_id": hold_id}
 
-        async def work(cur: Cursor) -> bool:
-            now = await _lock(cur, workflow_id)
-            if now is None:
-                return False
-            return await _give_back(cur, q.ONE_HOLD, params | {"now": now}, Spend()) > 0
+        async def step(cur: Cursor, at: dict[str, object]) -> bool:
+            return await _give_back(cur, q.ONE_HOLD, at, Spend()) > 0
 
-        return await self._run("release_hold", work, None, atomic=True)
+        return await self._on_budget("release_hold", params, step, False)
 
     async def reclaim_holds(self, workflow_id: str) -> int:
         params: dict[str, object] = {"workflow_id": workflow_id}
 
-        async def work(cur: Cursor) -> int:
-            now = await _lock(cur, workflow_id)
-            if now is None:
-                return 0
-            return await _give_back(cur, q.EXPIRED, params | {"now": now}, Spend())
+        async def step(cur: Cursor, at: dict[str, object]) -> int:
+            return await _give_back(cur, q.EXPIRED, at, Spend())
 
-        return await self._run("reclaim_holds", work, None, atomic=True)
+        return await self._on_budget("reclaim_holds", params, step, 0)
 
     async def get_budget(self, workflow_id: str) -> BudgetState | None:
         params: dict[str, object] = {"workflow_id": workflow_id}

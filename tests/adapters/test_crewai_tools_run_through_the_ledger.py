@@ -21,6 +21,7 @@ from agent_ledger import (
     EffectFailedError,
     EffectLedger,
     EffectLedgerOptions,
+    EffectLedgerValidationError,
     EffectStatus,
     SqliteStore,
 )
@@ -34,7 +35,7 @@ else:
     pytest.importorskip("crewai", reason="CrewAI is tested in its own virtualenv (.ci/run)")
 
 from crewai.tools import BaseTool, tool  # noqa: E402
-from pydantic import BaseModel  # noqa: E402
+from pydantic import BaseModel, Field  # noqa: E402
 
 from agent_ledger.adapters.crewai import (  # noqa: E402
     LedgerCrewTool,
@@ -187,6 +188,31 @@ def test_a_crewai_subclass_tool_can_be_wrapped(tmp_path: Path) -> None:
     finally:
         ledger.close_sync()
     assert lookups == ["x"]
+
+
+def test_a_crewai_tool_with_a_default_factory_field_is_refused(tmp_path: Path) -> None:
+    """A schema field with a ``default_factory`` would get a new value, so a new key,
+    on every run: wrapping the tool is refused, naming the field, and registers nothing."""
+
+    class Order(BaseModel):
+        sku: str
+        token: str = Field(default_factory=lambda: "fresh on every run")
+
+    class Place(BaseTool):  # type: ignore[misc]
+        name: str = "place"
+        description: str = "Place an order."
+        args_schema: type[BaseModel] = Order
+
+        def _run(self, sku: str, token: str) -> str:
+            return sku
+
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'l.db'}")
+    try:
+        with pytest.raises(EffectLedgerValidationError, match=r"default_factory \(\['token'\]\)"):
+            wrap_crewai_tool(ledger, Place(), "shop.place")
+        assert "shop.place" not in ledger.tools
+    finally:
+        ledger.close_sync()
 
 
 # CrewAI warns about its own deprecated settings while a crew runs.
