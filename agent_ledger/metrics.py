@@ -34,8 +34,7 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Callable, Mapping
-from operator import attrgetter
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
@@ -365,47 +364,39 @@ def recording() -> bool:
 # -- events --------------------------------------------------------------------------
 
 
-#: Which counter of the instruments an event adds to.
-_Counter = Callable[[_Bound], _Totals]
-_EXECUTIONS_OF: Final[_Counter] = attrgetter("executions")
-_REPLAYS_OF: Final[_Counter] = attrgetter("replays")
-_TAKEOVERS_OF: Final[_Counter] = attrgetter("takeovers")
-_FENCED_OF: Final[_Counter] = attrgetter("fenced")
-_PENDING_OF: Final[_Counter] = attrgetter("pending")
-_DECISIONS_OF: Final[_Counter] = attrgetter("decisions")
-_REFUSED_OF: Final[_Counter] = attrgetter("refused")
-
-
-def _add(counter: _Counter, values: tuple[str, ...]) -> None:
-    """One more in ``counter``'s series ``values``, when anything records."""
-    bound = _instruments()
-    if bound is not None:
-        counter(bound).add(values)
-
-
 def executed(tool: str) -> None:
     """A handler starts (or ``begin()`` hands its caller an effect to run)."""
-    _add(_EXECUTIONS_OF, (tool,))
+    bound = _instruments()
+    if bound is not None:
+        bound.executions.add((tool,))
 
 
 def replayed(tool: str) -> None:
     """A call is answered from another call's recorded outcome."""
-    _add(_REPLAYS_OF, (tool,))
+    bound = _instruments()
+    if bound is not None:
+        bound.replays.add((tool,))
 
 
 def taken_over(tool: str) -> None:
     """This process's claim took the effect from a silent holder."""
-    _add(_TAKEOVERS_OF, (tool,))
+    bound = _instruments()
+    if bound is not None:
+        bound.takeovers.add((tool,))
 
 
 def commit_fenced(tool: str) -> None:
     """The store refused this attempt's outcome: another attempt or a decision holds it."""
-    _add(_FENCED_OF, (tool,))
+    bound = _instruments()
+    if bound is not None:
+        bound.fenced.add((tool,))
 
 
 def approval_entered(effect: Effect) -> None:
     """This process's step sent ``effect`` to a person (into ``requires_approval``)."""
-    _add(_PENDING_OF, (effect.tool,))
+    bound = _instruments()
+    if bound is not None:
+        bound.pending.add((effect.tool,))
 
 
 def approval_left(waiting: Effect | None, after: Effect, outcome: str) -> None:
@@ -446,9 +437,13 @@ EXPIRED: Final = ErrorCode.APPROVAL_EXPIRED.value
 
 def decided(after: Effect, channel: Channel | str, action: DecisionAction | str) -> None:
     """A person's decision made the transition (counted once, by the winner)."""
-    _add(_DECISIONS_OF, (after.tool, str(channel), str(action)))
+    bound = _instruments()
+    if bound is not None:
+        bound.decisions.add((after.tool, str(channel), str(action)))
 
 
 def refused(channel: Channel | str, action: DecisionAction | str, reason: DecisionCode) -> None:
     """A decision attempt was refused with ``reason``."""
-    _add(_REFUSED_OF, (str(channel), str(action), str(reason)))
+    bound = _instruments()
+    if bound is not None:
+        bound.refused.add((str(channel), str(action), str(reason)))
