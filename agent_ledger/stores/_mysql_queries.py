@@ -58,8 +58,8 @@ from agent_ledger.stores._columns import select_list
 # (nothing escaped or quoted on the way out, no text parsed on the way back).
 # The steps every call makes (begin, commit, the reads by key and id) use that
 # form, made from their named statement below by `Positional`: the same SQL,
-# with one `%s` per `%(name)s`, and as many as its fixed length for a
-# parameter that is a list (an IN list of statuses). A statement given a dict
+# with one `%s` per `%(name)s`, and one per value for a list of fixed values
+# (an IN list of statuses), sent with the rest. A statement given a dict
 # goes by the text protocol, its values escaped into the text on the client.
 _NAMED: Final = re.compile(r"%\((\w+)\)s")
 
@@ -68,41 +68,52 @@ class Positional:
     """A ``%(name)s`` statement in the driver's positional form, and its parameters
     in that order (``args``): run as a server-side prepared statement."""
 
-    __slots__ = ("_lists", "_names", "_pick", "sql")
+    __slots__ = ("_pick", "_plan", "_single", "_tail", "sql")
 
-    def __init__(self, statement: str, **lists: int) -> None:
-        """``lists``: the parameters that are tuples, by their (fixed) length."""
+    def __init__(self, statement: str, **constants: tuple[object, ...]) -> None:
+        """``constants``: parameters whose values are fixed (an IN list of
+        statuses), sent as values in their place, one ``%s`` each."""
         names: list[str] = []
+        plan: list[str | tuple[object, ...]] = []
 
         def placeholder(match: re.Match[str]) -> str:
-            names.append(match.group(1))
-            size = lists.get(match.group(1))
-            return "%s" if size is None else "(" + ", ".join(["%s"] * size) + ")"
+            name = match.group(1)
+            fixed = constants.get(name)
+            if fixed is None:
+                names.append(name)
+                plan.append(name)
+                return "%s"
+            plan.append(fixed)
+            return "(" + ", ".join(["%s"] * len(fixed)) + ")"
 
         #: The statement with ``%s`` placeholders (a literal ``%`` still ``%%``).
         self.sql: Final = _NAMED.sub(placeholder, statement)
-        unknown = set(lists) - set(names)
-        if not names or unknown:
-            raise ValueError(f"no such parameters in the statement: {sorted(unknown)}")
-        self._names: Final = tuple(names)
-        self._lists: Final = dict(lists)
+        unused = set(constants) - set(_NAMED.findall(statement))
+        if not names or unused or not all(constants.values()):
+            raise ValueError(f"a statement with parameters and these constants: {constants}")
+        self._single: Final = len(names) == 1
+        self._plan: Final = tuple(plan)
         self._pick: Final = itemgetter(*names)
+        # The usual case, constants only after every parameter: appended at once.
+        first = next((i for i, step in enumerate(plan) if isinstance(step, tuple)), len(plan))
+        tail = plan[first:]
+        self._tail: Final = (
+            tuple(value for step in tail for value in step)
+            if all(isinstance(step, tuple) for step in tail)
+            else None
+        )
 
     def args(self, params: Mapping[str, object]) -> tuple[object, ...]:
-        """The values of ``params`` in placeholder order, each list spread out."""
-        if not self._lists:
-            values = self._pick(params)
-            return values if len(self._names) > 1 else (values,)
+        """The values of ``params`` (and the constants) in placeholder order."""
+        values: tuple[object, ...] = (self._pick(params),) if self._single else self._pick(params)
+        if self._tail is not None:
+            return values + self._tail if self._tail else values
         spread: list[object] = []
-        for name in self._names:
-            value = params[name]
-            size = self._lists.get(name)
-            if size is None:
-                spread.append(value)
-            elif isinstance(value, tuple) and len(value) == size:
-                spread.extend(value)
+        for step in self._plan:
+            if isinstance(step, tuple):
+                spread.extend(step)
             else:
-                raise ValueError(f"{name} must be a tuple of {size} values, got {value!r}")
+                spread.append(params[step])
         return tuple(spread)
 
 
@@ -170,19 +181,21 @@ _INSERT: Final = (
     + ", %(history)s)"
     " ON DUPLICATE KEY UPDATE dedup_count = dedup_count + IF(status IN %(finished)s, 0, 1)"
 )
+#: The statuses whose duplicates begin counts later (TERMINAL's), for ``finished``.
+FINISHED: Final = tuple(sorted(s.value for s in TERMINAL))
 BEGIN_MARIADB: Final = _INSERT + " RETURNING " + EFFECT_COLUMNS
 BEGIN_MYSQL: Final = _INSERT
 
 
 @functools.cache
 def begin_ps(mariadb: bool, lock_wait_s: int | None) -> Positional:
-    """begin in the binary protocol (the statuses counted later: TERMINAL's), on
+    """begin in the binary protocol (the statuses counted later: ``FINISHED``), on
     MariaDB bounded to wait at most ``lock_wait_s`` (whole seconds) for a row
     lock (``LOCK_BOUND_MARIADB``; None: the server's ``innodb_lock_wait_timeout``)."""
     if not mariadb:
-        return Positional(BEGIN_MYSQL, finished=len(TERMINAL))
+        return Positional(BEGIN_MYSQL, finished=FINISHED)
     bound = "" if lock_wait_s is None else LOCK_BOUND_MARIADB.format(seconds=lock_wait_s)
-    return Positional(bound + BEGIN_MARIADB, finished=len(TERMINAL))
+    return Positional(bound + BEGIN_MARIADB, finished=FINISHED)
 
 
 # -- begin, inside a caller's transaction --

@@ -56,7 +56,7 @@ from agent_ledger.errors import (
 )
 from agent_ledger.ids import is_effect_id, new_effect_id
 from agent_ledger.options import DEFAULT_TX_LOCK_TIMEOUT_MS
-from agent_ledger.status import TERMINAL, EffectStatus
+from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _mysql_queries as q
 from agent_ledger.stores._columns import ROW_COLUMNS
 from agent_ledger.stores._dedup import (
@@ -146,7 +146,7 @@ _Params = Mapping[str, object] | tuple[object, ...]
 _STATEMENT_CACHE: Final = 32
 _PROCESSING: Final = EffectStatus.PROCESSING.value
 #: A duplicate of an effect in one of these is only read by begin, and counted later.
-_FINISHED: Final = tuple(sorted(s.value for s in TERMINAL))
+_FINISHED: Final = q.FINISHED
 _FINISHED_VALUES: Final = frozenset(_FINISHED)
 _STATUS_AT: Final = ROW_COLUMNS.index("status")
 _ID_AT: Final = ROW_COLUMNS.index("id")
@@ -613,7 +613,6 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
         # tells an insert from a key that existed (see BEGIN_* in _mysql_queries).
         params = begin_params(new)
         params["id"] = new_effect_id()
-        params["finished"] = _FINISHED
         started = counts.epoch
         mariadb = self.server.mariadb
         statement = q.begin_ps(mariadb, self._lock_wait_s(lock_timeout_ms))
@@ -791,7 +790,8 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
         retryable: bool = False,
     ) -> bool:
         check_commit_status(status)
-        if not is_effect_id(effect_id):
+        # An id this store read from one of its rows is one (no need to parse it).
+        if effect_id not in self._key_of and not is_effect_id(effect_id):
             return False
         conn = None if tx is None else self._tx_connection(tx)
         params = commit_params(

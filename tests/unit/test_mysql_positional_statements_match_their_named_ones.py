@@ -7,7 +7,6 @@ import re
 
 import pytest
 
-from agent_ledger.status import TERMINAL
 from agent_ledger.stores import _mysql_queries as q
 
 _NAMES = re.compile(r"%\((\w+)\)s")
@@ -22,14 +21,12 @@ def _literal(value: object) -> str:
 def _as_sent(named: str, positional: q.Positional) -> tuple[str, str]:
     """Both statements with a distinct marker for each named parameter (a list of
     three markers for IN lists), as the driver would fill them in."""
-    params: dict[str, object] = {}
-    for name in _NAMES.findall(named):
-        params[name] = (
-            tuple(f"<{name}{i}>" for i in range(len(TERMINAL)))
-            if name == "finished"
-            else f"<{name}>"
-        )
-    filled_named = named % {name: _literal(value) for name, value in params.items()}
+    params: dict[str, object] = {name: f"<{name}>" for name in _NAMES.findall(named)}
+    # begin's list of finished statuses is a constant of its positional form.
+    filled_named = named % {
+        name: _literal(q.FINISHED if name == "finished" else value)
+        for name, value in params.items()
+    }
     filled_positional = positional.sql % tuple(_literal(v) for v in positional.args(params))
     return filled_named, filled_positional
 
@@ -70,18 +67,20 @@ def test_a_single_parameter_is_still_a_tuple() -> None:
     assert statement.args({"a": ("x", "y")}) == (("x", "y"),)
 
 
-def test_a_list_parameter_of_another_length_is_refused() -> None:
-    statement = q.Positional("SELECT 1 WHERE s IN %(s)s AND k = %(k)s", s=2)
-    assert statement.sql == "SELECT 1 WHERE s IN (%s, %s) AND k = %s"
-    assert statement.args({"s": ("a", "b"), "k": "x"}) == ("a", "b", "x")
-    with pytest.raises(ValueError, match="s must be a tuple of 2"):
-        statement.args({"s": ("a", "b", "c"), "k": "x"})
-    with pytest.raises(ValueError, match="s must be a tuple of 2"):
-        statement.args({"s": "ab", "k": "x"})
+def test_constants_are_sent_in_their_place() -> None:
+    """A list of fixed values takes one placeholder per value, wherever it stands."""
+    last = q.Positional("SELECT 1 WHERE k = %(k)s AND s IN %(s)s", s=("a", "b"))
+    assert last.sql == "SELECT 1 WHERE k = %s AND s IN (%s, %s)"
+    assert last.args({"k": "x", "s": "ignored"}) == ("x", "a", "b")
+    between = q.Positional("SELECT %(a)s IN %(s)s, %(b)s", s=("c",))
+    assert between.sql == "SELECT %s IN (%s), %s"
+    assert between.args({"a": 1, "b": 2}) == (1, "c", 2)
 
 
-def test_a_statement_without_the_named_lists_is_refused() -> None:
-    with pytest.raises(ValueError, match="no such parameters"):
-        q.Positional("SELECT %(a)s", b=2)
-    with pytest.raises(ValueError, match="no such parameters"):
+def test_a_statement_without_parameters_or_with_unknown_constants_is_refused() -> None:
+    with pytest.raises(ValueError, match="a statement with parameters"):
+        q.Positional("SELECT %(a)s", b=("x",))
+    with pytest.raises(ValueError, match="a statement with parameters"):
         q.Positional("SELECT 1")
+    with pytest.raises(ValueError, match="a statement with parameters"):
+        q.Positional("SELECT %(a)s IN %(s)s", s=())
