@@ -712,7 +712,7 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
                 claimed = await cur.execute(bound + q.CLAIM, params) == 1
             else:
                 claimed = await self._bounded(cur, q.CLAIM, params, lock_timeout_ms, idem_key) == 1
-            await cur.execute(q.FIND, params)
+            await cur.execute(q.FIND_PS.sql, (idem_key,))
             row: tuple[Any, ...] | None = await cur.fetchone()
             return row, claimed
 
@@ -735,7 +735,7 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
 
         async def work(cur: Cursor) -> tuple[tuple[Any, ...] | None, bool]:
             claimed = await cur.execute(q.RETRY_FAILED, params) == 1
-            await cur.execute(q.FIND, params)
+            await cur.execute(q.FIND_PS.sql, (idem_key,))
             row: tuple[Any, ...] | None = await cur.fetchone()
             return row, claimed
 
@@ -877,7 +877,7 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
 
         async def work(cur: Cursor) -> tuple[tuple[Any, ...] | None, bool]:
             parked = await cur.execute(q.PARK, params) == 1
-            await cur.execute(q.FIND, params)
+            await cur.execute(q.FIND_PS.sql, (idem_key,))
             row: tuple[Any, ...] | None = await cur.fetchone()
             return row, parked
 
@@ -927,7 +927,7 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
         async def work(cur: Cursor) -> tuple[Any, ...] | None:
             if await cur.execute(statement, params) != 1:
                 return None
-            await cur.execute(q.FIND, params)
+            await cur.execute(q.FIND_PS.sql, (idem_key,))
             row: tuple[Any, ...] | None = await cur.fetchone()
             return row
 
