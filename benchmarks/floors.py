@@ -133,34 +133,36 @@ class MySQLFloor:
     The same statements a ledger step needs at least: begin's insert-or-read
     (MariaDB's INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING) and the
     fenced commit for a fresh run; for a replay, the read of the row by its
-    unique key, of the columns the ledger reads.
+    unique key, of the columns the ledger reads. Each is given its values in
+    order, so the driver runs it as a server-side prepared statement (the
+    binary protocol), its fastest way and the one the store's steps use.
     """
 
     INSERT = (
         "INSERT INTO agent_ledger_floor (id, idem_key, workflow_id, tool, status, args_canonical,"
         " lease_ms, created_at, updated_at, heartbeat_at, history)"
-        " VALUES (%(id)s, %(k)s, 'bench', 'floor', 'processing', '{}', 15000,"
+        " VALUES (%s, %s, 'bench', 'floor', 'processing', '{}', 15000,"
         " UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), '[]')"
         " ON DUPLICATE KEY UPDATE dedup_count = dedup_count + 1 RETURNING id"
     )
     UPDATE = (
         "UPDATE agent_ledger_floor FORCE INDEX (PRIMARY) SET status = 'succeeded',"
         " result = '{\"ok\": true}', completed_at = UTC_TIMESTAMP(6),"
-        " updated_at = UTC_TIMESTAMP(6) WHERE id = %(id)s AND status = 'processing'"
+        " updated_at = UTC_TIMESTAMP(6) WHERE id = %s AND status = 'processing'"
     )
-    READ = "SELECT " + MYSQL_COLUMNS + " FROM agent_ledger_floor WHERE idem_key = %(k)s"
+    READ = "SELECT " + MYSQL_COLUMNS + " FROM agent_ledger_floor WHERE idem_key = %s"
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
 
     async def fresh(self, key: str) -> None:
         async with self.pool.connection() as conn, conn.cursor() as cur:
-            await cur.execute(self.INSERT, {"id": str(uuid.uuid4()), "k": key})
+            await cur.execute(self.INSERT, (str(uuid.uuid4()), key))
             (effect_id,) = await cur.fetchone()
         async with self.pool.connection() as conn, conn.cursor() as cur:
-            await cur.execute(self.UPDATE, {"id": effect_id})
+            await cur.execute(self.UPDATE, (effect_id,))
 
     async def replay(self, key: str) -> None:
         async with self.pool.connection() as conn, conn.cursor() as cur:
-            await cur.execute(self.READ, {"k": key})
+            await cur.execute(self.READ, (key,))
             await cur.fetchone()

@@ -2,7 +2,9 @@
 
 Statements are ``%(name)s`` parameter queries for the asyncmy driver, which
 escapes every value on the client (a tuple becomes ``('a', 'b')``, for
-``IN``); a literal ``%`` is written ``%%``. Tables are unqualified: they
+``IN``); a literal ``%`` is written ``%%``. The steps every call makes run
+instead as prepared statements, in the positional form ``Positional`` makes
+of them (the ``*_PS`` below; see "the binary protocol"). Tables are unqualified: they
 live in the connection's database. Statuses are parameters too (they come
 from ``EffectStatus``, never retyped here).
 
@@ -39,9 +41,81 @@ the statements that differ are the pairs named ``*_MARIADB`` / ``*_MYSQL``.
 
 from __future__ import annotations
 
+import functools
+import re
+from collections.abc import Mapping
+from operator import itemgetter
 from typing import Final
 
+from agent_ledger.status import TERMINAL
 from agent_ledger.stores._columns import select_list
+
+# -- the binary protocol --
+# asyncmy runs a statement given positional parameters (`%s`, a tuple) as a
+# server-side prepared statement when its connection keeps a statement cache,
+# as the store's connections do: prepared once per connection, then sent as
+# the statement's id and the values in binary, its rows read back in binary
+# (nothing escaped or quoted on the way out, no text parsed on the way back).
+# The steps every call makes (begin, commit, the reads by key and id) use that
+# form, made from their named statement below by `Positional`: the same SQL,
+# with one `%s` per `%(name)s`, and one per value for a list of fixed values
+# (an IN list of statuses), sent with the rest. A statement given a dict
+# goes by the text protocol, its values escaped into the text on the client.
+_NAMED: Final = re.compile(r"%\((\w+)\)s")
+
+
+class Positional:
+    """A ``%(name)s`` statement in the driver's positional form, and its parameters
+    in that order (``args``): run as a server-side prepared statement."""
+
+    __slots__ = ("_pick", "_plan", "_single", "_tail", "sql")
+
+    def __init__(self, statement: str, **constants: tuple[object, ...]) -> None:
+        """``constants``: parameters whose values are fixed (an IN list of
+        statuses), sent as values in their place, one ``%s`` each."""
+        names: list[str] = []
+        plan: list[str | tuple[object, ...]] = []
+
+        def placeholder(match: re.Match[str]) -> str:
+            name = match.group(1)
+            fixed = constants.get(name)
+            if fixed is None:
+                names.append(name)
+                plan.append(name)
+                return "%s"
+            plan.append(fixed)
+            return "(" + ", ".join(["%s"] * len(fixed)) + ")"
+
+        #: The statement with ``%s`` placeholders (a literal ``%`` still ``%%``).
+        self.sql: Final = _NAMED.sub(placeholder, statement)
+        unused = set(constants) - set(_NAMED.findall(statement))
+        if not names or unused or not all(constants.values()):
+            raise ValueError(f"a statement with parameters and these constants: {constants}")
+        self._single: Final = len(names) == 1
+        self._plan: Final = tuple(plan)
+        self._pick: Final = itemgetter(*names)
+        # The usual case, constants only after every parameter: appended at once.
+        first = next((i for i, step in enumerate(plan) if isinstance(step, tuple)), len(plan))
+        tail = plan[first:]
+        self._tail: Final = (
+            tuple(value for step in tail for value in step)
+            if all(isinstance(step, tuple) for step in tail)
+            else None
+        )
+
+    def args(self, params: Mapping[str, object]) -> tuple[object, ...]:
+        """The values of ``params`` (and the constants) in placeholder order."""
+        values: tuple[object, ...] = (self._pick(params),) if self._single else self._pick(params)
+        if self._tail is not None:
+            return values + self._tail if self._tail else values
+        spread: list[object] = []
+        for step in self._plan:
+            if isinstance(step, tuple):
+                spread.extend(step)
+            else:
+                spread.append(params[step])
+        return tuple(spread)
+
 
 # How MySQL keeps the fields it does not keep as-is (see _columns): `usage` is
 # a reserved word and must be quoted; everything else is a column of its own
@@ -107,8 +181,22 @@ _INSERT: Final = (
     + ", %(history)s)"
     " ON DUPLICATE KEY UPDATE dedup_count = dedup_count + IF(status IN %(finished)s, 0, 1)"
 )
+#: The statuses whose duplicates begin counts later (TERMINAL's), for ``finished``.
+FINISHED: Final = tuple(sorted(s.value for s in TERMINAL))
 BEGIN_MARIADB: Final = _INSERT + " RETURNING " + EFFECT_COLUMNS
 BEGIN_MYSQL: Final = _INSERT
+
+
+@functools.cache
+def begin_ps(mariadb: bool, lock_wait_s: int | None) -> Positional:
+    """begin in the binary protocol (the statuses counted later: ``FINISHED``), on
+    MariaDB bounded to wait at most ``lock_wait_s`` (whole seconds) for a row
+    lock (``LOCK_BOUND_MARIADB``; None: the server's ``innodb_lock_wait_timeout``)."""
+    if not mariadb:
+        return Positional(BEGIN_MYSQL, finished=FINISHED)
+    bound = "" if lock_wait_s is None else LOCK_BOUND_MARIADB.format(seconds=lock_wait_s)
+    return Positional(bound + BEGIN_MARIADB, finished=FINISHED)
+
 
 # -- begin, inside a caller's transaction --
 # An existing key is only read (FIND), whatever its status: a write would lock
@@ -208,8 +296,10 @@ COMMIT: Final = (
     " WHERE id = %(id)s AND status = %(processing)s"
     " AND (%(attempt)s IS NULL OR attempt = %(attempt)s)"
 )
+COMMIT_PS: Final = Positional(COMMIT)
 # The key of an effect, to wake this process's waiters on it.
 KEY_OF: Final = "SELECT idem_key FROM agent_ledger_effects WHERE id = %(id)s"
+KEY_OF_PS: Final = Positional(KEY_OF)
 
 # -- record_try --
 # One failed try of a retried handler, fenced like a commit on (id, status,
@@ -225,6 +315,7 @@ RECORD_TRY: Final = (
     " tries = tries + 1, heartbeat_at = " + NOW + ""
     " WHERE id = %(id)s AND status = %(processing)s AND attempt = %(attempt)s"
 )
+RECORD_TRY_PS: Final = Positional(RECORD_TRY)
 
 # -- release --
 # Compare-and-set processing -> ready on (id, status, attempt): the holder gives
@@ -237,6 +328,7 @@ RELEASE: Final = (
     " executions = executions - 1, status = %(ready)s, updated_at = " + NOW + ""
     " WHERE id = %(id)s AND status = %(processing)s AND attempt = %(attempt)s"
 )
+RELEASE_PS: Final = Positional(RELEASE)
 
 # -- transition --
 # Compare-and-set by key from any allowed source status (request_approval,
@@ -298,6 +390,7 @@ MARK_STARTED: Final = (
     " heartbeat_at = " + NOW + ""
     " WHERE id = %(id)s AND status = %(processing)s AND attempt = %(attempt)s"
 )
+MARK_STARTED_PS: Final = Positional(MARK_STARTED)
 # park: processing -> requires_approval, only for the attempt whose handler
 # was recorded as started under park, and only once its holder has been
 # silent for the longer of its lease and stale_ms (0 on either side: never),
@@ -348,9 +441,11 @@ SETTLE: Final = (
 
 # -- get / find --
 GET: Final = "SELECT " + EFFECT_COLUMNS + " FROM agent_ledger_effects WHERE id = %(id)s"
+GET_PS: Final = Positional(GET)
 FIND: Final = (
     "SELECT " + EFFECT_COLUMNS + " FROM agent_ledger_effects WHERE idem_key = %(idem_key)s"
 )
+FIND_PS: Final = Positional(FIND)
 # The newest committed row even inside a caller's older snapshot (a locking
 # read; the lock is held until that transaction ends, so only used after a
 # lost insert race).

@@ -20,8 +20,12 @@ DUPLICATE_KEY: Final = 1062
 
 
 def utc(moment: datetime) -> datetime:
-    """A ``DATETIME(6)`` read back (naive, UTC by construction) as a receipt's time."""
-    return moment.replace(tzinfo=UTC)
+    """A ``DATETIME(6)`` read back (naive, UTC by construction) as a receipt's time.
+
+    ``combine`` rather than ``replace(tzinfo=UTC)``: the same value at a third of
+    the cost (keyword parsing), and an effect has up to six times to convert.
+    """
+    return datetime.combine(moment, moment.time(), UTC)
 
 
 def stored(moment: datetime) -> datetime:

@@ -56,7 +56,7 @@ from agent_ledger.errors import (
 )
 from agent_ledger.ids import is_effect_id, new_effect_id
 from agent_ledger.options import DEFAULT_TX_LOCK_TIMEOUT_MS
-from agent_ledger.status import TERMINAL, EffectStatus
+from agent_ledger.status import EffectStatus
 from agent_ledger.stores import _mysql_queries as q
 from agent_ledger.stores._columns import ROW_COLUMNS
 from agent_ledger.stores._dedup import (
@@ -138,9 +138,15 @@ MYSQL_MIGRATIONS: Final[Mapping[int, str]] = {
 MySQLTransaction = asyncmy.Connection
 
 _T = TypeVar("_T")
+#: A statement's parameters: by name (the text protocol), or in order (a
+#: ``q.Positional``'s, run as a prepared statement).
+_Params = Mapping[str, object] | tuple[object, ...]
+#: How many prepared statements each connection keeps (the ``*_PS`` in
+#: ``_mysql_queries``, begin's lock bounds included, fit with room to spare).
+_STATEMENT_CACHE: Final = 32
 _PROCESSING: Final = EffectStatus.PROCESSING.value
 #: A duplicate of an effect in one of these is only read by begin, and counted later.
-_FINISHED: Final = tuple(sorted(s.value for s in TERMINAL))
+_FINISHED: Final = q.FINISHED
 _FINISHED_VALUES: Final = frozenset(_FINISHED)
 _STATUS_AT: Final = ROW_COLUMNS.index("status")
 _ID_AT: Final = ROW_COLUMNS.index("id")
@@ -373,6 +379,9 @@ def _session(settings: Mapping[str, Any], connect_timeout: float) -> dict[str, A
         # already had still says it applied.
         "client_flag": CLIENT.FOUND_ROWS,
         "connect_timeout": max(1, math.ceil(connect_timeout)),
+        # Statements given their values in order run as server-side prepared
+        # statements (the binary protocol; see _mysql_queries).
+        "stmt_cache_size": _STATEMENT_CACHE,
     }
 
 
@@ -414,7 +423,6 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
         #: carry: the server's ``max_allowed_packet`` less room for the rest of
         #: the statement. The engine records a bigger one as ``result_too_large``.
         self.max_result_bytes = max(server.max_allowed_packet - _STATEMENT_ROOM, 0)
-        self._begin_statement = q.BEGIN_MARIADB if server.mariadb else q.BEGIN_MYSQL
         self._insert_only = q.INSERT_ONLY_MARIADB if server.mariadb else q.INSERT_ONLY_MYSQL
         self._counts = PendingCounts(
             self._write_counts, interval_s=interval_s, store=f"MySQLStore({database})"
@@ -592,7 +600,7 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
             # cheapest answer (no row lock, no write). Anything but a finished
             # effect goes on to the insert-or-read as usual.
             started = counts.epoch
-            row = await self._fetch_one("begin", q.FIND, {"idem_key": key}, None, idem_key=key)
+            row = await self._fetch_one("begin", q.FIND_PS.sql, (key,), None, idem_key=key)
             if row is not None and row[_STATUS_AT] in _FINISHED_VALUES:
                 # Counted once the answer is certain: a replay that raises counts nothing.
                 (row,) = await self._counted([row], started, None)
@@ -605,19 +613,21 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
         # tells an insert from a key that existed (see BEGIN_* in _mysql_queries).
         params = begin_params(new)
         params["id"] = new_effect_id()
-        params["finished"] = _FINISHED
         started = counts.epoch
-        statement = self._begin_statement
-        if self.server.mariadb:
-            bounded = self._lock_bound(lock_timeout_ms) + statement
+        mariadb = self.server.mariadb
+        statement = q.begin_ps(mariadb, self._lock_wait_s(lock_timeout_ms))
+        args = statement.args(params)
+        if mariadb:
             row = await self._lock_bounded(
-                self._fetch_one("begin", bounded, params, None, idem_key=key), key, lock_timeout_ms
+                self._fetch_one("begin", statement.sql, args, None, idem_key=key),
+                key,
+                lock_timeout_ms,
             )
         else:
 
             async def insert_then_read(cur: Cursor) -> tuple[Any, ...] | None:
-                await cur.execute(statement, params)
-                await cur.execute(q.FIND, params)
+                await cur.execute(statement.sql, args)
+                await cur.execute(q.FIND_PS.sql, (key,))
                 found: tuple[Any, ...] | None = await cur.fetchone()
                 return found
 
@@ -702,7 +712,7 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
                 claimed = await cur.execute(bound + q.CLAIM, params) == 1
             else:
                 claimed = await self._bounded(cur, q.CLAIM, params, lock_timeout_ms, idem_key) == 1
-            await cur.execute(q.FIND, params)
+            await cur.execute(q.FIND_PS.sql, (idem_key,))
             row: tuple[Any, ...] | None = await cur.fetchone()
             return row, claimed
 
@@ -767,7 +777,8 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
         retryable: bool = False,
     ) -> bool:
         check_commit_status(status)
-        if not is_effect_id(effect_id):
+        # An id this store read from one of its rows is one (no need to parse it).
+        if effect_id not in self._key_of and not is_effect_id(effect_id):
             return False
         conn = None if tx is None else self._tx_connection(tx)
         params = commit_params(
@@ -782,7 +793,8 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
             started=started,
             retryable=retryable,
         )
-        if not await self._execute("commit", q.COMMIT, params, conn, effect_id=effect_id):
+        args = q.COMMIT_PS.args(params)
+        if not await self._execute("commit", q.COMMIT_PS.sql, args, conn, effect_id=effect_id):
             return False
         await self._changed_by_id(effect_id, conn)
         return True
@@ -793,13 +805,17 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
         if not is_effect_id(effect_id):
             return False
         params = record_try_params(effect_id, attempt=attempt, error=error, error_type=error_type)
-        return await self._execute("record_try", q.RECORD_TRY, params, None, effect_id=effect_id)
+        args = q.RECORD_TRY_PS.args(params)
+        return await self._execute(
+            "record_try", q.RECORD_TRY_PS.sql, args, None, effect_id=effect_id
+        )
 
     async def release(self, effect_id: str, *, attempt: int, for_approval: bool = False) -> bool:
         if not is_effect_id(effect_id):
             return False
         params = release_params(effect_id, attempt=attempt, for_approval=for_approval)
-        if not await self._execute("release", q.RELEASE, params, None, effect_id=effect_id):
+        args = q.RELEASE_PS.args(params)
+        if not await self._execute("release", q.RELEASE_PS.sql, args, None, effect_id=effect_id):
             return False
         await self._changed_by_id(effect_id, None)
         return True
@@ -837,8 +853,9 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
             return False
         conn = None if tx is None else self._tx_connection(tx)
         params = mark_started_params(effect_id, attempt=attempt, worker=worker)
+        args = q.MARK_STARTED_PS.args(params)
         return await self._execute(
-            "mark_started", q.MARK_STARTED, params, conn, effect_id=effect_id
+            "mark_started", q.MARK_STARTED_PS.sql, args, conn, effect_id=effect_id
         )
 
     async def park(self, idem_key: str, *, stale_after_ms: int, error: EffectError) -> ClaimOutcome:
@@ -861,7 +878,7 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
 
         async def work(cur: Cursor) -> tuple[tuple[Any, ...] | None, bool]:
             moved = await cur.execute(statement, params) == 1
-            await cur.execute(q.FIND, params)
+            await cur.execute(q.FIND_PS.sql, (idem_key,))
             row: tuple[Any, ...] | None = await cur.fetchone()
             return row, moved
 
@@ -913,7 +930,7 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
         async def work(cur: Cursor) -> tuple[Any, ...] | None:
             if await cur.execute(statement, params) != 1:
                 return None
-            await cur.execute(q.FIND, params)
+            await cur.execute(q.FIND_PS.sql, (idem_key,))
             row: tuple[Any, ...] | None = await cur.fetchone()
             return row
 
@@ -929,13 +946,13 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
             return None
         conn = None if tx is None else self._tx_connection(tx)
         started = self._counts.epoch
-        row = await self._fetch_one("get", q.GET, {"id": effect_id}, conn, effect_id=effect_id)
+        row = await self._fetch_one("get", q.GET_PS.sql, (effect_id,), conn, effect_id=effect_id)
         return None if row is None else await self._one_counted(row, started, conn)
 
     async def find(self, idem_key: str, *, tx: object | None = None) -> Effect | None:
         conn = None if tx is None else self._tx_connection(tx)
         started = self._counts.epoch
-        row = await self._fetch_one("find", q.FIND, {"idem_key": idem_key}, conn, idem_key=idem_key)
+        row = await self._fetch_one("find", q.FIND_PS.sql, (idem_key,), conn, idem_key=idem_key)
         return None if row is None else await self._one_counted(row, started, conn)
 
     async def find_legacy(self, legacy_key: str, *, tx: object | None = None) -> Effect | None:
@@ -1049,6 +1066,11 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
             async with self._pool.connection() as conn:
                 await conn.begin()
                 self._tx_changes[id(conn)] = changes
+                # The caller's own statements go by the text protocol, as on
+                # any asyncmy connection (a prepared statement reads some
+                # types differently, FLOAT for one); so do the store's steps
+                # given this tx.
+                conn._stmt_cache_size = 0
                 try:
                     try:
                         yield conn
@@ -1066,6 +1088,7 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
                     raise
                 finally:
                     self._tx_changes.pop(id(conn), None)
+                    conn._stmt_cache_size = _STATEMENT_CACHE
         except asyncmy.errors.MySQLError as exc:
             if body_failed:
                 raise  # the caller's own statement failed: theirs to see unchanged
@@ -1188,7 +1211,7 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
             return  # nobody here waits for anything: no need for the key
         key = self._key_of.get(effect_id)
         if key is None:
-            row = await self._fetch_one("commit", q.KEY_OF, {"id": effect_id}, conn)
+            row = await self._fetch_one("commit", q.KEY_OF_PS.sql, (effect_id,), conn)
             if row is None:
                 return
             key = str(row[0])
@@ -1210,6 +1233,12 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
                 field="tx",
             )
         return tx
+
+    def _lock_wait_s(self, lock_timeout_ms: int | None) -> int | None:
+        """The whole seconds ``_lock_bound`` bounds a lock wait to (None: not bounded)."""
+        if lock_timeout_ms is None or not self.server.mariadb:
+            return None
+        return lock_timeout_ms // 1000
 
     def _lock_bound(self, lock_timeout_ms: int | None) -> str:
         """The prefix that bounds a statement's lock wait outside any transaction:
@@ -1310,7 +1339,7 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
         self,
         operation: str,
         statement: str,
-        params: Mapping[str, object],
+        params: _Params,
         tx: object | None,
         *,
         idem_key: str | None = None,
@@ -1329,7 +1358,7 @@ class MySQLStore(LegacyStoreMethods, MySQLSagas, MySQLBudgets, MySQLApprovals):
         self,
         operation: str,
         statement: str,
-        params: Mapping[str, object],
+        params: _Params,
         tx: object | None,
         *,
         effect_id: str | None = None,
