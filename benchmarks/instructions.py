@@ -13,7 +13,7 @@ warm-up and then:
 so ``(B - A) / N`` is the cost of a fresh ``run()`` and ``(C - B) / N`` that
 of a replay, with the interpreter's start-up, the imports and the warm-up
 subtracted away; ``(A - O) / N`` is what building a ``ToolCall`` costs the
-caller (counted in the fresh figure until issue 32 split it out). Objects
+caller (never part of the fresh figure: phase A builds the same calls). Objects
 allocated before the measured calls are frozen out of the garbage
 collector's sight (``gc.freeze()``), so a full collection of the
 interpreter's own start-up objects does not land in one phase's count.
