@@ -10,20 +10,23 @@ gives the same answer whichever store holds it.
 from __future__ import annotations
 
 import os
-import uuid
+import re
 from typing import Final
 
 __all__ = ["is_effect_id", "new_effect_id"]
 
 
+#: ``str(uuid.UUID(...))``'s form: lowercase hex digits, hyphenated 8-4-4-4-12.
+_CANONICAL: Final = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def is_effect_id(text: object) -> bool:
-    """Whether ``text`` is an effect id: a canonical (lowercase, hyphenated) UUID string."""
-    if not isinstance(text, str) or len(text) != 36:
-        return False
-    try:
-        return str(uuid.UUID(text)) == text
-    except ValueError:
-        return False
+    """Whether ``text`` is an effect id: a canonical (lowercase, hyphenated) UUID string.
+
+    The same answer as ``str(uuid.UUID(text)) == text`` (a test holds them
+    equal), at a tenth of its cost: every commit and heartbeat checks one.
+    """
+    return isinstance(text, str) and _CANONICAL.fullmatch(text) is not None
 
 
 #: The RFC 9562 variant nibble (binary 10xx) for each random hex digit: four

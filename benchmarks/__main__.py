@@ -239,9 +239,26 @@ async def bench_postgres(sizes: sc.Sizes, dsn: str) -> Report:
         await floor_store.create_schema()
         floor = PostgresFloor(pool, f'"{floor_schema}".agent_ledger_effects')
         ledger = build_ledger(store)
-        for label, tasks in (("sequential", 1), (f"{sc.CONCURRENCY} tasks", sc.CONCURRENCY)):
-            figures = await sc.throughput(ledger, floor.fresh, floor.replay, sizes, tasks)
-            throughput_rows(report, label, figures, 0.85, 0.8)
+        # Issue 32's targets: fresh runs 0.9 of the two-statement floor, replays 0.9
+        # of the raw read sequentially and 0.8 with 32 tasks; and a fresh run at
+        # least 0.45 of one insert-or-read per call (two durable statements
+        # against one: about 0.5 is the ceiling).
+        for label, tasks, replay_target in (
+            ("sequential", 1, 0.9),
+            (f"{sc.CONCURRENCY} tasks", sc.CONCURRENCY, 0.8),
+        ):
+            figures = await sc.throughput(
+                ledger, floor.fresh, floor.replay, sizes, tasks, floor.insert_or_read
+            )
+            throughput_rows(report, label, figures, 0.9, replay_target)
+            single = figures["floor_single"]
+            report.add(
+                f"fresh run, {label}, vs one insert-or-read",
+                figures["fresh"],
+                floor=single,
+                target=">= 0.45 x floor",
+                met=figures["fresh"].median / single.median >= 0.45,
+            )
         hot = await sc.hot_keys(ledger, floor.fresh, floor.replay, sizes)
         report.add(
             f"replay run, {sc.CONCURRENCY} tasks on {sc.HOT_KEYS} hot keys",
@@ -481,7 +498,14 @@ async def _wal_rows(
         sample = calls[: min(n, 500)]
         wal_bytes = 0
         async with conn.transaction(force_rollback=True):
-            explain = psycopg.sql.SQL("EXPLAIN (ANALYZE, WAL, FORMAT JSON) ") + store._begin
+            # The store keeps its statements rendered (bytes) when its schema's name is ASCII.
+            begin = store._begin
+            prefix = "EXPLAIN (ANALYZE, WAL, FORMAT JSON) "
+            explain = (
+                prefix.encode() + begin
+                if isinstance(begin, bytes)
+                else psycopg.sql.SQL(prefix) + begin
+            )
             for call in sample:
                 new = NewEffect(ledger.idem_key(call), "bench", None, "bench.tool", "{}", None)
                 params = {**begin_params(new), "finished": _FINISHED, "lock_timeout": None}

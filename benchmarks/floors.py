@@ -58,6 +58,14 @@ class PostgresFloor:
         async with self.pool.connection() as conn:
             await conn.execute(self.update, {"id": row[0]})
 
+    async def insert_or_read(self, key: str) -> None:
+        """The one-statement ceiling: a single insert-or-read per call (step 1
+        alone). A fresh run needs two durable statements (begin, then its
+        outcome), so it can reach about half of this at best."""
+        async with self.pool.connection() as conn:
+            cursor = await conn.execute(self.insert, {"k": key})
+            await cursor.fetchone()
+
     async def replay(self, key: str) -> None:
         async with self.pool.connection() as conn:
             cursor = await conn.execute(self.read, {"k": key})

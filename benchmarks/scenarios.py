@@ -82,14 +82,19 @@ async def throughput(
     floor_replay_call: Callable[[str], Awaitable[object]],
     sizes: Sizes,
     tasks: int,
+    floor_single_call: Callable[[str], Awaitable[object]] | None = None,
 ) -> dict[str, Figure]:
-    """calls/s for fresh runs and replays, ledger and floor, ``tasks`` at a time."""
+    """calls/s for fresh runs and replays, ledger and floor, ``tasks`` at a time;
+    with ``floor_single_call`` also that one-statement floor's ("floor_single", on
+    keys of its own), driven right after the fresh floor."""
     results: dict[str, list[float]] = {
         "fresh": [],
         "replay": [],
         "floor_fresh": [],
         "floor_replay": [],
     }
+    if floor_single_call is not None:
+        results["floor_single"] = []
 
     async def measure(rep: int) -> float:
         run_id = uuid.uuid4().hex[:8]
@@ -99,6 +104,9 @@ async def throughput(
         # Interleave ledger and floor so drift on a noisy machine hits both.
         fresh = await drive(calls, lambda c: ledger.run(c, handler), tasks)
         floor_fresh = await drive(keys, floor_fresh_call, tasks)
+        if floor_single_call is not None:
+            singles = [f"{run_id}-s{i:07d}".ljust(64, "0") for i in range(sizes.calls)]
+            floor_single = await drive(singles, floor_single_call, tasks)
         replay = await drive(calls, lambda c: ledger.run(c, handler), tasks)
         floor_replay = await drive(keys, floor_replay_call, tasks)
         if rep >= 0:
@@ -107,6 +115,8 @@ async def throughput(
             results["floor_fresh"].append(n / floor_fresh)
             results["replay"].append(n / replay)
             results["floor_replay"].append(n / floor_replay)
+            if floor_single_call is not None:
+                results["floor_single"].append(n / floor_single)
         return fresh
 
     await repeat(sizes.repetitions, measure)

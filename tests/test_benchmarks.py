@@ -62,6 +62,8 @@ def test_benchmark_suite_runs_and_writes_results(store: str, tmp_path: Path) -> 
         assert rows["WAL bytes per replay, caller's path (EXPLAIN)"]["ledger"] >= 0
         hot = rows["replay run, 32 tasks on 10 hot keys"]
         assert hot["ratio"] > 0 and hot["floor"]["samples"] >= 5
+        single = rows["fresh run, sequential, vs one insert-or-read"]
+        assert single["ratio"] > 0 and single["floor"]["samples"] >= 5
 
 
 def test_the_instruction_count_is_read_from_callgrinds_summary_line() -> None:

@@ -66,7 +66,7 @@ class PostgresApprovals(PostgresTables):
 
     if TYPE_CHECKING:
         _dialect: Dialect
-        _settle: sql.Composed
+        _settle: bytes | sql.Composed
         _counts: PendingCounts
 
         def transaction(self) -> AbstractAsyncContextManager[Connection]: ...

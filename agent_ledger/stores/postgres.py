@@ -23,14 +23,13 @@ from collections.abc import (
     Awaitable,
     Callable,
     Iterable,
-    Iterator,
     Mapping,
     Sequence,
 )
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from importlib import resources
-from typing import Any, Final, LiteralString, TypeVar
+from typing import Any, Final, Literal, LiteralString, TypeVar, overload
 from urllib.parse import quote, urlencode, urlunsplit
 
 import orjson
@@ -62,8 +61,8 @@ from agent_ledger.stores._dedup import (
     CountsLost,
     PendingCounts,
     check_flush_interval,
-    plus_one,
     row_id,
+    with_count,
 )
 from agent_ledger.stores._legacy import LegacyStoreMethods, all_effects
 from agent_ledger.stores._params import (
@@ -131,6 +130,7 @@ _FINISHED: Final = sorted(s.value for s in TERMINAL)
 _FINISHED_VALUES: Final = frozenset(_FINISHED)
 _STATUS_AT: Final = ROW_COLUMNS.index("status")
 _ID_AT: Final = ROW_COLUMNS.index("id")
+_DEDUP_AT: Final = ROW_COLUMNS.index("dedup_count")
 #: How many keys a store remembers having begun (see ``PostgresStore.begin``).
 _KNOWN_KEYS: Final = 10_000
 _STATUS_BY_VALUE: Final = STATUS_BY_VALUE
@@ -142,6 +142,20 @@ _EFFECT_WIDTH: Final = EFFECT_WIDTH
 
 # Connection used by an operation: the caller's transaction, or the pool's.
 Connection = AsyncConnection[Any]
+#: A statement as the store keeps it: its text rendered once (``_rendered``).
+Statement = bytes | sql.Composed
+
+
+def _rendered(statement: sql.Composed) -> Statement:
+    """``statement`` (its names filled in) as the bytes psycopg would send, once.
+
+    psycopg renders a ``Composed`` again on every execute (each identifier
+    escaped, the parts joined): a few µs of every step. An ASCII text is the
+    same bytes in every client encoding, so it is rendered here for good; a
+    schema name outside ASCII keeps the ``Composed``, rendered per connection.
+    """
+    text = statement.as_bytes(None)
+    return text if text.isascii() else statement
 
 
 def _effect_from_row(row: tuple[Any, ...]) -> Effect:
@@ -344,6 +358,42 @@ def _no_partition(exc: EffectStoreError) -> bool:
     )
 
 
+class _DriverErrors:
+    """``PostgresStore._errors(...)``: a driver error (``psycopg.Error``) raised
+    inside becomes the store's error for the step (``_store_error``), chained
+    to it; the library's own errors and any other exception pass unchanged.
+
+    A class rather than a generator-based context manager: every statement
+    enters one, and this costs a fraction of a generator's set-up.
+    """
+
+    __slots__ = ("_effect_id", "_idem_key", "_operation", "_store")
+
+    def __init__(
+        self,
+        store: PostgresStore,
+        operation: str,
+        idem_key: str | None,
+        effect_id: str | None,
+    ) -> None:
+        self._store = store
+        self._operation = operation
+        self._idem_key = idem_key
+        self._effect_id = effect_id
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        # Ours already (EffectLedgerError is never a psycopg.Error): never double-wrap.
+        if isinstance(exc, psycopg.Error):
+            raise self._store._store_error(
+                exc, self._operation, self._idem_key, self._effect_id
+            ) from exc
+
+
 class PostgresStore(
     LegacyStoreMethods, PostgresSagas, PostgresBudgets, PostgresApprovals, PostgresRoles
 ):
@@ -409,9 +459,11 @@ class PostgresStore(
         legacy_keys = sql.Identifier(schema, LEGACY_KEYS_TABLE)
         approvals = sql.Identifier(schema, APPROVALS_TABLE)
 
-        def compose(text: LiteralString) -> sql.Composed:
-            return sql.SQL(text).format(
-                effects=effects, versions=versions, legacy_keys=legacy_keys, approvals=approvals
+        def compose(text: LiteralString) -> Statement:
+            return _rendered(
+                sql.SQL(text).format(
+                    effects=effects, versions=versions, legacy_keys=legacy_keys, approvals=approvals
+                )
             )
 
         self._begin = compose(q.BEGIN)
@@ -435,8 +487,8 @@ class PostgresStore(
         self._record_legacy = compose(q.RECORD_LEGACY)
         self._schema_version = compose(q.SCHEMA_VERSION_AND_KIND)
         self._stats = compose(q.STATS)
-        self._purge = sql.SQL(q.PURGE).format(
-            effects=effects, steps=sql.Identifier(schema, STEPS_TABLE)
+        self._purge = _rendered(
+            sql.SQL(q.PURGE).format(effects=effects, steps=sql.Identifier(schema, STEPS_TABLE))
         )
         self._dedup_flush = compose(q.DEDUP_FLUSH)
         self._dedup_counts = compose(q.DEDUP_COUNTS)
@@ -462,11 +514,15 @@ class PostgresStore(
             "add": sql.Identifier(schema, "agent_ledger_add_partitions"),
             "partition": sql.Identifier(schema, "agent_ledger_partition_effects"),
         }
-        self._p_begin = sql.SQL(part.BEGIN).format(**self._p_names)
-        self._p_begin_in_transaction = sql.SQL(part.BEGIN_IN_TRANSACTION).format(**self._p_names)
-        self._p_find = sql.SQL(part.FIND).format(**self._p_names)
-        self._p_reclaim = sql.SQL(part.RECLAIM_KEY).format(**self._p_names)
-        self._p_add_now = sql.SQL(part.ADD_PARTITIONS_NOW).format(**self._p_names)
+
+        def compose_partitioned(text: LiteralString) -> Statement:
+            return _rendered(sql.SQL(text).format(**self._p_names))
+
+        self._p_begin = compose_partitioned(part.BEGIN)
+        self._p_begin_in_transaction = compose_partitioned(part.BEGIN_IN_TRANSACTION)
+        self._p_find = compose_partitioned(part.FIND)
+        self._p_reclaim = compose_partitioned(part.RECLAIM_KEY)
+        self._p_add_now = compose_partitioned(part.ADD_PARTITIONS_NOW)
         self._plain_statements = (self._begin, self._begin_in_transaction, self._find)
 
     @classmethod
@@ -645,12 +701,10 @@ class PostgresStore(
     async def begin(
         self, new: NewEffect, *, tx: object | None = None, lock_timeout_ms: int | None = None
     ) -> BeginOutcome:
-        params = begin_params(new)
         if self._partitioned is None:
             await self._partitioning()
         if tx is not None:
-            return await self._begin_inside(tx, new, params, lock_timeout_ms)
-        params["lock_timeout"] = None if lock_timeout_ms is None else f"{lock_timeout_ms}ms"
+            return await self._begin_inside(tx, new, begin_params(new), lock_timeout_ms)
         key = new.idem_key
         counts = self._counts
         known = self._known
@@ -659,15 +713,14 @@ class PostgresStore(
             # cheapest answer (no insert or update to set up on the server).
             # Anything but a finished effect goes on to BEGIN as usual.
             started = counts.epoch
-            row = await self._fetch_one("begin", self._find, {"idem_key": key}, None, idem_key=key)
+            row = await self._pooled("begin", self._find, {"idem_key": key}, True, key, None)
             if row is not None and row[_STATUS_AT] in _FINISHED_VALUES:
-                # Counted once the answer is certain: a replay that raises counts nothing.
-                (row,) = await self._counted([row], started, None)
-                counts.add(row_id(row))
-                return BeginOutcome(_effect_from_row(plus_one(row)), created=False)
+                return await self._replayed(row, started)
         elif len(known) >= _KNOWN_KEYS:
             del known[next(iter(known))]
         known[key] = None
+        params = begin_params(new)
+        params["lock_timeout"] = None if lock_timeout_ms is None else f"{lock_timeout_ms}ms"
         # Twice at most in practice: nothing comes back only when a first
         # insert of the key committed after the statement's snapshot (BEGIN),
         # and the next snapshot sees it, or when an open effect finished
@@ -702,15 +755,31 @@ class PostgresStore(
                     continue  # finished (or purged) meanwhile: read it again
                 (row,) = await self._counted([row], started, None)
                 return BeginOutcome(_effect_from_row(row), created=False)
-            # Finished: counted later, and only once the answer is certain.
-            (row,) = await self._counted([row], started, None)
-            counts.add(row_id(row))
-            return BeginOutcome(_effect_from_row(plus_one(row)), created=False)
+            return await self._replayed(row, started)
         raise EffectStoreError(
             "the effect this key conflicted with was not found three times "
             "(purged meanwhile?); call again",
             operation="begin",
             idem_key=key,
+        )
+
+    async def _replayed(self, row: tuple[Any, ...], started: int) -> BeginOutcome:
+        """begin's answer for a finished effect's ``row``, read from epoch ``started``:
+        counted later (a batch, ``PendingCounts``), and only now that the answer is
+        certain (a replay that raises counts nothing); the row comes back with this
+        process's unwritten duplicates and this one added to its ``dedup_count``.
+        """
+        counts = self._counts
+        effect_id = row_id(row)
+        if counts.ambiguous((row,), started):
+            # A flush of it overlapped the read: its count is read again.
+            (row,) = await self._counted([row], started, None)
+            extra = 1
+        else:
+            extra = counts.unwritten(effect_id) + 1
+        counts.add(effect_id)
+        return BeginOutcome(
+            _effect_from_row(with_count(row, row[_DEDUP_AT] + extra)), created=False
         )
 
     async def _begin_inside(
@@ -1339,20 +1408,25 @@ class PostgresStore(
             finally:
                 await _restore_transactional(conn)
 
-    @contextmanager
     def _errors(
         self, operation: str, *, idem_key: str | None = None, effect_id: str | None = None
-    ) -> Iterator[None]:
-        """The one place driver errors become ``EffectStoreError``."""
-        try:
-            yield
-        except EffectLedgerError:
-            raise  # ours already: never double-wrap
-        except (
-            psycopg.errors.InvalidSqlStatementName,
-            psycopg.errors.DuplicatePreparedStatement,
-        ) as exc:
-            raise EffectStoreError(
+    ) -> _DriverErrors:
+        """The one place driver errors become ``EffectStoreError`` (``_DriverErrors``)."""
+        return _DriverErrors(self, operation, idem_key, effect_id)
+
+    def _store_error(
+        self,
+        exc: psycopg.Error,
+        operation: str,
+        idem_key: str | None,
+        effect_id: str | None,
+    ) -> EffectLedgerError:
+        """What a driver error raised by step ``operation`` is raised as."""
+        if isinstance(
+            exc,
+            psycopg.errors.InvalidSqlStatementName | psycopg.errors.DuplicatePreparedStatement,
+        ):
+            return EffectStoreError(
                 f"{type(exc).__name__}: {exc}".strip() + ": a pooler in transaction mode "
                 "between the pool and the server? Create the pool with "
                 'kwargs={"prepare_threshold": None} (PostgresStore.connect() does it when '
@@ -1360,36 +1434,39 @@ class PostgresStore(
                 operation=operation,
                 idem_key=idem_key,
                 effect_id=effect_id,
-            ) from exc
-        except psycopg.errors.InsufficientPrivilege as exc:
-            raise _permission_error(exc, operation, idem_key, effect_id) from exc
-        except psycopg.errors.UndefinedTable as exc:
-            raise EffectStoreError(
+            )
+        if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+            return _permission_error(exc, operation, idem_key, effect_id)
+        if isinstance(exc, psycopg.errors.UndefinedTable):
+            return EffectStoreError(
                 f"the agent-ledger tables are missing from schema {self.schema!r}: create "
                 f"them with {self._init_command()} (or await store.create_schema(), or "
                 "apply schema.sql there)",
                 operation=operation,
                 idem_key=idem_key,
                 effect_id=effect_id,
-            ) from exc
-        except psycopg.Error as exc:
-            raise EffectStoreError(
-                f"{type(exc).__name__}: {exc}".strip(),
-                operation=operation,
-                idem_key=idem_key,
-                effect_id=effect_id,
-            ) from exc
+            )
+        return EffectStoreError(
+            f"{type(exc).__name__}: {exc}".strip(),
+            operation=operation,
+            idem_key=idem_key,
+            effect_id=effect_id,
+        )
 
     async def _fetch_one(
         self,
         operation: str,
-        query: sql.Composed,
+        query: Statement,
         params: Mapping[str, object],
         tx: object | None,
         *,
         idem_key: str | None = None,
         effect_id: str | None = None,
     ) -> tuple[Any, ...] | None:
+        """The row one statement of ``operation`` returns, or None (``_statement``)."""
+        if tx is None:
+            return await self._pooled(operation, query, params, True, idem_key, effect_id)
+
         async def fetch(conn: Connection) -> tuple[Any, ...] | None:
             cursor = await conn.execute(query, params)
             return await cursor.fetchone()
@@ -1408,12 +1485,16 @@ class PostgresStore(
     async def _execute(
         self,
         operation: str,
-        query: sql.Composed,
+        query: Statement,
         params: Mapping[str, object],
         tx: object | None,
         *,
         effect_id: str | None = None,
     ) -> bool:
+        """Whether one statement of ``operation`` changed exactly one row (``_statement``)."""
+        if tx is None:
+            return await self._pooled(operation, query, params, False, None, effect_id)
+
         async def execute(conn: Connection) -> bool:
             cursor = await conn.execute(query, params)
             return cursor.rowcount == 1
@@ -1423,7 +1504,7 @@ class PostgresStore(
     async def _lock_bounded(
         self,
         operation: str,
-        query: sql.Composed,
+        query: Statement,
         params: Mapping[str, object],
         lock_timeout_ms: int | None,
         idem_key: str,
@@ -1433,7 +1514,7 @@ class PostgresStore(
         parameter): a wait that ran out becomes ``EffectInFlightError``; the
         statement changed nothing, and its setting ended with it."""
         try:
-            return await self._fetch_one(operation, query, params, None, idem_key=idem_key)
+            return await self._pooled(operation, query, params, True, idem_key, None)
         except EffectStoreError as exc:
             if isinstance(exc.__cause__, psycopg.errors.LockNotAvailable):
                 raise EffectInFlightError(idem_key, None, lock_timeout_ms=lock_timeout_ms) from None
@@ -1442,7 +1523,7 @@ class PostgresStore(
     async def _bounded(
         self,
         operation: str,
-        query: sql.Composed,
+        query: Statement,
         params: Mapping[str, object],
         tx: object,
         lock_timeout_ms: int | None,
@@ -1490,6 +1571,74 @@ class PostgresStore(
                     raise
                 await conn.execute(sql.SQL(q.LOCK_BOUND_END).format(prior=sql.Literal(prior[0])))
                 return row
+
+    @overload
+    async def _pooled(
+        self,
+        operation: str,
+        query: Statement,
+        params: Mapping[str, object],
+        fetch: Literal[True],
+        idem_key: str | None,
+        effect_id: str | None,
+    ) -> tuple[Any, ...] | None: ...
+
+    @overload
+    async def _pooled(
+        self,
+        operation: str,
+        query: Statement,
+        params: Mapping[str, object],
+        fetch: Literal[False],
+        idem_key: str | None,
+        effect_id: str | None,
+    ) -> bool: ...
+
+    async def _pooled(
+        self,
+        operation: str,
+        query: Statement,
+        params: Mapping[str, object],
+        fetch: bool,
+        idem_key: str | None,
+        effect_id: str | None,
+    ) -> tuple[Any, ...] | bool | None:
+        """``_statement`` of one query on a pool connection (no ``tx``): the row it
+        returns (``fetch``), or whether it changed exactly one row.
+
+        The same steps as ``_statement`` with ``_connection(None)``, written out:
+        every step of every call comes through here, and the generic path's
+        context managers and closures cost a fresh run a measurable share of its
+        client CPU. Kept equal to it by the store's tests of lost connections,
+        pools without autocommit, and driver errors.
+        """
+        retry = operation in REPEATABLE_STEPS
+        with _DriverErrors(self, operation, idem_key, effect_id):
+            for last_try in (not retry, True):
+                async with self._pool.connection() as conn:
+                    # One statement needs no BEGIN/COMMIT round trips around it.
+                    switched = not conn.autocommit
+                    if switched:
+                        await conn.set_autocommit(True)
+                    try:
+                        cursor = await conn.execute(query, params)
+                        if fetch:
+                            row: tuple[Any, ...] | None = await cursor.fetchone()
+                            return row
+                        changed: bool = cursor.rowcount == 1
+                        return changed
+                    except psycopg.OperationalError as exc:
+                        if not _connection_lost(exc, conn):
+                            raise
+                        lost = exc
+                    finally:
+                        if switched:
+                            await _restore_transactional(conn)
+                # As in _statement: the pool's other idle connections probably died too.
+                await self._pool.check()
+                if last_try:
+                    raise lost
+            raise EffectLedgerInvariantError("unreachable: the last try returns or raises")
 
     async def _statement(
         self,

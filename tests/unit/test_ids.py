@@ -5,6 +5,8 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent_ledger.ids import is_effect_id, new_effect_id
 
@@ -56,3 +58,35 @@ def test_only_the_canonical_form_is_an_effect_id(text: object) -> None:
 def test_the_canonical_form_is_an_effect_id() -> None:
     assert is_effect_id("0b0e4f5e-1111-4222-8333-444455556666")
     assert is_effect_id(str(uuid.uuid4()))
+
+
+def _canonical_by_uuid(text: object) -> bool:
+    """The definition: what ``uuid`` itself writes back unchanged."""
+    if not isinstance(text, str):
+        return False
+    try:
+        return str(uuid.UUID(text)) == text
+    except ValueError:
+        return False
+
+
+_NEAR_MISSES = st.sampled_from("0123456789abcdefABCDEF-_{} :٣\n")
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.one_of(
+        st.uuids().map(str),
+        st.uuids().map(lambda u: str(u).upper()),
+        st.uuids().map(lambda u: u.hex),
+        # A canonical id with one character replaced or inserted.
+        st.tuples(st.uuids().map(str), st.integers(0, 36), _NEAR_MISSES, st.booleans()).map(
+            lambda t: t[0][: t[1]] + t[2] + t[0][t[1] + (0 if t[3] else 1) :]
+        ),
+        st.text(_NEAR_MISSES, min_size=30, max_size=40),
+        st.text(max_size=40),
+    )
+)
+def test_the_effect_id_check_is_uuids_own_canonical_form(text: str) -> None:
+    """is_effect_id (a pattern, for speed) answers what uuid.UUID's round trip answers."""
+    assert is_effect_id(text) == _canonical_by_uuid(text)
