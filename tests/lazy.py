@@ -10,6 +10,8 @@ attribute read, inside a test. Type checkers see the real module::
         import anthropic.types as anthropic_types
     else:
         anthropic_types = lazy("anthropic.types")
+
+Only public names (no leading underscore) are read through it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ class LazyModule:
         self._name = name
 
     def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("_"):
+            # Collection probes every module-level object (pytest reads
+            # __test__, __wrapped__, _mock_name...): none of them imports.
+            # So only public names resolve through the proxy.
+            raise AttributeError(attribute)
         return getattr(importlib.import_module(self._name), attribute)
 
     def __repr__(self) -> str:
