@@ -9,19 +9,11 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pydantic
 import pytest
-from anthropic.types import (
-    Message,
-    MessageParam,
-    TextBlock,
-    ToolParam,
-    ToolResultBlockParam,
-    ToolUseBlock,
-)
 
 from agent_ledger import (
     ApprovalPendingError,
@@ -31,21 +23,30 @@ from agent_ledger import (
     MemoryStore,
     RunOptions,
 )
-from agent_ledger.adapters.anthropic import run_tool_uses, tool_definitions
 from agent_ledger.retries import RetryPolicy
 from agent_ledger.testing import build_ledger
 from agent_ledger.tools import Tool
 from tests.harness import StoreHarness
+from tests.lazy import lazy
+
+if TYPE_CHECKING:
+    import anthropic.types as at
+    from anthropic.types import Message, MessageParam, ToolUseBlock
+
+    from agent_ledger.adapters import anthropic as adapter
+else:  # imported by the first test that runs, not at collection
+    at = lazy("anthropic.types")
+    adapter = lazy("agent_ledger.adapters.anthropic")
 
 
 def tool_use(block_id: str, name: str, arguments: dict[str, object]) -> ToolUseBlock:
     """A ``tool_use`` block as ``message.content`` holds it."""
-    return ToolUseBlock(id=block_id, name=name, input=arguments, type="tool_use")
+    return at.ToolUseBlock(id=block_id, name=name, input=arguments, type="tool_use")
 
 
 def message(*blocks: object) -> Message:
     """A whole response, parsed from the JSON the API would send."""
-    return Message.model_validate(
+    return at.Message.model_validate(
         {
             "id": "msg_1",
             "type": "message",
@@ -90,7 +91,7 @@ async def test_five_duplicate_tool_uses_run_once(harness: StoreHarness) -> None:
         ),
     )
     async with ledger.workflow("conv-1"):
-        results = await run_tool_uses(ledger, response.content)
+        results = await adapter.run_tool_uses(ledger, response.content)
         effect = await stored(ledger, book, "t1")
     assert runs == ["t1"]
     assert [r["tool_use_id"] for r in results] == [f"toolu_{i}" for i in range(5)]
@@ -101,7 +102,7 @@ async def test_five_duplicate_tool_uses_run_once(harness: StoreHarness) -> None:
     assert await harness.raw_count() == 1
     # The results are the content of a valid next user message.
     reply: MessageParam = {"role": "user", "content": results}
-    pydantic.TypeAdapter(MessageParam).validate_python(reply)
+    pydantic.TypeAdapter(at.MessageParam).validate_python(reply)
 
 
 async def test_a_tool_use_repeated_over_five_turns_runs_once(harness: StoreHarness) -> None:
@@ -113,7 +114,9 @@ async def test_a_tool_use_repeated_over_five_turns_runs_once(harness: StoreHarne
     async with ledger.workflow("conv-1"):
         for i in range(5):
             block = tool_use(f"toolu_{i}", "travel_book", {"trip": "t1", "seats": 1})
-            (result,) = await run_tool_uses(ledger, [block if i % 2 else block.model_dump()])
+            (result,) = await adapter.run_tool_uses(
+                ledger, [block if i % 2 else block.model_dump()]
+            )
             results.append(result)
         effect = await stored(ledger, book, "t1")
         assert await book("t1") == orjson.loads(str(results[0].get("content")))
@@ -127,8 +130,8 @@ async def test_blocks_other_than_tool_use_are_skipped(harness: StoreHarness) -> 
     runs: list[str] = []
     book_tool(ledger, runs)
     async with ledger.workflow("conv-1"):
-        assert await run_tool_uses(ledger, [TextBlock(type="text", text="hello")]) == []
-        assert await run_tool_uses(ledger, None) == []
+        assert await adapter.run_tool_uses(ledger, [at.TextBlock(type="text", text="hello")]) == []
+        assert await adapter.run_tool_uses(ledger, None) == []
     assert runs == [] and await harness.raw_count() == 0
 
 
@@ -150,7 +153,7 @@ async def test_malformed_tool_use_is_an_error_result_and_stores_nothing(
     book_tool(ledger, runs)
     block = {"type": "tool_use", "id": "toolu_1", "name": name, "input": arguments}
     async with ledger.workflow("conv-1"):
-        (result,) = await run_tool_uses(ledger, [block])
+        (result,) = await adapter.run_tool_uses(ledger, [block])
     assert result["tool_use_id"] == "toolu_1" and result.get("is_error") is True
     content = result.get("content")
     assert isinstance(content, str) and content.startswith("Error: ") and says in content
@@ -201,7 +204,7 @@ async def test_input_the_ledger_cannot_keep_is_an_error_result_not_raised(
         tool_use("toolu_2", "notes_add", {"note": 1}),
     ]
     async with ledger.workflow("conv-1"):
-        bad, good = await run_tool_uses(ledger, blocks)
+        bad, good = await adapter.run_tool_uses(ledger, blocks)
     content = bad.get("content")
     assert bad.get("is_error") is True and isinstance(content, str)
     assert content.startswith("Error: the arguments for tool 'notes_add' were refused")
@@ -223,7 +226,7 @@ async def test_integers_beyond_64_bits_are_refused_not_merged(harness: StoreHarn
         return f"sent {amount} to {account}"
 
     async with ledger.workflow("w1"):
-        refused = await run_tool_uses(
+        refused = await adapter.run_tool_uses(
             ledger,
             [
                 tool_use("toolu_1", "bank_transfer", {"account": 2**64, "amount": 5}),
@@ -231,7 +234,7 @@ async def test_integers_beyond_64_bits_are_refused_not_merged(harness: StoreHarn
             ],
         )
         assert await harness.raw_count() == 0
-        (ran,) = await run_tool_uses(
+        (ran,) = await adapter.run_tool_uses(
             ledger, [tool_use("toolu_3", "bank_transfer", {"account": 2**64 - 1, "amount": 5})]
         )
     for result, account in zip(refused, (2**64, 2**64 + 1), strict=True):
@@ -249,7 +252,7 @@ async def test_a_block_without_an_id_is_refused_before_anything_runs(harness: St
     good = tool_use("toolu_1", "travel_book", {"trip": "t1"})
     async with ledger.workflow("conv-1"):
         with pytest.raises(EffectLedgerValidationError, match="'id'"):
-            await run_tool_uses(ledger, [good, {"type": "tool_use", "name": "travel_book"}])
+            await adapter.run_tool_uses(ledger, [good, {"type": "tool_use", "name": "travel_book"}])
     assert runs == [] and await harness.raw_count() == 0
 
 
@@ -260,17 +263,17 @@ async def test_pending_approval_raises_then_runs_once_after_approve(harness: Sto
     block = tool_use("toolu_1", "travel_book", {"trip": "t1"})
     async with ledger.workflow("conv-1"):
         with pytest.raises(ApprovalPendingError) as pending:
-            await run_tool_uses(ledger, [block], wait_for_approval=False)
+            await adapter.run_tool_uses(ledger, [block], wait_for_approval=False)
         with pytest.raises(ApprovalPendingError):
-            await run_tool_uses(
+            await adapter.run_tool_uses(
                 ledger,
                 [tool_use("toolu_2", "travel_book", {"trip": "t1"})],
                 run_options=RunOptions(wait_for_approval=False),
             )
         assert runs == []
         assert await ledger.approve(pending.value.idem_key, by="ops")
-        (first,) = await run_tool_uses(ledger, [block], wait_for_approval=False)
-        (again,) = await run_tool_uses(ledger, [block])
+        (first,) = await adapter.run_tool_uses(ledger, [block], wait_for_approval=False)
+        (again,) = await adapter.run_tool_uses(ledger, [block])
     assert runs == ["t1"] and first == again and first["tool_use_id"] == "toolu_1"
 
 
@@ -283,7 +286,7 @@ async def test_a_denied_tool_use_is_an_error_result_and_never_runs(
     book_tool(ledger, runs, requires_approval=lambda call: call.args["trip"] == "t1")
     async with ledger.workflow("conv-1"):
         with pytest.raises(ApprovalPendingError) as pending:
-            await run_tool_uses(
+            await adapter.run_tool_uses(
                 ledger,
                 [tool_use("toolu_1", "travel_book", {"trip": "t1"})],
                 wait_for_approval=False,
@@ -291,7 +294,7 @@ async def test_a_denied_tool_use_is_an_error_result_and_never_runs(
         assert await ledger.deny(pending.value.idem_key, reason="over budget")
         for block_id in ("toolu_1", "toolu_2"):
             denied, booked = await asyncio.wait_for(
-                run_tool_uses(
+                adapter.run_tool_uses(
                     ledger,
                     [
                         tool_use(block_id, "travel_book", {"trip": "t1"}),
@@ -321,8 +324,8 @@ async def test_a_failing_tool_is_an_error_result_the_same_every_time(harness: St
 
     block = tool_use("toolu_1", "travel_book", {"trip": "t1"})
     async with ledger.workflow("conv-1"):
-        (first,) = await run_tool_uses(ledger, [block])
-        (replay,) = await run_tool_uses(ledger, [block])
+        (first,) = await adapter.run_tool_uses(ledger, [block])
+        (replay,) = await adapter.run_tool_uses(ledger, [block])
     assert runs == ["t1"]
     assert (
         first
@@ -334,7 +337,7 @@ async def test_a_failing_tool_is_an_error_result_the_same_every_time(harness: St
             "is_error": True,
         }
     )
-    pydantic.TypeAdapter(ToolResultBlockParam).validate_python(first)
+    pydantic.TypeAdapter(at.ToolResultBlockParam).validate_python(first)
 
 
 async def test_recorded_failures_read_the_same_first_and_on_replay(harness: StoreHarness) -> None:
@@ -352,8 +355,8 @@ async def test_recorded_failures_read_the_same_first_and_on_replay(harness: Stor
 
     turn = [tool_use("toolu_1", "odd_result", {"x": 1}), tool_use("toolu_2", "flaky", {"x": 1})]
     async with ledger.workflow("conv-1"):
-        first = await run_tool_uses(ledger, turn)
-        replay = await run_tool_uses(ledger, turn)
+        first = await adapter.run_tool_uses(ledger, turn)
+        replay = await adapter.run_tool_uses(ledger, turn)
         effects = [await stored(ledger, odd, 1), await stored(ledger, flaky, 1)]
     assert first == replay
     for result, effect, name in zip(first, effects, ("odd_result", "flaky"), strict=True):
@@ -375,7 +378,7 @@ async def test_results_that_are_not_strings_are_json(harness: StoreHarness) -> N
         return text.upper() if loud else [text]
 
     async with ledger.workflow("conv-1"):
-        results = await run_tool_uses(
+        results = await adapter.run_tool_uses(
             ledger,
             [
                 tool_use("a", "say", {"text": "hi", "loud": True}),
@@ -388,7 +391,7 @@ async def test_results_that_are_not_strings_are_json(harness: StoreHarness) -> N
 def test_tool_definitions_describe_the_signature_without_effect() -> None:
     ledger = build_ledger(MemoryStore())
     book_tool(ledger, [])
-    (definition,) = tool_definitions(ledger)
+    (definition,) = adapter.tool_definitions(ledger)
     assert definition == {
         "name": "travel_book",
         "description": "Book seats on a trip.",
@@ -399,10 +402,10 @@ def test_tool_definitions_describe_the_signature_without_effect() -> None:
             "required": ["trip"],
         },
     }
-    pydantic.TypeAdapter(list[ToolParam]).validate_python([definition])
-    assert tool_definitions(ledger, []) == []
+    pydantic.TypeAdapter(list[at.ToolParam]).validate_python([definition])
+    assert adapter.tool_definitions(ledger, []) == []
     with pytest.raises(EffectLedgerValidationError, match="not a tool registered"):
-        tool_definitions(ledger, ["travel_book"])  # the registered name is travel.book
+        adapter.tool_definitions(ledger, ["travel_book"])  # the registered name is travel.book
 
 
 async def test_a_name_two_tools_answer_to_is_never_offered_or_run(harness: StoreHarness) -> None:
@@ -419,10 +422,12 @@ async def test_a_name_two_tools_answer_to_is_never_offered_or_run(harness: Store
 
     for chosen in (None, ["travel.book"], ["travel_book"]):
         with pytest.raises(EffectLedgerValidationError, match="both be called 'travel_book'"):
-            tool_definitions(ledger, chosen)
+            adapter.tool_definitions(ledger, chosen)
     async with ledger.workflow("conv-1"):
         with pytest.raises(EffectLedgerValidationError, match="which one it meant"):
-            await run_tool_uses(ledger, [tool_use("toolu_1", "travel_book", {"trip": "t1"})])
+            await adapter.run_tool_uses(
+                ledger, [tool_use("toolu_1", "travel_book", {"trip": "t1"})]
+            )
     assert runs == [] and await harness.raw_count() == 0
 
 

@@ -6,12 +6,9 @@ Each response is a real SDK object, validated from the JSON its API sends
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from anthropic.types import Message
-from openai.types.chat import ChatCompletion
-from openai.types.responses import Response
 
 from agent_ledger import (
     Budget,
@@ -21,9 +18,23 @@ from agent_ledger import (
     MemoryStore,
     Usage,
 )
-from agent_ledger.adapters import anthropic as anthropic_adapter
-from agent_ledger.adapters import openai as openai_adapter
 from agent_ledger.testing import build_ledger
+from tests.lazy import lazy
+
+if TYPE_CHECKING:
+    import anthropic.types as anthropic_types
+    import openai.types.chat as chat_types
+    import openai.types.responses as responses_types
+    from anthropic.types import Message
+
+    from agent_ledger.adapters import anthropic as anthropic_adapter
+    from agent_ledger.adapters import openai as openai_adapter
+else:  # imported by the first test that runs, not at collection
+    anthropic_types = lazy("anthropic.types")
+    chat_types = lazy("openai.types.chat")
+    responses_types = lazy("openai.types.responses")
+    anthropic_adapter = lazy("agent_ledger.adapters.anthropic")
+    openai_adapter = lazy("agent_ledger.adapters.openai")
 
 CHAT: dict[str, Any] = {
     "id": "chatcmpl-1",
@@ -78,7 +89,7 @@ MESSAGE: dict[str, Any] = {
 
 
 def test_openai_chat_completion_usage() -> None:
-    completion = ChatCompletion.model_validate(CHAT)
+    completion = chat_types.ChatCompletion.model_validate(CHAT)
     assert openai_adapter.usage_of(completion) == Usage(12, 5)
     result = openai_adapter.llm_result(completion)
     assert result.usage == Usage(12, 5)
@@ -87,25 +98,27 @@ def test_openai_chat_completion_usage() -> None:
 
 def test_openai_responses_usage() -> None:
     # Cached and reasoning tokens are already inside the two totals.
-    assert openai_adapter.usage_of(Response.model_validate(RESPONSE)) == Usage(20, 7)
+    assert openai_adapter.usage_of(responses_types.Response.model_validate(RESPONSE)) == Usage(
+        20, 7
+    )
 
 
 def test_openai_response_without_usage_counts_nothing() -> None:
-    completion = ChatCompletion.model_validate({**CHAT, "usage": None})
+    completion = chat_types.ChatCompletion.model_validate({**CHAT, "usage": None})
     assert openai_adapter.usage_of(completion) == Usage()
 
 
 def test_anthropic_message_usage_adds_the_cache_parts() -> None:
-    message = Message.model_validate(MESSAGE)
+    message = anthropic_types.Message.model_validate(MESSAGE)
     assert anthropic_adapter.usage_of(message) == Usage(134, 9)
     assert anthropic_adapter.llm_result(message).response["id"] == "msg_1"  # type: ignore[index,call-overload]
 
 
 def test_usage_of_refuses_other_objects() -> None:
     with pytest.raises(TypeError, match="anthropic Message"):
-        anthropic_adapter.usage_of(ChatCompletion.model_validate(CHAT))  # type: ignore[arg-type]
+        anthropic_adapter.usage_of(chat_types.ChatCompletion.model_validate(CHAT))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="ChatCompletion or Response"):
-        openai_adapter.usage_of(Message.model_validate(MESSAGE))  # type: ignore[arg-type]
+        openai_adapter.usage_of(anthropic_types.Message.model_validate(MESSAGE))  # type: ignore[arg-type]
 
 
 async def test_a_recorded_sdk_response_is_priced_and_booked() -> None:
@@ -114,7 +127,7 @@ async def test_a_recorded_sdk_response_is_priced_and_booked() -> None:
 
     async def create(**request: object) -> Message:  # stands in for client.messages.create
         sent.append(request)
-        return Message.model_validate(MESSAGE)
+        return anthropic_types.Message.model_validate(MESSAGE)
 
     def price(provider: str, model: str, usage: Usage) -> float:
         return usage.input_tokens * 3e-6 + usage.output_tokens * 15e-6
@@ -141,7 +154,9 @@ async def test_a_recorded_sdk_response_is_priced_and_booked() -> None:
     assert reply.response["content"][0]["text"] == "hi"  # type: ignore[index,call-overload]
     state = await ledger.budget("chat-1")
     assert state is not None and (state.spent.input_tokens, state.spent.output_tokens) == (134, 9)
-    assert isinstance(anthropic_adapter.llm_result(Message.model_validate(MESSAGE)), LLMResult)
+    assert isinstance(
+        anthropic_adapter.llm_result(anthropic_types.Message.model_validate(MESSAGE)), LLMResult
+    )
 
 
 MESSAGE_NO_USAGE: dict[str, Any] = {k: v for k, v in MESSAGE.items() if k != "usage"}
@@ -161,7 +176,7 @@ def test_openai_missing_counts_are_zero_with_a_warning(
 ) -> None:
     """The SDK builds API responses leniently (``construct``), as here: a count
     that is missing or null is 0 tokens, and the log says so."""
-    completion = ChatCompletion.construct(**{**CHAT, "usage": usage})
+    completion = chat_types.ChatCompletion.construct(**{**CHAT, "usage": usage})
     assert openai_adapter.usage_of(completion) == expected
     if expected.output_tokens == 0:
         assert "counted as 0 tokens" in caplog.text
@@ -183,19 +198,19 @@ def test_openai_missing_counts_are_zero_with_a_warning(
 def test_anthropic_missing_counts_are_zero_with_a_warning(
     usage: object, expected: Usage, warns: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    message = Message.construct(**{**MESSAGE_NO_USAGE, "usage": usage})
+    message = anthropic_types.Message.construct(**{**MESSAGE_NO_USAGE, "usage": usage})
     assert anthropic_adapter.usage_of(message) == expected
     assert ("counted as 0 tokens" in caplog.text) is warns
 
 
 @pytest.mark.parametrize("bad", [5.5, -1, "many"])
 def test_a_count_that_is_not_a_whole_number_is_refused_by_both_adapters(bad: object) -> None:
-    completion = ChatCompletion.construct(
+    completion = chat_types.ChatCompletion.construct(
         **{**CHAT, "usage": {"prompt_tokens": 10, "completion_tokens": bad, "total_tokens": 1}}
     )
     with pytest.raises(EffectLedgerValidationError, match="completion_tokens"):
         openai_adapter.usage_of(completion)
-    message = Message.construct(
+    message = anthropic_types.Message.construct(
         **{**MESSAGE_NO_USAGE, "usage": {"input_tokens": bad, "output_tokens": 1}}
     )
     with pytest.raises(EffectLedgerValidationError, match="input_tokens"):

@@ -6,12 +6,9 @@ import asyncio
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from anthropic.types import ToolUseBlock
-from openai.types.chat import ChatCompletionMessageFunctionToolCall
-from openai.types.chat.chat_completion_message_function_tool_call import Function
-from openai.types.responses import ResponseFunctionToolCall
 
 from agent_ledger import (
     ApprovalPendingError,
@@ -19,10 +16,26 @@ from agent_ledger import (
     EffectLedgerValidationError,
     EffectStatus,
 )
-from agent_ledger.adapters.anthropic import run_tool_uses_sync
-from agent_ledger.adapters.openai import run_function_calls_sync, run_tool_calls_sync
 from agent_ledger.sync import open_ledger
 from tests.harness import DSN, TEST_SCHEMA, ensure_test_schema, require_postgres
+from tests.lazy import lazy
+
+if TYPE_CHECKING:
+    import anthropic.types as anthropic_types
+    import openai.types.chat as chat_types
+    import openai.types.chat.chat_completion_message_function_tool_call as function_call
+    import openai.types.responses as responses_types
+    from openai.types.chat import ChatCompletionMessageFunctionToolCall
+
+    from agent_ledger.adapters import anthropic as anthropic_adapter
+    from agent_ledger.adapters import openai as openai_adapter
+else:  # imported by the first test that runs, not at collection
+    anthropic_types = lazy("anthropic.types")
+    chat_types = lazy("openai.types.chat")
+    function_call = lazy("openai.types.chat.chat_completion_message_function_tool_call")
+    responses_types = lazy("openai.types.responses")
+    anthropic_adapter = lazy("agent_ledger.adapters.anthropic")
+    openai_adapter = lazy("agent_ledger.adapters.openai")
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
@@ -49,8 +62,10 @@ def unique(prefix: str) -> str:
 
 
 def chat_call(call_id: str, arguments: str) -> ChatCompletionMessageFunctionToolCall:
-    return ChatCompletionMessageFunctionToolCall(
-        id=call_id, type="function", function=Function(name="ops_restart", arguments=arguments)
+    return chat_types.ChatCompletionMessageFunctionToolCall(
+        id=call_id,
+        type="function",
+        function=function_call.Function(name="ops_restart", arguments=arguments),
     )
 
 
@@ -66,13 +81,13 @@ def test_five_duplicates_run_once_from_sync_code(ledger: EffectLedger) -> None:
     runs: list[str] = []
     register_restart(ledger, runs)
     with ledger.workflow(unique("incident")):
-        chat = run_tool_calls_sync(
+        chat = openai_adapter.run_tool_calls_sync(
             ledger, [chat_call(f"call_{i}", '{"service": "api"}') for i in range(5)]
         )
-        responses = run_function_calls_sync(
+        responses = openai_adapter.run_function_calls_sync(
             ledger,
             [
-                ResponseFunctionToolCall(
+                responses_types.ResponseFunctionToolCall(
                     call_id=f"fc_{i}",
                     name="ops_restart",
                     arguments='{"service": "api"}',
@@ -81,10 +96,10 @@ def test_five_duplicates_run_once_from_sync_code(ledger: EffectLedger) -> None:
                 for i in range(5)
             ],
         )
-        claude = run_tool_uses_sync(
+        claude = anthropic_adapter.run_tool_uses_sync(
             ledger,
             [
-                ToolUseBlock(
+                anthropic_types.ToolUseBlock(
                     id=f"toolu_{i}", name="ops_restart", input={"service": "api"}, type="tool_use"
                 )
                 for i in range(5)
@@ -106,7 +121,7 @@ def test_approve_then_deny_from_sync_code(ledger: EffectLedger) -> None:
     with ledger.workflow(workflow):
         for service in ("api", "db"):
             with pytest.raises(ApprovalPendingError):
-                run_tool_calls_sync(
+                openai_adapter.run_tool_calls_sync(
                     ledger,
                     [chat_call(f"c_{service}", f'{{"service": "{service}"}}')],
                     wait_for_approval=False,
@@ -122,11 +137,11 @@ def test_approve_then_deny_from_sync_code(ledger: EffectLedger) -> None:
         assert ledger.call_sync(ledger.deny, pending["db"].idem_key, reason="not now")
 
         for _ in range(2):
-            (message,) = run_tool_calls_sync(
+            (message,) = openai_adapter.run_tool_calls_sync(
                 ledger, [chat_call("c_api_again", '{"service": "api"}')], wait_for_approval=False
             )
             assert message["content"] == "restarted api"
-            (denied,) = run_tool_uses_sync(
+            (denied,) = anthropic_adapter.run_tool_uses_sync(
                 ledger,
                 [
                     {
@@ -148,7 +163,7 @@ async def test_sync_variants_refuse_a_running_event_loop() -> None:
     register_restart(ledger, runs)
     try:
         with ledger.workflow("w"), pytest.raises(EffectLedgerValidationError, match="event loop"):
-            run_tool_calls_sync(ledger, [chat_call("c", '{"service": "api"}')])
+            openai_adapter.run_tool_calls_sync(ledger, [chat_call("c", '{"service": "api"}')])
     finally:
         await asyncio.to_thread(ledger.close_sync)
     assert runs == []

@@ -15,15 +15,27 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 import pytest
-from mcp import Client
-from mcp.server.mcpserver import MCPServer
 
 from agent_ledger import EffectLedger, EffectLedgerOptions, EffectLedgerValidationError, MemoryStore
-from agent_ledger.adapters import anthropic, openai
-from agent_ledger.adapters.langchain import as_langchain_tool
-from agent_ledger.adapters.mcp import add_tool
-from agent_ledger.adapters.openai_agents import as_function_tool
 from agent_ledger.tools import Tool
+from tests.lazy import lazy
+
+if TYPE_CHECKING:
+    import mcp as mcp_sdk
+    import mcp.server.mcpserver as mcp_server
+
+    from agent_ledger.adapters import anthropic, openai
+    from agent_ledger.adapters import langchain as langchain_adapter
+    from agent_ledger.adapters import mcp as mcp_adapter
+    from agent_ledger.adapters import openai_agents as agents_adapter
+else:  # imported by the first test that runs, not at collection
+    mcp_sdk = lazy("mcp")
+    mcp_server = lazy("mcp.server.mcpserver")
+    anthropic = lazy("agent_ledger.adapters.anthropic")
+    openai = lazy("agent_ledger.adapters.openai")
+    langchain_adapter = lazy("agent_ledger.adapters.langchain")
+    mcp_adapter = lazy("agent_ledger.adapters.mcp")
+    agents_adapter = lazy("agent_ledger.adapters.openai_agents")
 
 if TYPE_CHECKING:
     from decimal import Decimal  # never imported at run time
@@ -39,10 +51,10 @@ def described(tool: Tool[object]) -> dict[str, object]:
     """What each adapter shows a model for ``tool``: its description and argument names."""
     (chat,) = openai.chat_tools(tool.ledger, [tool])
     (claude,) = anthropic.tool_definitions(tool.ledger, [tool])
-    langchain = as_langchain_tool(tool)
-    agents = as_function_tool(tool)
-    server = MCPServer("s")
-    add_tool(server, tool, workflow_id="w")
+    langchain = langchain_adapter.as_langchain_tool(tool)
+    agents = agents_adapter.as_function_tool(tool)
+    server = mcp_server.MCPServer("s")
+    mcp_adapter.add_tool(server, tool, workflow_id="w")
     (listed,) = asyncio.run(server.list_tools())
     return {
         "openai": (
@@ -85,13 +97,13 @@ def test_an_argument_type_that_does_not_resolve_is_refused_naming_the_parameter(
     async def charge(order: str, amount: Decimal) -> str:
         raise NotImplementedError
 
-    server = MCPServer("s")
+    server = mcp_server.MCPServer("s")
     attempts: dict[str, Callable[[], object]] = {
         "openai": lambda: openai.chat_tools(ledger),
         "anthropic": lambda: anthropic.tool_definitions(ledger),
-        "langchain": lambda: as_langchain_tool(charge),
-        "agents": lambda: as_function_tool(charge),
-        "mcp": lambda: add_tool(server, charge, workflow_id="w"),
+        "langchain": lambda: langchain_adapter.as_langchain_tool(charge),
+        "agents": lambda: agents_adapter.as_function_tool(charge),
+        "mcp": lambda: mcp_adapter.add_tool(server, charge, workflow_id="w"),
     }
     for adapter, attempt in attempts.items():
         with pytest.raises(EffectLedgerValidationError) as caught:
@@ -138,11 +150,11 @@ def test_a_parameter_name_a_framework_cannot_carry_is_refused_when_wrapped(name:
     tool = tool_with_parameter(ledger, name)
     (chat,) = openai.chat_tools(ledger)
     assert list(cast("dict[str, object]", chat["function"]["parameters"]["properties"])) == [name]
-    server = MCPServer("s")
+    server = mcp_server.MCPServer("s")
     refusals: dict[str, Callable[[], object]] = {
-        "LangChain": lambda: as_langchain_tool(tool),
-        "MCP": lambda: add_tool(server, tool, workflow_id="w"),
-        "the Agents SDK": lambda: as_function_tool(tool),
+        "LangChain": lambda: langchain_adapter.as_langchain_tool(tool),
+        "MCP": lambda: mcp_adapter.add_tool(server, tool, workflow_id="w"),
+        "the Agents SDK": lambda: agents_adapter.as_function_tool(tool),
     }
     langchain_only = name in ("config", "run_manager")
     for framework, attempt in refusals.items():
@@ -158,9 +170,9 @@ async def test_names_only_langchain_reserves_work_elsewhere() -> None:
     """`config` is an ordinary argument for MCP and the Agents SDK: it arrives and keys."""
     ledger = new_ledger()
     tool = tool_with_parameter(ledger, "config")
-    server = MCPServer("s")
-    add_tool(server, tool, workflow_id="w")
-    async with Client(server) as client:
+    server = mcp_server.MCPServer("s")
+    mcp_adapter.add_tool(server, tool, workflow_id="w")
+    async with mcp_sdk.Client(server) as client:
         result = await client.call_tool("odd_config", {"config": "v"})
     assert not result.is_error
     assert [e.args for e in (await ledger.list_effects()).effects] == [{"config": "v"}]

@@ -9,21 +9,28 @@ another ledger's tool are refused the same way by each, with ``field="tools"``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from agent_ledger import EffectLedger, EffectLedgerValidationError, MemoryStore
-from agent_ledger.adapters.anthropic import tool_definitions
-from agent_ledger.adapters.openai import chat_tools, responses_tools
-from agent_ledger.adapters.openai_agents import as_function_tools
 from agent_ledger.testing import build_ledger
+from tests.lazy import lazy
+
+if TYPE_CHECKING:
+    from agent_ledger.adapters import anthropic, openai, openai_agents
+else:  # imported by the first test that runs, not at collection
+    anthropic = lazy("agent_ledger.adapters.anthropic")
+    openai = lazy("agent_ledger.adapters.openai")
+    openai_agents = lazy("agent_ledger.adapters.openai_agents")
 
 DESCRIBERS: dict[str, Callable[[EffectLedger, Any], object]] = {
-    "anthropic.tool_definitions": tool_definitions,
-    "openai.chat_tools": chat_tools,
-    "openai.responses_tools": responses_tools,
-    "openai_agents.as_function_tools": as_function_tools,
+    "anthropic.tool_definitions": lambda ledger, tools: anthropic.tool_definitions(ledger, tools),
+    "openai.chat_tools": lambda ledger, tools: openai.chat_tools(ledger, tools),
+    "openai.responses_tools": lambda ledger, tools: openai.responses_tools(ledger, tools),
+    "openai_agents.as_function_tools": lambda ledger, tools: openai_agents.as_function_tools(
+        ledger, tools
+    ),
 }
 
 
