@@ -8,7 +8,7 @@ from typing import Final, Literal, TypeAlias
 
 from agent_ledger.effects import JSONValue
 from agent_ledger.errors import EffectLedgerValidationError
-from agent_ledger.names import check_name_length
+from agent_ledger.names import MAX_NAME_LENGTH, check_name_length
 
 #: What makes two calls of a tool "the same call" (see ``agent_ledger.keys``):
 #: ``"workflow"``: the workflow and the key's args, ever (the default);
@@ -104,8 +104,22 @@ class ToolCall:
     turn: str | None = None
 
     def __post_init__(self) -> None:
-        _require_text(self.workflow_id, "workflow_id")
-        _require_text(self.tool, "tool")
+        wf, tool = self.workflow_id, self.tool
+        # The common case in one expression, no frame per field: two plain str
+        # names, not blank, without NUL, within the length limit. Anything
+        # else gets _require_text's verdict (and its message).
+        if not (
+            type(wf) is str
+            and type(tool) is str
+            and len(wf) <= MAX_NAME_LENGTH
+            and len(tool) <= MAX_NAME_LENGTH
+            and "\x00" not in wf
+            and "\x00" not in tool
+            and wf.strip()
+            and tool.strip()
+        ):
+            _require_text(wf, "workflow_id")
+            _require_text(tool, "tool")
         if type(self.args) is not dict:  # a plain dict skips the ABC check
             if not isinstance(self.args, Mapping):
                 raise EffectLedgerValidationError(

@@ -9,10 +9,11 @@ atomic without a lock; only transactions (which span awaits) need one.
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Final, NoReturn
 
 import orjson
@@ -41,6 +42,7 @@ from agent_ledger.ids import new_effect_id
 from agent_ledger.legacy.names import STORE_METHODS
 from agent_ledger.status import (
     CLAIMABLE,
+    COMPLETIONS,
     REOPENABLE,
     EffectStatus,
 )
@@ -113,7 +115,7 @@ class _Row:
         self.decision_note: str | None = None
         self.decided_at: datetime | None = None
         self.tries = 0
-        self.history: tuple[HistoryEvent, ...] = history_from_json(history)
+        self.history: tuple[HistoryEvent, ...] = history_from_json(history) if history else ()
         self.usage: Usage | None = None
         self.park_attempt: int | None = None
         self.worker: str | None = None
@@ -187,7 +189,9 @@ class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets, MemoryApproval
     """
 
     def __init__(self, *, clock: Clock = utc_now) -> None:
-        self._clock = clock
+        # The system clock without utc_now's frame in between (same value):
+        # a fresh call reads it twice.
+        self._clock: Clock = functools.partial(datetime.now, UTC) if clock is utc_now else clock
         self._rows: dict[str, _Row] = {}
         self._ids: dict[str, str] = {}  # effect id -> idem key
         self._legacy: dict[str, str] = {}  # 0.2.x key -> idem key (import-0.2)
@@ -275,7 +279,8 @@ class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets, MemoryApproval
             row = _Row(new, self._clock())
             self._rows[new.idem_key] = row
             self._ids[row.id] = new.idem_key
-            return BeginOutcome(row.snapshot(), True)  # created
+            # A new row has no result yet: its snapshot without the decoding step.
+            return BeginOutcome(effect_from_fields(row, None), True)  # created
         if tx is None:  # inside a transaction an existing effect is only read (Store.begin)
             row.dedup_count += 1
         return BeginOutcome(row.snapshot(), False)
@@ -349,9 +354,11 @@ class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets, MemoryApproval
         started: bool = True,
         retryable: bool = False,
     ) -> bool:
-        check_commit_status(status)
+        if status not in COMPLETIONS:
+            check_commit_status(status)  # raises
         mtx = None if tx is None and self._gate.active is None else await self._enter(tx)
-        row = self._row_by_id(effect_id)
+        idem_key = self._ids.get(effect_id)  # _row_by_id, inline: once per fresh call
+        row = self._rows.get(idem_key) if idem_key is not None else None
         if row is None or row.status is not _PROCESSING:
             return False
         if attempt is not None and row.attempt != attempt:
@@ -361,7 +368,7 @@ class MemoryStore(LegacyStoreMethods, MemorySagas, MemoryBudgets, MemoryApproval
         now = self._clock()
         row.status = status
         row.result_json = result_json
-        row.usage = usage_from_json(usage_json)
+        row.usage = None if usage_json is None else usage_from_json(usage_json)
         row.error = error
         row.tries += ends_try
         if not started:
