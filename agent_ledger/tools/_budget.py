@@ -185,6 +185,9 @@ def active_budgets(ledger: LedgerCore[object]) -> tuple[BudgetScope, ...]:
     scopes = budget_scopes()
     if not scopes or not budgets_gated():
         return ()
+    if len(scopes) == 1:  # one workflow block around the call: the common case, on every call
+        (only,) = scopes
+        return (only,) if isinstance(only, BudgetScope) and only.ledger is ledger else ()
     chosen: dict[str, BudgetScope] = {}
     for scope in scopes:
         # Only this layer enters budget scopes (a workflow's or a saga's).
@@ -200,8 +203,11 @@ async def open_budgets(ledger: LedgerCore[object]) -> tuple[BudgetScope, ...]:
     """:func:`active_budgets`, each stored or looked up (once per scope), without
     the looked-up ones that found no budget."""
     scopes = active_budgets(ledger)
+    if not scopes:
+        return ()
     for scope in scopes:
-        await scope.ensure_open()
+        if not scope._opened:  # looked up once per scope; no coroutine on later calls
+            await scope.open()
     return tuple(s for s in scopes if s.budget is not None)
 
 

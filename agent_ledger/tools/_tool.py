@@ -466,10 +466,10 @@ class Tool(Generic[R_co]):
     ) -> object:
         """The call under the budgets in scope: one tool call reserved before it runs
         (``BudgetExceededError`` if it does not fit), booked once if it executes."""
-        run = functools.partial(self._step_or_run, call, handler, options)
         scopes = await open_budgets(self.ledger)
-        if not scopes:
-            return await run()
+        if not scopes:  # a workflow block whose workflow has no budget: the common case
+            return await self._step_or_run(call, handler, options)
+        run = functools.partial(self._step_or_run, call, handler, options)
         return await gate(
             self.ledger,
             scopes,
