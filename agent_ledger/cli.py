@@ -16,9 +16,12 @@ import itertools
 import logging
 import os
 import re
+import signal
+import socket
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -1237,7 +1240,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextmanager
+def _signals_wake_the_loop() -> Iterator[None]:
+    """Make a signal wake the event loop, whichever thread the kernel gives it to.
+
+    asyncio.run's SIGINT handler (cancel the main task) runs on the main thread,
+    and only once the main thread runs Python code. The kernel may deliver
+    Ctrl-C's SIGINT to any thread (the prompt's reader, a store's worker): then
+    nothing interrupts the main thread's wait in select, and the command would
+    hang until the next Enter. Python's C-level handler, on whichever thread,
+    writes the signal to the wakeup fd; reading it wakes the loop, and the
+    main thread then runs the handler. Only on the main thread (where signal
+    handlers live), so ``main()`` called on another thread is unchanged.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+
+    def drain() -> None:
+        with suppress(OSError):
+            reader.recv(4096)
+
+    loop.add_reader(reader.fileno(), drain)
+    previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        loop.remove_reader(reader.fileno())
+        reader.close()
+        writer.close()
+
+
 async def _dispatch(args: argparse.Namespace, out: Output) -> int:
+    with _signals_wake_the_loop():
+        return await _dispatch_woken(args, out)
+
+
+async def _dispatch_woken(args: argparse.Namespace, out: Output) -> int:
     creating = args.command in ("init", "demo")
     store = await open_store(args.url, create=creating)
     try:

@@ -15,9 +15,10 @@ import pty
 import re
 import select
 import subprocess
+import sys
 import termios
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -95,12 +96,12 @@ def _own_terminal() -> None:
 
 
 @contextmanager
-def terminal(cli: Cli, *args: str) -> Iterator[Terminal]:
+def terminal(cli: Cli, *args: str, command: Sequence[str] = (SCRIPT,)) -> Iterator[Terminal]:
     primary, secondary = pty.openpty()
     env = {k: v for k, v in os.environ.items() if k not in ("AGENT_LEDGER_URL", "NO_COLOR")}
     env["USER"] = env["LOGNAME"] = "reviewer-os"
     process = subprocess.Popen(
-        [SCRIPT, "--url", cli.url, "review", *args],
+        [*command, "--url", cli.url, "review", *args],
         stdin=secondary,
         stdout=secondary,
         stderr=secondary,
@@ -235,6 +236,34 @@ def test_ctrl_c_at_a_prompt_stops_at_once(cli: Cli) -> None:
     with terminal(cli) as term:
         term.expect(PROMPT)
         os.write(term.fd, b"\x03")
+        assert term.process.wait(timeout=10) == 130
+    assert asyncio.run(stored(cli.url, keys[0]))[0] is EffectStatus.REQUIRES_APPROVAL
+
+
+#: The command, with SIGINT sent to the prompt's reader thread instead of the main thread.
+_INTERRUPT_THE_READER = """
+import signal, sys, threading, time
+from agent_ledger.cli import main
+
+def interrupt_the_reader():
+    while True:
+        for thread in threading.enumerate():
+            if thread.name == "agent-ledger-review-input" and thread.ident is not None:
+                signal.pthread_kill(thread.ident, signal.SIGINT)
+                return
+        time.sleep(0.01)
+
+threading.Thread(target=interrupt_the_reader, daemon=True).start()
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_given_to_another_thread_stops_at_once(cli: Cli) -> None:
+    """The kernel may hand Ctrl-C's SIGINT to any thread of the process (here: the prompt's
+    reader, blocked in input()); the command still stops at once with 130, records nothing."""
+    assert cli("init").returncode == 0
+    keys = asyncio.run(make_pending(cli.url))
+    with terminal(cli, command=(sys.executable, "-c", _INTERRUPT_THE_READER)) as term:
         assert term.process.wait(timeout=10) == 130
     assert asyncio.run(stored(cli.url, keys[0]))[0] is EffectStatus.REQUIRES_APPROVAL
 
