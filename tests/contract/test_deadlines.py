@@ -223,10 +223,11 @@ async def test_a_handler_ignoring_cancellation_keeps_the_effect_held(
     """It keeps running after its deadline's cancellation: heartbeats go on, nobody takes
     the effect over (its lease is shorter than the wait), and every caller then gets the
     handler timeout."""
-    # 600 ms: between two beats (200 ms apart) the loop below ages the row by
-    # 400 ms at most, leaving 200 ms for a beat delayed by a busy host (300 ms
-    # left 100 ms, and a loaded CI run once saw the effect taken over).
-    lease = StaleOptions(after_ms=600)
+    # 900 ms: between two beats (300 ms apart) the loop below ages the row by
+    # 600 ms at most, leaving 300 ms for a beat delayed by a busy host (600 ms
+    # left 200 ms, and a full fast-tier run once saw the effect taken over; 300
+    # ms left 100 ms). The loop still ages it 2 s, over twice the lease.
+    lease = StaleOptions(after_ms=900)
     ledger = harness.ledger(RunOptions(stale=lease))
     ignoring = asyncio.Event()
     finish = asyncio.Event()
